@@ -1,0 +1,288 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MetricKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    METRIC_KIND_UNSPECIFIED: _ClassVar[MetricKind]
+    METRIC_KIND_INTERMEDIATE: _ClassVar[MetricKind]
+    METRIC_KIND_FINAL: _ClassVar[MetricKind]
+
+class LogStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOG_STREAM_UNSPECIFIED: _ClassVar[LogStream]
+    LOG_STREAM_STDOUT: _ClassVar[LogStream]
+    LOG_STREAM_STDERR: _ClassVar[LogStream]
+
+class TrialOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRIAL_OUTCOME_UNSPECIFIED: _ClassVar[TrialOutcome]
+    TRIAL_OUTCOME_SUCCEEDED: _ClassVar[TrialOutcome]
+    TRIAL_OUTCOME_FAILED: _ClassVar[TrialOutcome]
+    TRIAL_OUTCOME_CANCELED: _ClassVar[TrialOutcome]
+    TRIAL_OUTCOME_TIMED_OUT: _ClassVar[TrialOutcome]
+METRIC_KIND_UNSPECIFIED: MetricKind
+METRIC_KIND_INTERMEDIATE: MetricKind
+METRIC_KIND_FINAL: MetricKind
+LOG_STREAM_UNSPECIFIED: LogStream
+LOG_STREAM_STDOUT: LogStream
+LOG_STREAM_STDERR: LogStream
+TRIAL_OUTCOME_UNSPECIFIED: TrialOutcome
+TRIAL_OUTCOME_SUCCEEDED: TrialOutcome
+TRIAL_OUTCOME_FAILED: TrialOutcome
+TRIAL_OUTCOME_CANCELED: TrialOutcome
+TRIAL_OUTCOME_TIMED_OUT: TrialOutcome
+
+class AgentMessage(_message.Message):
+    __slots__ = ("seq", "register", "heartbeat", "trial_started", "metrics", "log", "trial_ended")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_STARTED_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_ENDED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    register: Register
+    heartbeat: Heartbeat
+    trial_started: TrialStarted
+    metrics: MetricBatch
+    log: LogChunk
+    trial_ended: TrialEnded
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trial_started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[MetricBatch, _Mapping]] = ..., log: _Optional[_Union[LogChunk, _Mapping]] = ..., trial_ended: _Optional[_Union[TrialEnded, _Mapping]] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("protocol_version", "environment_id", "agent_instance_id", "hostname", "pid", "cpu_count", "memory_total_bytes", "gpus", "gpu_unavailable_reason", "driver_version", "cuda_version", "agent_version", "active_trial_ids", "last_seq", "platform")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_TRIAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    environment_id: str
+    agent_instance_id: str
+    hostname: str
+    pid: int
+    cpu_count: int
+    memory_total_bytes: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    gpu_unavailable_reason: str
+    driver_version: str
+    cuda_version: str
+    agent_version: str
+    active_trial_ids: _containers.RepeatedScalarFieldContainer[str]
+    last_seq: int
+    platform: str
+    def __init__(self, protocol_version: _Optional[int] = ..., environment_id: _Optional[str] = ..., agent_instance_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., active_trial_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "simulated")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    simulated: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., simulated: _Optional[bool] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("cpu_percent", "memory_used_bytes", "gpus", "running_trial_ids")
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TRIAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    cpu_percent: float
+    memory_used_bytes: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
+    running_trial_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cpu_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., running_trial_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GpuSample(_message.Message):
+    __slots__ = ("uuid", "utilization_percent", "memory_used_bytes", "processes")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    utilization_percent: float
+    memory_used_bytes: int
+    processes: _containers.RepeatedCompositeFieldContainer[GpuProcess]
+    def __init__(self, uuid: _Optional[str] = ..., utilization_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ...) -> None: ...
+
+class GpuProcess(_message.Message):
+    __slots__ = ("pid", "used_memory_bytes", "trial_id")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    USED_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    used_memory_bytes: int
+    trial_id: str
+    def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., trial_id: _Optional[str] = ...) -> None: ...
+
+class TrialStarted(_message.Message):
+    __slots__ = ("trial_id", "pid", "started_at")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    pid: int
+    started_at: float
+    def __init__(self, trial_id: _Optional[str] = ..., pid: _Optional[int] = ..., started_at: _Optional[float] = ...) -> None: ...
+
+class Metric(_message.Message):
+    __slots__ = ("trial_id", "kind", "index", "value", "value_json", "reported_at")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    kind: MetricKind
+    index: int
+    value: float
+    value_json: str
+    reported_at: float
+    def __init__(self, trial_id: _Optional[str] = ..., kind: _Optional[_Union[MetricKind, str]] = ..., index: _Optional[int] = ..., value: _Optional[float] = ..., value_json: _Optional[str] = ..., reported_at: _Optional[float] = ...) -> None: ...
+
+class MetricBatch(_message.Message):
+    __slots__ = ("metrics",)
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.RepeatedCompositeFieldContainer[Metric]
+    def __init__(self, metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("trial_id", "stream", "offset", "data")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    stream: LogStream
+    offset: int
+    data: bytes
+    def __init__(self, trial_id: _Optional[str] = ..., stream: _Optional[_Union[LogStream, str]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TrialEnded(_message.Message):
+    __slots__ = ("trial_id", "outcome", "has_exit_code", "exit_code", "signal", "reason", "stderr_tail", "ended_at", "started")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    outcome: TrialOutcome
+    has_exit_code: bool
+    exit_code: int
+    signal: int
+    reason: str
+    stderr_tail: str
+    ended_at: float
+    started: bool
+    def __init__(self, trial_id: _Optional[str] = ..., outcome: _Optional[_Union[TrialOutcome, str]] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., ended_at: _Optional[float] = ..., started: _Optional[bool] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("welcome", "start_trial", "cancel_trial", "shutdown", "ack")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    START_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    start_trial: StartTrial
+    cancel_trial: CancelTrial
+    shutdown: Shutdown
+    ack: Ack
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids")
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TRIAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    experiment_id: str
+    acked_seq: int
+    heartbeat_interval_s: float
+    protocol_version: int
+    cancel_trial_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StartTrial(_message.Message):
+    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    MAX_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    sequence_id: int
+    command: str
+    parameters_json: str
+    env: _containers.ScalarMap[str, str]
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    working_directory: str
+    max_duration_s: float
+    experiment_id: str
+    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ...) -> None: ...
+
+class CancelTrial(_message.Message):
+    __slots__ = ("trial_id", "grace_s", "reason")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    grace_s: float
+    reason: str
+    def __init__(self, trial_id: _Optional[str] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("drain", "grace_s", "reason")
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    drain: bool
+    grace_s: float
+    reason: str
+    def __init__(self, drain: _Optional[bool] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
