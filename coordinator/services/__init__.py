@@ -1,0 +1,45 @@
+"""Environment services by platform name; third-party ones plug in through entry points."""
+
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from .base import EnvironmentService
+
+if TYPE_CHECKING:
+    from ..config import ExperimentConfig
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "trialkeeper.environment_services"
+
+Factory = Callable[["ExperimentConfig", Path], EnvironmentService]
+
+
+def _local(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .local import LocalEnvironmentService
+
+    return LocalEnvironmentService(experiment_dir, Path(config.trial_code_directory))
+
+
+BUILTIN: dict[str, Factory] = {"local": _local}
+
+
+def factories() -> dict[str, Factory]:
+    """Built-in factories plus those other packages register under the entry-point group."""
+    found = dict(BUILTIN)
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in found:
+            found[ep.name] = ep.load()
+    return found
+
+
+def create_service(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    platform = config.training_service.platform
+    known = factories()
+    if platform not in known:
+        raise ValueError(f"no environment service for platform {platform!r}; known: {', '.join(sorted(known))}")
+    return known[platform](config, experiment_dir)

@@ -1,0 +1,125 @@
+"""``trialkeeper agent``: start an agent by hand or from an environment service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+TOKEN_ENV = "TRIALKEEPER_TOKEN"
+
+log = logging.getLogger("trialkeeper.agent")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="address of the coordinator to dial")
+    parser.add_argument("--environment-id", required=True, metavar="ID", help="the environment this agent serves")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where trial directories go (default: ~/.trialkeeper/agents/ENVIRONMENT_ID)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"file holding the experiment token (default: the {TOKEN_ENV} environment variable)",
+    )
+    parser.add_argument("--platform", default="local", help="platform name reported to the coordinator")
+    parser.add_argument("--reconnect-window", type=float, default=60.0, metavar="SECONDS",
+                        help="how long to keep trying to reach a lost coordinator before stopping trials and exiting")
+    parser.add_argument("--gpu-indices", metavar="LIST", help="expose only these GPUs, e.g. 0,2")
+    parser.add_argument("--simulated-gpus", type=int, default=0, metavar="N",
+                        help="report N simulated GPUs instead of real ones (tests and benchmarks only)")
+    parser.add_argument("--no-gpu", action="store_true", help="report no GPUs")
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="coordinator certificate to trust (enables TLS)")
+    parser.add_argument("--tls-server-name", help="name to check the coordinator certificate against")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise SystemExit(f"trialkeeper agent: cannot read --token-file: {e}") from e
+    else:
+        token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        raise SystemExit(f"trialkeeper agent: no token: set {TOKEN_ENV} or pass --token-file")
+    return token
+
+
+def _indices(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(p) for p in text.split(",") if p.strip() != ""]
+    except ValueError:
+        raise SystemExit(f"trialkeeper agent: --gpu-indices expects numbers like 0,2, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from .gpu import GpuProbe
+    from .session import AgentOptions, AgentSession
+
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s agent[%(process)d] %(name)s: %(message)s",
+    )
+    token = _token(args)
+    os.environ.pop(TOKEN_ENV, None)  # trials must not inherit the experiment's credentials
+    workdir = args.workdir or Path.home() / ".trialkeeper" / "agents" / args.environment_id
+    workdir.mkdir(parents=True, exist_ok=True)
+    tls_cert = args.tls_cert.read_bytes() if args.tls_cert else None
+    probe = GpuProbe(
+        visible_indices=_indices(args.gpu_indices),
+        simulated=args.simulated_gpus,
+        enabled=not args.no_gpu,
+    )
+    options = AgentOptions(
+        coordinator=args.coordinator,
+        environment_id=args.environment_id,
+        token=token,
+        workdir=workdir,
+        platform=args.platform,
+        reconnect_window_s=args.reconnect_window,
+        probe=probe,
+        tls_root_cert=tls_cert,
+        tls_server_name=args.tls_server_name,
+    )
+    return asyncio.run(_main(options))
+
+
+async def _main(options: "AgentOptions") -> int:  # type: ignore[name-defined]  # noqa: F821
+    from .session import AgentSession
+
+    session = AgentSession(options)
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        session.request_stop(drain=signals_seen == 1)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    return await session.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trialkeeper agent",
+        description="Run trials for a trialkeeper coordinator. The first SIGTERM/SIGINT drains "
+        "(running trials finish), a second one cancels them.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

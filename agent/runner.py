@@ -1,0 +1,416 @@
+"""Runs trials as child processes and turns what they do into events for the session.
+
+Each trial gets a directory ``<workdir>/trials/<trial id>/`` with ``parameter.json``,
+``stdout.log``, ``stderr.log`` and ``output/``. The trial runs in its own process group,
+with ``CUDA_VISIBLE_DEVICES`` set to the GPUs it was given. Metrics arrive as datagrams on
+the agent's Unix socket (see :mod:`trialkeeper.agent.trial`), are checked, numbered per
+trial and handed to the session in order. Datagrams need no connection to be accepted, so
+once a trial's process tree is gone everything it sent is already queued on the socket:
+the runner drains it before reporting the end, and no report can arrive late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import processes, trial as sdk
+
+log = logging.getLogger(__name__)
+
+LOG_CHUNK_BYTES = 256 * 1024
+STDERR_TAIL_BYTES = 4096
+MAX_DATAGRAM = 64 * 1024
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    trial_id: str
+    sequence_id: int
+    experiment_id: str
+    command: str
+    parameters_json: str
+    env: dict[str, str] = field(default_factory=dict)
+    gpu_indices: tuple[int, ...] = ()
+    working_directory: str = ""
+    max_duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    trial_id: str
+    outcome: str  # succeeded | failed | canceled | timed_out
+    exit_code: int | None
+    signal: int
+    reason: str
+    stderr_tail: str
+    started: bool
+    ended_at: float
+
+
+class RunnerEvents:
+    """What the runner tells the session. All calls happen on the event loop thread."""
+
+    def trial_started(self, trial_id: str, pid: int, started_at: float) -> None: ...
+
+    def metric(self, trial_id: str, kind: str, index: int, value: float, value_json: str) -> None: ...
+
+    def log(self, trial_id: str, stream: str, offset: int, data: bytes) -> None: ...
+
+    def trial_ended(self, result: TrialResult) -> None: ...
+
+
+class _Trial:
+    def __init__(self, spec: TrialSpec, directory: Path) -> None:
+        self.spec = spec
+        self.dir = directory
+        self.proc: asyncio.subprocess.Process | None = None
+        self.exited: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.cancel_reason: str | None = None
+        self.outcome_if_canceled = "canceled"
+        self.metric_index = 0
+        self.final_reported = False
+        self.log_offsets = {"stdout": 0, "stderr": 0}
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+
+class TrialRunner:
+    """Starts, watches and cancels the trials of one agent."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        events: RunnerEvents,
+        *,
+        socket_path: Path,
+        log_interval_s: float = 0.5,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.events = events
+        self.socket_path = socket_path
+        self.log_interval_s = log_interval_s
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self._trials: dict[str, _Trial] = {}
+        self._sock: socket.socket | None = None
+        self._log_task: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+        sock.setblocking(False)
+        self._sock = sock
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
+        self._log_task = asyncio.create_task(self._tail_logs_forever())
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        await self.cancel_all("agent is shutting down", grace_s)
+        if self._log_task:
+            self._log_task.cancel()
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    @property
+    def running_ids(self) -> list[str]:
+        return list(self._trials)
+
+    def running_pids(self) -> dict[int, str]:
+        return {t.pid: tid for tid, t in self._trials.items() if t.pid is not None}
+
+    def knows(self, trial_id: str) -> bool:
+        return trial_id in self._trials
+
+    # ---- starting --------------------------------------------------------------------
+
+    def start(self, spec: TrialSpec) -> None:
+        """Start a trial; its start or its failure to start arrives as an event."""
+        directory = self.workdir / "trials" / spec.trial_id
+        t = _Trial(spec, directory)
+        self._trials[spec.trial_id] = t
+        self.idle.clear()
+        t.task = asyncio.create_task(self._run(t), name=f"trial-{spec.trial_id}")
+
+    def _prepare(self, t: _Trial) -> tuple[dict[str, str], str]:
+        spec = t.spec
+        (t.dir / "output").mkdir(parents=True, exist_ok=True)
+        param_file = t.dir / "parameter.json"
+        param_file.write_text(spec.parameters_json, encoding="utf-8")
+        env = dict(self.base_env)
+        env.update(spec.env)
+        cwd = spec.working_directory or str(t.dir)
+        env.update(
+            {
+                sdk.ENV_TRIAL_ID: spec.trial_id,
+                sdk.ENV_SEQUENCE_ID: str(spec.sequence_id),
+                sdk.ENV_EXPERIMENT_ID: spec.experiment_id,
+                sdk.ENV_PARAMETER_FILE: str(param_file),
+                sdk.ENV_OUTPUT_DIR: str(t.dir / "output"),
+                sdk.ENV_SOCKET: str(self.socket_path),
+                "TRIALKEEPER_TRIAL_DIR": str(t.dir),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
+                # NVML numbers GPUs in PCI bus order; make CUDA agree with the indices given.
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                # The names trials written for NNI look up.
+                "NNI_PLATFORM": "trialkeeper",
+                "NNI_EXP_ID": spec.experiment_id,
+                "NNI_TRIAL_JOB_ID": spec.trial_id,
+                "NNI_TRIAL_SEQ_ID": str(spec.sequence_id),
+                "NNI_SYS_DIR": str(t.dir),
+                "NNI_OUTPUT_DIR": str(t.dir / "output"),
+            }
+        )
+        env.pop(sdk.ENV_STANDALONE, None)
+        # Trials find the agent's own Python first (and so the trial SDK), as NNI's
+        # pythonPath does, even when the agent was started from an unactivated venv.
+        bindir = os.path.dirname(sys.executable)
+        path = env.get("PATH", os.defpath)
+        if bindir and bindir not in path.split(os.pathsep):
+            env["PATH"] = bindir + os.pathsep + path
+        return env, cwd
+
+    async def _run(self, t: _Trial) -> None:
+        spec = t.spec
+        try:
+            env, cwd = self._prepare(t)
+        except OSError as e:
+            self._end(t, "failed", None, 0, f"could not prepare the trial directory: {e}", False)
+            return
+        if not os.path.isdir(cwd):
+            self._end(t, "failed", None, 0, f"working directory {cwd} does not exist", False)
+            return
+        argv = processes.command_argv(spec.command)
+        try:
+            with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:
+                t.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+        except FileNotFoundError:
+            self._end(t, "failed", None, 0, f"command not found: {argv[0]}", False)
+            return
+        except PermissionError:
+            self._end(t, "failed", None, 0, f"command is not executable: {argv[0]}", False)
+            return
+        except OSError as e:
+            self._end(t, "failed", None, 0, f"could not start {argv[0]}: {e}", False)
+            return
+        self.events.trial_started(spec.trial_id, t.proc.pid, time.time())
+        log.info("trial %s started (pid %d, gpus %r)", spec.trial_id, t.proc.pid, spec.gpu_indices)
+        timer = None
+        if spec.max_duration_s > 0:
+            timer = asyncio.get_running_loop().call_later(
+                spec.max_duration_s,
+                self._time_out,
+                spec.trial_id,
+            )
+        if t.cancel_reason is not None:
+            # Canceled while it was being started: it did start, so it is reported, then ended.
+            asyncio.create_task(self._kill_tree(t, 5.0))
+        returncode = await t.proc.wait()
+        t.exited.set_result(returncode)
+        if timer:
+            timer.cancel()
+        # Whatever the trial left behind in its process group goes with it.
+        if processes.group_alive(t.proc.pid):
+            await processes.terminate_tree(t.proc.pid, t.proc.pid, 2.0)
+        # Every datagram the tree sent is in the socket's queue now that the tree is gone.
+        self._on_readable()
+        self._flush_logs(t)
+        self._finish(t, returncode)
+
+    def _time_out(self, trial_id: str) -> None:
+        t = self._trials.get(trial_id)
+        if t and t.cancel_reason is None:
+            t.outcome_if_canceled = "timed_out"
+            self.cancel(trial_id, 5.0, f"ran past its max duration of {t.spec.max_duration_s:g} s")
+
+    def _finish(self, t: _Trial, returncode: int) -> None:
+        signum = -returncode if returncode < 0 else 0
+        code = returncode if returncode >= 0 else None
+        if t.cancel_reason is not None:
+            outcome, reason = t.outcome_if_canceled, t.cancel_reason
+        elif returncode == 0:
+            outcome, reason = "succeeded", ""
+        elif signum:
+            outcome, reason = "failed", f"killed by signal {signum} ({processes.signal_name(signum)})"
+        elif returncode == 127:
+            outcome, reason = "failed", "exit code 127: command not found"
+        elif 128 < returncode <= 128 + 64:
+            name = processes.signal_name(returncode - 128)
+            outcome, reason = "failed", f"exit code {returncode} (its command was likely killed by {name})"
+        else:
+            outcome, reason = "failed", f"exit code {returncode}"
+        self._end(t, outcome, code, signum, reason, True)
+
+    def _end(
+        self, t: _Trial, outcome: str, code: int | None, signum: int, reason: str, started: bool
+    ) -> None:
+        result = TrialResult(
+            trial_id=t.spec.trial_id,
+            outcome=outcome,
+            exit_code=code,
+            signal=signum,
+            reason=reason,
+            stderr_tail=_tail(t.dir / "stderr.log", STDERR_TAIL_BYTES),
+            started=started,
+            ended_at=time.time(),
+        )
+        self._trials.pop(t.spec.trial_id, None)
+        if not self._trials:
+            self.idle.set()
+        log.info("trial %s ended: %s %s", t.spec.trial_id, outcome, reason)
+        self.events.trial_ended(result)
+
+    # ---- cancelling ------------------------------------------------------------------
+
+    def cancel(self, trial_id: str, grace_s: float, reason: str) -> bool:
+        t = self._trials.get(trial_id)
+        if t is None:
+            return False
+        if t.cancel_reason is None:
+            t.cancel_reason = reason or "canceled"
+            if t.proc is not None:
+                asyncio.create_task(self._kill_tree(t, grace_s))
+        return True
+
+    async def _kill_tree(self, t: _Trial, grace_s: float) -> None:
+        assert t.proc is not None
+        await processes.terminate_tree(t.proc.pid, t.proc.pid, grace_s, t.exited)
+
+    async def cancel_all(self, reason: str, grace_s: float) -> None:
+        for trial_id in list(self._trials):
+            self.cancel(trial_id, grace_s, reason)
+        await self.wait_idle(grace_s + 15.0)
+
+    async def wait_idle(self, timeout: float | None) -> bool:
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # ---- metrics ---------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                log.warning("metric socket: %s", e)
+                return
+            self._ingest(data)
+
+    def _ingest(self, data: bytes) -> None:
+        try:
+            msg = json.loads(data)
+            trial_id = msg["trial"]
+            kind = msg["kind"]
+            value = msg["value"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("an unreadable metric datagram was refused: %r", data[:200])
+            return
+        t = self._trials.get(trial_id) if isinstance(trial_id, str) else None
+        if t is None:
+            log.warning("a metric for unknown trial %r was refused", trial_id)
+            return
+        problem = sdk.check_metric(value)
+        if problem is None and kind not in ("intermediate", "final"):
+            problem = f"unknown result kind {kind!r}"
+        if problem is None and kind == "final" and t.final_reported:
+            problem = "the final result was already reported"
+        if problem is not None:
+            _note(t, f"{kind} result refused: {problem}")
+            return
+        number = float(value["default"] if isinstance(value, dict) else value)
+        if kind == "final":
+            t.final_reported = True
+        index = t.metric_index
+        t.metric_index += 1
+        self.events.metric(trial_id, kind, index, number, json.dumps(value, separators=(",", ":")))
+
+    # ---- logs ------------------------------------------------------------------------
+
+    async def _tail_logs_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.log_interval_s)
+            for t in list(self._trials.values()):
+                self._flush_logs(t)
+
+    def _flush_logs(self, t: _Trial) -> None:
+        for stream in ("stdout", "stderr"):
+            path = t.dir / f"{stream}.log"
+            offset = t.log_offsets[stream]
+            try:
+                size = path.stat().st_size
+                if size <= offset:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    while offset < size:
+                        data = f.read(min(LOG_CHUNK_BYTES, size - offset))
+                        if not data:
+                            break
+                        self.events.log(t.spec.trial_id, stream, offset, data)
+                        offset += len(data)
+            except OSError as e:
+                log.warning("trial %s: cannot read %s: %s", t.spec.trial_id, path, e)
+            t.log_offsets[stream] = offset
+
+
+def _note(t: _Trial, message: str) -> None:
+    """Write a line into the trial's own stderr log, where its author will look."""
+    try:
+        with open(t.dir / "stderr.log", "a", encoding="utf-8") as f:
+            f.write(f"[trialkeeper] {message}\n")
+    except OSError:
+        print(f"[trialkeeper] trial {t.spec.trial_id}: {message}", file=sys.stderr)
+
+
+def _tail(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if size > limit:
+        text = text.split("\n", 1)[-1]
+    return text

@@ -1,0 +1,444 @@
+"""The agent's session with its coordinator: register, stream, replay, reconnect.
+
+Messages that matter get a sequence number and stay in ``_unacked`` until the coordinator
+acknowledges them; after a reconnect they are sent again, and the coordinator drops the
+ones it already stored. Metrics are batched: whatever the trials reported while the last
+message was being written goes out as one MetricBatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import psutil
+
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+
+from . import PROTOCOL_VERSION, __version__
+from .gpu import GpuProbe
+from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
+
+log = logging.getLogger(__name__)
+
+TOKEN_METADATA_KEY = "x-trialkeeper-token"
+MAX_METRICS_PER_BATCH = 5000
+_OUTCOMES = {
+    "succeeded": pb.TRIAL_OUTCOME_SUCCEEDED,
+    "failed": pb.TRIAL_OUTCOME_FAILED,
+    "canceled": pb.TRIAL_OUTCOME_CANCELED,
+    "timed_out": pb.TRIAL_OUTCOME_TIMED_OUT,
+}
+_STREAMS = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
+_KINDS = {"intermediate": pb.METRIC_KIND_INTERMEDIATE, "final": pb.METRIC_KIND_FINAL}
+# Status codes that mean "this agent is not wanted", not "try again".
+_REFUSALS = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+)
+
+
+class AgentRefused(Exception):
+    """The coordinator refused this agent for good (bad token, protocol mismatch)."""
+
+
+@dataclass
+class AgentOptions:
+    coordinator: str
+    environment_id: str
+    token: str
+    workdir: Path
+    platform: str = "local"
+    reconnect_window_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 1.0
+    probe: GpuProbe = field(default_factory=GpuProbe)
+    # PEM bytes of the coordinator certificate to trust; None = plain text.
+    tls_root_cert: bytes | None = None
+    tls_server_name: str | None = None
+
+
+class AgentSession(RunnerEvents):
+    """One agent process's connection to its coordinator, across reconnects."""
+
+    def __init__(self, options: AgentOptions) -> None:
+        self.o = options
+        self.instance_id = uuid.uuid4().hex
+        self._seq = 0
+        self._unacked: deque[pb.AgentMessage] = deque()
+        self._pending_metrics: list[pb.Metric] = []
+        self._wakeup = asyncio.Event()
+        self._sent = 0  # how many of _unacked went out on the current stream
+        self._heartbeat_s = options.heartbeat_interval_s
+        self._heartbeat_due: pb.Heartbeat | None = None
+        self._stop_requested = False
+        self._draining = False
+        self._acked_all = asyncio.Event()
+        self._acked_all.set()
+        self._ended_trials: set[str] = set()
+        self.runner = TrialRunner(
+            options.workdir,
+            self,
+            socket_path=_socket_path(options.workdir, options.environment_id),
+        )
+        self._inventory = options.probe.inventory()
+        self._shutdown: asyncio.Future[pb.Shutdown] | None = None
+
+    # ---- RunnerEvents: what the trials did ---------------------------------------------
+
+    def trial_started(self, trial_id: str, pid: int, started_at: float) -> None:
+        self._enqueue(pb.AgentMessage(trial_started=pb.TrialStarted(trial_id=trial_id, pid=pid, started_at=started_at)))
+
+    def metric(self, trial_id: str, kind: str, index: int, value: float, value_json: str) -> None:
+        self._pending_metrics.append(
+            pb.Metric(
+                trial_id=trial_id,
+                kind=_KINDS[kind],
+                index=index,
+                value=value,
+                value_json=value_json,
+                reported_at=time.time(),
+            )
+        )
+        if len(self._pending_metrics) >= MAX_METRICS_PER_BATCH:
+            self._flush_metrics()
+        self._wakeup.set()
+
+    def log(self, trial_id: str, stream: str, offset: int, data: bytes) -> None:
+        self._enqueue(pb.AgentMessage(log=pb.LogChunk(trial_id=trial_id, stream=_STREAMS[stream], offset=offset, data=data)))
+
+    def trial_ended(self, result: TrialResult) -> None:
+        msg = pb.TrialEnded(
+            trial_id=result.trial_id,
+            outcome=_OUTCOMES[result.outcome],
+            has_exit_code=result.exit_code is not None,
+            exit_code=result.exit_code or 0,
+            signal=result.signal,
+            reason=result.reason,
+            stderr_tail=result.stderr_tail,
+            ended_at=result.ended_at,
+            started=result.started,
+        )
+        self._ended_trials.add(result.trial_id)
+        self._enqueue(pb.AgentMessage(trial_ended=msg))
+
+    # ---- outbound queue --------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _flush_metrics(self) -> None:
+        if self._pending_metrics:
+            batch, self._pending_metrics = self._pending_metrics, []
+            self._unacked.append(pb.AgentMessage(seq=self._next_seq(), metrics=pb.MetricBatch(metrics=batch)))
+            self._acked_all.clear()
+
+    def _enqueue(self, msg: pb.AgentMessage) -> None:
+        # Metrics reported before this message must reach the coordinator before it.
+        self._flush_metrics()
+        msg.seq = self._next_seq()
+        self._unacked.append(msg)
+        self._acked_all.clear()
+        self._wakeup.set()
+
+    def _on_ack(self, seq: int) -> None:
+        while self._unacked and self._unacked[0].seq <= seq:
+            self._unacked.popleft()
+            self._sent = max(0, self._sent - 1)
+        if not self._unacked and not self._pending_metrics:
+            self._acked_all.set()
+
+    # ---- the session -----------------------------------------------------------------
+
+    def request_stop(self, drain: bool) -> None:
+        """First signal drains (running trials finish), a second one cancels them."""
+        if drain and not self._draining:
+            log.info("draining: running trials finish, no new ones are taken")
+            self._draining = True
+            self._wakeup.set()
+            asyncio.get_running_loop().create_task(self._exit_when_idle())
+        else:
+            log.info("stopping: canceling running trials")
+            self._stop_requested = True
+            asyncio.get_running_loop().create_task(self._cancel_and_exit(5.0, "agent was stopped"))
+
+    async def run(self) -> int:
+        """Serve until told to shut down. Returns the process exit status."""
+        await self.runner.open()
+        self._shutdown = asyncio.get_running_loop().create_future()
+        try:
+            return await self._serve()
+        finally:
+            await self.runner.close(grace_s=5.0)
+            self.o.probe.close()
+
+    async def _serve(self) -> int:
+        last_connected = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                await self._connect_once()
+                # A stream that ran normally and ended means: shut down.
+                return 0
+            except AgentRefused as e:
+                log.error("coordinator refused this agent: %s", e)
+                return 2
+            except _Connected:
+                last_connected = time.monotonic()
+                attempt = 0
+            except (grpc.RpcError, ConnectionError, asyncio.TimeoutError) as e:
+                detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e) or type(e).__name__
+                log.warning("connection to coordinator %s lost: %s", self.o.coordinator, detail)
+            if self._shutdown is not None and self._shutdown.done():
+                return 0
+            waited = time.monotonic() - last_connected
+            if waited > self.o.reconnect_window_s:
+                log.error(
+                    "coordinator %s unreachable for %.0f s (reconnect window %.0f s): stopping trials and exiting",
+                    self.o.coordinator, waited, self.o.reconnect_window_s,
+                )
+                await self.runner.cancel_all("coordinator unreachable", 5.0)
+                return 3
+            attempt += 1
+            # Jittered exponential backoff, capped so a returning coordinator is found fast.
+            delay = min(5.0, 0.05 * 2 ** min(attempt, 7)) * random.uniform(0.5, 1.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._shutdown), delay) if self._shutdown else None
+            if self._shutdown is not None and self._shutdown.done():
+                return 0
+
+    def _channel(self) -> grpc.aio.Channel:
+        opts = [
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.enable_retries", 0),
+        ]
+        if self.o.tls_root_cert is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=self.o.tls_root_cert)
+            if self.o.tls_server_name:
+                opts.append(("grpc.ssl_target_name_override", self.o.tls_server_name))
+            return grpc.aio.secure_channel(self.o.coordinator, creds, options=opts)
+        return grpc.aio.insecure_channel(self.o.coordinator, options=opts)
+
+    def _register(self) -> pb.AgentMessage:
+        inv = self._inventory
+        vm = psutil.virtual_memory()
+        return pb.AgentMessage(
+            register=pb.Register(
+                protocol_version=PROTOCOL_VERSION,
+                environment_id=self.o.environment_id,
+                agent_instance_id=self.instance_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                cpu_count=os.cpu_count() or 1,
+                memory_total_bytes=vm.total,
+                gpus=[
+                    pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes, simulated=g.simulated)
+                    for g in inv.gpus
+                ],
+                gpu_unavailable_reason=inv.unavailable_reason or "",
+                driver_version=inv.driver_version,
+                cuda_version=inv.cuda_version,
+                agent_version=__version__,
+                active_trial_ids=sorted(set(self.runner.running_ids) | self._unacked_ended()),
+                last_seq=self._seq,
+                platform=self.o.platform,
+            )
+        )
+
+    def _unacked_ended(self) -> set[str]:
+        return {m.trial_ended.trial_id for m in self._unacked if m.HasField("trial_ended")}
+
+    async def _connect_once(self) -> None:
+        async with self._channel() as channel:
+            stub = pb_grpc.CoordinatorStub(channel)
+            call = stub.Session(metadata=((TOKEN_METADATA_KEY, self.o.token),))
+            await asyncio.wait_for(call.write(self._register()), self.o.connect_timeout_s)
+            first = await asyncio.wait_for(call.read(), self.o.connect_timeout_s)
+            if first is grpc.aio.EOF:
+                await self._raise_refusal(call)
+            if not first.HasField("welcome"):
+                raise AgentRefused(f"coordinator answered {first.WhichOneof('body')} instead of welcome")
+            self._on_welcome(first.welcome)
+            log.info("registered with coordinator %s as environment %s", self.o.coordinator, self.o.environment_id)
+            assert self._shutdown is not None
+            writer = asyncio.create_task(self._write_loop(call))
+            heartbeat = asyncio.create_task(self._heartbeat_loop())
+            reader = asyncio.create_task(self._read_loop(call))
+            try:
+                done, _ = await asyncio.wait(
+                    {reader, writer, heartbeat, self._shutdown}, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in (reader, writer, heartbeat):
+                    if task in done:
+                        task.result()  # a broken stream raises here
+            except grpc.aio.AioRpcError as e:
+                if e.code() in _REFUSALS:
+                    raise AgentRefused(e.details()) from e
+                raise _Connected() from e
+            finally:
+                for task in (writer, heartbeat, reader):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.UsageError):
+                        await task
+            if self._shutdown.done():
+                with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+                    await asyncio.wait_for(call.done_writing(), 2.0)
+                return
+            # The coordinator closed the stream without telling us to stop: reconnect.
+            raise _Connected()
+
+    async def _raise_refusal(self, call: grpc.aio.StreamStreamCall) -> None:
+        code = await call.code()
+        details = await call.details()
+        if code in _REFUSALS:
+            raise AgentRefused(f"{code.name}: {details}")
+        raise ConnectionError(f"stream closed before welcome: {code.name}: {details}")
+
+    def _on_welcome(self, welcome: pb.Welcome) -> None:
+        if welcome.heartbeat_interval_s > 0:
+            self._heartbeat_s = welcome.heartbeat_interval_s
+        self._on_ack(welcome.acked_seq)
+        self._sent = 0
+        for trial_id in welcome.cancel_trial_ids:
+            self.runner.cancel(trial_id, 5.0, "the coordinator no longer wants this trial")
+        self._wakeup.set()
+
+    async def _write_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        # The only task that writes on the stream: gRPC allows one write at a time.
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if self._heartbeat_due is not None:
+                hb, self._heartbeat_due = self._heartbeat_due, None
+                await call.write(pb.AgentMessage(heartbeat=hb))
+            self._flush_metrics()
+            while self._sent < len(self._unacked):
+                msg = self._unacked[self._sent]
+                self._sent += 1
+                await call.write(msg)
+                if self._pending_metrics and self._sent == len(self._unacked):
+                    self._flush_metrics()
+
+    async def _heartbeat_loop(self) -> None:
+        psutil.cpu_percent(None)
+        while True:
+            self._heartbeat_due = await asyncio.to_thread(self._heartbeat)
+            self._wakeup.set()
+            await asyncio.sleep(self._heartbeat_s)
+
+    def _heartbeat(self) -> pb.Heartbeat:
+        pids = self.runner.running_pids()
+        samples = []
+        for s in self.o.probe.sample():
+            samples.append(
+                pb.GpuSample(
+                    uuid=s.uuid,
+                    utilization_percent=s.utilization_percent,
+                    memory_used_bytes=s.memory_used_bytes,
+                    processes=[
+                        pb.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, trial_id=pids.get(p.pid, ""))
+                        for p in s.processes
+                    ],
+                )
+            )
+        return pb.Heartbeat(
+            cpu_percent=psutil.cpu_percent(None),
+            memory_used_bytes=psutil.virtual_memory().used,
+            gpus=samples,
+            running_trial_ids=self.runner.running_ids,
+            draining=self._draining,
+        )
+
+    async def _read_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("body")
+            if kind == "ack":
+                self._on_ack(msg.ack.seq)
+            elif kind == "start_trial":
+                self._on_start(msg.start_trial)
+            elif kind == "cancel_trial":
+                c = msg.cancel_trial
+                self.runner.cancel(c.trial_id, c.grace_s, c.reason or "canceled by the coordinator")
+            elif kind == "shutdown":
+                # Handled aside: acks must still be read while the trials wind down.
+                asyncio.get_running_loop().create_task(self._on_shutdown(msg.shutdown))
+            else:
+                log.warning("ignoring unknown coordinator message %r", kind)
+
+    def _on_start(self, st: pb.StartTrial) -> None:
+        if self.runner.knows(st.trial_id) or st.trial_id in self._ended_trials:
+            return  # a resend after a reconnect: the trial is already ours
+        spec = TrialSpec(
+            trial_id=st.trial_id,
+            sequence_id=st.sequence_id,
+            experiment_id=st.experiment_id,
+            command=st.command,
+            parameters_json=st.parameters_json or "{}",
+            env=dict(st.env),
+            gpu_indices=tuple(st.gpu_indices),
+            working_directory=st.working_directory,
+            max_duration_s=st.max_duration_s,
+        )
+        self.runner.start(spec)
+
+    async def _on_shutdown(self, sd: pb.Shutdown) -> None:
+        log.info("coordinator asked to %s: %s", "drain" if sd.drain else "shut down", sd.reason)
+        if sd.drain:
+            self._draining = True
+            await self.runner.wait_idle(None)
+        else:
+            await self.runner.cancel_all(sd.reason or "environment shut down", sd.grace_s or 5.0)
+        # Give the coordinator what the trials' ends produced before going away.
+        self._wakeup.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._acked_all.wait(), 10.0)
+        if self._shutdown is not None and not self._shutdown.done():
+            self._shutdown.set_result(sd)
+
+    async def _exit_when_idle(self) -> None:
+        await self.runner.wait_idle(None)
+        await self._finish_and_exit()
+
+    async def _cancel_and_exit(self, grace_s: float, reason: str) -> None:
+        await self.runner.cancel_all(reason, grace_s)
+        await self._finish_and_exit()
+
+    async def _finish_and_exit(self) -> None:
+        self._wakeup.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._acked_all.wait(), 5.0)
+        if self._shutdown is not None and not self._shutdown.done():
+            self._shutdown.set_result(pb.Shutdown(reason="agent stopped"))
+
+
+class _Connected(Exception):
+    """The stream had been established and then broke: reset the reconnect window."""
+
+
+def _socket_path(workdir: Path, environment_id: str) -> Path:
+    # Several agents may share a work dir (local environments do): one socket each.
+    path = workdir / "sockets" / f"{environment_id}.sock"
+    if len(str(path)) < 100:  # Unix socket paths are limited to ~107 bytes
+        return path
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
+    return base / f"trialkeeper-{os.getuid()}-{uuid.uuid4().hex[:12]}.sock"

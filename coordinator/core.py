@@ -1,0 +1,873 @@
+"""The coordinator: starts environments, accepts agents, places trials, stores everything.
+
+It runs on one asyncio loop. Agent messages are persisted inside one transaction each and
+acknowledged after the commit; callbacks and event subscribers hear of them after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+from . import scheduler
+from .config import ExperimentConfig, config_to_dict
+from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
+from .server import AgentLink, AgentRejected, Servicer, create_server
+from .services import create_service
+from .services.base import EnvironmentRequest, EnvironmentService
+from .states import EnvStatus, TrialStatus, check_env, check_trial
+from .store import MetricRow, Store
+
+log = logging.getLogger(__name__)
+
+_KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
+_STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}
+CANCEL_GRACE_S = 5.0
+AGENT_START_TIMEOUT_S = 60.0
+
+
+class CoordinatorError(RuntimeError):
+    """Root of the coordinator's errors."""
+
+
+class TrialRefused(CoordinatorError, ValueError):
+    """A submitted trial can never run here (it asks for more than any environment has)."""
+
+
+class TrialHandle:
+    """A submitted trial: its id, a snapshot of its state, and a way to wait for its end."""
+
+    def __init__(self, coordinator: Coordinator, trial_id: str) -> None:
+        self._c = coordinator
+        self.id = trial_id
+
+    @property
+    def info(self) -> TrialInfo:
+        return self._c.trial(self.id)
+
+    async def wait(self, timeout: float | None = None) -> TrialInfo:
+        """Wait until the trial reaches a terminal status; returns its final snapshot."""
+        return await self._c.wait(self.id, timeout)
+
+    async def cancel(self) -> None:
+        await self._c.cancel(self.id)
+
+    def __repr__(self) -> str:
+        return f"TrialHandle({self.id!r}, {self.info.status.value})"
+
+
+class Coordinator:
+    """Runs an experiment's trials on the environments its config describes.
+
+    Use it as ``async with Coordinator(config) as c:`` or call :meth:`start` and
+    :meth:`stop`. Submit parameter sets with :meth:`submit`; hear of results through
+    :meth:`on_metric` / :meth:`on_status` callbacks or the :meth:`events` iterator.
+    """
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        *,
+        experiment_dir: Path | None = None,
+        experiment_id: str | None = None,
+        service: EnvironmentService | None = None,
+    ) -> None:
+        self.config = config
+        self.experiment_id = experiment_id or _new_id(8)
+        self.experiment_dir = Path(
+            experiment_dir or Path(config.experiment_working_directory) / self.experiment_id
+        ).resolve()
+        self.address = ""
+        self._service = service
+        self._ts = config.training_service
+        self._reuse = bool(self._ts.reuse_mode)
+        self._token = secrets.token_urlsafe(32)
+        self._trials: dict[str, TrialState] = {}
+        self._queue: list[str] = []
+        self._envs: dict[str, EnvState] = {}
+        self._env_counter = 0
+        self._failed_starts = 0
+        self._env_error = ""
+        self._metric_callbacks: list[Callable[[MetricEvent], Any]] = []
+        self._status_callbacks: list[Callable[[StatusEvent], Any]] = []
+        self._subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
+        self._notes: list[MetricEvent | StatusEvent] = []
+        self._server: grpc.aio.Server | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self._started = False
+        self.store: Store | None = None
+        self._changed = asyncio.Event()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Coordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Open the store, start the gRPC server and the first environments."""
+        self.experiment_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store.in_dir(self.experiment_dir)
+        if self.store.experiment() is not None:
+            raise CoordinatorError(f"{self.experiment_dir} already holds an experiment; choose another directory")
+        self.store.create_experiment(
+            self.experiment_id, self.config.experiment_name, config_to_dict(self.config, redact=True)
+        )
+        token_file = self.experiment_dir / ".token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self._token)
+        if self._service is None:
+            self._service = create_service(self.config, self.experiment_dir)
+        await self._service.prepare()
+        settings = self.config.coordinator
+        servicer = Servicer(self, self._token)
+        self._server, port = await create_server(settings.address, servicer)
+        host = settings.address.rsplit(":", 1)[0]
+        if settings.advertise_address:
+            self.address = settings.advertise_address
+        else:
+            if host in ("", "0.0.0.0", "[::]"):
+                host = socket.gethostname()
+            self.address = f"{host}:{port}"
+        self.store.set_coordinator_address(self.address)
+        self._started = True
+        log.info("experiment %s: coordinator listening on %s; directory %s", self.experiment_id, self.address, self.experiment_dir)
+        self._monitor = asyncio.create_task(self._monitor_loop(), name="coordinator-monitor")
+        self._reconcile()
+
+    async def stop(self, grace_s: float = CANCEL_GRACE_S, *, status: str = "DONE", reason: str = "") -> None:
+        """Cancel what still runs, stop every environment, close the server and store."""
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        for t in list(self._trials.values()):
+            if not t.status.terminal:
+                await self.cancel(t.id, reason="the experiment stopped", status=TrialStatus.SYS_CANCELED)
+        for env in self._live_envs():
+            self._shutdown_env(env, drain=False, reason="the experiment stopped", grace_s=grace_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._until(lambda: all(e.link is None for e in self._envs.values())), grace_s + 10)
+        assert self._service is not None
+        await asyncio.gather(*(self._service.stop(e.id, 2.0) for e in self._envs.values()), return_exceptions=True)
+        for env in self._live_envs():
+            self._env_to(env, EnvStatus.STOPPED, "the experiment stopped")
+        for t in list(self._trials.values()):
+            if not t.status.terminal:
+                self._trial_to(t, TrialStatus.SYS_CANCELED, "the experiment stopped before the agent confirmed")
+        self._flush_notes()
+        if self._monitor:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        await self._service.close()
+        if self._server:
+            await self._server.stop(1.0)
+        for task in list(self._tasks):
+            task.cancel()
+        assert self.store is not None
+        self.store.set_experiment_status(status, reason, ended=True)
+        self.store.close()
+        self._started = False
+
+    # ---- the embedding API -------------------------------------------------------------
+
+    async def submit(
+        self,
+        parameters: dict[str, Any],
+        *,
+        command: str | None = None,
+        gpu_number: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> TrialHandle:
+        """Queue a trial with these parameters; returns at once with its handle."""
+        if not self._started or self._stopping:
+            raise CoordinatorError("the coordinator is not running")
+        if not isinstance(parameters, dict):
+            raise TypeError(f"parameters must be a dict, got {type(parameters).__name__}")
+        try:
+            params_json = json.dumps(parameters)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"parameters must be JSON-serialisable: {e}") from e
+        gpus = self.config.trial_gpu_number if gpu_number is None else gpu_number
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            raise ValueError(f"gpu_number must be an integer >= 0, got {gpus!r}")
+        refusal = self._never_fits(gpus)
+        if refusal:
+            raise TrialRefused(refusal)
+        assert self.store is not None
+        seq = self.store.next_trial_seq()
+        trial_id = _new_id(6)
+        while trial_id in self._trials:
+            trial_id = _new_id(6)
+        t = TrialState(
+            id=trial_id,
+            seq=seq,
+            status=TrialStatus.WAITING,
+            parameters=json.loads(params_json),
+            command=command or self.config.trial_command,
+            gpu_number=gpus,
+            submitted_at=time.time(),
+            env_overrides=dict(env or {}),
+        )
+        self.store.insert_trial(
+            {
+                "id": t.id, "seq": t.seq, "status": t.status.value, "parameters_json": params_json,
+                "command": t.command, "gpu_number": gpus, "submitted_at": t.submitted_at,
+            }
+        )
+        self._trials[trial_id] = t
+        self._queue.append(trial_id)
+        self._notes.append(StatusEvent(t.info(), TrialStatus.WAITING))
+        self._reconcile()
+        self._flush_notes()
+        return TrialHandle(self, trial_id)
+
+    async def cancel(
+        self, trial_id: str, *, reason: str = "canceled by the user", status: TrialStatus = TrialStatus.USER_CANCELED
+    ) -> None:
+        """Cancel a trial; a running one gets SIGTERM, then SIGKILL after the grace period."""
+        t = self._trial_state(trial_id)
+        if t.status.terminal:
+            return
+        if not t.placed:
+            self._queue.remove(trial_id)
+            self._trial_to(t, status, reason)
+        else:
+            t.cancel_status = status
+            t.reason = reason
+            env = self._envs.get(t.env_id or "")
+            if env is not None and env.link is not None:
+                env.link.send(pb.CoordinatorMessage(cancel_trial=pb.CancelTrial(trial_id=trial_id, grace_s=CANCEL_GRACE_S, reason=reason)))
+        self._flush_notes()
+
+    async def early_stop(self, trial_id: str, reason: str = "stopped early by the assessor") -> None:
+        """Stop a running trial because it is not promising (EARLY_STOPPED)."""
+        await self.cancel(trial_id, reason=reason, status=TrialStatus.EARLY_STOPPED)
+
+    def trial(self, trial_id: str) -> TrialInfo:
+        """A snapshot of one trial."""
+        return self._trial_state(trial_id).info()
+
+    def trials(self) -> list[TrialInfo]:
+        """Snapshots of every trial, in submission order."""
+        return [t.info() for t in sorted(self._trials.values(), key=lambda t: t.seq)]
+
+    def environments(self) -> list[EnvState]:
+        return list(self._envs.values())
+
+    async def wait(self, trial_id: str, timeout: float | None = None) -> TrialInfo:
+        """Wait for one trial to end."""
+        t = self._trial_state(trial_id)
+        await asyncio.wait_for(t.done.wait(), timeout)
+        return t.info()
+
+    async def wait_all(self, timeout: float | None = None) -> list[TrialInfo]:
+        """Wait until every submitted trial has ended."""
+        await asyncio.wait_for(self._until(lambda: all(t.status.terminal for t in self._trials.values())), timeout)
+        return self.trials()
+
+    def on_metric(self, callback: Callable[[MetricEvent], Any]) -> None:
+        """Call ``callback(event)`` for every stored metric (async callbacks are scheduled)."""
+        self._metric_callbacks.append(callback)
+
+    def on_status(self, callback: Callable[[StatusEvent], Any]) -> None:
+        """Call ``callback(event)`` for every trial status change."""
+        self._status_callbacks.append(callback)
+
+    async def events(self) -> AsyncIterator[MetricEvent | StatusEvent]:
+        """Iterate over metric and status events from now on."""
+        q: asyncio.Queue[MetricEvent | StatusEvent] = asyncio.Queue()
+        self._subscribers.add(q)
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._subscribers.discard(q)
+
+    @property
+    def environment_error(self) -> str:
+        """Why environments can no longer be started, or ''."""
+        return self._env_error
+
+    # ---- agent streams (called by the servicer) ----------------------------------------
+
+    def agent_connected(self, reg: pb.Register, link: AgentLink) -> None:
+        env = self._envs.get(reg.environment_id)
+        if self._stopping:
+            raise AgentRejected(grpc.StatusCode.FAILED_PRECONDITION, "the experiment is stopping")
+        if env is None:
+            if not self._reuse:
+                raise AgentRejected(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"unknown environment {reg.environment_id!r}; without reuse mode agents join only environments the coordinator started",
+                )
+            # An operator started this agent by hand: it joins as an extra environment.
+            env = self._new_env(reg.environment_id, platform=reg.platform or "manual", status=EnvStatus.STARTING)
+        if env.status.terminal:
+            raise AgentRejected(grpc.StatusCode.FAILED_PRECONDITION, f"environment {env.id} was {env.status.value.lower()}: {env.reason}")
+        if env.link is not None and not env.link.closed:
+            if env.instance_id != reg.agent_instance_id:
+                raise AgentRejected(grpc.StatusCode.FAILED_PRECONDITION, f"environment {env.id} already has a connected agent")
+            env.link.close()  # the same agent reconnected before its old stream was noticed dead
+        assert self.store is not None
+        new_instance = env.instance_id != reg.agent_instance_id
+        if new_instance:
+            if env.instance_id:
+                self._lose_trials(env, "its agent restarted", keep=set())
+            env.instance_id = reg.agent_instance_id
+            env.last_seq = 0
+            env.gpus = [
+                scheduler.GpuSlot(g.uuid, g.index, self._per_gpu()) for g in reg.gpus
+            ]
+            env.gpu_names = {g.uuid: g.name + (" (simulated)" if g.simulated else "") for g in reg.gpus}
+            env.gpu_reason = reg.gpu_unavailable_reason
+            info = {
+                "pid": reg.pid, "cpu_count": reg.cpu_count, "memory_total_bytes": reg.memory_total_bytes,
+                "agent_version": reg.agent_version, "driver_version": reg.driver_version,
+                "cuda_version": reg.cuda_version, "gpu_unavailable_reason": reg.gpu_unavailable_reason,
+                "gpus": [
+                    {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total_bytes": g.memory_total_bytes, "simulated": g.simulated}
+                    for g in reg.gpus
+                ],
+            }
+            self.store.update_env(env.id, hostname=reg.hostname, agent_instance_id=env.instance_id, last_seq=0, info_json=json.dumps(info))
+        env.hostname = reg.hostname
+        env.link = link
+        env.last_seen = time.monotonic()
+        self._failed_starts = 0
+        if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
+            self._env_to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
+        active = set(reg.active_trial_ids)
+        unwanted = [
+            tid for tid in active
+            if tid not in self._trials or self._trials[tid].env_id != env.id or self._trials[tid].cancel_status is not None
+        ]
+        link.send(
+            pb.CoordinatorMessage(
+                welcome=pb.Welcome(
+                    experiment_id=self.experiment_id,
+                    acked_seq=env.last_seq,
+                    heartbeat_interval_s=self.config.coordinator.heartbeat_interval,
+                    protocol_version=1,
+                    cancel_trial_ids=unwanted,
+                )
+            )
+        )
+        # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
+        for tid in sorted(env.holders - active, key=lambda i: self._trials[i].seq):
+            t = self._trials[tid]
+            if not t.status.terminal and t.cancel_status is None:
+                self._send_start(env, t)
+        self._schedule()
+        self._flush_notes()
+
+    def agent_disconnected(self, env_id: str, link: AgentLink) -> None:
+        env = self._envs.get(env_id)
+        if env is None or env.link is not link:
+            return
+        env.link = None
+        log.info("environment %s: agent stream closed", env_id)
+        self._changed.set()
+
+    def agent_message(self, env_id: str, link: AgentLink, msg: pb.AgentMessage) -> None:
+        env = self._envs.get(env_id)
+        if env is None or env.link is not link:
+            return  # a stream that was replaced
+        env.last_seen = time.monotonic()
+        kind = msg.WhichOneof("body")
+        if kind == "heartbeat":
+            self._on_heartbeat(env, msg.heartbeat)
+            return
+        if kind in (None, "register"):
+            log.warning("environment %s sent an unexpected %s message; ignored", env_id, kind)
+            return
+        if msg.seq == 0:
+            log.warning("environment %s sent %s without a sequence number; ignored", env_id, kind)
+            return
+        if msg.seq <= env.last_seq:
+            link.ack(env.last_seq)  # a replay of something already stored
+            return
+        assert self.store is not None
+        try:
+            with self.store.transaction():
+                getattr(self, f"_on_{kind}")(env, getattr(msg, kind))
+                self.store.update_env(env.id, last_seq=msg.seq)
+        except Exception:
+            # A message we cannot apply must not be replayed forever: skip it, loudly.
+            log.exception("environment %s: could not apply %s #%d; skipped", env_id, kind, msg.seq)
+            self.store.update_env(env.id, last_seq=msg.seq)
+        env.last_seq = msg.seq
+        link.ack(msg.seq)
+        self._flush_notes()
+        self._schedule()
+        self._reconcile()
+
+    # ---- agent message handlers (inside the store transaction) -------------------------
+
+    def _own_trial(self, env: EnvState, trial_id: str, what: str) -> TrialState | None:
+        t = self._trials.get(trial_id)
+        if t is None or t.env_id != env.id:
+            log.warning("environment %s reported %s for trial %r, which is not placed there; ignored", env.id, what, trial_id)
+            return None
+        return t
+
+    def _on_trial_started(self, env: EnvState, m: pb.TrialStarted) -> None:
+        t = self._own_trial(env, m.trial_id, "a start")
+        if t is None or t.status is not TrialStatus.WAITING:
+            return
+        t.started_at = m.started_at or time.time()
+        assert self.store is not None
+        self.store.update_trial(t.id, started_at=t.started_at)
+        self._trial_to(t, TrialStatus.RUNNING, f"running on {env.id} (pid {m.pid})")
+
+    def _on_metrics(self, env: EnvState, batch: pb.MetricBatch) -> None:
+        rows: list[MetricRow] = []
+        finals: dict[str, tuple[float, str]] = {}
+        owned: dict[str, TrialState | None] = {}
+        for m in batch.metrics:
+            if m.trial_id not in owned:
+                owned[m.trial_id] = self._own_trial(env, m.trial_id, "a metric")
+            t = owned[m.trial_id]
+            kind = _KIND_NAMES.get(m.kind)
+            if t is None or kind is None or not math.isfinite(m.value):
+                continue
+            rows.append(MetricRow(m.trial_id, m.index, kind, m.value, m.value_json, m.reported_at))
+            if kind == "final":
+                finals[m.trial_id] = (m.value, m.value_json)
+        assert self.store is not None
+        self.store.add_metrics(rows)
+        for trial_id, (value, raw) in finals.items():
+            t = self._trials[trial_id]
+            t.final_metric, t.final_metric_json = value, raw
+            self.store.update_trial(trial_id, final_metric=value, final_metric_json=raw)
+        if self._metric_callbacks or self._subscribers:
+            for r in rows:
+                self._notes.append(MetricEvent(r.trial_id, r.kind, r.index, r.value, _loads(r.value_json)))
+
+    def _on_log(self, env: EnvState, chunk: pb.LogChunk) -> None:
+        if self._service is not None and self._service.shares_filesystem and env.id.startswith("env-"):
+            return
+        t = self._own_trial(env, chunk.trial_id, "log output")
+        stream = _STREAM_NAMES.get(chunk.stream)
+        if t is None or stream is None:
+            return
+        path = self.experiment_dir / "trials" / t.id / f"{stream}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "r+b" if path.exists() else "wb") as f:
+            f.seek(chunk.offset)
+            f.write(chunk.data)
+
+    def _on_trial_ended(self, env: EnvState, m: pb.TrialEnded) -> None:
+        t = self._own_trial(env, m.trial_id, "an end")
+        if t is None or t.status.terminal:
+            return
+        t.exit_code = m.exit_code if m.has_exit_code else None
+        t.signal = m.signal or None
+        t.stderr_tail = m.stderr_tail
+        t.ended_at = m.ended_at or time.time()
+        if m.outcome == pb.TRIAL_OUTCOME_SUCCEEDED:
+            new, reason = TrialStatus.SUCCEEDED, ""
+        elif m.outcome == pb.TRIAL_OUTCOME_CANCELED and t.cancel_status is not None:
+            new, reason = t.cancel_status, t.reason
+        else:
+            new, reason = TrialStatus.FAILED, m.reason or "the trial failed"
+        if t.status is TrialStatus.WAITING and new is not TrialStatus.FAILED and new not in (
+            TrialStatus.USER_CANCELED, TrialStatus.SYS_CANCELED
+        ):
+            new = TrialStatus.FAILED if new is TrialStatus.SUCCEEDED else TrialStatus.USER_CANCELED
+        assert self.store is not None
+        self.store.update_trial(
+            t.id, exit_code=t.exit_code, signal=t.signal, stderr_tail=t.stderr_tail, ended_at=t.ended_at
+        )
+        self._release(env, t)
+        self._trial_to(t, new, reason)
+        if env.single_use:
+            self._shutdown_env(env, drain=True, reason="its trial ended (reuse mode is off)")
+
+    def _on_heartbeat(self, env: EnvState, hb: pb.Heartbeat) -> None:
+        env.gpu_usage = {}
+        busy_by_foreign = set()
+        for s in hb.gpus:
+            total = 0
+            env.gpu_usage[s.uuid] = (s.utilization_percent, s.memory_used_bytes, total)
+            if any(not p.trial_id for p in s.processes):
+                busy_by_foreign.add(s.uuid)
+        for g in env.gpus:
+            g.foreign_busy = g.uuid in busy_by_foreign
+        if hb.draining and not env.draining:
+            env.draining = True
+            if env.status in (EnvStatus.READY, EnvStatus.BUSY):
+                self._env_to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
+                self._flush_notes()
+
+    # ---- placing trials ----------------------------------------------------------------
+
+    def _per_gpu(self) -> int:
+        return int(getattr(self._ts, "max_trial_number_per_gpu", 1) or 1)
+
+    def _capacity_views(self) -> list[scheduler.EnvCapacity]:
+        views = []
+        for env in self._envs.values():
+            accepting = (
+                env.status in (EnvStatus.READY, EnvStatus.BUSY)
+                and env.link is not None
+                and not env.draining
+                and not env.shutdown_sent
+                and not (env.single_use and env.used)
+            )
+            views.append(
+                scheduler.EnvCapacity(
+                    env_id=env.id,
+                    trial_slots=env.trial_slots,
+                    holders=env.holders,
+                    gpus=env.gpus,
+                    use_active_gpu=bool(getattr(self._ts, "use_active_gpu", False)),
+                    accepting=accepting,
+                )
+            )
+        return views
+
+    def _schedule(self) -> None:
+        if not self._queue or self._stopping:
+            return
+        running = sum(len(e.holders) for e in self._envs.values())
+        demands = [scheduler.Demand(tid, self._trials[tid].gpu_number) for tid in self._queue]
+        decision = scheduler.place(
+            demands,
+            self._capacity_views(),
+            max_running=self.config.trial_concurrency,
+            running=running,
+            policy=getattr(self._ts, "placement", "pack") or "pack",
+        )
+        placed = set()
+        for p in decision.placements:
+            t = self._trials[p.trial_id]
+            env = self._envs[p.env_id]
+            t.env_id, t.gpu_uuids, t.gpu_indices = p.env_id, p.gpu_uuids, p.gpu_indices
+            t.attempts += 1
+            t.waiting_reason = f"starting on {env.id}"
+            placed.add(t.id)
+            if env.single_use:
+                env.used = True
+            assert self.store is not None
+            self.store.update_trial(t.id, environment_id=env.id, gpu_indices_json=json.dumps(list(p.gpu_indices)), attempts=t.attempts)
+            if env.status is EnvStatus.READY:
+                self._env_to(env, EnvStatus.BUSY, f"trial {t.id} placed")
+            self._send_start(env, t)
+        if placed:
+            self._queue = [tid for tid in self._queue if tid not in placed]
+        for tid, reason in decision.waiting.items():
+            self._trials[tid].waiting_reason = reason
+
+    def _send_start(self, env: EnvState, t: TrialState) -> None:
+        assert self._service is not None and env.link is not None
+        env_vars = dict(self.config.trial_env)
+        env_vars.update(t.env_overrides)
+        max_s = self.config.max_trial_duration or 0.0
+        env.link.send(
+            pb.CoordinatorMessage(
+                start_trial=pb.StartTrial(
+                    trial_id=t.id,
+                    sequence_id=t.seq,
+                    command=t.command,
+                    parameters_json=json.dumps(t.parameters),
+                    env=env_vars,
+                    gpu_indices=list(t.gpu_indices),
+                    working_directory=self._service.working_directory(),
+                    max_duration_s=float(max_s),
+                    experiment_id=self.experiment_id,
+                )
+            )
+        )
+
+    def _release(self, env: EnvState, t: TrialState) -> None:
+        env.holders.discard(t.id)
+        for g in env.gpus:
+            g.holders.discard(t.id)
+        if env.status is EnvStatus.BUSY and not env.holders:
+            self._env_to(env, EnvStatus.READY, f"trial {t.id} ended")
+
+    def _never_fits(self, gpus: int) -> str:
+        if gpus == 0:
+            return ""
+        offered = self._gpus_offered()
+        if offered is not None and gpus > offered:
+            return (
+                f"trial asks for {gpus} GPUs but no environment offers more than {offered}; "
+                f"lower trialGpuNumber or add GPUs (gpuIndices/simulatedGpus)"
+            )
+        return ""
+
+    def _gpus_offered(self) -> int | None:
+        registered = [len(e.gpus) for e in self._envs.values() if e.instance_id and not e.status.terminal]
+        if registered:
+            return max(registered)
+        simulated = int(getattr(self._ts, "simulated_gpus", 0) or 0)
+        if simulated:
+            indices = getattr(self._ts, "gpu_indices", None)
+            return min(simulated, len(indices)) if indices else simulated
+        return None
+
+    # ---- environments ------------------------------------------------------------------
+
+    def _live_envs(self) -> list[EnvState]:
+        return [e for e in self._envs.values() if not e.status.terminal]
+
+    def _new_env(self, env_id: str, *, platform: str, status: EnvStatus) -> EnvState:
+        env = EnvState(
+            id=env_id,
+            status=status,
+            single_use=not self._reuse,
+            trial_slots=1 if not self._reuse else int(getattr(self._ts, "trials_per_environment", 1) or 1),
+            requested_at=time.monotonic(),
+        )
+        self._envs[env_id] = env
+        assert self.store is not None
+        self.store.insert_env(env_id, platform, status.value)
+        return env
+
+    def _wanted_new_envs(self) -> int:
+        live = self._live_envs()
+        if self._reuse:
+            count = getattr(self._ts, "environment_count", None)
+            per_env = int(getattr(self._ts, "trials_per_environment", 1) or 1)
+            want = count or max(1, math.ceil(self.config.trial_concurrency / per_env))
+            return want - len(live)
+        # One environment per trial: as many as waiting trials need, within trialConcurrency.
+        fresh = [e for e in live if not e.used and not e.shutdown_sent]
+        busy = sum(1 for e in live if e.used and e.holders)
+        room = self.config.trial_concurrency - busy - len(fresh)
+        return min(len(self._queue) - len(fresh), room)
+
+    def _reconcile(self) -> None:
+        if self._stopping or not self._started or self._env_error:
+            return
+        limit = max(3, 2 * self.config.trial_concurrency)
+        for _ in range(max(0, self._wanted_new_envs())):
+            if self._failed_starts >= limit:
+                self._give_up_envs(limit)
+                return
+            self._env_counter += 1
+            env = self._new_env(f"env-{self._env_counter}", platform=self._service.platform if self._service else "?", status=EnvStatus.REQUESTED)
+            self._spawn(self._start_env(env))
+
+    def _give_up_envs(self, limit: int) -> None:
+        last = next((e.reason for e in reversed(list(self._envs.values())) if e.status is EnvStatus.FAILED), "")
+        self._env_error = f"{limit} environments in a row failed to start; last: {last}"
+        log.error("%s", self._env_error)
+        for tid in list(self._queue):
+            self._queue.remove(tid)
+            self._trial_to(self._trials[tid], TrialStatus.FAILED, f"no environment could be started: {last}")
+        self._flush_notes()
+
+    async def _start_env(self, env: EnvState) -> None:
+        assert self._service is not None
+        args: list[str] = []
+        if getattr(self._ts, "gpu_indices", None):
+            args += ["--gpu-indices", ",".join(str(i) for i in self._ts.gpu_indices)]  # type: ignore[attr-defined]
+        if getattr(self._ts, "simulated_gpus", 0):
+            args += ["--simulated-gpus", str(self._ts.simulated_gpus)]  # type: ignore[attr-defined]
+        args += ["--reconnect-window", str(self.config.coordinator.reconnect_window)]
+        request = EnvironmentRequest(
+            env_id=env.id,
+            experiment_id=self.experiment_id,
+            coordinator_address=self.address,
+            token=self._token,
+            agent_args=tuple(args),
+            reuse=self._reuse,
+        )
+        try:
+            result = await self._service.start(request)
+        except Exception as e:  # a service must return errors, but one bug must not kill the loop
+            log.exception("environment service %s raised on start", self._service.platform)
+            result = type("R", (), {"error": f"{type(e).__name__}: {e}", "platform_id": ""})()
+        if env.status is not EnvStatus.REQUESTED:
+            return
+        if result.error:
+            self._failed_starts += 1
+            self._env_to(env, EnvStatus.FAILED, result.error)
+        else:
+            env.platform_id = result.platform_id
+            assert self.store is not None
+            self.store.update_env(env.id, platform_id=result.platform_id)
+            self._env_to(env, EnvStatus.STARTING, f"started ({result.platform_id})")
+        self._reconcile()
+        self._flush_notes()
+
+    def _shutdown_env(self, env: EnvState, *, drain: bool, reason: str, grace_s: float = CANCEL_GRACE_S) -> None:
+        if env.shutdown_sent:
+            return
+        env.shutdown_sent = True
+        if env.link is not None:
+            env.link.send(pb.CoordinatorMessage(shutdown=pb.Shutdown(drain=drain, grace_s=grace_s, reason=reason)))
+        if env.status in (EnvStatus.READY, EnvStatus.BUSY):
+            self._env_to(env, EnvStatus.DRAINING, reason)
+        self._changed.set()
+
+    def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None:
+        """The trials placed on ``env`` are gone with it: retry or fail each."""
+        for tid in sorted(env.holders - keep, key=lambda i: self._trials[i].seq):
+            t = self._trials[tid]
+            self._release(env, t)
+            if t.status.terminal:
+                continue
+            if t.cancel_status is not None:
+                self._trial_to(t, t.cancel_status, t.reason)
+            elif t.attempts <= self.config.max_trial_retries:
+                t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
+                if t.status is TrialStatus.RUNNING:
+                    self._trial_to(t, TrialStatus.WAITING, f"environment lost ({reason}); retrying")
+                self._queue.insert(0, tid)
+            else:
+                self._trial_to(t, TrialStatus.FAILED, f"environment lost: {reason}")
+
+    async def _monitor_loop(self) -> None:
+        settings = self.config.coordinator
+        interval = min(0.5, settings.heartbeat_interval)
+        while True:
+            try:
+                await asyncio.wait_for(self._changed.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()
+            try:
+                await self._check_envs(settings.agent_lost_timeout)
+            except Exception:
+                log.exception("checking environments failed; will try again")
+            self._schedule()
+            self._reconcile()
+            self._flush_notes()
+
+    async def _check_envs(self, lost_after: float) -> None:
+        now = time.monotonic()
+        live = self._live_envs()
+        if not live or self._service is None:
+            return
+        seen = await self._service.poll([e.id for e in live])
+        for env in live:
+            if env.status.terminal:
+                continue
+            obs = seen.get(env.id)
+            ended = obs is not None and obs.state in ("exited", "failed")
+            if env.status in (EnvStatus.REQUESTED, EnvStatus.STARTING):
+                if ended:
+                    self._failed_starts += 1
+                    assert obs is not None
+                    self._env_to(env, EnvStatus.FAILED, f"agent did not register: {obs.detail}")
+                elif env.status is EnvStatus.STARTING and now - env.requested_at > AGENT_START_TIMEOUT_S:
+                    self._failed_starts += 1
+                    self._env_to(env, EnvStatus.FAILED, f"agent did not register within {AGENT_START_TIMEOUT_S:.0f} s")
+                    self._spawn(self._service.stop(env.id))
+                continue
+            if ended and env.link is None:
+                assert obs is not None
+                if env.shutdown_sent or env.status is EnvStatus.DRAINING:
+                    self._lose_trials(env, obs.detail, keep=set())
+                    self._env_to(env, EnvStatus.STOPPED, obs.detail or "agent exited")
+                else:
+                    self._lose_trials(env, obs.detail, keep=set())
+                    self._env_to(env, EnvStatus.FAILED, obs.detail or "agent exited")
+            elif now - env.last_seen > lost_after and env.status is not EnvStatus.LOST:
+                reason = f"no heartbeat for {now - env.last_seen:.1f} s"
+                self._lose_trials(env, reason, keep=set())
+                self._env_to(env, EnvStatus.LOST, reason)
+                if env.link is not None:
+                    env.link.close()
+                self._spawn(self._service.stop(env.id, 0.0))
+
+    # ---- state changes -----------------------------------------------------------------
+
+    def _trial_to(self, t: TrialState, new: TrialStatus, reason: str) -> None:
+        check_trial(t.status, new)
+        old = t.status
+        t.status = new
+        if new.terminal or reason:
+            t.reason = reason
+        fields: dict[str, Any] = {"status": new.value, "reason": t.reason}
+        if new.terminal:
+            t.ended_at = t.ended_at or time.time()
+            fields["ended_at"] = t.ended_at
+            t.done.set()
+        assert self.store is not None
+        with self.store.transaction():
+            self.store.update_trial(t.id, **fields)
+            self.store.record("trial", t.id, old.value, new.value, reason)
+        log.info("trial %s: %s -> %s%s", t.id, old.value, new.value, f" ({reason})" if reason else "")
+        self._notes.append(StatusEvent(t.info(), old))
+        self._changed.set()
+
+    def _env_to(self, env: EnvState, new: EnvStatus, reason: str) -> None:
+        check_env(env.status, new)
+        old = env.status
+        env.status = new
+        env.reason = reason
+        assert self.store is not None
+        with self.store.transaction():
+            self.store.update_env(env.id, status=new.value, reason=reason, ended_at=time.time() if new.terminal else None)
+            self.store.record("environment", env.id, old.value, new.value, reason)
+        log.info("environment %s: %s -> %s (%s)", env.id, old.value, new.value, reason)
+        self._changed.set()
+
+    def _flush_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        for note in notes:
+            callbacks = self._metric_callbacks if isinstance(note, MetricEvent) else self._status_callbacks
+            for cb in callbacks:
+                try:
+                    result = cb(note)  # type: ignore[arg-type]
+                    if asyncio.iscoroutine(result):
+                        self._spawn(result)
+                except Exception:
+                    log.exception("a %s callback raised; ignored", type(note).__name__)
+            for q in self._subscribers:
+                q.put_nowait(note)
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _trial_state(self, trial_id: str) -> TrialState:
+        try:
+            return self._trials[trial_id]
+        except KeyError:
+            raise KeyError(f"no trial {trial_id!r} in experiment {self.experiment_id}") from None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            self._changed.clear()
+            await self._changed.wait()
+
+
+def _new_id(n: int) -> str:
+    alphabet = "abcdefghijkmnpqrstuvwxyz23456789"
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def _loads(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,136 @@
+"""The coordinator's in-memory picture of trials and environments, and what it publishes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .scheduler import GpuSlot
+from .states import EnvStatus, TrialStatus
+
+
+@dataclass(frozen=True)
+class TrialInfo:
+    """A snapshot of one trial, as the embedding API and the CLI show it."""
+
+    id: str
+    sequence_id: int
+    status: TrialStatus
+    parameters: dict[str, Any]
+    environment_id: str | None
+    gpu_indices: tuple[int, ...]
+    final_metric: float | None
+    final_metric_value: Any
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    stderr_tail: str
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    attempts: int
+
+    @property
+    def done(self) -> bool:
+        return self.status.terminal
+
+
+@dataclass(frozen=True)
+class MetricEvent:
+    """A result a trial reported, delivered once it is stored."""
+
+    trial_id: str
+    kind: str  # "intermediate" | "final"
+    index: int
+    value: float
+    raw: Any
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    """A trial changed status."""
+
+    trial: TrialInfo
+    old: TrialStatus
+
+
+@dataclass
+class TrialState:
+    id: str
+    seq: int
+    status: TrialStatus
+    parameters: dict[str, Any]
+    command: str
+    gpu_number: int
+    submitted_at: float
+    env_id: str | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    gpu_indices: tuple[int, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    stderr_tail: str = ""
+    final_metric: float | None = None
+    final_metric_json: str | None = None
+    attempts: int = 0
+    started_at: float | None = None
+    ended_at: float | None = None
+    # The status a cancel asked for, applied when the agent confirms the end.
+    cancel_status: TrialStatus | None = None
+    waiting_reason: str = ""
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def placed(self) -> bool:
+        return self.env_id is not None
+
+    def info(self) -> TrialInfo:
+        return TrialInfo(
+            id=self.id,
+            sequence_id=self.seq,
+            status=self.status,
+            parameters=self.parameters,
+            environment_id=self.env_id,
+            gpu_indices=self.gpu_indices,
+            final_metric=self.final_metric,
+            final_metric_value=json.loads(self.final_metric_json) if self.final_metric_json else None,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            reason=self.reason or (self.waiting_reason if self.status is TrialStatus.WAITING else ""),
+            stderr_tail=self.stderr_tail,
+            submitted_at=self.submitted_at,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            attempts=self.attempts,
+        )
+
+
+@dataclass
+class EnvState:
+    id: str
+    status: EnvStatus
+    single_use: bool
+    trial_slots: int
+    platform_id: str = ""
+    reason: str = ""
+    hostname: str = ""
+    instance_id: str = ""
+    last_seq: int = 0
+    link: Any = None  # the servicer's AgentLink while a stream is open
+    holders: set[str] = field(default_factory=set)
+    gpus: list[GpuSlot] = field(default_factory=list)
+    gpu_names: dict[str, str] = field(default_factory=dict)
+    gpu_reason: str = ""
+    last_seen: float = 0.0  # monotonic
+    requested_at: float = 0.0  # monotonic
+    used: bool = False  # a single-use environment that has had its trial
+    shutdown_sent: bool = False
+    draining: bool = False
+    gpu_usage: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # uuid -> util, used, total
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None

@@ -1,0 +1,99 @@
+"""The environment-service contract: how the coordinator gets environments on a platform.
+
+A service knows one platform. It starts an environment (something that runs one agent),
+reports what it observes about the environments it started, and stops them. The
+coordinator owns the lifecycle; a service only acts and observes.
+
+The contract every service keeps (and the contract test suite checks):
+
+* ``start`` is idempotent per ``request.env_id``: starting the same id twice starts one
+  environment. It returns once the platform accepted the request, not once the agent is up.
+* Errors are returned as data (``StartResult.error``, ``Observation.state == "failed"``),
+  never raised into the coordinator's loop.
+* ``poll`` reports every environment the service started and has not forgotten; an id it
+  does not know is reported as ``"unknown"``.
+* ``stop`` is idempotent and returns once the environment's processes are gone or the
+  platform accepted the stop; stopping an unknown id is a no-op.
+* The experiment token reaches the agent through its environment or a 0600 file, never
+  its argv.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+ObservedState = Literal["starting", "running", "exited", "failed", "unknown"]
+
+
+@dataclass(frozen=True)
+class EnvironmentRequest:
+    """Everything a service needs to start one environment."""
+
+    env_id: str
+    experiment_id: str
+    coordinator_address: str
+    token: str
+    # Extra command-line arguments for ``trialkeeper agent`` (GPU options, TLS pin).
+    agent_args: tuple[str, ...] = ()
+    reuse: bool = True
+    # Pinned coordinator certificate (PEM) when TLS is on.
+    tls_cert_pem: bytes | None = None
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """The platform's answer to a start: its own id for the environment, or an error."""
+
+    platform_id: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the platform says about one environment."""
+
+    state: ObservedState
+    detail: str = ""
+    platform_id: str = ""
+
+
+@dataclass(frozen=True)
+class EnvironmentTemplate:
+    """What each environment of this service will offer, known before any starts."""
+
+    trial_slots: int = 1
+    gpu_count: int | None = None  # None: known only once the agent registers
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class EnvironmentService(abc.ABC):
+    """One platform's way to start, observe and stop environments."""
+
+    platform: ClassVar[str]
+    #: Agents see the coordinator's file system: trial logs are read in place, not streamed.
+    shares_filesystem: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def working_directory(self) -> str:
+        """Where trials of this experiment run, as a path the agent sees (the code dir)."""
+
+    @abc.abstractmethod
+    async def start(self, request: EnvironmentRequest) -> StartResult:
+        """Ask the platform for an environment running one agent."""
+
+    @abc.abstractmethod
+    async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
+        """What the platform observes about each of ``env_ids``."""
+
+    @abc.abstractmethod
+    async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
+        """End the environment and everything its agent started."""
+
+    async def prepare(self) -> None:
+        """Once per experiment, before any start (upload code, check access)."""
+
+    async def close(self) -> None:
+        """Release what the service holds; environments are stopped before this."""

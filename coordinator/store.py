@@ -1,0 +1,269 @@
+"""The experiment's SQLite store: the source of truth for everything that happened.
+
+WAL mode with ``synchronous=NORMAL``: a committed transaction survives the process being
+killed (not a power cut). The coordinator writes from its event-loop thread only; other
+processes (the CLI) read concurrently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS experiment (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    config_json TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    coordinator_address TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    ended_at REAL
+);
+CREATE TABLE IF NOT EXISTS trials (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,
+    status TEXT NOT NULL,
+    parameters_json TEXT NOT NULL,
+    command TEXT NOT NULL,
+    gpu_number INTEGER NOT NULL,
+    environment_id TEXT,
+    gpu_indices_json TEXT NOT NULL DEFAULT '[]',
+    exit_code INTEGER,
+    signal INTEGER,
+    reason TEXT NOT NULL DEFAULT '',
+    stderr_tail TEXT NOT NULL DEFAULT '',
+    final_metric REAL,
+    final_metric_json TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    trial_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    value REAL NOT NULL,
+    value_json TEXT NOT NULL,
+    reported_at REAL NOT NULL,
+    PRIMARY KEY (trial_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS environments (
+    id TEXT PRIMARY KEY,
+    platform TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    platform_id TEXT NOT NULL DEFAULT '',
+    hostname TEXT NOT NULL DEFAULT '',
+    info_json TEXT NOT NULL DEFAULT '{}',
+    agent_instance_id TEXT NOT NULL DEFAULT '',
+    last_seq INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    ended_at REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    entity TEXT NOT NULL,
+    entity_id TEXT NOT NULL,
+    old TEXT NOT NULL,
+    new TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_entity ON events (entity_id);
+"""
+
+TRIAL_COLUMNS = (
+    "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
+    "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
+    "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at",
+)
+ENV_COLUMNS = (
+    "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
+    "agent_instance_id", "last_seq", "created_at", "ended_at",
+)
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or is not a trialkeeper store."""
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    trial_id: str
+    index: int
+    kind: str
+    value: float
+    value_json: str
+    reported_at: float
+
+
+class Store:
+    """Reads and writes one experiment's database file."""
+
+    FILENAME = "trialkeeper.db"
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        try:
+            if readonly:
+                if not path.exists():
+                    raise StoreError(f"no experiment store at {path}")
+                self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.executescript(_SCHEMA)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"cannot open the experiment store {path}: {e}") from e
+        self._db.row_factory = sqlite3.Row
+        self._depth = 0
+
+    @classmethod
+    def in_dir(cls, experiment_dir: Path, *, readonly: bool = False) -> Store:
+        return cls(experiment_dir / cls.FILENAME, readonly=readonly)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes into one commit; nests (only the outermost commits)."""
+        if self._depth == 0:
+            self._db.execute("BEGIN")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self._db.execute("ROLLBACK")
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._db.execute("COMMIT")
+
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> None:
+        with self.transaction():
+            self._db.execute(sql, args)
+
+    # ---- experiment --------------------------------------------------------------------
+
+    def create_experiment(self, exp_id: str, name: str | None, config: dict[str, Any]) -> None:
+        self._write(
+            "INSERT INTO experiment (id, name, config_json, status, created_at) VALUES (?, ?, ?, 'RUNNING', ?)",
+            (exp_id, name, json.dumps(config), time.time()),
+        )
+
+    def experiment(self) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM experiment LIMIT 1").fetchone()
+        return dict(row) if row else None
+
+    def set_experiment_status(self, status: str, reason: str = "", *, ended: bool = False) -> None:
+        self._write(
+            "UPDATE experiment SET status = ?, reason = ?, ended_at = ?",
+            (status, reason, time.time() if ended else None),
+        )
+
+    def set_coordinator_address(self, address: str) -> None:
+        self._write("UPDATE experiment SET coordinator_address = ?", (address,))
+
+    # ---- trials ------------------------------------------------------------------------
+
+    def insert_trial(self, row: dict[str, Any]) -> None:
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self._write(f"INSERT INTO trials ({cols}) VALUES ({marks})", tuple(row.values()))
+
+    def update_trial(self, trial_id: str, **fields: Any) -> None:
+        bad = set(fields) - set(TRIAL_COLUMNS)
+        if bad:
+            raise ValueError(f"unknown trial columns {sorted(bad)}")
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._write(f"UPDATE trials SET {sets} WHERE id = ?", (*fields.values(), trial_id))
+
+    def trials(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM trials ORDER BY seq")]
+
+    def trial(self, trial_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
+        return dict(row) if row else None
+
+    def next_trial_seq(self) -> int:
+        row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM trials").fetchone()
+        return int(row[0])
+
+    # ---- metrics -----------------------------------------------------------------------
+
+    def add_metrics(self, rows: Sequence[MetricRow]) -> None:
+        # OR IGNORE: a replayed metric (same trial, same index) is stored once.
+        with self.transaction():
+            self._db.executemany(
+                "INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                [(r.trial_id, r.index, r.kind, r.value, r.value_json, r.reported_at) for r in rows],
+            )
+
+    def metrics(self, trial_id: str | None = None) -> list[MetricRow]:
+        if trial_id is None:
+            cur = self._db.execute("SELECT * FROM metrics ORDER BY trial_id, idx")
+        else:
+            cur = self._db.execute("SELECT * FROM metrics WHERE trial_id = ? ORDER BY idx", (trial_id,))
+        return [
+            MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"])
+            for r in cur
+        ]
+
+    def metric_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0])
+
+    # ---- environments ------------------------------------------------------------------
+
+    def insert_env(self, env_id: str, platform: str, status: str) -> None:
+        self._write(
+            "INSERT INTO environments (id, platform, status, created_at) VALUES (?, ?, ?, ?)",
+            (env_id, platform, status, time.time()),
+        )
+
+    def update_env(self, env_id: str, **fields: Any) -> None:
+        bad = set(fields) - set(ENV_COLUMNS)
+        if bad:
+            raise ValueError(f"unknown environment columns {sorted(bad)}")
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._write(f"UPDATE environments SET {sets} WHERE id = ?", (*fields.values(), env_id))
+
+    def envs(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM environments ORDER BY created_at, id")]
+
+    # ---- events ------------------------------------------------------------------------
+
+    def record(self, entity: str, entity_id: str, old: str, new: str, reason: str) -> None:
+        self._write(
+            "INSERT INTO events (at, entity, entity_id, old, new, reason) VALUES (?, ?, ?, ?, ?, ?)",
+            (time.time(), entity, entity_id, old, new, reason),
+        )
+
+    def events(self, entity_id: str | None = None) -> list[dict[str, Any]]:
+        if entity_id is None:
+            cur = self._db.execute("SELECT * FROM events ORDER BY id")
+        else:
+            cur = self._db.execute("SELECT * FROM events WHERE entity_id = ? ORDER BY id", (entity_id,))
+        return [dict(r) for r in cur]
+
+    def integrity_check(self) -> str:
+        return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])

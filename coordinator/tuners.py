@@ -1,0 +1,286 @@
+"""Tuners: what proposes each trial's parameters. Built-in ones, and third-party ones by name.
+
+A tuner follows NNI's interface, so an NNI user's tuner ports with few changes::
+
+    class MyTuner(Tuner):
+        def generate_parameters(self, parameter_id: int) -> dict: ...
+        def receive_trial_result(self, parameter_id, parameters, value) -> None: ...
+
+and is named in the experiment config as ``tuner: {className: my_pkg.tuners:MyTuner}``.
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+import importlib
+import inspect
+import json
+import os
+import random
+import sys
+from typing import Any
+
+from trialkeeper.coordinator.searchspace import (
+    SearchSpaceError,
+    grid,
+    grid_size,
+    is_discrete,
+    sample,
+    validate_search_space,
+)
+
+__all__ = [
+    "BUILTIN_TUNERS",
+    "GridTuner",
+    "NoMoreTrials",
+    "RandomTuner",
+    "Tuner",
+    "TunerError",
+    "create_tuner",
+]
+
+
+class NoMoreTrials(Exception):
+    """Raised by Tuner.generate_parameters when the tuner has nothing left to propose."""
+
+
+class TunerError(ValueError):
+    """A tuner that cannot be created: unknown name, failed import, bad classArgs."""
+
+
+class Tuner(abc.ABC):
+    """Proposes parameters for trials and learns from their results.
+
+    The coordinator calls, from one thread: ``generate_parameters`` once per new trial,
+    ``receive_trial_result`` when a trial reports its final result, and ``trial_end`` when
+    a trial ends (also for trials that failed without a result). ``value`` is the metric's
+    ``default`` number; whether bigger is better is ``optimize_mode``.
+
+    Subclasses take the search space as first argument and their classArgs as keyword
+    arguments, and should call ``super().__init__``.
+    """
+
+    def __init__(
+        self,
+        search_space: dict[str, Any],
+        *,
+        optimize_mode: str = "maximize",
+        seed: int | None = None,
+    ) -> None:
+        validate_search_space(search_space)
+        if optimize_mode not in ("maximize", "minimize"):
+            raise TunerError(
+                f"optimize_mode must be 'maximize' or 'minimize', got {optimize_mode!r}"
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TunerError(f"seed must be an integer or null, got {seed!r}")
+        self.search_space = search_space
+        self.optimize_mode = optimize_mode
+        self.seed = seed
+
+    @abc.abstractmethod
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        """The parameters of trial ``parameter_id``: a JSON-serialisable dict.
+
+        Raise NoMoreTrials when the search space is exhausted; the experiment then
+        stops creating trials.
+        """
+
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
+        """Learn the final result ``value`` of the trial that ran ``parameters``."""
+
+    def trial_end(self, parameter_id: int, success: bool) -> None:
+        """Learn that trial ``parameter_id`` ended, successfully or not."""
+
+
+def _key(parameters: dict[str, Any]) -> str:
+    return json.dumps(parameters, sort_keys=True, default=repr)
+
+
+class RandomTuner(Tuner):
+    """Samples the search space at random, with a seeded generator.
+
+    On a fully discrete space it never proposes the same point twice and raises
+    NoMoreTrials once every point was proposed; with a continuous parameter, repeats are
+    possible in principle and the tuner never runs out.
+    """
+
+    # Redraws before picking among the remaining points directly: near exhaustion almost
+    # every draw is a repeat, and redrawing alone would take about size-many draws.
+    _MAX_REDRAWS = 100
+
+    def __init__(
+        self,
+        search_space: dict[str, Any],
+        *,
+        optimize_mode: str = "maximize",
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(search_space, optimize_mode=optimize_mode, seed=seed)
+        self._rng = random.Random(seed)
+        self._size = grid_size(search_space) if is_discrete(search_space) else None
+        self._seen: set[str] = set()
+
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        if self._size is None:
+            return sample(self.search_space, self._rng)
+        if len(self._seen) >= self._size:
+            raise NoMoreTrials(f"random search proposed all {self._size} points of the space")
+        for _ in range(self._MAX_REDRAWS):
+            parameters = sample(self.search_space, self._rng)
+            if _key(parameters) not in self._seen:
+                break
+        else:
+            left = [p for p in grid(self.search_space) if _key(p) not in self._seen]
+            parameters = self._rng.choice(left)
+        self._seen.add(_key(parameters))
+        return parameters
+
+
+class GridTuner(Tuner):
+    """Proposes every point of a discrete search space once, in order (see searchspace.grid)."""
+
+    def __init__(
+        self,
+        search_space: dict[str, Any],
+        *,
+        optimize_mode: str = "maximize",
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(search_space, optimize_mode=optimize_mode, seed=seed)
+        self.size = grid_size(search_space)
+        self._points = grid(search_space)
+
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        try:
+            return next(self._points)
+        except StopIteration:
+            raise NoMoreTrials(f"grid search proposed all {self.size} points") from None
+
+
+BUILTIN_TUNERS: dict[str, type[Tuner]] = {"random": RandomTuner, "grid": GridTuner}
+# NNI's names for the same tuners, compared after lower-casing and dropping "_", "-", " ".
+_ALIASES = {"gridsearch": "grid", "randomsearch": "random"}
+
+
+def create_tuner(
+    name: str | None,
+    class_name: str | None,
+    class_args: dict[str, Any] | None,
+    search_space: dict[str, Any],
+    code_directory: str | None = None,
+) -> Tuner:
+    """Create the tuner an experiment config names.
+
+    ``name`` picks a built-in tuner (case-insensitive); ``class_name``, as
+    ``package.module:ClassName`` or ``package.module.ClassName``, imports a Tuner
+    subclass, with ``code_directory`` put on sys.path first. Exactly one must be given.
+    ``class_args`` are passed as keyword arguments.
+
+    Raises SearchSpaceError for an invalid space (checked first) and TunerError for
+    anything else that prevents creating the tuner.
+    """
+    validate_search_space(search_space)
+    if (name is None) == (class_name is None):
+        which = "both" if name is not None else "neither"
+        raise TunerError(
+            f"a tuner needs either name (built-in: {', '.join(BUILTIN_TUNERS)}) or className, "
+            f"got {which}"
+        )
+    if name is not None:
+        label = _builtin_name(name)
+        cls = BUILTIN_TUNERS[label]
+    else:
+        assert class_name is not None
+        label, cls = class_name, _import_tuner(class_name, code_directory)
+    args = _check_class_args(label, cls, {} if class_args is None else class_args)
+    try:
+        return cls(search_space, **args)
+    except (TunerError, SearchSpaceError):
+        raise
+    except Exception as e:
+        raise TunerError(f"tuner {label!r} failed to start: {_one_line(e)}") from e
+
+
+def _builtin_name(name: str) -> str:
+    key = "".join(c for c in name.lower() if c not in "_- ")
+    key = _ALIASES.get(key, key)
+    if key in BUILTIN_TUNERS:
+        return key
+    close = difflib.get_close_matches(key, [*BUILTIN_TUNERS, *_ALIASES], n=1)
+    hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}? " if close else ""
+    raise TunerError(
+        f"unknown tuner {name!r}; {hint}built-in tuners: {', '.join(BUILTIN_TUNERS)} "
+        f"(or give className to load your own)"
+    )
+
+
+def _import_tuner(class_name: str, code_directory: str | None) -> type[Tuner]:
+    module_name, _, attr = (
+        class_name.partition(":") if ":" in class_name else class_name.rpartition(".")
+    )
+    if not module_name or not attr:
+        raise TunerError(
+            f"className {class_name!r} must look like 'package.module:ClassName' "
+            f"or 'package.module.ClassName'"
+        )
+    if code_directory is not None:
+        path = os.path.abspath(code_directory)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+        # The directory may have gained files since the import system last listed it.
+        importlib.invalidate_caches()
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:
+        raise TunerError(
+            f"cannot import module {module_name!r} of tuner {class_name!r}: {_one_line(e)}"
+        ) from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TunerError(f"tuner {class_name!r}: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Tuner)):
+        raise TunerError(
+            f"tuner {class_name!r} is not a subclass of trialkeeper.coordinator.tuners.Tuner"
+        )
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+        raise TunerError(f"tuner {class_name!r} does not implement {missing}")
+    return obj
+
+
+def _check_class_args(label: str, cls: type[Tuner], class_args: object) -> dict[str, Any]:
+    if not isinstance(class_args, dict) or not all(isinstance(k, str) for k in class_args):
+        raise TunerError(f"classArgs of tuner {label!r} must be a mapping of name -> value")
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return class_args  # no signature to check against (a C extension, say)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return class_args
+    # The first parameter receives the search space, so it is no classArg.
+    accepted = [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unexpected = []
+    for key in class_args:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, accepted, n=1)
+            unexpected.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if unexpected:
+        raise TunerError(
+            f"unexpected classArgs {', '.join(unexpected)} for tuner {label!r}; "
+            f"accepted: {', '.join(accepted) or 'none'}"
+        )
+    missing = [
+        p.name for p in params[1:]
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in class_args
+    ]
+    if missing:
+        raise TunerError(f"tuner {label!r} needs classArgs {', '.join(missing)}")
+    return class_args
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
