@@ -269,8 +269,15 @@ class AgentSession(RunnerEvents):
         async with self._channel() as channel:
             stub = pb_grpc.CoordinatorStub(channel)
             call = stub.Session(metadata=((TOKEN_METADATA_KEY, self.o.token),))
-            await asyncio.wait_for(call.write(self._register()), self.o.connect_timeout_s)
-            first = await asyncio.wait_for(call.read(), self.o.connect_timeout_s)
+            try:
+                await asyncio.wait_for(call.write(self._register()), self.o.connect_timeout_s)
+                first = await asyncio.wait_for(call.read(), self.o.connect_timeout_s)
+            except grpc.aio.AioRpcError as e:
+                # A stream the coordinator ended with an error status raises on read/write
+                # rather than reading EOF: a refusal is final, anything else is retried.
+                if e.code() in _REFUSALS:
+                    raise AgentRefused(f"{e.code().name}: {e.details()}") from e
+                raise
             if first is grpc.aio.EOF:
                 await self._raise_refusal(call)
             if not first.HasField("welcome"):

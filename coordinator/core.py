@@ -745,10 +745,13 @@ class Coordinator:
         settings = self.config.coordinator
         interval = min(0.5, settings.heartbeat_interval)
         while True:
+            # Not asyncio.wait_for: before Python 3.12 it swallows a cancel that arrives as
+            # the event is set (stop() does both), and stop() would wait on this loop forever.
+            changed = asyncio.ensure_future(self._changed.wait())
             try:
-                await asyncio.wait_for(self._changed.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+                await asyncio.wait({changed}, timeout=interval)
+            finally:
+                changed.cancel()
             self._changed.clear()
             try:
                 await self._check_envs(settings.agent_lost_timeout)

@@ -1,0 +1,322 @@
+"""The ``trialkeeper`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .store import Store, StoreError
+
+_TERMINAL = ("SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except StoreError as e:
+        print(f"trialkeeper: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trialkeeper",
+        description="Run the trials of hyperparameter-tuning experiments on local machines, SSH hosts and clusters.",
+    )
+    sub = p.add_subparsers(metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run an experiment from a YAML config", description="Run an experiment from a YAML config and show its progress.")
+    run.add_argument("config", type=Path, help="experiment config (YAML)")
+    run.add_argument("--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)")
+    run.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    run.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.set_defaults(func=_cmd_run)
+
+    agent = sub.add_parser("agent", help="run an agent (usually started for you)", description="Run trials for a coordinator. The first SIGTERM/SIGINT drains, a second one cancels running trials.")
+    from trialkeeper.agent.main import add_arguments
+
+    add_arguments(agent)
+    agent.set_defaults(func=_cmd_agent)
+
+    trials = sub.add_parser("trials", help="list an experiment's trials", description="List an experiment's trials.")
+    trials.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    trials.add_argument("--json", action="store_true", help="print a JSON list")
+    trials.add_argument("--status", help="only trials with this status (e.g. FAILED)")
+    trials.set_defaults(func=_cmd_trials)
+
+    status = sub.add_parser("status", help="an experiment's state in a few lines", description="Show an experiment's status, counts and best trial.")
+    status.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_status)
+
+    envs = sub.add_parser("envs", help="list an experiment's environments", description="List an experiment's environments and their GPUs.")
+    envs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    envs.add_argument("--json", action="store_true")
+    envs.set_defaults(func=_cmd_envs)
+
+    logs = sub.add_parser("logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr).")
+    logs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    logs.add_argument("trial_id", metavar="TRIAL_ID")
+    logs.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the trial ends")
+    logs.set_defaults(func=_cmd_logs)
+    return p
+
+
+# ---- run -------------------------------------------------------------------------------
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load_config
+    from .experiment import ExperimentResult, Progress, optimize_mode_of, ranked, run_experiment
+    from .searchspace import SearchSpaceError
+    from .tuners import TunerError
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    err = Console(stderr=True)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        err.print(f"[red]trialkeeper: invalid config {args.config}[/red]", highlight=False)
+        for issue in e.issues:
+            err.print(f"  {issue.path}: {issue.message}", highlight=False, markup=False)
+        return 2
+    console = Console()
+    live_view = console.is_terminal and not args.quiet
+    mode = optimize_mode_of(config)
+    state: dict[str, Any] = {"printed": 0.0, "dir_shown": False}
+
+    def on_progress(p: Progress) -> None:
+        if not state["dir_shown"]:
+            console.print(f"experiment [bold]{p.experiment_id}[/bold] in {p.experiment_dir}", highlight=False)
+            state["dir_shown"] = True
+        if live is not None:
+            live.update(_live_table(p))
+        elif not args.quiet and time.monotonic() - state["printed"] >= 2.0:
+            state["printed"] = time.monotonic()
+            console.print(_progress_line(p), highlight=False)
+
+    async def go() -> ExperimentResult:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await run_experiment(config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop)
+
+    live = Live(console=console, refresh_per_second=4, transient=False) if live_view else None
+    try:
+        if live is not None:
+            with live:
+                result = asyncio.run(go())
+        else:
+            result = asyncio.run(go())
+    except (TunerError, SearchSpaceError, ValueError) as e:
+        err.print(f"trialkeeper: {e}", highlight=False, markup=False)
+        return 2
+    counts: dict[str, int] = {}
+    for t in result.trials:
+        counts[t.status.value] = counts.get(t.status.value, 0) + 1
+    console.print(f"experiment {result.experiment_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
+    top = ranked(result.trials, mode)[:10]
+    if top:
+        table = Table(title=f"best trials ({mode})")
+        for col in ("trial", "final metric", "parameters"):
+            table.add_column(col)
+        for t in top:
+            table.add_row(t.id, f"{t.final_metric:.6g}", json.dumps(t.parameters))
+        console.print(table)
+    if result.best is not None:
+        console.print(f"best trial: {result.best.id} final metric {result.best.final_metric:.6g} parameters {json.dumps(result.best.parameters)}", highlight=False)
+    console.print(f"experiment directory: {result.experiment_dir}", highlight=False)
+    if not result.ok:
+        print(f"trialkeeper: experiment did not complete: {result.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _progress_line(p: Any) -> str:
+    counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(p.counts.items()))
+    best = f"; best {p.best.final_metric:.6g} ({p.best.id})" if p.best else ""
+    eta = f"; eta {p.eta_s:.0f} s" if p.eta_s is not None else ""
+    total = f"/{p.max_trials}" if p.max_trials else ""
+    return f"[{p.elapsed_s:6.1f} s] {p.submitted}{total} trials: {counts or 'none yet'}{best}{eta}"
+
+
+def _live_table(p: Any) -> Table:
+    table = Table(title=_progress_line(p), title_justify="left")
+    for col in ("trial", "status", "env", "final metric", "parameters"):
+        table.add_column(col, overflow="fold")
+    recent = [t for t in p.trials if not t.status.terminal][-10:] or p.trials[-5:]
+    for t in recent:
+        metric = f"{t.final_metric:.6g}" if t.final_metric is not None else ""
+        table.add_row(t.id, t.status.value, t.environment_id or "", metric, json.dumps(t.parameters)[:80])
+    if p.best is not None:
+        table.caption = f"best: {p.best.id} = {p.best.final_metric:.6g}"
+    return table
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from trialkeeper.agent.main import run
+
+    return run(args)
+
+
+# ---- reading an experiment ---------------------------------------------------------------
+
+
+def _open(exp_dir: Path) -> Store:
+    return Store.in_dir(exp_dir, readonly=True)
+
+
+def _trial_rows(store: Store) -> list[dict[str, Any]]:
+    out = []
+    for r in store.trials():
+        out.append(
+            {
+                "id": r["id"],
+                "sequence_id": r["seq"],
+                "status": r["status"],
+                "parameters": json.loads(r["parameters_json"]),
+                "final_metric": r["final_metric"],
+                "final_metric_value": json.loads(r["final_metric_json"]) if r["final_metric_json"] else None,
+                "environment_id": r["environment_id"],
+                "gpu_indices": json.loads(r["gpu_indices_json"]),
+                "exit_code": r["exit_code"],
+                "signal": r["signal"],
+                "reason": r["reason"],
+                "attempts": r["attempts"],
+                "submitted_at": r["submitted_at"],
+                "started_at": r["started_at"],
+                "ended_at": r["ended_at"],
+            }
+        )
+    return out
+
+
+def _cmd_trials(args: argparse.Namespace) -> int:
+    store = _open(args.experiment_dir)
+    rows = _trial_rows(store)
+    if args.status:
+        rows = [r for r in rows if r["status"] == args.status.upper()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table()
+    for col in ("trial", "seq", "status", "env", "final metric", "duration", "parameters", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        dur = f"{r['ended_at'] - r['started_at']:.1f} s" if r["started_at"] and r["ended_at"] else ""
+        metric = f"{r['final_metric']:.6g}" if r["final_metric"] is not None else ""
+        table.add_row(r["id"], str(r["sequence_id"]), r["status"], r["environment_id"] or "", metric, dur, json.dumps(r["parameters"]), r["reason"])
+    Console().print(table)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    store = _open(args.experiment_dir)
+    exp = store.experiment()
+    if exp is None:
+        print(f"trialkeeper: no experiment in {args.experiment_dir}", file=sys.stderr)
+        return 1
+    rows = _trial_rows(store)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    config = json.loads(exp["config_json"])
+    mode = (config.get("tuner") or {}).get("classArgs", {}).get("optimize_mode", "maximize")
+    scored = [r for r in rows if r["final_metric"] is not None]
+    best = (max if mode != "minimize" else min)(scored, key=lambda r: r["final_metric"]) if scored else None
+    info = {
+        "id": exp["id"],
+        "name": exp["name"],
+        "status": exp["status"],
+        "reason": exp["reason"],
+        "coordinator": exp["coordinator_address"],
+        "trials": counts,
+        "metrics": store.metric_count(),
+        "best": {"id": best["id"], "final_metric": best["final_metric"], "parameters": best["parameters"]} if best else None,
+        "environments": len(store.envs()),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"experiment {info['id']} ({info['name'] or 'unnamed'}): {info['status']}{' - ' + info['reason'] if info['reason'] else ''}")
+    print("trials: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    print(f"metrics stored: {info['metrics']}; environments: {info['environments']}")
+    if best:
+        print(f"best trial: {best['id']} final metric {best['final_metric']:.6g} parameters {json.dumps(best['parameters'])}")
+    return 0
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    store = _open(args.experiment_dir)
+    envs = store.envs()
+    trials = _trial_rows(store)
+    rows = []
+    for e in envs:
+        info = json.loads(e["info_json"] or "{}")
+        holding = [t["id"] for t in trials if t["environment_id"] == e["id"] and t["status"] not in _TERMINAL]
+        rows.append({
+            "id": e["id"], "platform": e["platform"], "status": e["status"], "reason": e["reason"],
+            "platform_id": e["platform_id"], "hostname": e["hostname"], "gpus": info.get("gpus", []),
+            "gpu_unavailable_reason": info.get("gpu_unavailable_reason", ""), "running_trials": holding,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table()
+    for col in ("env", "platform", "status", "host", "job", "gpus", "trials", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        gpus = ", ".join(f"{g['index']}:{g['name']}{' (simulated)' if g.get('simulated') else ''}" for g in r["gpus"]) or (r["gpu_unavailable_reason"] or "none")
+        table.add_row(r["id"], r["platform"], r["status"], r["hostname"], r["platform_id"], gpus, " ".join(r["running_trials"]), r["reason"])
+    Console().print(table)
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    store = _open(args.experiment_dir)
+    if store.trial(args.trial_id) is None:
+        known = [r["id"] for r in store.trials()][:20]
+        print(f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}", file=sys.stderr)
+        return 1
+    path = args.experiment_dir / "trials" / args.trial_id / ("stderr.log" if args.stderr else "stdout.log")
+    offset = 0
+    out = sys.stdout.buffer
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        if data:
+            out.write(data)
+            out.flush()
+            offset += len(data)
+        if not args.follow:
+            return 0
+        row = store.trial(args.trial_id)
+        if row is not None and row["status"] in _TERMINAL:
+            # One last read picks up what was written just before the end.
+            args.follow = False
+            continue
+        time.sleep(0.5)  # polling a file the agent appends to; there is nothing to wait on

@@ -1,0 +1,191 @@
+"""Shared fixtures: configs, running async bodies, waiting with deadlines, leak checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import textwrap
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+from trialkeeper.coordinator.config import ExperimentConfig, parse_config
+
+T = TypeVar("T")
+
+# The generous ceiling for any single async test body; each waits on its own deadlines inside.
+ASYNC_TEST_TIMEOUT_S = 90.0
+
+
+# ---- configs --------------------------------------------------------------------------
+
+
+def build_config(tmp_path: Path, **overrides: Any) -> ExperimentConfig:
+    """A local-platform config whose trial code and experiments live in ``tmp_path``.
+
+    ``trainingService`` and ``coordinator`` overrides are merged into the defaults;
+    everything else replaces the top-level key.
+    """
+    data: dict[str, Any] = {
+        "trialCommand": "python trial.py",
+        "trialConcurrency": 2,
+        "trainingService": {"platform": "local"},
+        "trialCodeDirectory": str(tmp_path),
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+    }
+    for key, value in overrides.items():
+        if key in ("trainingService", "coordinator") and isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        else:
+            data[key] = value
+    return parse_config(data, tmp_path)
+
+
+@pytest.fixture
+def make_config() -> Callable[..., ExperimentConfig]:
+    """``make_config(tmp_path, **overrides)`` -> a parsed local-platform config."""
+    return build_config
+
+
+def write_script(directory: Path, name: str, body: str) -> Path:
+    """Write a trial script (dedented) into ``directory``; returns its path."""
+    path = directory / name
+    path.write_text(textwrap.dedent(body).lstrip(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Callable[[str, str], Path]:
+    """``script(name, body)`` writes a trial script into the trial code directory."""
+    return lambda name, body: write_script(tmp_path, name, body)
+
+
+# ---- async and waiting ----------------------------------------------------------------
+
+
+def run_async(body: Callable[[], Awaitable[T]] | Awaitable[T], timeout: float = ASYNC_TEST_TIMEOUT_S) -> T:
+    """Run an async test body on a fresh event loop, failing if it exceeds ``timeout``."""
+
+    async def main() -> T:
+        coro = body() if callable(body) else body
+        return await asyncio.wait_for(coro, timeout)  # type: ignore[arg-type]
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def arun() -> Callable[..., Any]:
+    return run_async
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, message: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(message or f"condition not met within {timeout} s: {predicate}")
+        time.sleep(interval)
+
+
+async def async_wait_until(
+    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, message: str = ""
+) -> Any:
+    """:func:`wait_until` for use inside a running event loop (does not block the loop)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(message or f"condition not met within {timeout} s: {predicate}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture(name="wait_until")
+def wait_until_fixture() -> Callable[..., Any]:
+    return wait_until
+
+
+@pytest.fixture(name="async_wait_until")
+def async_wait_until_fixture() -> Callable[..., Any]:
+    return async_wait_until
+
+
+def pid_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (absent, or a zombie waiting to be reaped)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# ---- leak check -----------------------------------------------------------------------
+
+
+def _leftovers(tmp_path: Path) -> list[psutil.Process]:
+    """Live processes this test started: our descendants, plus any trial or agent process
+    that mentions the test's directory (trials run in their own sessions and can be
+    orphaned away from our process tree)."""
+    found: dict[int, psutil.Process] = {}
+    me = psutil.Process()
+    for p in me.children(recursive=True):
+        found[p.pid] = p
+    marker = str(tmp_path)
+    uid = os.getuid()
+    for p in psutil.process_iter(["pid", "uids", "cmdline"]):
+        try:
+            if p.pid == me.pid or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            cmd = " ".join(p.info["cmdline"] or ())
+            if marker in cmd:
+                found.setdefault(p.pid, p)
+                continue
+            env = p.environ()
+            if env.get("TRIALKEEPER_TRIAL_DIR", "").startswith(marker):
+                found.setdefault(p.pid, p)
+        except (psutil.Error, OSError):
+            continue
+    alive = []
+    for p in found.values():
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"pid {p.pid}: {' '.join(p.cmdline())}"
+    except psutil.Error:
+        return f"pid {p.pid}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(request: pytest.FixtureRequest) -> Any:
+    """Integration tests must leave no agent and no trial process behind."""
+    if "integration" not in Path(str(request.node.fspath)).parts:
+        yield
+        return
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    yield
+    try:
+        wait_until(lambda: not _leftovers(tmp_path), timeout=10.0)
+    except AssertionError:
+        left = _leftovers(tmp_path)
+        description = "; ".join(_describe(p) for p in left)
+        for p in left:  # do not let one test's leak fail the next ones
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=5.0)
+        pytest.fail(f"processes left running after the test: {description}")

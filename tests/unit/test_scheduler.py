@@ -1,0 +1,160 @@
+"""scheduler.place: FIFO with backfill, the concurrency cap, GPU packing and sharing."""
+
+from __future__ import annotations
+
+from trialkeeper.coordinator.scheduler import Demand, EnvCapacity, GpuSlot, Placement, max_gpus_offered, place
+
+
+def gpus(n: int, capacity: int = 1, prefix: str = "g") -> list[GpuSlot]:
+    return [GpuSlot(f"{prefix}{i}", i, capacity) for i in range(n)]
+
+
+def env(env_id: str, slots: int = 4, n_gpus: int = 0, **kw: object) -> EnvCapacity:
+    return EnvCapacity(env_id=env_id, trial_slots=slots, gpus=gpus(n_gpus, prefix=f"{env_id}-g"), **kw)  # type: ignore[arg-type]
+
+
+def where(decision_placements: list[Placement]) -> dict[str, str]:
+    return {p.trial_id: p.env_id for p in decision_placements}
+
+
+def test_fifo_in_submission_order() -> None:
+    d = place([Demand("a"), Demand("b"), Demand("c")], [env("e1", slots=2)])
+    assert [p.trial_id for p in d.placements] == ["a", "b"]
+    assert set(d.waiting) == {"c"}
+    assert d.waiting["c"] == "waiting: every environment is running as many trials as it takes"
+
+
+def test_backfill_a_big_trial_does_not_block_a_small_one() -> None:
+    e = env("env-x", slots=4, n_gpus=1)
+    d = place([Demand("big", gpus=2), Demand("small", gpus=1), Demand("cpu")], [e])
+    assert where(d.placements) == {"small": "env-x", "cpu": "env-x"}
+    assert d.waiting == {"big": "waiting: no environment has 2 free GPUs; env-x has 1 free"}
+    small = next(p for p in d.placements if p.trial_id == "small")
+    assert small.gpu_uuids == ("env-x-g0",) and small.gpu_indices == (0,)
+
+
+def test_waiting_reason_counts_free_gpus_after_placements() -> None:
+    e = env("env-x", slots=4, n_gpus=2)
+    d = place([Demand("one", gpus=1), Demand("two", gpus=2)], [e])
+    assert where(d.placements) == {"one": "env-x"}
+    assert d.waiting["two"] == "waiting: no environment has 2 free GPUs; env-x has 1 free"
+
+
+def test_waiting_reason_singular_and_no_env() -> None:
+    busy = env("e1", n_gpus=1)
+    busy.gpus[0].holders.add("other")
+    d = place([Demand("t", gpus=1)], [busy])
+    assert d.waiting["t"] == "waiting: no environment has 1 free GPU; e1 has 0 free"
+    d = place([Demand("t")], [env("e1", accepting=False)])
+    assert d.waiting["t"] == "waiting: no environment is ready yet"
+    d = place([Demand("t")], [])
+    assert d.waiting["t"] == "waiting: no environment is ready yet"
+
+
+def test_max_running_cap() -> None:
+    envs = [env("e1", slots=10)]
+    d = place([Demand(t) for t in "abcde"], envs, max_running=3, running=1)
+    assert [p.trial_id for p in d.placements] == ["a", "b"]
+    assert set(d.waiting) == {"c", "d", "e"}
+    assert all("3 trials are running (trialConcurrency)" in r for r in d.waiting.values())
+    d = place([Demand("z")], [env("e2")], max_running=2, running=2)
+    assert d.placements == [] and "trialConcurrency" in d.waiting["z"]
+
+
+def test_place_mutates_holders_and_respects_existing_ones() -> None:
+    e = env("e1", slots=2, n_gpus=2)
+    e.holders.add("old")
+    e.gpus[0].holders.add("old")
+    d = place([Demand("new", gpus=1), Demand("third")], [e])
+    assert where(d.placements) == {"new": "e1"}
+    assert d.placements[0].gpu_indices == (1,)
+    assert e.holders == {"old", "new"}
+    assert e.gpus[1].holders == {"new"}
+    assert "third" in d.waiting
+
+
+def test_not_accepting_env_is_skipped() -> None:
+    d = place([Demand("a")], [env("closed", accepting=False), env("open")])
+    assert where(d.placements) == {"a": "open"}
+
+
+def test_pack_fills_the_busiest_env_spread_the_emptiest() -> None:
+    def fresh() -> list[EnvCapacity]:
+        e1, e2 = env("e1", slots=4), env("e2", slots=4)
+        e1.holders.add("x")
+        return [e1, e2]
+
+    assert where(place([Demand("a")], fresh(), policy="pack").placements) == {"a": "e1"}
+    assert where(place([Demand("a")], fresh(), policy="spread").placements) == {"a": "e2"}
+    # spread alternates as environments fill
+    d = place([Demand(t) for t in "abcd"], [env("e1"), env("e2")], policy="spread")
+    counts = {"e1": 0, "e2": 0}
+    for p in d.placements:
+        counts[p.env_id] += 1
+    assert counts == {"e1": 2, "e2": 2}
+    d = place([Demand(t) for t in "ab"], [env("e1"), env("e2")], policy="pack")
+    assert set(where(d.placements).values()) == {"e1"} or set(where(d.placements).values()) == {"e2"}
+
+
+def test_pack_and_spread_choose_gpus_within_an_env() -> None:
+    def shared() -> EnvCapacity:
+        e = EnvCapacity("e1", trial_slots=8, gpus=gpus(2, capacity=2))
+        e.gpus[1].holders.add("x")  # GPU 1 half full, GPU 0 empty
+        return e
+
+    pack = place([Demand("a", gpus=1)], [shared()], policy="pack").placements[0]
+    spread = place([Demand("a", gpus=1)], [shared()], policy="spread").placements[0]
+    assert pack.gpu_indices == (1,)  # fills the GPU that already holds a trial
+    assert spread.gpu_indices == (0,)  # prefers the emptiest
+
+
+def test_max_trial_number_per_gpu_sharing() -> None:
+    e = EnvCapacity("e1", trial_slots=10, gpus=gpus(2, capacity=2))
+    d = place([Demand(t, gpus=1) for t in "abcde"], [e])
+    placed = {p.trial_id: p.gpu_indices for p in d.placements}
+    assert set(placed) == {"a", "b", "c", "d"}
+    per_gpu = {0: 0, 1: 0}
+    for indices in placed.values():
+        for i in indices:
+            per_gpu[i] += 1
+    assert per_gpu == {0: 2, 1: 2}
+    assert d.waiting["e"] == "waiting: no environment has 1 free GPU; e1 has 0 free"
+    # without sharing, two GPUs take two trials
+    d = place([Demand(t, gpus=1) for t in "abc"], [EnvCapacity("e1", trial_slots=10, gpus=gpus(2))])
+    assert len(d.placements) == 2
+
+
+def test_multi_gpu_trial_gets_distinct_gpus_on_one_env() -> None:
+    d = place([Demand("t", gpus=3)], [env("small", n_gpus=2), env("big", n_gpus=4)])
+    (p,) = d.placements
+    assert p.env_id == "big"
+    assert len(set(p.gpu_uuids)) == 3 and len(set(p.gpu_indices)) == 3
+
+
+def test_foreign_busy_gpu_is_avoided_unless_use_active_gpu() -> None:
+    def with_foreign(use_active: bool) -> EnvCapacity:
+        e = EnvCapacity("e1", trial_slots=4, gpus=gpus(2), use_active_gpu=use_active)
+        e.gpus[0].foreign_busy = True
+        return e
+
+    d = place([Demand("a", gpus=1), Demand("b", gpus=1)], [with_foreign(False)])
+    assert [p.gpu_indices for p in d.placements] == [(1,)]
+    assert d.waiting["b"] == "waiting: no environment has 1 free GPU; e1 has 0 free"
+    d = place([Demand("a", gpus=2)], [with_foreign(False)])
+    assert d.placements == [] and "e1 has 1 free" in d.waiting["a"]
+
+    d = place([Demand("a", gpus=1), Demand("b", gpus=1)], [with_foreign(True)])
+    assert sorted(p.gpu_indices for p in d.placements) == [(0,), (1,)]
+    assert d.waiting == {}
+
+
+def test_cpu_trials_ignore_gpus() -> None:
+    e = env("e1", slots=3, n_gpus=1)
+    e.gpus[0].holders.add("x")
+    d = place([Demand("a"), Demand("b")], [e])
+    assert len(d.placements) == 2 and all(p.gpu_uuids == () for p in d.placements)
+
+
+def test_max_gpus_offered() -> None:
+    assert max_gpus_offered([]) == 0
+    assert max_gpus_offered([env("a", n_gpus=1), env("b", n_gpus=3)]) == 3

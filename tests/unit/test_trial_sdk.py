@@ -1,0 +1,149 @@
+"""The trial SDK: metric checks, standalone mode, errors outside an agent, cheap import."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trialkeeper.agent import trial
+from trialkeeper.agent.trial import TrialSdkError, check_metric
+
+SDK_ENV = [
+    "TRIALKEEPER_TRIAL_ID", "TRIALKEEPER_SEQUENCE_ID", "TRIALKEEPER_EXPERIMENT_ID",
+    "TRIALKEEPER_PARAMETER_FILE", "TRIALKEEPER_OUTPUT_DIR", "TRIALKEEPER_SOCKET",
+    "TRIALKEEPER_STANDALONE", "TRIALKEEPER_PARAMETERS",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SDK_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("value", [0, 1, -2, 0.5, 1e300, {"default": 1.0}, {"default": 3, "loss": 0.1, "extra": "text"}])
+def test_valid_metrics(value: object) -> None:
+    assert check_metric(value) is None
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("abc", "got str"),
+        (None, "got NoneType"),
+        (True, "got bool"),
+        ([1.0], "got list"),
+        ({"x": 1}, "'default' key"),
+        ({"default": "1"}, "'default' must be a number, got str"),
+        ({"default": False}, "'default' must be a number, got bool"),
+        (math.nan, "finite"),
+        (math.inf, "finite"),
+        (-math.inf, "finite"),
+        ({"default": math.nan}, "finite"),
+    ],
+)
+def test_invalid_metrics(value: object, words: str) -> None:
+    problem = check_metric(value)
+    assert problem is not None and words in problem, problem
+
+
+def test_outside_an_agent_raises_a_helpful_error() -> None:
+    with pytest.raises(TrialSdkError) as info:
+        trial.get_next_parameter()
+    message = str(info.value)
+    assert "TRIALKEEPER_TRIAL_ID" in message and "TRIALKEEPER_STANDALONE=1" in message
+    with pytest.raises(TrialSdkError, match="not running under a trialkeeper agent"):
+        trial.report_intermediate_result(1.0)
+    with pytest.raises(TrialSdkError):
+        trial.report_final_result(1.0)
+    with pytest.raises(TrialSdkError):
+        trial.get_trial_id()
+
+
+def test_invalid_value_is_refused_before_anything_else(capsys: pytest.CaptureFixture[str]) -> None:
+    # Even outside an agent an invalid value is refused (False), not an exception.
+    assert trial.report_intermediate_result("abc") is False
+    assert trial.report_final_result({"x": 1}) is False
+    err = capsys.readouterr().err
+    assert "intermediate result refused" in err and "final result refused" in err
+
+
+def test_standalone_mode(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TRIALKEEPER_STANDALONE", "1")
+    assert trial.get_next_parameter() == {}
+    monkeypatch.setenv("TRIALKEEPER_PARAMETERS", '{"lr": 0.1, "layers": 3}')
+    assert trial.get_next_parameter() == {"lr": 0.1, "layers": 3}
+    assert trial.get_trial_id() == "STANDALONE"
+    assert trial.get_experiment_id() == "STANDALONE"
+    assert trial.get_sequence_id() == 0
+    assert trial.report_intermediate_result(0.5) is True
+    assert trial.report_final_result({"default": 0.9, "loss": 0.1}) is True
+    assert trial.report_final_result(math.nan) is False
+    err = capsys.readouterr().err
+    assert "intermediate result: 0.5" in err
+    assert 'final result: {"default": 0.9, "loss": 0.1}' in err
+    assert "final result refused" in err
+
+
+@pytest.mark.parametrize("flag", ["", "0", "false"])
+def test_standalone_off_values(monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
+    monkeypatch.setenv("TRIALKEEPER_STANDALONE", flag)
+    with pytest.raises(TrialSdkError):
+        trial.get_next_parameter()
+
+
+def test_under_an_agent_reads_parameters_and_sends_datagrams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = tmp_path / "parameter.json"
+    params.write_text(json.dumps({"x": 2}))
+    sock_path = tmp_path / "a.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(sock_path))
+    server.settimeout(5.0)
+    try:
+        monkeypatch.setenv("TRIALKEEPER_TRIAL_ID", "t1")
+        monkeypatch.setenv("TRIALKEEPER_SEQUENCE_ID", "7")
+        monkeypatch.setenv("TRIALKEEPER_PARAMETER_FILE", str(params))
+        monkeypatch.setenv("TRIALKEEPER_SOCKET", str(sock_path))
+        monkeypatch.setattr(trial, "_channel", trial._Channel())
+        assert trial.get_next_parameter() == {"x": 2}
+        assert trial.get_trial_id() == "t1" and trial.get_sequence_id() == 7
+        assert trial.report_intermediate_result(1.5) is True
+        assert trial.report_final_result({"default": 2, "acc": 0.9}) is True
+        first = json.loads(server.recv(65536))
+        second = json.loads(server.recv(65536))
+        assert first == {"trial": "t1", "kind": "intermediate", "value": 1.5}
+        assert second == {"trial": "t1", "kind": "final", "value": {"default": 2, "acc": 0.9}}
+        # A value too large for one datagram is refused, not truncated.
+        assert trial.report_final_result({"default": 1, "blob": "x" * 70_000}) is False
+    finally:
+        server.close()
+
+
+def test_parameter_file_that_is_not_an_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = tmp_path / "parameter.json"
+    params.write_text("[1, 2]")
+    monkeypatch.setenv("TRIALKEEPER_TRIAL_ID", "t1")
+    monkeypatch.setenv("TRIALKEEPER_PARAMETER_FILE", str(params))
+    with pytest.raises(TrialSdkError, match="JSON object"):
+        trial.get_next_parameter()
+    monkeypatch.delenv("TRIALKEEPER_PARAMETER_FILE")
+    with pytest.raises(TrialSdkError, match="TRIALKEEPER_PARAMETER_FILE"):
+        trial.get_next_parameter()
+
+
+def test_importing_the_sdk_does_not_import_grpc() -> None:
+    code = (
+        "import sys, trialkeeper.agent.trial; "
+        "heavy = sorted(m for m in ('grpc', 'google.protobuf', 'psutil') if m in sys.modules); "
+        "assert not heavy, heavy"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALKEEPER_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
