@@ -64,7 +64,7 @@ def _indices(text: str | None) -> list[int] | None:
 
 def run(args: argparse.Namespace) -> int:
     from .gpu import GpuProbe
-    from .session import AgentOptions, AgentSession
+    from .session import AgentOptions
 
     logging.basicConfig(
         level=args.log_level,
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_main(options))
 
 
-async def _main(options: "AgentOptions") -> int:  # type: ignore[name-defined]  # noqa: F821
+async def _main(options: AgentOptions) -> int:  # type: ignore[name-defined]  # noqa: F821
     from .session import AgentSession
 
     session = AgentSession(options)

@@ -19,11 +19,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import processes, trial as sdk
+from . import processes
+from . import trial as sdk
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import grpc
 import psutil
-
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 

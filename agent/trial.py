@@ -29,13 +29,13 @@ from typing import Any
 
 __all__ = [
     "TrialSdkError",
-    "get_next_parameter",
-    "get_trial_id",
-    "get_sequence_id",
     "get_experiment_id",
+    "get_next_parameter",
     "get_output_dir",
-    "report_intermediate_result",
+    "get_sequence_id",
+    "get_trial_id",
     "report_final_result",
+    "report_intermediate_result",
 ]
 
 ENV_TRIAL_ID = "TRIALKEEPER_TRIAL_ID"

@@ -300,6 +300,10 @@ class TrainingServiceConfig:
         """How many environments the experiment keeps; by default one per running trial."""
         return trial_concurrency
 
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        """How many trials one environment runs at once in reuse mode (GPUs permitting)."""
+        return 1
+
 
 @dataclass(frozen=True, kw_only=True)
 class LocalConfig(TrainingServiceConfig):
@@ -323,6 +327,9 @@ class LocalConfig(TrainingServiceConfig):
         if self.environment_count is not None:
             return self.environment_count
         return -(-trial_concurrency // self.trials_per_environment)
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        return self.trials_per_environment
 
 
 def _default_working_directory() -> Path:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 from . import scheduler
@@ -638,7 +637,7 @@ class Coordinator:
             id=env_id,
             status=status,
             single_use=not self._reuse,
-            trial_slots=1 if not self._reuse else int(getattr(self._ts, "trials_per_environment", 1) or 1),
+            trial_slots=1 if not self._reuse else self._ts.trial_slots_per_environment(self.config.trial_concurrency),
             requested_at=time.monotonic(),
         )
         self._envs[env_id] = env
@@ -649,9 +648,7 @@ class Coordinator:
     def _wanted_new_envs(self) -> int:
         live = self._live_envs()
         if self._reuse:
-            count = getattr(self._ts, "environment_count", None)
-            per_env = int(getattr(self._ts, "trials_per_environment", 1) or 1)
-            want = count or max(1, math.ceil(self.config.trial_concurrency / per_env))
+            want = max(1, self._ts.effective_environment_count(self.config.trial_concurrency))
             return want - len(live)
         # One environment per trial: as many as waiting trials need, within trialConcurrency.
         fresh = [e for e in live if not e.used and not e.shutdown_sent]

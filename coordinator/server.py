@@ -12,7 +12,6 @@ import logging
 from typing import Protocol
 
 import grpc
-
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -102,7 +101,7 @@ class Servicer(pb_grpc.CoordinatorServicer):
                 return hmac.compare_digest(given, self._token)
         return False
 
-    async def Session(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+    async def Session(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         peer = context.peer()
         if not self._authorized(context):
             log.warning("refused an agent from %s: missing or wrong token", peer)

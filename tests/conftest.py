@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-
 from trialkeeper.coordinator.config import ExperimentConfig, parse_config
 
 T = TypeVar("T")

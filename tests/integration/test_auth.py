@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import grpc
-
 from conftest import build_config, run_async
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.server import PROTOCOL_VERSION, TOKEN_METADATA_KEY

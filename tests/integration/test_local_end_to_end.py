@@ -7,7 +7,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import async_wait_until, build_config, pid_gone, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus

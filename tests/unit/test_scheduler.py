@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from trialkeeper.coordinator.scheduler import Demand, EnvCapacity, GpuSlot, Placement, max_gpus_offered, place
+from trialkeeper.coordinator.scheduler import (
+    Demand,
+    EnvCapacity,
+    GpuSlot,
+    Placement,
+    max_gpus_offered,
+    place,
+)
 
 
 def gpus(n: int, capacity: int = 1, prefix: str = "g") -> list[GpuSlot]:

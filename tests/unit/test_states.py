@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from trialkeeper.coordinator.states import (
     ENV_TRANSITIONS,
     TRIAL_TRANSITIONS,

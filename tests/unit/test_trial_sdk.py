@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from trialkeeper.agent import trial
 from trialkeeper.agent.trial import TrialSdkError, check_metric
 

@@ -1,0 +1,135 @@
+"""A synchronous face for :class:`~trialkeeper.coordinator.core.Coordinator`.
+
+For tuning tools that are not written with asyncio: the coordinator runs on an event loop
+in a background thread and every method here blocks until its coroutine has finished.
+Callbacks registered with :meth:`SyncCoordinator.on_metric` and
+:meth:`SyncCoordinator.on_status` run on that background thread; keep them short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .config import ExperimentConfig
+from .core import Coordinator
+from .model import EnvState, MetricEvent, StatusEvent, TrialInfo
+
+T = TypeVar("T")
+
+_START_TIMEOUT_S = 120.0
+
+
+class SyncTrialHandle:
+    """A submitted trial, as seen from synchronous code."""
+
+    def __init__(self, owner: SyncCoordinator, trial_id: str) -> None:
+        self._owner = owner
+        self.id = trial_id
+
+    @property
+    def info(self) -> TrialInfo:
+        return self._owner.trial(self.id)
+
+    def wait(self, timeout: float | None = None) -> TrialInfo:
+        return self._owner.wait(self.id, timeout)
+
+    def cancel(self) -> None:
+        self._owner.cancel(self.id)
+
+    def __repr__(self) -> str:
+        return f"SyncTrialHandle({self.id!r}, {self.info.status.value})"
+
+
+class SyncCoordinator:
+    """Blocking wrapper: ``with SyncCoordinator(config) as c: c.submit({...}).wait()``."""
+
+    def __init__(self, config: ExperimentConfig, *, experiment_dir: Path | None = None, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trialkeeper-coordinator", daemon=True)
+        self._thread.start()
+        self._coordinator: Coordinator = self._call(_build(config, experiment_dir, kwargs))
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The asyncio coordinator underneath (use only from its own loop)."""
+        return self._coordinator
+
+    @property
+    def experiment_dir(self) -> Path:
+        return self._coordinator.experiment_dir
+
+    @property
+    def address(self) -> str:
+        return self._coordinator.address
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout)
+
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        async def run() -> T:
+            return fn()
+
+        return self._call(run(), _START_TIMEOUT_S)
+
+    def start(self) -> SyncCoordinator:
+        self._call(self._coordinator.start(), _START_TIMEOUT_S)
+        return self
+
+    def stop(self) -> None:
+        """Stop trials and environments, close the store, and end the background loop."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._call(self._coordinator.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    def __enter__(self) -> SyncCoordinator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def submit(self, parameters: dict[str, Any], **kwargs: Any) -> SyncTrialHandle:
+        handle = self._call(self._coordinator.submit(parameters, **kwargs), _START_TIMEOUT_S)
+        return SyncTrialHandle(self, handle.id)
+
+    def cancel(self, trial_id: str, **kwargs: Any) -> None:
+        self._call(self._coordinator.cancel(trial_id, **kwargs), _START_TIMEOUT_S)
+
+    def early_stop(self, trial_id: str, reason: str = "stopped early by the assessor") -> None:
+        self._call(self._coordinator.early_stop(trial_id, reason), _START_TIMEOUT_S)
+
+    def wait(self, trial_id: str, timeout: float | None = None) -> TrialInfo:
+        return self._call(self._coordinator.wait(trial_id, timeout))
+
+    def wait_all(self, timeout: float | None = None) -> list[TrialInfo]:
+        return self._call(self._coordinator.wait_all(timeout))
+
+    def trial(self, trial_id: str) -> TrialInfo:
+        return self._on_loop(lambda: self._coordinator.trial(trial_id))
+
+    def trials(self) -> list[TrialInfo]:
+        return self._on_loop(self._coordinator.trials)
+
+    def environments(self) -> list[EnvState]:
+        return self._on_loop(self._coordinator.environments)
+
+    def on_metric(self, callback: Callable[[MetricEvent], Any]) -> None:
+        self._on_loop(lambda: self._coordinator.on_metric(callback))
+
+    def on_status(self, callback: Callable[[StatusEvent], Any]) -> None:
+        self._on_loop(lambda: self._coordinator.on_status(callback))
+
+
+async def _build(config: ExperimentConfig, experiment_dir: Path | None, kwargs: dict[str, Any]) -> Coordinator:
+    # Built on the loop's thread so that its asyncio primitives belong to that loop.
+    return Coordinator(config, experiment_dir=experiment_dir, **kwargs)
