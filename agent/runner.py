@@ -19,8 +19,11 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from . import processes
 from . import trial as sdk
@@ -30,6 +33,8 @@ log = logging.getLogger(__name__)
 LOG_CHUNK_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
 MAX_DATAGRAM = 64 * 1024
+# How long a pid stays attributed to its trial after it was last seen alive.
+ATTRIBUTION_MEMORY_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,19 @@ class RunnerEvents:
     def trial_ended(self, result: TrialResult) -> None: ...
 
 
+def _owner(pid: int, roots: dict[int, str]) -> str:
+    with contextlib.suppress(OSError):
+        tid = roots.get(os.getpgid(pid))
+        if tid:
+            return tid
+    with contextlib.suppress(psutil.Error):
+        for parent in psutil.Process(pid).parents():
+            tid = roots.get(parent.pid)
+            if tid:
+                return tid
+    return ""
+
+
 class _Trial:
     def __init__(self, spec: TrialSpec, directory: Path) -> None:
         self.spec = spec
@@ -105,6 +123,7 @@ class TrialRunner:
         self.log_interval_s = log_interval_s
         self.base_env = dict(os.environ if base_env is None else base_env)
         self._trials: dict[str, _Trial] = {}
+        self._attributed: dict[int, tuple[str, float]] = {}  # pid -> (trial id, last seen)
         self._sock: socket.socket | None = None
         self._log_task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()
@@ -142,7 +161,31 @@ class TrialRunner:
         return list(self._trials)
 
     def running_pids(self) -> dict[int, str]:
-        return {t.pid: tid for tid, t in self._trials.items() if t.pid is not None}
+        return {t.pid: tid for tid, t in list(self._trials.items()) if t.pid is not None}
+
+    def attribute(self, pids: Iterable[int]) -> dict[int, str]:
+        """Which trial each of ``pids`` (say, the processes NVML lists on a GPU) belongs to.
+
+        A pid belongs to a trial when it is the trial's root, in its process group, or a
+        descendant of its root. Attributions are remembered for a while, so that a process
+        NVML still lists a moment after it exited keeps counting as the trial's. Safe to
+        call from a worker thread.
+        """
+        roots = self.running_pids()
+        now = time.monotonic()
+        found: dict[int, str] = {}
+        for pid in pids:
+            tid = roots.get(pid) or _owner(pid, roots)
+            if tid:
+                self._attributed[pid] = (tid, now)
+            elif pid in self._attributed:
+                tid = self._attributed[pid][0]
+            if tid:
+                found[pid] = tid
+        for pid, (_, seen) in list(self._attributed.items()):
+            if now - seen > ATTRIBUTION_MEMORY_S:
+                del self._attributed[pid]
+        return found
 
     def knows(self, trial_id: str) -> bool:
         return trial_id in self._trials

@@ -248,7 +248,7 @@ class AgentSession(RunnerEvents):
                 cpu_count=os.cpu_count() or 1,
                 memory_total_bytes=vm.total,
                 gpus=[
-                    pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes, simulated=g.simulated)
+                    pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes, simulated=g.simulated, mig=g.mig)
                     for g in inv.gpus
                 ],
                 gpu_unavailable_reason=inv.unavailable_reason or "",
@@ -350,9 +350,10 @@ class AgentSession(RunnerEvents):
             await asyncio.sleep(self._heartbeat_s)
 
     def _heartbeat(self) -> pb.Heartbeat:
-        pids = self.runner.running_pids()
+        gpu_samples = self.o.probe.sample()
+        pids = self.runner.attribute(p.pid for s in gpu_samples for p in s.processes)
         samples = []
-        for s in self.o.probe.sample():
+        for s in gpu_samples:
             samples.append(
                 pb.GpuSample(
                     uuid=s.uuid,

@@ -116,6 +116,23 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tb": 1000**4, "tib": 2**40}
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*")
+_SIZE_TEXT = "bytes as a number, or a string like '512MiB', '8GB', '16GiB'"
+
+
+def parse_size(value: object) -> int:
+    """Bytes in `value`: a number of bytes or a string with a unit ("8GiB", "500MB")."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        match = _SIZE_RE.fullmatch(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    raise ValueError(f"expected a size ({_SIZE_TEXT}), got {_show(value)}")
+
+
 _HOSTNAME_RE = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
@@ -217,6 +234,7 @@ _NON_EMPTY_STR = _rule("a non-empty string", lambda v: bool(v.strip()))
 _POSITIVE_DURATION = _rule(
     f"a positive duration ({_DURATION_TEXT})", lambda v: v > 0, coerce=parse_duration
 )
+_SIZE = _rule(f"a size ({_SIZE_TEXT})", lambda v: v >= 0, coerce=parse_size)
 _BIND_ADDRESS = _rule("host:port (port 0 = any free port)", coerce=_bind_address)
 _DIAL_ADDRESS = _rule("host:port", coerce=_dial_address)
 _GPU_INDICES = _rule(
@@ -316,6 +334,7 @@ class LocalConfig(TrainingServiceConfig):
     max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
     gpu_indices: list[int] | None = field(default=None, metadata=_GPU_INDICES)
     simulated_gpus: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    placement: Literal["pack", "spread"] = "pack"
 
     def effective_environment_count(self, trial_concurrency: int) -> int:
         """`environment_count` if given, else enough environments for the concurrency.
@@ -352,6 +371,8 @@ class ExperimentConfig:
     search_space_file: Path | None = None
     trial_code_directory: Path = Path(".")
     trial_gpu_number: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    # Free memory each trial needs on each of its GPUs, checked against what NVML measures.
+    trial_gpu_memory: int = field(default=0, metadata=_SIZE)
     max_trial_number: int | None = field(default=None, metadata=_POSITIVE_INT)
     max_experiment_duration: float | None = field(default=None, metadata=_POSITIVE_DURATION)
     max_trial_duration: float | None = field(default=None, metadata=_POSITIVE_DURATION)

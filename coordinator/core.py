@@ -29,7 +29,7 @@ from .server import AgentLink, AgentRejected, Servicer, create_server
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
 from .states import EnvStatus, TrialStatus, check_env, check_trial
-from .store import MetricRow, Store
+from .store import GpuSampleRow, MetricRow, Store
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ _KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL
 _STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}
 CANCEL_GRACE_S = 5.0
 AGENT_START_TIMEOUT_S = 60.0
+# How often a GPU sample of each environment is kept in the store (and on every change of
+# which trials hold its GPUs).
+GPU_SAMPLE_INTERVAL_S = 5.0
 
 
 class CoordinatorError(RuntimeError):
@@ -196,9 +199,15 @@ class Coordinator:
         *,
         command: str | None = None,
         gpu_number: int | None = None,
+        gpu_memory: int | None = None,
         env: dict[str, str] | None = None,
     ) -> TrialHandle:
-        """Queue a trial with these parameters; returns at once with its handle."""
+        """Queue a trial with these parameters; returns at once with its handle.
+
+        ``command``, ``gpu_number`` and ``gpu_memory`` (bytes each GPU must have free)
+        override the config for this trial. Raises :class:`TrialRefused` when no
+        environment could ever run it.
+        """
         if not self._started or self._stopping:
             raise CoordinatorError("the coordinator is not running")
         if not isinstance(parameters, dict):
@@ -210,7 +219,10 @@ class Coordinator:
         gpus = self.config.trial_gpu_number if gpu_number is None else gpu_number
         if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
             raise ValueError(f"gpu_number must be an integer >= 0, got {gpus!r}")
-        refusal = self._never_fits(gpus)
+        memory = self.config.trial_gpu_memory if gpu_memory is None else gpu_memory
+        if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
+            raise ValueError(f"gpu_memory must be a number of bytes >= 0, got {memory!r}")
+        refusal = self._never_fits(gpus, memory)
         if refusal:
             raise TrialRefused(refusal)
         assert self.store is not None
@@ -225,6 +237,7 @@ class Coordinator:
             parameters=json.loads(params_json),
             command=command or self.config.trial_command,
             gpu_number=gpus,
+            gpu_memory=memory if gpus else 0,
             submitted_at=time.time(),
             env_overrides=dict(env or {}),
         )
@@ -336,16 +349,22 @@ class Coordinator:
             env.instance_id = reg.agent_instance_id
             env.last_seq = 0
             env.gpus = [
-                scheduler.GpuSlot(g.uuid, g.index, self._per_gpu()) for g in reg.gpus
+                scheduler.GpuSlot(g.uuid, g.index, self._per_gpu(), memory_total_bytes=g.memory_total_bytes)
+                for g in reg.gpus
             ]
-            env.gpu_names = {g.uuid: g.name + (" (simulated)" if g.simulated else "") for g in reg.gpus}
+            env.gpu_names = {
+                g.uuid: g.name + (" (MIG)" if g.mig else "") + (" (simulated)" if g.simulated else "") for g in reg.gpus
+            }
             env.gpu_reason = reg.gpu_unavailable_reason
             info = {
                 "pid": reg.pid, "cpu_count": reg.cpu_count, "memory_total_bytes": reg.memory_total_bytes,
                 "agent_version": reg.agent_version, "driver_version": reg.driver_version,
                 "cuda_version": reg.cuda_version, "gpu_unavailable_reason": reg.gpu_unavailable_reason,
                 "gpus": [
-                    {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total_bytes": g.memory_total_bytes, "simulated": g.simulated}
+                    {
+                        "index": g.index, "uuid": g.uuid, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                        "simulated": g.simulated, "mig": g.mig,
+                    }
                     for g in reg.gpus
                 ],
             }
@@ -356,6 +375,8 @@ class Coordinator:
         self._failed_starts = 0
         if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
             self._env_to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
+        if new_instance:
+            self._refuse_unfittable()
         active = set(reg.active_trial_ids)
         unwanted = [
             tid for tid in active
@@ -504,20 +525,56 @@ class Coordinator:
             self._shutdown_env(env, drain=True, reason="its trial ended (reuse mode is off)")
 
     def _on_heartbeat(self, env: EnvState, hb: pb.Heartbeat) -> None:
+        totals = {g.uuid: g.memory_total_bytes for g in env.gpus}
         env.gpu_usage = {}
-        busy_by_foreign = set()
+        seen: dict[str, set[str]] = {}
+        usage: dict[str, dict[str, int]] = {}
+        foreign = set()
         for s in hb.gpus:
-            total = 0
-            env.gpu_usage[s.uuid] = (s.utilization_percent, s.memory_used_bytes, total)
-            if any(not p.trial_id for p in s.processes):
-                busy_by_foreign.add(s.uuid)
-        for g in env.gpus:
-            g.foreign_busy = g.uuid in busy_by_foreign
+            env.gpu_usage[s.uuid] = (s.utilization_percent, s.memory_used_bytes, totals.get(s.uuid, 0))
+            for p in s.processes:
+                if p.trial_id:
+                    seen.setdefault(s.uuid, set()).add(p.trial_id)
+                    per = usage.setdefault(s.uuid, {})
+                    per[p.trial_id] = per.get(p.trial_id, 0) + p.used_memory_bytes
+                else:
+                    foreign.add(s.uuid)
+        env.gpu_seen = seen
+        was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
+        released = scheduler.gpu_sampled(
+            env.gpus, seen, foreign=foreign, memory_used={s.uuid: s.memory_used_bytes for s in hb.gpus}, usage=usage
+        )
+        for uuid, tid in released:
+            log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
+        if hb.gpus:
+            self._record_gpu_samples(env, hb)
+        if released or was_foreign != foreign:
+            self._schedule()
         if hb.draining and not env.draining:
             env.draining = True
             if env.status in (EnvStatus.READY, EnvStatus.BUSY):
                 self._env_to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
                 self._flush_notes()
+
+    def _record_gpu_samples(self, env: EnvState, hb: pb.Heartbeat) -> None:
+        """Keep a GPU sample of ``env`` every GPU_SAMPLE_INTERVAL_S, and whenever the set of
+        trials on its GPUs changed, so short trials have samples too."""
+        now = time.monotonic()
+        holders = {g.uuid: tuple(sorted(g.holders)) for g in env.gpus}
+        if now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and holders == env.gpu_recorded_holders:
+            return
+        env.gpu_recorded_at, env.gpu_recorded_holders = now, holders
+        at = time.time()
+        assert self.store is not None
+        self.store.add_gpu_samples(
+            [
+                GpuSampleRow(
+                    at, env.id, s.uuid, s.utilization_percent, s.memory_used_bytes, env.gpu_usage[s.uuid][2],
+                    tuple(sorted(set(holders.get(s.uuid, ())) | env.gpu_seen.get(s.uuid, set()))),
+                )
+                for s in hb.gpus
+            ]
+        )
 
     # ---- placing trials ----------------------------------------------------------------
 
@@ -550,7 +607,9 @@ class Coordinator:
         if not self._queue or self._stopping:
             return
         running = sum(len(e.holders) for e in self._envs.values())
-        demands = [scheduler.Demand(tid, self._trials[tid].gpu_number) for tid in self._queue]
+        demands = [
+            scheduler.Demand(tid, self._trials[tid].gpu_number, self._trials[tid].gpu_memory) for tid in self._queue
+        ]
         decision = scheduler.place(
             demands,
             self._capacity_views(),
@@ -599,14 +658,16 @@ class Coordinator:
             )
         )
 
-    def _release(self, env: EnvState, t: TrialState) -> None:
+    def _release(self, env: EnvState, t: TrialState, *, processes_gone: bool = False) -> None:
+        """The trial no longer takes a slot of ``env``. Its GPUs are released too, except
+        those whose last sample still lists its processes (unless ``processes_gone``, when
+        the whole environment is gone): they stay held until a sample without them."""
         env.holders.discard(t.id)
-        for g in env.gpus:
-            g.holders.discard(t.id)
+        scheduler.trial_ended(env.gpus, t.id, {} if processes_gone else env.gpu_seen)
         if env.status is EnvStatus.BUSY and not env.holders:
             self._env_to(env, EnvStatus.READY, f"trial {t.id} ended")
 
-    def _never_fits(self, gpus: int) -> str:
+    def _never_fits(self, gpus: int, memory: int = 0) -> str:
         if gpus == 0:
             return ""
         offered = self._gpus_offered()
@@ -615,7 +676,27 @@ class Coordinator:
                 f"trial asks for {gpus} GPUs but no environment offers more than {offered}; "
                 f"lower trialGpuNumber or add GPUs (gpuIndices/simulatedGpus)"
             )
+        if memory:
+            registered = [e for e in self._envs.values() if e.instance_id and not e.status.terminal and e.gpus]
+            big = [sum(1 for g in e.gpus if not g.memory_total_bytes or g.memory_total_bytes >= memory) for e in registered]
+            if registered and max(big) < gpus:
+                largest = max(g.memory_total_bytes for e in registered for g in e.gpus)
+                return (
+                    f"trial asks for {gpus} GPU(s) with {memory / 2**30:.1f} GiB each but no environment has "
+                    f"{gpus} GPU(s) that large (the largest has {largest / 2**30:.1f} GiB); lower trialGpuMemory"
+                )
         return ""
+
+    def _refuse_unfittable(self) -> None:
+        """Once every environment has registered, fail queued trials that can never run."""
+        if any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self._envs.values()):
+            return
+        for tid in list(self._queue):
+            t = self._trials[tid]
+            why = self._never_fits(t.gpu_number, t.gpu_memory)
+            if why:
+                self._queue.remove(tid)
+                self._trial_to(t, TrialStatus.FAILED, f"refused: {why}")
 
     def _gpus_offered(self) -> int | None:
         registered = [len(e.gpus) for e in self._envs.values() if e.instance_id and not e.status.terminal]
@@ -725,7 +806,7 @@ class Coordinator:
         """The trials placed on ``env`` are gone with it: retry or fail each."""
         for tid in sorted(env.holders - keep, key=lambda i: self._trials[i].seq):
             t = self._trials[tid]
-            self._release(env, t)
+            self._release(env, t, processes_gone=True)
             if t.status.terminal:
                 continue
             if t.cancel_status is not None:

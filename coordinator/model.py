@@ -65,6 +65,7 @@ class TrialState:
     command: str
     gpu_number: int
     submitted_at: float
+    gpu_memory: int = 0
     env_id: str | None = None
     gpu_uuids: tuple[str, ...] = ()
     gpu_indices: tuple[int, ...] = ()
@@ -130,6 +131,9 @@ class EnvState:
     shutdown_sent: bool = False
     draining: bool = False
     gpu_usage: dict[str, tuple[float, int, int]] = field(default_factory=dict)  # uuid -> util, used, total
+    gpu_seen: dict[str, set[str]] = field(default_factory=dict)  # uuid -> trials with processes on it
+    gpu_recorded_at: float = 0.0  # monotonic, when a GPU sample of this env was last stored
+    gpu_recorded_holders: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def connected(self) -> bool:

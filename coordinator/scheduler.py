@@ -4,12 +4,14 @@ FIFO with backfill: trials are considered in submission order, and one that does
 never blocks those behind it. GPU-aware: a trial that needs n GPUs is placed on n GPUs of
 one environment, each with room for another trial (``maxTrialNumberPerGpu``) and, unless
 ``useActiveGpu``, no foreign process on it. A slot stays held until the coordinator
-releases it, which it does only once the agent reports the trial's process tree gone.
+releases it, which it does only once the agent reports the trial's process tree gone and,
+where NVML shows the GPU's processes, the trial's processes gone from the GPU as well
+(:func:`trial_ended` and :func:`gpu_sampled` keep that ledger).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -18,12 +20,43 @@ class GpuSlot:
     uuid: str
     index: int
     capacity: int = 1
+    # Trials holding this GPU: running ones, and ended ones whose processes NVML still lists.
     holders: set[str] = field(default_factory=set)
+    # Ended trials still holding the GPU until their processes leave it.
+    lingering: set[str] = field(default_factory=set)
     # A process that is not one of our trials' is using this GPU.
     foreign_busy: bool = False
+    memory_total_bytes: int = 0
+    # Measured, all processes together (0 until the first heartbeat).
+    memory_used_bytes: int = 0
+    # Measured per holder, from the GPU's process list.
+    holder_usage: dict[str, int] = field(default_factory=dict)
+    # What each holder asked for (trialGpuMemory), reserved until it is measured.
+    requests: dict[str, int] = field(default_factory=dict)
 
     def free(self) -> int:
         return self.capacity - len(self.holders)
+
+    def free_memory(self) -> int | None:
+        """Bytes a new trial can count on: total, less foreign use, less what each holder
+        uses or asked for (whichever is more). None when the total is not known."""
+        if not self.memory_total_bytes:
+            return None
+        ours = sum(self.holder_usage.get(t, 0) for t in self.holders)
+        foreign = max(0, self.memory_used_bytes - ours)
+        held = sum(max(self.requests.get(t, 0), self.holder_usage.get(t, 0)) for t in self.holders)
+        return max(0, self.memory_total_bytes - foreign - held)
+
+    def take(self, trial_id: str, memory_bytes: int = 0) -> None:
+        self.holders.add(trial_id)
+        if memory_bytes:
+            self.requests[trial_id] = memory_bytes
+
+    def release(self, trial_id: str) -> None:
+        self.holders.discard(trial_id)
+        self.lingering.discard(trial_id)
+        self.requests.pop(trial_id, None)
+        self.holder_usage.pop(trial_id, None)
 
 
 @dataclass
@@ -38,14 +71,27 @@ class EnvCapacity:
     def free_slots(self) -> int:
         return self.trial_slots - len(self.holders)
 
-    def usable_gpus(self) -> list[GpuSlot]:
-        return [g for g in self.gpus if g.free() > 0 and (self.use_active_gpu or not g.foreign_busy)]
+    def usable_gpus(self, memory_bytes: int = 0) -> list[GpuSlot]:
+        return [
+            g
+            for g in self.gpus
+            if g.free() > 0 and (self.use_active_gpu or not g.foreign_busy) and _memory_fits(g, memory_bytes)
+        ]
+
+
+def _memory_fits(g: GpuSlot, memory_bytes: int) -> bool:
+    if not memory_bytes:
+        return True
+    free = g.free_memory()
+    return free is None or free >= memory_bytes
 
 
 @dataclass(frozen=True)
 class Demand:
     trial_id: str
     gpus: int = 0
+    # Memory the trial needs on each of its GPUs (0: no request).
+    gpu_memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,7 +133,7 @@ def place(
         env, gpus = found
         env.holders.add(demand.trial_id)
         for g in gpus:
-            g.holders.add(demand.trial_id)
+            g.take(demand.trial_id, demand.gpu_memory_bytes)
         placements.append(
             Placement(
                 demand.trial_id,
@@ -109,7 +155,7 @@ def _choose(demand: Demand, envs: Sequence[EnvCapacity], policy: str) -> tuple[E
         if demand.gpus == 0:
             fits.append((env, []))
             continue
-        usable = env.usable_gpus()
+        usable = env.usable_gpus(demand.gpu_memory_bytes)
         if len(usable) < demand.gpus:
             continue
         # Pack fills GPUs that already hold trials first; spread prefers the emptiest.
@@ -133,13 +179,69 @@ def _why_not(demand: Demand, envs: Sequence[EnvCapacity]) -> str:
         return "waiting: no environment is ready yet"
     if demand.gpus == 0:
         return "waiting: every environment is running as many trials as it takes"
-    best = max(accepting, key=lambda e: len(e.usable_gpus()))
-    free = len(best.usable_gpus())
     n = demand.gpus
-    return (
-        f"waiting: no environment has {n} free GPU{'s' if n != 1 else ''}; "
-        f"{best.env_id} has {free} free"
-    )
+    need = f"{n} free GPU{'s' if n != 1 else ''}"
+    if demand.gpu_memory_bytes:
+        need += f" with {_gib(demand.gpu_memory_bytes)} free memory"
+    with_room = [e for e in accepting if e.free_slots() > 0]
+    if not with_room:
+        return f"waiting: no environment has {need}; every environment is running as many trials as it takes"
+    best = max(with_room, key=lambda e: len(e.usable_gpus(demand.gpu_memory_bytes)))
+    free = len(best.usable_gpus(demand.gpu_memory_bytes))
+    why = f"waiting: no environment has {need}; {best.env_id} has {free} free"
+    stopping = sum(1 for g in best.gpus if g.lingering)
+    if stopping:
+        why += f" ({stopping} held by ended trials whose processes are still on the GPU)"
+    elif not best.use_active_gpu and any(g.foreign_busy for g in best.gpus):
+        why += f" ({sum(1 for g in best.gpus if g.foreign_busy)} in use by other programs; useActiveGpu is off)"
+    return why
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def trial_ended(gpus: Iterable[GpuSlot], trial_id: str, seen: Mapping[str, Iterable[str]]) -> list[str]:
+    """The trial's process tree is gone. Release its GPUs, except those whose last sample
+    (``seen``: uuid -> trial ids with processes on it) still shows its processes; those stay
+    held, as lingering, until a sample without them. Returns the uuids still held."""
+    held = []
+    for g in gpus:
+        if trial_id not in g.holders:
+            continue
+        if trial_id in set(seen.get(g.uuid, ())):
+            g.lingering.add(trial_id)
+            held.append(g.uuid)
+        else:
+            g.release(trial_id)
+    return held
+
+
+def gpu_sampled(
+    gpus: Iterable[GpuSlot],
+    seen: Mapping[str, Iterable[str]],
+    *,
+    foreign: Iterable[str] = (),
+    memory_used: Mapping[str, int] | None = None,
+    usage: Mapping[str, Mapping[str, int]] | None = None,
+) -> list[tuple[str, str]]:
+    """A fresh GPU sample: which trials have processes on which GPU (``seen``), which GPUs
+    other programs use, memory measured. Releases lingering holders no longer seen; returns
+    the (uuid, trial id) pairs released."""
+    foreign_set = set(foreign)
+    released = []
+    for g in gpus:
+        g.foreign_busy = g.uuid in foreign_set
+        if memory_used is not None and g.uuid in memory_used:
+            g.memory_used_bytes = memory_used[g.uuid]
+        if usage is not None:
+            per = usage.get(g.uuid, {})
+            g.holder_usage = {t: b for t, b in per.items() if t in g.holders}
+        here = set(seen.get(g.uuid, ()))
+        for tid in sorted(g.lingering - here):
+            g.release(tid)
+            released.append((g.uuid, tid))
+    return released
 
 
 def max_gpus_offered(envs: Sequence[EnvCapacity]) -> int:

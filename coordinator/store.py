@@ -82,6 +82,17 @@ CREATE TABLE IF NOT EXISTS events (
     reason TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_entity ON events (entity_id);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    environment_id TEXT NOT NULL,
+    uuid TEXT NOT NULL,
+    utilization REAL NOT NULL,
+    memory_used_bytes INTEGER NOT NULL,
+    memory_total_bytes INTEGER NOT NULL,
+    -- JSON list of the trials with processes on the GPU at that moment
+    trial_ids_json TEXT NOT NULL
+);
 """
 
 TRIAL_COLUMNS = (
@@ -109,6 +120,17 @@ class MetricRow:
     reported_at: float
 
 
+@dataclass(frozen=True)
+class GpuSampleRow:
+    at: float
+    environment_id: str
+    uuid: str
+    utilization: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    trial_ids: tuple[str, ...] = ()
+
+
 class Store:
     """Reads and writes one experiment's database file."""
 
@@ -134,6 +156,7 @@ class Store:
             raise StoreError(f"cannot open the experiment store {path}: {e}") from e
         self._db.row_factory = sqlite3.Row
         self._depth = 0
+        self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
 
     @classmethod
     def in_dir(cls, experiment_dir: Path, *, readonly: bool = False) -> Store:
@@ -264,6 +287,54 @@ class Store:
         else:
             cur = self._db.execute("SELECT * FROM events WHERE entity_id = ? ORDER BY id", (entity_id,))
         return [dict(r) for r in cur]
+
+    # ---- GPU samples -------------------------------------------------------------------
+
+    #: The most GPU samples kept; past it the older half is thinned to every other sample.
+    MAX_GPU_SAMPLES = 200_000
+
+    def add_gpu_samples(self, rows: Sequence[GpuSampleRow]) -> None:
+        with self.transaction():
+            self._db.executemany(
+                "INSERT INTO gpu_samples (at, environment_id, uuid, utilization, memory_used_bytes,"
+                " memory_total_bytes, trial_ids_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.at, r.environment_id, r.uuid, r.utilization, r.memory_used_bytes, r.memory_total_bytes,
+                     json.dumps(list(r.trial_ids)))
+                    for r in rows
+                ],
+            )
+            self._gpu_rows += len(rows)
+            if self._gpu_rows > self.MAX_GPU_SAMPLES:
+                self._thin_gpu_samples()
+
+    def _thin_gpu_samples(self) -> None:
+        (count,) = self._db.execute("SELECT count(*) FROM gpu_samples").fetchone()
+        if count > self.MAX_GPU_SAMPLES:
+            (middle,) = self._db.execute(
+                "SELECT id FROM gpu_samples ORDER BY id LIMIT 1 OFFSET ?", (count // 2,)
+            ).fetchone()
+            self._db.execute("DELETE FROM gpu_samples WHERE id < ? AND id % 2 = 1", (middle,))
+            (count,) = self._db.execute("SELECT count(*) FROM gpu_samples").fetchone()
+        self._gpu_rows = count
+
+    def gpu_samples(self, *, trial_id: str | None = None, environment_id: str | None = None) -> list[GpuSampleRow]:
+        sql, args = "SELECT * FROM gpu_samples WHERE 1=1", []
+        if environment_id is not None:
+            sql += " AND environment_id = ?"
+            args.append(environment_id)
+        if trial_id is not None:
+            sql += " AND instr(trial_ids_json, ?) > 0"
+            args.append(json.dumps(trial_id))
+        rows = self._db.execute(sql + " ORDER BY id", args).fetchall()
+        found = [
+            GpuSampleRow(
+                r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
+                r["memory_total_bytes"], tuple(json.loads(r["trial_ids_json"])),
+            )
+            for r in rows
+        ]
+        return [r for r in found if trial_id is None or trial_id in r.trial_ids]
 
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])

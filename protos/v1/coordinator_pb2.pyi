@@ -91,18 +91,20 @@ class Register(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., environment_id: _Optional[str] = ..., agent_instance_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., active_trial_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., platform: _Optional[str] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "simulated")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "simulated", "mig")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    MIG_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
     memory_total_bytes: int
     simulated: bool
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., simulated: _Optional[bool] = ...) -> None: ...
+    mig: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., simulated: _Optional[bool] = ..., mig: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("cpu_percent", "memory_used_bytes", "gpus", "running_trial_ids", "draining")

@@ -7,9 +7,13 @@ from trialkeeper.coordinator.scheduler import (
     EnvCapacity,
     GpuSlot,
     Placement,
+    gpu_sampled,
     max_gpus_offered,
     place,
+    trial_ended,
 )
+
+GIB = 2**30
 
 
 def gpus(n: int, capacity: int = 1, prefix: str = "g") -> list[GpuSlot]:
@@ -146,7 +150,9 @@ def test_foreign_busy_gpu_is_avoided_unless_use_active_gpu() -> None:
 
     d = place([Demand("a", gpus=1), Demand("b", gpus=1)], [with_foreign(False)])
     assert [p.gpu_indices for p in d.placements] == [(1,)]
-    assert d.waiting["b"] == "waiting: no environment has 1 free GPU; e1 has 0 free"
+    assert d.waiting["b"] == (
+        "waiting: no environment has 1 free GPU; e1 has 0 free (1 in use by other programs; useActiveGpu is off)"
+    )
     d = place([Demand("a", gpus=2)], [with_foreign(False)])
     assert d.placements == [] and "e1 has 1 free" in d.waiting["a"]
 
@@ -165,3 +171,44 @@ def test_cpu_trials_ignore_gpus() -> None:
 def test_max_gpus_offered() -> None:
     assert max_gpus_offered([]) == 0
     assert max_gpus_offered([env("a", n_gpus=1), env("b", n_gpus=3)]) == 3
+
+
+def test_memory_request_is_checked_against_measured_free_memory() -> None:
+    e = EnvCapacity("e1", trial_slots=4, gpus=gpus(2, capacity=2))
+    for g in e.gpus:
+        g.memory_total_bytes = 16 * GIB
+    e.gpus[0].memory_used_bytes = 12 * GIB  # a foreign process holds 12 GiB of GPU 0
+    d = place([Demand("a", gpus=1, gpu_memory_bytes=8 * GIB), Demand("b", gpus=1, gpu_memory_bytes=9 * GIB)], [e])
+    # Only GPU 1 has 8 GiB free; after "a" reserves them it has 8 left, "b" fits nowhere.
+    assert [(p.trial_id, p.gpu_indices) for p in d.placements] == [("a", (1,))]
+    assert d.waiting["b"] == "waiting: no environment has 1 free GPU with 9.0 GiB free memory; e1 has 0 free"
+    # The reservation counts until the trial's own use is measured, then the larger of the two.
+    g1 = e.gpus[1]
+    assert g1.free_memory() == 8 * GIB
+    gpu_sampled(e.gpus, {g1.uuid: ["a"]}, memory_used={g1.uuid: 10 * GIB}, usage={g1.uuid: {"a": 10 * GIB}})
+    assert g1.free_memory() == 6 * GIB
+
+
+def test_ended_trial_holds_its_gpu_until_its_processes_leave_it() -> None:
+    e = EnvCapacity("e1", trial_slots=2, gpus=gpus(1))
+    g = e.gpus[0]
+    d = place([Demand("a", gpus=1)], [e])
+    assert d.placements
+    # The tree is gone but NVML still lists a's process on the GPU: the slot stays held.
+    assert trial_ended(e.gpus, "a", {g.uuid: ["a"]}) == [g.uuid]
+    e.holders.discard("a")
+    d = place([Demand("b", gpus=1)], [e])
+    assert d.placements == []
+    assert "held by ended trials" in d.waiting["b"]
+    # A sample that still shows it changes nothing; one without it releases the GPU.
+    assert gpu_sampled(e.gpus, {g.uuid: ["a"]}) == []
+    assert gpu_sampled(e.gpus, {}) == [(g.uuid, "a")]
+    d = place([Demand("b", gpus=1)], [e])
+    assert [p.trial_id for p in d.placements] == ["b"]
+
+
+def test_trial_ended_without_processes_on_the_gpu_releases_at_once() -> None:
+    e = EnvCapacity("e1", trial_slots=2, gpus=gpus(2))
+    place([Demand("a", gpus=2)], [e])
+    assert trial_ended(e.gpus, "a", {}) == []
+    assert all(not g.holders for g in e.gpus)
