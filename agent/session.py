@@ -129,9 +129,17 @@ class AgentSession(RunnerEvents):
             stderr_tail=result.stderr_tail,
             ended_at=result.ended_at,
             started=result.started,
+            gpus_still_in_use=self._gpus_in_use_by(result.trial_id),
         )
         self._ended_trials.add(result.trial_id)
         self._enqueue(pb.AgentMessage(trial_ended=msg))
+
+    def _gpus_in_use_by(self, trial_id: str) -> list[str]:
+        if not self.o.probe.inventory().gpus:
+            return []
+        samples = self.o.probe.sample()
+        owners = self.runner.attribute(p.pid for s in samples for p in s.processes)
+        return [s.uuid for s in samples if any(owners.get(p.pid) == trial_id for p in s.processes)]
 
     # ---- outbound queue --------------------------------------------------------------
 

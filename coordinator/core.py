@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -519,7 +519,7 @@ class Coordinator:
         self.store.update_trial(
             t.id, exit_code=t.exit_code, signal=t.signal, stderr_tail=t.stderr_tail, ended_at=t.ended_at
         )
-        self._release(env, t)
+        self._release(env, t, still_in_use=m.gpus_still_in_use)
         self._trial_to(t, new, reason)
         if env.single_use:
             self._shutdown_env(env, drain=True, reason="its trial ended (reuse mode is off)")
@@ -658,12 +658,15 @@ class Coordinator:
             )
         )
 
-    def _release(self, env: EnvState, t: TrialState, *, processes_gone: bool = False) -> None:
+    def _release(
+        self, env: EnvState, t: TrialState, *, processes_gone: bool = False, still_in_use: Iterable[str] = ()
+    ) -> None:
         """The trial no longer takes a slot of ``env``. Its GPUs are released too, except
-        those whose last sample still lists its processes (unless ``processes_gone``, when
-        the whole environment is gone): they stay held until a sample without them."""
+        those on which the agent still sees its processes (``still_in_use``, from its
+        TrialEnded): they stay held until a heartbeat shows them gone. ``processes_gone``:
+        the whole environment is gone, release everything."""
         env.holders.discard(t.id)
-        scheduler.trial_ended(env.gpus, t.id, {} if processes_gone else env.gpu_seen)
+        scheduler.trial_ended(env.gpus, t.id, {} if processes_gone else {u: {t.id} for u in still_in_use})
         if env.status is EnvStatus.BUSY and not env.holders:
             self._env_to(env, EnvStatus.READY, f"trial {t.id} ended")
 

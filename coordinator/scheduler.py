@@ -122,13 +122,21 @@ def place(
     reasons: dict[str, str] = {}
     open_envs = [e for e in envs if e.accepting]
     budget = None if max_running is None else max_running - running
+    # Capacity only shrinks during one call, so a shape (GPUs, memory) that did not fit
+    # once will not fit later in the queue either: decide it once. This keeps a call
+    # linear in the queue length.
+    no_fit: dict[tuple[int, int], str] = {}
     for demand in waiting:
         if budget is not None and budget <= 0:
             reasons[demand.trial_id] = f"waiting: {max_running} trials are running (trialConcurrency)"
             continue
+        shape = (demand.gpus, demand.gpu_memory_bytes)
+        if shape in no_fit:
+            reasons[demand.trial_id] = no_fit[shape]
+            continue
         found = _choose(demand, open_envs, policy)
         if found is None:
-            reasons[demand.trial_id] = _why_not(demand, envs)
+            reasons[demand.trial_id] = no_fit[shape] = _why_not(demand, envs)
             continue
         env, gpus = found
         env.holders.add(demand.trial_id)

@@ -187,7 +187,7 @@ class LogChunk(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., stream: _Optional[_Union[LogStream, str]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TrialEnded(_message.Message):
-    __slots__ = ("trial_id", "outcome", "has_exit_code", "exit_code", "signal", "reason", "stderr_tail", "ended_at", "started")
+    __slots__ = ("trial_id", "outcome", "has_exit_code", "exit_code", "signal", "reason", "stderr_tail", "ended_at", "started", "gpus_still_in_use")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class TrialEnded(_message.Message):
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_STILL_IN_USE_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     outcome: TrialOutcome
     has_exit_code: bool
@@ -206,7 +207,8 @@ class TrialEnded(_message.Message):
     stderr_tail: str
     ended_at: float
     started: bool
-    def __init__(self, trial_id: _Optional[str] = ..., outcome: _Optional[_Union[TrialOutcome, str]] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., ended_at: _Optional[float] = ..., started: _Optional[bool] = ...) -> None: ...
+    gpus_still_in_use: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trial_id: _Optional[str] = ..., outcome: _Optional[_Union[TrialOutcome, str]] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., ended_at: _Optional[float] = ..., started: _Optional[bool] = ..., gpus_still_in_use: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
     __slots__ = ("welcome", "start_trial", "cancel_trial", "shutdown", "ack")
