@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     envs.add_argument("--json", action="store_true")
     envs.set_defaults(func=_cmd_envs)
 
+    trial = sub.add_parser("trial", help="one trial in detail", description="Show one trial: parameters, metrics, GPU usage, status history.")
+    trial.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    trial.add_argument("trial_id", metavar="TRIAL_ID")
+    trial.add_argument("--json", action="store_true")
+    trial.set_defaults(func=_cmd_trial)
+
     logs = sub.add_parser("logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr).")
     logs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     logs.add_argument("trial_id", metavar="TRIAL_ID")
@@ -86,33 +92,38 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
+    from .core import CoordinatorError
     from .experiment import ExperimentResult, Progress, optimize_mode_of, ranked, run_experiment
     from .searchspace import SearchSpaceError
+    from .states import TrialStatus
     from .tuners import TunerError
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    err = Console(stderr=True)
     try:
         config = load_config(args.config)
     except ConfigError as e:
-        err.print(f"[red]trialkeeper: invalid config {args.config}[/red]", highlight=False)
-        for issue in e.issues:
-            err.print(f"  {issue.path}: {issue.message}", highlight=False, markup=False)
+        # Plain prints: rich would wrap long messages at 80 columns when not on a terminal.
+        if len(e.issues) == 1:
+            print(f"trialkeeper: invalid config {args.config}: {e.issues[0]}", file=sys.stderr)
+        else:
+            print(f"trialkeeper: invalid config {args.config}:", file=sys.stderr)
+            for issue in e.issues:
+                print(f"  {issue}", file=sys.stderr)
         return 2
-    console = Console()
+    console = _console()
     live_view = console.is_terminal and not args.quiet
     mode = optimize_mode_of(config)
     state: dict[str, Any] = {"printed": 0.0, "dir_shown": False}
 
     def on_progress(p: Progress) -> None:
         if not state["dir_shown"]:
-            console.print(f"experiment [bold]{p.experiment_id}[/bold] in {p.experiment_dir}", highlight=False)
+            console.print(f"experiment [bold]{p.experiment_id}[/bold] in {p.experiment_dir}", highlight=False, soft_wrap=True)
             state["dir_shown"] = True
         if live is not None:
             live.update(_live_table(p))
         elif not args.quiet and time.monotonic() - state["printed"] >= 2.0:
             state["printed"] = time.monotonic()
-            console.print(_progress_line(p), highlight=False)
+            console.print(_progress_line(p), highlight=False, soft_wrap=True)
 
     async def go() -> ExperimentResult:
         stop = asyncio.Event()
@@ -129,12 +140,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         else:
             result = asyncio.run(go())
     except (TunerError, SearchSpaceError, ValueError) as e:
-        err.print(f"trialkeeper: {e}", highlight=False, markup=False)
+        print(f"trialkeeper: {e}", file=sys.stderr)
         return 2
+    except (CoordinatorError, OSError) as e:
+        print(f"trialkeeper: cannot run the experiment: {e}", file=sys.stderr)
+        return 1
     counts: dict[str, int] = {}
     for t in result.trials:
         counts[t.status.value] = counts.get(t.status.value, 0) + 1
-    console.print(f"experiment {result.experiment_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
+    console.print(f"experiment {result.experiment_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False, soft_wrap=True)
     top = ranked(result.trials, mode)[:10]
     if top:
         table = Table(title=f"best trials ({mode})")
@@ -144,10 +158,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             table.add_row(t.id, f"{t.final_metric:.6g}", json.dumps(t.parameters))
         console.print(table)
     if result.best is not None:
-        console.print(f"best trial: {result.best.id} final metric {result.best.final_metric:.6g} parameters {json.dumps(result.best.parameters)}", highlight=False)
-    console.print(f"experiment directory: {result.experiment_dir}", highlight=False)
+        console.print(f"best trial: {result.best.id} final metric {result.best.final_metric:.6g} parameters {json.dumps(result.best.parameters)}", highlight=False, soft_wrap=True)
+    console.print(f"experiment directory: {result.experiment_dir}", highlight=False, soft_wrap=True)
     if not result.ok:
         print(f"trialkeeper: experiment did not complete: {result.reason}", file=sys.stderr)
+        return 1
+    failed = [t for t in result.trials if t.status is TrialStatus.FAILED]
+    if failed:
+        first = (failed[0].reason or "no reason given").splitlines()[0]
+        print(f"trialkeeper: {len(failed)} of {len(result.trials)} trials failed (first: trial {failed[0].id}: {first})", file=sys.stderr)
         return 1
     return 0
 
@@ -160,7 +179,7 @@ def _progress_line(p: Any) -> str:
     return f"[{p.elapsed_s:6.1f} s] {p.submitted}{total} trials: {counts or 'none yet'}{best}{eta}"
 
 
-def _live_table(p: Any) -> Table:
+def _live_table(p: Any) -> Group:
     table = Table(title=_progress_line(p), title_justify="left")
     for col in ("trial", "status", "env", "final metric", "parameters"):
         table.add_column(col, overflow="fold")
@@ -170,7 +189,18 @@ def _live_table(p: Any) -> Table:
         table.add_row(t.id, t.status.value, t.environment_id or "", metric, json.dumps(t.parameters)[:80])
     if p.best is not None:
         table.caption = f"best: {p.best.id} = {p.best.final_metric:.6g}"
-    return table
+    envs = Table(box=None, show_header=False, pad_edge=False)
+    for col in ("env", "status", "detail"):
+        envs.add_column(col, overflow="fold")
+    for env_id, status, detail in p.environments:
+        envs.add_row(env_id, status, detail)
+    return Group(table, envs)
+
+
+def _console() -> Console:
+    """A console for tables: the terminal's width, or 160 columns when piped (not 80)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
@@ -226,7 +256,7 @@ def _cmd_trials(args: argparse.Namespace) -> int:
         dur = f"{r['ended_at'] - r['started_at']:.1f} s" if r["started_at"] and r["ended_at"] else ""
         metric = f"{r['final_metric']:.6g}" if r["final_metric"] is not None else ""
         table.add_row(r["id"], str(r["sequence_id"]), r["status"], r["environment_id"] or "", metric, dur, json.dumps(r["parameters"]), r["reason"])
-    Console().print(table)
+    _console().print(table)
     return 0
 
 
@@ -266,6 +296,46 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def _env_gpus(store: Store, env_id: str, info: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each GPU of an environment with its newest sample and the trials holding it."""
+    latest = store.latest_gpu_samples(env_id)
+    holding: dict[int, list[str]] = {}
+    for t in trials:
+        if t["environment_id"] == env_id and t["status"] not in _TERMINAL:
+            for i in t["gpu_indices"]:
+                holding.setdefault(i, []).append(t["id"])
+    gpus = []
+    for g in info.get("gpus", []):
+        sample = latest.get(g["uuid"])
+        gpus.append({
+            **g,
+            "utilization_percent": sample.utilization if sample else None,
+            "memory_used_bytes": sample.memory_used_bytes if sample else None,
+            "sampled_at": sample.at if sample else None,
+            "held_by": holding.get(g["index"], []),
+        })
+    return gpus
+
+
+def _gpu_line(g: dict[str, Any]) -> str:
+    label = f"{g['index']}: {g['name']}"
+    if g.get("mig"):
+        label += " (MIG)"
+    if g.get("simulated"):
+        label += " (simulated)"
+    if g["utilization_percent"] is not None:
+        label += f" {g['utilization_percent']:.0f}% {_gib(g['memory_used_bytes'])}/{_gib(g['memory_total_bytes'])} GiB"
+    else:
+        label += f" {_gib(g['memory_total_bytes'])} GiB"
+    if g["held_by"]:
+        label += " held by " + ", ".join(g["held_by"])
+    return label
+
+
 def _cmd_envs(args: argparse.Namespace) -> int:
     store = _open(args.experiment_dir)
     envs = store.envs()
@@ -276,7 +346,8 @@ def _cmd_envs(args: argparse.Namespace) -> int:
         holding = [t["id"] for t in trials if t["environment_id"] == e["id"] and t["status"] not in _TERMINAL]
         rows.append({
             "id": e["id"], "platform": e["platform"], "status": e["status"], "reason": e["reason"],
-            "platform_id": e["platform_id"], "hostname": e["hostname"], "gpus": info.get("gpus", []),
+            "platform_id": e["platform_id"], "hostname": e["hostname"],
+            "gpus": _env_gpus(store, e["id"], info, trials),
             "gpu_unavailable_reason": info.get("gpu_unavailable_reason", ""), "running_trials": holding,
         })
     if args.json:
@@ -286,10 +357,70 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     for col in ("env", "platform", "status", "host", "job", "gpus", "trials", "reason"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        gpus = ", ".join(f"{g['index']}:{g['name']}{' (simulated)' if g.get('simulated') else ''}" for g in r["gpus"]) or (r["gpu_unavailable_reason"] or "none")
+        gpus = "\n".join(_gpu_line(g) for g in r["gpus"]) or ("no GPUs: " + r["gpu_unavailable_reason"] if r["gpu_unavailable_reason"] else "none")
         table.add_row(r["id"], r["platform"], r["status"], r["hostname"], r["platform_id"], gpus, " ".join(r["running_trials"]), r["reason"])
-    Console().print(table)
+    _console().print(table)
     return 0
+
+
+def _cmd_trial(args: argparse.Namespace) -> int:
+    store = _open(args.experiment_dir)
+    row = next((r for r in _trial_rows(store) if r["id"] == args.trial_id), None)
+    if row is None:
+        return _no_trial(store, args)
+    metrics = store.metrics(args.trial_id)
+    samples = store.gpu_samples(trial_id=args.trial_id)
+    gpu: dict[str, Any] = {"samples": len(samples)}
+    if samples:
+        gpu.update(
+            mean_utilization_percent=sum(s.utilization for s in samples) / len(samples),
+            max_utilization_percent=max(s.utilization for s in samples),
+            peak_memory_used_bytes=max(s.memory_used_bytes for s in samples),
+            gpus=sorted({s.uuid for s in samples}),
+        )
+    trial_dir = args.experiment_dir / "trials" / args.trial_id
+    detail = {
+        **row,
+        "intermediate": [m.value for m in metrics if m.kind == "intermediate"],
+        "gpu_usage": gpu,
+        "history": [
+            {"at": ev["at"], "from": ev["old"], "to": ev["new"], "reason": ev["reason"]} for ev in store.events(args.trial_id)
+        ],
+        "stdout": str(trial_dir / "stdout.log"),
+        "stderr": str(trial_dir / "stderr.log"),
+    }
+    if args.json:
+        print(json.dumps(detail, indent=2))
+        return 0
+    print(f"trial {row['id']} (#{row['sequence_id']}): {row['status']}{' - ' + row['reason'] if row['reason'] else ''}")
+    print(f"parameters: {json.dumps(row['parameters'])}")
+    where = row["environment_id"] or "not placed"
+    if row["gpu_indices"]:
+        where += f", GPUs {','.join(str(i) for i in row['gpu_indices'])}"
+    print(f"environment: {where}; attempts: {row['attempts']}")
+    if row["exit_code"] is not None or row["signal"]:
+        print(f"exit code: {row['exit_code']}; signal: {row['signal'] or 'none'}")
+    inter = detail["intermediate"]
+    if inter:
+        shown = ", ".join(f"{v:.6g}" for v in inter[:10]) + (f", ... ({len(inter)} in all)" if len(inter) > 10 else "")
+        print(f"intermediate: {shown}")
+    if row["final_metric"] is not None:
+        print(f"final: {row['final_metric']:.6g}")
+    if samples:
+        print(
+            f"GPU usage ({gpu['samples']} samples): mean {gpu['mean_utilization_percent']:.0f}%, "
+            f"max {gpu['max_utilization_percent']:.0f}%, peak memory {_gib(gpu['peak_memory_used_bytes'])} GiB"
+        )
+    for ev in detail["history"]:
+        print(f"  {time.strftime('%H:%M:%S', time.localtime(ev['at']))} {ev['from'] or '-'} -> {ev['to']}: {ev['reason']}")
+    print(f"logs: {detail['stdout']}, {detail['stderr']}")
+    return 0
+
+
+def _no_trial(store: Store, args: argparse.Namespace) -> int:
+    known = [r["id"] for r in store.trials()][:20]
+    print(f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}", file=sys.stderr)
+    return 1
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:

@@ -676,7 +676,7 @@ class Coordinator:
         offered = self._gpus_offered()
         if offered is not None and gpus > offered:
             return (
-                f"trial asks for {gpus} GPUs but no environment offers more than {offered}; "
+                f"trial asks for {gpus} GPU{'' if gpus == 1 else 's'} but no environment offers more than {offered}; "
                 f"lower trialGpuNumber or add GPUs (gpuIndices/simulatedGpus)"
             )
         if memory:

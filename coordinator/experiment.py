@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .config import ExperimentConfig
 from .core import Coordinator
-from .model import StatusEvent, TrialInfo
+from .model import EnvState, StatusEvent, TrialInfo
 from .states import TrialStatus
 from .tuners import NoMoreTrials, Tuner, create_tuner
 
@@ -165,6 +165,18 @@ async def run_experiment(
     )
 
 
+def _env_detail(e: EnvState) -> str:
+    where = e.hostname or e.platform_id or e.reason
+    gpus = []
+    for g in sorted(e.gpus, key=lambda g: g.index):
+        util, used, total = e.gpu_usage.get(g.uuid, (0.0, 0, g.memory_total_bytes))
+        text = f"GPU{g.index} {util:.0f}% {used / 2**30:.1f}/{(total or g.memory_total_bytes) / 2**30:.1f} GiB"
+        if g.holders:
+            text += " [" + " ".join(sorted(g.holders)) + ("; stopping" if g.lingering else "") + "]"
+        gpus.append(text)
+    return "; ".join([where, *gpus]) if gpus else where
+
+
 def _progress(
     c: Coordinator, trials: list[TrialInfo], submitted: int, config: ExperimentConfig, mode: str, elapsed: float
 ) -> Progress:
@@ -173,7 +185,7 @@ def _progress(
     eta = None
     if config.max_trial_number and done:
         eta = elapsed / done * (config.max_trial_number - done)
-    envs = [(e.id, e.status.value, e.hostname or e.platform_id or e.reason) for e in c.environments()]
+    envs = [(e.id, e.status.value, _env_detail(e)) for e in c.environments()]
     return Progress(
         experiment_id=c.experiment_id,
         experiment_dir=c.experiment_dir,

@@ -142,7 +142,17 @@ class Store:
             if readonly:
                 if not path.exists():
                     raise StoreError(f"no experiment store at {path}")
-                self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
+                # as_uri() escapes what a URI would misread in a path ('?', '#', '%').
+                uri = f"{path.absolute().as_uri()}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+                # Connecting reads nothing: check now that this is a store, so that a
+                # wrong file fails here with a StoreError rather than at the first query.
+                found = self._db.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+                ).fetchone()[0]
+                if not found:
+                    self._db.close()
+                    raise StoreError(f"{path} is not a trialkeeper store (it has no meta table)")
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
@@ -153,6 +163,8 @@ class Store:
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
         except sqlite3.DatabaseError as e:
+            with contextlib.suppress(AttributeError):
+                self._db.close()
             raise StoreError(f"cannot open the experiment store {path}: {e}") from e
         self._db.row_factory = sqlite3.Row
         self._depth = 0
@@ -335,6 +347,21 @@ class Store:
             for r in rows
         ]
         return [r for r in found if trial_id is None or trial_id in r.trial_ids]
+
+    def latest_gpu_samples(self, environment_id: str) -> dict[str, GpuSampleRow]:
+        """The newest stored sample of each GPU of an environment, by uuid."""
+        rows = self._db.execute(
+            "SELECT * FROM gpu_samples WHERE id IN"
+            " (SELECT max(id) FROM gpu_samples WHERE environment_id = ? GROUP BY uuid)",
+            (environment_id,),
+        ).fetchall()
+        return {
+            r["uuid"]: GpuSampleRow(
+                r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
+                r["memory_total_bytes"], tuple(json.loads(r["trial_ids_json"])),
+            )
+            for r in rows
+        }
 
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
