@@ -255,7 +255,8 @@ def _cmd_trials(args: argparse.Namespace) -> int:
     for r in rows:
         dur = f"{r['ended_at'] - r['started_at']:.1f} s" if r["started_at"] and r["ended_at"] else ""
         metric = f"{r['final_metric']:.6g}" if r["final_metric"] is not None else ""
-        table.add_row(r["id"], str(r["sequence_id"]), r["status"], r["environment_id"] or "", metric, dur, json.dumps(r["parameters"]), r["reason"])
+        status = r["status"] + (" (stopping)" if r["status"] not in _TERMINAL and r["reason"].startswith("stopping:") else "")
+        table.add_row(r["id"], str(r["sequence_id"]), status, r["environment_id"] or "", metric, dur, json.dumps(r["parameters"]), r["reason"])
     _console().print(table)
     return 0
 

@@ -267,6 +267,9 @@ class Coordinator:
         else:
             t.cancel_status = status
             t.reason = reason
+            assert self.store is not None
+            # Shown while the agent stops it; the end replaces it with the final reason.
+            self.store.update_trial(t.id, reason=f"stopping: {reason}")
             env = self._envs.get(t.env_id or "")
             if env is not None and env.link is not None:
                 env.link.send(pb.CoordinatorMessage(cancel_trial=pb.CancelTrial(trial_id=trial_id, grace_s=CANCEL_GRACE_S, reason=reason)))

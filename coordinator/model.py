@@ -31,6 +31,8 @@ class TrialInfo:
     started_at: float | None
     ended_at: float | None
     attempts: int
+    # Canceled, and its processes are being stopped (the status changes once they are gone).
+    stopping: bool = False
 
     @property
     def done(self) -> bool:
@@ -106,6 +108,7 @@ class TrialState:
             started_at=self.started_at,
             ended_at=self.ended_at,
             attempts=self.attempts,
+            stopping=self.cancel_status is not None and not self.status.terminal,
         )
 
 
