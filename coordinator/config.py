@@ -1013,3 +1013,142 @@ def _to_plain(value: Any, redact: bool) -> Any:
 
 
 register_training_service(LocalConfig)
+
+
+# ---- remote machines over SSH -----------------------------------------------------------
+
+
+def _secret_text(value: object) -> object:
+    # A number where a password belongs is refused without showing it: YAML reads an
+    # unquoted 0123 as 123, and error messages must never echo a secret.
+    if isinstance(value, str) or value is None:
+        return value
+    raise ValueError("expected a string (quote it in YAML); the value is not shown")
+
+
+def _dial_host(value: object) -> object:
+    """`host` or `host:port`; the port, when left out, is the one the coordinator binds."""
+    if not isinstance(value, str):
+        return value
+    try:
+        split_address(value, allow_port_zero=False)
+        return value
+    except ValueError as with_port:
+        try:
+            ipaddress.IPv6Address(value)
+            return value
+        except ValueError:
+            pass
+        try:
+            split_address(f"{value}:1")
+        except ValueError:
+            raise with_port from None
+    return value
+
+
+_SECRET = _rule("a string", coerce=_secret_text)
+_PORT = _rule("a port number 1-65535", lambda v: 1 <= v <= 65535)
+_DIAL_HOST = _rule("host or host:port", coerce=_dial_host)
+_POSITIVE_NUMBER = _rule("a positive number", lambda v: v > 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteMachineConfig:
+    """One SSH machine of `trainingService.machineList` (NNI's field names)."""
+
+    host: str = field(metadata=_NON_EMPTY_STR)
+    port: int = field(default=22, metadata=_PORT)
+    user: str = field(metadata=_NON_EMPTY_STR)
+    # Secrets stay out of reprs, so that no assertion message or log line can show them.
+    password: str | None = field(default=None, repr=False, metadata=_SECRET)
+    ssh_key_file: Path | None = None
+    ssh_passphrase: str | None = field(default=None, repr=False, metadata=_SECRET)
+    # A path on the remote machine: a Python executable, or (as in NNI) its bin directory.
+    python_path: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    gpu_indices: list[int] | None = field(default=None, metadata=_GPU_INDICES)
+    max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
+    use_active_gpu: bool = False
+
+    @property
+    def label(self) -> str:
+        """`user@host:port`, how messages name the machine."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.user}@{host}:{self.port}"
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        issues: _Issues = []
+        if "password" in given and "ssh_key_file" in given:
+            issues.append(
+                ("password", f"give either {names['password']} or {names['ssh_key_file']}, not both")
+            )
+        if "ssh_passphrase" in given and "ssh_key_file" not in given:
+            issues.append(("ssh_passphrase", f"needs {names['ssh_key_file']} (the key it unlocks)"))
+        key = values.get("ssh_key_file")
+        if key is not None and not _exists(key):
+            issues.append(("ssh_key_file", f"{key} does not exist"))
+        return issues
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteConfig(TrainingServiceConfig):
+    """Trials run by agents that trialkeeper starts over SSH on the machines listed.
+
+    In reuse mode each machine runs one agent for the whole experiment; without it, each
+    trial gets an agent of its own on the least busy machine.
+    """
+
+    PLATFORM: ClassVar[str] = "remote"
+    machine_list: list[RemoteMachineConfig]
+    # The address agents dial back to; auto-detected per machine (with a warning) when unset.
+    coordinator_address: str | None = field(default=None, metadata=_DIAL_HOST)
+    known_hosts_file: Path | None = None  # default: ~/.ssh/known_hosts
+    accept_unknown_host_keys: bool = False
+    # Install this coordinator's own trialkeeper into a per-experiment virtualenv remotely.
+    bootstrap: bool = False
+    max_code_dir_files: int = field(default=2000, metadata=_POSITIVE_INT)
+    max_code_dir_size_mb: float = field(default=300.0, metadata=_POSITIVE_NUMBER)
+    ssh_timeout: float = field(default=20.0, metadata=_POSITIVE_DURATION)
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        machines = values.get("machine_list")
+        if machines is None:
+            return []
+        if not machines:
+            return [("machine_list", "list at least one machine")]
+        issues: _Issues = []
+        seen: dict[tuple[str, int, str], int] = {}
+        for i, m in enumerate(machines):
+            first = seen.setdefault((m.host.lower(), m.port, m.user), i)
+            if first != i:
+                issues.append(
+                    (
+                        f"machine_list[{i}]",
+                        (
+                            f"the same machine as {names['machine_list']}[{first}] ({m.label}); "
+                            "list each machine once"
+                        ),
+                    )
+                )
+        return issues
+
+    def effective_environment_count(self, trial_concurrency: int) -> int:
+        """Reuse mode: one environment (one agent) per machine. Otherwise one per trial."""
+        return len(self.machine_list) if self.reuse_mode else trial_concurrency
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        """Enough slots on each machine's agent for the concurrency (GPUs permitting)."""
+        return max(1, -(-trial_concurrency // len(self.machine_list)))
+
+    # The scheduler reads these two experiment-wide; per machine they can only narrow it.
+    @property
+    def max_trial_number_per_gpu(self) -> int:
+        return min(m.max_trial_number_per_gpu for m in self.machine_list)
+
+    @property
+    def use_active_gpu(self) -> bool:
+        return all(m.use_active_gpu for m in self.machine_list)
+
+
+register_training_service(RemoteConfig)

@@ -26,7 +26,13 @@ def _local(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService
     return LocalEnvironmentService(experiment_dir, Path(config.trial_code_directory))
 
 
-BUILTIN: dict[str, Factory] = {"local": _local}
+def _remote(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .remote import RemoteEnvironmentService
+
+    return RemoteEnvironmentService.from_config(config, experiment_dir)
+
+
+BUILTIN: dict[str, Factory] = {"local": _local, "remote": _remote}
 
 
 def factories() -> dict[str, Factory]:

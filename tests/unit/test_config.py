@@ -259,17 +259,18 @@ def test_nested_unknown_key_in_training_service(tmp_path: Path) -> None:
 
 
 def test_unknown_or_missing_platform(tmp_path: Path) -> None:
+    valid = ", ".join(TRAINING_SERVICES)  # every registered platform, built-in or not
     found = errors(minimal(trainingService={"platform": "locl"}), tmp_path)
     assert found == {
-        "trainingService.platform": "unknown platform 'locl'; did you mean 'local'? valid: local"
+        "trainingService.platform": f"unknown platform 'locl'; did you mean 'local'? valid: {valid}"
     }
     found = errors(minimal(trainingService={"platform": "kubeflow"}), tmp_path)
-    assert found == {"trainingService.platform": "unknown platform 'kubeflow'; valid: local"}
+    assert found == {"trainingService.platform": f"unknown platform 'kubeflow'; valid: {valid}"}
     found = errors(minimal(trainingService={"useActiveGpu": True}), tmp_path)
-    assert found == {"trainingService.platform": "required key is missing (one of: local)"}
+    assert found == {"trainingService.platform": f"required key is missing (one of: {valid})"}
     found = errors(minimal(trainingService="local"), tmp_path)
     assert found == {
-        "trainingService": "expected a mapping with 'platform' (one of: local), got 'local'"
+        "trainingService": f"expected a mapping with 'platform' (one of: {valid}), got 'local'"
     }
 
 
@@ -617,7 +618,8 @@ def test_registered_platforms_validate_their_own_fields(
     found = errors(minimal(trainingService={"platform": "fakeremot"}), tmp_path)
     assert found == {
         "trainingService.platform": (
-            "unknown platform 'fakeremot'; did you mean 'fakeremote'? valid: local, fakeremote"
+            "unknown platform 'fakeremot'; did you mean 'fakeremote'? "
+            f"valid: {', '.join(TRAINING_SERVICES)}"
         )
     }
 
