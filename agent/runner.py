@@ -48,6 +48,8 @@ class TrialSpec:
     gpu_indices: tuple[int, ...] = ()
     working_directory: str = ""
     max_duration_s: float = 0.0
+    attempt: int = 0
+    first_metric_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class TrialResult:
     stderr_tail: str
     started: bool
     ended_at: float
+    attempt: int = 0
 
 
 class RunnerEvents:
@@ -95,7 +98,7 @@ class _Trial:
         self.exited: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.cancel_reason: str | None = None
         self.outcome_if_canceled = "canceled"
-        self.metric_index = 0
+        self.metric_index = spec.first_metric_index
         self.final_reported = False
         self.log_offsets = {"stdout": 0, "stderr": 0}
         self.task: asyncio.Task[None] | None = None
@@ -321,6 +324,7 @@ class TrialRunner:
         self, t: _Trial, outcome: str, code: int | None, signum: int, reason: str, started: bool
     ) -> None:
         result = TrialResult(
+            attempt=t.spec.attempt,
             trial_id=t.spec.trial_id,
             outcome=outcome,
             exit_code=code,

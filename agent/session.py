@@ -28,11 +28,15 @@ from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from . import PROTOCOL_VERSION, __version__
 from .gpu import GpuProbe
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
+from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
 log = logging.getLogger(__name__)
 
 TOKEN_METADATA_KEY = "x-trialkeeper-token"
 MAX_METRICS_PER_BATCH = 5000
+# Metric values may be up to 60 KiB each: batches are cut by size too, far below the
+# 64 MiB message limit, or one batch of large values would be refused and replayed forever.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 _OUTCOMES = {
     "succeeded": pb.TRIAL_OUTCOME_SUCCEEDED,
     "failed": pb.TRIAL_OUTCOME_FAILED,
@@ -67,6 +71,8 @@ class AgentOptions:
     # PEM bytes of the coordinator certificate to trust; None = plain text.
     tls_root_cert: bytes | None = None
     tls_server_name: str | None = None
+    # SHA-256 of the coordinator's certificate: fetched, checked and trusted on first connect.
+    tls_fingerprint: str | None = None
 
 
 class AgentSession(RunnerEvents):
@@ -78,6 +84,7 @@ class AgentSession(RunnerEvents):
         self._seq = 0
         self._unacked: deque[pb.AgentMessage] = deque()
         self._pending_metrics: list[pb.Metric] = []
+        self._pending_bytes = 0
         self._wakeup = asyncio.Event()
         self._sent = 0  # how many of _unacked went out on the current stream
         self._heartbeat_s = options.heartbeat_interval_s
@@ -86,7 +93,7 @@ class AgentSession(RunnerEvents):
         self._draining = False
         self._acked_all = asyncio.Event()
         self._acked_all.set()
-        self._ended_trials: set[str] = set()
+        self._ended_trials: set[tuple[str, int]] = set()  # (trial id, attempt)
         self.runner = TrialRunner(
             options.workdir,
             self,
@@ -111,7 +118,8 @@ class AgentSession(RunnerEvents):
                 reported_at=time.time(),
             )
         )
-        if len(self._pending_metrics) >= MAX_METRICS_PER_BATCH:
+        self._pending_bytes += len(value_json) + len(trial_id) + 32
+        if len(self._pending_metrics) >= MAX_METRICS_PER_BATCH or self._pending_bytes >= MAX_BATCH_BYTES:
             self._flush_metrics()
         self._wakeup.set()
 
@@ -131,7 +139,7 @@ class AgentSession(RunnerEvents):
             started=result.started,
             gpus_still_in_use=self._gpus_in_use_by(result.trial_id),
         )
-        self._ended_trials.add(result.trial_id)
+        self._ended_trials.add((result.trial_id, result.attempt))
         self._enqueue(pb.AgentMessage(trial_ended=msg))
 
     def _gpus_in_use_by(self, trial_id: str) -> list[str]:
@@ -150,6 +158,7 @@ class AgentSession(RunnerEvents):
     def _flush_metrics(self) -> None:
         if self._pending_metrics:
             batch, self._pending_metrics = self._pending_metrics, []
+            self._pending_bytes = 0
             self._unacked.append(pb.AgentMessage(seq=self._next_seq(), metrics=pb.MetricBatch(metrics=batch)))
             self._acked_all.clear()
 
@@ -238,8 +247,8 @@ class AgentSession(RunnerEvents):
         ]
         if self.o.tls_root_cert is not None:
             creds = grpc.ssl_channel_credentials(root_certificates=self.o.tls_root_cert)
-            if self.o.tls_server_name:
-                opts.append(("grpc.ssl_target_name_override", self.o.tls_server_name))
+            # The certificate names the coordinator, not the address it is reached at.
+            opts.append(("grpc.ssl_target_name_override", self.o.tls_server_name or SERVER_NAME))
             return grpc.aio.secure_channel(self.o.coordinator, creds, options=opts)
         return grpc.aio.insecure_channel(self.o.coordinator, options=opts)
 
@@ -272,7 +281,31 @@ class AgentSession(RunnerEvents):
     def _unacked_ended(self) -> set[str]:
         return {m.trial_ended.trial_id for m in self._unacked if m.HasField("trial_ended")}
 
+    async def _pin_certificate(self) -> None:
+        assert self.o.tls_fingerprint is not None
+        try:
+            self.o.tls_root_cert = await asyncio.to_thread(
+                pinned_certificate, self.o.coordinator, self.o.tls_fingerprint, self.o.connect_timeout_s
+            )
+        except TlsPinError as e:
+            raise AgentRefused(f"TLS: {e}") from e
+        except OSError as e:
+            raise ConnectionError(f"cannot fetch the coordinator's TLS certificate: {e}") from e
+        log.info("coordinator %s presented the pinned TLS certificate", self.o.coordinator)
+
+    async def _refuse_if_tls(self) -> None:
+        # A plain-text stream to a TLS coordinator only ever sees "Socket closed"; say why.
+        if self.o.tls_root_cert is None and await asyncio.to_thread(
+            speaks_tls, self.o.coordinator, self.o.connect_timeout_s
+        ):
+            raise AgentRefused(
+                f"the coordinator at {self.o.coordinator} requires TLS and this agent was started "
+                "without it: pass --tls-fingerprint (or --tls-cert) as the coordinator launches agents"
+            )
+
     async def _connect_once(self) -> None:
+        if self.o.tls_fingerprint and self.o.tls_root_cert is None:
+            await self._pin_certificate()
         async with self._channel() as channel:
             stub = pb_grpc.CoordinatorStub(channel)
             call = stub.Session(metadata=((TOKEN_METADATA_KEY, self.o.token),))
@@ -284,6 +317,8 @@ class AgentSession(RunnerEvents):
                 # rather than reading EOF: a refusal is final, anything else is retried.
                 if e.code() in _REFUSALS:
                     raise AgentRefused(f"{e.code().name}: {e.details()}") from e
+                if e.code() is grpc.StatusCode.UNAVAILABLE:
+                    await self._refuse_if_tls()
                 raise
             if first is grpc.aio.EOF:
                 await self._raise_refusal(call)
@@ -323,6 +358,8 @@ class AgentSession(RunnerEvents):
         details = await call.details()
         if code in _REFUSALS:
             raise AgentRefused(f"{code.name}: {details}")
+        if code is grpc.StatusCode.UNAVAILABLE:
+            await self._refuse_if_tls()
         raise ConnectionError(f"stream closed before welcome: {code.name}: {details}")
 
     def _on_welcome(self, welcome: pb.Welcome) -> None:
@@ -401,8 +438,8 @@ class AgentSession(RunnerEvents):
                 log.warning("ignoring unknown coordinator message %r", kind)
 
     def _on_start(self, st: pb.StartTrial) -> None:
-        if self.runner.knows(st.trial_id) or st.trial_id in self._ended_trials:
-            return  # a resend after a reconnect: the trial is already ours
+        if self.runner.knows(st.trial_id) or (st.trial_id, st.attempt) in self._ended_trials:
+            return  # a resend after a reconnect: the trial (this attempt of it) is already ours
         spec = TrialSpec(
             trial_id=st.trial_id,
             sequence_id=st.sequence_id,
@@ -413,6 +450,8 @@ class AgentSession(RunnerEvents):
             gpu_indices=tuple(st.gpu_indices),
             working_directory=st.working_directory,
             max_duration_s=st.max_duration_s,
+            attempt=st.attempt,
+            first_metric_index=st.first_metric_index,
         )
         self.runner.start(spec)
 

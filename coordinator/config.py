@@ -285,7 +285,12 @@ class CoordinatorSettings:
     advertise_address: str | None = field(default=None, metadata=_DIAL_ADDRESS)
     heartbeat_interval: float = field(default=1.0, metadata=_POSITIVE_DURATION)
     agent_lost_timeout: float = field(default=5.0, metadata=_POSITIVE_DURATION)
+    # Silence after which an unreachable agent's trials are given up (failed or retried)
+    # and its environment replaced; until then it may come back and carry on.
+    trial_lost_timeout: float = field(default=15.0, metadata=_POSITIVE_DURATION)
     reconnect_window: float = field(default=60.0, metadata=_POSITIVE_DURATION)
+    # Serve agents over TLS with a certificate made for this experiment, which they pin.
+    tls: bool = False
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
@@ -295,6 +300,14 @@ class CoordinatorSettings:
                 (
                     "agent_lost_timeout",
                     f"must be longer than {names['heartbeat_interval']} ({beat:g}s), got {lost:g}s",
+                )
+            ]
+        trial_lost = values.get("trial_lost_timeout")
+        if lost is not None and trial_lost is not None and trial_lost < lost:
+            return [
+                (
+                    "trial_lost_timeout",
+                    f"must be at least {names['agent_lost_timeout']} ({lost:g}s), got {trial_lost:g}s",
                 )
             ]
         return []
@@ -377,6 +390,8 @@ class ExperimentConfig:
     max_experiment_duration: float | None = field(default=None, metadata=_POSITIVE_DURATION)
     max_trial_duration: float | None = field(default=None, metadata=_POSITIVE_DURATION)
     max_trial_retries: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    # Retry trials that failed on their own (non-zero exit) too, within maxTrialRetries.
+    retry_failed_trials: bool = False
     tuner: TunerConfig = field(default_factory=TunerConfig)
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=_ENV)

@@ -23,6 +23,7 @@ import grpc
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 from . import scheduler
+from . import tls as tls_identity
 from .config import ExperimentConfig, config_to_dict
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
 from .server import AgentLink, AgentRejected, Servicer, create_server
@@ -40,6 +41,9 @@ AGENT_START_TIMEOUT_S = 60.0
 # How often a GPU sample of each environment is kept in the store (and on every change of
 # which trials hold its GPUs).
 GPU_SAMPLE_INTERVAL_S = 5.0
+# Retries of a trial wait 1, 2, 4, ... seconds, at most RETRY_BACKOFF_MAX_S.
+RETRY_BACKOFF_S = 1.0
+RETRY_BACKOFF_MAX_S = 60.0
 
 
 class CoordinatorError(RuntimeError):
@@ -98,6 +102,8 @@ class Coordinator:
         self._ts = config.training_service
         self._reuse = bool(self._ts.reuse_mode)
         self._token = secrets.token_urlsafe(32)
+        #: SHA-256 of the certificate agents pin when ``coordinator.tls`` is on, else None.
+        self.tls_fingerprint: str | None = None
         self._trials: dict[str, TrialState] = {}
         self._queue: list[str] = []
         self._envs: dict[str, EnvState] = {}
@@ -143,7 +149,12 @@ class Coordinator:
         await self._service.prepare()
         settings = self.config.coordinator
         servicer = Servicer(self, self._token)
-        self._server, port = await create_server(settings.address, servicer)
+        # With TLS, agents are launched with the certificate's fingerprint and pin it.
+        identity = tls_identity.load_or_create(self.experiment_dir) if settings.tls else None
+        self.tls_fingerprint = identity.fingerprint if identity else None
+        self._server, port = await create_server(
+            settings.address, servicer, tls_key_cert=identity.key_cert if identity else None
+        )
         host = settings.address.rsplit(":", 1)[0]
         if settings.advertise_address:
             self.address = settings.advertise_address
@@ -417,6 +428,9 @@ class Coordinator:
         if env is None or env.link is not link:
             return  # a stream that was replaced
         env.last_seen = time.monotonic()
+        if env.status is EnvStatus.LOST:
+            self._env_to(env, EnvStatus.BUSY if env.holders else EnvStatus.READY, "its agent is heard from again")
+            self._flush_notes()
         kind = msg.WhichOneof("body")
         if kind == "heartbeat":
             self._on_heartbeat(env, msg.heartbeat)
@@ -523,7 +537,17 @@ class Coordinator:
             t.id, exit_code=t.exit_code, signal=t.signal, stderr_tail=t.stderr_tail, ended_at=t.ended_at
         )
         self._release(env, t, still_in_use=m.gpus_still_in_use)
-        self._trial_to(t, new, reason)
+        if (
+            new is TrialStatus.FAILED
+            and t.cancel_status is None
+            and self.config.retry_failed_trials
+            and t.attempts <= self.config.max_trial_retries
+            and not self._stopping
+        ):
+            t.ended_at = None
+            self._retry(t, f"it failed ({reason})")
+        else:
+            self._trial_to(t, new, reason)
         if env.single_use:
             self._shutdown_env(env, drain=True, reason="its trial ended (reuse mode is off)")
 
@@ -610,8 +634,11 @@ class Coordinator:
         if not self._queue or self._stopping:
             return
         running = sum(len(e.holders) for e in self._envs.values())
+        now = time.monotonic()
         demands = [
-            scheduler.Demand(tid, self._trials[tid].gpu_number, self._trials[tid].gpu_memory) for tid in self._queue
+            scheduler.Demand(tid, self._trials[tid].gpu_number, self._trials[tid].gpu_memory)
+            for tid in self._queue
+            if self._trials[tid].not_before <= now
         ]
         decision = scheduler.place(
             demands,
@@ -641,7 +668,7 @@ class Coordinator:
             self._trials[tid].waiting_reason = reason
 
     def _send_start(self, env: EnvState, t: TrialState) -> None:
-        assert self._service is not None and env.link is not None
+        assert self._service is not None and env.link is not None and self.store is not None
         env_vars = dict(self.config.trial_env)
         env_vars.update(t.env_overrides)
         max_s = self.config.max_trial_duration or 0.0
@@ -657,6 +684,8 @@ class Coordinator:
                     working_directory=self._service.working_directory(),
                     max_duration_s=float(max_s),
                     experiment_id=self.experiment_id,
+                    attempt=t.attempts,
+                    first_metric_index=self.store.next_metric_index(t.id) if t.attempts > 1 else 0,
                 )
             )
         )
@@ -772,6 +801,8 @@ class Coordinator:
         if getattr(self._ts, "simulated_gpus", 0):
             args += ["--simulated-gpus", str(self._ts.simulated_gpus)]  # type: ignore[attr-defined]
         args += ["--reconnect-window", str(self.config.coordinator.reconnect_window)]
+        if self.tls_fingerprint:
+            args += ["--tls-fingerprint", self.tls_fingerprint]  # not a secret: argv is fine
         request = EnvironmentRequest(
             env_id=env.id,
             experiment_id=self.experiment_id,
@@ -818,12 +849,19 @@ class Coordinator:
             if t.cancel_status is not None:
                 self._trial_to(t, t.cancel_status, t.reason)
             elif t.attempts <= self.config.max_trial_retries:
-                t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
-                if t.status is TrialStatus.RUNNING:
-                    self._trial_to(t, TrialStatus.WAITING, f"environment lost ({reason}); retrying")
-                self._queue.insert(0, tid)
+                self._retry(t, f"environment lost ({reason})")
             else:
                 self._trial_to(t, TrialStatus.FAILED, f"environment lost: {reason}")
+
+    def _retry(self, t: TrialState, why: str) -> None:
+        """Put a trial back at the head of the queue, to be placed after a backoff."""
+        t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
+        delay = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.attempts - 1))
+        t.not_before = time.monotonic() + delay
+        t.waiting_reason = f"waiting: retry {t.attempts} of {self.config.max_trial_retries} after {why}"
+        if t.status is TrialStatus.RUNNING:
+            self._trial_to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {self.config.max_trial_retries} in {delay:g} s")
+        self._queue.insert(0, t.id)
 
     async def _monitor_loop(self) -> None:
         settings = self.config.coordinator
@@ -874,10 +912,15 @@ class Coordinator:
                 else:
                     self._lose_trials(env, obs.detail, keep=set())
                     self._env_to(env, EnvStatus.FAILED, obs.detail or "agent exited")
-            elif now - env.last_seen > lost_after and env.status is not EnvStatus.LOST:
+            elif env.status is not EnvStatus.LOST and now - env.last_seen > lost_after:
+                # First timer: the agent is unreachable. Nothing new goes to it, but its
+                # trials may well be running still; it can come back and carry on.
+                self._env_to(env, EnvStatus.LOST, f"agent unreachable: no heartbeat for {now - env.last_seen:.1f} s")
+            elif env.status is EnvStatus.LOST and now - env.last_seen > self.config.coordinator.trial_lost_timeout:
+                # Second timer: give its trials up (retry or fail) and replace it.
                 reason = f"no heartbeat for {now - env.last_seen:.1f} s"
                 self._lose_trials(env, reason, keep=set())
-                self._env_to(env, EnvStatus.LOST, reason)
+                self._env_to(env, EnvStatus.FAILED, f"agent lost: {reason}")
                 if env.link is not None:
                     env.link.close()
                 self._spawn(self._service.stop(env.id, 0.0))

@@ -83,6 +83,8 @@ class TrialState:
     # The status a cancel asked for, applied when the agent confirms the end.
     cancel_status: TrialStatus | None = None
     waiting_reason: str = ""
+    # A retried trial is not placed before this moment (monotonic): backoff.
+    not_before: float = 0.0
     env_overrides: dict[str, str] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 

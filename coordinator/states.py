@@ -39,7 +39,8 @@ class EnvStatus(str, enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (EnvStatus.STOPPED, EnvStatus.FAILED, EnvStatus.LOST)
+        # LOST is not terminal: the agent may come back before its trials are given up.
+        return self in (EnvStatus.STOPPED, EnvStatus.FAILED)
 
 
 T = TrialStatus
@@ -78,6 +79,9 @@ ENV_TRANSITIONS: dict[tuple[EnvStatus, EnvStatus], str] = {
     (E.BUSY, E.FAILED): "the platform reports it ended unexpectedly",
     (E.DRAINING, E.FAILED): "the platform reports it ended unexpectedly",
     (E.LOST, E.READY): "its agent came back within the window",
+    (E.LOST, E.BUSY): "its agent came back within the window, its trials still running",
+    (E.LOST, E.FAILED): "its agent stayed silent past the trial-lost timeout; its trials are lost",
+    (E.LOST, E.STOPPED): "stopped while its agent was silent",
 }
 
 

@@ -131,6 +131,29 @@ class GpuSampleRow:
     trial_ids: tuple[str, ...] = ()
 
 
+class _Transaction:
+    """``Store.transaction()``: a plain context manager rather than a generator one, as it
+    is entered several times for every agent message."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __enter__(self) -> None:
+        store = self._store
+        if store._depth == 0:
+            store._db.execute("BEGIN")
+        store._depth += 1
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        store = self._store
+        store._depth -= 1
+        if store._depth == 0:
+            store._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        return False
+
+
 class Store:
     """Reads and writes one experiment's database file."""
 
@@ -168,6 +191,7 @@ class Store:
             raise StoreError(f"cannot open the experiment store {path}: {e}") from e
         self._db.row_factory = sqlite3.Row
         self._depth = 0
+        self._transaction = _Transaction(self)
         self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
 
     @classmethod
@@ -177,26 +201,14 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
         """Group writes into one commit; nests (only the outermost commits)."""
-        if self._depth == 0:
-            self._db.execute("BEGIN")
-        self._depth += 1
-        try:
-            yield
-        except BaseException:
-            self._depth -= 1
-            if self._depth == 0:
-                self._db.execute("ROLLBACK")
-            raise
-        self._depth -= 1
-        if self._depth == 0:
-            self._db.execute("COMMIT")
+        return self._transaction
 
     def _write(self, sql: str, args: Sequence[Any] = ()) -> None:
-        with self.transaction():
-            self._db.execute(sql, args)
+        # Outside a transaction one statement commits by itself (autocommit): one call to
+        # SQLite instead of three (BEGIN, the statement, COMMIT).
+        self._db.execute(sql, args)
 
     # ---- experiment --------------------------------------------------------------------
 
@@ -263,6 +275,11 @@ class Store:
             MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"])
             for r in cur
         ]
+
+    def next_metric_index(self, trial_id: str) -> int:
+        """The index after the trial's last stored metric (0 when it has none)."""
+        (n,) = self._db.execute("SELECT coalesce(max(idx) + 1, 0) FROM metrics WHERE trial_id = ?", (trial_id,)).fetchone()
+        return int(n)
 
     def metric_count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0])

@@ -239,7 +239,7 @@ class Welcome(_message.Message):
     def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartTrial(_message.Message):
-    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id")
+    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +256,8 @@ class StartTrial(_message.Message):
     WORKING_DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     MAX_DURATION_S_FIELD_NUMBER: _ClassVar[int]
     EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_METRIC_INDEX_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     sequence_id: int
     command: str
@@ -265,7 +267,9 @@ class StartTrial(_message.Message):
     working_directory: str
     max_duration_s: float
     experiment_id: str
-    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ...) -> None: ...
+    attempt: int
+    first_metric_index: int
+    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ...) -> None: ...
 
 class CancelTrial(_message.Message):
     __slots__ = ("trial_id", "grace_s", "reason")

@@ -1,0 +1,167 @@
+"""Agents that die or freeze: two timers, retries, replacement, and agents that come back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import psutil
+from conftest import async_wait_until, build_config, run_async, write_script
+from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+
+WAIT_S = 30.0
+FAST = {"heartbeatInterval": 0.2, "agentLostTimeout": 1.0, "trialLostTimeout": 2.5}
+
+# Runs until the file named by its parameter "go" exists (or 60 s pass).
+HOLD = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+p = trial.get_next_parameter()
+(pathlib.Path(os.environ["TRIALKEEPER_OUTPUT_DIR"]) / "started").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while not pathlib.Path(p["go"]).exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+trial.report_final_result(1.0)
+"""
+
+
+def _agent_pid(c: Coordinator, env_id: str) -> int:
+    assert c.store is not None
+    row = next(e for e in c.store.envs() if e["id"] == env_id)
+    return int(json.loads(row["info_json"])["pid"])
+
+
+def _started(c: Coordinator, trial_id: str) -> bool:
+    return (c.experiment_dir / "trials" / trial_id / "output" / "started").exists()
+
+
+def _statuses(c: Coordinator) -> dict[str, EnvStatus]:
+    return {e.id: e.status for e in c.environments()}
+
+
+def test_killed_agent_fails_its_trial_with_environment_lost_and_is_replaced(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", HOLD)
+    go = tmp_path / "go"
+    config = build_config(tmp_path, trialConcurrency=1, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            doomed = await c.submit({"go": str(go)})
+            await async_wait_until(lambda: _started(c, doomed.id), WAIT_S)
+            env_id = doomed.info.environment_id
+            assert env_id is not None
+            os.kill(_agent_pid(c, env_id), signal.SIGKILL)
+            info = await doomed.wait(WAIT_S)
+            assert info.status is TrialStatus.FAILED
+            assert info.reason.startswith("environment lost"), info.reason
+            # The environment was replaced and the experiment goes on.
+            go.write_text("")
+            after = await c.submit({"go": str(go)})
+            assert (await after.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
+            assert after.info.environment_id != env_id
+            assert _statuses(c)[env_id].terminal
+
+    run_async(body)
+
+
+def test_killed_agent_with_retries_runs_the_trial_again_elsewhere(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", HOLD)
+    go = tmp_path / "go"
+    config = build_config(tmp_path, trialConcurrency=1, maxTrialRetries=1, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"go": str(go)})
+            await async_wait_until(lambda: _started(c, h.id), WAIT_S)
+            first_env = h.info.environment_id
+            assert first_env is not None
+            os.kill(_agent_pid(c, first_env), signal.SIGKILL)
+            await async_wait_until(lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S)
+            go.write_text("")
+            info = await h.wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED and info.attempts == 2
+            assert c.store is not None
+            history = [(e["old"], e["new"]) for e in c.store.events(h.id)]
+            assert ("RUNNING", "WAITING") in history, history
+
+    run_async(body)
+
+
+def test_frozen_agent_is_unreachable_first_then_lost(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", HOLD)
+    go = tmp_path / "go"
+    config = build_config(tmp_path, trialConcurrency=1, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"go": str(go)})
+            await async_wait_until(lambda: _started(c, h.id), WAIT_S)
+            env_id = h.info.environment_id
+            assert env_id is not None
+            pid = _agent_pid(c, env_id)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                # First timer: unreachable, the trial still counts as running.
+                await async_wait_until(lambda: _statuses(c)[env_id] is EnvStatus.LOST, WAIT_S)
+                assert h.info.status is TrialStatus.RUNNING
+                # Second timer: the trial is lost and the environment given up.
+                info = await h.wait(WAIT_S)
+                assert info.status is TrialStatus.FAILED and info.reason.startswith("environment lost"), info.reason
+                assert _statuses(c)[env_id] is EnvStatus.FAILED
+            finally:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            # The frozen agent was stopped by the coordinator, with its trial.
+            await async_wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, WAIT_S)
+            go.write_text("")
+
+    run_async(body)
+
+
+def test_agent_that_comes_back_before_the_trial_lost_timer_carries_on(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", HOLD)
+    go = tmp_path / "go"
+    config = build_config(
+        tmp_path, trialConcurrency=1, coordinator={**FAST, "trialLostTimeout": 60.0}
+    )
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"go": str(go)})
+            await async_wait_until(lambda: _started(c, h.id), WAIT_S)
+            env_id = h.info.environment_id
+            assert env_id is not None
+            pid = _agent_pid(c, env_id)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await async_wait_until(lambda: _statuses(c)[env_id] is EnvStatus.LOST, WAIT_S)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await async_wait_until(lambda: _statuses(c)[env_id] in (EnvStatus.BUSY, EnvStatus.READY), WAIT_S)
+            go.write_text("")
+            info = await h.wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED and info.environment_id == env_id and info.attempts == 1
+
+    run_async(body)
+
+
+def test_user_failures_are_not_retried_unless_asked(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", "import sys; sys.exit(3)\n")
+
+    async def run(retry: bool) -> tuple[TrialStatus, int]:
+        config = build_config(
+            tmp_path, trialConcurrency=1, maxTrialRetries=2, retryFailedTrials=retry,
+            experimentWorkingDirectory=str(tmp_path / f"exps-{retry}"),
+        )
+        async with Coordinator(config, experiment_dir=tmp_path / f"exp-{retry}") as c:
+            h = await c.submit({})
+            info = await h.wait(WAIT_S)
+            return info.status, info.attempts
+
+    assert run_async(lambda: run(False)) == (TrialStatus.FAILED, 1)
+    assert run_async(lambda: run(True)) == (TrialStatus.FAILED, 3)
