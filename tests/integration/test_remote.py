@@ -44,6 +44,17 @@ if params.get("hang"):
 trial.report_final_result(float(params.get("x", 1)))
 """
 
+# Waits (with a deadline) until every machine has started its agent.
+GATE = """
+import glob, sys, time
+
+deadline = time.monotonic() + 60
+while not all(glob.glob(p) for p in {patterns!r}):
+    if time.monotonic() > deadline:
+        sys.exit("not every machine started an agent within 60 s")
+    time.sleep(0.05)
+"""
+
 
 @dataclass
 class Lab:
@@ -161,7 +172,14 @@ def test_quickstart_in_reuse_mode_on_two_machines(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     _code_dir(tmp_path)
-    data = _config(tmp_path, lab, [lab.entry(0), lab.entry(1, auth=lab.second_auth())])
+    # Trials are short: without this gate, a loaded machine could finish all of them on
+    # the first agent before the second machine's agent is up.
+    homes = [str(m.home / "trialkeeper-experiments" / "*" / "envs" / "*" / "agent.pid") for m in lab.machines]
+    write_script(tmp_path / "code", "gate.py", GATE.format(patterns=homes))
+    data = _config(
+        tmp_path, lab, [lab.entry(0), lab.entry(1, auth=lab.second_auth())],
+        trialCommand="python3 gate.py && python3 train.py",
+    )
     # Kept in the code directory as the quickstart does: it holds the password, and so
     # must not be uploaded.
     config_file = tmp_path / "code" / "config.yml"
