@@ -35,8 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulated-gpus", type=int, default=0, metavar="N",
                         help="report N simulated GPUs instead of real ones (tests and benchmarks only)")
     parser.add_argument("--no-gpu", action="store_true", help="report no GPUs")
-    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="coordinator certificate to trust (enables TLS)")
-    parser.add_argument("--tls-server-name", help="name to check the coordinator certificate against")
+    parser.add_argument("--tls-fingerprint", metavar="SHA256",
+                        help="SHA-256 fingerprint of the coordinator's certificate: fetch it, check it "
+                        "and trust only it (enables TLS)")
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM",
+                        help="coordinator certificate to trust (enables TLS); an alternative pin")
+    parser.add_argument("--tls-server-name",
+                        help="name to check the coordinator certificate against (default: trialkeeper-coordinator)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -51,6 +56,31 @@ def _token(args: argparse.Namespace) -> str:
     if not token:
         raise SystemExit(f"trialkeeper agent: no token: set {TOKEN_ENV} or pass --token-file")
     return token
+
+
+def _tls_pin(args: argparse.Namespace) -> tuple[bytes | None, str | None]:
+    """The certificate to trust (from --tls-cert) and the fingerprint to pin, checked."""
+    from .tls import certificate_fingerprint, normalize_fingerprint
+
+    fingerprint = None
+    if args.tls_fingerprint is not None:
+        try:
+            fingerprint = normalize_fingerprint(args.tls_fingerprint)
+        except ValueError as e:
+            raise SystemExit(f"trialkeeper agent: --tls-fingerprint: {e}") from None
+    if args.tls_cert is None:
+        return None, fingerprint
+    try:
+        cert = args.tls_cert.read_bytes()
+        got = certificate_fingerprint(cert)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"trialkeeper agent: --tls-cert {args.tls_cert}: {e}") from None
+    if fingerprint is not None and got != fingerprint:
+        raise SystemExit(
+            f"trialkeeper agent: --tls-cert {args.tls_cert} has fingerprint {got}, not the "
+            f"--tls-fingerprint {fingerprint}"
+        )
+    return cert, None
 
 
 def _indices(text: str | None) -> list[int] | None:
@@ -74,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.pop(TOKEN_ENV, None)  # trials must not inherit the experiment's credentials
     workdir = args.workdir or Path.home() / ".trialkeeper" / "agents" / args.environment_id
     workdir.mkdir(parents=True, exist_ok=True)
-    tls_cert = args.tls_cert.read_bytes() if args.tls_cert else None
+    tls_cert, tls_fingerprint = _tls_pin(args)
     probe = GpuProbe(
         visible_indices=_indices(args.gpu_indices),
         simulated=args.simulated_gpus,
@@ -90,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         probe=probe,
         tls_root_cert=tls_cert,
         tls_server_name=args.tls_server_name,
+        tls_fingerprint=tls_fingerprint,
     )
     return asyncio.run(_main(options))
 

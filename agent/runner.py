@@ -380,7 +380,11 @@ class TrialRunner:
             except OSError as e:
                 log.warning("metric socket: %s", e)
                 return
-            self._ingest(data)
+            try:
+                self._ingest(data)
+            except Exception:
+                # Whatever a trial sends, the socket keeps being read and the trial's end reported.
+                log.exception("a metric datagram could not be handled and was refused: %r", data[:200])
 
     def _ingest(self, data: bytes) -> None:
         try:
@@ -388,7 +392,7 @@ class TrialRunner:
             trial_id = msg["trial"]
             kind = msg["kind"]
             value = msg["value"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             log.warning("an unreadable metric datagram was refused: %r", data[:200])
             return
         t = self._trials.get(trial_id) if isinstance(trial_id, str) else None

@@ -237,7 +237,7 @@ class AgentSession(RunnerEvents):
                 return 0
 
     def _channel(self) -> grpc.aio.Channel:
-        opts = [
+        opts: list[tuple[str, int | str]] = [
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.keepalive_time_ms", 10_000),
@@ -296,7 +296,7 @@ class AgentSession(RunnerEvents):
     async def _refuse_if_tls(self) -> None:
         # A plain-text stream to a TLS coordinator only ever sees "Socket closed"; say why.
         if self.o.tls_root_cert is None and await asyncio.to_thread(
-            speaks_tls, self.o.coordinator, self.o.connect_timeout_s
+            speaks_tls, self.o.coordinator, min(2.0, self.o.connect_timeout_s)
         ):
             raise AgentRefused(
                 f"the coordinator at {self.o.coordinator} requires TLS and this agent was started "

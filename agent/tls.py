@@ -27,10 +27,7 @@ class TlsPinError(Exception):
 def normalize_fingerprint(text: str) -> str:
     """``text`` as 64 lower-case hex digits; colons, spaces and a ``sha256:`` prefix are
     accepted. Raises ValueError when it is not a SHA-256 fingerprint."""
-    fp = text.strip().lower()
-    if fp.startswith("sha256:"):
-        fp = fp[len("sha256:"):]
-    fp = fp.replace(":", "").replace(" ", "")
+    fp = text.strip().lower().removeprefix("sha256:").replace(":", "").replace(" ", "")
     if len(fp) != 64 or not set(fp) <= _HEX:
         raise ValueError(f"expected a SHA-256 fingerprint (64 hex digits), got {text!r}")
     return fp

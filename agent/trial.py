@@ -116,7 +116,11 @@ def check_metric(value: object) -> str | None:
         if isinstance(default, bool) or not isinstance(default, (int, float)):
             return f"the metric's 'default' must be a number, got {type(default).__name__}"
         value = default
-    if not math.isfinite(value):  # type: ignore[arg-type]
+    try:
+        finite = math.isfinite(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond any float
+        return "a metric must be a finite number, got an integer too large for a float"
+    if not finite:
         return f"a metric must be a finite number, got {value!r}"
     return None
 

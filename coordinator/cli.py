@@ -48,7 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)")
     run.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     run.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, resume_dir=None)
+
+    resume = sub.add_parser(
+        "resume", help="carry on an experiment whose coordinator died",
+        description="Carry on an experiment after its coordinator crashed or was killed: rebuild its state from "
+        "the store, listen on the same address so running agents reconnect, and go on to the end.",
+    )
+    resume.add_argument("resume_dir", type=Path, metavar="EXP_DIR")
+    resume.add_argument("--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough")
+    resume.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    resume.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    resume.set_defaults(func=_cmd_run, experiment_dir=None)
 
     agent = sub.add_parser("agent", help="run an agent (usually started for you)", description="Run trials for a coordinator. The first SIGTERM/SIGINT drains, a second one cancels running trials.")
     from trialkeeper.agent.main import add_arguments
@@ -93,14 +104,24 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .core import CoordinatorError
-    from .experiment import ExperimentResult, Progress, optimize_mode_of, ranked, run_experiment
+    from .experiment import ExperimentResult, Progress, optimize_mode_of, ranked, resume_experiment, run_experiment
     from .searchspace import SearchSpaceError
     from .states import TrialStatus
     from .tuners import TunerError
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(args.config)
+        config = load_config(args.config) if args.config is not None else None
+        if config is None:
+            if not (args.resume_dir / Store.FILENAME).is_file():
+                print(f"trialkeeper: no experiment to resume in {args.resume_dir}", file=sys.stderr)
+                return 1
+            from .core import Coordinator
+
+            config = Coordinator.resume(args.resume_dir).config
+    except CoordinatorError as e:
+        print(f"trialkeeper: cannot resume: {e}", file=sys.stderr)
+        return 1
     except ConfigError as e:
         # Plain prints: rich would wrap long messages at 80 columns when not on a terminal.
         if len(e.issues) == 1:
@@ -130,6 +151,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if args.resume_dir is not None:
+            return await resume_experiment(args.resume_dir, config=config if args.config else None, on_progress=on_progress, stop=stop)
         return await run_experiment(config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop)
 
     live = Live(console=console, refresh_per_second=4, transient=False) if live_view else None
@@ -452,3 +475,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
             args.follow = False
             continue
         time.sleep(0.5)  # polling a file the agent appends to; there is nothing to wait on
+
+
+if __name__ == "__main__":
+    sys.exit(main())

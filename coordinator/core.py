@@ -119,6 +119,7 @@ class Coordinator:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._started = False
+        self._resuming = False
         self.store: Store | None = None
         self._changed = asyncio.Event()
 
@@ -131,30 +132,79 @@ class Coordinator:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    @classmethod
+    def resume(
+        cls,
+        experiment_dir: Path,
+        *,
+        config: ExperimentConfig | None = None,
+        service: EnvironmentService | None = None,
+    ) -> Coordinator:
+        """A coordinator that carries on the experiment in ``experiment_dir`` after a crash.
+
+        Its state is rebuilt from the store when it starts; it binds the address the
+        experiment had, so agents still running reconnect within their window and their
+        trials go on. ``config`` replaces the stored one (which has its secrets redacted).
+        """
+        experiment_dir = Path(experiment_dir).resolve()
+        store = Store.in_dir(experiment_dir, readonly=True)
+        try:
+            exp = store.experiment()
+        finally:
+            store.close()
+        if exp is None:
+            raise CoordinatorError(f"{experiment_dir} holds no experiment to resume")
+        if config is None:
+            from .config import ConfigError, parse_config
+
+            try:
+                config = parse_config(json.loads(exp["config_json"]), experiment_dir)
+            except ConfigError as e:
+                raise CoordinatorError(
+                    f"the stored config of {experiment_dir} cannot be used as it is ({e}); pass the config file"
+                ) from e
+        c = cls(config, experiment_dir=experiment_dir, experiment_id=exp["id"], service=service)
+        c._resuming = True
+        return c
+
     async def start(self) -> None:
         """Open the store, start the gRPC server and the first environments."""
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store.in_dir(self.experiment_dir)
-        if self.store.experiment() is not None:
-            raise CoordinatorError(f"{self.experiment_dir} already holds an experiment; choose another directory")
-        self.store.create_experiment(
-            self.experiment_id, self.config.experiment_name, config_to_dict(self.config, redact=True)
-        )
         token_file = self.experiment_dir / ".token"
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self._token)
+        bind = self.config.coordinator.address
+        if self._resuming:
+            try:
+                self._token = token_file.read_text().strip()
+            except OSError as e:
+                raise CoordinatorError(f"cannot resume: the experiment's token file is unreadable: {e}") from e
+            bind = self.store.meta("bound_address") or bind
+            self._load_state()
+            self.store.set_experiment_status("RUNNING", "resumed")
+        else:
+            if self.store.experiment() is not None:
+                raise CoordinatorError(f"{self.experiment_dir} already holds an experiment; choose another directory")
+            self.store.create_experiment(
+                self.experiment_id, self.config.experiment_name, config_to_dict(self.config, redact=True)
+            )
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self._token)
         if self._service is None:
             self._service = create_service(self.config, self.experiment_dir)
         await self._service.prepare()
+        for env in self._live_envs():
+            if env.platform_id:
+                self._service.adopt(env.id, env.platform_id)
         settings = self.config.coordinator
         servicer = Servicer(self, self._token)
         # With TLS, agents are launched with the certificate's fingerprint and pin it.
         identity = tls_identity.load_or_create(self.experiment_dir) if settings.tls else None
         self.tls_fingerprint = identity.fingerprint if identity else None
         self._server, port = await create_server(
-            settings.address, servicer, tls_key_cert=identity.key_cert if identity else None
+            bind, servicer, tls_key_cert=identity.key_cert if identity else None
         )
+        self.store.set_meta("bound_address", f"{bind.rsplit(':', 1)[0]}:{port}")
         host = settings.address.rsplit(":", 1)[0]
         if settings.advertise_address:
             self.address = settings.advertise_address
@@ -201,6 +251,77 @@ class Coordinator:
         self.store.set_experiment_status(status, reason, ended=True)
         self.store.close()
         self._started = False
+
+    def _load_state(self) -> None:
+        """Rebuild trials, queue and environments from the store (after a crash).
+
+        Environments that were up are taken as unreachable until their agents reconnect;
+        the usual timers apply from now. Trials keep their placements: a running trial
+        whose agent comes back goes on, one whose agent does not is lost like any other.
+        """
+        assert self.store is not None
+        now = time.monotonic()
+        for r in self.store.trials():
+            t = TrialState(
+                id=r["id"], seq=r["seq"], status=TrialStatus(r["status"]),
+                parameters=json.loads(r["parameters_json"]), command=r["command"], gpu_number=r["gpu_number"],
+                submitted_at=r["submitted_at"], gpu_memory=self.config.trial_gpu_memory if r["gpu_number"] else 0,
+                env_id=r["environment_id"], gpu_indices=tuple(json.loads(r["gpu_indices_json"])),
+                exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
+                final_metric=r["final_metric"], final_metric_json=r["final_metric_json"], attempts=r["attempts"],
+                started_at=r["started_at"], ended_at=r["ended_at"],
+            )
+            if t.status.terminal:
+                t.done.set()
+            elif t.env_id is None:
+                self._queue.append(t.id)
+            self._trials[t.id] = t
+        for r in self.store.envs():
+            number = r["id"].removeprefix("env-")
+            if number.isdigit():
+                self._env_counter = max(self._env_counter, int(number))
+            status = EnvStatus(r["status"])
+            info = json.loads(r["info_json"] or "{}")
+            env = EnvState(
+                id=r["id"], status=status, single_use=not self._reuse,
+                trial_slots=1 if not self._reuse else self._ts.trial_slots_per_environment(self.config.trial_concurrency),
+                platform_id=r["platform_id"], reason=r["reason"], hostname=r["hostname"],
+                instance_id=r["agent_instance_id"], last_seq=r["last_seq"], last_seen=now, requested_at=now,
+            )
+            env.gpus = [
+                scheduler.GpuSlot(g["uuid"], g["index"], self._per_gpu(), memory_total_bytes=g.get("memory_total_bytes", 0))
+                for g in info.get("gpus", [])
+            ]
+            env.gpu_names = {g["uuid"]: g["name"] + (" (simulated)" if g.get("simulated") else "") for g in info.get("gpus", [])}
+            self._envs[env.id] = env
+            if status in (EnvStatus.READY, EnvStatus.BUSY, EnvStatus.DRAINING):
+                env.status = EnvStatus.LOST
+                env.draining = status is EnvStatus.DRAINING
+                self.store.update_env(env.id, status=EnvStatus.LOST.value, reason="the coordinator restarted")
+                self.store.record("environment", env.id, status.value, EnvStatus.LOST.value, "the coordinator restarted; waiting for its agent")
+        for t in self._trials.values():
+            if t.status.terminal or t.env_id is None:
+                continue
+            env = self._envs.get(t.env_id)
+            if env is None or env.status.terminal:
+                # Placed on an environment that is gone: back to the queue, or lost.
+                t.env_id, t.gpu_indices = None, ()
+                if t.status is TrialStatus.WAITING:
+                    self._queue.append(t.id)
+                else:
+                    self._trial_to(t, TrialStatus.FAILED, "environment lost: it ended while the coordinator was down")
+                continue
+            env.holders.add(t.id)
+            for g in env.gpus:
+                if g.index in t.gpu_indices:
+                    g.take(t.id)
+                    t.gpu_uuids += (g.uuid,)
+        self._queue.sort(key=lambda tid: self._trials[tid].seq)
+        log.info(
+            "experiment %s resumed: %d trials (%d not finished), %d environments waiting for their agents",
+            self.experiment_id, len(self._trials), sum(1 for t in self._trials.values() if not t.status.terminal),
+            len(self._live_envs()),
+        )
 
     # ---- the embedding API -------------------------------------------------------------
 
@@ -389,6 +510,8 @@ class Coordinator:
         self._failed_starts = 0
         if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
             self._env_to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
+            if env.holders:
+                self._env_to(env, EnvStatus.BUSY, f"it runs {len(env.holders)} trial(s)")
         if new_instance:
             self._refuse_unfittable()
         active = set(reg.active_trial_ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -73,6 +74,32 @@ async def run_experiment(
 ) -> ExperimentResult:
     """Run the experiment to its end: tuner exhausted, maxTrialNumber reached, or
     maxExperimentDuration passed. ``stop`` ends it early (trials are canceled)."""
+    coordinator = Coordinator(config, experiment_dir=experiment_dir)
+    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop)
+
+
+async def resume_experiment(
+    experiment_dir: Path,
+    *,
+    config: ExperimentConfig | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 0.5,
+    stop: asyncio.Event | None = None,
+) -> ExperimentResult:
+    """Carry on an experiment whose coordinator died: its trials, environments and agents
+    are taken over, and the tuner goes on from where it was."""
+    coordinator = Coordinator.resume(experiment_dir, config=config)
+    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop)
+
+
+async def _drive(
+    coordinator: Coordinator,
+    *,
+    on_progress: Callable[[Progress], None] | None,
+    progress_interval_s: float,
+    stop: asyncio.Event | None,
+) -> ExperimentResult:
+    config = coordinator.config
     tuner_cfg = config.tuner
     class_args = dict(tuner_cfg.class_args)
     tuner: Tuner = create_tuner(
@@ -85,7 +112,6 @@ async def run_experiment(
     mode = optimize_mode_of(config)
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
-    coordinator = Coordinator(config, experiment_dir=experiment_dir)
     params_of: dict[str, tuple[int, dict]] = {}
 
     def on_status(ev: StatusEvent) -> None:
@@ -107,7 +133,7 @@ async def run_experiment(
     ok = True
     await coordinator.start()
     try:
-        submitted = 0
+        submitted = _catch_up(tuner, coordinator.trials(), params_of)
         last_progress = 0.0
         while True:
             trials = coordinator.trials()
@@ -163,6 +189,22 @@ async def run_experiment(
         ok=ok and all(t.status.terminal for t in trials),
         reason=reason,
     )
+
+
+def _catch_up(tuner: Tuner, trials: list[TrialInfo], params_of: dict[str, tuple[int, dict]]) -> int:
+    """After a resume: bring the tuner to where it was (it proposes again what it had
+    proposed, which a seeded tuner does identically, and hears every result), and track
+    the trials still running. Returns how many trials had been submitted."""
+    for t in trials:
+        with contextlib.suppress(NoMoreTrials):
+            tuner.generate_parameters(t.sequence_id)
+        if t.status.terminal:
+            if t.final_metric is not None:
+                tuner.receive_trial_result(t.sequence_id, t.parameters, t.final_metric)
+            tuner.trial_end(t.sequence_id, t.status is TrialStatus.SUCCEEDED)
+        else:
+            params_of[t.id] = (t.sequence_id, t.parameters)
+    return len(trials)
 
 
 def _env_detail(e: EnvState) -> str:

@@ -6,12 +6,14 @@ Only this module and the agent's session touch generated protobuf code on the wi
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import logging
 from typing import Protocol
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -23,6 +25,11 @@ REGISTER_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Per-stream outbound messages a slow agent may have queued before its stream is ended.
 OUTBOUND_LIMIT = 10_000
+# How long an ack may wait for later acks to merge with it (see AgentLink).
+ACK_LINGER_S = 0.002
+# Sequence numbers are stored as SQLite integers (signed 64-bit).
+MAX_SEQ = 2**63 - 1
+MAX_ENVIRONMENT_ID_CHARS = 128
 
 
 class AgentRejected(Exception):
@@ -36,25 +43,30 @@ class AgentRejected(Exception):
 class AgentLink:
     """The coordinator's handle on one open agent stream: an ordered outbound queue.
 
-    Acks are coalesced: only the highest pending one is sent.
+    Acks are coalesced: only the highest pending one is sent, and an ack with nothing
+    else to send waits up to ``ACK_LINGER_S`` for the acks of the messages behind it.
+    Each write on a gRPC stream costs about as much as handling a small message, so
+    under a flood of small messages one ack per message would halve the throughput.
     """
 
     def __init__(self, peer: str) -> None:
         self.peer = peer
-        self._queue: asyncio.Queue[pb.CoordinatorMessage | None] = asyncio.Queue()
+        self._queue: collections.deque[pb.CoordinatorMessage | None] = collections.deque()
         self._ack: int | None = None
         self._wakeup = asyncio.Event()
+        self._urgent = asyncio.Event()
         self.closed = False
 
     def send(self, msg: pb.CoordinatorMessage) -> None:
         if self.closed:
             return
-        if self._queue.qsize() >= OUTBOUND_LIMIT:
+        if len(self._queue) >= OUTBOUND_LIMIT:
             log.warning("agent %s is not reading its stream; closing it", self.peer)
             self.close()
             return
-        self._queue.put_nowait(msg)
+        self._queue.append(msg)
         self._wakeup.set()
+        self._urgent.set()
 
     def ack(self, seq: int) -> None:
         self._ack = seq if self._ack is None else max(self._ack, seq)
@@ -62,15 +74,23 @@ class AgentLink:
 
     def close(self) -> None:
         self.closed = True
-        self._queue.put_nowait(None)
+        self._queue.append(None)
         self._wakeup.set()
+        self._urgent.set()
 
     async def pump(self, context: grpc.aio.ServicerContext) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while not self._queue.empty():
-                msg = self._queue.get_nowait()
+            if not self._queue and self._ack is not None and ACK_LINGER_S > 0:
+                # Only an ack to send: let the acks of messages already arriving join it,
+                # but go at once when something else is to be sent.
+                self._urgent.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), ACK_LINGER_S)
+            self._urgent.clear()
+            while self._queue:
+                msg = self._queue.popleft()
                 if msg is None:
                     return
                 await context.write(msg)
@@ -110,6 +130,11 @@ class Servicer(pb_grpc.CoordinatorServicer):
             first = await asyncio.wait_for(context.read(), REGISTER_TIMEOUT_S)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Register within 10 s")
+        except DecodeError:
+            log.warning("refused a stream from %s: its first message is not an AgentMessage", peer)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first message could not be parsed as a Register"
+            )
         if first is grpc.aio.EOF or not first.HasField("register"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Register")
         reg = first.register
@@ -121,6 +146,15 @@ class Servicer(pb_grpc.CoordinatorServicer):
             )
         if not reg.environment_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Register.environment_id is empty")
+        if not _valid_environment_id(reg.environment_id):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Register.environment_id must be at most {MAX_ENVIRONMENT_ID_CHARS} printable "
+                "characters without slashes",
+            )
+        bad = _out_of_range(reg)
+        if bad:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register.{bad} is out of range")
         link = AgentLink(peer)
         try:
             self.core.agent_connected(reg, link)
@@ -129,24 +163,84 @@ class Servicer(pb_grpc.CoordinatorServicer):
             await context.abort(e.code, str(e))
         pump = asyncio.create_task(link.pump(context))
         env_id = reg.environment_id
+        # One read outstanding at a time, awaited directly: the pump ending (the core
+        # closed this stream) cancels it. Cheaper per message than asyncio.wait on both.
+        reading: asyncio.Future[object] | None = None
+        pump_ended = False
+
+        def on_pump_done(_: object) -> None:
+            nonlocal pump_ended
+            pump_ended = True
+            if reading is not None:
+                reading.cancel()
+
+        pump.add_done_callback(on_pump_done)
         try:
-            while not link.closed:
-                reader = asyncio.ensure_future(context.read())
-                done, _ = await asyncio.wait({reader, pump}, return_when=asyncio.FIRST_COMPLETED)
-                if reader not in done:
-                    reader.cancel()
-                    break  # the pump ended: the core closed this stream
-                msg = reader.result()
+            while not link.closed and not pump_ended:
+                reading = asyncio.ensure_future(context.read())
+                try:
+                    msg = await reading
+                except asyncio.CancelledError:
+                    if pump_ended:
+                        break  # the pump ended: the core closed this stream
+                    raise
+                except DecodeError:
+                    log.warning("environment %s sent an unparsable message; ending its stream", env_id)
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, "a message could not be parsed as an AgentMessage"
+                    )
+                finally:
+                    reading = None
                 if msg is grpc.aio.EOF:
                     break
-                self.core.agent_message(env_id, link, msg)
+                assert isinstance(msg, pb.AgentMessage)
+                seq = msg.seq
+                if seq > MAX_SEQ:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sequence number {seq} is out of range")
+                # Heartbeats are applied outside the core's per-message transaction; the other
+                # kinds are checked there (a message it cannot store is skipped, loudly).
+                if msg.HasField("heartbeat") and (bad := _out_of_range(msg.heartbeat)):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat.{bad} is out of range")
+                try:
+                    self.core.agent_message(env_id, link, msg)
+                except Exception:
+                    # A bug, or input the core did not foresee: this stream ends, the others go on.
+                    log.exception("environment %s: a message could not be handled; ending its stream", env_id)
+                    await context.abort(
+                        grpc.StatusCode.INTERNAL, "the coordinator could not handle a message; see its log"
+                    )
         except (grpc.aio.AioRpcError, asyncio.CancelledError, ConnectionError) as e:
             log.info("stream of %s ended: %s", env_id, type(e).__name__)
         finally:
+            pump.remove_done_callback(on_pump_done)
             self.core.agent_disconnected(env_id, link)
             link.close()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, 2.0)
+
+
+def _out_of_range(msg: Message) -> str:
+    """The first uint64 field of ``msg`` (or of a message in it) that SQLite cannot hold."""
+    for desc, value in msg.ListFields():
+        values = value if desc.is_repeated else (value,)
+        if desc.type == desc.TYPE_MESSAGE:
+            for i, item in enumerate(values):
+                inner = _out_of_range(item)
+                if inner:
+                    return f"{desc.name}[{i}].{inner}" if desc.is_repeated else f"{desc.name}.{inner}"
+        elif desc.type == desc.TYPE_UINT64 and any(v > MAX_SEQ for v in values):
+            return desc.name
+    return ""
+
+
+def _valid_environment_id(env_id: str) -> bool:
+    return (
+        len(env_id) <= MAX_ENVIRONMENT_ID_CHARS
+        and env_id.isprintable()
+        and "/" not in env_id
+        and "\\" not in env_id
+        and env_id not in (".", "..")
+    )
 
 
 async def create_server(

@@ -49,6 +49,7 @@ TRIAL_TRANSITIONS: dict[tuple[TrialStatus, TrialStatus], str] = {
     (T.WAITING, T.FAILED): "the trial could not start, or cannot fit anywhere",
     (T.WAITING, T.USER_CANCELED): "canceled before it started",
     (T.WAITING, T.SYS_CANCELED): "the experiment ended before it started",
+    (T.WAITING, T.EARLY_STOPPED): "an assessor stopped it before it started",
     (T.RUNNING, T.SUCCEEDED): "the trial process exited 0",
     (T.RUNNING, T.FAILED): "non-zero exit, a signal, a timeout, or its environment was lost",
     (T.RUNNING, T.USER_CANCELED): "canceled while running",

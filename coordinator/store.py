@@ -228,6 +228,13 @@ class Store:
             (status, reason, time.time() if ended else None),
         )
 
+    def set_meta(self, key: str, value: str) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
     def set_coordinator_address(self, address: str) -> None:
         self._write("UPDATE experiment SET coordinator_address = ?", (address,))
 

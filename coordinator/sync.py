@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .config import ExperimentConfig
-from .core import Coordinator
+from .core import Coordinator, CoordinatorError
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo
 
 T = TypeVar("T")
@@ -51,7 +51,11 @@ class SyncCoordinator:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trialkeeper-coordinator", daemon=True)
         self._thread.start()
-        self._coordinator: Coordinator = self._call(_build(config, experiment_dir, kwargs))
+        try:
+            self._coordinator: Coordinator = self._call(_build(config, experiment_dir, kwargs))
+        except BaseException:
+            self._end_loop()
+            raise
 
     @property
     def coordinator(self) -> Coordinator:
@@ -67,17 +71,37 @@ class SyncCoordinator:
         return self._coordinator.address
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if not self._thread.is_alive() or self._loop.is_closed():
+            coro.close()  # never scheduled: close it so that it is not reported as never awaited
+            raise CoordinatorError("the coordinator is not running")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result(timeout)
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
+        if not self._thread.is_alive():
+            # Stopped: nothing changes the state any more, so it is safe to read it here;
+            # results stay readable after the ``with`` block.
+            return fn()
+
         async def run() -> T:
             return fn()
 
         return self._call(run(), _START_TIMEOUT_S)
 
+    def _end_loop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+
     def start(self) -> SyncCoordinator:
-        self._call(self._coordinator.start(), _START_TIMEOUT_S)
+        """Start the coordinator; if that fails, the background loop is ended too."""
+        try:
+            self._call(self._coordinator.start(), _START_TIMEOUT_S)
+        except BaseException:
+            self._end_loop()
+            raise
         return self
 
     def stop(self) -> None:
@@ -87,10 +111,7 @@ class SyncCoordinator:
         try:
             self._call(self._coordinator.stop())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-            if not self._thread.is_alive():
-                self._loop.close()
+            self._end_loop()
 
     def __enter__(self) -> SyncCoordinator:
         return self.start()

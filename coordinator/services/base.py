@@ -39,7 +39,8 @@ class EnvironmentRequest:
     # Extra command-line arguments for ``trialkeeper agent`` (GPU options, TLS pin).
     agent_args: tuple[str, ...] = ()
     reuse: bool = True
-    # Pinned coordinator certificate (PEM) when TLS is on.
+    # With TLS on, agent_args carry --tls-fingerprint (the pin). A service may also hand
+    # the agent the certificate itself (PEM) as --tls-cert, an equivalent pin.
     tls_cert_pem: bytes | None = None
 
 
@@ -91,6 +92,12 @@ class EnvironmentService(abc.ABC):
     @abc.abstractmethod
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         """End the environment and everything its agent started."""
+
+    def adopt(self, env_id: str, platform_id: str) -> None:
+        """After a coordinator restart: take charge of an environment a previous
+        coordinator of this experiment started (``platform_id`` is what ``start`` returned),
+        so that ``poll`` and ``stop`` cover it. By default nothing is adopted and ``poll``
+        reports it ``unknown``; its agent is still watched through its heartbeats."""
 
     async def prepare(self) -> None:
         """Once per experiment, before any start (upload code, check access)."""

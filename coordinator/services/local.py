@@ -29,6 +29,13 @@ class LocalEnvironmentService(EnvironmentService):
         self.code_directory = code_directory
         self.python = python
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        # Agents a previous coordinator started (not our children): env id -> pid.
+        self._adopted: dict[str, int] = {}
+
+    def adopt(self, env_id: str, platform_id: str) -> None:
+        pid = platform_id.removeprefix("pid ")
+        if pid.isdigit() and env_id not in self._procs:
+            self._adopted[env_id] = int(pid)
 
     def working_directory(self) -> str:
         return str(self.code_directory)
@@ -72,7 +79,11 @@ class LocalEnvironmentService(EnvironmentService):
         out: dict[str, Observation] = {}
         for env_id in env_ids:
             proc = self._procs.get(env_id)
-            if proc is None:
+            if proc is None and env_id in self._adopted:
+                pid = self._adopted[env_id]
+                alive = _is_agent(pid)
+                out[env_id] = Observation("running" if alive else "exited", "" if alive else "agent exited", f"pid {pid}")
+            elif proc is None:
                 out[env_id] = Observation("unknown")
             elif proc.returncode is None:
                 out[env_id] = Observation("running", platform_id=f"pid {proc.pid}")
@@ -85,6 +96,11 @@ class LocalEnvironmentService(EnvironmentService):
         return out
 
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
+        if env_id in self._adopted:
+            pid = self._adopted.pop(env_id)
+            if _is_agent(pid) and not await asyncio.to_thread(_wait_gone, pid, grace_s):
+                await asyncio.to_thread(kill_process_tree, pid, reap_root=True)
+            return
         proc = self._procs.get(env_id)
         if proc is None or proc.returncode is not None:
             return
@@ -97,10 +113,29 @@ class LocalEnvironmentService(EnvironmentService):
             await asyncio.wait_for(proc.wait(), 10.0)
 
     async def close(self) -> None:
-        await asyncio.gather(*(self.stop(env_id) for env_id in list(self._procs)))
+        await asyncio.gather(*(self.stop(env_id) for env_id in [*self._procs, *self._adopted]))
 
 
-def kill_process_tree(pid: int) -> None:
+def _is_agent(pid: int) -> bool:
+    """Whether ``pid`` is still a live trialkeeper agent (pids are reused)."""
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE and "trialkeeper.agent" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.TimeoutExpired:
+        return False
+    except psutil.Error:
+        pass
+    return True
+
+
+def kill_process_tree(pid: int, *, reap_root: bool = False) -> None:
     """SIGKILL a process, its descendants and their process groups (trials run in their own)."""
     try:
         root = psutil.Process(pid)
@@ -117,8 +152,9 @@ def kill_process_tree(pid: int) -> None:
     for g in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(g, signal.SIGKILL)
-    # The root is the caller's child: it reaps it, so only the descendants are waited on here.
-    psutil.wait_procs(procs[1:], timeout=10.0)
+    # The root is normally the caller's child, which reaps it: then only the descendants
+    # are waited on here.
+    psutil.wait_procs(procs if reap_root else procs[1:], timeout=10.0)
 
 
 def _exit_detail(code: int) -> str:

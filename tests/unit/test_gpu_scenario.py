@@ -22,8 +22,14 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-
-from trialkeeper.coordinator.scheduler import Demand, EnvCapacity, GpuSlot, gpu_sampled, place, trial_ended
+from trialkeeper.coordinator.scheduler import (
+    Demand,
+    EnvCapacity,
+    GpuSlot,
+    gpu_sampled,
+    place,
+    trial_ended,
+)
 
 ENVS, GPUS_PER_ENV, TRIALS = 3, 4, 300
 HEARTBEAT = 1.0

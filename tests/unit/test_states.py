@@ -36,7 +36,6 @@ def test_every_legal_env_edge_passes(edge: tuple[EnvStatus, EnvStatus]) -> None:
         (T.SUCCEEDED, T.RUNNING),
         (T.FAILED, T.WAITING),
         (T.WAITING, T.SUCCEEDED),
-        (T.WAITING, T.EARLY_STOPPED),
         (T.RUNNING, T.RUNNING),
         (T.USER_CANCELED, T.FAILED),
     ],

@@ -1,0 +1,181 @@
+"""Simulated agents: light clients that speak the real protocol and run no processes.
+
+Each registers with simulated GPUs, heartbeats at the interval the coordinator's Welcome
+gives, and answers StartTrial with TrialStarted (and TrialEnded after ``--hold`` seconds;
+a negative hold keeps the trial "running" until it is canceled). Every agent has its own
+channel (its own TCP connection), as real agents do.
+
+    python simagents.py --coordinator HOST:PORT --token-file F --count N --first-id-index 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+import uuid
+
+import grpc
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+
+TOKEN_KEY = "x-trialkeeper-token"
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.connected = 0
+        self.failed = 0
+        self.heartbeats = 0
+        self.starts = 0
+        self.acks = 0
+        self.errors: list[str] = []
+
+
+class SimAgent:
+    def __init__(self, env_id: str, args: argparse.Namespace, token: str, stats: Stats) -> None:
+        self.env_id = env_id
+        self.a = args
+        self.token = token
+        self.stats = stats
+        self.seq = 0
+        self.running: set[str] = set()
+        self.lock = asyncio.Lock()
+        self.gpus = [
+            pb.GpuInfo(index=g, uuid=f"GPU-{env_id}-{g}", name="Simulated A100", memory_total_bytes=80 << 30, simulated=True)
+            for g in range(args.gpus)
+        ]
+
+    async def write(self, call: grpc.aio.StreamStreamCall, msg: pb.AgentMessage) -> None:
+        async with self.lock:
+            await call.write(msg)
+
+    async def seq_msg(self, call: grpc.aio.StreamStreamCall, **body: object) -> None:
+        async with self.lock:
+            self.seq += 1
+            await call.write(pb.AgentMessage(seq=self.seq, **body))
+
+    async def run(self, sem: asyncio.Semaphore) -> None:
+        opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000), ("grpc.enable_retries", 0)]
+        channel = grpc.aio.insecure_channel(self.a.coordinator, options=opts)
+        try:
+            call = pb_grpc.CoordinatorStub(channel).Session(metadata=((TOKEN_KEY, self.token),))
+            async with sem:
+                await call.write(
+                    pb.AgentMessage(
+                        register=pb.Register(
+                            protocol_version=1,
+                            environment_id=self.env_id,
+                            agent_instance_id=uuid.uuid4().hex,
+                            hostname=f"sim-{self.env_id}",
+                            pid=os.getpid(),
+                            cpu_count=32,
+                            memory_total_bytes=256 << 30,
+                            gpus=self.gpus,
+                            agent_version="sim",
+                            platform="sim",
+                        )
+                    )
+                )
+                first = await asyncio.wait_for(call.read(), 60.0)
+            if first is grpc.aio.EOF or not first.HasField("welcome"):
+                self.stats.failed += 1
+                return
+            self.stats.connected += 1
+            interval = first.welcome.heartbeat_interval_s or 1.0
+            beat = asyncio.create_task(self.heartbeats(call, interval))
+            try:
+                await self.read(call)
+            finally:
+                beat.cancel()
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, grpc.aio.UsageError) as e:
+            self.stats.failed += 1
+            if len(self.stats.errors) < 5:
+                self.stats.errors.append(f"{self.env_id}: {type(e).__name__}: {str(e)[:200]}")
+        finally:
+            await channel.close(None)
+
+    async def heartbeats(self, call: grpc.aio.StreamStreamCall, interval: float) -> None:
+        await asyncio.sleep(random.uniform(0, interval))  # spread agents over the second
+        while True:
+            samples = [
+                pb.GpuSample(uuid=g.uuid, utilization_percent=random.uniform(0, 100), memory_used_bytes=1 << 30)
+                for g in self.gpus
+            ]
+            hb = pb.Heartbeat(cpu_percent=3.0, memory_used_bytes=8 << 30, gpus=samples, running_trial_ids=sorted(self.running))
+            await self.write(call, pb.AgentMessage(heartbeat=hb))
+            self.stats.heartbeats += 1
+            await asyncio.sleep(interval)
+
+    async def read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("body")
+            if kind == "ack":
+                self.stats.acks += 1
+            elif kind == "start_trial":
+                st = msg.start_trial
+                self.stats.starts += 1
+                self.running.add(st.trial_id)
+                await self.seq_msg(call, trial_started=pb.TrialStarted(trial_id=st.trial_id, pid=1, started_at=time.time()))
+                if self.a.hold >= 0:
+                    asyncio.get_running_loop().call_later(
+                        self.a.hold, lambda t=st.trial_id: asyncio.ensure_future(self.end(call, t, pb.TRIAL_OUTCOME_SUCCEEDED))
+                    )
+            elif kind == "cancel_trial":
+                await self.end(call, msg.cancel_trial.trial_id, pb.TRIAL_OUTCOME_CANCELED)
+            elif kind == "shutdown":
+                return
+
+    async def end(self, call: grpc.aio.StreamStreamCall, trial_id: str, outcome: int) -> None:
+        if trial_id not in self.running:
+            return
+        self.running.discard(trial_id)
+        ended = pb.TrialEnded(trial_id=trial_id, outcome=outcome, has_exit_code=True, exit_code=0, ended_at=time.time(), started=True)
+        try:
+            await self.seq_msg(call, trial_ended=ended)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            pass
+
+
+async def main(args: argparse.Namespace) -> None:
+    token = open(args.token_file).read().strip()
+    stats = Stats()
+    sem = asyncio.Semaphore(args.connect_parallel)
+    ids = [
+        "env-1" if (i == 0 and args.claim_env_1) else f"sim-{i:05d}"
+        for i in range(args.first_id_index, args.first_id_index + args.count)
+    ]
+    agents = [SimAgent(i, args, token, stats) for i in ids]
+    tasks = [asyncio.create_task(a.run(sem)) for a in agents]
+    t0 = time.monotonic()
+    while not all(t.done() for t in tasks):
+        await asyncio.sleep(args.report_s)
+        line = {
+            "t": round(time.monotonic() - t0, 2), "connected": stats.connected, "failed": stats.failed,
+            "heartbeats": stats.heartbeats, "starts": stats.starts, "acks": stats.acks, "errors": stats.errors,
+        }
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--coordinator", required=True)
+    p.add_argument("--token-file", required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--first-id-index", type=int, default=0)
+    p.add_argument("--claim-env-1", action="store_true", help="the first agent takes the id env-1")
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--hold", type=float, default=-1.0, help="seconds a trial 'runs'; <0: until canceled")
+    p.add_argument("--connect-parallel", type=int, default=100)
+    p.add_argument("--report-s", type=float, default=1.0)
+    try:
+        asyncio.run(main(p.parse_args()))
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,412 @@
+"""The ``trialkeeper`` console script, driven as a user drives it: a subprocess per command."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import _describe, _leftovers, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart"
+# A run of the quickstart takes 2-3 s; the rest are reads of the store.
+RUN_TIMEOUT_S = 90.0
+COMMAND_TIMEOUT_S = 30.0
+TERMINAL = {"SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED"}
+
+
+def _script() -> str:
+    """The installed console script: beside the interpreter running the tests, else on PATH."""
+    beside = Path(sys.executable).parent / "trialkeeper"
+    found = str(beside) if beside.exists() else shutil.which("trialkeeper")
+    assert found, "the trialkeeper console script is not installed (pip install -e .)"
+    return found
+
+
+def tk(*args: str | Path, timeout: float = COMMAND_TIMEOUT_S, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``trialkeeper ARGS`` and return what it did (stdout, stderr, exit status)."""
+    env = dict(os.environ)
+    env.pop("TRIALKEEPER_TOKEN", None)
+    env["COLUMNS"] = "200"  # tables may be wide; error lines must never depend on the width
+    return subprocess.run(
+        [_script(), *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """A refused command: non-zero status, no traceback, one line on stderr naming the problem."""
+    assert proc.returncode != 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("trialkeeper"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def assert_no_leftovers(root: Path) -> None:
+    """Fixtures shared by a module are not covered by the per-test leak check: check here."""
+    try:
+        wait_until(lambda: not _leftovers(root), timeout=10.0)
+    except AssertionError:
+        left = _leftovers(root)
+        for p in left:
+            p.kill()
+        pytest.fail("processes left running: " + "; ".join(_describe(p) for p in left))
+
+
+@dataclass(frozen=True)
+class Run:
+    proc: subprocess.CompletedProcess[str]
+    exp: Path
+
+    def db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(f"file:{self.exp / 'trialkeeper.db'}?mode=ro", uri=True)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def trials(self) -> list[sqlite3.Row]:
+        with self.db() as db:
+            return db.execute("SELECT * FROM trials ORDER BY seq").fetchall()
+
+    def metrics(self, trial_id: str) -> list[sqlite3.Row]:
+        with self.db() as db:
+            return db.execute("SELECT * FROM metrics WHERE trial_id = ? ORDER BY idx", (trial_id,)).fetchall()
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The quickstart, run once for the module from a copy of examples/quickstart."""
+    root = tmp_path_factory.mktemp("quickstart")
+    code = root / "code"
+    shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__"))
+    exp = root / "exp"
+    try:
+        proc = tk("run", code / "config.yml", "--experiment-dir", exp, timeout=RUN_TIMEOUT_S, cwd=root)
+    finally:
+        assert_no_leftovers(root)
+    return Run(proc, exp)
+
+
+FAILING_TRIAL = """
+import sys
+sys.stderr.write("boom: the trial gave up\\n")
+print("about to fail", flush=True)
+sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """An experiment whose every trial exits 1."""
+    root = tmp_path_factory.mktemp("failing")
+    (root / "fail.py").write_text(textwrap.dedent(FAILING_TRIAL).lstrip())
+    (root / "config.yml").write_text(
+        textwrap.dedent(
+            """
+            trialCommand: python3 fail.py
+            trialCodeDirectory: .
+            trialConcurrency: 2
+            maxTrialNumber: 3
+            searchSpace:
+              x: {_type: choice, _value: [1, 2, 3]}
+            trainingService:
+              platform: local
+            """
+        )
+    )
+    exp = root / "exp"
+    try:
+        proc = tk("run", root / "config.yml", "--experiment-dir", exp, timeout=RUN_TIMEOUT_S, cwd=root)
+    finally:
+        assert_no_leftovers(root)
+    return Run(proc, exp)
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> object:
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    return json.loads(proc.stdout)
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+
+def test_run_quickstart_succeeds_and_prints_the_best_trial(quickstart: Run) -> None:
+    proc = quickstart.proc
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    rows = quickstart.trials()
+    succeeded = [r for r in rows if r["status"] == "SUCCEEDED"]
+    assert len(succeeded) >= 20, [(r["id"], r["status"], r["reason"]) for r in rows]
+    assert {r["status"] for r in rows} <= TERMINAL
+    assert f"{len(succeeded)} SUCCEEDED" in proc.stdout, proc.stdout
+
+    match = re.search(r"^best trial: (\w+) final metric ([0-9.e+-]+) parameters (\{.*\})$", proc.stdout, re.MULTILINE)
+    assert match, proc.stdout
+    best_id, best_value, best_params = match.group(1), float(match.group(2)), json.loads(match.group(3))
+    top = max(r["final_metric"] for r in succeeded)  # optimize_mode: maximize
+    best = next(r for r in rows if r["id"] == best_id)
+    assert best["final_metric"] == top
+    assert best_value == pytest.approx(top, rel=1e-5)
+    assert best_params == json.loads(best["parameters_json"])
+    assert f"experiment directory: {quickstart.exp.resolve()}" in proc.stdout
+
+    with quickstart.db() as db:
+        exp = db.execute("SELECT * FROM experiment").fetchone()
+        envs = db.execute("SELECT * FROM environments").fetchall()
+    assert (exp["name"], exp["status"]) == ("quickstart", "DONE")
+    assert exp["id"] in proc.stdout
+    assert len(envs) == 2 and {e["status"] for e in envs} == {"STOPPED"}  # environmentCount: 2
+
+
+def test_the_store_holds_every_metric_the_trials_reported(quickstart: Run) -> None:
+    total = 0
+    for row in quickstart.trials():
+        if row["status"] != "SUCCEEDED":
+            continue
+        params = json.loads(row["parameters_json"])
+        epochs = params["epochs"]
+        metrics = quickstart.metrics(row["id"])
+        total += len(metrics)
+        intermediate = [m for m in metrics if m["kind"] == "intermediate"]
+        assert len(intermediate) == epochs, (row["id"], params, len(intermediate))
+        assert [m["idx"] for m in metrics] == list(range(epochs + 1))
+        assert [m["kind"] for m in metrics] == ["intermediate"] * epochs + ["final"]
+
+        # train.py prints each loss it reports (4 decimals) and the final accuracy (3).
+        out = (quickstart.exp / "trials" / row["id"] / "stdout.log").read_text()
+        printed = [float(x) for x in re.findall(r"^epoch \d+/\d+: training loss ([0-9.]+)$", out, re.MULTILINE)]
+        assert len(printed) == epochs, out
+        for m, loss in zip(intermediate, printed):
+            assert m["value"] == pytest.approx(loss, abs=5.1e-5)
+            assert json.loads(m["value_json"]) == m["value"]
+        accuracy = float(re.search(r"^held-out accuracy ([0-9.]+)$", out, re.MULTILINE).group(1))  # type: ignore[union-attr]
+        final = metrics[-1]
+        assert final["value"] == row["final_metric"] == pytest.approx(accuracy, abs=5.1e-4)
+        value = json.loads(final["value_json"])
+        assert value["default"] == final["value"] and value["loss"] == pytest.approx(intermediate[-1]["value"])
+        assert json.loads(row["final_metric_json"]) == value
+        times = [m["reported_at"] for m in metrics]
+        assert times == sorted(times)
+    with quickstart.db() as db:
+        assert db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0] == total
+
+
+# ---- reading an experiment -----------------------------------------------------------------
+
+
+def test_trials_json(quickstart: Run) -> None:
+    listed = _json(tk("trials", quickstart.exp, "--json"))
+    assert isinstance(listed, list)
+    stored = {r["id"]: r for r in quickstart.trials()}
+    assert [t["id"] for t in listed] == list(stored)
+    for t in listed:
+        assert {"id", "status", "parameters", "final_metric", "environment_id"} <= set(t), t
+        row = stored[t["id"]]
+        assert t["status"] == row["status"]
+        assert t["parameters"] == json.loads(row["parameters_json"])
+        assert set(t["parameters"]) == {"lr", "batch_size", "epochs", "l2"}
+        assert t["final_metric"] == row["final_metric"]
+        assert t["environment_id"] == row["environment_id"] and t["environment_id"].startswith("env-")
+
+    only = _json(tk("trials", quickstart.exp, "--json", "--status", "succeeded"))
+    assert [t["id"] for t in only] == [t["id"] for t in listed if t["status"] == "SUCCEEDED"]
+    assert _json(tk("trials", quickstart.exp, "--json", "--status", "FAILED")) == []
+
+    table = tk("trials", quickstart.exp)
+    assert table.returncode == 0, table.stderr
+    assert all(t["id"] in table.stdout for t in listed)
+
+
+def test_status(quickstart: Run) -> None:
+    rows = quickstart.trials()
+    best = max((r for r in rows if r["final_metric"] is not None), key=lambda r: r["final_metric"])
+    with quickstart.db() as db:
+        exp_id = db.execute("SELECT id FROM experiment").fetchone()[0]
+        metric_count = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+
+    text = tk("status", quickstart.exp)
+    assert text.returncode == 0, text.stderr
+    assert f"experiment {exp_id} (quickstart): DONE" in text.stdout
+    assert f"{len(rows)} SUCCEEDED" in text.stdout
+    assert f"metrics stored: {metric_count}; environments: 2" in text.stdout
+    assert f"best trial: {best['id']}" in text.stdout
+
+    info = _json(tk("status", quickstart.exp, "--json"))
+    assert isinstance(info, dict)
+    assert (info["id"], info["name"], info["status"]) == (exp_id, "quickstart", "DONE")
+    assert info["trials"] == {"SUCCEEDED": len(rows)}
+    assert info["metrics"] == metric_count
+    assert info["environments"] == 2
+    assert info["best"]["final_metric"] == best["final_metric"]
+    assert info["best"]["parameters"] == json.loads(best["parameters_json"])
+
+
+def test_envs(quickstart: Run) -> None:
+    envs = _json(tk("envs", quickstart.exp, "--json"))
+    assert isinstance(envs, list)
+    assert [e["id"] for e in envs] == ["env-1", "env-2"]
+    for e in envs:
+        assert (e["platform"], e["status"], e["running_trials"]) == ("local", "STOPPED", [])
+        assert e["platform_id"].startswith("pid ")
+        assert isinstance(e["gpus"], list)
+    used = {r["environment_id"] for r in quickstart.trials()}
+    assert used <= {e["id"] for e in envs}
+
+    table = tk("envs", quickstart.exp)
+    assert table.returncode == 0, table.stderr
+    assert "env-1" in table.stdout and "env-2" in table.stdout
+
+
+def test_logs(quickstart: Run, failing: Run) -> None:
+    trial_id = quickstart.trials()[0]["id"]
+    out = tk("logs", quickstart.exp, trial_id)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (quickstart.exp / "trials" / trial_id / "stdout.log").read_text()
+    assert "held-out accuracy" in out.stdout and "epoch 1/" in out.stdout
+
+    failed_id = failing.trials()[0]["id"]
+    err = tk("logs", failing.exp, failed_id, "--stderr")
+    assert err.returncode == 0, err.stderr
+    assert "boom: the trial gave up" in err.stdout
+    assert "about to fail" not in err.stdout
+    out = tk("logs", failing.exp, failed_id)
+    assert out.stdout == "about to fail\n"
+
+    # --follow on an ended trial prints everything and returns.
+    followed = tk("logs", failing.exp, failed_id, "--stderr", "--follow")
+    assert followed.returncode == 0 and followed.stdout == err.stdout
+
+
+# ---- failing trials --------------------------------------------------------------------------
+
+
+def test_run_exits_nonzero_when_trials_fail(failing: Run) -> None:
+    rows = failing.trials()
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"FAILED"}, [(r["status"], r["reason"]) for r in rows]
+    line = assert_one_line_error(failing.proc, "3 of 3 trials failed", "exit code 1")
+    assert rows[0]["id"] in line
+    listed = _json(tk("trials", failing.exp, "--json", "--status", "failed"))
+    assert isinstance(listed, list) and len(listed) == 3
+    assert all(t["exit_code"] == 1 and "exit code 1" in t["reason"] for t in listed)
+    status = _json(tk("status", failing.exp, "--json"))
+    assert isinstance(status, dict)
+    assert status["trials"] == {"FAILED": 3} and status["best"] is None
+
+
+# ---- help and bad arguments ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["", "run", "agent", "trials", "status", "envs", "logs"])
+def test_help(command: str) -> None:
+    proc = tk(*([command] if command else []), "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: trialkeeper{' ' + command if command else ''}"), proc.stdout
+    assert proc.stderr == ""
+
+
+def test_no_command_prints_usage() -> None:
+    proc = tk()
+    assert proc.returncode == 2
+    assert "usage: trialkeeper" in proc.stdout and "run" in proc.stdout
+
+
+def test_unknown_command_and_missing_argument() -> None:
+    for args, needle in ((("bogus",), "invalid choice: 'bogus'"), (("trials",), "required: EXP_DIR")):
+        proc = tk(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        # argparse: the usage line, then the one line saying what is wrong.
+        usage, error = proc.stderr.strip().splitlines()
+        assert usage.startswith("usage: trialkeeper") and needle in error, proc.stderr
+
+
+def test_run_with_a_missing_config_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yml"
+    assert_one_line_error(tk("run", missing, "--experiment-dir", tmp_path / "exp"), str(missing), "file not found")
+    assert not (tmp_path / "exp").exists()
+
+
+def _config(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "config.yml"
+    path.write_text(textwrap.dedent(body).lstrip())
+    return path
+
+
+def test_run_with_a_config_error_names_the_field(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        """
+        trialCommand: python3 trial.py
+        trialConcurrency: 1
+        trainingService:
+          platform: local
+          environmentCount: zero
+        """,
+    )
+    line = assert_one_line_error(tk("run", config, "--experiment-dir", tmp_path / "exp"), "invalid config")
+    assert "trainingService.environmentCount: expected a positive integer, got 'zero'" in line
+    assert not (tmp_path / "exp").exists()
+
+
+def test_run_with_several_config_errors_lists_each_field(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path,
+        """
+        trialCommand: python3 trial.py
+        trialConcurrency: -1
+        trainingService:
+          platform: nowhere
+        """,
+    )
+    proc = tk("run", config)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    head, *issues = proc.stderr.strip().splitlines()
+    assert head.startswith("trialkeeper: invalid config")
+    assert len(issues) == 2, proc.stderr
+    assert issues[0].strip().startswith("trialConcurrency:")
+    assert issues[1].strip().startswith("trainingService.platform:")
+
+
+def test_run_with_invalid_yaml(tmp_path: Path) -> None:
+    config = _config(tmp_path, "trialCommand: [\n")
+    assert_one_line_error(tk("run", config), "invalid YAML", f"{config}:2")
+
+
+def test_run_into_a_directory_that_holds_an_experiment(quickstart: Run) -> None:
+    config = QUICKSTART / "config.yml"
+    assert_one_line_error(tk("run", config, "--experiment-dir", quickstart.exp), "already holds an experiment")
+
+
+@pytest.mark.parametrize("command", ["trials", "status", "envs", "logs"])
+def test_reading_a_directory_without_an_experiment(tmp_path: Path, command: str) -> None:
+    extra = ["some-trial"] if command == "logs" else []
+    missing = tmp_path / "no-such-dir"
+    assert_one_line_error(tk(command, missing, *extra), "no experiment store", str(missing))
+    # A directory whose store is not an SQLite file at all.
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "trialkeeper.db").write_text("not a database\n" * 200)
+    assert_one_line_error(tk(command, junk, *extra), "cannot open the experiment store")
+
+
+def test_logs_of_an_unknown_trial(quickstart: Run) -> None:
+    line = assert_one_line_error(tk("logs", quickstart.exp, "no-such-trial"), "no trial 'no-such-trial'")
+    assert quickstart.trials()[0]["id"] in line  # it names some trials that do exist

@@ -1,0 +1,175 @@
+"""The coordinator dies (kill -9) mid-experiment; `trialkeeper resume` carries on.
+
+Real processes throughout: the coordinator is the `trialkeeper run` command, the agents it
+started keep running while it is down, and `trialkeeper resume` takes them back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+from conftest import pid_gone, wait_until, write_script
+from trialkeeper.coordinator.store import Store, StoreError
+
+WAIT_S = 60.0
+
+# Reports one result, waits for "phase1" (the coordinator is dead by then) and reports one
+# more, which the agent must keep until a coordinator acks it; waits for "phase2" (the new
+# coordinator is up) and finishes.
+TRIAL = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+gate = pathlib.Path(os.environ["GATE_DIR"])
+
+def wait_for(name):
+    deadline = time.monotonic() + 90
+    while not (gate / name).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+trial.report_intermediate_result(p["x"] + 0.1)
+wait_for("phase1")
+trial.report_intermediate_result(p["x"] + 0.2)
+wait_for("phase2")
+trial.report_intermediate_result(p["x"] + 0.3)
+trial.report_final_result(p["x"])
+"""
+
+
+def _config(tmp_path: Path, **coordinator: object) -> Path:
+    write_script(tmp_path, "trial.py", TRIAL)
+    cfg = {
+        "trialCommand": f"{sys.executable} trial.py",
+        "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 6,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2, 3, 4, 5, 6]}},
+        "tuner": {"name": "grid"},
+        "trialEnv": {"GATE_DIR": str(tmp_path / "gate")},
+        "trainingService": {"platform": "local", "environmentCount": 2},
+        "coordinator": {"heartbeatInterval": 0.2, "agentLostTimeout": 2, "trialLostTimeout": 20, **coordinator},
+    }
+    (tmp_path / "gate").mkdir()
+    path = tmp_path / "config.yml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def _cli(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trialkeeper.coordinator.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+
+
+def _rows(exp: Path, table: str) -> list[dict[str, object]]:
+    if not (exp / Store.FILENAME).exists():
+        return []
+    try:
+        store = Store.in_dir(exp, readonly=True)
+    except StoreError:
+        return []  # created, but its schema not yet written
+    try:
+        return store.trials() if table == "trials" else store.envs()
+    except Exception:
+        return []  # the schema is still being created
+    finally:
+        store.close()
+
+
+def _agent_pids(exp: Path) -> dict[str, int]:
+    return {str(e["id"]): int(json.loads(str(e["info_json"]))["pid"]) for e in _rows(exp, "envs") if e["info_json"] != "{}"}
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+
+
+def test_kill_9_then_resume_finishes_with_every_trial_and_metric(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    exp = tmp_path / "exp"
+    first = _cli("run", str(config), "--experiment-dir", str(exp), "--quiet")
+    resumed = None
+    try:
+        running = wait_until(
+            lambda: [t for t in _rows(exp, "trials") if t["status"] == "RUNNING"] if len(
+                [t for t in _rows(exp, "trials") if t["status"] == "RUNNING"]) == 2 else None,
+            WAIT_S, message="two trials never ran",
+        )
+        store = Store.in_dir(exp, readonly=True)
+        wait_until(lambda: all(store.metrics(str(t["id"])) for t in running), WAIT_S)
+        store.close()
+        agents = _agent_pids(exp)
+        assert len(agents) == 2
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        # While no coordinator runs, the trials report again: the agents keep it.
+        (tmp_path / "gate" / "phase1").write_text("")
+        resumed = _cli("resume", str(exp), "--quiet")
+        wait_until(
+            lambda: all(r["status"] in ("READY", "BUSY") for r in _rows(exp, "envs")[:2]) or resumed.poll() is not None,
+            WAIT_S, message="the agents did not reconnect",
+        )
+        (tmp_path / "gate" / "phase2").write_text("")
+        out, _ = resumed.communicate(timeout=WAIT_S)
+        text = out.decode(errors="replace")
+        assert resumed.returncode == 0, text
+        # The agents that ran before the crash are the ones that finished their trials.
+        for pid in agents.values():
+            assert pid_gone(pid) or psutil.Process(pid).is_running()
+        trials = _rows(exp, "trials")
+        assert len(trials) == 6, trials
+        assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["id"], t["status"], t["reason"]) for t in trials]
+        by_id = {t["id"]: t for t in trials}
+        for t in running:
+            assert by_id[t["id"]]["attempts"] == 1 and by_id[t["id"]]["environment_id"] == t["environment_id"]
+        # Every metric once, in order: 3 intermediate and 1 final per trial.
+        store = Store.in_dir(exp, readonly=True)
+        try:
+            for t in trials:
+                params = json.loads(str(t["parameters_json"]))
+                got = [(m.kind, round(m.value, 6)) for m in store.metrics(str(t["id"]))]
+                x = params["x"]
+                assert got == [("intermediate", x + 0.1), ("intermediate", x + 0.2), ("intermediate", x + 0.3), ("final", x)], got
+            assert sorted(json.loads(str(t["parameters_json"]))["x"] for t in trials) == [1, 2, 3, 4, 5, 6]
+            assert store.experiment()["status"] == "DONE"  # type: ignore[index]
+        finally:
+            store.close()
+    finally:
+        _kill(first)
+        if resumed is not None:
+            _kill(resumed)
+
+
+def test_agents_whose_coordinator_never_returns_stop_their_trials_and_exit(tmp_path: Path) -> None:
+    config = _config(tmp_path, reconnectWindow=2)
+    exp = tmp_path / "exp"
+    first = _cli("run", str(config), "--experiment-dir", str(exp), "--quiet")
+    try:
+        wait_until(lambda: sum(t["status"] == "RUNNING" for t in _rows(exp, "trials")) == 2, WAIT_S)
+        agents = _agent_pids(exp)
+        trial_pids = [
+            p.pid for a in agents.values() for p in psutil.Process(a).children(recursive=True)
+        ]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        for pid in [*agents.values(), *trial_pids]:
+            wait_until(lambda pid=pid: pid_gone(pid), WAIT_S, message=f"pid {pid} still runs")
+        log = textwrap.shorten((exp / "envs" / "env-1" / "agent.log").read_text(), 100000)
+        assert "reconnect window" in log, log[-2000:]
+    finally:
+        _kill(first)
+        # Nothing of this test may outlive it, whatever failed above.
+        for p in psutil.process_iter(["cmdline"]):
+            if str(tmp_path) in " ".join(p.info["cmdline"] or ()):
+                os.kill(p.pid, signal.SIGKILL)

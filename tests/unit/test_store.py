@@ -1,0 +1,232 @@
+"""The experiment store: metrics stored once, history kept, everything survives a reopen."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from trialkeeper.coordinator.store import SCHEMA_VERSION, MetricRow, Store, StoreError
+
+
+def _store(tmp_path: Path) -> Store:
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp1", "demo", {"trialCommand": "python trial.py", "trialConcurrency": 2})
+    return store
+
+
+def _trial(store: Store, trial_id: str, seq: int, **extra: object) -> None:
+    store.insert_trial(
+        {
+            "id": trial_id, "seq": seq, "status": "WAITING", "parameters_json": json.dumps({"x": seq}),
+            "command": "python trial.py", "gpu_number": 0, "submitted_at": 1000.0 + seq, **extra,
+        }
+    )
+
+
+def _metric(trial_id: str, index: int, value: float, kind: str = "intermediate") -> MetricRow:
+    raw = json.dumps({"default": value}) if kind == "final" else json.dumps(value)
+    return MetricRow(trial_id, index, kind, value, raw, 2000.0 + index)
+
+
+def _fill(store: Store) -> None:
+    """A small but complete experiment: two trials, their metrics, an environment, history."""
+    _trial(store, "t1", 0)
+    _trial(store, "t2", 1)
+    store.insert_env("env-1", "local", "REQUESTED")
+    store.update_env("env-1", status="READY", hostname="host-a", info_json=json.dumps({"pid": 42}))
+    store.record("environment", "env-1", "REQUESTED", "READY", "agent registered")
+    store.update_trial("t1", status="RUNNING", environment_id="env-1", started_at=1500.0)
+    store.record("trial", "t1", "WAITING", "RUNNING", "running on env-1")
+    store.add_metrics([_metric("t1", 0, 0.5), _metric("t1", 1, 0.25)])
+    store.add_metrics([_metric("t1", 2, 0.125, "final")])
+    store.update_trial("t1", status="SUCCEEDED", final_metric=0.125, final_metric_json='{"default": 0.125}', ended_at=1600.0)
+    store.record("trial", "t1", "RUNNING", "SUCCEEDED", "")
+
+
+def test_a_replayed_metric_is_stored_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _trial(store, "t1", 0)
+    first = [_metric("t1", i, float(i)) for i in range(5)]
+    store.add_metrics(first)
+    # The same batch again (an agent replaying after a reconnect), then an overlapping one
+    # whose already-stored rows carry other values: the first write of (trial, idx) wins.
+    store.add_metrics(first)
+    store.add_metrics([_metric("t1", 3, 99.0), _metric("t1", 4, 99.0), _metric("t1", 5, 5.0)])
+    rows = store.metrics("t1")
+    assert [(r.index, r.value) for r in rows] == [(i, float(i)) for i in range(6)]
+    assert store.metric_count() == 6
+
+
+def test_duplicates_inside_one_batch_are_stored_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.add_metrics([_metric("t1", 0, 1.0), _metric("t1", 0, 1.0), _metric("t1", 1, 2.0)])
+    assert [(r.index, r.value) for r in store.metrics("t1")] == [(0, 1.0), (1, 2.0)]
+
+
+def test_the_same_index_of_another_trial_is_a_different_metric(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.add_metrics([_metric("b", 0, 1.0), _metric("a", 0, 2.0), _metric("a", 1, 3.0, "final")])
+    assert store.metric_count() == 3
+    assert [(r.trial_id, r.index) for r in store.metrics()] == [("a", 0), ("a", 1), ("b", 0)]
+    final = store.metrics("a")[-1]
+    assert final == MetricRow("a", 1, "final", 3.0, json.dumps({"default": 3.0}), 2001.0)
+
+
+def test_status_history_is_kept_in_order_per_entity(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _fill(store)
+    history = [(e["old"], e["new"], e["reason"]) for e in store.events("t1")]
+    assert history == [("WAITING", "RUNNING", "running on env-1"), ("RUNNING", "SUCCEEDED", "")]
+    assert [e["entity"] for e in store.events()] == ["environment", "trial", "trial"]
+    assert [e["entity_id"] for e in store.events()] == ["env-1", "t1", "t1"]
+    times = [e["at"] for e in store.events()]
+    assert times == sorted(times)
+    assert store.events("no-such-entity") == []
+
+
+def test_trial_rows(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _fill(store)
+    assert [t["id"] for t in store.trials()] == ["t1", "t2"]
+    t1 = store.trial("t1")
+    assert t1 is not None
+    assert (t1["status"], t1["environment_id"], t1["final_metric"]) == ("SUCCEEDED", "env-1", 0.125)
+    assert json.loads(t1["parameters_json"]) == {"x": 0}
+    assert store.trial("t3") is None
+    assert store.next_trial_seq() == 2
+    with pytest.raises(ValueError, match="unknown trial columns"):
+        store.update_trial("t1", colour="red")
+    with pytest.raises(sqlite3.IntegrityError):
+        _trial(store, "t3", 1)  # sequence numbers are unique
+
+
+def test_environment_rows(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _fill(store)
+    store.insert_env("env-2", "local", "REQUESTED")
+    store.update_env("env-2", status="FAILED", reason="agent exited with status 2", ended_at=1700.0)
+    envs = store.envs()
+    assert [e["id"] for e in envs] == ["env-1", "env-2"]
+    env1, env2 = envs
+    assert (env1["platform"], env1["status"], env1["hostname"]) == ("local", "READY", "host-a")
+    assert json.loads(env1["info_json"]) == {"pid": 42}
+    assert env1["ended_at"] is None and env1["last_seq"] == 0
+    assert (env2["status"], env2["reason"], env2["ended_at"]) == ("FAILED", "agent exited with status 2", 1700.0)
+    assert env2["info_json"] == "{}"
+    with pytest.raises(ValueError, match="unknown environment columns"):
+        store.update_env("env-1", colour="red")
+
+
+def test_experiment_row(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    exp = store.experiment()
+    assert exp is not None
+    assert (exp["id"], exp["name"], exp["status"], exp["ended_at"]) == ("exp1", "demo", "RUNNING", None)
+    assert json.loads(exp["config_json"])["trialConcurrency"] == 2
+    store.set_coordinator_address("127.0.0.1:5000")
+    store.set_experiment_status("DONE", "all trials ended", ended=True)
+    exp = store.experiment()
+    assert exp is not None
+    assert (exp["status"], exp["reason"], exp["coordinator_address"]) == ("DONE", "all trials ended", "127.0.0.1:5000")
+    assert exp["ended_at"] is not None
+
+
+def test_reopening_after_close_keeps_everything(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _fill(store)
+    before = (store.experiment(), store.trials(), store.metrics(), store.envs(), store.events())
+    store.close()
+
+    again = Store.in_dir(tmp_path / "exp")
+    try:
+        assert (again.experiment(), again.trials(), again.metrics(), again.envs(), again.events()) == before
+        assert again.next_trial_seq() == 2
+        # Reopening for writing does not reset anything, and writing goes on from there.
+        again.add_metrics([_metric("t2", 0, 7.0)])
+        assert again.metric_count() == 4
+        assert again.integrity_check() == "ok"
+    finally:
+        again.close()
+
+    reader = Store.in_dir(tmp_path / "exp", readonly=True)
+    try:
+        assert reader.trials() == before[1]
+        assert [(r.trial_id, r.index) for r in reader.metrics()] == [("t1", 0), ("t1", 1), ("t1", 2), ("t2", 0)]
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader.add_metrics([_metric("t2", 1, 8.0)])
+    finally:
+        reader.close()
+    with sqlite3.connect(tmp_path / "exp" / Store.FILENAME) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
+
+
+def test_wal_mode_lets_a_reader_see_only_committed_writes(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = tmp_path / "exp" / Store.FILENAME
+    try:
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert path.with_name(path.name + "-wal").exists()
+        _trial(store, "t1", 0)
+        reader = Store.in_dir(tmp_path / "exp", readonly=True)
+        try:
+            with store.transaction():
+                store.add_metrics([_metric("t1", 0, 1.0)])
+                # In WAL mode a reader is not blocked by the open write transaction, and
+                # does not see its uncommitted rows.
+                assert reader.metric_count() == 0
+            assert reader.metric_count() == 1
+        finally:
+            reader.close()
+    finally:
+        store.close()
+
+
+def test_a_failed_transaction_writes_nothing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _trial(store, "t1", 0)
+    with pytest.raises(RuntimeError, match="boom"), store.transaction():
+        store.update_trial("t1", status="RUNNING")
+        with store.transaction():  # nested: only the outermost commits or rolls back
+            store.add_metrics([_metric("t1", 0, 1.0)])
+            store.record("trial", "t1", "WAITING", "RUNNING", "")
+        raise RuntimeError("boom")
+    row = store.trial("t1")
+    assert row is not None and row["status"] == "WAITING"
+    assert store.metric_count() == 0 and store.events() == []
+    # The store is usable after the rollback.
+    store.add_metrics([_metric("t1", 0, 1.0)])
+    assert store.metric_count() == 1
+
+
+def test_opening_what_is_not_a_store_raises_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no experiment store"):
+        Store.in_dir(tmp_path / "missing", readonly=True)
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / Store.FILENAME).write_bytes(b"this is not an SQLite database, just some bytes" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        Store.in_dir(junk)
+    with pytest.raises(StoreError):
+        Store.in_dir(junk, readonly=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    with sqlite3.connect(other / Store.FILENAME) as db:
+        db.execute("CREATE TABLE unrelated (x INTEGER)")
+    with pytest.raises(StoreError, match="not a trialkeeper store"):
+        Store.in_dir(other, readonly=True)
+
+
+def test_a_store_in_a_directory_with_uri_characters_opens_read_only(tmp_path: Path) -> None:
+    odd = tmp_path / "exp #1?mode=rw&x=%20"
+    store = Store.in_dir(odd)
+    store.create_experiment("exp1", None, {})
+    store.close()
+    reader = Store.in_dir(odd, readonly=True)
+    try:
+        exp = reader.experiment()
+        assert exp is not None and exp["id"] == "exp1"
+    finally:
+        reader.close()
