@@ -112,6 +112,8 @@ def test_tls_end_to_end_with_real_agents(tmp_path: Path) -> None:
                 assert mode == 0o600, (name, oct(mode))
             cert_pem = (c.experiment_dir / tls.CERT_FILE).read_bytes()
             assert tls.fingerprint(cert_pem) == agent_tls.certificate_fingerprint(cert_pem) == fp
+            # A resumed coordinator finds the same identity, so pinned agents reconnect.
+            assert tls.load_or_create(c.experiment_dir).fingerprint == fp
             cert = x509.load_pem_x509_certificate(cert_pem)
             san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
             assert san.get_values_for_type(x509.DNSName) == [tls.SERVER_NAME]
