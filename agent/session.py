@@ -341,10 +341,16 @@ class AgentSession(RunnerEvents):
                 if e.code() in _REFUSALS:
                     raise AgentRefused(e.details()) from e
                 raise _Connected() from e
+            except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+                # A write on a stream that the other side has just ended.
+                raise _Connected() from e
             finally:
                 for task in (writer, heartbeat, reader):
                     task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.UsageError):
+                    # Whatever a task died of, the stream is gone; the error that matters
+                    # (if any) was raised above. A writer racing the end of the stream
+                    # fails with InvalidStateError ("RPC already finished").
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
             if self._shutdown.done():
                 with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):

@@ -173,3 +173,85 @@ def test_agents_whose_coordinator_never_returns_stop_their_trials_and_exit(tmp_p
         for p in psutil.process_iter(["cmdline"]):
             if str(tmp_path) in " ".join(p.info["cmdline"] or ()):
                 os.kill(p.pid, signal.SIGKILL)
+
+
+FLOOD = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+for i in range(p["n"]):
+    trial.report_intermediate_result(float(i))
+gate = pathlib.Path(os.environ["GATE_DIR"]) / "phase2"
+deadline = time.monotonic() + 90
+while not gate.exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+trial.report_final_result(float(p["n"]))
+"""
+
+
+def _metric_indices(exp: Path) -> dict[str, list[int]]:
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        out: dict[str, list[int]] = {}
+        for m in store.metrics():
+            out.setdefault(m.trial_id, []).append(m.index)
+        return out
+    finally:
+        store.close()
+
+
+def test_store_survives_kill_9_during_heavy_ingest(tmp_path: Path) -> None:
+    n = 20_000
+    write_script(tmp_path, "flood.py", FLOOD)
+    config = _config(tmp_path)
+    data = json.loads(config.read_text())
+    data.update(
+        trialCommand=f"{sys.executable} flood.py", maxTrialNumber=2,
+        searchSpace={"n": {"_type": "choice", "_value": [n, n + 1]}}, tuner={"name": "grid"},
+    )
+    config.write_text(json.dumps(data))
+    exp = tmp_path / "exp"
+    first = _cli("run", str(config), "--experiment-dir", str(exp), "--quiet")
+    resumed = None
+    try:
+        def stored() -> int:
+            try:
+                return sum(len(v) for v in _metric_indices(exp).values())
+            except Exception:
+                return 0
+
+        wait_until(lambda: stored() > 4000, WAIT_S, message="no ingest")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        # What was committed is intact and has no holes: acks follow commits, so the
+        # agents still hold everything after each trial's stored prefix.
+        store = Store.in_dir(exp, readonly=True)
+        assert store.integrity_check() == "ok"
+        store.close()
+        before = _metric_indices(exp)
+        for indices in before.values():
+            assert indices == list(range(len(indices)))
+        assert sum(map(len, before.values())) < 2 * n + 1, "the kill came too late to test anything"
+        resumed = _cli("resume", str(exp), "--quiet")
+        wait_until(lambda: stored() >= 2 * n + 1 or resumed.poll() is not None, WAIT_S)
+        (tmp_path / "gate" / "phase2").write_text("")
+        out, _ = resumed.communicate(timeout=WAIT_S)
+        assert resumed.returncode == 0, out.decode(errors="replace")
+        store = Store.in_dir(exp, readonly=True)
+        try:
+            assert store.integrity_check() == "ok"
+            trials = store.trials()
+            assert [t["status"] for t in trials] == ["SUCCEEDED", "SUCCEEDED"]
+            for t in trials:
+                want = json.loads(t["parameters_json"])["n"]
+                got = store.metrics(t["id"])
+                assert [m.index for m in got] == list(range(want + 1))
+                assert [m.value for m in got[:-1]] == [float(i) for i in range(want)]
+                assert got[-1].kind == "final" and got[-1].value == float(want)
+        finally:
+            store.close()
+    finally:
+        _kill(first)
+        if resumed is not None:
+            _kill(resumed)
