@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--platform", default="local", help="platform name reported to the coordinator")
     parser.add_argument("--reconnect-window", type=float, default=60.0, metavar="SECONDS",
                         help="how long to keep trying to reach a lost coordinator before stopping trials and exiting")
+    parser.add_argument("--copy-working-directory", action="store_true",
+                        help="run each trial in its own copy of its working directory (<trial dir>/code), "
+                        "so that trials cannot disturb each other through the files they write")
     parser.add_argument("--gpu-indices", metavar="LIST", help="expose only these GPUs, e.g. 0,2")
     parser.add_argument("--simulated-gpus", type=int, default=0, metavar="N",
                         help="report N simulated GPUs instead of real ones (tests and benchmarks only)")
@@ -117,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         workdir=workdir,
         platform=args.platform,
         reconnect_window_s=args.reconnect_window,
+        copy_working_directory=args.copy_working_directory,
         probe=probe,
         tls_root_cert=tls_cert,
         tls_server_name=args.tls_server_name,

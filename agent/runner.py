@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 LOG_CHUNK_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
 MAX_DATAGRAM = 64 * 1024
+# Where a trial's copy of its working directory goes, under its trial directory.
+TRIAL_CODE_DIR = "code"
 # How long a pid stays attributed to its trial after it was last seen alive.
 ATTRIBUTION_MEMORY_S = 300.0
 
@@ -77,6 +80,12 @@ class RunnerEvents:
     def trial_ended(self, result: TrialResult) -> None: ...
 
 
+def _copy_tree(source: Path, target: Path) -> None:
+    if not source.is_dir():
+        raise FileNotFoundError(f"working directory {source} does not exist")
+    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+
+
 def _owner(pid: int, roots: dict[int, str]) -> str:
     with contextlib.suppress(OSError):
         tid = roots.get(os.getpgid(pid))
@@ -119,12 +128,15 @@ class TrialRunner:
         socket_path: Path,
         log_interval_s: float = 0.5,
         base_env: dict[str, str] | None = None,
+        copy_working_directory: bool = False,
     ) -> None:
         self.workdir = workdir
         self.events = events
         self.socket_path = socket_path
         self.log_interval_s = log_interval_s
         self.base_env = dict(os.environ if base_env is None else base_env)
+        # Each trial runs in its own copy of its working directory, <trial dir>/code.
+        self.copy_working_directory = copy_working_directory
         self._trials: dict[str, _Trial] = {}
         self._attributed: dict[int, tuple[str, float]] = {}  # pid -> (trial id, last seen)
         self._sock: socket.socket | None = None
@@ -248,12 +260,20 @@ class TrialRunner:
         except OSError as e:
             self._end(t, "failed", None, 0, f"could not prepare the trial directory: {e}", False)
             return
+        if self.copy_working_directory and spec.working_directory:
+            target = t.dir / TRIAL_CODE_DIR
+            try:
+                await asyncio.to_thread(_copy_tree, Path(spec.working_directory), target)
+            except OSError as e:
+                self._end(t, "failed", None, 0, f"could not copy {spec.working_directory} into {target}: {e}", False)
+                return
+            cwd = str(target)
         if not os.path.isdir(cwd):
             self._end(t, "failed", None, 0, f"working directory {cwd} does not exist", False)
             return
         argv = processes.command_argv(spec.command)
         try:
-            with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:
+            with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:  # noqa: ASYNC230 - local files, opened once per trial
                 t.proc = await asyncio.create_subprocess_exec(
                     *argv,
                     cwd=cwd,

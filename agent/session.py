@@ -65,6 +65,8 @@ class AgentOptions:
     workdir: Path
     platform: str = "local"
     reconnect_window_s: float = 60.0
+    # Run each trial in a copy of its working directory (for code uploaded once per machine).
+    copy_working_directory: bool = False
     connect_timeout_s: float = 10.0
     heartbeat_interval_s: float = 1.0
     probe: GpuProbe = field(default_factory=GpuProbe)
@@ -98,6 +100,7 @@ class AgentSession(RunnerEvents):
             options.workdir,
             self,
             socket_path=_socket_path(options.workdir, options.environment_id),
+            copy_working_directory=options.copy_working_directory,
         )
         self._inventory = options.probe.inventory()
         self._shutdown: asyncio.Future[pb.Shutdown] | None = None

@@ -104,7 +104,14 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .core import CoordinatorError
-    from .experiment import ExperimentResult, Progress, optimize_mode_of, ranked, resume_experiment, run_experiment
+    from .experiment import (
+        ExperimentResult,
+        Progress,
+        optimize_mode_of,
+        ranked,
+        resume_experiment,
+        run_experiment,
+    )
     from .searchspace import SearchSpaceError
     from .states import TrialStatus
     from .tuners import TunerError

@@ -889,6 +889,20 @@ class _Loader(yaml.SafeLoader):
     """YAML as JSON users expect it: only true/false are booleans (`yes`, `on` and `no`
     stay strings), dates stay strings, and a key given twice is an error."""
 
+    #: Aliases one document may use. Each alias shares its anchor's object, so a few
+    #: nested ones describe an exponentially large tree (a "billion laughs" document)
+    #: that every later walk over the config would have to visit.
+    MAX_ALIASES = 200
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+            if self._aliases > self.MAX_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {self.MAX_ALIASES} aliases (*name) in one config", self.peek_event().start_mark
+                )
+        return super().compose_node(parent, index)  # type: ignore[arg-type]
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[tuple[str, str]] = set()
         for key_node, _ in node.value:

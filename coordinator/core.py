@@ -41,6 +41,8 @@ AGENT_START_TIMEOUT_S = 60.0
 # How often a GPU sample of each environment is kept in the store (and on every change of
 # which trials hold its GPUs).
 GPU_SAMPLE_INTERVAL_S = 5.0
+# A trial's stdout or stderr streamed from an agent is kept up to this size.
+MAX_TRIAL_LOG_BYTES = 1 << 30
 # Retries of a trial wait 1, 2, 4, ... seconds, at most RETRY_BACKOFF_MAX_S.
 RETRY_BACKOFF_S = 1.0
 RETRY_BACKOFF_MAX_S = 60.0
@@ -125,7 +127,7 @@ class Coordinator:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
-    async def __aenter__(self) -> Coordinator:
+    async def __aenter__(self) -> Coordinator:  # noqa: PYI034 - Self needs Python 3.11
         await self.start()
         return self
 
@@ -302,8 +304,8 @@ class Coordinator:
         for t in self._trials.values():
             if t.status.terminal or t.env_id is None:
                 continue
-            env = self._envs.get(t.env_id)
-            if env is None or env.status.terminal:
+            host = self._envs.get(t.env_id)
+            if host is None or host.status.terminal:
                 # Placed on an environment that is gone: back to the queue, or lost.
                 t.env_id, t.gpu_indices = None, ()
                 if t.status is TrialStatus.WAITING:
@@ -311,8 +313,8 @@ class Coordinator:
                 else:
                     self._trial_to(t, TrialStatus.FAILED, "environment lost: it ended while the coordinator was down")
                 continue
-            env.holders.add(t.id)
-            for g in env.gpus:
+            host.holders.add(t.id)
+            for g in host.gpus:
                 if g.index in t.gpu_indices:
                     g.take(t.id)
                     t.gpu_uuids += (g.uuid,)
@@ -587,7 +589,13 @@ class Coordinator:
     def _own_trial(self, env: EnvState, trial_id: str, what: str) -> TrialState | None:
         t = self._trials.get(trial_id)
         if t is None or t.env_id != env.id:
-            log.warning("environment %s reported %s for trial %r, which is not placed there; ignored", env.id, what, trial_id)
+            env.ignored_messages += 1
+            # Logged, but not one line per message: a broken or hostile agent may send many.
+            if env.ignored_messages <= 10 or env.ignored_messages % 1000 == 0:
+                log.warning(
+                    "environment %s reported %s for trial %r, which is not placed there; ignored (%d so far)",
+                    env.id, what, trial_id, env.ignored_messages,
+                )
             return None
         return t
 
@@ -633,6 +641,17 @@ class Coordinator:
             return
         path = self.experiment_dir / "trials" / t.id / f"{stream}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
+        size = path.stat().st_size if path.exists() else 0
+        # Chunks come in order (replays may repeat one): an offset past the end would
+        # leave a hole, and a huge one would make a huge sparse file.
+        if chunk.offset > size or chunk.offset + len(chunk.data) > MAX_TRIAL_LOG_BYTES:
+            if not t.log_refused:
+                t.log_refused = True
+                log.warning(
+                    "environment %s: refused %s output of trial %s at offset %d (file has %d bytes, limit %d)",
+                    env.id, stream, t.id, chunk.offset, size, MAX_TRIAL_LOG_BYTES,
+                )
+            return
         with open(path, "r+b" if path.exists() else "wb") as f:
             f.seek(chunk.offset)
             f.write(chunk.data)

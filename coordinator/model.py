@@ -85,6 +85,7 @@ class TrialState:
     waiting_reason: str = ""
     # A retried trial is not placed before this moment (monotonic): backoff.
     not_before: float = 0.0
+    log_refused: bool = False  # a bad log chunk was reported once
     env_overrides: dict[str, str] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -139,6 +140,7 @@ class EnvState:
     gpu_seen: dict[str, set[str]] = field(default_factory=dict)  # uuid -> trials with processes on it
     gpu_recorded_at: float = 0.0  # monotonic, when a GPU sample of this env was last stored
     gpu_recorded_holders: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ignored_messages: int = 0  # messages about trials not placed here
 
     @property
     def connected(self) -> bool:

@@ -113,7 +113,7 @@ class SyncCoordinator:
         finally:
             self._end_loop()
 
-    def __enter__(self) -> SyncCoordinator:
+    def __enter__(self) -> SyncCoordinator:  # noqa: PYI034 - Self needs Python 3.11
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

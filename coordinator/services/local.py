@@ -61,7 +61,7 @@ class LocalEnvironmentService(EnvironmentService):
         env = dict(os.environ)
         env["TRIALKEEPER_TOKEN"] = request.token
         try:
-            with open(env_dir / "agent.log", "ab") as out:
+            with open(env_dir / "agent.log", "ab") as out:  # noqa: ASYNC230 - a local file, once per agent
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
                     stdin=asyncio.subprocess.DEVNULL,

@@ -476,6 +476,8 @@ class RemoteEnvironmentService(EnvironmentService):
             "--environment-id", env.env_id,
             "--workdir", env.dir,
             "--platform", self.platform,
+            # Code is uploaded once per machine; each trial runs in its own copy of it.
+            "--copy-working-directory",
             *request.agent_args,
         ]
         if m.config.gpu_indices:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -79,7 +80,7 @@ def _rows(exp: Path, table: str) -> list[dict[str, object]]:
         return []  # created, but its schema not yet written
     try:
         return store.trials() if table == "trials" else store.envs()
-    except Exception:
+    except sqlite3.Error:
         return []  # the schema is still being created
     finally:
         store.close()
@@ -218,7 +219,7 @@ def test_store_survives_kill_9_during_heavy_ingest(tmp_path: Path) -> None:
         def stored() -> int:
             try:
                 return sum(len(v) for v in _metric_indices(exp).values())
-            except Exception:
+            except (StoreError, sqlite3.Error):
                 return 0
 
         wait_until(lambda: stored() > 4000, WAIT_S, message="no ingest")

@@ -720,3 +720,13 @@ def test_random_yaml_only_ever_raises_config_error(
     write(file, text)
     with mock.patch.dict(sys.modules, {SEARCHSPACE: None}), pytest.raises(ConfigError):
         load_config(file)
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    # Thirty levels of nine aliases each describe 9**30 leaves: refused by count, at once.
+    lines = ["l0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"l{i + 1}: &a{i + 1} [{', '.join(['*a' + str(i)] * 9)}]" for i in range(30)]
+    path = tmp_path / "bomb.yml"
+    path.write_text("\n".join([*lines, "trialCommand: x", "trialConcurrency: 1"]))
+    with pytest.raises(ConfigError, match="more than 200 aliases"):
+        load_config(path)
