@@ -49,6 +49,19 @@ def _reported(c: Coordinator, trial_id: str) -> list[list[tuple[str, float]]]:
     return [[(k, float(v)) for k, v in map(json.loads, f.read_text().splitlines())] for f in files]
 
 
+def _prefixes_of(stored: list[tuple[str, float]], attempts: list[list[tuple[str, float]]]) -> bool:
+    """Whether ``stored`` is a prefix of the first attempt's reports, then of the second's,
+    and so on: each lost attempt got some of its results stored, in order (possibly all,
+    its final one included, when its agent died before reporting the end)."""
+    rest = stored
+    for reported in attempts:
+        n = 0
+        while n < len(rest) and n < len(reported) and rest[n] == reported[n]:
+            n += 1
+        rest = rest[n:]
+    return not rest
+
+
 async def _cut_now_and_then(proxy: CuttingProxy, rng: random.Random, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
@@ -153,7 +166,8 @@ def test_chaos_run_sixty_trials_with_agents_killed_and_connections_cut(tmp_path:
                     last = attempts[-1]
                     assert stored[-len(last):] == last, t.id
                     earlier = stored[: len(stored) - len(last)]
-                    assert all(kind == "intermediate" for kind, _ in earlier)
+                    assert _prefixes_of(earlier, attempts[:-1]), (t.id, earlier, attempts[:-1])
+                    assert t.final_metric == last[-1][1]
                 else:
                     assert t.reason.startswith("environment lost"), (t.id, t.status, t.reason)
                 total_reported += sum(map(len, attempts))
