@@ -246,11 +246,14 @@ class Store:
         self._write(f"INSERT INTO trials ({cols}) VALUES ({marks})", tuple(row.values()))
 
     def update_trial(self, trial_id: str, **fields: Any) -> None:
-        bad = set(fields) - set(TRIAL_COLUMNS)
+        self._update("trials", "trial", TRIAL_COLUMNS, trial_id, fields)
+
+    def _update(self, table: str, what: str, columns: Sequence[str], row_id: str, fields: dict[str, Any]) -> None:
+        bad = set(fields) - set(columns)
         if bad:
-            raise ValueError(f"unknown trial columns {sorted(bad)}")
+            raise ValueError(f"unknown {what} columns {sorted(bad)}")
         sets = ", ".join(f"{k} = ?" for k in fields)
-        self._write(f"UPDATE trials SET {sets} WHERE id = ?", (*fields.values(), trial_id))
+        self._write(f"UPDATE {table} SET {sets} WHERE id = ?", (*fields.values(), row_id))
 
     def trials(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._db.execute("SELECT * FROM trials ORDER BY seq")]
@@ -300,11 +303,7 @@ class Store:
         )
 
     def update_env(self, env_id: str, **fields: Any) -> None:
-        bad = set(fields) - set(ENV_COLUMNS)
-        if bad:
-            raise ValueError(f"unknown environment columns {sorted(bad)}")
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        self._write(f"UPDATE environments SET {sets} WHERE id = ?", (*fields.values(), env_id))
+        self._update("environments", "environment", ENV_COLUMNS, env_id, fields)
 
     def envs(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._db.execute("SELECT * FROM environments ORDER BY created_at, id")]
@@ -363,13 +362,7 @@ class Store:
             sql += " AND instr(trial_ids_json, ?) > 0"
             args.append(json.dumps(trial_id))
         rows = self._db.execute(sql + " ORDER BY id", args).fetchall()
-        found = [
-            GpuSampleRow(
-                r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
-                r["memory_total_bytes"], tuple(json.loads(r["trial_ids_json"])),
-            )
-            for r in rows
-        ]
+        found = [_gpu_row(r) for r in rows]
         return [r for r in found if trial_id is None or trial_id in r.trial_ids]
 
     def latest_gpu_samples(self, environment_id: str) -> dict[str, GpuSampleRow]:
@@ -379,13 +372,14 @@ class Store:
             " (SELECT max(id) FROM gpu_samples WHERE environment_id = ? GROUP BY uuid)",
             (environment_id,),
         ).fetchall()
-        return {
-            r["uuid"]: GpuSampleRow(
-                r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
-                r["memory_total_bytes"], tuple(json.loads(r["trial_ids_json"])),
-            )
-            for r in rows
-        }
+        return {r["uuid"]: _gpu_row(r) for r in rows}
 
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def _gpu_row(r: sqlite3.Row) -> GpuSampleRow:
+    return GpuSampleRow(
+        r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
+        r["memory_total_bytes"], tuple(json.loads(r["trial_ids_json"])),
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
-from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.core import Coordinator, TrialHandle
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
 WAIT_S = 30.0
@@ -38,6 +38,15 @@ def _started(c: Coordinator, trial_id: str) -> bool:
     return (c.experiment_dir / "trials" / trial_id / "output" / "started").exists()
 
 
+async def _one_running(c: Coordinator, go: Path) -> tuple[TrialHandle, str, int]:
+    """Submit one holding trial and wait until it runs: its handle, environment, agent pid."""
+    h = await c.submit({"go": str(go)})
+    await async_wait_until(lambda: _started(c, h.id), WAIT_S)
+    env_id = h.info.environment_id
+    assert env_id is not None
+    return h, env_id, _agent_pid(c, env_id)
+
+
 def _statuses(c: Coordinator) -> dict[str, EnvStatus]:
     return {e.id: e.status for e in c.environments()}
 
@@ -49,11 +58,8 @@ def test_killed_agent_fails_its_trial_with_environment_lost_and_is_replaced(tmp_
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            doomed = await c.submit({"go": str(go)})
-            await async_wait_until(lambda: _started(c, doomed.id), WAIT_S)
-            env_id = doomed.info.environment_id
-            assert env_id is not None
-            os.kill(_agent_pid(c, env_id), signal.SIGKILL)
+            doomed, env_id, pid = await _one_running(c, go)
+            os.kill(pid, signal.SIGKILL)
             info = await doomed.wait(WAIT_S)
             assert info.status is TrialStatus.FAILED
             assert info.reason.startswith("environment lost"), info.reason
@@ -74,11 +80,8 @@ def test_killed_agent_with_retries_runs_the_trial_again_elsewhere(tmp_path: Path
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            h = await c.submit({"go": str(go)})
-            await async_wait_until(lambda: _started(c, h.id), WAIT_S)
-            first_env = h.info.environment_id
-            assert first_env is not None
-            os.kill(_agent_pid(c, first_env), signal.SIGKILL)
+            h, first_env, pid = await _one_running(c, go)
+            os.kill(pid, signal.SIGKILL)
             await async_wait_until(lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S)
             go.write_text("")
             info = await h.wait(WAIT_S)
@@ -97,11 +100,7 @@ def test_frozen_agent_is_unreachable_first_then_lost(tmp_path: Path) -> None:
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            h = await c.submit({"go": str(go)})
-            await async_wait_until(lambda: _started(c, h.id), WAIT_S)
-            env_id = h.info.environment_id
-            assert env_id is not None
-            pid = _agent_pid(c, env_id)
+            h, env_id, pid = await _one_running(c, go)
             os.kill(pid, signal.SIGSTOP)
             try:
                 # First timer: unreachable, the trial still counts as running.
@@ -132,11 +131,7 @@ def test_agent_that_comes_back_before_the_trial_lost_timer_carries_on(tmp_path: 
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            h = await c.submit({"go": str(go)})
-            await async_wait_until(lambda: _started(c, h.id), WAIT_S)
-            env_id = h.info.environment_id
-            assert env_id is not None
-            pid = _agent_pid(c, env_id)
+            h, env_id, pid = await _one_running(c, go)
             os.kill(pid, signal.SIGSTOP)
             try:
                 await async_wait_until(lambda: _statuses(c)[env_id] is EnvStatus.LOST, WAIT_S)
