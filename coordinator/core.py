@@ -290,8 +290,9 @@ class Coordinator:
                 platform_id=r["platform_id"], reason=r["reason"], hostname=r["hostname"],
                 instance_id=r["agent_instance_id"], last_seq=r["last_seq"], last_seen=now, requested_at=now,
             )
+            per_gpu, env.use_active_gpu = self._gpu_policy(env.id)
             env.gpus = [
-                scheduler.GpuSlot(g["uuid"], g["index"], self._per_gpu(), memory_total_bytes=g.get("memory_total_bytes", 0))
+                scheduler.GpuSlot(g["uuid"], g["index"], per_gpu, memory_total_bytes=g.get("memory_total_bytes", 0))
                 for g in info.get("gpus", [])
             ]
             env.gpu_names = {g["uuid"]: g["name"] + (" (simulated)" if g.get("simulated") else "") for g in info.get("gpus", [])}
@@ -485,8 +486,9 @@ class Coordinator:
                 self._lose_trials(env, "its agent restarted", keep=set())
             env.instance_id = reg.agent_instance_id
             env.last_seq = 0
+            per_gpu, env.use_active_gpu = self._gpu_policy(env.id)
             env.gpus = [
-                scheduler.GpuSlot(g.uuid, g.index, self._per_gpu(), memory_total_bytes=g.memory_total_bytes)
+                scheduler.GpuSlot(g.uuid, g.index, per_gpu, memory_total_bytes=g.memory_total_bytes)
                 for g in reg.gpus
             ]
             env.gpu_names = {
@@ -747,8 +749,15 @@ class Coordinator:
 
     # ---- placing trials ----------------------------------------------------------------
 
-    def _per_gpu(self) -> int:
-        return int(getattr(self._ts, "max_trial_number_per_gpu", 1) or 1)
+    def _gpu_policy(self, env_id: str) -> tuple[int, bool]:
+        """GPU sharing for one environment: the platform's per-machine values, else the
+        experiment's."""
+        per_gpu, active = self._service.gpu_policy(env_id) if self._service is not None else (None, None)
+        if per_gpu is None:
+            per_gpu = int(getattr(self._ts, "max_trial_number_per_gpu", 1) or 1)
+        if active is None:
+            active = bool(getattr(self._ts, "use_active_gpu", False))
+        return per_gpu, active
 
     def _capacity_views(self) -> list[scheduler.EnvCapacity]:
         views = []
@@ -766,7 +775,7 @@ class Coordinator:
                     trial_slots=env.trial_slots,
                     holders=env.holders,
                     gpus=env.gpus,
-                    use_active_gpu=bool(getattr(self._ts, "use_active_gpu", False)),
+                    use_active_gpu=env.use_active_gpu,
                     accepting=accepting,
                 )
             )

@@ -141,6 +141,7 @@ class EnvState:
     gpu_recorded_at: float = 0.0  # monotonic, when a GPU sample of this env was last stored
     gpu_recorded_holders: dict[str, tuple[str, ...]] = field(default_factory=dict)
     ignored_messages: int = 0  # messages about trials not placed here
+    use_active_gpu: bool = False
 
     @property
     def connected(self) -> bool:

@@ -93,6 +93,11 @@ class EnvironmentService(abc.ABC):
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         """End the environment and everything its agent started."""
 
+    def gpu_policy(self, env_id: str) -> tuple[int | None, bool | None]:
+        """``(maxTrialNumberPerGpu, useActiveGpu)`` for one environment, where the platform
+        sets them per machine; ``None`` for either means the experiment-wide setting."""
+        return None, None
+
     def adopt(self, env_id: str, platform_id: str) -> None:
         """After a coordinator restart: take charge of an environment a previous
         coordinator of this experiment started (``platform_id`` is what ``start`` returned),

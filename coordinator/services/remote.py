@@ -165,6 +165,12 @@ class RemoteEnvironmentService(EnvironmentService):
 
     # ---- the contract -------------------------------------------------------------
 
+    def gpu_policy(self, env_id: str) -> tuple[int | None, bool | None]:
+        env = self._envs.get(env_id)
+        if env is None or env.machine is None:
+            return None, None
+        return env.machine.config.max_trial_number_per_gpu, env.machine.config.use_active_gpu
+
     def working_directory(self) -> str:
         # Relative to the experiment directory on each machine (the agents' cwd), where
         # the snapshot lies; each trial runs in its own copy of it (see _remote_agent).
