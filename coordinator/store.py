@@ -146,12 +146,11 @@ class _Transaction:
             store._db.execute("BEGIN")
         store._depth += 1
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         store = self._store
         store._depth -= 1
         if store._depth == 0:
             store._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
-        return False
 
 
 class Store:
