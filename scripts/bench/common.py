@@ -55,12 +55,16 @@ def kill_group(proc: subprocess.Popen[Any]) -> None:
         pass
 
 
-def run_json_child(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_json_child(
+    argv: list[str], timeout_s: float, env: dict[str, str] | None = None, sample: bool = False
+) -> dict[str, Any]:
     """Run a child that prints one JSON object as its last stdout line; kill it (and its
-    process group) past ``timeout_s``. Returns the object, or {"error": ...}."""
+    process group) past ``timeout_s``. Returns the object, or {"error": ...}. With
+    ``sample``, the child's peak RSS is added as ``peak_rss_mib``."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env, cwd=str(HERE)
     )
+    sampler = Sampler(proc.pid).start() if sample else None
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -73,11 +77,16 @@ def run_json_child(argv: list[str], timeout_s: float, env: dict[str, str] | None
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    if sampler is not None:
+        sampler.stop()
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit status {proc.returncode}", "stderr_tail": err.decode(errors="replace")[-1500:]}
     try:
-        return json.loads(lines[-1])
+        result = json.loads(lines[-1])
+        if sampler is not None and isinstance(result, dict):
+            result["peak_rss_mib"] = sampler.peak_rss / 2**20
+        return result
     except ValueError:
         return {"error": "no JSON result", "stdout_tail": "\n".join(lines[-5:]), "stderr_tail": err.decode(errors="replace")[-800:]}
 

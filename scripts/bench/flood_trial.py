@@ -2,9 +2,9 @@
 import time
 
 _t0 = time.time()
-import os  # noqa: E402
+import os
 
-from trialkeeper.agent import trial  # noqa: E402
+from trialkeeper.agent import trial
 
 n = int(os.environ.get("BENCH_METRICS", "25000"))
 trial.get_next_parameter()

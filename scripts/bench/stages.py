@@ -29,8 +29,6 @@ from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.services.base import EnvironmentService, Observation, StartResult
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
-from common import percentile
-
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 TRIVIAL = HERE / "trivial_trial.py"
@@ -144,6 +142,8 @@ async def _overhead(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         await asyncio.sleep(0.3)
         t0 = time.perf_counter()
         handles = [await c.submit({"x": i}) for i in range(a.n)]
+        if a.wake and hasattr(c, "_changed"):
+            c._changed.set()  # what waking the scheduler on submit (the proposed fix) gives
         infos = await c.wait_all(a.timeout)
         wall = time.perf_counter() - t0
         times = read_times(times_file)
@@ -169,18 +169,23 @@ async def _overhead(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         }
         # Dispatch latency: one trial at a time on the idle, warm agent.
         if a.sequential:
-            to_spawn, to_first = [], []
-            for i in range(a.sequential):
-                await asyncio.sleep(0.05)
-                h = await c.submit({"x": i})
-                info = await h.wait(30)
-                t = read_times(times_file).get(h.id)
-                if info.started_at:
-                    to_spawn.append((info.started_at - info.submitted_at) * 1000)
-                if t:
-                    to_first.append((t[0] - info.submitted_at) * 1000)
-            result["submit_to_spawned_ms"] = to_spawn
-            result["submit_to_first_line_ms"] = to_first
+            for wake in (False, True):
+                to_spawn, to_first = [], []
+                for i in range(a.sequential):
+                    await asyncio.sleep(0.05)
+                    h = await c.submit({"x": i})
+                    if wake and hasattr(c, "_changed"):
+                        # What waking the scheduler on submit (the proposed fix) would give.
+                        c._changed.set()
+                    info = await h.wait(30)
+                    t = read_times(times_file).get(h.id)
+                    if info.started_at:
+                        to_spawn.append((info.started_at - info.submitted_at) * 1000)
+                    if t:
+                        to_first.append((t[0] - info.submitted_at) * 1000)
+                suffix = "_woken" if wake else ""
+                result["submit_to_spawned_ms" + suffix] = to_spawn
+                result["submit_to_first_line_ms" + suffix] = to_first
         del handles
     return result
 
@@ -281,7 +286,7 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
             while count < expected and time.monotonic() < deadline:
                 try:
                     data = sock.recv(65536)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 json.loads(data)  # the agent parses every datagram; so does the floor
                 count += 1
@@ -315,14 +320,18 @@ async def _footprint(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             await asyncio.sleep(a.settle)
             pid = agent_pids(c)["env-1"]
             procs = {"agent": psutil.Process(pid), "floor": psutil.Process(sim.pid)}
-            cpu0 = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
-            t0 = time.monotonic()
             peak = {k: 0 for k in procs}
-            while time.monotonic() - t0 < a.seconds:
-                await asyncio.sleep(0.25)
+            cpu: dict[str, list[float]] = {k: [] for k in procs}
+            for _ in range(a.windows):
+                cpu0 = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < a.seconds:
+                    await asyncio.sleep(0.25)
+                    for k, p in procs.items():
+                        peak[k] = max(peak[k], p.memory_info().rss)
+                span = time.monotonic() - t0
                 for k, p in procs.items():
-                    peak[k] = max(peak[k], p.memory_info().rss)
-            span = time.monotonic() - t0
+                    cpu[k].append((sum(p.cpu_times()[:2]) - cpu0[k]) / span * 100)
             out: dict[str, Any] = {}
             for k, p in procs.items():
                 mem = p.memory_full_info()
@@ -330,10 +339,10 @@ async def _footprint(a: argparse.Namespace, d: Path) -> dict[str, Any]:
                     "rss_mib": mem.rss / 2**20,
                     "uss_mib": mem.uss / 2**20,
                     "peak_rss_mib": peak[k] / 2**20,
-                    "cpu_percent": (sum(p.cpu_times()[:2]) - cpu0[k]) / span * 100,
+                    "cpu_percent": cpu[k],
                     "threads": p.num_threads(),
                 }
-            out["seconds"] = span
+            out["window_s"] = a.seconds
             return out
         finally:
             os.killpg(sim.pid, signal.SIGKILL)
@@ -396,11 +405,22 @@ async def _failure(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             pid = agent_pids(c)["env-1"]
             t_kill = time.time()
             os.kill(pid, signal.SIGKILL)
-            await until(lambda: h.id in marked, 60, "trial marked after the agent was killed", interval=0.001)
+            env = next(e for e in c.environments() if e.id == "env-1")
+            env_marked: list[float] = []
+
+            def seen() -> bool:
+                if not env_marked and env.status is not EnvStatus.READY and env.status is not EnvStatus.BUSY:
+                    env_marked.append(time.time())
+                return h.id in marked
+
+            await until(seen, 60, "trial marked after the agent was killed", interval=0.001)
             info = c.trial(h.id)
             return {
                 "mode": a.mode,
                 "detect_s": marked[h.id] - t_kill,
+                "env_marked_s": (env_marked[0] - t_kill) if env_marked else None,
+                "env_status": env.status.value,
+                "trial_lost_timeout_s": getattr(config.coordinator, "trial_lost_timeout", None),
                 "status": info.status.value,
                 "reason": info.reason,
                 "heartbeat_interval_s": config.coordinator.heartbeat_interval,
@@ -541,7 +561,7 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
                 counters["running"] += 1
 
         c.on_status(on_status)
-        env_count = lambda: len(ready_envs(c))  # noqa: E731
+        env_count = lambda: len(ready_envs(c))
     R["counters"] = counters
     await asyncio.sleep(1.0)
     idle_cpu0, t_idle = cpu(), time.monotonic()
@@ -561,12 +581,15 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
     R["sim_pids"] = [p.pid for p in procs]
     try:
         t0 = time.monotonic()
+        all_connected = True
         try:
             await until(lambda: env_count() >= a.agents, a.connect_timeout, "agents connected", interval=0.05)
             R["connect_s"] = time.monotonic() - t0
         except TimeoutError:
-            R["connect_error"] = f"{env_count()} of {a.agents} connected in {a.connect_timeout:.0f} s"
-            return
+            all_connected = False
+            R["connect_error"] = f"{env_count()} of {a.agents} ready after {time.monotonic() - t0:.0f} s"
+        if c is not None:
+            R["env_status_counts"] = _status_counts(c)
         await asyncio.sleep(a.settle)
         windows = []
         for _ in range(a.windows):
@@ -577,8 +600,10 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         R["heartbeat_windows"] = windows
         R["rss_connected_mib"] = me.memory_info().rss / 2**20
         R["rss_per_agent_kib"] = (R["rss_connected_mib"] - R["rss_before_mib"]) * 1024 / a.agents
+        if c is not None:
+            R["env_status_counts_after"] = _status_counts(c)
         rec.flush()
-        if c is None or a.burst <= 0:
+        if c is None or a.burst <= 0 or not all_connected:
             return
         # A burst of trials: submit them all, then wait for them to be placed and running.
         target = min(a.burst, a.agents * a.gpus)
@@ -605,6 +630,15 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
         log.close()
+        lines = [ln for ln in (d / "sim.log").read_text(errors="replace").splitlines() if ln.startswith("{")]
+        R["sim_last"] = lines[-a.sim_procs:]
+
+
+def _status_counts(c: Coordinator) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in c.environments():
+        counts[e.status.value] = counts.get(e.status.value, 0) + 1
+    return counts
 
 
 async def _bare_server(d: Path, counters: dict[str, int]) -> tuple[Any, str, Path, Callable[[], int]]:
@@ -777,6 +811,7 @@ def main() -> None:
     o.add_argument("--n", type=int, default=200)
     o.add_argument("--k", type=int, default=1)
     o.add_argument("--sequential", type=int, default=0)
+    o.add_argument("--wake", action="store_true")
     o.add_argument("--timeout", type=float, default=300)
     i = sub.add_parser("ingest")
     i.add_argument("--trials", type=int, default=4)
@@ -787,7 +822,8 @@ def main() -> None:
     fi.add_argument("--metrics", type=int, default=25000)
     fi.add_argument("--timeout", type=float, default=60)
     fp = sub.add_parser("footprint")
-    fp.add_argument("--seconds", type=float, default=10)
+    fp.add_argument("--seconds", type=float, default=3)
+    fp.add_argument("--windows", type=int, default=3)
     fp.add_argument("--settle", type=float, default=2)
     fl = sub.add_parser("failure")
     fl.add_argument("--mode", choices=["local", "lease"], default="local")

@@ -3,9 +3,9 @@
 import time
 
 _t0 = time.time()
-import os  # noqa: E402
+import os
 
-from trialkeeper.agent import trial  # noqa: E402
+from trialkeeper.agent import trial
 
 params = trial.get_next_parameter()
 x = float(params.get("x", 0))

@@ -1,0 +1,75 @@
+"""The trivial-trial workload under NNI (local training service). Runs in the peer's own
+virtualenv; prints one JSON line.
+
+    <cache>/peers/nni/bin/python peer_nni.py --n 40 --width 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRIAL = """
+import nni
+x = float(nni.get_next_parameter()["x"])
+for i in range(3):
+    nni.report_intermediate_result(x + i)
+nni.report_final_result(x * 10.0)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=40)
+    p.add_argument("--width", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=600)
+    a = p.parse_args()
+    import nni
+    from nni.experiment import Experiment
+
+    out: dict = {"n": a.n, "width": a.width, "nni": nni.__version__}
+    with tempfile.TemporaryDirectory() as d:
+        code = Path(d) / "code"
+        code.mkdir()
+        (code / "trial.py").write_text(TRIAL)
+        exp = Experiment("local")
+        exp.config.trial_command = f"{sys.executable} trial.py"
+        exp.config.trial_code_directory = str(code)
+        exp.config.experiment_working_directory = str(Path(d) / "exp")
+        exp.config.search_space = {"x": {"_type": "choice", "_value": list(range(a.n))}}
+        exp.config.tuner.name = "GridSearch"
+        exp.config.max_trial_number = a.n
+        exp.config.trial_concurrency = a.width
+        t0 = time.perf_counter()
+        exp.start(free_port())
+        out["start_s"] = time.perf_counter() - t0
+        try:
+            deadline = time.monotonic() + a.timeout
+            done = 0
+            while time.monotonic() < deadline:
+                jobs = exp.list_trial_jobs()
+                done = sum(1 for j in jobs if j.status in ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED"))
+                if done >= a.n:
+                    break
+                time.sleep(0.2)
+            out["wall_s"] = time.perf_counter() - t0 - out["start_s"]
+            out["ok"] = sum(1 for j in exp.list_trial_jobs() if j.status == "SUCCEEDED")
+            out["completed"] = done
+        finally:
+            exp.stop()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
