@@ -124,6 +124,7 @@ class Coordinator:
         self._resuming = False
         self.store: Store | None = None
         self._changed = asyncio.Event()
+        self._pass_pending = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -385,8 +386,8 @@ class Coordinator:
         self._trials[trial_id] = t
         self._queue.append(trial_id)
         self._notes.append(StatusEvent(t.info(), TrialStatus.WAITING))
-        self._reconcile()
         self._flush_notes()
+        self._pass_soon()
         return TrialHandle(self, trial_id)
 
     async def cancel(
@@ -583,8 +584,7 @@ class Coordinator:
         env.last_seq = msg.seq
         link.ack(msg.seq)
         self._flush_notes()
-        self._schedule()
-        self._reconcile()
+        self._pass_soon()
 
     # ---- agent message handlers (inside the store transaction) -------------------------
 
@@ -780,6 +780,23 @@ class Coordinator:
                 )
             )
         return views
+
+    def _pass_soon(self) -> None:
+        """Place waiting trials and top up environments as soon as the current burst of work
+        yields: a burst of submits or agent messages costs one scheduling pass, not one
+        each, and a trial submitted to an idle agent does not wait for the monitor's tick."""
+        if not self._pass_pending:
+            self._pass_pending = True
+            asyncio.get_running_loop().call_soon(self._scheduling_pass)
+
+    def _scheduling_pass(self) -> None:
+        self._pass_pending = False
+        try:
+            self._schedule()
+            self._reconcile()
+        except Exception:
+            log.exception("scheduling pass failed; the monitor will try again")
+        self._flush_notes()
 
     def _schedule(self) -> None:
         if not self._queue or self._stopping:

@@ -264,8 +264,8 @@ def test_unknown_or_missing_platform(tmp_path: Path) -> None:
     assert found == {
         "trainingService.platform": f"unknown platform 'locl'; did you mean 'local'? valid: {valid}"
     }
-    found = errors(minimal(trainingService={"platform": "kubeflow"}), tmp_path)
-    assert found == {"trainingService.platform": f"unknown platform 'kubeflow'; valid: {valid}"}
+    found = errors(minimal(trainingService={"platform": "abacus"}), tmp_path)
+    assert found == {"trainingService.platform": f"unknown platform 'abacus'; valid: {valid}"}
     found = errors(minimal(trainingService={"useActiveGpu": True}), tmp_path)
     assert found == {"trainingService.platform": f"required key is missing (one of: {valid})"}
     found = errors(minimal(trainingService="local"), tmp_path)
