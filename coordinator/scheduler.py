@@ -126,6 +126,7 @@ def place(
     # once will not fit later in the queue either: decide it once. This keeps a call
     # linear in the queue length.
     no_fit: dict[tuple[int, int], str] = {}
+    offers = _Offers()
     for demand in waiting:
         if budget is not None and budget <= 0:
             reasons[demand.trial_id] = f"waiting: {max_running} trials are running (trialConcurrency)"
@@ -134,7 +135,7 @@ def place(
         if shape in no_fit:
             reasons[demand.trial_id] = no_fit[shape]
             continue
-        found = _choose(demand, open_envs, policy)
+        found = _choose(demand, open_envs, policy, offers)
         if found is None:
             reasons[demand.trial_id] = no_fit[shape] = _why_not(demand, envs)
             continue
@@ -142,6 +143,7 @@ def place(
         env.holders.add(demand.trial_id)
         for g in gpus:
             g.take(demand.trial_id, demand.gpu_memory_bytes)
+        offers.changed(env)
         placements.append(
             Placement(
                 demand.trial_id,
@@ -155,30 +157,52 @@ def place(
     return Decision(placements, reasons)
 
 
-def _choose(demand: Demand, envs: Sequence[EnvCapacity], policy: str) -> tuple[EnvCapacity, list[GpuSlot]] | None:
-    fits: list[tuple[EnvCapacity, list[GpuSlot]]] = []
+class _Offers:
+    """What each environment can offer, computed once per call and again only for an
+    environment a placement changed: a placement then costs one cheap look per
+    environment instead of a walk over every GPU of every environment."""
+
+    def __init__(self) -> None:
+        self._usable: dict[int, dict[int, list[GpuSlot]]] = {}
+
+    def usable(self, env: EnvCapacity, memory_bytes: int) -> list[GpuSlot]:
+        per_env = self._usable.setdefault(id(env), {})
+        found = per_env.get(memory_bytes)
+        if found is None:
+            found = per_env[memory_bytes] = env.usable_gpus(memory_bytes)
+        return found
+
+    def changed(self, env: EnvCapacity) -> None:
+        self._usable.pop(id(env), None)
+
+
+def _choose(
+    demand: Demand, envs: Sequence[EnvCapacity], policy: str, offers: _Offers
+) -> tuple[EnvCapacity, list[GpuSlot]] | None:
+    # Pack: the busiest environment that still fits, leaving others whole for big trials;
+    # spread: the emptiest.
+    sign = 1 if policy != "spread" else -1
+    best: EnvCapacity | None = None
+    best_key: tuple[int, int] | None = None
     for env in envs:
-        if env.free_slots() <= 0:
+        slots = env.free_slots()
+        if slots <= 0:
             continue
-        if demand.gpus == 0:
-            fits.append((env, []))
+        if demand.gpus and len(offers.usable(env, demand.gpu_memory_bytes)) < demand.gpus:
             continue
-        usable = env.usable_gpus(demand.gpu_memory_bytes)
-        if len(usable) < demand.gpus:
-            continue
-        # Pack fills GPUs that already hold trials first; spread prefers the emptiest.
-        usable.sort(key=lambda g: (g.free() if policy == "pack" else -g.free(), g.index))
-        fits.append((env, usable[: demand.gpus]))
-    if not fits:
+        key = (sign * slots, sign * len(offers.usable(env, 0)))
+        if best_key is None or key < best_key:
+            best, best_key = env, key
+    if best is None:
         return None
-    if policy == "spread":
-        return max(fits, key=lambda f: (f[0].free_slots(), _free_gpu_count(f[0])))
-    # pack: the busiest environment that still fits, leaving others whole for big trials.
-    return min(fits, key=lambda f: (f[0].free_slots(), _free_gpu_count(f[0])))
-
-
-def _free_gpu_count(env: EnvCapacity) -> int:
-    return sum(1 for _ in env.usable_gpus())
+    if not demand.gpus:
+        return best, []
+    # Pack fills GPUs that already hold trials first; spread prefers the emptiest.
+    usable = sorted(
+        offers.usable(best, demand.gpu_memory_bytes),
+        key=lambda g: (g.free() if policy == "pack" else -g.free(), g.index),
+    )
+    return best, usable[: demand.gpus]
 
 
 def _why_not(demand: Demand, envs: Sequence[EnvCapacity]) -> str:

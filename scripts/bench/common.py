@@ -34,7 +34,7 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     vals = sorted(values)
     if not vals:
         return None
-    k = max(0, min(len(vals) - 1, int(round(p / 100.0 * (len(vals) - 1)))))
+    k = max(0, min(len(vals) - 1, round(p / 100.0 * (len(vals) - 1))))
     return vals[k]
 
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
@@ -20,7 +21,7 @@ from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
 
 async def main(a: argparse.Namespace) -> None:
-    token = open(a.token_file).read().strip()
+    token = Path(a.token_file).read_text().strip()
     async with grpc.aio.insecure_channel(a.coordinator) as channel:
         call = pb_grpc.CoordinatorStub(channel).Session(metadata=(("x-trialkeeper-token", token),))
         await call.write(pb.AgentMessage(register=pb.Register(protocol_version=1, environment_id=a.env_id, agent_instance_id=uuid.uuid4().hex, hostname="edge")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+from pathlib import Path
 
 
 def main() -> None:
@@ -21,7 +22,7 @@ def main() -> None:
     procs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     selfs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     totals: collections.Counter[str] = collections.Counter()
-    for line in open(a.file):
+    for line in Path(a.file).read_text().splitlines():
         stack, _, count = line.rstrip("\n").rpartition(" ")
         if not stack:
             continue

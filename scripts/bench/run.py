@@ -23,7 +23,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import PYTHON, percentile, run_json_child, summary  # noqa: E402
+from common import PYTHON, percentile, run_json_child, summary
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {
@@ -79,13 +79,12 @@ def pcts(values: list[float]) -> tuple[float | None, float | None]:
 def run_overhead(p: dict[str, Any], R: dict[str, Any]) -> None:
     log("1+2. per-trial overhead and dispatch latency")
     for k in p["ks"]:
-        floors, tks, woken = [], [], []
+        floors, tks = [], []
         for r in range(p["repeats"]):
             floors.append(stage("floor", "--n", p["n"], "--width", k, timeout=300))
             seq = p["sequential"] if k == 1 else 0
             tks.append(stage("overhead", "--n", p["n"], "--k", k, "--sequential", seq, timeout=300))
-            woken.append(stage("overhead", "--n", p["n"], "--k", k, "--wake", timeout=300))
-        R[f"overhead_k{k}"] = {"floor": floors, "trialkeeper": tks, "woken": woken}
+        R[f"overhead_k{k}"] = {"floor": floors, "trialkeeper": tks}
 
 
 def run_ingest(p: dict[str, Any], R: dict[str, Any]) -> None:
@@ -208,10 +207,6 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
             ratio_summary(tk, fl), "≤ 1.10×", "floor: plain subprocess pool of width k", digits=2)
         row(rows, f"1. overhead per trial, k={k} (ms of slot time)", summary(per), None, None, "",
             "(wall − floor) × k / N")
-        wk = [r["wall_s"] if ok(r) else None for r in data.get("woken", [])]
-        if wk:
-            row(rows, f"1. wall, k={k}, scheduler woken on submit (proposed fix) (s)", summary(wk), summary(fl),
-                ratio_summary(wk, fl), "≤ 1.10×", "the bench sets the core's wake-up event after submitting", digits=2)
         starts = [r["agent_start_s"] * 1000 for r in data["trialkeeper"] if ok(r)]
         row(rows, f"   agent start-up, k={k} (ms, not in the wall time)", summary(starts))
         bad = [r for r in data["trialkeeper"] if ok(r) and r["succeeded"] != n]
@@ -222,10 +217,10 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
             fl_ok = [r for r in data["floor"] if ok(r)]
             spawn_p50 = [percentile(r["spawn_to_first_line_ms"], 50) for r in fl_ok]
             spawn_p99 = [percentile(r["spawn_to_first_line_ms"], 99) for r in fl_ok]
-            for key, label in (("submit_to_first_line_ms", "as is"), ("submit_to_first_line_ms_woken", "scheduler woken on submit")):
+            for key, label in (("submit_to_first_line_ms", "idle warm agent"),):
                 p50 = [percentile(r[key], 50) for r in tk_ok if r.get(key)]
                 p99 = [percentile(r[key], 99) for r in tk_ok if r.get(key)]
-                row(rows, f"2. submit → trial's first line, p50, idle warm agent, {label} (ms)", summary(p50),
+                row(rows, f"2. submit → trial's first line, p50, {label} (ms)", summary(p50),
                     summary(spawn_p50), ratio_summary(p50, spawn_p50), "≤ 5 ms beyond spawn",
                     f"beyond spawn: {fmt(_diff(p50, spawn_p50))} ms; floor: Popen → first line")
                 row(rows, f"2. submit → trial's first line, p99, {label} (ms)", summary(p99),

@@ -18,6 +18,7 @@ import random
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
@@ -145,7 +146,7 @@ class SimAgent:
 
 
 async def main(args: argparse.Namespace) -> None:
-    token = open(args.token_file).read().strip()
+    token = Path(args.token_file).read_text().strip()
     stats = Stats()
     sem = asyncio.Semaphore(args.connect_parallel)
     ids = [

@@ -25,14 +25,15 @@ def test_every_benchmark_stage_runs_and_produces_figures(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=160,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     results = data["results"]
     for k in (1, 2):
         runs = results[f"overhead_k{k}"]
-        assert all("error" not in r for r in runs["floor"] + runs["trialkeeper"] + runs["woken"]), runs
-        assert all(r["succeeded"] == r["n"] for r in runs["trialkeeper"] + runs["woken"])
+        assert all("error" not in r for r in runs["floor"] + runs["trialkeeper"]), runs
+        assert all(r["succeeded"] == r["n"] for r in runs["trialkeeper"])
     assert all(r["stored"] == r["expected"] for r in results["ingest"]["trialkeeper"])
     assert all("error" not in e for e in results["ingest"]["edge"])
     assert "error" not in results["footprint"]
