@@ -37,6 +37,9 @@ MAX_METRICS_PER_BATCH = 5000
 # Metric values may be up to 60 KiB each: batches are cut by size too, far below the
 # 64 MiB message limit, or one batch of large values would be refused and replayed forever.
 MAX_BATCH_BYTES = 4 * 1024 * 1024
+# How long metrics may wait for others to share their message: far below what a user
+# watching a live table notices, long enough for a trial reporting in a tight loop.
+METRIC_LINGER_S = 0.005
 _OUTCOMES = {
     "succeeded": pb.TRIAL_OUTCOME_SUCCEEDED,
     "failed": pb.TRIAL_OUTCOME_FAILED,
@@ -384,6 +387,10 @@ class AgentSession(RunnerEvents):
         # The only task that writes on the stream: gRPC allows one write at a time.
         while True:
             await self._wakeup.wait()
+            if self._sent == len(self._unacked) and 0 < len(self._pending_metrics) < MAX_METRICS_PER_BATCH:
+                # Only metrics to send: let a flood of them gather into one message (one
+                # gRPC write, one store transaction) rather than send each on its own.
+                await asyncio.sleep(METRIC_LINGER_S)
             self._wakeup.clear()
             if self._heartbeat_due is not None:
                 hb, self._heartbeat_due = self._heartbeat_due, None
