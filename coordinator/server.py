@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hmac
 import logging
 from typing import Protocol
 
 import grpc
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
@@ -220,17 +222,48 @@ class Servicer(pb_grpc.CoordinatorServicer):
 
 
 def _out_of_range(msg: Message) -> str:
-    """The first uint64 field of ``msg`` (or of a message in it) that SQLite cannot hold."""
-    for desc, value in msg.ListFields():
-        values = value if desc.is_repeated else (value,)
-        if desc.type == desc.TYPE_MESSAGE:
-            for i, item in enumerate(values):
+    """The first uint64 field of ``msg`` (or of a message in it) that SQLite cannot hold.
+
+    Runs on every heartbeat, so it visits only the fields that can hold such a value, as
+    listed once per message type by :func:`_uint64_layout`."""
+    ints, messages = _uint64_layout(msg.DESCRIPTOR)
+    for name, repeated in ints:
+        value = getattr(msg, name)
+        if (max(value, default=0) if repeated else value) > MAX_SEQ:
+            return name
+    for name, repeated in messages:
+        if repeated:
+            for i, item in enumerate(getattr(msg, name)):
                 inner = _out_of_range(item)
                 if inner:
-                    return f"{desc.name}[{i}].{inner}" if desc.is_repeated else f"{desc.name}.{inner}"
-        elif desc.type == desc.TYPE_UINT64 and any(v > MAX_SEQ for v in values):
-            return desc.name
+                    return f"{name}[{i}].{inner}"
+        elif msg.HasField(name):
+            inner = _out_of_range(getattr(msg, name))
+            if inner:
+                return f"{name}.{inner}"
     return ""
+
+
+@functools.cache
+def _uint64_layout(desc: Descriptor) -> tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]:
+    """The uint64 fields of a message type, and its message fields that may contain some."""
+    ints = tuple((f.name, f.is_repeated) for f in desc.fields if f.type == f.TYPE_UINT64)
+    messages = tuple(
+        (f.name, f.is_repeated)
+        for f in desc.fields
+        if f.type == f.TYPE_MESSAGE and not f.message_type.GetOptions().map_entry and _may_hold_uint64(f.message_type)
+    )
+    return ints, messages
+
+
+def _may_hold_uint64(desc: Descriptor, seen: frozenset[str] = frozenset()) -> bool:
+    if desc.full_name in seen:
+        return False
+    seen = seen | {desc.full_name}
+    return any(
+        f.type == f.TYPE_UINT64 or (f.type == f.TYPE_MESSAGE and _may_hold_uint64(f.message_type, seen))
+        for f in desc.fields
+    )
 
 
 def _valid_environment_id(env_id: str) -> bool:
