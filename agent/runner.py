@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 LOG_CHUNK_BYTES = 256 * 1024
 STDERR_TAIL_BYTES = 4096
 MAX_DATAGRAM = 64 * 1024
+# How long a trial killed by a signal waits for the agent's own stop signal before it is
+# reported as a failure of the trial (see TrialRunner.host_stopping).
+HOST_SIGNAL_GRACE_S = 0.3
 # Where a trial's copy of its working directory goes, under its trial directory.
 TRIAL_CODE_DIR = "code"
 # How long a pid stays attributed to its trial after it was last seen alive.
@@ -58,7 +61,7 @@ class TrialSpec:
 @dataclass(frozen=True)
 class TrialResult:
     trial_id: str
-    outcome: str  # succeeded | failed | canceled | timed_out
+    outcome: str  # succeeded | failed | canceled | timed_out | lost
     exit_code: int | None
     signal: int
     reason: str
@@ -142,6 +145,9 @@ class TrialRunner:
         self._sock: socket.socket | None = None
         self._log_task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()
+        # Set once the agent was signalled to stop: a trial that dies of a signal after
+        # that went down with its environment (the platform signals every process of it).
+        self.host_stopping = asyncio.Event()
         self.idle.set()
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -314,6 +320,12 @@ class TrialRunner:
         # Every datagram the tree sent is in the socket's queue now that the tree is gone.
         self._on_readable()
         self._flush_logs(t)
+        if returncode < 0 and t.cancel_reason is None and not self.host_stopping.is_set():
+            # A platform taking the environment down (scancel, a pod deleted) signals all of
+            # its processes at once: give the agent's own signal a moment to be seen, so the
+            # trial is reported lost with its environment rather than failed.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.host_stopping.wait(), HOST_SIGNAL_GRACE_S)
         self._finish(t, returncode)
 
     def _time_out(self, trial_id: str) -> None:
@@ -329,6 +341,9 @@ class TrialRunner:
             outcome, reason = t.outcome_if_canceled, t.cancel_reason
         elif returncode == 0:
             outcome, reason = "succeeded", ""
+        elif signum and self.host_stopping.is_set():
+            outcome = "lost"
+            reason = f"killed by signal {signum} ({processes.signal_name(signum)}) as its environment was stopped"
         elif signum:
             outcome, reason = "failed", f"killed by signal {signum} ({processes.signal_name(signum)})"
         elif returncode == 127:

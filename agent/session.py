@@ -45,6 +45,7 @@ _OUTCOMES = {
     "failed": pb.TRIAL_OUTCOME_FAILED,
     "canceled": pb.TRIAL_OUTCOME_CANCELED,
     "timed_out": pb.TRIAL_OUTCOME_TIMED_OUT,
+    "lost": pb.TRIAL_OUTCOME_LOST,
 }
 _STREAMS = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
 _KINDS = {"intermediate": pb.METRIC_KIND_INTERMEDIATE, "final": pb.METRIC_KIND_FINAL}
@@ -187,6 +188,7 @@ class AgentSession(RunnerEvents):
 
     def request_stop(self, drain: bool) -> None:
         """First signal drains (running trials finish), a second one cancels them."""
+        self.runner.host_stopping.set()
         if drain and not self._draining:
             log.info("draining: running trials finish, no new ones are taken")
             self._draining = True

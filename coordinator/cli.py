@@ -61,6 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     resume.set_defaults(func=_cmd_run, experiment_dir=None)
 
+    clean = sub.add_parser(
+        "clean", help="remove what a dead coordinator left running",
+        description="Find the environments (agents, jobs, pods) an experiment still holds on its platform and "
+        "remove them. Refused while a coordinator of the experiment is alive: its environments are its to stop.",
+    )
+    clean.add_argument("target", metavar="EXPERIMENT_ID_OR_DIR", help="an experiment directory, or an experiment id under the default working directory")
+    clean.add_argument("--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough")
+    clean.set_defaults(func=_cmd_clean)
+
     agent = sub.add_parser("agent", help="run an agent (usually started for you)", description="Run trials for a coordinator. The first SIGTERM/SIGINT drains, a second one cancels running trials.")
     from trialkeeper.agent.main import add_arguments
 
@@ -237,6 +246,117 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from trialkeeper.agent.main import run
 
     return run(args)
+
+
+# ---- clean -------------------------------------------------------------------------------
+
+PROBE_TIMEOUT_S = 5.0
+SWEEP_TIMEOUT_S = 300.0
+
+
+def _cmd_clean(args: argparse.Namespace) -> int:
+    from .config import ConfigError, _default_working_directory, load_config, parse_config
+    from .services import create_service
+
+    exp_dir = _experiment_dir(args.target, _default_working_directory())
+    if exp_dir is None:
+        print(f"trialkeeper: no experiment {args.target!r}: neither a directory holding one nor a known experiment id", file=sys.stderr)
+        return 1
+    store = _open(exp_dir)
+    try:
+        exp = store.experiment()
+        bound = store.meta("bound_address") or ""
+    finally:
+        store.close()
+    if exp is None:
+        print(f"trialkeeper: {exp_dir} holds no experiment", file=sys.stderr)
+        return 1
+    try:
+        config = load_config(args.config) if args.config else parse_config(json.loads(exp["config_json"]), exp_dir)
+    except ConfigError as e:
+        print(f"trialkeeper: the experiment's config cannot be used ({e}); pass it with --config", file=sys.stderr)
+        return 2
+    alive = _coordinator_alive(bound, exp_dir) if bound else ""
+    if alive:
+        print(
+            f"trialkeeper: refusing to clean experiment {exp['id']}: {alive}; stop it first (its environments "
+            "are its to stop), or clean after it has exited",
+            file=sys.stderr,
+        )
+        return 1
+
+    async def sweep() -> list[str]:
+        service = create_service(config, exp_dir)
+        try:
+            return await asyncio.wait_for(service.sweep(exp["id"], keep=()), SWEEP_TIMEOUT_S)
+        finally:
+            await service.close()
+
+    try:
+        removed = asyncio.run(sweep())
+    except (ValueError, OSError, asyncio.TimeoutError) as e:
+        print(f"trialkeeper: cannot clean experiment {exp['id']}: {e}", file=sys.stderr)
+        return 1
+    platform = config.training_service.platform
+    if removed:
+        print(f"experiment {exp['id']}: removed {len(removed)} environment(s) from {platform}: {', '.join(removed)}")
+    else:
+        print(f"experiment {exp['id']}: nothing left to remove on {platform}")
+    return 0
+
+
+def _experiment_dir(target: str, working_directory: Path) -> Path | None:
+    """The directory of an experiment named by its directory or by its id."""
+    for candidate in (Path(target).expanduser(), working_directory / target):
+        if (candidate / Store.FILENAME).is_file():
+            return candidate.resolve()
+    return None
+
+
+def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:
+    """Why a coordinator of this experiment seems alive, or "" when none answers.
+
+    The probe presents the experiment's token with a Register of a protocol no coordinator
+    speaks: this experiment's coordinator refuses it as a version mismatch (so it is alive,
+    and it joins no environment), another one as a wrong token. A listener that is no
+    plain gRPC coordinator (one serving TLS) counts as alive: cleaning under a live
+    coordinator would be worse than not cleaning."""
+    import socket
+
+    import grpc
+    from trialkeeper.protos.v1 import coordinator_pb2 as pb
+    from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+
+    from .server import TOKEN_METADATA_KEY
+
+    host, _, port = bound_address.rpartition(":")
+    if host in ("", "0.0.0.0", "[::]"):
+        host = "127.0.0.1"
+    address = f"{host}:{port}"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
+            pass
+    except (OSError, ValueError):
+        return ""
+    try:
+        token = (exp_dir / ".token").read_text().strip()
+    except OSError:
+        token = ""
+    with grpc.insecure_channel(address) as channel:
+        call = pb_grpc.CoordinatorStub(channel).Session(
+            iter([pb.AgentMessage(register=pb.Register(protocol_version=0, environment_id="clean-probe"))]),
+            metadata=[(TOKEN_METADATA_KEY, token)], timeout=PROBE_TIMEOUT_S,
+        )
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return ""  # another experiment's coordinator took the port
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                return f"its coordinator answers on {address}"
+        return f"something listens on {address}, where its coordinator did"
 
 
 # ---- reading an experiment ---------------------------------------------------------------

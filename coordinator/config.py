@@ -364,6 +364,39 @@ class LocalConfig(TrainingServiceConfig):
         return self.trials_per_environment
 
 
+@dataclass(frozen=True, kw_only=True)
+class SharedStorageConfig:
+    """`sharedStorage`: storage every environment mounts, holding the trial code and outputs.
+
+    The environments mount it at `remote_mount_point` before their agent starts; this machine
+    sees it at `local_mount_point` (mounted by the user, `usermount`, or by trialkeeper at
+    start, `nnimount`). The code is copied there once instead of being uploaded.
+    """
+
+    storage_type: Literal["NFS", "AzureBlob"]
+    local_mount_point: Path
+    remote_mount_point: str = field(metadata=_NON_EMPTY_STR)
+    local_mounted: Literal["usermount", "nnimount", "nomount"] = "usermount"
+    nfs_server: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    exported_directory: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    storage_account_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    storage_account_key: str | None = field(default=None, repr=False)
+    container_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        needed = {
+            "NFS": ("nfs_server", "exported_directory"),
+            "AzureBlob": ("storage_account_name", "storage_account_key", "container_name"),
+        }.get(values.get("storage_type") or "", ())
+        issues: _Issues = [
+            (name, f"required with storageType {values['storage_type']}") for name in needed if values.get(name) is None
+        ]
+        if values.get("local_mounted") == "nomount":
+            issues.append(("local_mounted", "nomount is not supported: this machine must see the storage to put the code there"))
+        return issues
+
+
 def _default_working_directory() -> Path:
     return Path("~/trialkeeper-experiments").expanduser()
 
@@ -396,6 +429,7 @@ class ExperimentConfig:
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=_ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
+    shared_storage: SharedStorageConfig | None = None
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
@@ -1181,3 +1215,25 @@ class RemoteConfig(TrainingServiceConfig):
 
 
 register_training_service(RemoteConfig)
+
+# Cluster platforms keep their configs beside their services; importing one registers it.
+for _platform in ("slurm", "kubernetes", "ray", "openpai", "dlts", "aml", "dlc"):
+    importlib.import_module(f"{__package__}.services.{_platform}_config")
+
+
+def _load_plugins() -> None:
+    """Import every environment-service plug-in, so that the config class its module
+    registers is known before a config naming its platform is parsed."""
+    import logging
+    from importlib import metadata
+
+    from .services import ENTRY_POINT_GROUP
+
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plug-in must not break the other platforms
+            logging.getLogger(__name__).warning("platform plug-in %s (%s) cannot be loaded: %s", ep.name, ep.value, e)
+
+
+_load_plugins()

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 _KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
 _STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}
 CANCEL_GRACE_S = 5.0
+# How long an agent may take to register once its platform runs it (queue time not counted).
 AGENT_START_TIMEOUT_S = 60.0
 # How often a GPU sample of each environment is kept in the store (and on every change of
 # which trials hold its GPUs).
@@ -199,6 +200,8 @@ class Coordinator:
         for env in self._live_envs():
             if env.platform_id:
                 self._service.adopt(env.id, env.platform_id)
+        if self._resuming:
+            await self._sweep_orphans()
         settings = self.config.coordinator
         servicer = Servicer(self, self._token)
         # With TLS, agents are launched with the certificate's fingerprint and pin it.
@@ -254,6 +257,20 @@ class Coordinator:
         self.store.set_experiment_status(status, reason, ended=True)
         self.store.close()
         self._started = False
+
+    async def _sweep_orphans(self) -> None:
+        """After a crash: remove what the platform still runs for this experiment that the
+        store does not count on (an environment started just before the crash and never
+        recorded, or one the store had already ended), so that nothing is left orphaned."""
+        assert self._service is not None
+        keep = {e.id for e in self._live_envs()}
+        try:
+            removed = await self._service.sweep(self.experiment_id, keep=keep)
+        except Exception:  # a service must return errors, but resume goes on without the sweep
+            log.exception("environment service %s raised on sweep", self._service.platform)
+            return
+        if removed:
+            log.info("experiment %s: removed %d orphaned environment(s): %s", self.experiment_id, len(removed), ", ".join(removed))
 
     def _load_state(self) -> None:
         """Rebuild trials, queue and environments from the store (after a crash).
@@ -670,6 +687,13 @@ class Coordinator:
             new, reason = TrialStatus.SUCCEEDED, ""
         elif m.outcome == pb.TRIAL_OUTCOME_CANCELED and t.cancel_status is not None:
             new, reason = t.cancel_status, t.reason
+        elif m.outcome == pb.TRIAL_OUTCOME_LOST and t.cancel_status is None:
+            # Gone with its environment, like a trial on a lost agent: retried within
+            # maxTrialRetries whether or not failed trials are retried.
+            assert self.store is not None
+            self.store.update_trial(t.id, exit_code=t.exit_code, signal=t.signal, ended_at=t.ended_at)
+            self._lose_trials(env, m.reason or "its environment was stopped", keep=env.holders - {t.id})
+            return
         else:
             new, reason = TrialStatus.FAILED, m.reason or "the trial failed"
         if t.status is TrialStatus.WAITING and new is not TrialStatus.FAILED and new not in (
@@ -1067,6 +1091,15 @@ class Coordinator:
                     self._failed_starts += 1
                     assert obs is not None
                     self._env_to(env, EnvStatus.FAILED, f"agent did not register: {obs.detail}")
+                elif env.status is EnvStatus.STARTING and obs is not None and obs.state == "starting":
+                    # Still queued on the platform (a pending Slurm job, an unscheduled pod):
+                    # waiting there is the platform's business, so the agent's start clock
+                    # runs from when the platform runs it.
+                    env.requested_at = now
+                    if obs.detail and obs.detail != env.reason:
+                        env.reason = obs.detail
+                        assert self.store is not None
+                        self.store.update_env(env.id, reason=obs.detail)
                 elif env.status is EnvStatus.STARTING and now - env.requested_at > AGENT_START_TIMEOUT_S:
                     self._failed_starts += 1
                     self._env_to(env, EnvStatus.FAILED, f"agent did not register within {AGENT_START_TIMEOUT_S:.0f} s")

@@ -32,7 +32,63 @@ def _remote(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentServic
     return RemoteEnvironmentService.from_config(config, experiment_dir)
 
 
-BUILTIN: dict[str, Factory] = {"local": _local, "remote": _remote}
+def _slurm(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .slurm import SlurmEnvironmentService
+
+    return SlurmEnvironmentService.from_config(config, experiment_dir)
+
+
+def _kubernetes(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    # One service for plain pods/jobs and the operator flavours (kubeflow, frameworkcontroller, adl).
+    from .kubernetes import KubernetesEnvironmentService
+
+    return KubernetesEnvironmentService.from_config(config, experiment_dir)
+
+
+def _ray(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .ray import RayEnvironmentService
+
+    return RayEnvironmentService.from_config(config, experiment_dir)
+
+
+def _openpai(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .openpai import OpenPaiEnvironmentService
+
+    return OpenPaiEnvironmentService.from_config(config, experiment_dir)
+
+
+def _dlts(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .dlts import DltsEnvironmentService
+
+    return DltsEnvironmentService.from_config(config, experiment_dir)
+
+
+def _aml(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .aml import AmlEnvironmentService
+
+    return AmlEnvironmentService.from_config(config, experiment_dir)
+
+
+def _dlc(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+    from .dlc import DlcEnvironmentService
+
+    return DlcEnvironmentService.from_config(config, experiment_dir)
+
+
+BUILTIN: dict[str, Factory] = {
+    "local": _local,
+    "remote": _remote,
+    "slurm": _slurm,
+    "kubernetes": _kubernetes,
+    "kubeflow": _kubernetes,
+    "frameworkcontroller": _kubernetes,
+    "adl": _kubernetes,
+    "ray": _ray,
+    "openpai": _openpai,
+    "dlts": _dlts,
+    "aml": _aml,
+    "dlc": _dlc,
+}
 
 
 def factories() -> dict[str, Factory]:

@@ -198,6 +198,17 @@ def op_stop(args):
     return out
 
 
+def op_envs(args):
+    """Every environment directory of an experiment on this machine (``~`` expanded), with its status."""
+    root = os.path.join(os.path.expanduser(args["dir"]), "envs")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        names = []
+    dirs = {n: os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))}
+    return {"envs": {n: dict(_env_status(n, d), dir=d) for n, d in dirs.items()}}
+
+
 def op_processes(args):
     """Every live process of an experiment directory (agents and trials), for checks."""
     root = os.path.realpath(args["dir"])
@@ -391,6 +402,7 @@ OPS = {
     "status": op_status,
     "stop": op_stop,
     "processes": op_processes,
+    "envs": op_envs,
 }
 
 

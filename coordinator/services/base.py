@@ -4,24 +4,34 @@ A service knows one platform. It starts an environment (something that runs one 
 reports what it observes about the environments it started, and stops them. The
 coordinator owns the lifecycle; a service only acts and observes.
 
-The contract every service keeps (and the contract test suite checks):
+The contract every service keeps (and the contract test suite, ``tests/contract``, checks
+on every platform through a real agent dialing a real gRPC endpoint):
 
-* ``start`` is idempotent per ``request.env_id``: starting the same id twice starts one
-  environment. It returns once the platform accepted the request, not once the agent is up.
-* Errors are returned as data (``StartResult.error``, ``Observation.state == "failed"``),
-  never raised into the coordinator's loop.
+* ``start`` is idempotent per ``request.env_id``: starting the same id twice, one after the
+  other or at the same time, starts one environment and answers the same ``platform_id``
+  (non-empty: ``trialkeeper envs`` shows it). It returns once the platform accepted the
+  request, not once the agent is up.
+* Errors are returned as data (``StartResult.error``, ``Observation.state == "failed"``
+  with the reason in ``detail``), never raised into the coordinator's loop. An agent that
+  cannot run (a bad option, a missing interpreter) is one such error.
 * ``poll`` reports every environment the service started and has not forgotten; an id it
-  does not know is reported as ``"unknown"``.
+  does not know is reported as ``"unknown"``. Once an agent has registered, its
+  environment is ``"running"``; once it ended, ``"exited"`` or ``"failed"``.
 * ``stop`` is idempotent and returns once the environment's processes are gone or the
-  platform accepted the stop; stopping an unknown id is a no-op.
+  platform accepted the stop; stopping an unknown id is a no-op. The coordinator has
+  asked the agent to shut down over its stream before; ``grace_s`` is how long the
+  agent may take before it is killed.
 * The experiment token reaches the agent through its environment or a 0600 file, never
   its argv.
+* Every environment a service starts is findable on the platform afterwards by the
+  experiment id alone (a job name prefix, a label, a marker file), so that ``sweep`` can
+  find and remove what a crashed coordinator left behind.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -103,6 +113,22 @@ class EnvironmentService(abc.ABC):
         coordinator of this experiment started (``platform_id`` is what ``start`` returned),
         so that ``poll`` and ``stop`` cover it. By default nothing is adopted and ``poll``
         reports it ``unknown``; its agent is still watched through its heartbeats."""
+
+    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
+        """Find the environments of ``experiment_id`` the platform still holds whose ids are
+        not in ``keep``, stop them, and return their ids (``trialkeeper clean``, ``resume``).
+
+        Works from the platform alone (labels, names), not from this service's memory, so a
+        fresh service finds what a crashed coordinator started; ``clean`` calls it on a
+        service whose ``prepare`` never ran. "Still holds" means something runs or is queued
+        there: an environment that ended and left only logs is not returned. Nothing is
+        waited for: an orphan's agent has no coordinator to report to, so it is killed.
+        Environments of other experiments are never touched. Errors are logged, and the
+        environments that could not be removed are left out of the result.
+
+        The default finds nothing: a platform that cannot label what it starts cannot
+        clean up after a crash."""
+        return []
 
     async def prepare(self) -> None:
         """Once per experiment, before any start (upload code, check access)."""

@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import psutil
@@ -16,6 +17,11 @@ import psutil
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
 log = logging.getLogger(__name__)
+
+# Set in every local agent's environment (and so its trials'): how ``sweep`` finds them by
+# the experiment id alone, after the coordinator that started them is gone.
+EXPERIMENT_ENV = "TRIALKEEPER_EXPERIMENT_ID"
+ENVIRONMENT_ENV = "TRIALKEEPER_ENVIRONMENT_ID"
 
 
 class LocalEnvironmentService(EnvironmentService):
@@ -31,6 +37,7 @@ class LocalEnvironmentService(EnvironmentService):
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         # Agents a previous coordinator started (not our children): env id -> pid.
         self._adopted: dict[str, int] = {}
+        self._spawning: dict[str, asyncio.Future[StartResult]] = {}
 
     def adopt(self, env_id: str, platform_id: str) -> None:
         pid = platform_id.removeprefix("pid ")
@@ -44,6 +51,14 @@ class LocalEnvironmentService(EnvironmentService):
         existing = self._procs.get(request.env_id)
         if existing is not None:
             return StartResult(platform_id=f"pid {existing.pid}")
+        # Concurrent starts of one id share one spawn; a failed one may be tried again.
+        spawning = self._spawning.get(request.env_id)
+        if spawning is None:
+            spawning = self._spawning[request.env_id] = asyncio.ensure_future(self._spawn(request))
+            spawning.add_done_callback(lambda _: self._spawning.pop(request.env_id, None))
+        return await asyncio.shield(spawning)
+
+    async def _spawn(self, request: EnvironmentRequest) -> StartResult:
         env_dir = self.experiment_dir / "envs" / request.env_id
         env_dir.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -60,6 +75,8 @@ class LocalEnvironmentService(EnvironmentService):
             argv += ["--tls-cert", str(cert)]
         env = dict(os.environ)
         env["TRIALKEEPER_TOKEN"] = request.token
+        env[EXPERIMENT_ENV] = request.experiment_id
+        env[ENVIRONMENT_ENV] = request.env_id
         try:
             with open(env_dir / "agent.log", "ab") as out:  # noqa: ASYNC230 - a local file, once per agent
                 proc = await asyncio.create_subprocess_exec(
@@ -112,8 +129,71 @@ class LocalEnvironmentService(EnvironmentService):
             await asyncio.to_thread(kill_process_tree, proc.pid)
             await asyncio.wait_for(proc.wait(), 10.0)
 
+    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
+        found = await asyncio.to_thread(_find_experiment_processes, experiment_id)
+        removed = []
+        for env_id, pids in sorted(found.items()):
+            if env_id in keep:
+                continue
+            log.info("environment %s of experiment %s: removing %d leftover process(es)", env_id, experiment_id, len(pids))
+            if await asyncio.to_thread(_kill_all, pids):
+                removed.append(env_id)
+            else:
+                log.warning("environment %s: some of its processes could not be killed", env_id)
+        return removed
+
     async def close(self) -> None:
         await asyncio.gather(*(self.stop(env_id) for env_id in [*self._procs, *self._adopted]))
+
+
+def _find_experiment_processes(experiment_id: str) -> dict[str, list[int]]:
+    """Live processes of this user whose environment names ``experiment_id``, by environment id.
+
+    Agents carry both variables from their start; their trials inherit them, so trials
+    whose agent already died are found too."""
+    me, my_group = os.getpid(), os.getpgid(0)
+    uid = os.getuid()
+    found: dict[str, list[int]] = {}
+    for p in psutil.process_iter(["pid", "uids"]):
+        try:
+            if p.pid == me or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if os.getpgid(p.pid) == my_group:
+                continue  # agents and trials run in groups of their own; never take ours down
+            environ = p.environ()
+            if environ.get(EXPERIMENT_ENV) != experiment_id or not environ.get(ENVIRONMENT_ENV):
+                continue
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except (psutil.Error, OSError):
+            continue
+        found.setdefault(environ[ENVIRONMENT_ENV], []).append(p.pid)
+    return found
+
+
+def _kill_all(pids: list[int], timeout: float = 10.0) -> bool:
+    """SIGKILL ``pids``, their descendants and process groups; True once none runs.
+
+    Nobody waits for an orphan's results, so there is no grace period. A process that is
+    our own child (a service of this process started it) is left for its parent to reap:
+    a zombie counts as gone."""
+    for pid in pids:
+        kill_process_tree(pid, reap_root=False)
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [pid for pid in pids if _running(pid)]
+        if not alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _is_agent(pid: int) -> bool:

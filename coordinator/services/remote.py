@@ -30,7 +30,7 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -258,6 +258,43 @@ class RemoteEnvironmentService(EnvironmentService):
                 "environment %s: stopped on %s (agent killed: %s, trial processes stopped: %s)",
                 env_id, m.label, bool(done.get("killed_agent")), done.get("trial_processes", 0),
             )
+
+    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
+        # Every agent lives in <home>/trialkeeper-experiments/<experiment>/envs/<env> on its
+        # machine, with its pid file there: that directory is the label, on every machine.
+        found = await asyncio.gather(*(self._sweep_machine(m, experiment_id, set(keep)) for m in self.machines))
+        return sorted({env_id for ids in found for env_id in ids})
+
+    async def _sweep_machine(self, m: _Machine, experiment_id: str, keep: set[str]) -> list[str]:
+        # The helper needs only the standard library: no probe of the machine's trialkeeper.
+        python = self._python_command(m.config.python_path)
+        try:
+            seen = await self._helper(m, "envs", {"dir": f"~/{REMOTE_ROOT}/{experiment_id}"}, python_cmd=python, timeout=60)
+            doomed = {
+                env_id: st["dir"]
+                for env_id, st in seen["envs"].items()
+                if env_id not in keep and (st.get("alive") or st.get("orphans"))
+            }
+            if not doomed:
+                return []
+            await self._helper(m, "stop", {"grace": 0, "envs": doomed}, python_cmd=python, timeout=60)
+            # A SIGKILLed process lingers for a moment: look again until it is gone.
+            left = set(doomed)
+            deadline = time.monotonic() + 10.0
+            while left and time.monotonic() < deadline:
+                seen = await self._helper(m, "status", {"envs": {i: doomed[i] for i in left}}, python_cmd=python, timeout=30)
+                left = {i for i, st in seen.items() if st.get("alive") or st.get("orphans")}
+                if left:
+                    await asyncio.sleep(0.1)
+        except _MachineError as e:
+            log.warning("%s: could not remove the leftover environments of experiment %s: %s", m.label, experiment_id, e)
+            return []
+        for env_id in sorted(left):
+            log.warning("environment %s on %s: its processes could not all be stopped", env_id, m.label)
+        removed = sorted(set(doomed) - left)
+        for env_id in removed:
+            log.info("environment %s of experiment %s: leftover agent removed from %s", env_id, experiment_id, m.label)
+        return removed
 
     async def close(self) -> None:
         self._closed = True

@@ -26,6 +26,7 @@ class TrialOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRIAL_OUTCOME_FAILED: _ClassVar[TrialOutcome]
     TRIAL_OUTCOME_CANCELED: _ClassVar[TrialOutcome]
     TRIAL_OUTCOME_TIMED_OUT: _ClassVar[TrialOutcome]
+    TRIAL_OUTCOME_LOST: _ClassVar[TrialOutcome]
 METRIC_KIND_UNSPECIFIED: MetricKind
 METRIC_KIND_INTERMEDIATE: MetricKind
 METRIC_KIND_FINAL: MetricKind
@@ -37,6 +38,7 @@ TRIAL_OUTCOME_SUCCEEDED: TrialOutcome
 TRIAL_OUTCOME_FAILED: TrialOutcome
 TRIAL_OUTCOME_CANCELED: TrialOutcome
 TRIAL_OUTCOME_TIMED_OUT: TrialOutcome
+TRIAL_OUTCOME_LOST: TrialOutcome
 
 class AgentMessage(_message.Message):
     __slots__ = ("seq", "register", "heartbeat", "trial_started", "metrics", "log", "trial_ended")

@@ -1,0 +1,65 @@
+"""The `trainingService` section for `platform: dlts` (registers itself on import).
+
+The fields are those of NNI's `dltsConfig`: the `dashboard` URL of the DLWorkspace
+cluster, its `cluster` id, the `team` (virtual cluster), the user's `email` and
+`password`, the `image` jobs run in, and optionally the `gpuType` (asked from the
+cluster's metadata when left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..config import (
+    _NON_EMPTY_STR,
+    _NON_NEGATIVE_INT,
+    _POSITIVE_DURATION,
+    _POSITIVE_INT,
+    _SECRET,
+    TrainingServiceConfig,
+    _rule,
+    register_training_service,
+)
+
+__all__ = ["DltsConfig"]
+
+_URL = _rule("an http(s) URL", lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0)
+_EMAIL = _rule("an email address", lambda v: "@" in v and not any(c.isspace() for c in v))
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class DltsConfig(TrainingServiceConfig):
+    """`platform: dlts`: every environment is one DLTS (DLWorkspace) job running one agent."""
+
+    PLATFORM: ClassVar[str] = "dlts"
+    dashboard: str = field(metadata=_URL)
+    cluster: str = field(default=".default", metadata=_NON_EMPTY_STR)
+    team: str = field(metadata=_NON_EMPTY_STR)
+    email: str = field(metadata=_EMAIL)
+    password: str = field(repr=False, metadata=_SECRET)
+    gpu_type: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    image: str = field(metadata=_NON_EMPTY_STR)
+    # GPUs per trial; by default the experiment's trialGpuNumber.
+    trial_gpu_number: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
+    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
+    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
+    # The Python inside the image that has trialkeeper installed.
+    python_path: str = field(default="python3", metadata=_NON_EMPTY_STR)
+    poll_interval: float = field(default=3.0, metadata=_POSITIVE_DURATION)
+    api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+
+    def effective_environment_count(self, trial_concurrency: int) -> int:
+        if not self.reuse_mode:
+            return trial_concurrency
+        if self.environment_count is not None:
+            return self.environment_count
+        return -(-trial_concurrency // self.trials_per_environment)
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        return self.trials_per_environment
+
+    def gpus_per_job(self, experiment_gpus: int) -> int:
+        slots = self.trials_per_environment if self.reuse_mode else 1
+        return (self.trial_gpu_number if self.trial_gpu_number is not None else experiment_gpus) * slots

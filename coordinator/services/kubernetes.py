@@ -1,0 +1,714 @@
+"""Kubernetes environments: one workload per environment, running one agent.
+
+One service serves four platforms, which differ only in the object that wraps the pod:
+``kubernetes`` (a bare Pod or a batch Job), ``kubeflow`` (a PyTorchJob's Master or a TFJob's
+Worker), ``frameworkcontroller`` (a Framework with one task role) and ``adl`` (an
+AdaptDLJob). The bodies are built as plain JSON by small functions here; the service talks to the
+API server through the official client, whose calls block: each runs in a thread with a
+timeout, and every failure comes back as data.
+
+Every object carries the labels ``trialkeeper/experiment`` and ``trialkeeper/environment``,
+so a fresh service finds what a crashed coordinator left (``sweep``). The experiment token
+lives in one Secret per experiment and reaches the agent as an env var taken from it
+(``secretKeyRef``): never a literal in the pod spec, never an argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .base import EnvironmentRequest, EnvironmentService, Observation, ObservedState, StartResult
+from .kubernetes_config import (
+    AdlConfig,
+    FrameworkControllerConfig,
+    KubeflowConfig,
+    KubernetesConfig,
+)
+
+if TYPE_CHECKING:
+    from ..config import ExperimentConfig
+    from .kubernetes_config import KubernetesPlatformConfig
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5.0
+STOP_WAIT_S = 20.0  # after the grace period: how long stop() waits for the pods to go
+
+
+LABEL_EXPERIMENT = "trialkeeper/experiment"
+LABEL_ENVIRONMENT = "trialkeeper/environment"
+# Label values are limited to 63 plain characters; the exact ids are kept here as well.
+ANNOTATION_EXPERIMENT = "trialkeeper/experiment-id"
+ANNOTATION_ENVIRONMENT = "trialkeeper/environment-id"
+TOKEN_ENV = "TRIALKEEPER_TOKEN"
+TOKEN_KEY = "token"
+VOLUME = "trialkeeper-storage"
+CHECKPOINT_VOLUME = "adaptdl-checkpoint"
+
+
+class KubernetesSetupError(ValueError):
+    """The service cannot be created as configured (client missing, kubeconfig unusable)."""
+
+
+class _ApiFailure(Exception):
+    """A call to the API server failed; ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# ---- what the objects look like ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An API resource: core/batch ones through their typed APIs, the rest as custom objects."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    container: str = "agent"  # the name the operator expects for the main container
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def custom(self) -> bool:
+        return self.group not in ("", "batch")
+
+
+POD = Kind("", "v1", "pods", "Pod")
+SECRET = Kind("", "v1", "secrets", "Secret")
+PVC = Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+JOB = Kind("batch", "v1", "jobs", "Job")
+
+
+def kind_of(config: KubernetesPlatformConfig) -> Kind:
+    """The object that wraps each environment's pod on this platform."""
+    if isinstance(config, KubeflowConfig):
+        if config.operator == "tfjob":
+            return Kind("kubeflow.org", config.api_version, "tfjobs", "TFJob", "tensorflow")
+        return Kind("kubeflow.org", config.api_version, "pytorchjobs", "PyTorchJob", "pytorch")
+    if isinstance(config, FrameworkControllerConfig):
+        return Kind("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
+    if isinstance(config, AdlConfig):
+        return Kind("adaptdl.petuum.com", "v1", "adaptdljobs", "AdaptDLJob", "main")
+    if isinstance(config, KubernetesConfig) and config.workload == "job":
+        return JOB
+    return POD
+
+
+def _dns_name(text: str, limit: int) -> str:
+    """``text`` as a lowercase RFC 1123 name of at most ``limit`` characters (hashed if cut)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower())
+    name = re.sub(r"-{2,}", "-", name).strip("-") or "x"
+    if len(name) > limit or name != text.lower():
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        name = f"{name[: limit - 9].rstrip('-')}-{digest}"
+    return name
+
+
+def _label_value(text: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", text):
+        return text
+    return _dns_name(text, 63)
+
+
+def object_name(experiment_id: str, env_id: str) -> str:
+    # Short enough for what controllers append (-worker-0, -ckpt, a Job's pod suffix).
+    return _dns_name(f"tk-{experiment_id}-{env_id}", 50)
+
+
+def secret_name(experiment_id: str) -> str:
+    return _dns_name(f"tk-{experiment_id}-token", 63)
+
+
+def checkpoint_claim_name(object_name: str) -> str:
+    return f"{object_name}-ckpt"
+
+
+def selector(experiment_id: str, env_id: str | None = None) -> str:
+    text = f"{LABEL_EXPERIMENT}={_label_value(experiment_id)}"
+    return text if env_id is None else f"{text},{LABEL_ENVIRONMENT}={_label_value(env_id)}"
+
+
+def _metadata(name: str, experiment_id: str, env_id: str | None) -> dict[str, Any]:
+    labels = {LABEL_EXPERIMENT: _label_value(experiment_id)}
+    annotations = {ANNOTATION_EXPERIMENT: experiment_id}
+    if env_id is not None:
+        labels[LABEL_ENVIRONMENT] = _label_value(env_id)
+        annotations[ANNOTATION_ENVIRONMENT] = env_id
+    meta: dict[str, Any] = {"labels": labels, "annotations": annotations}
+    if name:
+        meta["name"] = name
+    return meta
+
+
+def ids_of(obj: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(experiment id, environment id) of an object this service created."""
+    meta = obj.get("metadata") or {}
+    notes, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    return (notes.get(ANNOTATION_EXPERIMENT) or labels.get(LABEL_EXPERIMENT),
+            notes.get(ANNOTATION_ENVIRONMENT) or labels.get(LABEL_ENVIRONMENT))
+
+
+def token_secret(config: KubernetesPlatformConfig, request: EnvironmentRequest) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _metadata(secret_name(request.experiment_id), request.experiment_id, None),
+        "stringData": {TOKEN_KEY: request.token},
+    }
+
+
+def checkpoint_claim(config: AdlConfig, request: EnvironmentRequest, name: str) -> dict[str, Any]:
+    assert config.checkpoint is not None
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(checkpoint_claim_name(name), request.experiment_id, request.env_id),
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": config.checkpoint.storage_class,
+            "resources": {"requests": {"storage": str(config.checkpoint.storage_size)}},
+        },
+    }
+
+
+def _resources(config: KubernetesPlatformConfig) -> dict[str, Any]:
+    amounts: dict[str, str] = {}
+    if config.cpu_number is not None:
+        amounts["cpu"] = f"{config.cpu_number:g}"
+    if config.memory_size is not None:
+        amounts["memory"] = str(config.memory_size)
+    if config.gpu_number:
+        amounts["nvidia.com/gpu"] = str(config.gpu_number)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _pod_spec(config: KubernetesPlatformConfig, request: EnvironmentRequest, name: str,
+              argv: list[str], container: str) -> dict[str, Any]:
+    env: list[dict[str, Any]] = [
+        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(request.experiment_id), "key": TOKEN_KEY}}},
+    ]
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    if config.nfs is not None:
+        volumes.append({"name": VOLUME, "nfs": {"server": config.nfs.server, "path": config.nfs.path}})
+    elif config.persistent_volume_claim is not None:
+        volumes.append({"name": VOLUME, "persistentVolumeClaim": {"claimName": config.persistent_volume_claim}})
+    if volumes:
+        mounts.append({"name": VOLUME, "mountPath": config.container_mount_path})
+    if isinstance(config, AdlConfig):
+        env.append({"name": "ADAPTDL_TENSORBOARD_LOGDIR", "value": config.tensorboard_log_dir})
+        if config.checkpoint is not None:
+            path = config.checkpoint.container_mount_path
+            volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(name)}})
+            mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": path})
+            env.append({"name": "ADAPTDL_CHECKPOINT_PATH", "value": path})
+    main: dict[str, Any] = {"name": container, "image": config.image, "command": argv[:3], "args": argv[3:], "env": env}
+    if mounts:
+        main["volumeMounts"] = mounts
+    resources = _resources(config)
+    if resources:
+        main["resources"] = resources
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [main]}
+    if volumes:
+        spec["volumes"] = volumes
+    if config.service_account_name:
+        spec["serviceAccountName"] = config.service_account_name
+    if config.node_selector:
+        spec["nodeSelector"] = dict(config.node_selector)
+    if config.tolerations:
+        spec["tolerations"] = [dict(t) for t in config.tolerations]
+    if config.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in config.image_pull_secrets]
+    return spec
+
+
+def workload(kind: Kind, config: KubernetesPlatformConfig, request: EnvironmentRequest, name: str,
+             argv: list[str]) -> dict[str, Any]:
+    """The object that runs one environment's agent."""
+    meta = _metadata(name, request.experiment_id, request.env_id)
+    template = {"metadata": _metadata("", request.experiment_id, request.env_id),
+                "spec": _pod_spec(config, request, name, argv, kind.container)}
+    head = {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
+    if kind is POD:
+        return {**head, "spec": template["spec"]}
+    if kind is JOB:
+        return {**head, "spec": {"backoffLimit": 0, "template": template}}
+    if kind.plural in ("pytorchjobs", "tfjobs"):
+        role, key = ("Master", "pytorchReplicaSpecs") if kind.plural == "pytorchjobs" else ("Worker", "tfReplicaSpecs")
+        return {**head, "spec": {key: {role: {"replicas": 1, "restartPolicy": "Never", "template": template}}}}
+    if kind.plural == "frameworks":
+        assert isinstance(config, FrameworkControllerConfig)
+        never = {"fancyRetryPolicy": False, "maxRetryCount": 0}
+        task_role = {
+            "name": config.task_role_name, "taskNumber": 1,
+            "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 1},
+            "task": {"retryPolicy": never, "pod": template},
+        }
+        return {**head, "spec": {"executionType": "Start", "retryPolicy": never, "taskRoles": [task_role]}}
+    assert isinstance(config, AdlConfig)
+    return {**head, "spec": {"preemptible": config.adaptive, "minReplicas": 1, "maxReplicas": 1, "template": template}}
+
+
+# ---- what the platform says ------------------------------------------------------------
+
+
+def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
+    """The state of one environment from its object's status."""
+    status = obj.get("status") or {}
+    if kind is POD:
+        return _pod_state(status)
+    if kind is JOB:
+        for c in status.get("conditions") or []:
+            if c.get("status") == "True" and c.get("type") in ("Complete", "Failed"):
+                done: ObservedState = "exited" if c["type"] == "Complete" else "failed"
+                return done, c.get("message") or c.get("reason") or c["type"]
+        return ("running" if status.get("active") else "starting"), ""
+    if kind.plural in ("pytorchjobs", "tfjobs"):
+        true = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
+        last = true[-1] if true else {}
+        mapping: dict[str, ObservedState] = {"Succeeded": "exited", "Failed": "failed", "Running": "running"}
+        return mapping.get(last.get("type", ""), "starting"), last.get("message", "")
+    if kind.plural == "frameworks":
+        if status.get("state") == "Completed":
+            completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
+            ok = (completion.get("type") or {}).get("name") == "Succeeded"
+            return ("exited" if ok else "failed"), completion.get("diagnostics", "")
+        return ("running" if status.get("state") == "AttemptRunning" else "starting"), ""
+    phases: dict[str, ObservedState] = {"Succeeded": "exited", "Failed": "failed", "Running": "running"}
+    return phases.get(status.get("phase", "Pending"), "starting"), status.get("reason", "")
+
+
+# A container waiting for one of these will not start without someone changing something.
+_HOPELESS = frozenset({"InvalidImageName", "CreateContainerConfigError", "CreateContainerError"})
+
+
+def _pod_state(status: dict[str, Any]) -> tuple[ObservedState, str]:
+    phase = status.get("phase", "Pending")
+    if phase == "Running":
+        return "running", ""
+    statuses = status.get("containerStatuses") or []
+    if phase in ("Succeeded", "Failed"):
+        detail = status.get("message") or status.get("reason") or ""
+        for cs in statuses:
+            ended = (cs.get("state") or {}).get("terminated")
+            if ended:
+                why = ", ".join(w for w in (ended.get("reason"), ended.get("message")) if w)
+                detail = f"container {cs.get('name')} exited with status {ended.get('exitCode')} ({why})"
+        return ("exited" if phase == "Succeeded" else "failed"), detail
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in _HOPELESS:
+            return "failed", f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}"
+    pending = [c.get("message") or c.get("reason") for c in status.get("conditions") or [] if c.get("status") == "False"]
+    pending += [(cs.get("state") or {}).get("waiting", {}).get("reason") for cs in statuses]
+    return "starting", "; ".join(p for p in pending if p)
+
+
+# ---- the service -----------------------------------------------------------------------
+
+
+@dataclass
+class _Env:
+    env_id: str
+    name: str
+    experiment_id: str | None = None  # None when adopted, until its labels are read
+    adopted: bool = False
+    started: asyncio.Future[StartResult] | None = None
+    stopping: bool = False
+    last: Observation | None = None
+
+
+class KubernetesEnvironmentService(EnvironmentService):
+    """Starts agents as Kubernetes workloads; see the module docstring."""
+
+    platform = "kubernetes"
+    shares_filesystem = False
+
+    def __init__(self, config: KubernetesPlatformConfig, experiment_dir: Path, code_directory: Path,
+                 api_client: Any, *, exclude: tuple[Path, ...] = ()) -> None:
+        from kubernetes import client
+
+        self.config = config
+        self.platform = config.platform  # type: ignore[misc]  # one class serves four platforms
+        self.experiment_dir = experiment_dir
+        self.code_directory = code_directory
+        self.exclude = exclude
+        self._api = api_client
+        self._core = client.CoreV1Api(api_client)
+        self._batch = client.BatchV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+        self._kind = kind_of(config)
+        self._envs: dict[str, _Env] = {}
+        self._secret: asyncio.Future[None] | None = None
+        self._secret_name = ""
+        # <storage>/<subdir> holds this experiment's code and agent directories.
+        digest = hashlib.sha256(str(experiment_dir.resolve()).encode()).hexdigest()[:8]
+        self._subdir = f"trialkeeper/{experiment_dir.name}-{digest}"
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> KubernetesEnvironmentService:
+        ts: KubernetesPlatformConfig = config.training_service  # type: ignore[assignment]
+        exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
+        return cls(ts, experiment_dir, Path(config.trial_code_directory), _api_client(ts), exclude=exclude)
+
+    # ---- the contract -----------------------------------------------------------------
+
+    def working_directory(self) -> str:
+        c = self.config
+        if c.local_mount_path is not None:
+            return f"{c.container_mount_path.rstrip('/')}/{self._subdir}/code"
+        return c.container_code_directory or "."
+
+    async def prepare(self) -> None:
+        local = self.config.local_mount_path
+        if local is None:
+            return
+        target = local / self._subdir / "code"
+        await asyncio.to_thread(_copy_code, self.code_directory, target, (*self.exclude, local.resolve()))
+        log.info("%s: trial code copied to %s (pods see it at %s)", self.platform, target, self.working_directory())
+
+    def adopt(self, env_id: str, platform_id: str) -> None:
+        if platform_id and env_id not in self._envs:
+            self._envs[env_id] = _Env(env_id, platform_id, adopted=True)
+
+    async def start(self, request: EnvironmentRequest) -> StartResult:
+        env = self._envs.get(request.env_id)
+        if env is None:
+            name = object_name(request.experiment_id, request.env_id)
+            env = self._envs[request.env_id] = _Env(request.env_id, name, request.experiment_id)
+        elif env.adopted:
+            return StartResult(platform_id=env.name)  # started by an earlier coordinator
+        if env.started is None:
+            env.started = asyncio.ensure_future(self._start(env, request))
+        return await asyncio.shield(env.started)
+
+    async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
+        out = {i: Observation("unknown") for i in env_ids if i not in self._envs}
+        known = [self._envs[i] for i in env_ids if i in self._envs]
+        for experiment_id, envs in (await self._by_experiment(known)).items():
+            try:
+                found = {o["metadata"]["name"]: o for o in await self._list(self._kind, selector(experiment_id))}
+            except _ApiFailure as e:
+                for env in envs:  # the platform cannot be asked now: what was seen last, not a guess
+                    prev = env.last or Observation("starting")
+                    out[env.env_id] = Observation(prev.state, f"cannot ask the API server: {e}", env.name)
+                continue
+            for env in envs:
+                obj = found.get(env.name)
+                if obj is None:
+                    env.last = self._missing(env)
+                else:
+                    env.last = await self._observe(env, experiment_id, obj)
+                out[env.env_id] = env.last
+        for env in known:  # not asked this time (the API server did not answer): as last seen
+            out.setdefault(env.env_id, env.last or Observation("starting", "waiting for the API server", env.name))
+        return out
+
+    async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
+        env = self._envs.get(env_id)
+        if env is None:
+            return
+        env.stopping = True
+        if env.started is not None and not env.started.done():
+            await asyncio.wait([env.started], timeout=self.config.api_timeout + CONNECT_TIMEOUT_S)
+        try:
+            if env.experiment_id is None:
+                await self._by_experiment([env])
+            await self._delete_env(env.name, grace_s)
+            if env.experiment_id is not None:
+                await self._wait_pods_gone(env.experiment_id, env.env_id, grace_s + STOP_WAIT_S)
+        except _ApiFailure as e:
+            log.warning("environment %s: could not delete %s %s: %s", env_id, self._kind.kind, env.name, e)
+
+    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
+        try:
+            found = await self._list(self._kind, selector(experiment_id))
+        except _ApiFailure as e:
+            log.warning("sweep of experiment %s: cannot list %s: %s", experiment_id, self._kind.plural, e)
+            return []
+        deleted: list[str] = []
+        for obj in found:
+            exp, env_id = ids_of(obj)
+            if env_id is None or exp != experiment_id or env_id in keep:
+                continue
+            try:
+                await self._delete_env(obj["metadata"]["name"], 0.0)
+            except _ApiFailure as e:
+                log.warning("sweep: could not remove %s %s: %s", self._kind.kind, obj["metadata"]["name"], e)
+                continue
+            if env_id in self._envs:
+                self._envs[env_id].stopping = True
+            deleted.append(env_id)
+        removed: list[str] = []
+        for env_id in deleted:  # all deletions are under way; now wait for their pods together
+            try:
+                await self._wait_pods_gone(experiment_id, env_id, STOP_WAIT_S)
+                removed.append(env_id)
+            except _ApiFailure as e:
+                log.warning("sweep: cannot tell whether the pods of %s are gone: %s", env_id, e)
+        if isinstance(self.config, AdlConfig):
+            await self._sweep_claims(experiment_id, keep)
+        if not keep:
+            await self._delete_quietly(SECRET, secret_name(experiment_id))
+        if removed:
+            log.info("sweep of experiment %s: removed %s", experiment_id, ", ".join(removed))
+        return removed
+
+    async def _sweep_claims(self, experiment_id: str, keep: Collection[str]) -> None:
+        """Checkpoint claims whose AdaptDLJob is gone already (a crash between two deletes)."""
+        try:
+            claims = await self._list(PVC, selector(experiment_id))
+        except _ApiFailure as e:
+            log.warning("sweep of experiment %s: cannot list its checkpoint claims: %s", experiment_id, e)
+            return
+        for claim in claims:
+            if ids_of(claim)[1] not in keep:
+                await self._delete_quietly(PVC, claim["metadata"]["name"])
+
+    async def close(self) -> None:
+        if self._secret is not None and self._secret.done() and not self._secret.cancelled() and not self._secret.exception():
+            await self._delete_quietly(SECRET, self._secret_name)
+        await asyncio.to_thread(self._api.close)
+
+    # ---- starting ---------------------------------------------------------------------
+
+    async def _start(self, env: _Env, request: EnvironmentRequest) -> StartResult:
+        began = time.monotonic()
+        try:
+            await self._ensure_secret(request)
+            if isinstance(self.config, AdlConfig) and self.config.checkpoint is not None:
+                await self._create(PVC, checkpoint_claim(self.config, request, env.name), exists_ok=True)
+            body = workload(self._kind, self.config, request, env.name, self._agent_argv(request))
+            await self._create(self._kind, body, exists_ok=True)
+        except _ApiFailure as e:
+            env.last = Observation("failed", str(e), env.name)
+            return StartResult(error=f"{self.platform}: could not create {self._kind.kind} {env.name}: {e}")
+        log.info("environment %s: %s %s created in %.2f s", env.env_id, self._kind.kind, env.name, time.monotonic() - began)
+        return StartResult(platform_id=env.name)
+
+    def _agent_argv(self, request: EnvironmentRequest) -> list[str]:
+        c = self.config
+        argv = [
+            c.python, "-m", "trialkeeper.agent",
+            "--coordinator", request.coordinator_address,
+            "--environment-id", request.env_id,
+            "--platform", self.platform,
+        ]
+        if c.local_mount_path is not None:
+            # On the shared storage: each trial works in a copy of the code; agent files persist.
+            workdir = f"{c.container_mount_path.rstrip('/')}/{self._subdir}/envs/{request.env_id}"
+            argv += ["--workdir", workdir, "--copy-working-directory"]
+        if c.gpu_number == 0:
+            argv.append("--no-gpu")
+        return argv + list(request.agent_args)
+
+    async def _ensure_secret(self, request: EnvironmentRequest) -> None:
+        if self._secret is None or (self._secret.done() and (self._secret.cancelled() or self._secret.exception())):
+            self._secret_name = secret_name(request.experiment_id)
+            self._secret = asyncio.ensure_future(self._put_secret(request))
+        await asyncio.shield(self._secret)
+
+    async def _put_secret(self, request: EnvironmentRequest) -> None:
+        body = token_secret(self.config, request)
+        try:
+            await self._create(SECRET, body, exists_ok=False)
+        except _ApiFailure as e:
+            if e.status != 409:
+                raise
+            # Left by an earlier coordinator of this experiment: make sure it holds this token.
+            await self._call(self._core.replace_namespaced_secret, body["metadata"]["name"], self.config.namespace, body)
+
+    # ---- calls ------------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        kwargs["_request_timeout"] = (CONNECT_TIMEOUT_S, self.config.api_timeout)
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as e:
+            raise _ApiFailure(e.status or 0, _api_message(e)) from None
+        except Exception as e:  # noqa: BLE001 - urllib3/socket errors: the server did not answer
+            raise _ApiFailure(0, f"{type(e).__name__}: {e}") from None
+
+    async def _create(self, kind: Kind, body: dict[str, Any], *, exists_ok: bool) -> None:
+        ns = self.config.namespace
+        try:
+            if kind.custom:
+                await self._call(self._custom.create_namespaced_custom_object, kind.group, kind.version, ns, kind.plural, body)
+            else:
+                create: dict[str, Callable[..., Any]] = {"pods": self._core.create_namespaced_pod, "secrets": self._core.create_namespaced_secret,
+                          "persistentvolumeclaims": self._core.create_namespaced_persistent_volume_claim,
+                          "jobs": self._batch.create_namespaced_job}
+                await self._call(create[kind.plural], ns, body)
+        except _ApiFailure as e:
+            if not (exists_ok and e.status == 409):
+                raise
+
+    async def _list(self, kind: Kind, label_selector: str) -> list[dict[str, Any]]:
+        ns = self.config.namespace
+        if kind.custom:
+            answer = await self._call(self._custom.list_namespaced_custom_object, kind.group, kind.version, ns,
+                                      kind.plural, label_selector=label_selector)
+            return list(answer.get("items", []))
+        list_fn = {"pods": self._core.list_namespaced_pod, "jobs": self._batch.list_namespaced_job,
+                   "persistentvolumeclaims": self._core.list_namespaced_persistent_volume_claim}[kind.plural]
+        answer = await self._call(list_fn, ns, label_selector=label_selector)
+        return [self._api.sanitize_for_serialization(item) for item in answer.items]
+
+    async def _get(self, kind: Kind, name: str) -> dict[str, Any] | None:
+        ns = self.config.namespace
+        try:
+            if kind.custom:
+                return dict(await self._call(self._custom.get_namespaced_custom_object, kind.group, kind.version, ns, kind.plural, name))
+            read = {"pods": self._core.read_namespaced_pod, "jobs": self._batch.read_namespaced_job}[kind.plural]
+            return dict(self._api.sanitize_for_serialization(await self._call(read, name, ns)))
+        except _ApiFailure as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def _delete(self, kind: Kind, name: str, grace_s: float) -> None:
+        ns = self.config.namespace
+        options = {"grace_period_seconds": max(0, int(grace_s)), "propagation_policy": "Background"}
+        try:
+            if kind.custom:
+                await self._call(self._custom.delete_namespaced_custom_object, kind.group, kind.version, ns,
+                                 kind.plural, name, **options)
+            else:
+                delete = {"pods": self._core.delete_namespaced_pod, "jobs": self._batch.delete_namespaced_job,
+                          "secrets": self._core.delete_namespaced_secret,
+                          "persistentvolumeclaims": self._core.delete_namespaced_persistent_volume_claim}[kind.plural]
+                await self._call(delete, name, ns, **options)
+        except _ApiFailure as e:
+            if e.status != 404:
+                raise
+
+    async def _delete_env(self, name: str, grace_s: float) -> None:
+        await self._delete(self._kind, name, grace_s)
+        if isinstance(self.config, AdlConfig) and self.config.checkpoint is not None:
+            await self._delete(PVC, checkpoint_claim_name(name), 0.0)
+
+    async def _delete_quietly(self, kind: Kind, name: str) -> None:
+        try:
+            await self._delete(kind, name, 0.0)
+        except _ApiFailure as e:
+            log.warning("could not delete %s %s: %s", kind.plural, name, e)
+
+    async def _wait_pods_gone(self, experiment_id: str, env_id: str, timeout: float) -> None:
+        """Deletion is accepted at once; the pods go once their processes are gone."""
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while await self._list(POD, selector(experiment_id, env_id)):
+            if time.monotonic() >= deadline:
+                log.warning("environment %s: its pods are still terminating after %.0f s", env_id, timeout)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _observe(self, env: _Env, experiment_id: str, obj: dict[str, Any]) -> Observation:
+        state, detail = observe(self._kind, obj)
+        if state == "failed" and self._kind is not POD:
+            if env.last is not None and env.last.state == "failed":
+                return env.last  # the pod's story is already told
+            # An operator's own words are often terse: add how the container ended.
+            try:
+                pods = await self._list(POD, selector(experiment_id, env.env_id))
+            except _ApiFailure:
+                pods = []
+            ended = [d for _, d in (_pod_state(p.get("status") or {}) for p in pods) if d]
+            detail = "; ".join(d for d in (detail, *ended) if d)
+        return Observation(state, detail or f"{self._kind.kind} {env.name} failed", env.name)
+
+    async def _by_experiment(self, envs: list[_Env]) -> dict[str, list[_Env]]:
+        """Group by experiment; an adopted environment's comes from its object's labels."""
+        groups: dict[str, list[_Env]] = {}
+        for env in envs:
+            if env.experiment_id is None:
+                try:
+                    obj = await self._get(self._kind, env.name)
+                except _ApiFailure:
+                    continue  # asked again on the next poll
+                if obj is None:
+                    env.last = self._missing(env)
+                    continue
+                env.experiment_id = ids_of(obj)[0]
+            if env.experiment_id is not None:
+                groups.setdefault(env.experiment_id, []).append(env)
+        return groups
+
+    def _missing(self, env: _Env) -> Observation:
+        if env.stopping:
+            return Observation("exited", "deleted", env.name)
+        if env.started is not None and not env.started.done():
+            return Observation("starting", "being created", env.name)
+        if env.started is not None and env.started.result().error:
+            return Observation("failed", env.started.result().error or "", env.name)
+        return Observation("failed", f"{self._kind.kind} {env.name} was deleted", env.name)
+
+
+def _api_message(e: Exception) -> str:
+    body = getattr(e, "body", None)
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        message = None
+    return f"{getattr(e, 'status', '?')} {getattr(e, 'reason', '')}: {message or body or e}"
+
+
+def _api_client(ts: KubernetesPlatformConfig) -> Any:
+    """A client for the cluster: the kubeconfig given, else $KUBECONFIG or ~/.kube/config,
+    else the pod's own service account (in-cluster)."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise KubernetesSetupError(f"platform {ts.platform} needs the kubernetes client: install trialkeeper[k8s]") from None
+    path = ts.kubeconfig
+    if path is None:
+        env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+        default = Path("~/.kube/config").expanduser()
+        path = Path(env) if env else default if default.is_file() else None
+    try:
+        if path is not None:
+            return config.new_client_from_config(config_file=str(path), context=ts.context, persist_config=False)
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+    except Exception as e:  # noqa: BLE001 - a broken file fails deep in yaml or the client: say which file
+        where = f"kubeconfig {path}" if path else "no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a cluster"
+        raise KubernetesSetupError(f"platform {ts.platform}: cannot use {where}: {e}") from None
+
+
+def _copy_code(source: Path, target: Path, exclude: tuple[Path, ...]) -> None:
+    """The trial code onto the shared storage, without the experiment's own files."""
+    skip = {os.path.normpath(p) for p in exclude}
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        return {n for n in names if n == "__pycache__" or os.path.normpath(os.path.join(directory, n)) in skip}
+
+    # Copied beside, then swapped in: agents of a resumed experiment may be copying it now.
+    fresh, stale = target.with_name(f"{target.name}.new-{os.getpid()}"), target.with_name(f"{target.name}.old-{os.getpid()}")
+    for leftover in (fresh, stale):
+        shutil.rmtree(leftover, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, fresh, ignore=ignore, symlinks=True)
+    if target.exists():
+        target.rename(stale)
+    fresh.rename(target)
+    shutil.rmtree(stale, ignore_errors=True)

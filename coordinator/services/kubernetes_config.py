@@ -1,0 +1,203 @@
+"""The `trainingService` sections for Kubernetes (registers them on import).
+
+Four platforms share one set of fields: `kubernetes` (a Pod or a batch Job per
+environment) and the operator flavours `kubeflow` (PyTorchJob/TFJob), `frameworkcontroller`
+(a Framework with one task role) and `adl` (an AdaptDLJob). Each environment is one
+workload running one agent; the fields say what the pod asks for and where it finds the code.
+
+Code reaches the pods through shared storage (an NFS export or a PersistentVolumeClaim,
+mounted at `containerMountPath`). When this machine sees the same storage at
+`localMountPath`, the trial code directory is copied there once per experiment; otherwise
+the code is expected in the image at `containerCodeDirectory`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from ..config import (
+    _NON_EMPTY_STR,
+    _NON_NEGATIVE_INT,
+    _POSITIVE_DURATION,
+    _POSITIVE_INT,
+    TrainingServiceConfig,
+    _Issues,
+    _rule,
+    parse_size,
+    register_training_service,
+)
+
+__all__ = [
+    "AdlCheckpoint",
+    "AdlConfig",
+    "FrameworkControllerConfig",
+    "KubeflowConfig",
+    "KubernetesConfig",
+    "KubernetesPlatformConfig",
+    "NfsStorage",
+]
+
+
+def _secret_names(value: object) -> object:
+    # NNI writes `imagePullSecrets: [{name: regcred}]`; a plain list of names is accepted too.
+    if isinstance(value, list):
+        return [v["name"] if isinstance(v, dict) and set(v) == {"name"} else v for v in value]
+    return value
+
+
+def _operator(value: object) -> object:
+    # NNI names the operators after their deployments (tf-operator, pytorch-operator).
+    aliases = {"tf-operator": "tfjob", "pytorch-operator": "pytorchjob"}
+    return aliases.get(value, value) if isinstance(value, str) else value
+
+
+_QUANTITY_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P)\s*")
+_QUANTITY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+                   "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def _quantity(value: object) -> object:
+    """Bytes in a Kubernetes quantity ("8Gi", "512M") or in any form `parse_size` takes."""
+    if isinstance(value, str):
+        match = _QUANTITY_RE.fullmatch(value)
+        if match:
+            return int(float(match.group(1)) * _QUANTITY_UNITS[match.group(2)])
+    return parse_size(value)
+
+
+_K8S_SIZE = _rule("a size (bytes, or like '8Gi', '512Mi', '16GiB')", lambda v: v > 0, coerce=_quantity)
+_ABSOLUTE_PATH = _rule("an absolute path (starting with /)", lambda v: v.startswith("/"))
+_CPU = _rule("a positive number of CPUs", lambda v: v > 0)
+_PULL_SECRETS = _rule("a list of secret names (or of {name: ...})", coerce=_secret_names)
+_DNS_LABEL = _rule(
+    "a Kubernetes name (lowercase letters, digits and '-', at most 63)",
+    lambda v: re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v) is not None,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NfsStorage:
+    """An NFS export mounted into every pod (`trainingService.nfs`)."""
+
+    server: str = field(metadata=_NON_EMPTY_STR)
+    path: str = field(metadata=_ABSOLUTE_PATH)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesPlatformConfig(TrainingServiceConfig):
+    """The fields every Kubernetes flavour shares; the registered subclasses add their own."""
+
+    PLATFORM: ClassVar[str] = ""
+    image: str = field(metadata=_NON_EMPTY_STR)
+    namespace: str = field(default="default", metadata=_DNS_LABEL)
+    # kubeconfig file; else $KUBECONFIG, ~/.kube/config, or the in-cluster service account.
+    kubeconfig: Path | None = None
+    context: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
+    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
+    cpu_number: float | None = field(default=None, metadata=_CPU)
+    memory_size: int | None = field(default=None, metadata=_K8S_SIZE)
+    gpu_number: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    service_account_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    image_pull_secrets: list[str] = field(default_factory=list, metadata=_PULL_SECRETS)
+    nfs: NfsStorage | None = None
+    persistent_volume_claim: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    container_mount_path: str = field(default="/trialkeeper", metadata=_ABSOLUTE_PATH)
+    # Where this machine sees the same storage: the trial code is copied there.
+    local_mount_path: Path | None = None
+    # Where the trial code lies inside the image, when it is not copied to the storage.
+    container_code_directory: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    # The Python in the image that has trialkeeper installed.
+    python: str = field(default="python", metadata=_NON_EMPTY_STR)
+    api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        issues: _Issues = []
+        if "nfs" in given and "persistent_volume_claim" in given:
+            issues.append(
+                ("persistent_volume_claim", f"give either {names['nfs']} or {names['persistent_volume_claim']}, not both")
+            )
+        if "local_mount_path" in given:
+            if "nfs" not in given and "persistent_volume_claim" not in given:
+                issues.append(
+                    ("local_mount_path", f"needs {names['nfs']} or {names['persistent_volume_claim']} (the storage it sees)")
+                )
+            local = values.get("local_mount_path")
+            if local is not None and not local.is_dir():
+                issues.append(("local_mount_path", f"{local} is not a directory"))
+            if "container_code_directory" in given:
+                issues.append(
+                    ("container_code_directory", f"the code is copied to {names['local_mount_path']}; give one of the two")
+                )
+        kubeconfig = values.get("kubeconfig")
+        if kubeconfig is not None and not kubeconfig.is_file():
+            issues.append(("kubeconfig", f"{kubeconfig} is not a file"))
+        return issues
+
+    def effective_environment_count(self, trial_concurrency: int) -> int:
+        if not self.reuse_mode:
+            return trial_concurrency
+        if self.environment_count is not None:
+            return self.environment_count
+        return -(-trial_concurrency // self.trials_per_environment)
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        return self.trials_per_environment
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class KubernetesConfig(KubernetesPlatformConfig):
+    """`platform: kubernetes`: each environment is a bare Pod or a batch Job."""
+
+    PLATFORM: ClassVar[str] = "kubernetes"
+    workload: Literal["pod", "job"] = "pod"
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class KubeflowConfig(KubernetesPlatformConfig):
+    """`platform: kubeflow`: each environment is a PyTorchJob (its Master) or a TFJob (a Worker)."""
+
+    PLATFORM: ClassVar[str] = "kubeflow"
+    operator: Literal["pytorchjob", "tfjob"] = field(
+        default="pytorchjob", metadata=_rule("pytorchjob or tfjob", coerce=_operator)
+    )
+    api_version: str = field(default="v1", metadata=_NON_EMPTY_STR)
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class FrameworkControllerConfig(KubernetesPlatformConfig):
+    """`platform: frameworkcontroller`: each environment is a Framework with one task role."""
+
+    PLATFORM: ClassVar[str] = "frameworkcontroller"
+    task_role_name: str = field(default="agent", metadata=_DNS_LABEL)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdlCheckpoint:
+    """A volume per environment for model checkpoints (`ADAPTDL_CHECKPOINT_PATH`)."""
+
+    storage_class: str = field(metadata=_NON_EMPTY_STR)
+    storage_size: int = field(metadata=_K8S_SIZE)
+    container_mount_path: str = field(default="/adaptdl/checkpoint", metadata=_ABSOLUTE_PATH)
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class AdlConfig(KubernetesPlatformConfig):
+    """`platform: adl`: each environment is an AdaptDLJob."""
+
+    PLATFORM: ClassVar[str] = "adl"
+    # Preemptible and rescalable by the AdaptDL scheduler.
+    adaptive: bool = False
+    checkpoint: AdlCheckpoint | None = None
+    # ADAPTDL_TENSORBOARD_LOGDIR inside the pods.
+    tensorboard_log_dir: str = field(default="/adaptdl/tensorboard", metadata=_ABSOLUTE_PATH)

@@ -1,0 +1,112 @@
+"""The `trainingService` section for `platform: openpai` (registers itself on import).
+
+Field names are those NNI users know: `host`, `username`, `token`, `trialCpuNumber`,
+`trialMemorySize`, `dockerImage`, `virtualCluster`, `storageConfigName`,
+`localStorageMountPoint` (where this machine sees the storage) and
+`containerStorageMountPoint` (where the jobs see it). The storage fields may be left out
+when the experiment has a `sharedStorage` section instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..config import (
+    _NON_EMPTY_STR,
+    _NON_NEGATIVE_INT,
+    _POSITIVE_DURATION,
+    _POSITIVE_INT,
+    _SECRET,
+    _SIZE,
+    TrainingServiceConfig,
+    _Issues,
+    _rule,
+    register_training_service,
+)
+
+__all__ = ["OpenPaiConfig"]
+
+
+def _host(value: object) -> object:
+    # NNI accepts a bare host name and means https.
+    if isinstance(value, str) and value.strip() and "://" not in value:
+        return f"https://{value.strip()}"
+    return value
+
+
+_HOST = _rule(
+    "an http(s) URL or a host name (https is assumed)",
+    lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0,
+    coerce=_host,
+)
+_ABSOLUTE_PATH = _rule("an absolute path (starting with /)", lambda v: v.startswith("/"))
+_JOB_NAME_PART = _rule(
+    "letters, digits, '_' and '-'", lambda v: bool(v) and all(c.isalnum() or c in "_-" for c in v)
+)
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class OpenPaiConfig(TrainingServiceConfig):
+    """`platform: openpai`: every environment is one OpenPAI job (one task role, one instance)."""
+
+    PLATFORM: ClassVar[str] = "openpai"
+    host: str = field(metadata=_HOST)
+    username: str = field(metadata=_JOB_NAME_PART)
+    token: str = field(repr=False, metadata=_SECRET)
+    trial_cpu_number: int = field(default=1, metadata=_POSITIVE_INT)
+    trial_memory_size: int = field(default=2 * 2**30, metadata=_SIZE)
+    # GPUs per trial; by default the experiment's trialGpuNumber.
+    trial_gpu_number: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
+    # An image with trialkeeper installed (there is no useful default).
+    docker_image: str = field(metadata=_NON_EMPTY_STR)
+    virtual_cluster: str = field(default="default", metadata=_NON_EMPTY_STR)
+    storage_config_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    local_storage_mount_point: Path | None = None
+    container_storage_mount_point: str | None = field(default=None, metadata=_ABSOLUTE_PATH)
+    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
+    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
+    # The Python inside the image that has trialkeeper installed.
+    python_path: str = field(default="python3", metadata=_NON_EMPTY_STR)
+    poll_interval: float = field(default=2.0, metadata=_POSITIVE_DURATION)
+    api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        storage = ("storage_config_name", "local_storage_mount_point", "container_storage_mount_point")
+        issues: _Issues = []
+        if any(k in given for k in storage):
+            issues += [
+                (k, f"required with {names[next(g for g in storage if g in given)]}") for k in storage if k not in given
+            ]
+        local = values.get("local_storage_mount_point")
+        if local is not None and not local.is_dir():
+            issues.append(("local_storage_mount_point", f"{local} is not a directory"))
+        return issues
+
+    @property
+    def has_storage(self) -> bool:
+        return self.storage_config_name is not None
+
+    def effective_environment_count(self, trial_concurrency: int) -> int:
+        if not self.reuse_mode:
+            return trial_concurrency
+        if self.environment_count is not None:
+            return self.environment_count
+        return -(-trial_concurrency // self.trials_per_environment)
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        return self.trials_per_environment
+
+    def resources(self, experiment_gpus: int) -> dict[str, int]:
+        """`resourcePerInstance` of each job: room for the trials it runs at once."""
+        slots = self.trials_per_environment if self.reuse_mode else 1
+        gpus = self.trial_gpu_number if self.trial_gpu_number is not None else experiment_gpus
+        return {
+            "cpu": self.trial_cpu_number * slots,
+            "memoryMB": max(1, math.ceil(self.trial_memory_size / 2**20)) * slots,
+            "gpu": gpus * slots,
+        }

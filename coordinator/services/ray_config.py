@@ -1,0 +1,106 @@
+"""The `trainingService` section for `platform: ray` (registers itself on import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..config import (
+    _NON_EMPTY_STR,
+    _POSITIVE_DURATION,
+    _POSITIVE_INT,
+    _SIZE,
+    TrainingServiceConfig,
+    _Issues,
+    _rule,
+    register_training_service,
+    split_address,
+)
+
+_ADDRESS_TEXT = "'auto', 'ray://HOST:PORT' (Ray Client) or 'HOST:PORT' (the head node's GCS)"
+
+
+def _ray_address(value: object) -> object:
+    """Accept the address forms ``ray.init`` does, checking the host:port part."""
+    if not isinstance(value, str) or value == "auto":
+        return value
+    try:
+        split_address(value.removeprefix("ray://"), allow_port_zero=False)
+    except ValueError as e:
+        raise ValueError(f"expected {_ADDRESS_TEXT}: {e}") from None
+    return value
+
+
+_RAY_ADDRESS = _rule(_ADDRESS_TEXT, coerce=_ray_address)
+_NON_NEGATIVE_NUMBER = _rule("a non-negative number", lambda v: v >= 0)
+_RESOURCES = _rule(
+    "a mapping of Ray resource names to non-negative amounts",
+    lambda v: all(k.strip() and amount >= 0 for k, amount in v.items()),
+)
+# Resources set through their own fields; `resources` may not name them again.
+_RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory"})
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class RayConfig(TrainingServiceConfig):
+    """Trials run by agents that live in actors of an existing Ray cluster.
+
+    Each environment is one detached, named actor holding `num_cpus`/`num_gpus` (and
+    `memory`, `resources`), so Ray's scheduler decides where it runs; the GPUs Ray assigns
+    to the actor are the ones the agent hands to trials. The trial code directory is packed
+    once and sent to the nodes through Ray's object store, unless `runtimeEnv.working_dir`
+    names where Ray fetches the code from instead.
+    """
+
+    PLATFORM: ClassVar[str] = "ray"
+    address: str = field(metadata=_RAY_ADDRESS)
+    # Where the actors are named: `sweep` finds them there by the experiment id.
+    namespace: str = field(default="trialkeeper", metadata=_NON_EMPTY_STR)
+    num_cpus: float = field(default=1.0, metadata=_NON_NEGATIVE_NUMBER)
+    num_gpus: float = field(default=0.0, metadata=_NON_NEGATIVE_NUMBER)
+    memory: int | None = field(default=None, metadata=_SIZE)
+    resources: dict[str, float] = field(default_factory=dict, metadata=_RESOURCES)
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
+    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
+    use_active_gpu: bool = False
+    max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
+    # A directory on the Ray nodes for the agents' trial directories and logs
+    # (default: `trialkeeper-ray` in the node's temporary directory).
+    node_working_directory: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    # How long connecting to the cluster, or one request to it, may take.
+    ray_timeout: float = field(default=60.0, metadata=_POSITIVE_DURATION)
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        issues: _Issues = []
+        reserved = sorted(_RESERVED_RESOURCES & set(values.get("resources") or {}))
+        if reserved:
+            issues.append(
+                (
+                    "resources",
+                    (
+                        f"give {', '.join(reserved)} through {names['num_cpus']}, "
+                        f"{names['num_gpus']} and {names['memory']} instead"
+                    ),
+                )
+            )
+        working_dir = (values.get("runtime_env") or {}).get("working_dir")
+        if working_dir is not None and not isinstance(working_dir, str):
+            issues.append(("runtime_env", f"working_dir must be a path or URI string, got {working_dir!r}"))
+        return issues
+
+    def effective_environment_count(self, trial_concurrency: int) -> int:
+        """`environment_count` if given, else enough actors for the concurrency.
+
+        Without reuse mode every trial gets its own actor and the count is ignored.
+        """
+        if not self.reuse_mode:
+            return trial_concurrency
+        if self.environment_count is not None:
+            return self.environment_count
+        return -(-trial_concurrency // self.trials_per_environment)
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        return self.trials_per_environment

@@ -1,0 +1,157 @@
+"""The `trainingService` section for `platform: slurm` (registers itself on import).
+
+Each environment is one batch job running one agent. The coordinator, the agents and the
+trials share one file system (the experiment directory and the trial code directory are
+read and written in place by the compute nodes), as on any Slurm cluster with a shared
+home or project file system.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..config import (
+    _NON_NEGATIVE_INT,
+    _POSITIVE_DURATION,
+    _POSITIVE_INT,
+    _SIZE,
+    TrainingServiceConfig,
+    _Issues,
+    _rule,
+    register_training_service,
+)
+
+__all__ = ["SlurmConfig"]
+
+
+def _sbatch_line(value: object) -> object:
+    # Accept the line as it would stand in a script ("#SBATCH --constraint=a100") or bare.
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped.upper().startswith("#SBATCH"):
+            stripped = stripped[len("#SBATCH"):].strip()
+        return stripped
+    return value
+
+
+def _is_option(line: str) -> bool:
+    return line.startswith("-") and "\n" not in line and "\r" not in line
+
+
+_SBATCH_LINES = _rule(
+    "a list of sbatch options such as '--constraint=a100' (one option per entry)",
+    lambda v: all(_is_option(line) for line in v),
+    coerce=lambda v: [_sbatch_line(x) for x in v] if isinstance(v, list) else v,
+)
+_SINGLE_LINE = _rule("a non-empty string on one line", lambda v: bool(v.strip()) and "\n" not in v)
+_SHELL_LINES = _rule("a list of shell lines", lambda v: all("\0" not in line for line in v))
+_GRES = _rule(
+    "a gres string such as 'gpu:2' or 'gpu:a100:2'",
+    lambda v: bool(v.strip()) and not any(c.isspace() for c in v),
+)
+
+
+# Options every job needs as trialkeeper sets them, and why.
+_RESERVED = {
+    **dict.fromkeys(["--job-name", "-J", "--comment"], "it finds the experiment's jobs by them"),
+    **dict.fromkeys(["--output", "-o", "--open-mode"], "the agent's log goes to the experiment directory"),
+    **dict.fromkeys(["--export"], "the agent gets the experiment token through the job's environment"),
+    **dict.fromkeys(["--chdir", "-D"], "the agent works in the experiment directory"),
+    **dict.fromkeys(["--requeue"], "a requeued agent would come back as a stranger to the coordinator"),
+}
+
+
+@register_training_service
+@dataclass(frozen=True, kw_only=True)
+class SlurmConfig(TrainingServiceConfig):
+    """`platform: slurm`: every environment is an `sbatch` job that runs one agent."""
+
+    PLATFORM: ClassVar[str] = "slurm"
+    partition: str | None = field(default=None, metadata=_SINGLE_LINE)
+    account: str | None = field(default=None, metadata=_SINGLE_LINE)
+    qos: str | None = field(default=None, metadata=_SINGLE_LINE)
+    # Wall-clock limit of each job (`--time`); a job over it ends and is replaced.
+    time_limit: float | None = field(default=None, metadata=_POSITIVE_DURATION)
+    # GPUs each job asks for (`--gpus-per-node`); by default trialGpuNumber times the trials
+    # one environment runs at once. `gres` replaces it for sites that name GPU types.
+    gpus_per_node: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
+    gres: str | None = field(default=None, metadata=_GRES)
+    cpus_per_task: int | None = field(default=None, metadata=_POSITIVE_INT)
+    memory: int | None = field(default=None, metadata=_SIZE)
+    # More options for every job, written as `#SBATCH` lines.
+    sbatch_options: list[str] = field(default_factory=list, metadata=_SBATCH_LINES)
+    # Shell lines the job runs before the agent (`module load ...`, `source venv/bin/activate`).
+    prologue: list[str] = field(default_factory=list, metadata=_SHELL_LINES)
+    # The Python on the compute nodes that has trialkeeper installed; default: this one.
+    python_interpreter: str | None = field(default=None, metadata=_SINGLE_LINE)
+    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
+    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
+    # How often squeue is asked about the jobs; each call costs the controller some work.
+    poll_interval: float = field(default=2.0, metadata=_POSITIVE_DURATION)
+    # The longest any one Slurm command (sbatch, squeue, scancel) may take.
+    command_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+    # Where the Slurm commands are, when they are not on PATH.
+    slurm_bin_directory: Path | None = None
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+        issues: _Issues = []
+        if "gres" in given and "gpus_per_node" in given:
+            issues.append(("gres", f"give either {names['gres']} or {names['gpus_per_node']}, not both"))
+        for i, option in enumerate(values.get("sbatch_options") or []):
+            flag = option.split("=", 1)[0].split()[0]
+            if flag in _RESERVED:
+                issues.append((f"sbatch_options[{i}]", f"{flag} is set by trialkeeper: {_RESERVED[flag]}"))
+        bin_dir = values.get("slurm_bin_directory")
+        if bin_dir is not None and not bin_dir.is_dir():
+            issues.append(("slurm_bin_directory", f"{bin_dir} is not a directory"))
+        return issues
+
+    def effective_environment_count(self, trial_concurrency: int) -> int:
+        """`environment_count` if given, else enough jobs for the concurrency.
+
+        Without reuse mode every trial gets a job of its own and the count is ignored.
+        """
+        if not self.reuse_mode:
+            return trial_concurrency
+        if self.environment_count is not None:
+            return self.environment_count
+        return -(-trial_concurrency // self.trials_per_environment)
+
+    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
+        return self.trials_per_environment
+
+    def sbatch_directives(self, trial_gpu_number: int) -> list[str]:
+        """The resource options of every job, as `#SBATCH` option strings."""
+        out: list[str] = []
+        for flag, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos)):
+            if value is not None:
+                out.append(f"{flag}={value.strip()}")
+        if self.time_limit is not None:
+            out.append(f"--time={_slurm_time(self.time_limit)}")
+        if self.gres is not None:
+            out.append(f"--gres={self.gres}")
+        else:
+            slots = self.trials_per_environment if self.reuse_mode else 1
+            gpus = self.gpus_per_node if self.gpus_per_node is not None else trial_gpu_number * slots
+            if gpus:
+                out.append(f"--gpus-per-node={gpus}")
+        if self.cpus_per_task is not None:
+            out.append(f"--cpus-per-task={self.cpus_per_task}")
+        if self.memory is not None:
+            out.append(f"--mem={max(1, math.ceil(self.memory / 2**20))}M")
+        return out + list(self.sbatch_options)
+
+    def requests_gpus(self, trial_gpu_number: int) -> bool:
+        """Whether the jobs ask Slurm for GPUs (else the agents are told to use none)."""
+        return any(d.startswith(("--gres=", "--gpus")) for d in self.sbatch_directives(trial_gpu_number))
+
+
+def _slurm_time(seconds: float) -> str:
+    """`--time` in Slurm's `D-HH:MM:SS` form, rounded up to whole minutes (its resolution)."""
+    minutes = max(1, math.ceil(seconds / 60))
+    days, rest = divmod(minutes, 24 * 60)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"

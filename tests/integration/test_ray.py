@@ -1,0 +1,457 @@
+"""The ray platform against a real local Ray cluster on loopback (one for the whole module).
+
+Agents run in detached actors that Ray places; trials are real processes on the node.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psutil
+import pytest
+from conftest import async_wait_until, build_config, pid_gone, run_async, wait_until, write_script
+from trialkeeper.coordinator.config import ConfigError, parse_config
+from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.services import create_service
+from trialkeeper.coordinator.services.base import EnvironmentRequest
+from trialkeeper.coordinator.services.ray import RayEnvironmentService
+from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.store import Store
+
+
+def _harness() -> ModuleType:
+    """The contract suite's Ray harness, under the name that suite loads it by, so that a
+    run of both shares one cluster."""
+    name = "_contract_harness_ray"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "contract" / "harness_ray.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+LocalRay = Any  # the harness's LocalRay: a running head node (.address, ...)
+shared_local_ray = _harness().shared_local_ray
+
+pytestmark = pytest.mark.slow
+
+WAIT_S = 45.0
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRay]:
+    with shared_local_ray() as c:
+        import ray
+
+        # This process looks at the cluster too (its named actors); the services share
+        # the connection.
+        if not ray.is_initialized():
+            ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
+        yield c
+
+
+def _section(cluster: LocalRay, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "platform": "ray",
+        "address": cluster.address,
+        "numCpus": 0.5,
+        "nodeWorkingDirectory": str(tmp_path / "ray-nodes"),
+        **extra,
+    }
+
+
+def _actors(experiment_id: str) -> list[str]:
+    """The experiment's named actors still on the cluster (this process is connected)."""
+    from ray.util import list_named_actors
+
+    prefix = f"trialkeeper/{experiment_id}/"
+    return sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith(prefix))
+
+
+def _cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trialkeeper.coordinator.cli", *args],
+        check=False, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def _agents_under(root: Path) -> list[psutil.Process]:
+    """Live agent processes (not their launchers) whose working directory is under root."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"] or []
+        if argv[1:3] == ["-m", "trialkeeper.agent"] and str(root) in " ".join(argv) and not pid_gone(p.pid):
+            found.append(p)
+    return found
+
+
+# ---- the quickstart, end to end ------------------------------------------------------
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["reuse", "no-reuse"])
+def test_quickstart_runs_end_to_end_on_local_ray(cluster: LocalRay, tmp_path: Path, reuse: bool) -> None:
+    code = tmp_path / "quickstart"
+    shutil.copytree(QUICKSTART, code)
+    trials = 8 if reuse else 4
+    config = {
+        "experimentName": "quickstart-ray",
+        "searchSpaceFile": "search_space.json",
+        "trialCommand": f"{sys.executable} train.py",
+        "trialCodeDirectory": ".",
+        "trialConcurrency": 2,
+        "maxTrialNumber": trials,
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
+        # A whole CPU each: without reuse, the third actor fits only once the first is gone.
+        "trainingService": _section(cluster, tmp_path, reuseMode=reuse, environmentCount=2, numCpus=1),
+    }
+    (code / "config.yml").write_text(json.dumps(config))  # JSON is YAML
+
+    run = _cli("run", str(code / "config.yml"), "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    exp_dir = next(Path(line.split(": ", 1)[1]) for line in run.stdout.splitlines()
+                   if line.startswith("experiment directory: "))
+
+    listed = json.loads(_cli("trials", str(exp_dir), "--json").stdout)
+    assert [t["status"] for t in listed] == ["SUCCEEDED"] * trials, listed
+    envs = json.loads(_cli("envs", str(exp_dir), "--json").stdout)
+    assert all(e["platform"] == "ray" and e["status"] == "STOPPED" for e in envs), envs
+    assert all(e["platform_id"].startswith("trialkeeper/trialkeeper/") for e in envs), envs
+    assert len(envs) == (2 if reuse else trials), envs
+    # Trial logs came back over the stream: the nodes do not share our file system.
+    assert "SUCCEEDED" in _cli("status", str(exp_dir)).stdout
+
+    experiment_id = envs[0]["platform_id"].split("/")[2]
+    wait_until(lambda: not _actors(experiment_id), WAIT_S, message="actors left on the cluster")
+    assert not _agents_under(tmp_path)
+
+
+# ---- losing an actor -------------------------------------------------------------------
+
+HOLD_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+
+from trialkeeper.agent import trial
+
+params = trial.get_next_parameter()
+Path(sys.argv[1], f"pid-{params['x']}").write_text(str(os.getpid()))
+if params["x"] == 0:
+    while True:  # held until its environment dies
+        time.sleep(0.1)
+trial.report_final_result(1.0)
+"""
+
+
+def test_killing_the_actor_mid_trial_loses_the_environment(cluster: LocalRay, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    write_script(tmp_path, "hold.py", HOLD_SCRIPT)
+    config = build_config(
+        tmp_path,
+        trialCommand=f"{sys.executable} hold.py {marks}",
+        trialConcurrency=1,
+        trainingService=_section(cluster, tmp_path, environmentCount=1),
+    )
+
+    async def body() -> None:
+        import ray
+
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            held = await c.submit({"x": 0})
+            pid_file = marks / "pid-0"
+            await async_wait_until(pid_file.exists, WAIT_S, message="the trial never started")
+            trial_pid = int(pid_file.read_text())
+            [env] = c.environments()
+            name = env.platform_id.split("/", 1)[1]
+            ray.kill(ray.get_actor(name, namespace="trialkeeper"), no_restart=True)
+
+            info = await held.wait(WAIT_S)
+            assert info.status is TrialStatus.FAILED, (info.status, info.reason)
+            await async_wait_until(lambda: pid_gone(trial_pid), WAIT_S, message="the trial outlived its actor")
+            lost = next(e for e in c.environments() if e.id == env.id)
+            assert lost.status is EnvStatus.FAILED, (lost.status, lost.reason)
+            # The experiment goes on in a fresh actor.
+            after = await c.submit({"x": 1})
+            assert (await after.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
+            assert after.id != held.id and len(c.environments()) == 2
+        wait_until(lambda: not _actors(c.experiment_id), WAIT_S, message="actors left on the cluster")
+
+    run_async(body, timeout=3 * WAIT_S)
+    assert not _agents_under(tmp_path)
+
+
+# ---- what a crashed coordinator leaves behind -------------------------------------------
+
+
+def test_fresh_service_sweeps_orphans_and_adopts_the_rest(cluster: LocalRay, tmp_path: Path) -> None:
+    config = build_config(tmp_path, trainingService=_section(cluster, tmp_path))
+    experiment_id = f"orphans{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        crashed = create_service(config, tmp_path / "exp")
+        await crashed.prepare()
+        started = {}
+        for env_id in ("env-1", "env-2"):
+            # Nobody listens at port 9: the agents keep dialling, like agents whose
+            # coordinator died.
+            request = EnvironmentRequest(env_id, experiment_id, "127.0.0.1:9", "secret-token")
+            result = await crashed.start(request)
+            assert result.error is None, result.error
+            started[env_id] = result.platform_id
+        await async_wait_until(lambda: len(_agents_under(tmp_path)) == 2, WAIT_S, message="agents did not start")
+        agents = {p.pid: " ".join(p.cmdline()) for p in _agents_under(tmp_path)}
+        assert not any("secret-token" in cmd for cmd in agents.values())
+
+        # The coordinator is gone without stopping anything; a new one comes up.
+        fresh = create_service(config, tmp_path / "exp")
+        assert await fresh.sweep(experiment_id, keep={"env-2"}) == ["env-1"]
+        assert _actors(experiment_id) == [f"trialkeeper/{experiment_id}/env-2"]
+        fresh.adopt("env-2", started["env-2"])
+        seen = await fresh.poll(["env-1", "env-2"])
+        assert seen["env-1"].state == "unknown"
+        assert seen["env-2"].state in ("starting", "running"), seen["env-2"]
+        await async_wait_until(
+            lambda: len(_agents_under(tmp_path)) == 1, WAIT_S, message="the swept agent still runs"
+        )
+        await fresh.stop("env-2", 0.0)
+        await fresh.stop("env-2", 0.0)  # idempotent
+        assert (await fresh.poll(["env-2"]))["env-2"].state == "exited"
+        assert await fresh.sweep(experiment_id) == []
+        await async_wait_until(lambda: not _agents_under(tmp_path), WAIT_S, message="agents outlived the sweep")
+        await fresh.close()
+        await crashed.close()
+
+    run_async(body, timeout=3 * WAIT_S)
+    assert not _actors(experiment_id)
+
+
+def test_an_actor_whose_coordinator_never_returns_frees_its_resources(cluster: LocalRay, tmp_path: Path) -> None:
+    config = build_config(tmp_path, trainingService=_section(cluster, tmp_path))
+    experiment_id = f"gone{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        service = create_service(config, tmp_path / "exp")
+        assert isinstance(service, RayEnvironmentService)
+        service.linger_s = 0.5
+        # Its agent gives up on the missing coordinator after 1 s, and no one polls or
+        # stops the environment: the actor must still go.
+        request = EnvironmentRequest("env-1", experiment_id, "127.0.0.1:9", "t", agent_args=("--reconnect-window", "1"))
+        assert (await service.start(request)).error is None
+        await async_wait_until(lambda: _actors(experiment_id), WAIT_S, message="the actor never appeared")
+        await async_wait_until(lambda: not _actors(experiment_id), WAIT_S, message="the actor outlived its agent")
+        await service.close()
+
+    run_async(body, timeout=3 * WAIT_S)
+    assert not _agents_under(tmp_path)
+
+
+# ---- a coordinator killed -9, then resumed -------------------------------------------
+
+GATED_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+
+from trialkeeper.agent import trial
+
+params = trial.get_next_parameter()
+marks = Path(sys.argv[1])
+(marks / f"running-{params['x']}").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while not (marks / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+trial.report_final_result(float(params["x"]))
+"""
+
+
+def test_resume_after_kill_9_adopts_its_actors_and_sweeps_orphans(cluster: LocalRay, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    write_script(tmp_path, "gated.py", GATED_SCRIPT)
+    config = {
+        "trialCommand": f"{sys.executable} gated.py {marks}",
+        "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}},
+        "tuner": {"name": "grid"},
+        "trainingService": _section(cluster, tmp_path, environmentCount=2),
+        "coordinator": {"heartbeatInterval": 0.2, "agentLostTimeout": 2, "trialLostTimeout": 30},
+    }
+    (tmp_path / "config.yml").write_text(json.dumps(config))
+    exp = tmp_path / "exp"
+    cli = [sys.executable, "-m", "trialkeeper.coordinator.cli"]
+    first = subprocess.Popen([*cli, "run", str(tmp_path / "config.yml"), "--experiment-dir", str(exp), "--quiet"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    resumed = None
+    orphans = None
+    try:
+        wait_until(lambda: len(list(marks.glob("running-*"))) == 2 or first.poll() is not None, WAIT_S,
+                   message="two trials never ran")
+        assert first.poll() is None, first.communicate()[0].decode(errors="replace")
+        store = Store.in_dir(exp, readonly=True)
+        experiment = store.experiment()
+        store.close()
+        assert experiment is not None
+        experiment_id = str(experiment["id"])
+        # An environment the store never recorded: started just before the crash.
+        orphans = create_service(build_config(tmp_path, trainingService=_section(cluster, tmp_path)), tmp_path / "o")
+        started = run_async(orphans.start(EnvironmentRequest("env-99", experiment_id, "127.0.0.1:9", "t")))
+        assert started.error is None, started.error
+        assert len(_actors(experiment_id)) == 3
+
+        first.kill()
+        first.wait(timeout=30)
+        resumed = subprocess.Popen([*cli, "resume", str(exp), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        wait_until(lambda: len(_actors(experiment_id)) == 2 or resumed.poll() is not None, WAIT_S,
+                   message="resume did not sweep the orphan")
+        (marks / "go").write_text("")
+        out, _ = resumed.communicate(timeout=2 * WAIT_S)
+        assert resumed.returncode == 0, out.decode(errors="replace")
+
+        store = Store.in_dir(exp, readonly=True)
+        trials, envs = store.trials(), store.envs()
+        store.close()
+        assert sorted(t["status"] for t in trials) == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
+        # The two actors started before the crash carried on: no replacement was needed.
+        assert sorted(e["id"] for e in envs) == ["env-1", "env-2"], [(e["id"], e["status"], e["reason"]) for e in envs]
+        assert all(t["attempts"] == 1 for t in trials), trials
+        wait_until(lambda: not _actors(experiment_id), WAIT_S, message="actors left on the cluster")
+    finally:
+        for proc in (first, resumed):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        if orphans is not None:
+            run_async(orphans.close())
+    assert not _agents_under(tmp_path)
+
+
+# ---- GPUs ------------------------------------------------------------------------------
+
+
+def test_each_actor_offers_its_agent_the_gpus_ray_assigned(cluster: LocalRay, tmp_path: Path) -> None:
+    config = build_config(tmp_path, trainingService=_section(cluster, tmp_path, numGpus=1))
+    experiment_id = f"gpus{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        service = create_service(config, tmp_path / "exp")
+        try:
+            for env_id in ("env-1", "env-2", "env-3"):
+                result = await service.start(EnvironmentRequest(env_id, experiment_id, "127.0.0.1:9", "t"))
+                assert result.error is None, result.error
+
+            async def states() -> dict[str, Any]:
+                return await service.poll(["env-1", "env-2", "env-3"])
+
+            seen: dict[str, Any] = {}
+
+            async def two_running() -> bool:
+                seen.update(await states())
+                return sum(o.state == "running" for o in seen.values()) == 2
+
+            await _async_wait(two_running, "two of three actors never ran")
+            # The node has 2 GPUs: one actor waits for a GPU; the others hold one each.
+            [waiting] = [i for i, o in seen.items() if o.state == "starting"]
+            assert seen[waiting].detail == "waiting for Ray to place the actor (0.5 CPU, 1 GPU)"
+            running = sorted(i for i, o in seen.items() if o.state == "running")
+            argv = {" ".join(p.cmdline()) for p in _agents_under(tmp_path)}
+            assert len(argv) == 2, argv
+            assert {a.split("--gpu-indices ")[1].split()[0] for a in argv} == {"0", "1"}, argv
+            await service.stop(running[0], 0.0)
+
+            async def placed() -> bool:
+                return (await states())[waiting].state == "running"
+
+            await _async_wait(placed, "the waiting actor never got the freed GPU")
+        finally:
+            await service.close()
+
+    run_async(body, timeout=3 * WAIT_S)
+    assert not _actors(experiment_id)
+    assert not _agents_under(tmp_path)
+
+
+async def _async_wait(check: Any, message: str) -> None:
+    """async_wait_until for an async predicate."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + WAIT_S
+    while not await check():
+        assert time.monotonic() < deadline, message
+        await asyncio.sleep(0.1)
+
+
+# ---- config --------------------------------------------------------------------------
+
+
+def _ray_config(tmp_path: Path, **section: Any) -> Any:
+    data = {
+        "trialCommand": "python trial.py",
+        "trialConcurrency": 2,
+        "trainingService": {"platform": "ray", **section},
+    }
+    return parse_config(data, tmp_path)
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _ray_config(
+            tmp_path, address="ray://head:0", numCpus=-1, numGPUs=1, resources={"GPU": 1},
+            memory="lots", environmentCount=0, rayTimeout="soon",
+        )
+    text = str(caught.value)
+    for expected in (
+        "trainingService.address: expected 'auto', 'ray://HOST:PORT'",
+        "trainingService.numCpus: expected a non-negative number",
+        "trainingService.numGPUs: unknown key; did you mean 'numGpus'?",
+        "trainingService.resources: give GPU through numCpus, numGpus and memory instead",
+        "trainingService.memory: ",
+        "trainingService.environmentCount: expected a positive integer",
+        "trainingService.rayTimeout: ",
+    ):
+        assert expected in text, text
+    with pytest.raises(ConfigError, match=r"trainingService\.address: required key is missing"):
+        _ray_config(tmp_path)
+
+
+def test_config_defaults_and_environment_counts(tmp_path: Path) -> None:
+    cfg = _ray_config(tmp_path, address="10.0.0.5:6379", numGpus=1, trialsPerEnvironment=2).training_service
+    assert (cfg.namespace, cfg.num_cpus, cfg.num_gpus, cfg.reuse_mode) == ("trialkeeper", 1.0, 1.0, True)
+    assert cfg.effective_environment_count(5) == 3 and cfg.trial_slots_per_environment(5) == 2
+    assert _ray_config(tmp_path, address="auto", reuseMode=False).training_service.effective_environment_count(4) == 4
+    assert _ray_config(tmp_path, address="ray://head.example:10001").training_service.address == "ray://head.example:10001"
+
+
+def test_missing_extra_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from trialkeeper.coordinator.services import ray as ray_service
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ray_service.RaySetupError, match=r"^platform ray needs ray: pip install 'trialkeeper\[ray\]'$"):
+        create_service(_ray_config(tmp_path, address="auto"), tmp_path / "exp")
+
+
+def test_gpu_options_follow_what_ray_assigned() -> None:
+    from trialkeeper.coordinator.services._ray_node import _gpu_args
+
+    assert _gpu_args(0, []) == ["--no-gpu"]
+    assert _gpu_args(2, ["1", "3"]) == ["--gpu-indices", "1,3"]
+    with pytest.raises(RuntimeError, match="not NVML indices"):
+        _gpu_args(1, ["GPU-5f1c"])
