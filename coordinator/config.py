@@ -337,17 +337,12 @@ class TrainingServiceConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LocalConfig(TrainingServiceConfig):
-    """Trials run by agents on this machine."""
+class EnvironmentPoolConfig(TrainingServiceConfig):
+    """Base of the platforms that keep a pool of environments, each running
+    `trials_per_environment` trials at once in reuse mode."""
 
-    PLATFORM: ClassVar[str] = "local"
     environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
     trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
-    use_active_gpu: bool = False
-    max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
-    gpu_indices: list[int] | None = field(default=None, metadata=_GPU_INDICES)
-    simulated_gpus: int = field(default=0, metadata=_NON_NEGATIVE_INT)
-    placement: Literal["pack", "spread"] = "pack"
 
     def effective_environment_count(self, trial_concurrency: int) -> int:
         """`environment_count` if given, else enough environments for the concurrency.
@@ -362,6 +357,18 @@ class LocalConfig(TrainingServiceConfig):
 
     def trial_slots_per_environment(self, trial_concurrency: int) -> int:
         return self.trials_per_environment
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalConfig(EnvironmentPoolConfig):
+    """Trials run by agents on this machine."""
+
+    PLATFORM: ClassVar[str] = "local"
+    use_active_gpu: bool = False
+    max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
+    gpu_indices: list[int] | None = field(default=None, metadata=_GPU_INDICES)
+    simulated_gpus: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    placement: Literal["pack", "spread"] = "pack"
 
 
 @dataclass(frozen=True, kw_only=True)

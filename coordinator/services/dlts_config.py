@@ -15,9 +15,8 @@ from ..config import (
     _NON_EMPTY_STR,
     _NON_NEGATIVE_INT,
     _POSITIVE_DURATION,
-    _POSITIVE_INT,
     _SECRET,
-    TrainingServiceConfig,
+    EnvironmentPoolConfig,
     _rule,
     register_training_service,
 )
@@ -30,7 +29,7 @@ _EMAIL = _rule("an email address", lambda v: "@" in v and not any(c.isspace() fo
 
 @register_training_service
 @dataclass(frozen=True, kw_only=True)
-class DltsConfig(TrainingServiceConfig):
+class DltsConfig(EnvironmentPoolConfig):
     """`platform: dlts`: every environment is one DLTS (DLWorkspace) job running one agent."""
 
     PLATFORM: ClassVar[str] = "dlts"
@@ -43,22 +42,10 @@ class DltsConfig(TrainingServiceConfig):
     image: str = field(metadata=_NON_EMPTY_STR)
     # GPUs per trial; by default the experiment's trialGpuNumber.
     trial_gpu_number: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
-    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
-    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
     # The Python inside the image that has trialkeeper installed.
     python_path: str = field(default="python3", metadata=_NON_EMPTY_STR)
     poll_interval: float = field(default=3.0, metadata=_POSITIVE_DURATION)
     api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
-
-    def effective_environment_count(self, trial_concurrency: int) -> int:
-        if not self.reuse_mode:
-            return trial_concurrency
-        if self.environment_count is not None:
-            return self.environment_count
-        return -(-trial_concurrency // self.trials_per_environment)
-
-    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
-        return self.trials_per_environment
 
     def gpus_per_job(self, experiment_gpus: int) -> int:
         slots = self.trials_per_environment if self.reuse_mode else 1

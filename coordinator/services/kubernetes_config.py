@@ -22,8 +22,7 @@ from ..config import (
     _NON_EMPTY_STR,
     _NON_NEGATIVE_INT,
     _POSITIVE_DURATION,
-    _POSITIVE_INT,
-    TrainingServiceConfig,
+    EnvironmentPoolConfig,
     _Issues,
     _rule,
     parse_size,
@@ -87,7 +86,7 @@ class NfsStorage:
 
 
 @dataclass(frozen=True, kw_only=True)
-class KubernetesPlatformConfig(TrainingServiceConfig):
+class KubernetesPlatformConfig(EnvironmentPoolConfig):
     """The fields every Kubernetes flavour shares; the registered subclasses add their own."""
 
     PLATFORM: ClassVar[str] = ""
@@ -96,8 +95,6 @@ class KubernetesPlatformConfig(TrainingServiceConfig):
     # kubeconfig file; else $KUBECONFIG, ~/.kube/config, or the in-cluster service account.
     kubeconfig: Path | None = None
     context: str | None = field(default=None, metadata=_NON_EMPTY_STR)
-    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
-    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
     cpu_number: float | None = field(default=None, metadata=_CPU)
     memory_size: int | None = field(default=None, metadata=_K8S_SIZE)
     gpu_number: int = field(default=0, metadata=_NON_NEGATIVE_INT)
@@ -139,16 +136,6 @@ class KubernetesPlatformConfig(TrainingServiceConfig):
         if kubeconfig is not None and not kubeconfig.is_file():
             issues.append(("kubeconfig", f"{kubeconfig} is not a file"))
         return issues
-
-    def effective_environment_count(self, trial_concurrency: int) -> int:
-        if not self.reuse_mode:
-            return trial_concurrency
-        if self.environment_count is not None:
-            return self.environment_count
-        return -(-trial_concurrency // self.trials_per_environment)
-
-    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
-        return self.trials_per_environment
 
 
 @register_training_service

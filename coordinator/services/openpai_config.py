@@ -21,7 +21,7 @@ from ..config import (
     _POSITIVE_INT,
     _SECRET,
     _SIZE,
-    TrainingServiceConfig,
+    EnvironmentPoolConfig,
     _Issues,
     _rule,
     register_training_service,
@@ -50,7 +50,7 @@ _JOB_NAME_PART = _rule(
 
 @register_training_service
 @dataclass(frozen=True, kw_only=True)
-class OpenPaiConfig(TrainingServiceConfig):
+class OpenPaiConfig(EnvironmentPoolConfig):
     """`platform: openpai`: every environment is one OpenPAI job (one task role, one instance)."""
 
     PLATFORM: ClassVar[str] = "openpai"
@@ -67,8 +67,6 @@ class OpenPaiConfig(TrainingServiceConfig):
     storage_config_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
     local_storage_mount_point: Path | None = None
     container_storage_mount_point: str | None = field(default=None, metadata=_ABSOLUTE_PATH)
-    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
-    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
     # The Python inside the image that has trialkeeper installed.
     python_path: str = field(default="python3", metadata=_NON_EMPTY_STR)
     poll_interval: float = field(default=2.0, metadata=_POSITIVE_DURATION)
@@ -90,16 +88,6 @@ class OpenPaiConfig(TrainingServiceConfig):
     @property
     def has_storage(self) -> bool:
         return self.storage_config_name is not None
-
-    def effective_environment_count(self, trial_concurrency: int) -> int:
-        if not self.reuse_mode:
-            return trial_concurrency
-        if self.environment_count is not None:
-            return self.environment_count
-        return -(-trial_concurrency // self.trials_per_environment)
-
-    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
-        return self.trials_per_environment
 
     def resources(self, experiment_gpus: int) -> dict[str, int]:
         """`resourcePerInstance` of each job: room for the trials it runs at once."""

@@ -10,7 +10,7 @@ from ..config import (
     _POSITIVE_DURATION,
     _POSITIVE_INT,
     _SIZE,
-    TrainingServiceConfig,
+    EnvironmentPoolConfig,
     _Issues,
     _rule,
     register_training_service,
@@ -43,7 +43,7 @@ _RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory"})
 
 @register_training_service
 @dataclass(frozen=True, kw_only=True)
-class RayConfig(TrainingServiceConfig):
+class RayConfig(EnvironmentPoolConfig):
     """Trials run by agents that live in actors of an existing Ray cluster.
 
     Each environment is one detached, named actor holding `num_cpus`/`num_gpus` (and
@@ -62,8 +62,6 @@ class RayConfig(TrainingServiceConfig):
     memory: int | None = field(default=None, metadata=_SIZE)
     resources: dict[str, float] = field(default_factory=dict, metadata=_RESOURCES)
     runtime_env: dict[str, Any] = field(default_factory=dict)
-    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
-    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
     use_active_gpu: bool = False
     max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
     # A directory on the Ray nodes for the agents' trial directories and logs
@@ -90,17 +88,3 @@ class RayConfig(TrainingServiceConfig):
         if working_dir is not None and not isinstance(working_dir, str):
             issues.append(("runtime_env", f"working_dir must be a path or URI string, got {working_dir!r}"))
         return issues
-
-    def effective_environment_count(self, trial_concurrency: int) -> int:
-        """`environment_count` if given, else enough actors for the concurrency.
-
-        Without reuse mode every trial gets its own actor and the count is ignored.
-        """
-        if not self.reuse_mode:
-            return trial_concurrency
-        if self.environment_count is not None:
-            return self.environment_count
-        return -(-trial_concurrency // self.trials_per_environment)
-
-    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
-        return self.trials_per_environment

@@ -18,7 +18,7 @@ from ..config import (
     _POSITIVE_DURATION,
     _POSITIVE_INT,
     _SIZE,
-    TrainingServiceConfig,
+    EnvironmentPoolConfig,
     _Issues,
     _rule,
     register_training_service,
@@ -66,7 +66,7 @@ _RESERVED = {
 
 @register_training_service
 @dataclass(frozen=True, kw_only=True)
-class SlurmConfig(TrainingServiceConfig):
+class SlurmConfig(EnvironmentPoolConfig):
     """`platform: slurm`: every environment is an `sbatch` job that runs one agent."""
 
     PLATFORM: ClassVar[str] = "slurm"
@@ -87,8 +87,6 @@ class SlurmConfig(TrainingServiceConfig):
     prologue: list[str] = field(default_factory=list, metadata=_SHELL_LINES)
     # The Python on the compute nodes that has trialkeeper installed; default: this one.
     python_interpreter: str | None = field(default=None, metadata=_SINGLE_LINE)
-    environment_count: int | None = field(default=None, metadata=_POSITIVE_INT)
-    trials_per_environment: int = field(default=1, metadata=_POSITIVE_INT)
     # How often squeue is asked about the jobs; each call costs the controller some work.
     poll_interval: float = field(default=2.0, metadata=_POSITIVE_DURATION)
     # The longest any one Slurm command (sbatch, squeue, scancel) may take.
@@ -109,20 +107,6 @@ class SlurmConfig(TrainingServiceConfig):
         if bin_dir is not None and not bin_dir.is_dir():
             issues.append(("slurm_bin_directory", f"{bin_dir} is not a directory"))
         return issues
-
-    def effective_environment_count(self, trial_concurrency: int) -> int:
-        """`environment_count` if given, else enough jobs for the concurrency.
-
-        Without reuse mode every trial gets a job of its own and the count is ignored.
-        """
-        if not self.reuse_mode:
-            return trial_concurrency
-        if self.environment_count is not None:
-            return self.environment_count
-        return -(-trial_concurrency // self.trials_per_environment)
-
-    def trial_slots_per_environment(self, trial_concurrency: int) -> int:
-        return self.trials_per_environment
 
     def sbatch_directives(self, trial_gpu_number: int) -> list[str]:
         """The resource options of every job, as `#SBATCH` option strings."""
