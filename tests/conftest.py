@@ -50,6 +50,23 @@ def make_config() -> Callable[..., ExperimentConfig]:
     return build_config
 
 
+QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart"
+
+# A trial that reports its parameter `x` as its final result; with `wait` set it first
+# waits (60 s at most) until the file named by $GATE exists, so a test can act mid-trial.
+GATED_TRIAL = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+gate = pathlib.Path(os.environ["GATE"])
+deadline = time.monotonic() + 60
+while p.get("wait") and not gate.exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+trial.report_final_result(float(p.get("x", 1)))
+"""
+
+
 def write_script(directory: Path, name: str, body: str) -> Path:
     """Write a trial script (dedented) into ``directory``; returns its path."""
     path = directory / name

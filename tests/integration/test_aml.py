@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import async_wait_until, run_async, write_script
+from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
 from fake_cloud_sdks import FakeAml, aml_installed, aml_section, argv_holding, files_holding
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
@@ -30,23 +30,9 @@ from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
 
 # Runs until the file named by GATE appears (with a deadline), then reports its x.
-GATED = """
-import os, pathlib, time
-from trialkeeper.agent import trial
-
-p = trial.get_next_parameter()
-gate = pathlib.Path(os.environ["GATE"])
-deadline = time.monotonic() + 60
-while p.get("wait") and not gate.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-trial.report_final_result(float(p.get("x", 1)))
-"""
-
-
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeAml]:
     with aml_installed(tmp_path / "aml") as installed:
@@ -137,7 +123,7 @@ def test_quickstart_end_to_end(
 
 
 def test_a_run_failed_or_canceled_outside_is_a_lost_environment(fake: FakeAml, tmp_path: Path) -> None:
-    code = _code(tmp_path, GATED)
+    code = _code(tmp_path, GATED_TRIAL)
     data = _config_data(tmp_path)
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
     del data["searchSpaceFile"]

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import async_wait_until, run_async, write_script
+from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
 from fake_cloud_sdks import DlcSetup, argv_holding, dlc_installed, dlc_section, files_holding
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
@@ -34,21 +34,7 @@ from trialkeeper.coordinator.services.dlc_config import ID_ENV, SECRET_ENV, DlcC
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
-
-GATED = """
-import os, pathlib, time
-from trialkeeper.agent import trial
-
-p = trial.get_next_parameter()
-gate = pathlib.Path(os.environ["GATE"])
-deadline = time.monotonic() + 60
-while p.get("wait") and not gate.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-trial.report_final_result(float(p.get("x", 1)))
-"""
-
 
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[DlcSetup]:
@@ -148,7 +134,7 @@ def store_config(exp_dir: Path) -> dict[str, Any]:
 
 
 def test_a_job_failed_or_stopped_outside_is_a_lost_environment(setup: DlcSetup, tmp_path: Path) -> None:
-    code = _code(tmp_path, GATED)
+    code = _code(tmp_path, GATED_TRIAL)
     data = _config_data(setup, tmp_path)
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
     del data["searchSpaceFile"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import async_wait_until, run_async, write_script
+from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
 from fake_dlts import FakeDlts, running, section, shell_words
 from fake_openpai import leaks_in_files, leaks_in_processes
 from trialkeeper.coordinator import cli
@@ -27,21 +27,7 @@ from trialkeeper.coordinator.services.dlts import DltsEnvironmentService
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
-
-GATED = """
-import os, pathlib, time
-from trialkeeper.agent import trial
-
-p = trial.get_next_parameter()
-gate = pathlib.Path(os.environ["GATE"])
-deadline = time.monotonic() + 60
-while p.get("wait") and not gate.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-trial.report_final_result(float(p.get("x", 1)))
-"""
-
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDlts]:
@@ -107,7 +93,7 @@ def test_quickstart_end_to_end_leaks_no_secret(
 @pytest.mark.parametrize("how", ["failed", "killed", "deleted"])
 def test_a_job_ended_outside_trialkeeper_is_a_lost_environment(fake: FakeDlts, tmp_path: Path, how: str) -> None:
     data = _config_data(fake, tmp_path, reuseMode=False)
-    write_script(tmp_path / "code", "trial.py", GATED)
+    write_script(tmp_path / "code", "trial.py", GATED_TRIAL)
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={},
                 maxTrialNumber=None, trialConcurrency=1)
     del data["searchSpaceFile"]

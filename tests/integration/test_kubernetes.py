@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import async_wait_until, run_async, wait_until, write_script
+from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, wait_until, write_script
 from fake_k8s import FakeKubernetes, running, section
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
@@ -41,23 +41,9 @@ from trialkeeper.coordinator.store import Store
 
 pytest.importorskip("kubernetes", reason="the Kubernetes platforms need trialkeeper[k8s]")
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
 
 # Runs until the file named by GATE appears (with a deadline), then reports its x.
-GATED = """
-import os, pathlib, time
-from trialkeeper.agent import trial
-
-p = trial.get_next_parameter()
-gate = pathlib.Path(os.environ["GATE"])
-deadline = time.monotonic() + 60
-while p.get("wait") and not gate.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-trial.report_final_result(float(p.get("x", 1)))
-"""
-
-
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubernetes]:
     with running(tmp_path_factory.mktemp("fake-k8s")) as server:
@@ -169,7 +155,7 @@ def test_quickstart_end_to_end(
 
 
 def test_deleting_a_pod_mid_trial_loses_its_environment(fake: FakeKubernetes, tmp_path: Path) -> None:
-    _code(tmp_path, GATED)
+    _code(tmp_path, GATED_TRIAL)
     data = _config_data(fake, tmp_path, "kubernetes", workload="job")
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
     del data["searchSpaceFile"]
@@ -243,7 +229,7 @@ def _cli(*args: str) -> subprocess.Popen[bytes]:
 
 
 def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(fake: FakeKubernetes, tmp_path: Path) -> None:
-    _code(tmp_path, GATED)
+    _code(tmp_path, GATED_TRIAL)
     gate = tmp_path / "gate"
     data = _config_data(fake, tmp_path, "kubeflow", operator="tfjob")
     data.update(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import async_wait_until, run_async, write_script
+from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
 from fake_openpai import FakeOpenPai, leaks_in_files, leaks_in_processes, running, section
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
@@ -28,23 +28,9 @@ from trialkeeper.coordinator.services.openpai import OpenPaiEnvironmentService
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
 
 # Runs until the file named by GATE appears (with a deadline), then reports its x.
-GATED = """
-import os, pathlib, time
-from trialkeeper.agent import trial
-
-p = trial.get_next_parameter()
-gate = pathlib.Path(os.environ["GATE"])
-deadline = time.monotonic() + 60
-while p.get("wait") and not gate.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-trial.report_final_result(float(p.get("x", 1)))
-"""
-
-
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeOpenPai]:
     with running(tmp_path_factory.mktemp("fake-openpai")) as server:
@@ -117,7 +103,7 @@ def test_quickstart_end_to_end_leaks_no_secret(
 def test_a_job_ended_outside_trialkeeper_is_a_lost_environment(fake: FakeOpenPai, tmp_path: Path, how: str) -> None:
     data = _config_data(fake, tmp_path)
     (tmp_path / "code" / "trial.py").unlink(missing_ok=True)
-    write_script(tmp_path / "code", "trial.py", GATED)
+    write_script(tmp_path / "code", "trial.py", GATED_TRIAL)
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={},
                 maxTrialNumber=None, trialConcurrency=1)
     del data["searchSpaceFile"]

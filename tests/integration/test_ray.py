@@ -18,7 +18,15 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import async_wait_until, build_config, pid_gone, run_async, wait_until, write_script
+from conftest import (
+    QUICKSTART,
+    async_wait_until,
+    build_config,
+    pid_gone,
+    run_async,
+    wait_until,
+    write_script,
+)
 from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.services import create_service
@@ -48,7 +56,6 @@ shared_local_ray = _harness().shared_local_ray
 pytestmark = pytest.mark.slow
 
 WAIT_S = 45.0
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import async_wait_until, run_async, wait_until, write_script
+from conftest import QUICKSTART, async_wait_until, run_async, wait_until, write_script
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ExperimentConfig, parse_config
@@ -30,7 +30,6 @@ from trialkeeper.coordinator.services.remote import RemoteEnvironmentService, Re
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
 
 HANG_OR_PASS = """

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import run_async
+from conftest import QUICKSTART, run_async
 from fake_dlts import FakeDlts
 from fake_dlts import running as running_dlts
 from fake_dlts import section as dlts_section
@@ -39,7 +39,6 @@ from trialkeeper.coordinator.services.base import (
 )
 from trialkeeper.coordinator.store import Store
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 KEY = "c2VjcmV0LXN0b3JhZ2Uta2V5LXZhbHVl+/AbC=="
 WAIT_S = 45.0
 

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import async_wait_until, pid_gone, run_async, wait_until, write_script
+from conftest import QUICKSTART, async_wait_until, pid_gone, run_async, wait_until, write_script
 from slurm import SlurmCluster, SlurmUnavailable, acquire_cluster, release_cluster
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
@@ -30,7 +30,6 @@ from trialkeeper.coordinator.services.slurm_config import SlurmConfig
 from trialkeeper.coordinator.states import TrialStatus
 from trialkeeper.coordinator.store import Store, StoreError
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 WAIT_S = 45.0
 
 # Hangs until the gate file exists (a deadline keeps it from outliving a failed test).
