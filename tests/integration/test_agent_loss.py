@@ -160,3 +160,38 @@ def test_user_failures_are_not_retried_unless_asked(tmp_path: Path) -> None:
 
     assert run_async(lambda: run(False)) == (TrialStatus.FAILED, 1)
     assert run_async(lambda: run(True)) == (TrialStatus.FAILED, 3)
+
+
+def test_trial_signalled_with_its_agent_is_lost_with_the_environment_not_failed(tmp_path: Path) -> None:
+    """A platform taking an environment down (scancel, a pod deleted) signals every process
+    in it at once: the trial dies of SIGTERM and so is its agent told to stop. That trial
+    is lost with its environment and retried, without retryFailedTrials; a trial killed by
+    a signal on its own is a failure of the trial."""
+    write_script(tmp_path, "trial.py", HOLD)
+    go = tmp_path / "go"
+    config = build_config(tmp_path, trialConcurrency=1, maxTrialRetries=1, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            alone, _, _ = await _one_running(c, go)
+            trial_pid = int((c.experiment_dir / "trials" / alone.id / "output" / "started").read_text())
+            os.kill(trial_pid, signal.SIGTERM)
+            info = await alone.wait(WAIT_S)
+            assert info.status is TrialStatus.FAILED and info.attempts == 1, info
+            assert "killed by signal 15" in info.reason, info.reason
+
+            taken, env_id, agent_pid = await _one_running(c, go)
+            trial_pid = int((c.experiment_dir / "trials" / taken.id / "output" / "started").read_text())
+            os.kill(trial_pid, signal.SIGTERM)  # the trial first: the harder order for the agent
+            os.kill(agent_pid, signal.SIGTERM)
+            await async_wait_until(lambda: taken.info.attempts == 2, WAIT_S,
+                                   message=f"the trial was not retried: {taken.info}")
+            assert c.store is not None
+            reasons = " | ".join(str(e.get("reason", "")) for e in c.store.events(taken.id))
+            assert "environment lost" in reasons and "as its environment was stopped" in reasons, reasons
+            go.write_text("")
+            info = await taken.wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, info
+            assert info.environment_id != env_id
+
+    run_async(body)
