@@ -323,11 +323,7 @@ def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:
     coordinator would be worse than not cleaning."""
     import socket
 
-    import grpc
-    from trialkeeper.protos.v1 import coordinator_pb2 as pb
-    from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
-
-    from .server import TOKEN_METADATA_KEY
+    from .server import probe_coordinator
 
     host, _, port = bound_address.rpartition(":")
     if host in ("", "0.0.0.0", "[::]"):
@@ -342,21 +338,12 @@ def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:
         token = (exp_dir / ".token").read_text().strip()
     except OSError:
         token = ""
-    with grpc.insecure_channel(address) as channel:
-        call = pb_grpc.CoordinatorStub(channel).Session(
-            iter([pb.AgentMessage(register=pb.Register(protocol_version=0, environment_id="clean-probe"))]),
-            metadata=[(TOKEN_METADATA_KEY, token)], timeout=PROBE_TIMEOUT_S,
-        )
-        try:
-            for _ in call:
-                pass
-        except grpc.RpcError as e:
-            code = e.code()
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                return ""  # another experiment's coordinator took the port
-            if code == grpc.StatusCode.FAILED_PRECONDITION:
-                return f"its coordinator answers on {address}"
-        return f"something listens on {address}, where its coordinator did"
+    answer = probe_coordinator(address, token, PROBE_TIMEOUT_S)
+    if answer == "other":
+        return ""  # another experiment's coordinator took the port
+    if answer == "ours":
+        return f"its coordinator answers on {address}"
+    return f"something listens on {address}, where its coordinator did"
 
 
 # ---- reading an experiment ---------------------------------------------------------------

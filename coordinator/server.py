@@ -11,7 +11,7 @@ import contextlib
 import functools
 import hmac
 import logging
-from typing import Protocol
+from typing import Literal, Protocol
 
 import grpc
 from google.protobuf.descriptor import Descriptor
@@ -219,6 +219,29 @@ class Servicer(pb_grpc.CoordinatorServicer):
             link.close()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, 2.0)
+
+
+def probe_coordinator(address: str, token: str, timeout: float) -> Literal["ours", "other", "unknown"]:
+    """Whether the coordinator at ``address`` is the one ``token`` belongs to.
+
+    Presents the token with a Register of a protocol no coordinator speaks: the token's
+    coordinator refuses it as a version mismatch (and joins no environment), another one as
+    a wrong token; anything else (no gRPC, TLS) is "unknown"."""
+    with grpc.insecure_channel(address) as channel:
+        call = pb_grpc.CoordinatorStub(channel).Session(
+            iter([pb.AgentMessage(register=pb.Register(protocol_version=0, environment_id="probe"))]),
+            metadata=[(TOKEN_METADATA_KEY, token)],
+            timeout=timeout,
+        )
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return "other"
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return "ours"
+    return "unknown"
 
 
 def _out_of_range(msg: Message) -> str:
