@@ -449,6 +449,10 @@ class AgentSession(RunnerEvents):
             elif kind == "cancel_trial":
                 c = msg.cancel_trial
                 self.runner.cancel(c.trial_id, c.grace_s, c.reason or "canceled by the coordinator")
+            elif kind == "settings":
+                if msg.settings.heartbeat_interval_s > 0:
+                    log.info("heartbeat interval now %.3g s", msg.settings.heartbeat_interval_s)
+                    self._heartbeat_s = msg.settings.heartbeat_interval_s
             elif kind == "shutdown":
                 # Handled aside: acks must still be read while the trials wind down.
                 asyncio.get_running_loop().create_task(self._on_shutdown(msg.shutdown))

@@ -289,6 +289,10 @@ class CoordinatorSettings:
     # and its environment replaced; until then it may come back and carry on.
     trial_lost_timeout: float = field(default=15.0, metadata=_POSITIVE_DURATION)
     reconnect_window: float = field(default=60.0, metadata=_POSITIVE_DURATION)
+    # The most heartbeats per second the coordinator takes from all agents together: a
+    # fleet too large for heartbeatInterval gets a longer interval (and lost timeouts
+    # stretched by the same factor) instead of a saturated coordinator.
+    max_heartbeats_per_second: float = field(default=2000.0, metadata=_rule("a positive number", lambda v: v > 0))
     # Serve agents over TLS with a certificate made for this experiment, which they pin.
     tls: bool = False
 

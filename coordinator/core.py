@@ -126,6 +126,10 @@ class Coordinator:
         self.store: Store | None = None
         self._changed = asyncio.Event()
         self._pass_pending = False
+        # Heartbeat interval and lost timeouts are stretched by this factor for a large fleet.
+        self._beat_scale = 1.0
+        # Poll the platform at the monitor's next wake-up rather than at its next tick.
+        self._check_now = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -546,7 +550,7 @@ class Coordinator:
                 welcome=pb.Welcome(
                     experiment_id=self.experiment_id,
                     acked_seq=env.last_seq,
-                    heartbeat_interval_s=self.config.coordinator.heartbeat_interval,
+                    heartbeat_interval_s=self.heartbeat_interval,
                     protocol_version=1,
                     cancel_trial_ids=unwanted,
                 )
@@ -557,8 +561,35 @@ class Coordinator:
             t = self._trials[tid]
             if not t.status.terminal and t.cancel_status is None:
                 self._send_start(env, t)
+        self._rescale_heartbeats()  # after the Welcome: it must be the agent's first message
         self._schedule()
         self._flush_notes()
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """The interval agents heartbeat at now: the configured one, or longer for a fleet
+        that would otherwise send more than maxHeartbeatsPerSecond."""
+        return self.config.coordinator.heartbeat_interval * self._beat_scale
+
+    def _rescale_heartbeats(self) -> None:
+        """Stretch (or shrink back) the heartbeat interval to the number of connected agents,
+        with headroom so that a growing fleet changes it a few times, not on every join;
+        connected agents are told at once."""
+        settings = self.config.coordinator
+        connected = sum(1 for e in self._envs.values() if e.link is not None)
+        needed = max(1.0, connected / (settings.heartbeat_interval * settings.max_heartbeats_per_second))
+        if self._beat_scale >= needed and (self._beat_scale <= 1.0 or needed * 2 > self._beat_scale):
+            return
+        self._beat_scale = 1.0 if needed <= 1.0 else needed * 1.25
+        log.info(
+            "%d agents connected: heartbeats every %.3g s, lost after %.3g s / %.3g s",
+            connected, self.heartbeat_interval, settings.agent_lost_timeout * self._beat_scale,
+            settings.trial_lost_timeout * self._beat_scale,
+        )
+        message = pb.CoordinatorMessage(settings=pb.Settings(heartbeat_interval_s=self.heartbeat_interval))
+        for e in self._envs.values():
+            if e.link is not None:
+                e.link.send(message)
 
     def agent_disconnected(self, env_id: str, link: AgentLink) -> None:
         env = self._envs.get(env_id)
@@ -566,6 +597,8 @@ class Coordinator:
             return
         env.link = None
         log.info("environment %s: agent stream closed", env_id)
+        self._rescale_heartbeats()
+        self._check_now = True  # did its process exit? Ask the platform now, not at the next tick
         self._changed.set()
 
     def agent_message(self, env_id: str, link: AgentLink, msg: pb.AgentMessage) -> None:
@@ -916,6 +949,8 @@ class Coordinator:
 
     def _refuse_unfittable(self) -> None:
         """Once every environment has registered, fail queued trials that can never run."""
+        if not self._queue:
+            return  # nothing to refuse: skip the walk over every environment (one per agent joining)
         if any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self._envs.values()):
             return
         for tid in list(self._queue):
@@ -1029,6 +1064,7 @@ class Coordinator:
             env.link.send(pb.CoordinatorMessage(shutdown=pb.Shutdown(drain=drain, grace_s=grace_s, reason=reason)))
         if env.status in (EnvStatus.READY, EnvStatus.BUSY):
             self._env_to(env, EnvStatus.DRAINING, reason)
+        self._check_now = True
         self._changed.set()
 
     def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None:
@@ -1058,6 +1094,7 @@ class Coordinator:
     async def _monitor_loop(self) -> None:
         settings = self.config.coordinator
         interval = min(0.5, settings.heartbeat_interval)
+        checked_at = 0.0
         while True:
             # Not asyncio.wait_for: before Python 3.12 it swallows a cancel that arrives as
             # the event is set (stop() does both), and stop() would wait on this loop forever.
@@ -1067,10 +1104,16 @@ class Coordinator:
             finally:
                 changed.cancel()
             self._changed.clear()
-            try:
-                await self._check_envs(settings.agent_lost_timeout)
-            except Exception:
-                log.exception("checking environments failed; will try again")
+            # A poll asks the platform about every environment: once per tick, or at once
+            # when an agent's stream closed, not on every change (a thousand agents joining
+            # would cost a million looks).
+            if self._check_now or time.monotonic() - checked_at >= interval:
+                self._check_now = False
+                checked_at = time.monotonic()
+                try:
+                    await self._check_envs(settings.agent_lost_timeout * self._beat_scale)
+                except Exception:
+                    log.exception("checking environments failed; will try again")
             self._schedule()
             self._reconcile()
             self._flush_notes()
@@ -1117,7 +1160,7 @@ class Coordinator:
                 # First timer: the agent is unreachable. Nothing new goes to it, but its
                 # trials may well be running still; it can come back and carry on.
                 self._env_to(env, EnvStatus.LOST, f"agent unreachable: no heartbeat for {now - env.last_seen:.1f} s")
-            elif env.status is EnvStatus.LOST and now - env.last_seen > self.config.coordinator.trial_lost_timeout:
+            elif env.status is EnvStatus.LOST and now - env.last_seen > self.config.coordinator.trial_lost_timeout * self._beat_scale:
                 # Second timer: give its trials up (retry or fail) and replace it.
                 reason = f"no heartbeat for {now - env.last_seen:.1f} s"
                 self._lose_trials(env, reason, keep=set())

@@ -40,7 +40,7 @@ class EnvStatus(str, enum.Enum):
     @property
     def terminal(self) -> bool:
         # LOST is not terminal: the agent may come back before its trials are given up.
-        return self in (EnvStatus.STOPPED, EnvStatus.FAILED)
+        return self is EnvStatus.STOPPED or self is EnvStatus.FAILED
 
 
 T = TrialStatus

@@ -213,18 +213,26 @@ class TrialEnded(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., outcome: _Optional[_Union[TrialOutcome, str]] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., ended_at: _Optional[float] = ..., started: _Optional[bool] = ..., gpus_still_in_use: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "start_trial", "cancel_trial", "shutdown", "ack")
+    __slots__ = ("welcome", "start_trial", "cancel_trial", "shutdown", "ack", "settings")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     START_TRIAL_FIELD_NUMBER: _ClassVar[int]
     CANCEL_TRIAL_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     start_trial: StartTrial
     cancel_trial: CancelTrial
     shutdown: Shutdown
     ack: Ack
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    settings: Settings
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ...) -> None: ...
+
+class Settings(_message.Message):
+    __slots__ = ("heartbeat_interval_s",)
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids")

@@ -40,6 +40,7 @@ class Stats:
 class SimAgent:
     def __init__(self, env_id: str, args: argparse.Namespace, token: str, stats: Stats) -> None:
         self.env_id = env_id
+        self.interval = 1.0  # what the coordinator asks for (Welcome, then Settings)
         self.a = args
         self.token = token
         self.stats = stats
@@ -87,8 +88,8 @@ class SimAgent:
                 self.stats.failed += 1
                 return
             self.stats.connected += 1
-            interval = first.welcome.heartbeat_interval_s or 1.0
-            beat = asyncio.create_task(self.heartbeats(call, interval))
+            self.interval = first.welcome.heartbeat_interval_s or 1.0
+            beat = asyncio.create_task(self.heartbeats(call))
             try:
                 await self.read(call)
             finally:
@@ -100,8 +101,8 @@ class SimAgent:
         finally:
             await channel.close(None)
 
-    async def heartbeats(self, call: grpc.aio.StreamStreamCall, interval: float) -> None:
-        await asyncio.sleep(random.uniform(0, interval))  # spread agents over the second
+    async def heartbeats(self, call: grpc.aio.StreamStreamCall) -> None:
+        await asyncio.sleep(random.uniform(0, self.interval))  # spread agents over the interval
         while True:
             samples = [
                 pb.GpuSample(uuid=g.uuid, utilization_percent=random.uniform(0, 100), memory_used_bytes=1 << 30)
@@ -110,7 +111,7 @@ class SimAgent:
             hb = pb.Heartbeat(cpu_percent=3.0, memory_used_bytes=8 << 30, gpus=samples, running_trial_ids=sorted(self.running))
             await self.write(call, pb.AgentMessage(heartbeat=hb))
             self.stats.heartbeats += 1
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.interval)
 
     async def read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -129,6 +130,8 @@ class SimAgent:
                     asyncio.get_running_loop().call_later(
                         self.a.hold, lambda t=st.trial_id: asyncio.ensure_future(self.end(call, t, pb.TRIAL_OUTCOME_SUCCEEDED))
                     )
+            elif kind == "settings":
+                self.interval = msg.settings.heartbeat_interval_s or self.interval
             elif kind == "cancel_trial":
                 await self.end(call, msg.cancel_trial.trial_id, pb.TRIAL_OUTCOME_CANCELED)
             elif kind == "shutdown":
