@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
+import shutil
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
@@ -51,6 +53,34 @@ def make_config() -> Callable[..., ExperimentConfig]:
 
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart"
+
+def quickstart_code(tmp_path: Path, script: str | None = None) -> Path:
+    """The quickstart's code in ``tmp_path/code`` (its config left out), with ``script`` as
+    an extra ``trial.py`` when given."""
+    code = tmp_path / "code"
+    shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"), dirs_exist_ok=True)
+    if script:
+        write_script(code, "trial.py", script)
+    return code
+
+
+def quickstart_data(tmp_path: Path, name: str, training_service: dict[str, Any]) -> dict[str, Any]:
+    """The quickstart experiment, 4 trials 2 at a time, from ``tmp_path/code`` on
+    ``training_service`` (a config as plain data, before parsing)."""
+    return {
+        "experimentName": name,
+        "searchSpaceFile": "search_space.json",
+        "trialCommand": "python3 train.py",
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "trialCodeDirectory": str(tmp_path / "code"),
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
+        # Loose timers: a loaded machine must not make a slow agent look lost.
+        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
+        "trainingService": training_service,
+    }
+
 
 # A trial that reports its parameter `x` as its final result; with `wait` set it first
 # waits (60 s at most) until the file named by $GATE exists, so a test can act mid-trial.
@@ -113,10 +143,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 async def async_wait_until(
     predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, message: str = ""
 ) -> Any:
-    """:func:`wait_until` for use inside a running event loop (does not block the loop)."""
+    """:func:`wait_until` for use inside a running event loop (does not block the loop);
+    ``predicate`` may be a coroutine function (a service's ``poll``, say)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() >= deadline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from importlib import metadata
@@ -26,68 +27,32 @@ def _local(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService
     return LocalEnvironmentService(experiment_dir, Path(config.trial_code_directory))
 
 
-def _remote(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .remote import RemoteEnvironmentService
+def _lazy(module: str, class_name: str) -> Factory:
+    """A factory that imports the service's module (and its SDK) only when it is used."""
 
-    return RemoteEnvironmentService.from_config(config, experiment_dir)
+    def factory(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
+        cls = getattr(importlib.import_module(f"{__name__}.{module}"), class_name)
+        service: EnvironmentService = cls.from_config(config, experiment_dir)
+        return service
 
-
-def _slurm(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .slurm import SlurmEnvironmentService
-
-    return SlurmEnvironmentService.from_config(config, experiment_dir)
-
-
-def _kubernetes(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    # One service for plain pods/jobs and the operator flavours (kubeflow, frameworkcontroller, adl).
-    from .kubernetes import KubernetesEnvironmentService
-
-    return KubernetesEnvironmentService.from_config(config, experiment_dir)
+    return factory
 
 
-def _ray(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .ray import RayEnvironmentService
-
-    return RayEnvironmentService.from_config(config, experiment_dir)
-
-
-def _openpai(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .openpai import OpenPaiEnvironmentService
-
-    return OpenPaiEnvironmentService.from_config(config, experiment_dir)
-
-
-def _dlts(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .dlts import DltsEnvironmentService
-
-    return DltsEnvironmentService.from_config(config, experiment_dir)
-
-
-def _aml(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .aml import AmlEnvironmentService
-
-    return AmlEnvironmentService.from_config(config, experiment_dir)
-
-
-def _dlc(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    from .dlc import DlcEnvironmentService
-
-    return DlcEnvironmentService.from_config(config, experiment_dir)
-
+_kubernetes = _lazy("kubernetes", "KubernetesEnvironmentService")  # all four flavours
 
 BUILTIN: dict[str, Factory] = {
     "local": _local,
-    "remote": _remote,
-    "slurm": _slurm,
+    "remote": _lazy("remote", "RemoteEnvironmentService"),
+    "slurm": _lazy("slurm", "SlurmEnvironmentService"),
     "kubernetes": _kubernetes,
     "kubeflow": _kubernetes,
     "frameworkcontroller": _kubernetes,
     "adl": _kubernetes,
-    "ray": _ray,
-    "openpai": _openpai,
-    "dlts": _dlts,
-    "aml": _aml,
-    "dlc": _dlc,
+    "ray": _lazy("ray", "RayEnvironmentService"),
+    "openpai": _lazy("openpai", "OpenPaiEnvironmentService"),
+    "dlts": _lazy("dlts", "DltsEnvironmentService"),
+    "aml": _lazy("aml", "AmlEnvironmentService"),
+    "dlc": _lazy("dlc", "DlcEnvironmentService"),
 }
 
 

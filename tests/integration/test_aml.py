@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,7 +18,13 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
+from conftest import (
+    GATED_TRIAL,
+    async_wait_until,
+    quickstart_code,
+    quickstart_data,
+    run_async,
+)
 from fake_cloud_sdks import FakeAml, aml_installed, aml_section, argv_holding, files_holding
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
@@ -32,7 +37,6 @@ from trialkeeper.coordinator.store import Store
 
 WAIT_S = 45.0
 
-# Runs until the file named by GATE appears (with a deadline), then reports its x.
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeAml]:
     with aml_installed(tmp_path / "aml") as installed:
@@ -47,28 +51,8 @@ def _has_failed(env: Any) -> Callable[[], bool]:
     return lambda: env.status is EnvStatus.FAILED
 
 
-def _code(tmp_path: Path, script: str | None = None) -> Path:
-    code = tmp_path / "code"
-    shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
-    if script:
-        write_script(code, "trial.py", script)
-    return code
-
-
 def _config_data(tmp_path: Path, **ts: Any) -> dict[str, Any]:
-    return {
-        "experimentName": "aml-quickstart",
-        "searchSpaceFile": "search_space.json",
-        "trialCommand": "python3 train.py",
-        "trialConcurrency": 2,
-        "maxTrialNumber": 4,
-        "trialCodeDirectory": str(tmp_path / "code"),
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
-        # Loose timers: a loaded machine must not make a slow agent look lost.
-        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
-        "trainingService": aml_section(**ts),
-    }
+    return quickstart_data(tmp_path, "aml-quickstart", aml_section(**ts))
 
 
 @pytest.mark.parametrize(("reuse", "inside", "tls"), [(True, False, False), (False, False, False), (True, True, True)],
@@ -78,7 +62,7 @@ def test_quickstart_end_to_end(
     reuse: bool, inside: bool, tls: bool,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config_file = tmp_path / "code" / "config.yml"
     data = _config_data(tmp_path, reuseMode=reuse)
     # Inside: the runs must upload the code without the experiment's directory (its token).
@@ -123,7 +107,7 @@ def test_quickstart_end_to_end(
 
 
 def test_a_run_failed_or_canceled_outside_is_a_lost_environment(fake: FakeAml, tmp_path: Path) -> None:
-    code = _code(tmp_path, GATED_TRIAL)
+    code = quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(tmp_path)
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
     del data["searchSpaceFile"]
@@ -158,7 +142,7 @@ def test_a_run_failed_or_canceled_outside_is_a_lost_environment(fake: FakeAml, t
 
 
 def test_a_refused_submission_is_a_start_error(fake: FakeAml, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config = parse_config(_config_data(tmp_path, computeTarget="no-such-cluster"), tmp_path / "code")
     service = create_service(config, tmp_path / "exp")
     assert isinstance(service, AmlEnvironmentService)
@@ -177,7 +161,7 @@ def test_a_refused_submission_is_a_start_error(fake: FakeAml, tmp_path: Path) ->
 
 
 def test_the_platform_is_asked_at_most_once_per_poll_interval(fake: FakeAml, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     service = create_service(parse_config(_config_data(tmp_path, pollInterval="30s"), tmp_path / "code"), tmp_path / "exp")
 
     async def body() -> None:
@@ -194,7 +178,7 @@ def test_the_platform_is_asked_at_most_once_per_poll_interval(fake: FakeAml, tmp
 
 
 def test_without_azureml_core_it_is_one_clear_line(tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config_file = tmp_path / "code" / "config.yml"
     config_file.write_text(yaml.safe_dump(_config_data(tmp_path)))
     # The import is blocked even where azureml-core is installed.

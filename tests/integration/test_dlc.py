@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,7 +20,13 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
+from conftest import (
+    GATED_TRIAL,
+    async_wait_until,
+    quickstart_code,
+    quickstart_data,
+    run_async,
+)
 from fake_cloud_sdks import DlcSetup, argv_holding, dlc_installed, dlc_section, files_holding
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
@@ -50,27 +55,8 @@ def _has_failed(env: Any) -> Callable[[], bool]:
     return lambda: env.status is EnvStatus.FAILED
 
 
-def _code(tmp_path: Path, script: str | None = None) -> Path:
-    code = tmp_path / "code"
-    shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
-    if script:
-        write_script(code, "trial.py", script)
-    return code
-
-
 def _config_data(setup: DlcSetup, tmp_path: Path, **ts: Any) -> dict[str, Any]:
-    return {
-        "experimentName": "dlc-quickstart",
-        "searchSpaceFile": "search_space.json",
-        "trialCommand": "python3 train.py",
-        "trialConcurrency": 2,
-        "maxTrialNumber": 4,
-        "trialCodeDirectory": str(tmp_path / "code"),
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
-        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
-        "trainingService": dlc_section(setup, **ts),
-    }
+    return quickstart_data(tmp_path, "dlc-quickstart", dlc_section(setup, **ts))
 
 
 @pytest.mark.parametrize(("reuse", "tls"), [(True, False), (False, False), (True, True)], ids=["reuse", "no-reuse", "tls"])
@@ -79,7 +65,7 @@ def test_quickstart_end_to_end_and_no_secret_anywhere(
     reuse: bool, tls: bool,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config_file = tmp_path / "code" / "config.yml"
     data = _config_data(setup, tmp_path, reuseMode=reuse)
     data["coordinator"]["tls"] = tls
@@ -134,7 +120,7 @@ def store_config(exp_dir: Path) -> dict[str, Any]:
 
 
 def test_a_job_failed_or_stopped_outside_is_a_lost_environment(setup: DlcSetup, tmp_path: Path) -> None:
-    code = _code(tmp_path, GATED_TRIAL)
+    code = quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(setup, tmp_path)
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
     del data["searchSpaceFile"]
@@ -168,7 +154,7 @@ def test_a_job_failed_or_stopped_outside_is_a_lost_environment(setup: DlcSetup, 
 
 
 def test_a_wrong_access_key_is_a_start_error_that_shows_no_secret(setup: DlcSetup, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     wrong = "wrong-secret-" + os.urandom(8).hex()
     data = _config_data(setup, tmp_path, accessKeySecret=wrong)
     del data["trainingService"]["accessKeySecretFile"]
@@ -216,7 +202,7 @@ def test_the_secret_comes_from_the_config_a_file_or_the_environment(
 
 
 def test_a_new_service_adopts_a_running_job_and_stops_it(setup: DlcSetup, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config = parse_config(_config_data(setup, tmp_path), tmp_path / "code")
     first, second = create_service(config, tmp_path / "exp"), create_service(config, tmp_path / "exp")
 
@@ -241,7 +227,7 @@ def test_a_new_service_adopts_a_running_job_and_stops_it(setup: DlcSetup, tmp_pa
 
 
 def test_without_the_sdk_it_is_one_clear_line(setup: DlcSetup, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config_file = tmp_path / "code" / "config.yml"
     config_file.write_text(yaml.safe_dump(_config_data(setup, tmp_path)))
     program = (

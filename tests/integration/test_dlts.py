@@ -8,14 +8,20 @@ outside trialkeeper are handled as lost environments, and no secret leaks on the
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
+from conftest import (
+    GATED_TRIAL,
+    async_wait_until,
+    quickstart_code,
+    quickstart_data,
+    run_async,
+    write_script,
+)
 from fake_dlts import FakeDlts, running, section, shell_words
 from fake_openpai import leaks_in_files, leaks_in_processes
 from trialkeeper.coordinator import cli
@@ -36,21 +42,8 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDlts]:
 
 
 def _config_data(fake: FakeDlts, tmp_path: Path, **ts: Any) -> dict[str, Any]:
-    code = tmp_path / "code"
-    if not code.exists():
-        shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
-    return {
-        "experimentName": "dlts",
-        "searchSpaceFile": "search_space.json",
-        "trialCommand": "python3 train.py",
-        "trialConcurrency": 2,
-        "maxTrialNumber": 4,
-        "trialCodeDirectory": str(code),
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
-        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
-        "trainingService": section(fake, **ts),
-    }
+    quickstart_code(tmp_path)
+    return quickstart_data(tmp_path, "dlts", section(fake, **ts))
 
 
 def test_quickstart_end_to_end_leaks_no_secret(

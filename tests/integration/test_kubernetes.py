@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,14 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, wait_until, write_script
+from conftest import (
+    GATED_TRIAL,
+    async_wait_until,
+    quickstart_code,
+    quickstart_data,
+    run_async,
+    wait_until,
+)
 from fake_k8s import FakeKubernetes, running, section
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
@@ -43,35 +49,14 @@ pytest.importorskip("kubernetes", reason="the Kubernetes platforms need trialkee
 
 WAIT_S = 45.0
 
-# Runs until the file named by GATE appears (with a deadline), then reports its x.
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubernetes]:
     with running(tmp_path_factory.mktemp("fake-k8s")) as server:
         yield server
 
 
-def _code(tmp_path: Path, script: str | None = None) -> Path:
-    code = tmp_path / "code"
-    shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
-    if script:
-        write_script(code, "trial.py", script)
-    return code
-
-
 def _config_data(fake: FakeKubernetes, tmp_path: Path, platform: str, **ts: Any) -> dict[str, Any]:
-    return {
-        "experimentName": f"k8s-{platform}",
-        "searchSpaceFile": "search_space.json",
-        "trialCommand": "python3 train.py",
-        "trialConcurrency": 2,
-        "maxTrialNumber": 4,
-        "trialCodeDirectory": str(tmp_path / "code"),
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
-        # Loose timers: a loaded machine must not make a slow agent look lost.
-        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
-        "trainingService": section(fake, platform, tmp_path, **ts),
-    }
+    return quickstart_data(tmp_path, f"k8s-{platform}", section(fake, platform, tmp_path, **ts))
 
 
 def _ours(fake: FakeKubernetes, experiment_id: str) -> list[dict[str, Any]]:
@@ -119,7 +104,7 @@ async def _poll_until(service: KubernetesEnvironmentService, env_id: str, state:
 def test_quickstart_end_to_end(
     fake: FakeKubernetes, tmp_path: Path, capfd: pytest.CaptureFixture[str], platform: str, extra: dict[str, Any]
 ) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     config_file = tmp_path / "code" / "config.yml"  # where the quickstart keeps it
     config_file.write_text(yaml.safe_dump(_config_data(fake, tmp_path, platform, **extra)))
     exp_dir = tmp_path / "exp"
@@ -155,7 +140,7 @@ def test_quickstart_end_to_end(
 
 
 def test_deleting_a_pod_mid_trial_loses_its_environment(fake: FakeKubernetes, tmp_path: Path) -> None:
-    _code(tmp_path, GATED_TRIAL)
+    quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(fake, tmp_path, "kubernetes", workload="job")
     data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
     del data["searchSpaceFile"]
@@ -229,7 +214,7 @@ def _cli(*args: str) -> subprocess.Popen[bytes]:
 
 
 def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(fake: FakeKubernetes, tmp_path: Path) -> None:
-    _code(tmp_path, GATED_TRIAL)
+    quickstart_code(tmp_path, GATED_TRIAL)
     gate = tmp_path / "gate"
     data = _config_data(fake, tmp_path, "kubeflow", operator="tfjob")
     data.update(
@@ -291,7 +276,7 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(fake: FakeKubern
 
 
 def test_a_refused_object_is_a_start_error_not_an_exception(fake: FakeKubernetes, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     data = _config_data(fake, tmp_path, "kubernetes", tolerations=[{"key": "gpu", "operatorr": "Exists"}])
     service = KubernetesEnvironmentService.from_config(parse_config(data, tmp_path / "code"), tmp_path / "exp")
     request = EnvironmentRequest("env-1", "refused1", "127.0.0.1:9", "t0ken")
@@ -312,7 +297,7 @@ def test_a_refused_object_is_a_start_error_not_an_exception(fake: FakeKubernetes
 def test_an_image_without_the_python_fails_the_environment_with_the_reason(
     fake: FakeKubernetes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     data = _config_data(fake, tmp_path, "kubeflow", python="/no/such/python")
     # No kubeconfig in the config: $KUBECONFIG names it, as for kubectl.
     monkeypatch.setenv("KUBECONFIG", data["trainingService"].pop("kubeconfig"))
@@ -331,7 +316,7 @@ def test_an_image_without_the_python_fails_the_environment_with_the_reason(
 
 
 def test_pod_placement_fields_reach_the_scheduler(fake: FakeKubernetes, tmp_path: Path) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     data = _config_data(
         fake, tmp_path, "kubernetes", gpuNumber=2, nodeSelector={"kubernetes.io/os": "linux"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -401,7 +386,7 @@ def test_config_takes_nni_field_forms_and_reports_every_problem(tmp_path: Path) 
 def test_an_unusable_kubeconfig_or_a_missing_client_is_one_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _code(tmp_path)
+    quickstart_code(tmp_path)
     broken = tmp_path / "kubeconfig-broken"
     broken.write_text("clusters: [\n")
     data = {"trialCommand": "x", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path / "code"),

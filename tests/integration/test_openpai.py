@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import GATED_TRIAL, QUICKSTART, async_wait_until, run_async, write_script
+from conftest import (
+    GATED_TRIAL,
+    async_wait_until,
+    quickstart_code,
+    quickstart_data,
+    run_async,
+    write_script,
+)
 from fake_openpai import FakeOpenPai, leaks_in_files, leaks_in_processes, running, section
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
@@ -30,7 +36,6 @@ from trialkeeper.coordinator.store import Store
 
 WAIT_S = 45.0
 
-# Runs until the file named by GATE appears (with a deadline), then reports its x.
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeOpenPai]:
     with running(tmp_path_factory.mktemp("fake-openpai")) as server:
@@ -38,22 +43,8 @@ def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeOpenPai]:
 
 
 def _config_data(fake: FakeOpenPai, tmp_path: Path, **ts: Any) -> dict[str, Any]:
-    code = tmp_path / "code"
-    if not code.exists():
-        shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
-    return {
-        "experimentName": "openpai",
-        "searchSpaceFile": "search_space.json",
-        "trialCommand": "python3 train.py",
-        "trialConcurrency": 2,
-        "maxTrialNumber": 4,
-        "trialCodeDirectory": str(code),
-        "experimentWorkingDirectory": str(tmp_path / "experiments"),
-        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
-        # Loose timers: a loaded machine must not make a slow agent look lost.
-        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
-        "trainingService": section(fake, tmp_path, **ts),
-    }
+    quickstart_code(tmp_path)
+    return quickstart_data(tmp_path, "openpai", section(fake, tmp_path, **ts))
 
 
 def _ours(fake: FakeOpenPai, experiment_id: str) -> list[str]:

@@ -370,7 +370,7 @@ def test_each_actor_offers_its_agent_the_gpus_ray_assigned(cluster: LocalRay, tm
                 seen.update(await states())
                 return sum(o.state == "running" for o in seen.values()) == 2
 
-            await _async_wait(two_running, "two of three actors never ran")
+            await async_wait_until(two_running, WAIT_S, message="two of three actors never ran")
             # The node has 2 GPUs: one actor waits for a GPU; the others hold one each.
             [waiting] = [i for i, o in seen.items() if o.state == "starting"]
             assert seen[waiting].detail == "waiting for Ray to place the actor (0.5 CPU, 1 GPU)"
@@ -383,24 +383,13 @@ def test_each_actor_offers_its_agent_the_gpus_ray_assigned(cluster: LocalRay, tm
             async def placed() -> bool:
                 return (await states())[waiting].state == "running"
 
-            await _async_wait(placed, "the waiting actor never got the freed GPU")
+            await async_wait_until(placed, WAIT_S, message="the waiting actor never got the freed GPU")
         finally:
             await service.close()
 
     run_async(body, timeout=3 * WAIT_S)
     assert not _actors(experiment_id)
     assert not _agents_under(tmp_path)
-
-
-async def _async_wait(check: Any, message: str) -> None:
-    """async_wait_until for an async predicate."""
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + WAIT_S
-    while not await check():
-        assert time.monotonic() < deadline, message
-        await asyncio.sleep(0.1)
 
 
 # ---- config --------------------------------------------------------------------------

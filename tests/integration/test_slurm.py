@@ -353,7 +353,7 @@ def test_a_new_service_sweeps_and_adopts_jobs_by_experiment_id(tmp_path: Path, c
         async def running() -> bool:
             return (await second.poll(["env-1"]))["env-1"].state == "running"
 
-        await _eventually(running)
+        await async_wait_until(running, WAIT_S)
         await second.stop("env-1", grace_s=0.0)
         assert not _experiment_jobs(cluster, experiment_id)
         assert (await second.poll(["env-1"]))["env-1"].state == "exited"
@@ -364,16 +364,6 @@ def test_a_new_service_sweeps_and_adopts_jobs_by_experiment_id(tmp_path: Path, c
         await second.close()
 
     run_async(body, timeout=90)
-
-
-async def _eventually(check: Any, timeout: float = WAIT_S) -> None:
-    import asyncio
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.1)
 
 
 def test_sbatch_errors_are_returned_as_data(tmp_path: Path, cluster: SlurmCluster) -> None:
@@ -399,7 +389,7 @@ def test_an_agent_that_fails_at_once_is_reported_failed_with_its_output(tmp_path
             return (await service.poll(["env-1"]))["env-1"].state in ("exited", "failed")
 
         assert (await service.start(request)).error is None
-        await _eventually(ended)
+        await async_wait_until(ended, WAIT_S)
         obs = (await service.poll(["env-1"]))["env-1"]
         assert obs.state == "failed" and "no token" in obs.detail and "exited with status 1" in obs.detail, obs
         await service.close()
