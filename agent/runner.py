@@ -481,8 +481,14 @@ class TrialRunner:
 def _note(t: _Trial, message: str) -> None:
     """Write a line into the trial's own stderr log, where its author will look."""
     try:
-        with open(t.dir / "stderr.log", "a", encoding="utf-8") as f:
-            f.write(f"[trialkeeper] {message}\n")
+        with open(t.dir / "stderr.log", "a+b") as f:
+            # A trial's own output may stop mid-line (a progress bar): start the note on a line of its own.
+            size = f.seek(0, os.SEEK_END)
+            lead = b""
+            if size:
+                f.seek(size - 1)
+                lead = b"" if f.read(1) == b"\n" else b"\n"
+            f.write(lead + f"[trialkeeper] {message}\n".encode())
     except OSError:
         print(f"[trialkeeper] trial {t.spec.trial_id}: {message}", file=sys.stderr)
 

@@ -159,18 +159,26 @@ class _Channel:
 _channel = _Channel()
 
 
+def _say(message: str) -> None:
+    """One line to stderr in one write: the agent appends its own notes to the same file, and
+    with PYTHONUNBUFFERED set, print() writes the text and its newline separately, so a note
+    could land between them."""
+    sys.stderr.write(f"trialkeeper: {message}\n")
+    sys.stderr.flush()
+
+
 def _report(kind: str, value: object) -> bool:
     problem = check_metric(value)
     if problem is not None:
-        print(f"trialkeeper: {kind} result refused: {problem}", file=sys.stderr, flush=True)
+        _say(f"{kind} result refused: {problem}")
         return False
     if _standalone():
-        print(f"trialkeeper: {kind} result: {json.dumps(value)}", file=sys.stderr, flush=True)
+        _say(f"{kind} result: {json.dumps(value)}")
         return True
     trial_id = _require_agent()
     line = json.dumps({"trial": trial_id, "kind": kind, "value": value}, separators=(",", ":")).encode()
     if len(line) > MAX_REPORT_BYTES:
-        print(f"trialkeeper: {kind} result refused: larger than {MAX_REPORT_BYTES} bytes", file=sys.stderr, flush=True)
+        _say(f"{kind} result refused: larger than {MAX_REPORT_BYTES} bytes")
         return False
     _channel.send(line)
     return True

@@ -346,7 +346,7 @@ def test_a_flooding_agent_does_not_starve_the_others(tmp_path: Path) -> None:
 
 
 METRICS_TRIAL = """
-import json, os, socket
+import json, os, socket, sys, time
 from trialkeeper.agent import trial
 
 me = os.environ["TRIALKEEPER_TRIAL_ID"]
@@ -361,6 +361,15 @@ def raw(data):
 
 def report(kind, value):
     raw(json.dumps({"trial": me, "kind": kind, "value": value}).encode())
+
+# Output stopped mid-line (a progress bar): the agent's notes still start a line of their own.
+sys.stderr.write("progress 10%")
+sys.stderr.flush()
+raw(('{"trial": "%s", "kind": "intermediate", "value": "ten"}' % me).encode())
+deadline = time.monotonic() + 30
+while "[trialkeeper]" not in open("/proc/self/fd/2").read():  # the agent's note, appended to our stderr
+    assert time.monotonic() < deadline, "no note from the agent"
+    time.sleep(0.01)
 
 # Straight to the agent's socket, past the SDK's checks.
 raw(b"\\xff\\xfe not json")
@@ -412,8 +421,9 @@ def test_trials_writing_huge_or_invalid_metrics(tmp_path: Path) -> None:
             assert all(len(r.value_json) > 50000 for r in rows[:100])
             err = (c.experiment_dir / "trials" / info.id / "stderr.log").read_text()
             notes = [ln for ln in err.splitlines() if ln.startswith("[trialkeeper]")]
-            # 4 beyond a float or not finite, 3 not a metric, 1 unknown kind, 1 second final.
-            assert len(notes) == 9, notes
+            # 4 not a metric, 4 beyond a float or not finite, 1 unknown kind, 1 second final.
+            assert len(notes) == 10, notes
+            assert "progress 10%\n[trialkeeper] intermediate result refused" in err, err[:500]
             assert any("too large for a float" in n for n in notes), notes
             assert any("already reported" in n for n in notes), notes
             sdk = [ln for ln in err.splitlines() if ln.startswith("trialkeeper: intermediate result refused")]

@@ -146,3 +146,29 @@ def test_importing_the_sdk_does_not_import_grpc() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALKEEPER_")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+class _Writes:
+    """A stderr that keeps each write() call apart, as an unbuffered stream does."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_refusals_are_written_as_whole_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent appends its own notes to the trial's stderr file: a refusal written as text
+    # then newline (print() under PYTHONUNBUFFERED) could have a note land mid-line.
+    writes = _Writes()
+    monkeypatch.setattr(sys, "stderr", writes)
+    monkeypatch.setenv("TRIALKEEPER_STANDALONE", "1")
+    assert trial.report_intermediate_result(math.nan) is False
+    assert trial.report_final_result(2.0) is True
+    assert len(writes.calls) == 2, writes.calls
+    assert all(c.startswith("trialkeeper: ") and c.endswith("\n") and c.count("\n") == 1 for c in writes.calls), writes.calls
