@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,7 @@ class Coordinator:
         self._status_callbacks: list[Callable[[StatusEvent], Any]] = []
         self._subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
         self._notes: list[MetricEvent | StatusEvent] = []
+        self._gpu_rows: list[GpuSampleRow] = []  # sampled, not yet stored (see _record_gpu_samples)
         self._server: grpc.aio.Server | None = None
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -130,6 +131,7 @@ class Coordinator:
         self._beat_scale = 1.0
         # Poll the platform at the monitor's next wake-up rather than at its next tick.
         self._check_now = False
+        self._linked: set[str] = set()  # environments whose agent has a stream open
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -258,6 +260,7 @@ class Coordinator:
         for task in list(self._tasks):
             task.cancel()
         assert self.store is not None
+        self._store_gpu_samples()
         self.store.set_experiment_status(status, reason, ended=True)
         self.store.close()
         self._started = False
@@ -532,6 +535,7 @@ class Coordinator:
             self.store.update_env(env.id, hostname=reg.hostname, agent_instance_id=env.instance_id, last_seq=0, info_json=json.dumps(info))
         env.hostname = reg.hostname
         env.link = link
+        self._linked.add(env.id)
         env.last_seen = time.monotonic()
         self._failed_starts = 0
         if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
@@ -576,7 +580,7 @@ class Coordinator:
         with headroom so that a growing fleet changes it a few times, not on every join;
         connected agents are told at once."""
         settings = self.config.coordinator
-        connected = sum(1 for e in self._envs.values() if e.link is not None)
+        connected = len(self._linked)
         needed = max(1.0, connected / (settings.heartbeat_interval * settings.max_heartbeats_per_second))
         if self._beat_scale >= needed and (self._beat_scale <= 1.0 or needed * 2 > self._beat_scale):
             return
@@ -596,6 +600,7 @@ class Coordinator:
         if env is None or env.link is not link:
             return
         env.link = None
+        self._linked.discard(env.id)
         log.info("environment %s: agent stream closed", env_id)
         self._rescale_heartbeats()
         self._check_now = True  # did its process exit? Ask the platform now, not at the next tick
@@ -753,56 +758,67 @@ class Coordinator:
             self._shutdown_env(env, drain=True, reason="its trial ended (reuse mode is off)")
 
     def _on_heartbeat(self, env: EnvState, hb: pb.Heartbeat) -> None:
-        totals = {g.uuid: g.memory_total_bytes for g in env.gpus}
-        env.gpu_usage = {}
-        seen: dict[str, set[str]] = {}
-        usage: dict[str, dict[str, int]] = {}
-        foreign = set()
-        for s in hb.gpus:
-            env.gpu_usage[s.uuid] = (s.utilization_percent, s.memory_used_bytes, totals.get(s.uuid, 0))
-            for p in s.processes:
-                if p.trial_id:
-                    seen.setdefault(s.uuid, set()).add(p.trial_id)
-                    per = usage.setdefault(s.uuid, {})
-                    per[p.trial_id] = per.get(p.trial_id, 0) + p.used_memory_bytes
-                else:
-                    foreign.add(s.uuid)
-        env.gpu_seen = seen
-        was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
-        released = scheduler.gpu_sampled(
-            env.gpus, seen, foreign=foreign, memory_used={s.uuid: s.memory_used_bytes for s in hb.gpus}, usage=usage
-        )
-        for uuid, tid in released:
-            log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
-        if hb.gpus:
-            self._record_gpu_samples(env, hb)
-        if released or was_foreign != foreign:
-            self._schedule()
+        samples = hb.gpus
+        if samples or env.gpus:
+            self._gpus_sampled(env, hb, samples)
         if hb.draining and not env.draining:
             env.draining = True
             if env.status in (EnvStatus.READY, EnvStatus.BUSY):
                 self._env_to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
                 self._flush_notes()
 
+    def _gpus_sampled(self, env: EnvState, hb: pb.Heartbeat, samples: Sequence[pb.GpuSample]) -> None:
+        totals = {g.uuid: g.memory_total_bytes for g in env.gpus}
+        env.gpu_usage = gpu_usage = {}
+        seen: dict[str, set[str]] = {}
+        usage: dict[str, dict[str, int]] = {}
+        memory_used: dict[str, int] = {}
+        foreign = set()
+        for s in samples:
+            uuid, used = s.uuid, s.memory_used_bytes
+            memory_used[uuid] = used
+            gpu_usage[uuid] = (s.utilization_percent, used, totals.get(uuid, 0))
+            if not s.processes:
+                continue
+            for p in s.processes:
+                if p.trial_id:
+                    seen.setdefault(uuid, set()).add(p.trial_id)
+                    per = usage.setdefault(uuid, {})
+                    per[p.trial_id] = per.get(p.trial_id, 0) + p.used_memory_bytes
+                else:
+                    foreign.add(uuid)
+        env.gpu_seen = seen
+        was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
+        released = scheduler.gpu_sampled(env.gpus, seen, foreign=foreign, memory_used=memory_used, usage=usage)
+        for uuid, tid in released:
+            log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
+        if samples:
+            self._record_gpu_samples(env, hb)
+        if released or was_foreign != foreign:
+            self._schedule()
+
     def _record_gpu_samples(self, env: EnvState, hb: pb.Heartbeat) -> None:
         """Keep a GPU sample of ``env`` every GPU_SAMPLE_INTERVAL_S, and whenever the set of
         trials on its GPUs changed, so short trials have samples too."""
         now = time.monotonic()
-        holders = {g.uuid: tuple(sorted(g.holders)) for g in env.gpus}
-        if now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and holders == env.gpu_recorded_holders:
+        if now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and [g.holders for g in env.gpus] == env.gpu_recorded_holders:
             return
-        env.gpu_recorded_at, env.gpu_recorded_holders = now, holders
+        env.gpu_recorded_at, env.gpu_recorded_holders = now, [set(g.holders) for g in env.gpus]
+        holders = {g.uuid: g.holders for g in env.gpus}
         at = time.time()
-        assert self.store is not None
-        self.store.add_gpu_samples(
-            [
-                GpuSampleRow(
-                    at, env.id, s.uuid, s.utilization_percent, s.memory_used_bytes, env.gpu_usage[s.uuid][2],
-                    tuple(sorted(set(holders.get(s.uuid, ())) | env.gpu_seen.get(s.uuid, set()))),
-                )
-                for s in hb.gpus
-            ]
+        # Stored by the monitor, a tick's samples of every environment in one transaction.
+        self._gpu_rows.extend(
+            GpuSampleRow(
+                at, env.id, s.uuid, s.utilization_percent, s.memory_used_bytes, env.gpu_usage[s.uuid][2],
+                tuple(sorted(holders.get(s.uuid, set()) | env.gpu_seen.get(s.uuid, set()))),
+            )
+            for s in hb.gpus
         )
+
+    def _store_gpu_samples(self) -> None:
+        if self._gpu_rows and self.store is not None:
+            rows, self._gpu_rows = self._gpu_rows, []
+            self.store.add_gpu_samples(rows)
 
     # ---- placing trials ----------------------------------------------------------------
 
@@ -1117,6 +1133,7 @@ class Coordinator:
             self._schedule()
             self._reconcile()
             self._flush_notes()
+            self._store_gpu_samples()
 
     async def _check_envs(self, lost_after: float) -> None:
         now = time.monotonic()

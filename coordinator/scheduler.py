@@ -260,19 +260,24 @@ def gpu_sampled(
     """A fresh GPU sample: which trials have processes on which GPU (``seen``), which GPUs
     other programs use, memory measured. Releases lingering holders no longer seen; returns
     the (uuid, trial id) pairs released."""
-    foreign_set = set(foreign)
+    # Runs for every heartbeat of every agent: the common case (no processes, nothing
+    # lingering) does no more than it must.
+    foreign_set = foreign if isinstance(foreign, (set, frozenset)) else set(foreign)
     released = []
     for g in gpus:
-        g.foreign_busy = g.uuid in foreign_set
-        if memory_used is not None and g.uuid in memory_used:
-            g.memory_used_bytes = memory_used[g.uuid]
+        uuid = g.uuid
+        g.foreign_busy = uuid in foreign_set
+        if memory_used is not None:
+            used = memory_used.get(uuid)
+            if used is not None:
+                g.memory_used_bytes = used
         if usage is not None:
-            per = usage.get(g.uuid, {})
-            g.holder_usage = {t: b for t, b in per.items() if t in g.holders}
-        here = set(seen.get(g.uuid, ()))
-        for tid in sorted(g.lingering - here):
-            g.release(tid)
-            released.append((g.uuid, tid))
+            per = usage.get(uuid)
+            g.holder_usage = {t: b for t, b in per.items() if t in g.holders} if per else {}
+        if g.lingering:
+            for tid in sorted(g.lingering.difference(seen.get(uuid, ()))):
+                g.release(tid)
+                released.append((uuid, tid))
     return released
 
 

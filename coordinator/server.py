@@ -11,7 +11,7 @@ import contextlib
 import functools
 import hmac
 import logging
-from typing import Literal, Protocol
+from typing import Literal, NoReturn, Protocol
 
 import grpc
 from google.protobuf.descriptor import Descriptor
@@ -165,50 +165,63 @@ class Servicer(pb_grpc.CoordinatorServicer):
             await context.abort(e.code, str(e))
         pump = asyncio.create_task(link.pump(context))
         env_id = reg.environment_id
-        # One read outstanding at a time, awaited directly: the pump ending (the core
-        # closed this stream) cancels it. Cheaper per message than asyncio.wait on both.
-        reading: asyncio.Future[object] | None = None
+        # Reads are awaited directly in this task (a task per read would cost two more loop
+        # turns per message); the pump ending (the core closed this stream) cancels this
+        # task, but only while it waits on a read.
+        me = asyncio.current_task()
+        reading = False
         pump_ended = False
 
         def on_pump_done(_: object) -> None:
             nonlocal pump_ended
             pump_ended = True
-            if reading is not None:
-                reading.cancel()
+            if reading and me is not None:
+                me.cancel()
 
         pump.add_done_callback(on_pump_done)
+
+        async def abort(code: grpc.StatusCode, details: str) -> NoReturn:
+            # The status cannot be sent while a write of the pump is in flight: let the
+            # pump finish (bounded), then end the call.
+            link.close()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(pump, 2.0)
+            await context.abort(code, details)
+            raise AssertionError("unreachable: abort raises")
+
         try:
             while not link.closed and not pump_ended:
-                reading = asyncio.ensure_future(context.read())
+                reading = True
                 try:
-                    msg = await reading
+                    msg = await context.read()
                 except asyncio.CancelledError:
                     if pump_ended:
+                        _uncancel(me)
                         break  # the pump ended: the core closed this stream
                     raise
                 except DecodeError:
                     log.warning("environment %s sent an unparsable message; ending its stream", env_id)
-                    await context.abort(
+                    await abort(
                         grpc.StatusCode.INVALID_ARGUMENT, "a message could not be parsed as an AgentMessage"
                     )
                 finally:
-                    reading = None
+                    reading = False
                 if msg is grpc.aio.EOF:
                     break
                 assert isinstance(msg, pb.AgentMessage)
                 seq = msg.seq
                 if seq > MAX_SEQ:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"sequence number {seq} is out of range")
+                    await abort(grpc.StatusCode.INVALID_ARGUMENT, f"sequence number {seq} is out of range")
                 # Heartbeats are applied outside the core's per-message transaction; the other
                 # kinds are checked there (a message it cannot store is skipped, loudly).
-                if msg.HasField("heartbeat") and (bad := _out_of_range(msg.heartbeat)):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat.{bad} is out of range")
+                if msg.HasField("heartbeat") and (bad := _heartbeat_out_of_range(msg.heartbeat)):
+                    await abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat.{bad} is out of range")
                 try:
                     self.core.agent_message(env_id, link, msg)
                 except Exception:
                     # A bug, or input the core did not foresee: this stream ends, the others go on.
                     log.exception("environment %s: a message could not be handled; ending its stream", env_id)
-                    await context.abort(
+                    await abort(
                         grpc.StatusCode.INTERNAL, "the coordinator could not handle a message; see its log"
                     )
         except (grpc.aio.AioRpcError, asyncio.CancelledError, ConnectionError) as e:
@@ -242,6 +255,27 @@ def probe_coordinator(address: str, token: str, timeout: float) -> Literal["ours
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return "ours"
     return "unknown"
+
+
+def _uncancel(task: asyncio.Task[object] | None) -> None:
+    """Take back a cancel this module asked for and caught (Python 3.11+ counts them)."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
+def _heartbeat_out_of_range(hb: pb.Heartbeat) -> str:
+    """:func:`_out_of_range` for a Heartbeat, written out: it runs for every heartbeat of
+    every agent. A test checks that it covers every uint64 field the type has."""
+    if hb.memory_used_bytes > MAX_SEQ:
+        return "memory_used_bytes"
+    for i, g in enumerate(hb.gpus):
+        if g.memory_used_bytes > MAX_SEQ:
+            return f"gpus[{i}].memory_used_bytes"
+        for j, p in enumerate(g.processes):
+            if p.used_memory_bytes > MAX_SEQ:
+                return f"gpus[{i}].processes[{j}].used_memory_bytes"
+    return ""
 
 
 def _out_of_range(msg: Message) -> str:

@@ -334,7 +334,7 @@ class Store:
                 " memory_total_bytes, trial_ids_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     (r.at, r.environment_id, r.uuid, r.utilization, r.memory_used_bytes, r.memory_total_bytes,
-                     json.dumps(list(r.trial_ids)))
+                     json.dumps(list(r.trial_ids)) if r.trial_ids else "[]")
                     for r in rows
                 ],
             )

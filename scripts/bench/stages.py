@@ -351,6 +351,9 @@ def stage_footprint(a: argparse.Namespace) -> dict[str, Any]:
 # ---- 6: failure detection ---------------------------------------------------------------
 
 
+_RUNNING = Observation("running")
+
+
 class _LeaseOnlyService(EnvironmentService):
     """Starts local agents but observes nothing about them, like a remote platform whose
     poll cannot see the agent process: only the heartbeat lease can tell it is gone."""
@@ -367,7 +370,8 @@ class _LeaseOnlyService(EnvironmentService):
         return await self.inner.start(request)
 
     async def poll(self, env_ids: Any) -> dict[str, Observation]:
-        return {i: Observation("running") for i in env_ids}
+        # One answer for all, as a platform listing its jobs in one call would give.
+        return dict.fromkeys(env_ids, _RUNNING)
 
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         await self.inner.stop(env_id, grace_s)
@@ -466,7 +470,8 @@ class NullService(EnvironmentService):
         return StartResult(platform_id="simulated")
 
     async def poll(self, env_ids: Any) -> dict[str, Observation]:
-        return {i: Observation("running") for i in env_ids}
+        # One answer for all, as a platform listing its jobs in one call would give.
+        return dict.fromkeys(env_ids, _RUNNING)
 
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         return None

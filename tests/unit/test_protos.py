@@ -77,3 +77,35 @@ def test_generated_modules_import() -> None:
     assert hasattr(pb_grpc, "CoordinatorStub")
     msg = pb.AgentMessage(seq=3, register=pb.Register(protocol_version=1, environment_id="e"))
     assert pb.AgentMessage.FromString(msg.SerializeToString()) == msg
+
+
+def _uint64_paths(desc: object, prefix: str = "") -> set[str]:
+    from google.protobuf.descriptor import FieldDescriptor
+
+    out: set[str] = set()
+    for f in desc.fields:  # type: ignore[attr-defined]
+        if f.type == FieldDescriptor.TYPE_UINT64:
+            out.add(prefix + f.name)
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
+            out |= _uint64_paths(f.message_type, f"{prefix}{f.name}.")
+    return out
+
+
+def test_the_written_out_heartbeat_check_covers_every_uint64_field() -> None:
+    # The server checks heartbeats with a hand-written function; a uint64 field added to
+    # Heartbeat (or a message in it) must be added there too.
+    from trialkeeper.coordinator.server import MAX_SEQ, _heartbeat_out_of_range, _out_of_range
+    from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+    paths = _uint64_paths(pb.Heartbeat.DESCRIPTOR)
+    assert paths == {"memory_used_bytes", "gpus.memory_used_bytes", "gpus.processes.used_memory_bytes"}, paths
+    for path in sorted(paths):
+        hb = pb.Heartbeat(gpus=[pb.GpuSample(uuid="a"), pb.GpuSample(uuid="b", processes=[pb.GpuProcess(pid=1), pb.GpuProcess(pid=2)])])
+        target: object = hb
+        *parents, name = path.split(".")
+        for part in parents:
+            target = getattr(target, part)[-1]
+        setattr(target, name, MAX_SEQ + 1)
+        assert _heartbeat_out_of_range(hb) == _out_of_range(hb) != "", path
+        setattr(target, name, MAX_SEQ)
+        assert _heartbeat_out_of_range(hb) == _out_of_range(hb) == "", path
