@@ -14,6 +14,7 @@ indices also needs ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for CUDA to mean the same GP
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import sys
 import threading
@@ -202,6 +203,12 @@ class GpuProbe:
 
         nvml = self._nvml_override
         if nvml is None:
+            if importlib.util.find_spec("pynvml") is None:
+                return GpuInventory((), unavailable_reason="nvidia-ml-py is not installed")
+            if not _nvml_library_loads():
+                # What NVML init would say, without importing pynvml: a few MB an agent on a
+                # machine without NVIDIA's driver keeps for nothing.
+                return GpuInventory((), unavailable_reason=_library_not_found())
             try:
                 nvml = importlib.import_module("pynvml")
             except ImportError:
@@ -339,11 +346,29 @@ def _mig_enabled(nvml: Any, handle: Any) -> bool:
     return bool(current == _MIG_ENABLED)
 
 
+def _nvml_library_loads() -> bool:
+    """Whether NVIDIA's NVML library can be loaded (as pynvml loads it on Linux); True
+    elsewhere, where pynvml's own search decides."""
+    if not sys.platform.startswith("linux"):
+        return True
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _library_not_found() -> str:
+    library = "nvml.dll" if sys.platform == "win32" else "libnvidia-ml.so.1"
+    return f"NVIDIA driver not found ({library} could not be loaded)"
+
+
 def _init_failure(e: BaseException) -> str:
     code = _code(e)
     if code == _LIBRARY_NOT_FOUND:
-        library = "nvml.dll" if sys.platform == "win32" else "libnvidia-ml.so.1"
-        return f"NVIDIA driver not found ({library} could not be loaded)"
+        return _library_not_found()
     if code == _DRIVER_NOT_LOADED:
         return "NVIDIA driver is not loaded (NVML init: Driver Not Loaded)"
     return f"NVML init failed: {_err_text(e)}"

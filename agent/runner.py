@@ -423,7 +423,7 @@ class TrialRunner:
 
     def _ingest(self, data: bytes) -> None:
         try:
-            msg = json.loads(data)
+            msg = _decode(data.decode())
             trial_id = msg["trial"]
             kind = msg["kind"]
             value = msg["value"]
@@ -447,7 +447,9 @@ class TrialRunner:
             t.final_reported = True
         index = t.metric_index
         t.metric_index += 1
-        self.events.metric(trial_id, kind, index, number, json.dumps(value, separators=(",", ":")))
+        # A number's JSON is its repr (bool, NaN and infinities were refused above).
+        raw = repr(value) if type(value) is float or type(value) is int else _encode(value)
+        self.events.metric(trial_id, kind, index, number, raw)
 
     # ---- logs ------------------------------------------------------------------------
 
@@ -476,6 +478,12 @@ class TrialRunner:
             except OSError as e:
                 log.warning("trial %s: cannot read %s: %s", t.spec.trial_id, path, e)
             t.log_offsets[stream] = offset
+
+
+# Made once: json.loads/json.dumps with arguments build a decoder or encoder per call, and
+# these run for every metric a trial reports.
+_decode = json.JSONDecoder().decode
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _note(t: _Trial, message: str) -> None:

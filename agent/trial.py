@@ -126,6 +126,7 @@ def check_metric(value: object) -> str | None:
 
 
 MAX_REPORT_BYTES = 60 * 1024
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # made once: reports can come fast
 
 
 class _Channel:
@@ -176,7 +177,7 @@ def _report(kind: str, value: object) -> bool:
         _say(f"{kind} result: {json.dumps(value)}")
         return True
     trial_id = _require_agent()
-    line = json.dumps({"trial": trial_id, "kind": kind, "value": value}, separators=(",", ":")).encode()
+    line = _encode({"trial": trial_id, "kind": kind, "value": value}).encode()
     if len(line) > MAX_REPORT_BYTES:
         _say(f"{kind} result refused: larger than {MAX_REPORT_BYTES} bytes")
         return False

@@ -669,16 +669,16 @@ class Coordinator:
         rows: list[MetricRow] = []
         finals: dict[str, tuple[float, str]] = {}
         owned: dict[str, TrialState | None] = {}
-        for m in batch.metrics:
-            if m.trial_id not in owned:
-                owned[m.trial_id] = self._own_trial(env, m.trial_id, "a metric")
-            t = owned[m.trial_id]
+        for m in batch.metrics:  # every metric a trial reports passes here: kept lean
+            trial_id, value = m.trial_id, m.value
+            t = owned[trial_id] if trial_id in owned else owned.setdefault(trial_id, self._own_trial(env, trial_id, "a metric"))
             kind = _KIND_NAMES.get(m.kind)
-            if t is None or kind is None or not math.isfinite(m.value):
+            if t is None or kind is None or not math.isfinite(value):
                 continue
-            rows.append(MetricRow(m.trial_id, m.index, kind, m.value, m.value_json, m.reported_at))
+            row = MetricRow(trial_id, m.index, kind, value, m.value_json, m.reported_at)
+            rows.append(row)
             if kind == "final":
-                finals[m.trial_id] = (m.value, m.value_json)
+                finals[trial_id] = (value, row.value_json)
         assert self.store is not None
         self.store.add_metrics(rows)
         for trial_id, (value, raw) in finals.items():

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
 
@@ -110,10 +110,11 @@ class StoreError(RuntimeError):
     """The store cannot be opened or is not a trialkeeper store."""
 
 
-@dataclass(frozen=True)
-class MetricRow:
+class MetricRow(NamedTuple):
+    """One stored metric; a tuple, made and stored for every metric a trial reports."""
+
     trial_id: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which nothing here uses
     kind: str
     value: float
     value_json: str
@@ -270,10 +271,7 @@ class Store:
     def add_metrics(self, rows: Sequence[MetricRow]) -> None:
         # OR IGNORE: a replayed metric (same trial, same index) is stored once.
         with self.transaction():
-            self._db.executemany(
-                "INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
-                [(r.trial_id, r.index, r.kind, r.value, r.value_json, r.reported_at) for r in rows],
-            )
+            self._db.executemany("INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def metrics(self, trial_id: str | None = None) -> list[MetricRow]:
         if trial_id is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import subprocess
 import sys
@@ -424,3 +425,17 @@ def test_real_pynvml_with_driver_reports_gpus() -> None:
     assert all(g.uuid.startswith(("GPU-", "MIG-")) and g.memory_total_bytes > 0 for g in inv.gpus)
     assert [s.uuid for s in samples] == [g.uuid for g in inv.gpus]
     assert all(0.0 <= s.utilization_percent <= 100.0 for s in samples)
+
+
+def test_no_nvml_library_means_no_pynvml_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pynvml costs an idle agent a few MB: without NVIDIA's library it is not imported.
+    from trialkeeper.agent import gpu
+
+    monkeypatch.setattr(gpu, "_nvml_library_loads", lambda: False)
+    imported: list[str] = []
+    real = importlib.import_module
+    monkeypatch.setattr(gpu.importlib, "import_module", lambda name, *a: imported.append(name) or real(name, *a))
+    probe = GpuProbe()
+    assert probe.inventory().unavailable_reason == "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
+    assert probe.sample() == []
+    assert "pynvml" not in imported
