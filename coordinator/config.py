@@ -339,6 +339,12 @@ class TrainingServiceConfig:
         """How many trials one environment runs at once in reuse mode (GPUs permitting)."""
         return 1
 
+    def gpu_shortfall(self, trial_gpu_number: int) -> tuple[str, str] | None:
+        """When no environment of this config could ever give a trial `trial_gpu_number`
+        GPUs: (the field of this config at fault, in camelCase; what is wrong and what
+        would do). None when it could, or when only the machines can tell."""
+        return None
+
 
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentPoolConfig(TrainingServiceConfig):
@@ -463,6 +469,11 @@ class ExperimentConfig:
         space = values.get("search_space")
         if space and not issues:
             issues += _search_space_issues(space)
+        service, gpus = values.get("training_service"), values.get("trial_gpu_number")
+        if isinstance(service, TrainingServiceConfig) and isinstance(gpus, int) and gpus > 0:
+            shortfall = service.gpu_shortfall(gpus)
+            if shortfall is not None:
+                issues.append((f"training_service.{shortfall[0]}", shortfall[1]))
         code = values.get("trial_code_directory")
         if code is not None and not _is_dir(code):
             problem = "is not a directory" if _exists(code) else "does not exist"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._cloud_jobs import ENVIRONMENT_ENV, EXPERIMENT_ENV, JobView
+from .base import env_id_in_name
 
 PACKAGE = "alibabacloud-pai-dlc20201203"
 PAGE_SIZE = 100
@@ -155,8 +156,10 @@ class DlcSdkAdapter:
             body = self._api().list_jobs(list_jobs_request(experiment_id, self.workspace_id, page)).body
             jobs = body.jobs or []
             prefix = name_prefix(experiment_id)
-            found += [_view(j, listed_as=(experiment_id, j.display_name[len(prefix):]))
-                      for j in jobs if (j.display_name or "").startswith(prefix)]
+            for j in jobs:
+                env_id = env_id_in_name(j.display_name or "", prefix)
+                if env_id is not None:
+                    found.append(_view(j, listed_as=(experiment_id, env_id)))
             if len(jobs) < PAGE_SIZE:
                 return found
             page += 1

@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult, env_id_in_name
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,7 @@ def job_name(experiment_id: str, env_id: str) -> str:
 
 def env_of(name: str, experiment_id: str) -> str | None:
     """The environment id in a job name of ``experiment_id``, or None for another's job."""
-    prefix = job_name(experiment_id, "")
-    if not name.startswith(prefix) or name == prefix:
-        return None
-    return name[len(prefix):]
+    return env_id_in_name(name, job_name(experiment_id, ""))
 
 
 @dataclass

@@ -31,12 +31,26 @@ on every platform through a real agent dialing a real gRPC endpoint):
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 ObservedState = Literal["starting", "running", "exited", "failed", "unknown"]
 
+
+# The ids the coordinator gives the environments it starts.
+_STARTED_ENV_ID = re.compile(r"env-[0-9]+")
+
+
+def env_id_in_name(name: str, prefix: str) -> str | None:
+    """The environment id in a platform job's name made as ``prefix`` + id, or None for a
+    name that is not: with experiment ids free to hold dashes, "tk-ab-" must not take
+    "tk-ab-cd-env-1", a job of experiment "ab-cd"."""
+    if not name.startswith(prefix):
+        return None
+    rest = name[len(prefix):]
+    return rest if _STARTED_ENV_ID.fullmatch(rest) else None
 
 @dataclass(frozen=True)
 class EnvironmentRequest:

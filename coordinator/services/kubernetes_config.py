@@ -113,6 +113,16 @@ class KubernetesPlatformConfig(EnvironmentPoolConfig):
     python: str = field(default="python", metadata=_NON_EMPTY_STR)
     api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
 
+    def gpu_shortfall(self, trial_gpu_number: int) -> tuple[str, str] | None:
+        if self.gpu_number >= trial_gpu_number:
+            return None
+        message = (
+            f"is {self.gpu_number}, but trialGpuNumber asks for {trial_gpu_number} GPU(s) per trial: "
+            f"no trial could start in a pod with {self.gpu_number}; set gpuNumber to at least "
+            f"{trial_gpu_number} (times trialsPerEnvironment to run that many trials per pod)"
+        )
+        return "gpuNumber", message
+
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
         issues: _Issues = []

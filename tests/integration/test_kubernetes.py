@@ -383,6 +383,24 @@ def test_config_takes_nni_field_forms_and_reports_every_problem(tmp_path: Path) 
         assert f"trainingService.{where}" in text, text
 
 
+def test_pods_with_fewer_gpus_than_a_trial_needs_are_a_config_error(tmp_path: Path) -> None:
+    # Such trials could never start (the agents would run with --no-gpu): said at once.
+    def parse(gpus: int, **section: Any) -> Any:
+        data = {"trialCommand": "x", "trialConcurrency": 2, "trialGpuNumber": gpus,
+                "trainingService": {"platform": "kubernetes", "image": "i", **section}}
+        return parse_config(data, tmp_path)
+
+    with pytest.raises(ConfigError) as e:
+        parse(1)
+    text = str(e.value)
+    assert "trainingService.gpuNumber" in text and "is 0, but trialGpuNumber asks for 1" in text, text
+    with pytest.raises(ConfigError) as e:
+        parse(4, platform="kubeflow", gpuNumber=2)
+    assert "trainingService.gpuNumber" in str(e.value) and "at least 4" in str(e.value), str(e.value)
+    assert parse(2, gpuNumber=2).training_service.gpu_number == 2
+    assert parse(0).trial_gpu_number == 0
+
+
 def test_an_unusable_kubeconfig_or_a_missing_client_is_one_clear_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
