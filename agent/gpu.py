@@ -18,7 +18,7 @@ import importlib.util
 import logging
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,8 +102,12 @@ class _Unusable(Exception):
     """A GPU that NVML lists but that can run nothing (MIG on, no MIG devices made)."""
 
 
-def cuda_visible_devices(indices: Sequence[int]) -> str:
-    """The CUDA_VISIBLE_DEVICES value for these physical indices: "0,2", or "" for none."""
+def cuda_visible_devices(indices: Sequence[int], uuids: Sequence[str] = (), mig: Collection[str] = ()) -> str:
+    """The CUDA_VISIBLE_DEVICES value for GPUs given by physical index (and, in the same
+    order, by UUID): "0,2", or "" for none. When one of them is a MIG device (its UUID in
+    ``mig``), whose index is its parent's, all are named by UUID, which CUDA takes too."""
+    if uuids and len(uuids) == len(indices) and any(u in mig for u in uuids):
+        return ",".join(uuids)
     return ",".join(str(int(i)) for i in indices)
 
 

@@ -52,6 +52,8 @@ class TrialSpec:
     parameters_json: str
     env: dict[str, str] = field(default_factory=dict)
     gpu_indices: tuple[int, ...] = ()
+    # CUDA_VISIBLE_DEVICES for them (see gpu.cuda_visible_devices); "" for none.
+    visible_devices: str = ""
     working_directory: str = ""
     max_duration_s: float = 0.0
     attempt: int = 0
@@ -238,7 +240,7 @@ class TrialRunner:
                 sdk.ENV_OUTPUT_DIR: str(t.dir / "output"),
                 sdk.ENV_SOCKET: str(self.socket_path),
                 "TRIALKEEPER_TRIAL_DIR": str(t.dir),
-                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in spec.gpu_indices),
+                "CUDA_VISIBLE_DEVICES": spec.visible_devices,
                 # NVML numbers GPUs in PCI bus order; make CUDA agree with the indices given.
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 # The names trials written for NNI look up.

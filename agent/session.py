@@ -26,7 +26,7 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
 from . import PROTOCOL_VERSION, __version__
-from .gpu import GpuProbe
+from .gpu import GpuProbe, cuda_visible_devices
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
 from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
@@ -107,6 +107,7 @@ class AgentSession(RunnerEvents):
             copy_working_directory=options.copy_working_directory,
         )
         self._inventory = options.probe.inventory()
+        self._mig_uuids = frozenset(g.uuid for g in self._inventory.gpus if g.mig)
         self._shutdown: asyncio.Future[pb.Shutdown] | None = None
 
     # ---- RunnerEvents: what the trials did ---------------------------------------------
@@ -470,6 +471,7 @@ class AgentSession(RunnerEvents):
             parameters_json=st.parameters_json or "{}",
             env=dict(st.env),
             gpu_indices=tuple(st.gpu_indices),
+            visible_devices=cuda_visible_devices(st.gpu_indices, st.gpu_uuids, self._mig_uuids),
             working_directory=st.working_directory,
             max_duration_s=st.max_duration_s,
             attempt=st.attempt,

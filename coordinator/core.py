@@ -922,6 +922,7 @@ class Coordinator:
                     parameters_json=json.dumps(t.parameters),
                     env=env_vars,
                     gpu_indices=list(t.gpu_indices),
+                    gpu_uuids=list(t.gpu_uuids),
                     working_directory=self._service.working_directory(),
                     max_duration_s=float(max_s),
                     experiment_id=self.experiment_id,

@@ -249,7 +249,7 @@ class Welcome(_message.Message):
     def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartTrial(_message.Message):
-    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index")
+    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,7 @@ class StartTrial(_message.Message):
     EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FIRST_METRIC_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     sequence_id: int
     command: str
@@ -279,7 +280,8 @@ class StartTrial(_message.Message):
     experiment_id: str
     attempt: int
     first_metric_index: int
-    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ...) -> None: ...
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CancelTrial(_message.Message):
     __slots__ = ("trial_id", "grace_s", "reason")

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -377,6 +378,27 @@ def test_simulated_gpus() -> None:
 def test_cuda_visible_devices() -> None:
     assert cuda_visible_devices([0, 2]) == "0,2"
     assert cuda_visible_devices([]) == ""
+    assert cuda_visible_devices([0, 2], ["GPU-a", "GPU-c"], mig={"MIG-x"}) == "0,2"
+    # Two MIG devices of GPU 1 share its index: only their UUIDs tell them apart.
+    assert cuda_visible_devices([1], ["MIG-2222"], mig={"MIG-1111", "MIG-2222"}) == "MIG-2222"
+    assert cuda_visible_devices([0, 1], ["GPU-plain", "MIG-1111"], mig={"MIG-1111"}) == "GPU-plain,MIG-1111"
+    # From a coordinator that sends no UUIDs: indices, as before.
+    assert cuda_visible_devices([1], [], mig={"MIG-1111"}) == "1"
+
+
+def test_a_trial_given_a_mig_device_sees_it_by_uuid(tmp_path: Path) -> None:
+    from trialkeeper.agent.session import AgentOptions, AgentSession
+    from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+    mig = [FakeDevice("MIG-1111", memory_total=20 * GIB), FakeDevice("MIG-2222", memory_total=20 * GIB)]
+    probe = GpuProbe(nvml=FakeNvml([FakeDevice("GPU-plain"), FakeDevice("GPU-parent", mig=mig)]))
+    session = AgentSession(AgentOptions("127.0.0.1:1", "env-1", "t", tmp_path, probe=probe))
+    started: list[Any] = []
+    session.runner.start = started.append  # type: ignore[method-assign]
+    session._on_start(pb.StartTrial(trial_id="a", gpu_indices=[1], gpu_uuids=["MIG-2222"], attempt=1))
+    session._on_start(pb.StartTrial(trial_id="b", gpu_indices=[0], gpu_uuids=["GPU-plain"], attempt=1))
+    assert [s.visible_devices for s in started] == ["MIG-2222", "0"]
+    probe.close()
 
 
 def test_import_does_not_load_pynvml() -> None:
