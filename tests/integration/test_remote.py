@@ -177,7 +177,7 @@ def test_quickstart_in_reuse_mode_on_two_machines(
     write_script(tmp_path / "code", "gate.py", GATE.format(patterns=homes))
     data = _config(
         tmp_path, lab, [lab.entry(0), lab.entry(1, auth=lab.second_auth())],
-        trialCommand="python3 gate.py && python3 train.py",
+        trialCommand="python3 gate.py && python3 train.py && echo mine > written-by-the-trial.txt",
     )
     # Kept in the code directory as the quickstart does: it holds the password, and so
     # must not be uploaded.
@@ -208,10 +208,12 @@ def test_quickstart_in_reuse_mode_on_two_machines(
         assert not (snapshot / "config.yml").exists(), "the config holding the secrets was uploaded"
         assert not (snapshot / "data").exists() and not (snapshot / "model.ckpt").exists(), ".nniignore'd files were uploaded"
         assert len(list((m.home / "trialkeeper-experiments" / ".cache").glob("code-*.tar.gz"))) == 1
-        # Every trial worked in its own copy of the code.
-        for trial_dir in (remote / "envs").glob("*/trials/*"):
-            assert (trial_dir / "code" / "train.py").exists()
-            assert not (trial_dir / "code" / "data").exists()
+        # Every trial worked in its own copy of the code; once it ended, what it left as
+        # copied was removed and what it wrote was kept.
+        trial_dirs = list((remote / "envs").glob("*/trials/*"))
+        assert trial_dirs
+        for trial_dir in trial_dirs:
+            assert sorted(p.name for p in (trial_dir / "code").iterdir()) == ["written-by-the-trial.txt"]
     assert {t["environment_id"] for t in trials} <= {e["id"] for e in envs}
 
     # `trialkeeper logs` shows what a trial printed remotely.
