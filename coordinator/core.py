@@ -1168,7 +1168,10 @@ class Coordinator:
                 continue
             if ended and env.link is None:
                 assert obs is not None
-                if env.shutdown_sent or env.status is EnvStatus.DRAINING:
+                # Asked to stop, or drained by an operator: stopped. A platform that says the
+                # job failed (preempted, say: its agent may have been draining on the
+                # platform's own signal) gets the last word.
+                if env.shutdown_sent or (env.status is EnvStatus.DRAINING and obs.state != "failed"):
                     self._lose_trials(env, obs.detail, keep=set())
                     self._env_to(env, EnvStatus.STOPPED, obs.detail or "agent exited")
                 else:

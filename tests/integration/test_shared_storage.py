@@ -108,12 +108,16 @@ def _blob(tmp_path: Path, **extra: Any) -> dict[str, Any]:
             "containerName": "trials", "localMountPoint": str(local), "remoteMountPoint": str(tmp_path / "mnt"), **extra}
 
 
+WRITTEN = "written-by-the-trial.txt"
+
+
 def _data(tmp_path: Path, ts: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
     code = tmp_path / "code"
     if not code.exists():
         shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
     return {
-        "searchSpaceFile": "search_space.json", "trialCommand": "python3 train.py", "trialConcurrency": 2,
+        # The file the trial writes into its working directory shows where that was.
+        "searchSpaceFile": "search_space.json", "trialCommand": f"python3 train.py && echo mine > {WRITTEN}", "trialConcurrency": 2,
         "maxTrialNumber": 4, "trialCodeDirectory": str(code), "experimentWorkingDirectory": str(tmp_path / "experiments"),
         "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
         "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
@@ -212,8 +216,10 @@ def test_openpai_quickstart_runs_from_nfs_shared_storage(
     # The code was put on the storage once and the trials ran from the mount point.
     layout = storage.layout(parse_config(data, tmp_path / "code").shared_storage, exp_dir)  # type: ignore[arg-type]
     assert (layout.local_code / "train.py").is_file()
-    ran = list((tmp_path / "mnt").glob("trialkeeper/*/envs/*/trials/*/code/train.py"))
+    ran = list((tmp_path / "mnt").glob(f"trialkeeper/*/envs/*/trials/*/code/{WRITTEN}"))
     assert len(ran) == 4, ran
+    # Each trial's copy of the code went once it ended; what the trial wrote stayed.
+    assert not list((tmp_path / "mnt").glob("trialkeeper/*/envs/*/trials/*/code/train.py"))
 
 
 def test_a_failing_mount_fails_the_openpai_environment_with_its_error(
@@ -277,6 +283,6 @@ def test_dlts_quickstart_runs_from_nfs_shared_storage(
         store.close()
     assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["reason"]) for t in trials]
     assert len((tmp_path / "mounts.log").read_text().splitlines()) == 2
-    assert len(list((tmp_path / "mnt").glob("trialkeeper/*/envs/*/trials/*/code/train.py"))) == 4
+    assert len(list((tmp_path / "mnt").glob(f"trialkeeper/*/envs/*/trials/*/code/{WRITTEN}"))) == 4
     # The trials ran on the storage, away from the experiment directory: their output was streamed back.
     assert all("held-out accuracy" in (exp_dir / "trials" / t["id"] / "stdout.log").read_text() for t in trials)
