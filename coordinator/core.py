@@ -14,6 +14,7 @@ import math
 import os
 import secrets
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
@@ -818,7 +819,11 @@ class Coordinator:
     def _store_gpu_samples(self) -> None:
         if self._gpu_rows and self.store is not None:
             rows, self._gpu_rows = self._gpu_rows, []
-            self.store.add_gpu_samples(rows)
+            try:
+                self.store.add_gpu_samples(rows)
+            except (sqlite3.Error, OSError) as e:
+                # Samples only: the monitor goes on, and the next tick's are stored anew.
+                log.warning("could not store %d GPU samples: %s", len(rows), e)
 
     # ---- placing trials ----------------------------------------------------------------
 

@@ -154,3 +154,42 @@ def test_queued_trials_that_can_never_fit_fail_once_environments_register(tmp_pa
             assert (await small.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
 
     run_async(body)
+
+
+def test_gpu_samples_are_stored_per_tick_and_a_failing_store_does_not_stop_the_monitor(tmp_path: Path) -> None:
+    import sqlite3
+
+    write_script(tmp_path, "trial.py", GPU_SCRIPT)
+    config = build_config(
+        tmp_path, trialGpuNumber=1, trialConcurrency=1,
+        trainingService={"environmentCount": 1, "simulatedGpus": 1},
+        coordinator={"heartbeatInterval": 0.2},
+    )
+    go = tmp_path / "go"
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            assert c.store is not None
+            store = c.store
+            a = await c.submit({"go": str(go)})
+            await async_wait_until(lambda: _seen(c, a.id), WAIT_S, message="trial never ran")
+            # Samples reach the store, a tick's worth at a time, naming the trial on the GPU.
+            await async_wait_until(lambda: store.gpu_samples(trial_id=a.id), WAIT_S, message="no GPU sample stored")
+            # The store fails for a while: the samples of those ticks are dropped, loudly,
+            # and the coordinator goes on placing trials.
+            real, failures = store.add_gpu_samples, []
+
+            def failing(rows: object) -> None:
+                failures.append(rows)
+                raise sqlite3.OperationalError("disk I/O error")
+
+            store.add_gpu_samples = failing  # type: ignore[method-assign]
+            go.write_text("")
+            assert (await a.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
+            b = await c.submit({"go": str(go)})
+            await async_wait_until(lambda: failures, WAIT_S, message="no samples were offered to the store")
+            store.add_gpu_samples = real  # type: ignore[method-assign]
+            assert (await b.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
+            assert c._monitor is not None and not c._monitor.done()
+
+    run_async(body)
