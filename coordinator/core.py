@@ -1157,6 +1157,9 @@ class Coordinator:
                     self._failed_starts += 1
                     assert obs is not None
                     self._env_to(env, EnvStatus.FAILED, f"agent did not register: {obs.detail}")
+                    # What the platform still holds for it (a pod that cannot pull its image
+                    # keeps its node's GPUs) goes now, not when the experiment ends.
+                    self._spawn(self._service.stop(env.id))
                 elif env.status is EnvStatus.STARTING and obs is not None and obs.state == "starting":
                     # Still queued on the platform (a pending Slurm job, an unscheduled pod):
                     # waiting there is the platform's business, so the agent's start clock

@@ -52,6 +52,8 @@ import psutil
 
 POD_MARKER = "FAKE_K8S_POD_UID"
 MAX_GRACE_S = 5.0  # a fake need not wait 30 s for a pod that ignores SIGTERM
+# An image whose name holds this cannot be pulled: its pod waits in ImagePullBackOff.
+NO_SUCH_IMAGE = "no-such-image"
 
 Obj = dict[str, Any]
 _NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -478,6 +480,10 @@ class FakeKubernetes:
         sandbox.mkdir(parents=True, exist_ok=True)
         try:
             container = spec["containers"][0]
+            image = container.get("image", "")
+            if NO_SUCH_IMAGE in image:  # as a kubelet: the pull fails, and it backs off and retries
+                run.error, run.reason = f'Back-off pulling image "{image}"', "ImagePullBackOff"
+                return
             mounts = self._mounts(meta["namespace"], spec, container)
             rewrite = _rewriter(mounts)
             argv = [rewrite(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]

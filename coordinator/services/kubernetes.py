@@ -296,6 +296,17 @@ def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
 
 # A container waiting for one of these will not start without someone changing something.
 _HOPELESS = frozenset({"InvalidImageName", "CreateContainerConfigError", "CreateContainerError"})
+# One waiting for these may yet start (a registry that was down); after imagePullTimeout, not.
+_PULL_FAILING = frozenset({"ImagePullBackOff", "ErrImagePull"})
+
+
+def _pull_failure(pod: dict[str, Any]) -> str:
+    """Why a pod cannot pull its image ("" when it is not stuck on that)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in _PULL_FAILING:
+            return f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+    return ""
 
 
 def _pod_state(status: dict[str, Any]) -> tuple[ObservedState, str]:
@@ -332,6 +343,7 @@ class _Env:
     started: asyncio.Future[StartResult] | None = None
     stopping: bool = False
     last: Observation | None = None
+    pull_failing_since: float | None = None  # monotonic; while its pod cannot pull the image
 
 
 class KubernetesEnvironmentService(EnvironmentService):
@@ -416,6 +428,8 @@ class KubernetesEnvironmentService(EnvironmentService):
                 else:
                     env.last = await self._observe(env, experiment_id, obj)
                 out[env.env_id] = env.last
+            await self._check_image_pulls(experiment_id, envs, found)
+            out.update({env.env_id: env.last for env in envs if env.last is not None})
         for env in known:  # not asked this time (the API server did not answer): as last seen
             out.setdefault(env.env_id, env.last or Observation("starting", "waiting for the API server", env.name))
         return out
@@ -635,6 +649,40 @@ class KubernetesEnvironmentService(EnvironmentService):
             ended = [d for _, d in (_pod_state(p.get("status") or {}) for p in pods) if d]
             detail = "; ".join(d for d in (detail, *ended) if d)
         return Observation(state, detail or f"{self._kind.kind} {env.name} failed", env.name)
+
+    async def _check_image_pulls(self, experiment_id: str, envs: list[_Env], found: dict[str, dict[str, Any]]) -> None:
+        """Fail an environment whose pod has been failing to pull its image for longer than
+        imagePullTimeout: a wrong image name or a missing pull secret waits forever."""
+        starting = [e for e in envs if e.last is not None and e.last.state == "starting"]
+        if not starting:
+            return
+        if self._kind is POD:
+            pods = [found[e.name] for e in starting if e.name in found]
+        else:  # the workloads' pods: one listing for the experiment
+            try:
+                pods = await self._list(POD, selector(experiment_id))
+            except _ApiFailure:
+                return
+        failures: dict[str, str] = {}
+        for pod in pods:
+            why = _pull_failure(pod)
+            env_id = ids_of(pod)[1]
+            if why and env_id:
+                failures[env_id] = why
+        now = time.monotonic()
+        for env in starting:
+            why = failures.get(env.env_id, "")
+            if not why:
+                env.pull_failing_since = None
+                continue
+            if env.pull_failing_since is None:
+                env.pull_failing_since = now
+            waited = now - env.pull_failing_since
+            assert env.last is not None
+            if waited >= self.config.image_pull_timeout:
+                env.last = Observation("failed", f"the image could not be pulled for {waited:.0f} s: {why}", env.name)
+            else:
+                env.last = Observation("starting", why, env.name)
 
     async def _by_experiment(self, envs: list[_Env]) -> dict[str, list[_Env]]:
         """Group by experiment; an adopted environment's comes from its object's labels."""

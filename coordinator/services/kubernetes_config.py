@@ -112,6 +112,8 @@ class KubernetesPlatformConfig(EnvironmentPoolConfig):
     # The Python in the image that has trialkeeper installed.
     python: str = field(default="python", metadata=_NON_EMPTY_STR)
     api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+    # How long a pod may keep failing to pull its image before its environment fails.
+    image_pull_timeout: float = field(default=300.0, metadata=_POSITIVE_DURATION)
 
     def gpu_shortfall(self, trial_gpu_number: int) -> tuple[str, str] | None:
         if self.gpu_number >= trial_gpu_number:

@@ -31,7 +31,7 @@ from conftest import (
     run_async,
     wait_until,
 )
-from fake_k8s import FakeKubernetes, running, section
+from fake_k8s import NO_SUCH_IMAGE, FakeKubernetes, running, section
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
@@ -40,6 +40,7 @@ from trialkeeper.coordinator.services.base import EnvironmentRequest, Observatio
 from trialkeeper.coordinator.services.kubernetes import (
     KubernetesEnvironmentService,
     KubernetesSetupError,
+    object_name,
 )
 from trialkeeper.coordinator.services.kubernetes_config import AdlConfig, KubeflowConfig
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
@@ -313,6 +314,52 @@ def test_an_image_without_the_python_fails_the_environment_with_the_reason(
 
     run_async(body)
     assert _ours(fake, "nopython") == []
+
+
+@pytest.mark.parametrize("platform", ["kubernetes", "kubeflow"])
+def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_timeout(
+    fake: FakeKubernetes, tmp_path: Path, platform: str
+) -> None:
+    quickstart_code(tmp_path)
+    data = _config_data(fake, tmp_path, platform, image=f"registry.example/{NO_SUCH_IMAGE}:1", imagePullTimeout="1s")
+    service = KubernetesEnvironmentService.from_config(parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    request = EnvironmentRequest("env-1", f"pull{platform[:4]}", "127.0.0.1:9", "t0ken")
+
+    async def body() -> None:
+        assert (await service.start(request)).error is None
+        # A registry may be down for a while: waiting, saying why...
+        seen = await _poll_until(service, "env-1", "starting", "ImagePullBackOff")
+        assert NO_SUCH_IMAGE in seen.detail, seen
+        # ...until imagePullTimeout, then failed with the reason.
+        seen = await _poll_until(service, "env-1", "failed", "could not be pulled")
+        assert "ImagePullBackOff" in seen.detail and NO_SUCH_IMAGE in seen.detail, seen
+        await service.stop("env-1", 0.0)
+        await service.close()
+
+    run_async(body)
+    assert _ours(fake, request.experiment_id) == []
+
+
+def test_an_environment_failing_to_start_is_removed_at_once(fake: FakeKubernetes, tmp_path: Path) -> None:
+    quickstart_code(tmp_path)
+    data = _config_data(fake, tmp_path, "kubernetes", image=f"registry.example/{NO_SUCH_IMAGE}:1", imagePullTimeout="1s")
+    config = parse_config(data, tmp_path / "code")
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            await c.submit({"x": 1})
+            failed = await async_wait_until(
+                lambda: [e for e in c.environments() if e.status is EnvStatus.FAILED], WAIT_S, message="no environment failed"
+            )
+            assert "could not be pulled" in failed[0].reason and NO_SUCH_IMAGE in failed[0].reason, failed[0].reason
+            # Its pod (which would hold its node's GPUs) is deleted now, not at the experiment's end.
+            name = object_name(c.experiment_id, failed[0].id)
+            await async_wait_until(
+                lambda: not [o for o in fake.objects("pods") if o["metadata"]["name"] == name], WAIT_S,
+                message=f"pod {name} of a failed environment is still there",
+            )
+
+    run_async(body)
 
 
 def test_pod_placement_fields_reach_the_scheduler(fake: FakeKubernetes, tmp_path: Path) -> None:
