@@ -207,7 +207,7 @@ class GpuProbe:
 
         nvml = self._nvml_override
         if nvml is None:
-            if importlib.util.find_spec("pynvml") is None:
+            if not _pynvml_installed():
                 return GpuInventory((), unavailable_reason="nvidia-ml-py is not installed")
             if not _nvml_library_loads():
                 # What NVML init would say, without importing pynvml: a few MB an agent on a
@@ -348,6 +348,13 @@ def _mig_enabled(nvml: Any, handle: Any) -> bool:
     except nvml.NVMLError:  # NOT_SUPPORTED on GPUs without MIG
         return False
     return bool(current == _MIG_ENABLED)
+
+
+def _pynvml_installed() -> bool:
+    try:
+        return importlib.util.find_spec("pynvml") is not None
+    except (ImportError, ValueError):  # ValueError: a module in sys.modules without a spec
+        return "pynvml" in sys.modules and sys.modules["pynvml"] is not None
 
 
 def _nvml_library_loads() -> bool:

@@ -40,6 +40,8 @@ MAX_DATAGRAM = 64 * 1024
 HOST_SIGNAL_GRACE_S = 0.3
 # Where a trial's copy of its working directory goes, under its trial directory.
 TRIAL_CODE_DIR = "code"
+# How long a trial's end waits for its copy of the code to be pruned (see _prune_copy).
+PRUNE_WAIT_S = 2.0
 # How long a pid stays attributed to its trial after it was last seen alive.
 ATTRIBUTION_MEMORY_S = 300.0
 
@@ -356,10 +358,17 @@ class TrialRunner:
             # trial is reported lost with its environment rather than failed.
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.host_stopping.wait(), HOST_SIGNAL_GRACE_S)
-        if self.copy_working_directory and spec.working_directory:
-            # Before the end is reported, so an agent told to stop next has pruned it too.
+        if self.copy_working_directory and spec.working_directory and not self.host_stopping.is_set():
+            # Before the end is reported, so an agent told to stop next has pruned it too;
+            # a copy that takes long to walk (a big tree on NFS) goes on being pruned
+            # meanwhile rather than hold the report back.
+            prune = asyncio.ensure_future(
+                asyncio.to_thread(_prune_copy, Path(spec.working_directory), t.dir / TRIAL_CODE_DIR)
+            )
             try:
-                await asyncio.to_thread(_prune_copy, Path(spec.working_directory), t.dir / TRIAL_CODE_DIR)
+                await asyncio.wait_for(asyncio.shield(prune), PRUNE_WAIT_S)
+            except asyncio.TimeoutError:
+                prune.add_done_callback(lambda f: f.cancelled() or f.exception())
             except OSError as e:
                 log.warning("trial %s: could not prune its copy of the code: %s", spec.trial_id, e)
         self._finish(t, returncode)

@@ -295,6 +295,7 @@ class Coordinator:
                 parameters=json.loads(r["parameters_json"]), command=r["command"], gpu_number=r["gpu_number"],
                 submitted_at=r["submitted_at"], gpu_memory=self.config.trial_gpu_memory if r["gpu_number"] else 0,
                 env_id=r["environment_id"], gpu_indices=tuple(json.loads(r["gpu_indices_json"])),
+                gpu_uuids=tuple(json.loads(r["gpu_uuids_json"])),
                 exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
                 final_metric=r["final_metric"], final_metric_json=r["final_metric_json"], attempts=r["attempts"],
                 started_at=r["started_at"], ended_at=r["ended_at"],
@@ -341,10 +342,13 @@ class Coordinator:
                     self._trial_to(t, TrialStatus.FAILED, "environment lost: it ended while the coordinator was down")
                 continue
             host.holders.add(t.id)
+            # By UUID: MIG devices share their parent's index. (A store from before UUIDs
+            # were kept has indices only.)
+            if not t.gpu_uuids:
+                t.gpu_uuids = tuple(g.uuid for g in host.gpus if g.index in t.gpu_indices)
             for g in host.gpus:
-                if g.index in t.gpu_indices:
+                if g.uuid in t.gpu_uuids:
                     g.take(t.id)
-                    t.gpu_uuids += (g.uuid,)
         self._queue.sort(key=lambda tid: self._trials[tid].seq)
         log.info(
             "experiment %s resumed: %d trials (%d not finished), %d environments waiting for their agents",
@@ -904,7 +908,10 @@ class Coordinator:
             if env.single_use:
                 env.used = True
             assert self.store is not None
-            self.store.update_trial(t.id, environment_id=env.id, gpu_indices_json=json.dumps(list(p.gpu_indices)), attempts=t.attempts)
+            self.store.update_trial(
+                t.id, environment_id=env.id, gpu_indices_json=json.dumps(list(p.gpu_indices)),
+                gpu_uuids_json=json.dumps(list(p.gpu_uuids)), attempts=t.attempts,
+            )
             if env.status is EnvStatus.READY:
                 self._env_to(env, EnvStatus.BUSY, f"trial {t.id} placed")
             self._send_start(env, t)

@@ -191,9 +191,12 @@ class Servicer(pb_grpc.CoordinatorServicer):
 
         try:
             while not link.closed and not pump_ended:
-                reading = True
                 try:
-                    msg = await context.read()
+                    reading = True
+                    try:
+                        msg = await context.read()
+                    finally:
+                        reading = False  # from here on, nothing cancels this task for the pump
                 except asyncio.CancelledError:
                     if pump_ended:
                         _uncancel(me)
@@ -204,8 +207,6 @@ class Servicer(pb_grpc.CoordinatorServicer):
                     await abort(
                         grpc.StatusCode.INVALID_ARGUMENT, "a message could not be parsed as an AgentMessage"
                     )
-                finally:
-                    reading = False
                 if msg is grpc.aio.EOF:
                     break
                 assert isinstance(msg, pb.AgentMessage)

@@ -98,7 +98,7 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
 TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
-    "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at",
+    "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
@@ -154,6 +154,19 @@ class _Transaction:
             store._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
+# Columns added since a table was first made, with their definitions: a store made before
+# them gets them when it is opened for writing (readers see them as absent).
+_ADDED_COLUMNS = {"trials": {"gpu_uuids_json": "TEXT NOT NULL DEFAULT '[]'"}}
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    for table, columns in _ADDED_COLUMNS.items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, definition in columns.items():
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+
+
 class Store:
     """Reads and writes one experiment's database file."""
 
@@ -185,6 +198,7 @@ class Store:
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
+                _add_missing_columns(self._db)
         except sqlite3.DatabaseError as e:
             with contextlib.suppress(AttributeError):
                 self._db.close()

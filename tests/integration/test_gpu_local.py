@@ -63,6 +63,12 @@ def test_two_one_gpu_trials_share_a_two_gpu_environment(tmp_path: Path) -> None:
             # The environment view shows who holds which GPU, labelled simulated.
             env = c.environments()[0]
             assert sorted(sorted(g.holders) for g in env.gpus) == sorted([[a.id], [b.id]])
+            # The store keeps each trial's GPUs by UUID too, for a resumed coordinator.
+            assert c.store is not None
+            for h in (a, b):
+                row = c.store.trial(h.id)
+                assert row is not None
+                assert json.loads(row["gpu_uuids_json"]) == [g.uuid for g in env.gpus if h.id in g.holders], row
             assert all("simulated" in name for name in env.gpu_names.values()), env.gpu_names
             go.write_text("")
             infos = [await h.wait(WAIT_S) for h in (a, b)]

@@ -461,3 +461,15 @@ def test_no_nvml_library_means_no_pynvml_import(monkeypatch: pytest.MonkeyPatch)
     assert probe.inventory().unavailable_reason == "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
     assert probe.sample() == []
     assert "pynvml" not in imported
+
+
+def test_a_pynvml_without_a_spec_in_sys_modules_does_not_make_inventory_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from trialkeeper.agent import gpu
+
+    stub = types.ModuleType("pynvml")
+    stub.__spec__ = None
+    monkeypatch.setitem(sys.modules, "pynvml", stub)  # find_spec raises ValueError for such a module
+    monkeypatch.setattr(gpu, "_nvml_library_loads", lambda: False)
+    assert GpuProbe().inventory().unavailable_reason == "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"

@@ -230,3 +230,25 @@ def test_a_store_in_a_directory_with_uri_characters_opens_read_only(tmp_path: Pa
         assert exp is not None and exp["id"] == "exp1"
     finally:
         reader.close()
+
+
+def test_a_store_made_before_a_column_was_added_gets_it_when_opened_for_writing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _trial(store, "t1", 1, gpu_indices_json="[1]")
+    store.close()
+    # Take the column away, as in a store an earlier version made.
+    db = sqlite3.connect(tmp_path / "exp" / Store.FILENAME)
+    db.execute("ALTER TABLE trials DROP COLUMN gpu_uuids_json")
+    db.commit()
+    db.close()
+    old = Store.in_dir(tmp_path / "exp", readonly=True)
+    assert "gpu_uuids_json" not in old.trials()[0]  # readers see what there is
+    old.close()
+
+    store = Store.in_dir(tmp_path / "exp")
+    row = store.trials()[0]
+    assert (row["gpu_indices_json"], row["gpu_uuids_json"]) == ("[1]", "[]")  # kept, and the new one's default
+    store.update_trial("t1", gpu_uuids_json='["MIG-1"]')
+    assert store.trials()[0]["gpu_uuids_json"] == '["MIG-1"]'
+    store.close()
+    Store.in_dir(tmp_path / "exp").close()  # opening again adds nothing twice
