@@ -3,9 +3,10 @@
 One service serves four platforms, which differ only in the object that wraps the pod:
 ``kubernetes`` (a bare Pod or a batch Job), ``kubeflow`` (a PyTorchJob's Master or a TFJob's
 Worker), ``frameworkcontroller`` (a Framework with one task role) and ``adl`` (an
-AdaptDLJob). The bodies are built as plain JSON by small functions here; the service talks to the
-API server through the official client, whose calls block: each runs in a thread with a
-timeout, and every failure comes back as data.
+AdaptDLJob). The bodies are built as plain JSON by the functions in ``_k8s_objects``, which
+also read their status; the service here talks to the API server through the official
+client, whose calls block: each runs in a thread with a timeout, and every failure comes
+back as data.
 
 Every object carries the labels ``trialkeeper/experiment`` and ``trialkeeper/environment``,
 so a fresh service finds what a crashed coordinator left (``sweep``). The experiment token
@@ -20,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -28,13 +28,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .base import EnvironmentRequest, EnvironmentService, Observation, ObservedState, StartResult
-from .kubernetes_config import (
-    AdlConfig,
-    FrameworkControllerConfig,
-    KubeflowConfig,
-    KubernetesConfig,
+from ._k8s_objects import (
+    POD,
+    PVC,
+    SECRET,
+    Kind,
+    checkpoint_claim,
+    checkpoint_claim_name,
+    ids_of,
+    kind_of,
+    object_name,
+    observe,
+    pod_state,
+    pull_failure,
+    secret_name,
+    selector,
+    token_secret,
+    workload,
 )
+from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .kubernetes_config import AdlConfig
 
 if TYPE_CHECKING:
     from ..config import ExperimentConfig
@@ -44,17 +57,6 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 STOP_WAIT_S = 20.0  # after the grace period: how long stop() waits for the pods to go
-
-
-LABEL_EXPERIMENT = "trialkeeper/experiment"
-LABEL_ENVIRONMENT = "trialkeeper/environment"
-# Label values are limited to 63 plain characters; the exact ids are kept here as well.
-ANNOTATION_EXPERIMENT = "trialkeeper/experiment-id"
-ANNOTATION_ENVIRONMENT = "trialkeeper/environment-id"
-TOKEN_ENV = "TRIALKEEPER_TOKEN"
-TOKEN_KEY = "token"
-VOLUME = "trialkeeper-storage"
-CHECKPOINT_VOLUME = "adaptdl-checkpoint"
 
 
 class KubernetesSetupError(ValueError):
@@ -67,268 +69,6 @@ class _ApiFailure(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-# ---- what the objects look like ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Kind:
-    """An API resource: core/batch ones through their typed APIs, the rest as custom objects."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    container: str = "agent"  # the name the operator expects for the main container
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def custom(self) -> bool:
-        return self.group not in ("", "batch")
-
-
-POD = Kind("", "v1", "pods", "Pod")
-SECRET = Kind("", "v1", "secrets", "Secret")
-PVC = Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-JOB = Kind("batch", "v1", "jobs", "Job")
-
-
-def kind_of(config: KubernetesPlatformConfig) -> Kind:
-    """The object that wraps each environment's pod on this platform."""
-    if isinstance(config, KubeflowConfig):
-        if config.operator == "tfjob":
-            return Kind("kubeflow.org", config.api_version, "tfjobs", "TFJob", "tensorflow")
-        return Kind("kubeflow.org", config.api_version, "pytorchjobs", "PyTorchJob", "pytorch")
-    if isinstance(config, FrameworkControllerConfig):
-        return Kind("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
-    if isinstance(config, AdlConfig):
-        return Kind("adaptdl.petuum.com", "v1", "adaptdljobs", "AdaptDLJob", "main")
-    if isinstance(config, KubernetesConfig) and config.workload == "job":
-        return JOB
-    return POD
-
-
-def _dns_name(text: str, limit: int) -> str:
-    """``text`` as a lowercase RFC 1123 name of at most ``limit`` characters (hashed if cut)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower())
-    name = re.sub(r"-{2,}", "-", name).strip("-") or "x"
-    if len(name) > limit or name != text.lower():
-        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-        name = f"{name[: limit - 9].rstrip('-')}-{digest}"
-    return name
-
-
-def _label_value(text: str) -> str:
-    if re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", text):
-        return text
-    return _dns_name(text, 63)
-
-
-def object_name(experiment_id: str, env_id: str) -> str:
-    # Short enough for what controllers append (-worker-0, -ckpt, a Job's pod suffix).
-    return _dns_name(f"tk-{experiment_id}-{env_id}", 50)
-
-
-def secret_name(experiment_id: str) -> str:
-    return _dns_name(f"tk-{experiment_id}-token", 63)
-
-
-def checkpoint_claim_name(object_name: str) -> str:
-    return f"{object_name}-ckpt"
-
-
-def selector(experiment_id: str, env_id: str | None = None) -> str:
-    text = f"{LABEL_EXPERIMENT}={_label_value(experiment_id)}"
-    return text if env_id is None else f"{text},{LABEL_ENVIRONMENT}={_label_value(env_id)}"
-
-
-def _metadata(name: str, experiment_id: str, env_id: str | None) -> dict[str, Any]:
-    labels = {LABEL_EXPERIMENT: _label_value(experiment_id)}
-    annotations = {ANNOTATION_EXPERIMENT: experiment_id}
-    if env_id is not None:
-        labels[LABEL_ENVIRONMENT] = _label_value(env_id)
-        annotations[ANNOTATION_ENVIRONMENT] = env_id
-    meta: dict[str, Any] = {"labels": labels, "annotations": annotations}
-    if name:
-        meta["name"] = name
-    return meta
-
-
-def ids_of(obj: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(experiment id, environment id) of an object this service created."""
-    meta = obj.get("metadata") or {}
-    notes, labels = meta.get("annotations") or {}, meta.get("labels") or {}
-    return (notes.get(ANNOTATION_EXPERIMENT) or labels.get(LABEL_EXPERIMENT),
-            notes.get(ANNOTATION_ENVIRONMENT) or labels.get(LABEL_ENVIRONMENT))
-
-
-def token_secret(config: KubernetesPlatformConfig, request: EnvironmentRequest) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": _metadata(secret_name(request.experiment_id), request.experiment_id, None),
-        "stringData": {TOKEN_KEY: request.token},
-    }
-
-
-def checkpoint_claim(config: AdlConfig, request: EnvironmentRequest, name: str) -> dict[str, Any]:
-    assert config.checkpoint is not None
-    return {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(checkpoint_claim_name(name), request.experiment_id, request.env_id),
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": config.checkpoint.storage_class,
-            "resources": {"requests": {"storage": str(config.checkpoint.storage_size)}},
-        },
-    }
-
-
-def _resources(config: KubernetesPlatformConfig) -> dict[str, Any]:
-    amounts: dict[str, str] = {}
-    if config.cpu_number is not None:
-        amounts["cpu"] = f"{config.cpu_number:g}"
-    if config.memory_size is not None:
-        amounts["memory"] = str(config.memory_size)
-    if config.gpu_number:
-        amounts["nvidia.com/gpu"] = str(config.gpu_number)
-    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
-
-
-def _pod_spec(config: KubernetesPlatformConfig, request: EnvironmentRequest, name: str,
-              argv: list[str], container: str) -> dict[str, Any]:
-    env: list[dict[str, Any]] = [
-        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(request.experiment_id), "key": TOKEN_KEY}}},
-    ]
-    mounts: list[dict[str, Any]] = []
-    volumes: list[dict[str, Any]] = []
-    if config.nfs is not None:
-        volumes.append({"name": VOLUME, "nfs": {"server": config.nfs.server, "path": config.nfs.path}})
-    elif config.persistent_volume_claim is not None:
-        volumes.append({"name": VOLUME, "persistentVolumeClaim": {"claimName": config.persistent_volume_claim}})
-    if volumes:
-        mounts.append({"name": VOLUME, "mountPath": config.container_mount_path})
-    if isinstance(config, AdlConfig):
-        env.append({"name": "ADAPTDL_TENSORBOARD_LOGDIR", "value": config.tensorboard_log_dir})
-        if config.checkpoint is not None:
-            path = config.checkpoint.container_mount_path
-            volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(name)}})
-            mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": path})
-            env.append({"name": "ADAPTDL_CHECKPOINT_PATH", "value": path})
-    main: dict[str, Any] = {"name": container, "image": config.image, "command": argv[:3], "args": argv[3:], "env": env}
-    if mounts:
-        main["volumeMounts"] = mounts
-    resources = _resources(config)
-    if resources:
-        main["resources"] = resources
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [main]}
-    if volumes:
-        spec["volumes"] = volumes
-    if config.service_account_name:
-        spec["serviceAccountName"] = config.service_account_name
-    if config.node_selector:
-        spec["nodeSelector"] = dict(config.node_selector)
-    if config.tolerations:
-        spec["tolerations"] = [dict(t) for t in config.tolerations]
-    if config.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": s} for s in config.image_pull_secrets]
-    return spec
-
-
-def workload(kind: Kind, config: KubernetesPlatformConfig, request: EnvironmentRequest, name: str,
-             argv: list[str]) -> dict[str, Any]:
-    """The object that runs one environment's agent."""
-    meta = _metadata(name, request.experiment_id, request.env_id)
-    template = {"metadata": _metadata("", request.experiment_id, request.env_id),
-                "spec": _pod_spec(config, request, name, argv, kind.container)}
-    head = {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
-    if kind is POD:
-        return {**head, "spec": template["spec"]}
-    if kind is JOB:
-        return {**head, "spec": {"backoffLimit": 0, "template": template}}
-    if kind.plural in ("pytorchjobs", "tfjobs"):
-        role, key = ("Master", "pytorchReplicaSpecs") if kind.plural == "pytorchjobs" else ("Worker", "tfReplicaSpecs")
-        return {**head, "spec": {key: {role: {"replicas": 1, "restartPolicy": "Never", "template": template}}}}
-    if kind.plural == "frameworks":
-        assert isinstance(config, FrameworkControllerConfig)
-        never = {"fancyRetryPolicy": False, "maxRetryCount": 0}
-        task_role = {
-            "name": config.task_role_name, "taskNumber": 1,
-            "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 1},
-            "task": {"retryPolicy": never, "pod": template},
-        }
-        return {**head, "spec": {"executionType": "Start", "retryPolicy": never, "taskRoles": [task_role]}}
-    assert isinstance(config, AdlConfig)
-    return {**head, "spec": {"preemptible": config.adaptive, "minReplicas": 1, "maxReplicas": 1, "template": template}}
-
-
-# ---- what the platform says ------------------------------------------------------------
-
-
-def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
-    """The state of one environment from its object's status."""
-    status = obj.get("status") or {}
-    if kind is POD:
-        return _pod_state(status)
-    if kind is JOB:
-        for c in status.get("conditions") or []:
-            if c.get("status") == "True" and c.get("type") in ("Complete", "Failed"):
-                done: ObservedState = "exited" if c["type"] == "Complete" else "failed"
-                return done, c.get("message") or c.get("reason") or c["type"]
-        return ("running" if status.get("active") else "starting"), ""
-    if kind.plural in ("pytorchjobs", "tfjobs"):
-        true = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
-        last = true[-1] if true else {}
-        mapping: dict[str, ObservedState] = {"Succeeded": "exited", "Failed": "failed", "Running": "running"}
-        return mapping.get(last.get("type", ""), "starting"), last.get("message", "")
-    if kind.plural == "frameworks":
-        if status.get("state") == "Completed":
-            completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
-            ok = (completion.get("type") or {}).get("name") == "Succeeded"
-            return ("exited" if ok else "failed"), completion.get("diagnostics", "")
-        return ("running" if status.get("state") == "AttemptRunning" else "starting"), ""
-    phases: dict[str, ObservedState] = {"Succeeded": "exited", "Failed": "failed", "Running": "running"}
-    return phases.get(status.get("phase", "Pending"), "starting"), status.get("reason", "")
-
-
-# A container waiting for one of these will not start without someone changing something.
-_HOPELESS = frozenset({"InvalidImageName", "CreateContainerConfigError", "CreateContainerError"})
-# One waiting for these may yet start (a registry that was down); after imagePullTimeout, not.
-_PULL_FAILING = frozenset({"ImagePullBackOff", "ErrImagePull"})
-
-
-def _pull_failure(pod: dict[str, Any]) -> str:
-    """Why a pod cannot pull its image ("" when it is not stuck on that)."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in _PULL_FAILING:
-            return f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
-    return ""
-
-
-def _pod_state(status: dict[str, Any]) -> tuple[ObservedState, str]:
-    phase = status.get("phase", "Pending")
-    if phase == "Running":
-        return "running", ""
-    statuses = status.get("containerStatuses") or []
-    if phase in ("Succeeded", "Failed"):
-        detail = status.get("message") or status.get("reason") or ""
-        for cs in statuses:
-            ended = (cs.get("state") or {}).get("terminated")
-            if ended:
-                why = ", ".join(w for w in (ended.get("reason"), ended.get("message")) if w)
-                detail = f"container {cs.get('name')} exited with status {ended.get('exitCode')} ({why})"
-        return ("exited" if phase == "Succeeded" else "failed"), detail
-    for cs in statuses:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in _HOPELESS:
-            return "failed", f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}"
-    pending = [c.get("message") or c.get("reason") for c in status.get("conditions") or [] if c.get("status") == "False"]
-    pending += [(cs.get("state") or {}).get("waiting", {}).get("reason") for cs in statuses]
-    return "starting", "; ".join(p for p in pending if p)
 
 
 # ---- the service -----------------------------------------------------------------------
@@ -646,7 +386,7 @@ class KubernetesEnvironmentService(EnvironmentService):
                 pods = await self._list(POD, selector(experiment_id, env.env_id))
             except _ApiFailure:
                 pods = []
-            ended = [d for _, d in (_pod_state(p.get("status") or {}) for p in pods) if d]
+            ended = [d for _, d in (pod_state(p.get("status") or {}) for p in pods) if d]
             detail = "; ".join(d for d in (detail, *ended) if d)
         return Observation(state, detail or f"{self._kind.kind} {env.name} failed", env.name)
 
@@ -665,7 +405,7 @@ class KubernetesEnvironmentService(EnvironmentService):
                 return
         failures: dict[str, str] = {}
         for pod in pods:
-            why = _pull_failure(pod)
+            why = pull_failure(pod)
             env_id = ids_of(pod)[1]
             if why and env_id:
                 failures[env_id] = why
