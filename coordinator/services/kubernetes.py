@@ -167,7 +167,6 @@ class KubernetesEnvironmentService(EnvironmentService):
                     env.last = self._missing(env)
                 else:
                     env.last = await self._observe(env, experiment_id, obj)
-                out[env.env_id] = env.last
             await self._check_image_pulls(experiment_id, envs, found)
             out.update({env.env_id: env.last for env in envs if env.last is not None})
         for env in known:  # not asked this time (the API server did not answer): as last seen

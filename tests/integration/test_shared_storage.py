@@ -193,24 +193,32 @@ def test_nnimount_mounts_here_and_reports_a_failure_redacted(tmp_path: Path, mon
 # ---- on the platforms ----------------------------------------------------------------------
 
 
-def test_openpai_quickstart_runs_from_nfs_shared_storage(
-    pai: FakeOpenPai, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(pai, "path_prefix", (str(_bin(tmp_path / "bin", mount=_good_mount(tmp_path))),))
-    data = _data(tmp_path, _pai_section(pai, tmp_path), _nfs(tmp_path))
+def _run_from_nfs(
+    fake: Any, section: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, Any], Path, list[dict[str, Any]]]:
+    """`trialkeeper run` of the quickstart from NFS shared storage on a fake platform whose
+    jobs mount with a working `mount`; the config, the experiment directory and its trials,
+    all of which succeeded."""
+    monkeypatch.setattr(fake, "path_prefix", (str(_bin(tmp_path / "bin", mount=_good_mount(tmp_path))),))
+    data = _data(tmp_path, section, _nfs(tmp_path))
     config_file = tmp_path / "code" / "config.yml"
     config_file.write_text(yaml.safe_dump(data))
     exp_dir = tmp_path / "exp"
-
     rc = cli.main(["run", str(config_file), "--quiet", "--experiment-dir", str(exp_dir)])
     assert rc == 0, capfd.readouterr()
-
     store = Store.in_dir(exp_dir, readonly=True)
     try:
         trials = store.trials()
     finally:
         store.close()
     assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["reason"]) for t in trials]
+    return data, exp_dir, trials
+
+
+def test_openpai_quickstart_runs_from_nfs_shared_storage(
+    pai: FakeOpenPai, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, exp_dir, _ = _run_from_nfs(pai, _pai_section(pai, tmp_path), tmp_path, capfd, monkeypatch)
     mounts = (tmp_path / "mounts.log").read_text().splitlines()
     assert mounts == [f"mount -t nfs 10.0.0.5:{tmp_path / 'export'} {tmp_path / 'mnt'}"] * 2, mounts
     # The code was put on the storage once and the trials ran from the mount point.
@@ -268,20 +276,7 @@ def test_a_failing_blob_mount_on_dlts_is_reported_without_the_key(
 def test_dlts_quickstart_runs_from_nfs_shared_storage(
     dlts: FakeDlts, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dlts, "path_prefix", (str(_bin(tmp_path / "bin", mount=_good_mount(tmp_path))),))
-    data = _data(tmp_path, dlts_section(dlts), _nfs(tmp_path))
-    config_file = tmp_path / "code" / "config.yml"
-    config_file.write_text(yaml.safe_dump(data))
-    exp_dir = tmp_path / "exp"
-
-    rc = cli.main(["run", str(config_file), "--quiet", "--experiment-dir", str(exp_dir)])
-    assert rc == 0, capfd.readouterr()
-    store = Store.in_dir(exp_dir, readonly=True)
-    try:
-        trials = store.trials()
-    finally:
-        store.close()
-    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["reason"]) for t in trials]
+    _, exp_dir, trials = _run_from_nfs(dlts, dlts_section(dlts), tmp_path, capfd, monkeypatch)
     assert len((tmp_path / "mounts.log").read_text().splitlines()) == 2
     assert len(list((tmp_path / "mnt").glob(f"trialkeeper/*/envs/*/trials/*/code/{WRITTEN}"))) == 4
     # The trials ran on the storage, away from the experiment directory: their output was streamed back.
