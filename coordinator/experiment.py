@@ -149,6 +149,9 @@ async def _drive(
             if coordinator.environment_error:
                 ok, reason = False, coordinator.environment_error
                 break
+            if coordinator.failure:
+                ok, reason = False, coordinator.failure
+                break
             while not exhausted and not limit_reached and active < config.trial_concurrency:
                 try:
                     params = tuner.generate_parameters(submitted)
@@ -176,7 +179,7 @@ async def _drive(
         unfinished = [t for t in trials if not t.status.terminal]
         if unfinished and not reason:
             reason = f"{len(unfinished)} trials had not finished"
-        status = "DONE" if ok else "STOPPED"
+        status = "DONE" if ok else ("FAILED" if coordinator.failure else "STOPPED")
         await coordinator.stop(status=status, reason=reason)
     trials = coordinator.trials()
     if on_progress:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +86,6 @@ class TrialState:
     not_before: float = 0.0
     log_refused: bool = False  # a bad log chunk was reported once
     env_overrides: dict[str, str] = field(default_factory=dict)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def placed(self) -> bool:
@@ -126,7 +124,8 @@ class EnvState:
     hostname: str = ""
     instance_id: str = ""
     last_seq: int = 0
-    link: Any = None  # the servicer's AgentLink while a stream is open
+    link: int | None = None  # the shell's id of the agent's open stream
+    started_here: bool = True  # the coordinator started it (not an agent an operator started)
     holders: set[str] = field(default_factory=set)
     gpus: list[GpuSlot] = field(default_factory=list)
     gpu_names: dict[str, str] = field(default_factory=dict)

@@ -1,6 +1,7 @@
-"""The gRPC edge: accepts agent streams, checks them, and hands messages to the core.
+"""The gRPC edge: accepts agent streams, checks them, and hands them to the core as events.
 
-Only this module and the agent's session touch generated protobuf code on the wire.
+Only this module and ``wire.py`` beside it (which turns messages into the core's events
+and back) touch generated protobuf code on the coordinator's side.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import collections
 import contextlib
 import functools
 import hmac
+import itertools
 import logging
 from typing import Literal, NoReturn, Protocol
 
@@ -18,11 +20,14 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from trialkeeper.protos.wire import PROTOCOL_VERSION
+
+from . import events as ev
+from . import wire
 
 log = logging.getLogger(__name__)
 
 TOKEN_METADATA_KEY = "x-trialkeeper-token"
-PROTOCOL_VERSION = 1
 REGISTER_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Per-stream outbound messages a slow agent may have queued before its stream is ended.
@@ -34,12 +39,14 @@ MAX_SEQ = 2**63 - 1
 MAX_ENVIRONMENT_ID_CHARS = 128
 
 
-class AgentRejected(Exception):
-    """The core refuses an agent; ``code`` is the gRPC status the agent sees."""
+# Why the core refuses an agent, as the gRPC status the agent sees.
+REFUSAL_CODES = {
+    ev.Refusal.NOT_NOW: grpc.StatusCode.FAILED_PRECONDITION,
+    ev.Refusal.UNKNOWN_ENVIRONMENT: grpc.StatusCode.FAILED_PRECONDITION,
+    ev.Refusal.ALREADY_CONNECTED: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+_link_ids = itertools.count(1)
 
 
 class AgentLink:
@@ -52,21 +59,24 @@ class AgentLink:
     """
 
     def __init__(self, peer: str) -> None:
+        self.id = next(_link_ids)
         self.peer = peer
+        #: Why the core ended this stream with an error ('' for a plain close).
+        self.error = ""
         self._queue: collections.deque[pb.CoordinatorMessage | None] = collections.deque()
         self._ack: int | None = None
         self._wakeup = asyncio.Event()
         self._urgent = asyncio.Event()
         self.closed = False
 
-    def send(self, msg: pb.CoordinatorMessage) -> None:
+    def send(self, message: ev.ToAgent) -> None:
         if self.closed:
             return
         if len(self._queue) >= OUTBOUND_LIMIT:
             log.warning("agent %s is not reading its stream; closing it", self.peer)
             self.close()
             return
-        self._queue.append(msg)
+        self._queue.append(wire.to_agent(message))
         self._wakeup.set()
         self._urgent.set()
 
@@ -74,7 +84,14 @@ class AgentLink:
         self._ack = seq if self._ack is None else max(self._ack, seq)
         self._wakeup.set()
 
+    def fail(self, details: str) -> None:
+        """End the stream with an INTERNAL error carrying ``details``."""
+        self.error = details
+        self.close()
+
     def close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
         self._queue.append(None)
         self._wakeup.set()
@@ -102,11 +119,11 @@ class AgentLink:
 
 
 class Core(Protocol):
-    """What the servicer needs from the coordinator."""
+    """What the servicer needs from the coordinator (its shell)."""
 
-    def agent_connected(self, register: pb.Register, link: AgentLink) -> None: ...
+    def agent_connected(self, registered: ev.AgentRegistered, link: AgentLink) -> ev.RefuseAgent | None: ...
 
-    def agent_message(self, env_id: str, link: AgentLink, msg: pb.AgentMessage) -> None: ...
+    def agent_event(self, event: wire.AgentEvent, link: AgentLink) -> None: ...
 
     def agent_disconnected(self, env_id: str, link: AgentLink) -> None: ...
 
@@ -158,11 +175,10 @@ class Servicer(pb_grpc.CoordinatorServicer):
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register.{bad} is out of range")
         link = AgentLink(peer)
-        try:
-            self.core.agent_connected(reg, link)
-        except AgentRejected as e:
-            log.warning("refused agent for %s from %s: %s", reg.environment_id, peer, e)
-            await context.abort(e.code, str(e))
+        refusal = self.core.agent_connected(wire.registered(reg, link.id), link)
+        if refusal is not None:
+            log.warning("refused agent for %s from %s: %s", reg.environment_id, peer, refusal.message)
+            await context.abort(REFUSAL_CODES[refusal.why], refusal.message)
         pump = asyncio.create_task(link.pump(context))
         env_id = reg.environment_id
         # Reads are awaited directly in this task (a task per read would cost two more loop
@@ -217,14 +233,13 @@ class Servicer(pb_grpc.CoordinatorServicer):
                 # kinds are checked there (a message it cannot store is skipped, loudly).
                 if msg.HasField("heartbeat") and (bad := _heartbeat_out_of_range(msg.heartbeat)):
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat.{bad} is out of range")
-                try:
-                    self.core.agent_message(env_id, link, msg)
-                except Exception:
-                    # A bug, or input the core did not foresee: this stream ends, the others go on.
-                    log.exception("environment %s: a message could not be handled; ending its stream", env_id)
-                    await abort(
-                        grpc.StatusCode.INTERNAL, "the coordinator could not handle a message; see its log"
-                    )
+                event = wire.agent_event(env_id, link.id, msg)
+                if event is None:
+                    log.warning("environment %s sent an unexpected %s message; ignored", env_id, msg.WhichOneof("body"))
+                    continue
+                self.core.agent_event(event, link)
+            if link.error:
+                await abort(grpc.StatusCode.INTERNAL, link.error)
         except (grpc.aio.AioRpcError, asyncio.CancelledError, ConnectionError) as e:
             log.info("stream of %s ended: %s", env_id, type(e).__name__)
         finally:

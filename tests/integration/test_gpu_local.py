@@ -196,6 +196,8 @@ def test_gpu_samples_are_stored_per_tick_and_a_failing_store_does_not_stop_the_m
             await async_wait_until(lambda: failures, WAIT_S, message="no samples were offered to the store")
             store.add_gpu_samples = real  # type: ignore[method-assign]
             assert (await b.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
-            assert c._monitor is not None and not c._monitor.done()
+            # The monitor is still running: a background task that died would fail the experiment.
+            assert c._shell is not None and c._shell._monitor is not None and not c._shell._monitor.done()
+            assert not c.failure
 
     run_async(body)

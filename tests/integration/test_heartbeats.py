@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.events import HeartbeatReceived
 from trialkeeper.coordinator.states import EnvStatus
 
 WAIT_S = 30.0
@@ -28,13 +29,15 @@ def test_heartbeats_are_spread_out_to_stay_under_the_coordinators_budget(tmp_pat
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             beats: dict[str, list[float]] = {}
-            on_heartbeat = c._on_heartbeat
+            assert c._shell is not None
+            agent_event = c._shell.agent_event
 
-            def recording(env, hb):  # type: ignore[no-untyped-def]
-                beats.setdefault(env.id, []).append(time.monotonic())
-                on_heartbeat(env, hb)
+            def recording(event, link):  # type: ignore[no-untyped-def]
+                if isinstance(event, HeartbeatReceived):
+                    beats.setdefault(event.env_id, []).append(time.monotonic())
+                agent_event(event, link)
 
-            c._on_heartbeat = recording  # type: ignore[method-assign]
+            c._shell.agent_event = recording  # type: ignore[method-assign]
             await async_wait_until(
                 lambda: sum(e.status is EnvStatus.READY for e in c.environments()) == 3, WAIT_S,
                 message="three agents never registered",

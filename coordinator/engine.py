@@ -1,0 +1,515 @@
+"""The decision core: trial and environment lifecycles, placement, retries, loss, drain.
+
+``Engine.handle(event, now=..., wall=...)`` takes one event and returns the instructions
+that carry its consequences out (store writes, messages to agents, environments to start
+or stop, events to publish). ``now`` is a monotonic clock for timers, ``wall`` the time of
+day for what is stored. Nothing here does I/O or reads a clock, so every scenario is a
+unit test in virtual time (tests/unit/test_engine.py); ``shell.py`` runs it for real.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import events as ev
+from . import scheduler
+from .envrules import EnvironmentRules
+from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
+from .states import EnvStatus, TrialStatus, check_trial
+from .store import MetricRow
+
+log = logging.getLogger(__name__)
+
+# Retries of a trial wait 1, 2, 4, ... seconds, at most RETRY_BACKOFF_MAX_S.
+RETRY_BACKOFF_S = 1.0
+RETRY_BACKOFF_MAX_S = 60.0
+CANCEL_GRACE_S = 5.0
+# How long an agent may take to register once its platform runs it (queue time not counted).
+AGENT_START_TIMEOUT_S = 60.0
+# How often a GPU sample of each environment is kept (and on every change of holders).
+GPU_SAMPLE_INTERVAL_S = 5.0
+
+_STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the core needs to know of the experiment's config, as plain values."""
+
+    experiment_id: str
+    platform: str
+    reuse: bool
+    trial_concurrency: int
+    environment_count: int
+    trial_slots: int  # per environment in reuse mode
+    max_trial_retries: int = 0
+    retry_failed_trials: bool = False
+    max_trial_duration_s: float = 0.0
+    trial_env: Mapping[str, str] = field(default_factory=dict)
+    trial_gpu_memory: int = 0
+    heartbeat_interval_s: float = 1.0
+    max_heartbeats_per_second: float = 1000.0
+    agent_lost_timeout_s: float = 10.0
+    trial_lost_timeout_s: float = 30.0
+    agent_start_timeout_s: float = AGENT_START_TIMEOUT_S
+    placement: str = "pack"
+    simulated_gpus: int = 0
+    gpu_indices: tuple[int, ...] | None = None
+    # Agents see the coordinator's file system: streamed logs of its own agents are dropped.
+    shares_filesystem: bool = False
+    working_directory: str = ""  # where trials run, as agents see it
+    # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
+    gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
+
+
+class Engine(EnvironmentRules):
+    """The state of one experiment's trials and environments, and every decision on it."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.trials: dict[str, TrialState] = {}
+        self.queue: list[str] = []
+        self.envs: dict[str, EnvState] = {}
+        self.stopping = False
+        self.started = False
+        # Publish a MetricEvent per stored metric (only while someone listens: it costs).
+        self.publish_metrics = False
+        self.env_error = ""
+        self.beat_scale = 1.0
+        self._env_counter = 0
+        self._failed_starts = 0
+        self._next_seq = 0
+        self._linked: set[str] = set()
+        self._closing: set[int] = set()  # links the core closed, not yet reported disconnected
+        self._gpu_rows: list[Any] = []
+        self._out: list[ev.Instruction] = []
+        self.now = 0.0
+        self.wall = 0.0
+
+    # ---- the one entry point ---------------------------------------------------------------
+
+    def handle(self, event: ev.Event, *, now: float, wall: float) -> list[ev.Instruction]:
+        self.now, self.wall = now, wall
+        self._out = out = []
+        match event:
+            case ev.AgentReported():
+                self._reported(event)
+            case ev.HeartbeatReceived():
+                self._heartbeat(event)
+            case ev.AgentRegistered():
+                self._registered(event)
+            case ev.AgentDisconnected():
+                self._disconnected(event)
+            case ev.TrialSubmitted():
+                self._submitted(event)
+            case ev.CancelRequested():
+                self._cancel(event.trial_id, event.reason, event.status)
+            case ev.EnvironmentStarted() | ev.EnvironmentStartFailed():
+                self._env_start_answered(event)
+            case ev.EnvironmentsPolled():
+                self._polled(event.observations)
+            case ev.Ticked():
+                self._schedule()
+                self._reconcile()
+                if self._gpu_rows:
+                    rows, self._gpu_rows = tuple(self._gpu_rows), []
+                    out.append(ev.StoreGpuSamples(rows))
+            case ev.StopRequested():
+                self._stop(event.grace_s)
+            case ev.StopCompleted():
+                self._stop_completed()
+            case _:
+                raise TypeError(f"not an event: {event!r}")
+        self._out = []
+        return out
+
+    def start(self, *, now: float, wall: float) -> list[ev.Instruction]:
+        """The coordinator is up: environments are asked for."""
+        self.started = True
+        return self.handle(ev.Ticked(), now=now, wall=wall)
+
+    # ---- queries (the facade's) --------------------------------------------------------------
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.policy.heartbeat_interval_s * self.beat_scale
+
+    def all_done(self) -> bool:
+        return all(t.status.terminal for t in self.trials.values())
+
+    def never_fits(self, gpus: int, memory: int = 0) -> str:
+        """Why a trial asking for ``gpus`` GPUs with ``memory`` bytes each could never run
+        here, or '' when it could (or when only agents yet to register can tell)."""
+        if gpus == 0:
+            return ""
+        offered = self._gpus_offered()
+        if offered is not None and gpus > offered:
+            return (
+                f"trial asks for {gpus} GPU{'' if gpus == 1 else 's'} but no environment offers more than {offered}; "
+                f"lower trialGpuNumber or add GPUs (gpuIndices/simulatedGpus)"
+            )
+        if memory:
+            registered = [e for e in self.envs.values() if e.instance_id and not e.status.terminal and e.gpus]
+            big = [sum(1 for g in e.gpus if not g.memory_total_bytes or g.memory_total_bytes >= memory) for e in registered]
+            if registered and max(big) < gpus:
+                largest = max(g.memory_total_bytes for e in registered for g in e.gpus)
+                return (
+                    f"trial asks for {gpus} GPU(s) with {memory / 2**30:.1f} GiB each but no environment has "
+                    f"{gpus} GPU(s) that large (the largest has {largest / 2**30:.1f} GiB); lower trialGpuMemory"
+                )
+        return ""
+
+    def _gpus_offered(self) -> int | None:
+        registered = [len(e.gpus) for e in self.envs.values() if e.instance_id and not e.status.terminal]
+        if registered:
+            return max(registered)
+        if self.policy.simulated_gpus:
+            indices = self.policy.gpu_indices
+            return min(self.policy.simulated_gpus, len(indices)) if indices else self.policy.simulated_gpus
+        return None
+
+    # ---- the embedding API's events ----------------------------------------------------------
+
+    def _submitted(self, e: ev.TrialSubmitted) -> None:
+        if e.trial_id in self.trials:
+            raise ValueError(f"trial {e.trial_id} was submitted twice")
+        t = TrialState(
+            id=e.trial_id, seq=self._next_seq, status=TrialStatus.WAITING, parameters=e.parameters,
+            command=e.command, gpu_number=e.gpu_number, gpu_memory=e.gpu_memory if e.gpu_number else 0,
+            submitted_at=self.wall, env_overrides=dict(e.env_overrides),
+        )
+        self._next_seq += 1
+        self._out.append(ev.InsertTrial({
+            "id": t.id, "seq": t.seq, "status": t.status.value, "parameters_json": json.dumps(t.parameters),
+            "command": t.command, "gpu_number": t.gpu_number, "submitted_at": t.submitted_at,
+        }))
+        self.trials[t.id] = t
+        self.queue.append(t.id)
+        self._out.append(ev.Publish(StatusEvent(t.info(), TrialStatus.WAITING)))
+
+    def _cancel(self, trial_id: str, reason: str, status: TrialStatus) -> None:
+        t = self.trials[trial_id]
+        if t.status.terminal:
+            return
+        if not t.placed:
+            self.queue.remove(trial_id)
+            self._trial_to(t, status, reason)
+            return
+        t.cancel_status = status
+        t.reason = reason
+        # Shown while the agent stops it; the end replaces it with the final reason.
+        self._out.append(ev.UpdateTrial(t.id, {"reason": f"stopping: {reason}"}))
+        env = self.envs.get(t.env_id or "")
+        if env is not None and env.link is not None:
+            self._out.append(ev.Send(env.link, ev.CancelTrial(trial_id, CANCEL_GRACE_S, reason)))
+
+    def _stop(self, grace_s: float) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        for t in sorted(self.trials.values(), key=lambda t: t.seq):
+            if not t.status.terminal:
+                self._cancel(t.id, "the experiment stopped", TrialStatus.SYS_CANCELED)
+        for env in self.live_envs():
+            self._shutdown_env(env, drain=False, reason="the experiment stopped", grace_s=grace_s)
+
+    def _stop_completed(self) -> None:
+        for env in self.live_envs():
+            self._env_to(env, EnvStatus.STOPPED, "the experiment stopped")
+        for t in sorted(self.trials.values(), key=lambda t: t.seq):
+            if not t.status.terminal:
+                self._trial_to(t, TrialStatus.SYS_CANCELED, "the experiment stopped before the agent confirmed")
+        if self._gpu_rows:
+            rows, self._gpu_rows = tuple(self._gpu_rows), []
+            self._out.append(ev.StoreGpuSamples(rows))
+
+    # ---- numbered agent messages -------------------------------------------------------------
+
+    def _current(self, env_id: str, link: int) -> EnvState | None:
+        env = self.envs.get(env_id)
+        if env is None or env.link != link:
+            return None  # a stream that was replaced
+        env.last_seen = self.now
+        if env.status is EnvStatus.LOST:
+            self._env_to(env, EnvStatus.BUSY if env.holders else EnvStatus.READY, "its agent is heard from again")
+        return env
+
+    def _reported(self, m: ev.AgentReported) -> None:
+        env = self._current(m.env_id, m.link)
+        if env is None:
+            return
+        if m.seq == 0:
+            log.warning("environment %s sent a message without a sequence number; ignored", env.id)
+            return
+        if m.seq <= env.last_seq:
+            self._out.append(ev.Ack(m.link, env.last_seq))  # a replay of something already stored
+            return
+        mark = len(self._out)
+        try:
+            report = m.report
+            if isinstance(report, ev.MetricsReported):
+                self._metrics(env, report.rows)
+            elif isinstance(report, ev.TrialStartReported):
+                self._trial_started(env, report)
+            elif isinstance(report, ev.TrialEndReported):
+                self._trial_ended(env, report)
+            elif isinstance(report, ev.LogReported):
+                self._log(env, report)
+        except Exception:
+            # A message we cannot apply must not be replayed forever: skip it, loudly.
+            log.exception("environment %s: could not apply message #%d; skipped", env.id, m.seq)
+            del self._out[mark:]
+        env.last_seq = m.seq
+        self._out.append(ev.UpdateEnvironment(env.id, {"last_seq": m.seq}))
+        self._out.append(ev.Ack(m.link, m.seq))
+
+    def _own_trial(self, env: EnvState, trial_id: str, what: str) -> TrialState | None:
+        t = self.trials.get(trial_id)
+        if t is None or t.env_id != env.id:
+            env.ignored_messages += 1
+            # Logged, but not one line per message: a broken or hostile agent may send many.
+            if env.ignored_messages <= 10 or env.ignored_messages % 1000 == 0:
+                log.warning(
+                    "environment %s reported %s for trial %r, which is not placed there; ignored (%d so far)",
+                    env.id, what, trial_id, env.ignored_messages,
+                )
+            return None
+        return t
+
+    def _trial_started(self, env: EnvState, m: ev.TrialStartReported) -> None:
+        t = self._own_trial(env, m.trial_id, "a start")
+        if t is None or t.status is not TrialStatus.WAITING:
+            return
+        t.started_at = m.started_at or self.wall
+        self._out.append(ev.UpdateTrial(t.id, {"started_at": t.started_at}))
+        self._trial_to(t, TrialStatus.RUNNING, f"running on {env.id} (pid {m.pid})")
+
+    def _metrics(self, env: EnvState, metrics: Iterable[MetricRow]) -> None:
+        rows: list[MetricRow] = []
+        finals: dict[str, MetricRow] = {}
+        owned: dict[str, TrialState | None] = {}
+        for row in metrics:  # every metric a trial reports passes here: kept lean
+            trial_id = row.trial_id
+            t = owned[trial_id] if trial_id in owned else owned.setdefault(trial_id, self._own_trial(env, trial_id, "a metric"))
+            if t is None or not math.isfinite(row.value):
+                continue
+            rows.append(row)
+            if row.kind == "final":
+                finals[trial_id] = row
+        self._out.append(ev.StoreMetrics(tuple(rows)))
+        for trial_id, row in finals.items():
+            t = self.trials[trial_id]
+            t.final_metric, t.final_metric_json = row.value, row.value_json
+            self._out.append(ev.UpdateTrial(trial_id, {"final_metric": row.value, "final_metric_json": row.value_json}))
+        if self.publish_metrics:
+            for r in rows:
+                self._out.append(ev.Publish(MetricEvent(r.trial_id, r.kind, r.index, r.value, _loads(r.value_json))))
+
+    def _log(self, env: EnvState, chunk: ev.LogReported) -> None:
+        if self.policy.shares_filesystem and env.started_here:
+            return  # its agent writes the files the coordinator reads
+        if self._own_trial(env, chunk.trial_id, "log output") is not None:
+            self._out.append(ev.WriteLog(chunk.trial_id, chunk.stream, chunk.offset, chunk.data))
+
+    def _trial_ended(self, env: EnvState, m: ev.TrialEndReported) -> None:
+        t = self._own_trial(env, m.trial_id, "an end")
+        if t is None or t.status.terminal:
+            return
+        t.exit_code, t.signal, t.stderr_tail = m.exit_code, m.signal, m.stderr_tail
+        t.ended_at = m.ended_at or self.wall
+        if m.outcome is ev.Outcome.SUCCEEDED:
+            new, reason = TrialStatus.SUCCEEDED, ""
+        elif m.outcome is ev.Outcome.CANCELED and t.cancel_status is not None:
+            new, reason = t.cancel_status, t.reason
+        elif m.outcome is ev.Outcome.LOST and t.cancel_status is None:
+            # Gone with its environment, like a trial on a lost agent: retried within
+            # maxTrialRetries whether or not failed trials are retried.
+            self._out.append(ev.UpdateTrial(t.id, {"exit_code": t.exit_code, "signal": t.signal, "ended_at": t.ended_at}))
+            self._lose_trials(env, m.reason or "its environment was stopped", keep=env.holders - {t.id})
+            return
+        else:
+            new, reason = TrialStatus.FAILED, m.reason or "the trial failed"
+        if t.status is TrialStatus.WAITING and new not in (
+            TrialStatus.FAILED, TrialStatus.USER_CANCELED, TrialStatus.SYS_CANCELED
+        ):
+            new = TrialStatus.FAILED if new is TrialStatus.SUCCEEDED else TrialStatus.USER_CANCELED
+        self._out.append(ev.UpdateTrial(t.id, {
+            "exit_code": t.exit_code, "signal": t.signal, "stderr_tail": t.stderr_tail, "ended_at": t.ended_at,
+        }))
+        self._release(env, t, still_in_use=m.gpus_still_in_use)
+        policy = self.policy
+        if (
+            new is TrialStatus.FAILED
+            and t.cancel_status is None
+            and policy.retry_failed_trials
+            and t.attempts <= policy.max_trial_retries
+            and not self.stopping
+        ):
+            t.ended_at = None
+            self._retry(t, f"it failed ({reason})")
+        else:
+            self._trial_to(t, new, reason)
+        if env.single_use:
+            self._shutdown_env(env, drain=True, reason="its trial ended (reuse mode is off)")
+
+    # ---- placing trials ----------------------------------------------------------------------
+
+    def _capacity_views(self) -> list[scheduler.EnvCapacity]:
+        return [
+            scheduler.EnvCapacity(
+                env_id=env.id,
+                trial_slots=env.trial_slots,
+                holders=env.holders,
+                gpus=env.gpus,
+                use_active_gpu=env.use_active_gpu,
+                accepting=(
+                    env.status in (EnvStatus.READY, EnvStatus.BUSY)
+                    and env.link is not None
+                    and not env.draining
+                    and not env.shutdown_sent
+                    and not (env.single_use and env.used)
+                ),
+            )
+            for env in self.envs.values()
+        ]
+
+    def _schedule(self) -> None:
+        if not self.queue or self.stopping:
+            return
+        running = sum(len(e.holders) for e in self.envs.values())
+        demands = [
+            scheduler.Demand(tid, self.trials[tid].gpu_number, self.trials[tid].gpu_memory)
+            for tid in self.queue
+            if self.trials[tid].not_before <= self.now
+        ]
+        decision = scheduler.place(
+            demands, self._capacity_views(), max_running=self.policy.trial_concurrency, running=running,
+            policy=self.policy.placement,
+        )
+        placed = set()
+        for p in decision.placements:
+            t = self.trials[p.trial_id]
+            env = self.envs[p.env_id]
+            t.env_id, t.gpu_uuids, t.gpu_indices = p.env_id, p.gpu_uuids, p.gpu_indices
+            t.attempts += 1
+            t.waiting_reason = f"starting on {env.id}"
+            placed.add(t.id)
+            if env.single_use:
+                env.used = True
+            self._out.append(ev.UpdateTrial(t.id, {
+                "environment_id": env.id, "gpu_indices_json": json.dumps(list(p.gpu_indices)),
+                "gpu_uuids_json": json.dumps(list(p.gpu_uuids)), "attempts": t.attempts,
+            }))
+            if env.status is EnvStatus.READY:
+                self._env_to(env, EnvStatus.BUSY, f"trial {t.id} placed")
+            self._send_start(env, t)
+        if placed:
+            self.queue = [tid for tid in self.queue if tid not in placed]
+        for tid, reason in decision.waiting.items():
+            self.trials[tid].waiting_reason = reason
+
+    def _send_start(self, env: EnvState, t: TrialState) -> None:
+        assert env.link is not None
+        env_vars = dict(self.policy.trial_env)
+        env_vars.update(t.env_overrides)
+        self._out.append(ev.Send(env.link, ev.StartTrial(
+            trial_id=t.id, sequence_id=t.seq, command=t.command, parameters=t.parameters, env=env_vars,
+            gpu_indices=t.gpu_indices, gpu_uuids=t.gpu_uuids, max_duration_s=self.policy.max_trial_duration_s,
+            attempt=t.attempts, experiment_id=self.policy.experiment_id,
+            working_directory=self.policy.working_directory, resumes_metrics=t.attempts > 1,
+        )))
+
+    def _release(
+        self, env: EnvState, t: TrialState, *, processes_gone: bool = False, still_in_use: Iterable[str] = ()
+    ) -> None:
+        """The trial no longer takes a slot of ``env``. Its GPUs are released too, except
+        those on which the agent still sees its processes (``still_in_use``, from its
+        TrialEnded): they stay held until a heartbeat shows them gone. ``processes_gone``:
+        the whole environment is gone, release everything."""
+        env.holders.discard(t.id)
+        scheduler.trial_ended(env.gpus, t.id, {} if processes_gone else {u: {t.id} for u in still_in_use})
+        if env.status is EnvStatus.BUSY and not env.holders:
+            self._env_to(env, EnvStatus.READY, f"trial {t.id} ended")
+
+    def _refuse_unfittable(self) -> None:
+        """Once every environment has registered, fail queued trials that can never run."""
+        if not self.queue:
+            return  # nothing to refuse: skip the walk over every environment (one per agent joining)
+        if any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self.envs.values()):
+            return
+        for tid in list(self.queue):
+            t = self.trials[tid]
+            why = self.never_fits(t.gpu_number, t.gpu_memory)
+            if why:
+                self.queue.remove(tid)
+                self._trial_to(t, TrialStatus.FAILED, f"refused: {why}")
+
+    def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None:
+        """The trials placed on ``env`` are gone with it: retry or fail each."""
+        for tid in sorted(env.holders - keep, key=lambda i: self.trials[i].seq):
+            t = self.trials[tid]
+            self._release(env, t, processes_gone=True)
+            if t.status.terminal:
+                continue
+            if t.cancel_status is not None:
+                self._trial_to(t, t.cancel_status, t.reason)
+            elif t.attempts <= self.policy.max_trial_retries:
+                self._retry(t, f"environment lost ({reason})")
+            else:
+                self._trial_to(t, TrialStatus.FAILED, f"environment lost: {reason}")
+
+    def _retry(self, t: TrialState, why: str) -> None:
+        """Put a trial back at the head of the queue, to be placed after a backoff."""
+        t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
+        delay = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.attempts - 1))
+        t.not_before = self.now + delay
+        retries = self.policy.max_trial_retries
+        t.waiting_reason = f"waiting: retry {t.attempts} of {retries} after {why}"
+        if t.status is TrialStatus.RUNNING:
+            self._trial_to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {retries} in {delay:g} s")
+        self.queue.insert(0, t.id)
+
+    # ---- state changes -----------------------------------------------------------------------
+
+    def _trial_to(self, t: TrialState, new: TrialStatus, reason: str) -> None:
+        check_trial(t.status, new)
+        old = t.status
+        t.status = new
+        if new.terminal or reason:
+            t.reason = reason
+        fields: dict[str, Any] = {"status": new.value, "reason": t.reason}
+        if new.terminal:
+            t.ended_at = t.ended_at or self.wall
+            fields["ended_at"] = t.ended_at
+        self._out.append(ev.UpdateTrial(t.id, fields))
+        self._out.append(ev.RecordTransition("trial", t.id, old.value, new.value, reason))
+        log.info("trial %s: %s -> %s%s", t.id, old.value, new.value, f" ({reason})" if reason else "")
+        self._out.append(ev.Publish(StatusEvent(t.info(), old)))
+
+    def trial_info(self, trial_id: str) -> TrialInfo:
+        return self.trials[trial_id].info()
+
+    def _next_env_id(self) -> str:
+        # Past every id in use: an agent an operator started by hand may have taken one.
+        self._env_counter += 1
+        while f"env-{self._env_counter}" in self.envs:
+            self._env_counter += 1
+        return f"env-{self._env_counter}"
+
+    def _saw_env_id(self, env_id: str) -> None:
+        m = _STARTED_ENV_ID.fullmatch(env_id)
+        if m:
+            self._env_counter = max(self._env_counter, int(m.group(1)))
+
+
+def _loads(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

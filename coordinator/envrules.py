@@ -1,0 +1,341 @@
+"""The decision core's environment half: agents joining and leaving, heartbeats and GPU
+samples, starting and replacing environments, what the platform observes, drain.
+
+A part of :class:`~trialkeeper.coordinator.engine.Engine` (which mixes it in); like the
+rest of the core it does no I/O and reads no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import events as ev
+from . import scheduler
+from .model import EnvState, TrialState
+from .states import EnvStatus, TrialStatus, check_env
+from .store import GpuSampleRow
+
+if TYPE_CHECKING:
+    from .engine import Policy
+
+log = logging.getLogger(__name__)
+
+
+class EnvironmentRules:
+    # Kept by Engine; declared here for the type checker.
+    policy: Policy
+    trials: dict[str, TrialState]
+    queue: list[str]
+    envs: dict[str, EnvState]
+    stopping: bool
+    started: bool
+    env_error: str
+    beat_scale: float
+    now: float
+    wall: float
+    _failed_starts: int
+    _linked: set[str]
+    _closing: set[int]
+    _gpu_rows: list[Any]
+    _out: list[ev.Instruction]
+
+    if TYPE_CHECKING:
+        def _schedule(self) -> None: ...
+        def _send_start(self, env: EnvState, t: TrialState) -> None: ...
+        def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None: ...
+        def _refuse_unfittable(self) -> None: ...
+        def _trial_to(self, t: TrialState, new: TrialStatus, reason: str) -> None: ...
+        def _next_env_id(self) -> str: ...
+        def _saw_env_id(self, env_id: str) -> None: ...
+        @property
+        def heartbeat_interval(self) -> float: ...
+
+    def live_envs(self) -> list[EnvState]:
+        return [e for e in self.envs.values() if not e.status.terminal]
+
+    # ---- agents ------------------------------------------------------------------------------
+
+    def _refuse(self, env_id: str, why: ev.Refusal, message: str) -> None:
+        self._out.append(ev.RefuseAgent(env_id, why, message))
+
+    def _registered(self, reg: ev.AgentRegistered) -> None:
+        env = self.envs.get(reg.env_id)
+        if self.stopping:
+            return self._refuse(reg.env_id, ev.Refusal.NOT_NOW, "the experiment is stopping")
+        if env is None:
+            if not self.policy.reuse:
+                return self._refuse(
+                    reg.env_id, ev.Refusal.UNKNOWN_ENVIRONMENT,
+                    f"unknown environment {reg.env_id!r}; without reuse mode agents join only environments the coordinator started",
+                )
+            # An operator started this agent by hand: it joins as an extra environment.
+            self._saw_env_id(reg.env_id)
+            env = self._new_env(reg.env_id, platform=reg.platform or "manual", status=EnvStatus.STARTING)
+            env.started_here = False
+        if env.status.terminal:
+            return self._refuse(reg.env_id, ev.Refusal.NOT_NOW, f"environment {env.id} was {env.status.value.lower()}: {env.reason}")
+        if env.link is not None and env.link not in self._closing:
+            if env.instance_id != reg.instance_id:
+                return self._refuse(reg.env_id, ev.Refusal.ALREADY_CONNECTED, f"environment {env.id} already has a connected agent")
+            self._close(env.link)  # the same agent reconnected before its old stream was noticed dead
+        new_instance = env.instance_id != reg.instance_id
+        if new_instance:
+            if env.instance_id:
+                self._lose_trials(env, "its agent restarted", keep=set())
+            env.instance_id = reg.instance_id
+            env.last_seq = 0
+            per_gpu, env.use_active_gpu = self.policy.gpu_policy(env.id)
+            env.gpus = [scheduler.GpuSlot(g.uuid, g.index, per_gpu, memory_total_bytes=g.memory_total_bytes) for g in reg.gpus]
+            env.gpu_names = {
+                g.uuid: g.name + (" (MIG)" if g.mig else "") + (" (simulated)" if g.simulated else "") for g in reg.gpus
+            }
+            env.gpu_reason = reg.gpu_unavailable_reason
+            self._out.append(ev.UpdateEnvironment(env.id, {
+                "hostname": reg.hostname, "agent_instance_id": env.instance_id, "last_seq": 0,
+                "info_json": json.dumps(dict(reg.info)),
+            }))
+        env.hostname = reg.hostname
+        env.link = reg.link
+        self._linked.add(env.id)
+        env.last_seen = self.now
+        self._failed_starts = 0
+        if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
+            self._env_to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
+            if env.holders:
+                self._env_to(env, EnvStatus.BUSY, f"it runs {len(env.holders)} trial(s)")
+        if new_instance:
+            self._refuse_unfittable()
+        active = reg.active_trial_ids
+        unwanted = tuple(sorted(
+            tid for tid in active
+            if tid not in self.trials or self.trials[tid].env_id != env.id or self.trials[tid].cancel_status is not None
+        ))
+        self._out.append(ev.Send(reg.link, ev.Welcome(self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted)))
+        # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
+        for tid in sorted(env.holders - active, key=lambda i: self.trials[i].seq):
+            t = self.trials[tid]
+            if not t.status.terminal and t.cancel_status is None:
+                self._send_start(env, t)
+        self._rescale_heartbeats()  # after the Welcome: it must be the agent's first message
+        self._schedule()
+
+    def _disconnected(self, d: ev.AgentDisconnected) -> None:
+        self._closing.discard(d.link)
+        env = self.envs.get(d.env_id)
+        if env is None or env.link != d.link:
+            return
+        env.link = None
+        self._linked.discard(env.id)
+        log.info("environment %s: agent stream closed", env.id)
+        self._rescale_heartbeats()
+        self._out.append(ev.PollSoon())  # did its process exit? Ask the platform now
+
+    def _close(self, link: int) -> None:
+        self._closing.add(link)
+        self._out.append(ev.CloseLink(link))
+
+    def _rescale_heartbeats(self) -> None:
+        """Stretch (or shrink back) the heartbeat interval to the number of connected agents,
+        with headroom so that a growing fleet changes it a few times, not on every join;
+        connected agents are told at once."""
+        policy = self.policy
+        connected = len(self._linked)
+        needed = max(1.0, connected / (policy.heartbeat_interval_s * policy.max_heartbeats_per_second))
+        if self.beat_scale >= needed and (self.beat_scale <= 1.0 or needed * 2 > self.beat_scale):
+            return
+        self.beat_scale = 1.0 if needed <= 1.0 else needed * 1.25
+        self._out.append(ev.HeartbeatsRescaled(self.heartbeat_interval, connected))
+        message = ev.Settings(self.heartbeat_interval)
+        for e in self.envs.values():
+            if e.link is not None and e.link not in self._closing:
+                self._out.append(ev.Send(e.link, message))
+
+    def _heartbeat(self, hb: ev.HeartbeatReceived) -> None:
+        env = self._current(hb.env_id, hb.link)
+        if env is None:
+            return
+        if hb.gpus or env.gpus:
+            self._gpus_sampled(env, hb.gpus)
+        if hb.draining and not env.draining:
+            env.draining = True
+            if env.status in (EnvStatus.READY, EnvStatus.BUSY):
+                self._env_to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
+
+    if TYPE_CHECKING:
+        def _current(self, env_id: str, link: int) -> EnvState | None: ...
+
+    def _gpus_sampled(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:
+        totals = {g.uuid: g.memory_total_bytes for g in env.gpus}
+        env.gpu_usage = gpu_usage = {}
+        seen: dict[str, set[str]] = {}
+        usage: dict[str, dict[str, int]] = {}
+        memory_used: dict[str, int] = {}
+        foreign = set()
+        for s in samples:
+            uuid, used = s.uuid, s.memory_used_bytes
+            memory_used[uuid] = used
+            gpu_usage[uuid] = (s.utilization_percent, used, totals.get(uuid, 0))
+            for p in s.processes:
+                if p.trial_id:
+                    seen.setdefault(uuid, set()).add(p.trial_id)
+                    per = usage.setdefault(uuid, {})
+                    per[p.trial_id] = per.get(p.trial_id, 0) + p.used_memory_bytes
+                else:
+                    foreign.add(uuid)
+        env.gpu_seen = seen
+        was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
+        released = scheduler.gpu_sampled(env.gpus, seen, foreign=foreign, memory_used=memory_used, usage=usage)
+        for uuid, tid in released:
+            log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
+        if samples:
+            self._record_gpu_samples(env, samples)
+        if released or was_foreign != foreign:
+            self._schedule()
+
+    def _record_gpu_samples(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:
+        """Keep a GPU sample of ``env`` every GPU_SAMPLE_INTERVAL_S, and whenever the set of
+        trials on its GPUs changed, so short trials have samples too."""
+        from .engine import GPU_SAMPLE_INTERVAL_S
+
+        holders_now = [g.holders for g in env.gpus]
+        if self.now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and holders_now == env.gpu_recorded_holders:
+            return
+        env.gpu_recorded_at, env.gpu_recorded_holders = self.now, [set(h) for h in holders_now]
+        holders = {g.uuid: g.holders for g in env.gpus}
+        # Stored at the next tick: a tick's samples of every environment in one transaction.
+        self._gpu_rows.extend(
+            GpuSampleRow(
+                self.wall, env.id, s.uuid, s.utilization_percent, s.memory_used_bytes, env.gpu_usage[s.uuid][2],
+                tuple(sorted(holders.get(s.uuid, set()) | env.gpu_seen.get(s.uuid, set()))),
+            )
+            for s in samples
+        )
+
+    # ---- environments ------------------------------------------------------------------------
+
+    def _new_env(self, env_id: str, *, platform: str, status: EnvStatus) -> EnvState:
+        reuse = self.policy.reuse
+        env = EnvState(
+            id=env_id, status=status, single_use=not reuse, trial_slots=self.policy.trial_slots if reuse else 1,
+            requested_at=self.now,
+        )
+        self.envs[env_id] = env
+        self._out.append(ev.InsertEnvironment(env_id, platform, status.value))
+        return env
+
+    def _wanted_new_envs(self) -> int:
+        live = self.live_envs()
+        if self.policy.reuse:
+            return max(1, self.policy.environment_count) - len(live)
+        # One environment per trial: as many as waiting trials need, within trialConcurrency.
+        fresh = [e for e in live if not e.used and not e.shutdown_sent]
+        busy = sum(1 for e in live if e.used and e.holders)
+        room = self.policy.trial_concurrency - busy - len(fresh)
+        return min(len(self.queue) - len(fresh), room)
+
+    def _reconcile(self) -> None:
+        if self.stopping or not self.started or self.env_error:
+            return
+        limit = max(3, 2 * self.policy.trial_concurrency)
+        for _ in range(max(0, self._wanted_new_envs())):
+            if self._failed_starts >= limit:
+                self._give_up_envs(limit)
+                return
+            env = self._new_env(self._next_env_id(), platform=self.policy.platform, status=EnvStatus.REQUESTED)
+            self._out.append(ev.StartEnvironment(env.id))
+
+    def _give_up_envs(self, limit: int) -> None:
+        last = next((e.reason for e in reversed(list(self.envs.values())) if e.status is EnvStatus.FAILED), "")
+        self.env_error = f"{limit} environments in a row failed to start; last: {last}"
+        log.error("%s", self.env_error)
+        for tid in list(self.queue):
+            self.queue.remove(tid)
+            self._trial_to(self.trials[tid], TrialStatus.FAILED, f"no environment could be started: {last}")
+
+    def _env_start_answered(self, answer: ev.EnvironmentStarted | ev.EnvironmentStartFailed) -> None:
+        env = self.envs.get(answer.env_id)
+        if env is None or env.status is not EnvStatus.REQUESTED:
+            return
+        if isinstance(answer, ev.EnvironmentStartFailed):
+            self._failed_starts += 1
+            self._env_to(env, EnvStatus.FAILED, answer.error)
+        else:
+            env.platform_id = answer.platform_id
+            self._out.append(ev.UpdateEnvironment(env.id, {"platform_id": answer.platform_id}))
+            self._env_to(env, EnvStatus.STARTING, f"started ({answer.platform_id})")
+        self._reconcile()
+
+    def _shutdown_env(self, env: EnvState, *, drain: bool, reason: str, grace_s: float = 5.0) -> None:
+        if env.shutdown_sent:
+            return
+        env.shutdown_sent = True
+        if env.link is not None:
+            self._out.append(ev.Send(env.link, ev.Shutdown(drain, grace_s, reason)))
+        if env.status in (EnvStatus.READY, EnvStatus.BUSY):
+            self._env_to(env, EnvStatus.DRAINING, reason)
+        self._out.append(ev.PollSoon())
+
+    def _polled(self, observations: Mapping[str, ev.Observation]) -> None:
+        policy = self.policy
+        now = self.now
+        lost_after = policy.agent_lost_timeout_s * self.beat_scale
+        for env in self.live_envs():
+            obs = observations.get(env.id)
+            ended = obs is not None and obs.state in ("exited", "failed")
+            if env.status in (EnvStatus.REQUESTED, EnvStatus.STARTING):
+                if ended:
+                    assert obs is not None
+                    self._failed_starts += 1
+                    self._env_to(env, EnvStatus.FAILED, f"agent did not register: {obs.detail}")
+                    # What the platform still holds for it (a pod that cannot pull its image
+                    # keeps its node's GPUs) goes now, not when the experiment ends.
+                    self._out.append(ev.StopEnvironment(env.id, 5.0))
+                elif env.status is EnvStatus.STARTING and obs is not None and obs.state == "starting":
+                    # Still queued on the platform (a pending Slurm job, an unscheduled pod):
+                    # waiting there is the platform's business, so the agent's start clock
+                    # runs from when the platform runs it.
+                    env.requested_at = now
+                    if obs.detail and obs.detail != env.reason:
+                        env.reason = obs.detail
+                        self._out.append(ev.UpdateEnvironment(env.id, {"reason": obs.detail}))
+                elif env.status is EnvStatus.STARTING and now - env.requested_at > policy.agent_start_timeout_s:
+                    self._failed_starts += 1
+                    self._env_to(env, EnvStatus.FAILED, f"agent did not register within {policy.agent_start_timeout_s:.0f} s")
+                    self._out.append(ev.StopEnvironment(env.id, 5.0))
+                continue
+            if ended and env.link is None:
+                assert obs is not None
+                self._lose_trials(env, obs.detail, keep=set())
+                # Asked to stop, or drained by an operator: stopped. A platform that says the
+                # job failed (preempted, say: its agent may have been draining on the
+                # platform's own signal) gets the last word.
+                if env.shutdown_sent or (env.status is EnvStatus.DRAINING and obs.state != "failed"):
+                    self._env_to(env, EnvStatus.STOPPED, obs.detail or "agent exited")
+                else:
+                    self._env_to(env, EnvStatus.FAILED, obs.detail or "agent exited")
+            elif env.status is not EnvStatus.LOST and now - env.last_seen > lost_after:
+                # First timer: the agent is unreachable. Nothing new goes to it, but its
+                # trials may well be running still; it can come back and carry on.
+                self._env_to(env, EnvStatus.LOST, f"agent unreachable: no heartbeat for {now - env.last_seen:.1f} s")
+            elif env.status is EnvStatus.LOST and now - env.last_seen > policy.trial_lost_timeout_s * self.beat_scale:
+                # Second timer: give its trials up (retry or fail) and replace it.
+                reason = f"no heartbeat for {now - env.last_seen:.1f} s"
+                self._lose_trials(env, reason, keep=set())
+                self._env_to(env, EnvStatus.FAILED, f"agent lost: {reason}")
+                if env.link is not None:
+                    self._close(env.link)
+                self._out.append(ev.StopEnvironment(env.id, 0.0))
+
+    def _env_to(self, env: EnvState, new: EnvStatus, reason: str) -> None:
+        check_env(env.status, new)
+        old = env.status
+        env.status = new
+        env.reason = reason
+        self._out.append(ev.UpdateEnvironment(env.id, {
+            "status": new.value, "reason": reason, "ended_at": self.wall if new.terminal else None,
+        }))
+        self._out.append(ev.RecordTransition("environment", env.id, old.value, new.value, reason))
+        log.info("environment %s: %s -> %s (%s)", env.id, old.value, new.value, reason)

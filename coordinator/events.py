@@ -1,0 +1,371 @@
+"""What the decision core hears (events, named in the past tense) and what it asks the shell
+to do (instructions, in the imperative).
+
+Plain frozen dataclasses: no protobuf, no gRPC, no asyncio. The transport turns agent
+messages into events (``wire.py``) and the core's messages to agents back into protobuf;
+the shell (``shell.py``) feeds the rest and carries every instruction out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import MetricEvent, StatusEvent
+from .states import TrialStatus
+from .store import GpuSampleRow, MetricRow
+
+# ---- what agents say (the transport's events) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as an agent registered it."""
+
+    uuid: str
+    index: int
+    name: str
+    memory_total_bytes: int
+    simulated: bool = False
+    mig: bool = False
+
+
+@dataclass(frozen=True)
+class AgentRegistered:
+    """An agent opened a stream (``link``: the shell's id of that stream) and registered."""
+
+    env_id: str
+    link: int
+    instance_id: str
+    hostname: str
+    pid: int
+    platform: str
+    gpus: tuple[GpuInfo, ...]
+    gpu_unavailable_reason: str
+    active_trial_ids: frozenset[str]
+    info: Mapping[str, Any]  # what is kept about the agent as it registered (the store's info_json)
+
+
+@dataclass(frozen=True)
+class AgentDisconnected:
+    env_id: str
+    link: int
+
+
+@dataclass(frozen=True)
+class TrialStartReported:
+    trial_id: str
+    pid: int
+    started_at: float  # wall clock on the agent; 0 when it did not say
+
+
+@dataclass(frozen=True)
+class MetricsReported:
+    rows: tuple[MetricRow, ...]  # kinds already named; entries the edge refused are not here
+
+
+@dataclass(frozen=True)
+class LogReported:
+    trial_id: str
+    stream: str  # "stdout" | "stderr"
+    offset: int
+    data: bytes
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    LOST = "lost"  # its environment went away under it
+
+
+@dataclass(frozen=True)
+class TrialEndReported:
+    trial_id: str
+    outcome: Outcome
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    stderr_tail: str
+    ended_at: float  # wall clock on the agent; 0 when it did not say
+    gpus_still_in_use: tuple[str, ...] = ()
+
+
+Report = TrialStartReported | MetricsReported | LogReported | TrialEndReported
+
+
+@dataclass(frozen=True)
+class AgentReported:
+    """A numbered agent message: stored, then acknowledged."""
+
+    env_id: str
+    link: int
+    seq: int
+    report: Report | None  # None: a kind that carries nothing the core uses
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    trial_id: str  # "" for a process that is not one of our trials
+    used_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    uuid: str
+    utilization_percent: float
+    memory_used_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class HeartbeatReceived:
+    env_id: str
+    link: int
+    draining: bool
+    gpus: tuple[GpuSample, ...] = ()
+
+
+# ---- what the shell and the embedding API say ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialSubmitted:
+    trial_id: str
+    parameters: dict[str, Any]
+    command: str
+    gpu_number: int
+    gpu_memory: int
+    env_overrides: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    trial_id: str
+    reason: str
+    status: TrialStatus
+
+
+@dataclass(frozen=True)
+class EnvironmentStarted:
+    env_id: str
+    platform_id: str
+
+
+@dataclass(frozen=True)
+class EnvironmentStartFailed:
+    env_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    state: str  # "starting" | "running" | "exited" | "failed" | "unknown"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EnvironmentsPolled:
+    """What the platform said about every live environment (the lost-agent timers run too)."""
+
+    observations: Mapping[str, Observation]
+
+
+@dataclass(frozen=True)
+class Ticked:
+    """Time passed or something changed: place waiting trials, top up environments."""
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """The experiment ends: cancel every trial, shut every environment down."""
+
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class StopCompleted:
+    """The shell waited for the agents: what is still open is ended without them."""
+
+
+Event = (
+    AgentRegistered | AgentDisconnected | AgentReported | HeartbeatReceived | TrialSubmitted
+    | CancelRequested | EnvironmentStarted | EnvironmentStartFailed | EnvironmentsPolled | Ticked
+    | StopRequested | StopCompleted
+)
+
+# ---- messages to agents (the transport turns them into protobuf) ---------------------------
+
+
+@dataclass(frozen=True)
+class Welcome:
+    experiment_id: str
+    acked_seq: int
+    heartbeat_interval_s: float
+    cancel_trial_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StartTrial:
+    trial_id: str
+    sequence_id: int
+    command: str
+    parameters: dict[str, Any]
+    env: Mapping[str, str]
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    max_duration_s: float
+    attempt: int
+    experiment_id: str
+    working_directory: str
+    resumes_metrics: bool  # a retry: its metric indices go on after those already stored
+    first_metric_index: int = 0  # filled in by the shell from the store when resumes_metrics
+
+
+@dataclass(frozen=True)
+class CancelTrial:
+    trial_id: str
+    grace_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    drain: bool
+    grace_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    heartbeat_interval_s: float
+
+
+ToAgent = Welcome | StartTrial | CancelTrial | Shutdown | Settings
+
+# ---- instructions --------------------------------------------------------------------------
+
+
+class Refusal(enum.Enum):
+    """Why an agent is refused; the transport maps each to a gRPC status in one table."""
+
+    NOT_NOW = "not-now"  # the experiment is stopping, or the environment ended
+    UNKNOWN_ENVIRONMENT = "unknown-environment"
+    ALREADY_CONNECTED = "already-connected"
+
+
+@dataclass(frozen=True)
+class RefuseAgent:
+    env_id: str
+    why: Refusal
+    message: str
+
+
+@dataclass(frozen=True)
+class Send:
+    link: int
+    message: ToAgent
+
+
+@dataclass(frozen=True)
+class Ack:
+    link: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class CloseLink:
+    link: int
+
+
+@dataclass(frozen=True)
+class StartEnvironment:
+    env_id: str
+
+
+@dataclass(frozen=True)
+class StopEnvironment:
+    env_id: str
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class PollSoon:
+    """Ask the platform about the environments at once, not at the next tick."""
+
+
+@dataclass(frozen=True)
+class InsertTrial:
+    row: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateTrial:
+    trial_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class InsertEnvironment:
+    env_id: str
+    platform: str
+    status: str
+
+
+@dataclass(frozen=True)
+class UpdateEnvironment:
+    env_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RecordTransition:
+    entity: str  # "trial" | "environment"
+    entity_id: str
+    old: str
+    new: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoreMetrics:
+    rows: tuple[MetricRow, ...]
+
+
+@dataclass(frozen=True)
+class StoreGpuSamples:
+    rows: tuple[GpuSampleRow, ...]
+
+
+@dataclass(frozen=True)
+class WriteLog:
+    """Append what an agent streamed of a trial's output to its log file."""
+
+    trial_id: str
+    stream: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Publish:
+    event: StatusEvent | MetricEvent
+
+
+@dataclass(frozen=True)
+class HeartbeatsRescaled:
+    """Agents heartbeat at this interval now (logged by the shell)."""
+
+    interval_s: float
+    connected: int
+
+
+STORE_WRITES = (InsertTrial, UpdateTrial, InsertEnvironment, UpdateEnvironment, RecordTransition, StoreMetrics)
+
+Instruction = (
+    RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StopEnvironment | PollSoon | InsertTrial
+    | UpdateTrial | InsertEnvironment | UpdateEnvironment | RecordTransition | StoreMetrics
+    | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled
+)

@@ -1,0 +1,371 @@
+"""The async shell around the decision core: it feeds the engine events (agent messages,
+the monitor's ticks, the platform's answers) and carries the instructions out: store
+writes, messages to agents, environment starts and stops, callbacks.
+
+Agent messages that arrive together are applied in one store transaction and acknowledged
+after it commits (group commit: store-before-ack holds for each of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import events as ev
+from .engine import Engine
+from .model import MetricEvent, StatusEvent
+from .services.base import EnvironmentRequest, EnvironmentService
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+# A trial's stdout or stderr streamed from an agent is kept up to this size.
+MAX_TRIAL_LOG_BYTES = 1 << 30
+
+
+class Link(Protocol):
+    """One open agent stream, as the transport gives it to the shell."""
+
+    id: int
+
+    def send(self, message: ev.ToAgent) -> None: ...
+
+    def ack(self, seq: int) -> None: ...
+
+    def close(self) -> None: ...
+
+    def fail(self, details: str) -> None: ...
+
+
+class Shell:
+    """Runs one engine: the events in, the instructions out."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        service: EnvironmentService,
+        experiment_dir: Path,
+        request_for: Callable[[str], EnvironmentRequest],
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.service = service
+        self.experiment_dir = experiment_dir
+        self._request_for = request_for
+        self.links: dict[int, Link] = {}
+        self.metric_callbacks: list[Callable[[MetricEvent], Any]] = []
+        self.status_callbacks: list[Callable[[StatusEvent], Any]] = []
+        self.subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
+        self.done: dict[str, asyncio.Event] = {}
+        self.changed = asyncio.Event()
+        #: Why the experiment cannot go on (a background task failed), or ''.
+        self.failure = ""
+        self.on_failure: Callable[[str], None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
+        self._inbox_pending = False
+        self._pass_pending = False
+        self._check_now = False
+        self._refused_logs: set[tuple[str, str]] = set()
+        self._monitor: asyncio.Task[None] | None = None
+
+    # ---- feeding the engine ------------------------------------------------------------------
+
+    def handle(self, event: ev.Event) -> list[ev.Instruction]:
+        """Hand one event to the engine and carry out what it decides; returns the
+        instructions (the caller may look for a refusal)."""
+        instructions = self.engine.handle(event, now=time.monotonic(), wall=time.time())
+        self.apply(instructions)
+        return instructions
+
+    def apply(self, instructions: Iterable[ev.Instruction]) -> None:
+        """Store writes first, in one transaction; then what goes out (acks after the commit)."""
+        rest = []
+        with self.store.transaction():
+            for i in instructions:
+                if isinstance(i, ev.STORE_WRITES):
+                    self._write(i)
+                else:
+                    rest.append(i)
+        self._carry_out(rest)
+
+    def _write(self, i: ev.Instruction) -> None:
+        store = self.store
+        match i:
+            case ev.UpdateTrial():
+                store.update_trial(i.trial_id, **i.fields)
+            case ev.StoreMetrics():
+                if i.rows:
+                    store.add_metrics(i.rows)
+            case ev.UpdateEnvironment():
+                store.update_env(i.env_id, **i.fields)
+            case ev.RecordTransition():
+                store.record(i.entity, i.entity_id, i.old, i.new, i.reason)
+            case ev.InsertTrial():
+                store.insert_trial(dict(i.row))
+            case ev.InsertEnvironment():
+                store.insert_env(i.env_id, i.platform, i.status)
+
+    def _carry_out(self, instructions: Iterable[ev.Instruction]) -> None:
+        for i in instructions:
+            match i:
+                case ev.Ack():
+                    link = self.links.get(i.link)
+                    if link is not None:
+                        link.ack(i.seq)
+                case ev.Send():
+                    link = self.links.get(i.link)
+                    if link is not None:
+                        message = i.message
+                        if isinstance(message, ev.StartTrial) and message.resumes_metrics:
+                            message = dataclasses.replace(
+                                message, first_metric_index=self.store.next_metric_index(message.trial_id)
+                            )
+                        link.send(message)
+                case ev.Publish():
+                    self._publish(i.event)
+                case ev.WriteLog():
+                    self._write_log(i)
+                case ev.CloseLink():
+                    link = self.links.get(i.link)
+                    if link is not None:
+                        link.close()
+                case ev.StartEnvironment():
+                    self.spawn(self._start_env(i.env_id), f"start {i.env_id}")
+                case ev.StopEnvironment():
+                    self.spawn(self.service.stop(i.env_id, i.grace_s), f"stop {i.env_id}")
+                case ev.PollSoon():
+                    self._check_now = True
+                    self.changed.set()
+                case ev.StoreGpuSamples():
+                    try:
+                        self.store.add_gpu_samples(i.rows)
+                    except (sqlite3.Error, OSError) as e:
+                        # Samples only: the monitor goes on, and the next tick's are stored anew.
+                        log.warning("could not store %d GPU samples: %s", len(i.rows), e)
+                case ev.HeartbeatsRescaled():
+                    settings = self.engine.policy
+                    log.info(
+                        "%d agents connected: heartbeats every %.3g s, lost after %.3g s / %.3g s", i.connected,
+                        i.interval_s, settings.agent_lost_timeout_s * self.engine.beat_scale,
+                        settings.trial_lost_timeout_s * self.engine.beat_scale,
+                    )
+                case ev.RefuseAgent():
+                    pass  # answered by agent_connected
+                case _:
+                    raise TypeError(f"not an instruction: {i!r}")
+
+    # ---- agent streams (called by the transport) -----------------------------------------------
+
+    def agent_connected(self, registered: ev.AgentRegistered, link: Link) -> ev.RefuseAgent | None:
+        self.drain_inbox()  # what the agent's old stream said comes first
+        self.links[link.id] = link
+        instructions = self.engine.handle(registered, now=time.monotonic(), wall=time.time())
+        refusal = next((i for i in instructions if isinstance(i, ev.RefuseAgent)), None)
+        if refusal is not None:
+            del self.links[link.id]
+        self.apply(instructions)
+        self.pass_soon()
+        return refusal
+
+    def agent_event(self, event: ev.AgentReported | ev.HeartbeatReceived, link: Link) -> None:
+        """Queue a message; the queue is applied once the messages arriving now are in."""
+        self._inbox.append((link, event))
+        if not self._inbox_pending:
+            self._inbox_pending = True
+            asyncio.get_running_loop().call_soon(self.drain_inbox)
+
+    def agent_disconnected(self, env_id: str, link: Link) -> None:
+        self.drain_inbox()
+        self.links.pop(link.id, None)
+        self.handle(ev.AgentDisconnected(env_id, link.id))
+
+    def drain_inbox(self) -> None:
+        self._inbox_pending = False
+        if not self._inbox:
+            return
+        inbox, self._inbox = self._inbox, []
+        now, wall = time.monotonic(), time.time()
+        out: list[ev.Instruction] = []
+        for link, event in inbox:
+            try:
+                out += self.engine.handle(event, now=now, wall=wall)
+            except Exception:
+                # A bug, or input the core did not foresee: this stream ends, the others go on.
+                log.exception("environment %s: a message could not be handled; ending its stream", event.env_id)
+                link.fail("the coordinator could not handle a message; see its log")
+        self.apply(out)
+        self.pass_soon()
+
+    def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
+        """A line from the coordinator in the trial's stderr log (the trial must be placed on
+        ``env_id``: an agent writes only into its own trials' logs)."""
+        t = self.engine.trials.get(trial_id)
+        if t is None or t.env_id != env_id:
+            return
+        path = self.experiment_dir / "trials" / trial_id / "stderr.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(f"\n[trialkeeper] {text}\n".encode())
+
+    def _write_log(self, chunk: ev.WriteLog) -> None:
+        path = self.experiment_dir / "trials" / chunk.trial_id / f"{chunk.stream}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        size = path.stat().st_size if path.exists() else 0
+        # Chunks come in order (replays may repeat one): an offset past the end would leave a
+        # hole, and a huge one would make a huge sparse file.
+        if chunk.offset > size or chunk.offset + len(chunk.data) > MAX_TRIAL_LOG_BYTES:
+            if (chunk.trial_id, chunk.stream) not in self._refused_logs:
+                self._refused_logs.add((chunk.trial_id, chunk.stream))
+                log.warning(
+                    "refused %s output of trial %s at offset %d (file has %d bytes, limit %d)",
+                    chunk.stream, chunk.trial_id, chunk.offset, size, MAX_TRIAL_LOG_BYTES,
+                )
+            return
+        with open(path, "r+b" if path.exists() else "wb") as f:
+            f.seek(chunk.offset)
+            f.write(chunk.data)
+
+    # ---- passes, the monitor, background work --------------------------------------------------
+
+    def pass_soon(self) -> None:
+        """Place waiting trials and top up environments as soon as the current burst of work
+        yields: a burst of submits or agent messages costs one scheduling pass, not one each."""
+        if not self._pass_pending:
+            self._pass_pending = True
+            asyncio.get_running_loop().call_soon(self._scheduling_pass)
+
+    def _scheduling_pass(self) -> None:
+        self._pass_pending = False
+        try:
+            self.handle(ev.Ticked())
+        except Exception as e:  # noqa: BLE001 - reported by fail()
+            self.fail(f"a scheduling pass failed: {type(e).__name__}: {e}", exc=e)
+
+    def start_monitor(self, interval: float) -> None:
+        self._monitor = self.spawn(self._monitor_loop(interval), "the monitor")
+
+    async def stop_monitor(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+
+    async def _monitor_loop(self, interval: float) -> None:
+        checked_at = 0.0
+        while True:
+            # Not asyncio.wait_for: before Python 3.12 it swallows a cancel that arrives as the
+            # event is set (stop() does both), and stop() would wait on this loop forever.
+            changed = asyncio.ensure_future(self.changed.wait())
+            try:
+                await asyncio.wait({changed}, timeout=interval)
+            finally:
+                changed.cancel()
+            self.changed.clear()
+            # A poll asks the platform about every environment: once per tick, or at once when
+            # an agent's stream closed, not on every change.
+            if self._check_now or time.monotonic() - checked_at >= interval:
+                self._check_now = False
+                checked_at = time.monotonic()
+                await self._poll()
+            self.drain_inbox()
+            self.handle(ev.Ticked())
+
+    async def _poll(self) -> None:
+        live = self.engine.live_envs()
+        if not live:
+            return
+        try:
+            seen = await self.service.poll([e.id for e in live])
+        except Exception:  # a service must return errors as data; the timers still run
+            log.exception("environment service %s raised on poll; will try again", self.service.platform)
+            seen = {}
+        self.drain_inbox()
+        self.handle(ev.EnvironmentsPolled({k: ev.Observation(o.state, o.detail) for k, o in seen.items()}))
+
+    async def _start_env(self, env_id: str) -> None:
+        try:
+            result = await self.service.start(self._request_for(env_id))
+            answer: ev.Event = (
+                ev.EnvironmentStartFailed(env_id, result.error) if result.error
+                else ev.EnvironmentStarted(env_id, result.platform_id)
+            )
+        except Exception as e:  # a service must return errors, but one bug must not kill the loop
+            log.exception("environment service %s raised on start", self.service.platform)
+            answer = ev.EnvironmentStartFailed(env_id, f"{type(e).__name__}: {e}")
+        self.handle(answer)
+
+    def spawn(self, coro: Any, what: str) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background. If it raises, that is logged at once and the
+        experiment ends with the reason: a background task that dies must not hang it."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if t.cancelled():
+                return
+            e = t.exception()
+            if e is not None:
+                self.fail(f"{what} failed: {type(e).__name__}: {e}", exc=e)
+
+        task.add_done_callback(done)
+        return task
+
+    def fail(self, reason: str, *, exc: BaseException | None = None) -> None:
+        """The experiment cannot go on: say why now, and let its owner end it."""
+        if self.failure:
+            log.error("also: %s", reason, exc_info=exc)
+            return
+        self.failure = reason
+        log.error("the experiment cannot go on: %s", reason, exc_info=exc)
+        for event in self.done.values():
+            event.set()
+        self.changed.set()
+        if self.on_failure is not None:
+            self.on_failure(reason)
+
+    async def cancel_tasks(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    # ---- publishing ----------------------------------------------------------------------------
+
+    def _publish(self, note: StatusEvent | MetricEvent) -> None:
+        if isinstance(note, StatusEvent):
+            callbacks: list[Callable[[Any], Any]] = self.status_callbacks  # type: ignore[assignment]
+            if note.trial.status.terminal:
+                self.done.setdefault(note.trial.id, asyncio.Event()).set()
+            self.changed.set()
+        else:
+            callbacks = self.metric_callbacks  # type: ignore[assignment]
+        for cb in callbacks:
+            try:
+                result = cb(note)
+                if asyncio.iscoroutine(result):
+                    self.spawn(_logged(result, type(note).__name__), "a callback")
+            except Exception:
+                log.exception("a %s callback raised; ignored", type(note).__name__)
+        for q in self.subscribers:
+            q.put_nowait(note)
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate() and not self.failure:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def _logged(coro: Any, kind: str) -> None:
+    """An async callback that raises is logged and ignored, like a plain one."""
+    try:
+        await coro
+    except Exception:
+        log.exception("a %s callback raised; ignored", kind)

@@ -1,0 +1,121 @@
+"""Protobuf at the edge: agent messages become the core's events, the core's messages to
+agents become protobuf. Only this module and ``server.py`` touch generated code."""
+
+from __future__ import annotations
+
+import json
+
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+from trialkeeper.protos.wire import PROTOCOL_VERSION
+
+from . import events as ev
+from .store import MetricRow
+
+_KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
+_STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}
+_OUTCOMES = {
+    pb.TRIAL_OUTCOME_SUCCEEDED: ev.Outcome.SUCCEEDED,
+    pb.TRIAL_OUTCOME_CANCELED: ev.Outcome.CANCELED,
+    pb.TRIAL_OUTCOME_LOST: ev.Outcome.LOST,
+}
+
+
+def registered(reg: pb.Register, link: int) -> ev.AgentRegistered:
+    gpus = tuple(
+        ev.GpuInfo(g.uuid, g.index, g.name, g.memory_total_bytes, simulated=g.simulated, mig=g.mig) for g in reg.gpus
+    )
+    info = {
+        "pid": reg.pid, "cpu_count": reg.cpu_count, "memory_total_bytes": reg.memory_total_bytes,
+        "agent_version": reg.agent_version, "driver_version": reg.driver_version,
+        "cuda_version": reg.cuda_version, "gpu_unavailable_reason": reg.gpu_unavailable_reason,
+        "gpus": [
+            {
+                "index": g.index, "uuid": g.uuid, "name": g.name, "memory_total_bytes": g.memory_total_bytes,
+                "simulated": g.simulated, "mig": g.mig,
+            }
+            for g in gpus
+        ],
+    }
+    return ev.AgentRegistered(
+        env_id=reg.environment_id, link=link, instance_id=reg.agent_instance_id, hostname=reg.hostname, pid=reg.pid,
+        platform=reg.platform, gpus=gpus, gpu_unavailable_reason=reg.gpu_unavailable_reason,
+        active_trial_ids=frozenset(reg.active_trial_ids), info=info,
+    )
+
+
+AgentEvent = ev.AgentReported | ev.HeartbeatReceived
+
+
+def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> AgentEvent | None:
+    """The core's event for one message after Register; None for a message that is not
+    one an agent sends after it registered (logged by the caller)."""
+    kind = msg.WhichOneof("body")
+    if kind == "heartbeat":
+        return heartbeat(env_id, link, msg.heartbeat)
+    report: ev.Report | None
+    if kind == "metrics":
+        report = ev.MetricsReported(tuple(
+            MetricRow(m.trial_id, m.index, _KIND_NAMES[m.kind], m.value, m.value_json, m.reported_at)
+            for m in msg.metrics.metrics
+            if m.kind in _KIND_NAMES
+        ))
+    elif kind == "trial_started":
+        m = msg.trial_started
+        report = ev.TrialStartReported(m.trial_id, m.pid, m.started_at)
+    elif kind == "trial_ended":
+        e = msg.trial_ended
+        report = ev.TrialEndReported(
+            trial_id=e.trial_id, outcome=_OUTCOMES.get(e.outcome, ev.Outcome.FAILED),
+            exit_code=e.exit_code if e.has_exit_code else None, signal=e.signal or None, reason=e.reason,
+            stderr_tail=e.stderr_tail, ended_at=e.ended_at, gpus_still_in_use=tuple(e.gpus_still_in_use),
+        )
+    elif kind == "log":
+        chunk = msg.log
+        stream = _STREAM_NAMES.get(chunk.stream)
+        report = None if stream is None else ev.LogReported(chunk.trial_id, stream, chunk.offset, chunk.data)
+    else:
+        return None
+    return ev.AgentReported(env_id, link, msg.seq, report)
+
+
+def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived:
+    if not hb.gpus:
+        return ev.HeartbeatReceived(env_id, link, hb.draining)
+    samples = tuple(
+        ev.GpuSample(
+            s.uuid, s.utilization_percent, s.memory_used_bytes,
+            tuple(ev.GpuProcess(p.trial_id, p.used_memory_bytes) for p in s.processes),
+        )
+        for s in hb.gpus
+    )
+    return ev.HeartbeatReceived(env_id, link, hb.draining, samples)
+
+
+def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
+    match message:
+        case ev.StartTrial():
+            return pb.CoordinatorMessage(start_trial=pb.StartTrial(
+                trial_id=message.trial_id, sequence_id=message.sequence_id, command=message.command,
+                parameters_json=json.dumps(message.parameters), env=dict(message.env),
+                gpu_indices=list(message.gpu_indices), gpu_uuids=list(message.gpu_uuids),
+                working_directory=message.working_directory, max_duration_s=message.max_duration_s,
+                experiment_id=message.experiment_id, attempt=message.attempt,
+                first_metric_index=message.first_metric_index,
+            ))
+        case ev.Welcome():
+            return pb.CoordinatorMessage(welcome=pb.Welcome(
+                experiment_id=message.experiment_id, acked_seq=message.acked_seq,
+                heartbeat_interval_s=message.heartbeat_interval_s, protocol_version=PROTOCOL_VERSION,
+                cancel_trial_ids=list(message.cancel_trial_ids),
+            ))
+        case ev.CancelTrial():
+            return pb.CoordinatorMessage(cancel_trial=pb.CancelTrial(
+                trial_id=message.trial_id, grace_s=message.grace_s, reason=message.reason
+            ))
+        case ev.Shutdown():
+            return pb.CoordinatorMessage(shutdown=pb.Shutdown(
+                drain=message.drain, grace_s=message.grace_s, reason=message.reason
+            ))
+        case ev.Settings():
+            return pb.CoordinatorMessage(settings=pb.Settings(heartbeat_interval_s=message.heartbeat_interval_s))
+    raise TypeError(f"not a message to an agent: {message!r}")
