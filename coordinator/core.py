@@ -94,6 +94,8 @@ class Coordinator:
         self._resuming = False
         self._started = False
         self._stopping = False
+        self._stopped: asyncio.Future[None] | None = None
+        self._fail_stop: asyncio.Task[None] | None = None
         self._server: Any = None
         self.store: Store | None = None
         self._engine: Engine | None = None
@@ -251,12 +253,23 @@ class Coordinator:
 
     def _failed(self, reason: str) -> None:
         # A background task died: end the experiment with the reason rather than hang it.
-        asyncio.get_running_loop().create_task(self.stop(status="FAILED", reason=reason))
+        self._fail_stop = asyncio.get_running_loop().create_task(self.stop(status="FAILED", reason=reason))
 
     async def stop(self, grace_s: float = CANCEL_GRACE_S, *, status: str = "DONE", reason: str = "") -> None:
         """Cancel what still runs, stop every environment, close the server and store."""
-        if not self._started or self._stopping:
+        if self._stopped is not None:
+            await asyncio.shield(self._stopped)  # a stop is under way: return once it is done
             return
+        if not self._started:
+            return
+        self._stopped = asyncio.get_running_loop().create_future()
+        try:
+            await self._stop(grace_s, status, reason)
+        finally:
+            self._stopped.set_result(None)
+            self._stopped = None
+
+    async def _stop(self, grace_s: float, status: str, reason: str) -> None:
         self._stopping = True
         shell, engine, service, store = self._shell, self._engine, self._service, self.store
         assert shell is not None and engine is not None and service is not None and store is not None
@@ -370,9 +383,10 @@ class Coordinator:
         """Wait for one trial to end."""
         info = self._trial_state(trial_id)
         assert self._shell is not None
-        if not info.status.terminal:
-            done = self._shell.done.setdefault(trial_id, asyncio.Event())
-            await asyncio.wait_for(done.wait(), timeout)
+        if info.status.terminal:
+            return info
+        done = self._shell.done.setdefault(trial_id, asyncio.Event())
+        await asyncio.wait_for(done.wait(), timeout)
         self._raise_failure()
         return self.trial(trial_id)
 
@@ -384,11 +398,8 @@ class Coordinator:
         return self.trials()
 
     def _raise_failure(self) -> None:
-        if self._shell is not None and self._shell.failure and not self._engine_done():
+        if self._shell is not None and self._shell.failure:
             raise CoordinatorError(f"the experiment cannot go on: {self._shell.failure}")
-
-    def _engine_done(self) -> bool:
-        return self._engine is not None and self._engine.all_done()
 
     def on_metric(self, callback: Callable[[MetricEvent], Any]) -> None:
         """Call ``callback(event)`` for every stored metric (async callbacks are scheduled)."""

@@ -256,7 +256,8 @@ class Shell:
     async def stop_monitor(self) -> None:
         if self._monitor is not None:
             self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # One that died was reported when it did (see spawn).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._monitor
 
     async def _monitor_loop(self, interval: float) -> None:

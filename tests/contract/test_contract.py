@@ -26,11 +26,11 @@ import grpc
 import psutil
 import pytest
 from conftest import async_wait_until, run_async
+from trialkeeper.coordinator import events as ev
 from trialkeeper.coordinator.config import parse_config
 from trialkeeper.coordinator.server import AgentLink, Servicer, create_server
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest, EnvironmentService
-from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 HERE = Path(__file__).resolve().parent
 HARNESS_ENV = "TRIALKEEPER_CONTRACT_HARNESSES"  # more harness files, os.pathsep-separated
@@ -99,14 +99,15 @@ class Endpoint:
     instances: dict[str, set[str]] = field(default_factory=dict)  # env id -> agent instance ids
     links: dict[str, AgentLink] = field(default_factory=dict)
 
-    def agent_connected(self, register: pb.Register, link: AgentLink) -> None:
-        self.instances.setdefault(register.environment_id, set()).add(register.agent_instance_id)
-        self.links[register.environment_id] = link
-        link.send(pb.CoordinatorMessage(welcome=pb.Welcome(heartbeat_interval_s=1.0, protocol_version=1)))
+    def agent_connected(self, registered: ev.AgentRegistered, link: AgentLink) -> ev.RefuseAgent | None:
+        self.instances.setdefault(registered.env_id, set()).add(registered.instance_id)
+        self.links[registered.env_id] = link
+        link.send(ev.Welcome(experiment_id="", acked_seq=0, heartbeat_interval_s=1.0, cancel_trial_ids=()))
+        return None
 
-    def agent_message(self, env_id: str, link: AgentLink, msg: pb.AgentMessage) -> None:
-        if msg.seq:
-            link.ack(msg.seq)
+    def agent_event(self, event: ev.AgentReported | ev.HeartbeatReceived, link: AgentLink) -> None:
+        if isinstance(event, ev.AgentReported) and event.seq:
+            link.ack(event.seq)
 
     def agent_disconnected(self, env_id: str, link: AgentLink) -> None:
         if self.links.get(env_id) is link:
@@ -120,7 +121,7 @@ class Endpoint:
         """What the coordinator does before ``stop``: ask the agent to exit over its stream."""
         link = self.links.get(env_id)
         if link is not None:
-            link.send(pb.CoordinatorMessage(shutdown=pb.Shutdown(grace_s=1.0, reason="contract test")))
+            link.send(ev.Shutdown(drain=False, grace_s=1.0, reason="contract test"))
 
 
 @contextlib.asynccontextmanager
