@@ -214,6 +214,7 @@ class Coordinator:
         if self._service is None:
             self._service = create_service(self.config, self.experiment_dir)
         service = self._service
+        await service.prepare()  # before the policy: a service knows its working directory then
         self._engine = engine = Engine(self._policy(service))
         self._shell = shell = Shell(engine, store, service, self.experiment_dir, self._request_for)
         shell.metric_callbacks, shell.status_callbacks, shell.subscribers = (
@@ -224,7 +225,6 @@ class Coordinator:
         if self._resuming:
             shell.apply(restore(engine, store.trials(), store.envs(), now=time.monotonic(), wall=time.time()))
             store.set_experiment_status("RUNNING", "resumed")
-        await service.prepare()
         for env in engine.live_envs():
             if env.platform_id:
                 service.adopt(env.id, env.platform_id)
@@ -288,7 +288,7 @@ class Coordinator:
         await service.close()
         if self._server:
             await self._server.stop(1.0)
-        await shell.cancel_tasks()
+        await shell.close()
         store.set_experiment_status(status, reason, ended=True)
         store.close()
         self._started = False

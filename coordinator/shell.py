@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 # A trial's stdout or stderr streamed from an agent is kept up to this size.
 MAX_TRIAL_LOG_BYTES = 1 << 30
+# Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
+# the ones behind them (group commit).
+FLOOD_GAP_S = 0.002
+INBOX_LINGER_S = 0.001
 
 
 class Link(Protocol):
@@ -72,6 +76,8 @@ class Shell:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
         self._inbox_pending = False
+        self.closed = False  # the store is closed: nothing more is applied
+        self._drained_at = 0.0
         self._pass_pending = False
         self._check_now = False
         self._refused_logs: set[tuple[str, str]] = set()
@@ -177,11 +183,20 @@ class Shell:
         return refusal
 
     def agent_event(self, event: ev.AgentReported | ev.HeartbeatReceived, link: Link) -> None:
-        """Queue a message; the queue is applied once the messages arriving now are in."""
+        """Queue a message; the queue is applied once the messages arriving now are in.
+
+        A lone message is applied at the loop's next turn. Under a flood (the last batch was
+        applied moments ago) the queue lingers for INBOX_LINGER_S so that the messages of
+        every stream arriving meanwhile share one commit: one transaction per message would
+        cap ingest at what SQLite commits per second."""
         self._inbox.append((link, event))
         if not self._inbox_pending:
             self._inbox_pending = True
-            asyncio.get_running_loop().call_soon(self.drain_inbox)
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._drained_at < FLOOD_GAP_S:
+                loop.call_later(INBOX_LINGER_S, self.drain_inbox)
+            else:
+                loop.call_soon(self.drain_inbox)
 
     def agent_disconnected(self, env_id: str, link: Link) -> None:
         self.drain_inbox()
@@ -190,8 +205,9 @@ class Shell:
 
     def drain_inbox(self) -> None:
         self._inbox_pending = False
-        if not self._inbox:
+        if not self._inbox or self.closed:
             return
+        self._drained_at = asyncio.get_running_loop().time()
         inbox, self._inbox = self._inbox, []
         now, wall = time.monotonic(), time.time()
         out: list[ev.Instruction] = []
@@ -245,6 +261,8 @@ class Shell:
 
     def _scheduling_pass(self) -> None:
         self._pass_pending = False
+        if self.closed:
+            return
         try:
             self.handle(ev.Ticked())
         except Exception as e:  # noqa: BLE001 - reported by fail()
@@ -334,7 +352,10 @@ class Shell:
         if self.on_failure is not None:
             self.on_failure(reason)
 
-    async def cancel_tasks(self) -> None:
+    async def close(self) -> None:
+        """Cancel what runs in the background; apply nothing from now on."""
+        self.closed = True
+        self._inbox.clear()
         for task in list(self._tasks):
             task.cancel()
 

@@ -6,7 +6,6 @@ Every edge says what triggers it. A transition outside the table is a bug and ra
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 
 class IllegalTransition(RuntimeError):
@@ -84,17 +83,6 @@ ENV_TRANSITIONS: dict[tuple[EnvStatus, EnvStatus], str] = {
     (E.LOST, E.FAILED): "its agent stayed silent past the trial-lost timeout; its trials are lost",
     (E.LOST, E.STOPPED): "stopped while its agent was silent",
 }
-
-
-@dataclass(frozen=True)
-class Transition:
-    """A recorded change: what changed, from what, to what, and why."""
-
-    entity: str  # "trial" | "environment"
-    entity_id: str
-    old: str
-    new: str
-    reason: str
 
 
 def check_trial(old: TrialStatus, new: TrialStatus) -> None:

@@ -528,32 +528,34 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         c = Coordinator(config, experiment_dir=d / "exp", service=NullService(d))
         await c.start()
         address, token_file = c.address, c.experiment_dir / ".token"
-        on_hb = c._on_heartbeat
+        engine = c._engine
+        assert engine is not None
+        on_hb = engine._heartbeat
 
-        def counting_hb(env: Any, hb: Any) -> None:
+        def counting_hb(hb: Any) -> None:
             counters["heartbeats"] += 1
-            on_hb(env, hb)
+            on_hb(hb)
 
-        c._on_heartbeat = counting_hb  # type: ignore[method-assign]
-        send_start = c._send_start
+        engine._heartbeat = counting_hb  # type: ignore[method-assign]
+        send_start = engine._send_start
 
         def counting_start(env: Any, t: Any) -> None:
             counters["placed"] += 1
             send_start(env, t)
 
-        c._send_start = counting_start  # type: ignore[method-assign]
+        engine._send_start = counting_start  # type: ignore[method-assign]
         passes: list[tuple[float, int, int]] = []  # (seconds, waiting before, placed)
         R["schedule_passes"] = passes
-        schedule = c._schedule
+        schedule = engine._schedule
 
         def timed_schedule() -> None:
-            before, placed0 = len(c._queue), counters["placed"]
+            before, placed0 = len(engine.queue), counters["placed"]
             t = time.perf_counter()
             schedule()
             if before:
                 passes.append((time.perf_counter() - t, before, counters["placed"] - placed0))
 
-        c._schedule = timed_schedule  # type: ignore[method-assign]
+        engine._schedule = timed_schedule  # type: ignore[method-assign]
 
         def on_status(e: Any) -> None:
             if e.trial.status is TrialStatus.RUNNING:

@@ -1,0 +1,107 @@
+"""Numbered messages that arrive together are stored in one transaction, and each is
+acknowledged only once it is stored (real gRPC, a raw client playing two agents)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+from conftest import async_wait_until, build_config, run_async, write_script
+from test_hostile import BLOCKER, RawSession, _metric, _register, _token
+from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.store import Store
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+WAIT_S = 30.0
+MESSAGES = 400
+
+
+def test_messages_arriving_together_share_a_commit_and_each_ack_follows_its_commit(tmp_path: Path) -> None:
+    write_script(tmp_path, "blocker.py", BLOCKER)
+    config = build_config(tmp_path, trialConcurrency=3, trainingService={"environmentCount": 1})
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            assert c.store is not None
+            store = c.store
+            commits = {"n": 0}
+            transaction = store.transaction
+
+            class Counting:
+                def __enter__(self) -> None:
+                    if store._depth == 0:
+                        commits["n"] += 1
+                    transaction().__enter__()
+
+                def __exit__(self, *exc: object) -> None:
+                    transaction().__exit__(*exc)
+
+            store.transaction = Counting  # type: ignore[method-assign, assignment]
+            reader_db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=10)
+
+            sessions: list[RawSession] = []
+            trials: list[str] = []
+            streams: list[tuple[RawSession, str]] = []
+            blocker = await c.submit({}, command=f"python blocker.py {tmp_path / 'never'}")
+            await async_wait_until(lambda: blocker.info.status is TrialStatus.RUNNING, WAIT_S)
+            for name in ("raw-a", "raw-b"):
+                s = RawSession(c.address, _token(c))
+                await s.send(_register(name, instance=name))
+                welcome = await s.read()
+                assert welcome is not None and welcome.HasField("welcome")
+                sessions.append(s)
+            for _ in sessions:
+                await c.submit({"x": 1})
+            for s in sessions:  # one trial for each of them (one slot each)
+                start = None
+                while start is None:
+                    m = await asyncio.wait_for(s.read(), WAIT_S)
+                    assert m is not None
+                    start = m.start_trial if m.HasField("start_trial") else None
+                trials.append(start.trial_id)
+                streams.append((s, start.trial_id))
+
+            stored_at_ack: list[bool] = []
+
+            async def flood(s: RawSession, trial_id: str) -> None:
+                frames = [
+                    pb.AgentMessage(seq=i + 1, metrics=pb.MetricBatch(metrics=[_metric(trial_id, i, float(i))]))
+                    for i in range(MESSAGES)
+                ]
+                writer = asyncio.create_task(s.send(*frames))
+                acked = 0
+                while acked < MESSAGES:
+                    m = await asyncio.wait_for(s.read(), WAIT_S)
+                    assert m is not None
+                    if m.HasField("ack"):
+                        acked = m.ack.seq
+                        # Everything acknowledged is in the store, as another reader sees it.
+                        (count,) = reader_db.execute(
+                            "SELECT count(*) FROM metrics WHERE trial_id = ? AND idx < ?", (trial_id, acked)
+                        ).fetchone()
+                        stored_at_ack.append(count == acked)
+                await writer
+
+            before = commits["n"]
+            t0 = time.monotonic()
+            await asyncio.gather(*(flood(s, tid) for s, tid in streams))
+            elapsed = time.monotonic() - t0
+            used = commits["n"] - before
+            reader_db.close()
+            assert stored_at_ack and all(stored_at_ack)
+            # 800 messages from two streams: far fewer commits than messages.
+            assert used < 2 * MESSAGES / 2, (used, elapsed)
+            ro = Store(store.path, readonly=True)
+            try:
+                for tid in trials:
+                    assert len(ro.metrics(tid)) == MESSAGES
+            finally:
+                ro.close()
+            (tmp_path / "never").write_text("")
+            for s in sessions:
+                await s.outcome()
+
+    run_async(body, timeout=120)
