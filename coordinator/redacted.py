@@ -135,5 +135,5 @@ def describe_missing(missing: list[RedactedValue]) -> str:
             f"`trialkeeper resume`, or {_GIVE_CONFIG}"
         )
     if fields:
-        ways.append(f"{', '.join(fields)}: {_GIVE_CONFIG} (these are not read from the environment)")
+        ways.append(f"{', '.join(fields)}: {_GIVE_CONFIG} (not read from the environment)")
     return "the stored config has secrets redacted (***) that the experiment needs: " + "; ".join(ways)
