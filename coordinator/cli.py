@@ -56,7 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         "the store, listen on the same address so running agents reconnect, and go on to the end.",
     )
     resume.add_argument("resume_dir", type=Path, metavar="EXP_DIR")
-    resume.add_argument("--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough")
+    resume.add_argument(
+        "--config", type=Path,
+        help="the experiment's config, when the stored one (secrets redacted) is not enough; "
+        "redacted trialEnv variables may come from the environment instead",
+    )
     resume.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     resume.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     resume.set_defaults(func=_cmd_run, experiment_dir=None)

@@ -127,6 +127,8 @@ class Coordinator:
         Its state is rebuilt from the store when it starts; it binds the address the
         experiment had, so agents still running reconnect within their window and their
         trials go on. ``config`` replaces the stored one (which has its secrets redacted).
+        Without it, redacted ``trialEnv`` variables are taken from ``os.environ``; any other
+        redacted secret, or a variable missing there, raises CoordinatorError naming each.
         """
         experiment_dir = Path(experiment_dir).resolve()
         store = Store.in_dir(experiment_dir, readonly=True)
@@ -138,9 +140,12 @@ class Coordinator:
             raise CoordinatorError(f"{experiment_dir} holds no experiment to resume")
         if config is None:
             from .config import ConfigError, parse_config
+            from .redacted import SecretsMissing, restore_redacted
 
             try:
-                config = parse_config(json.loads(exp["config_json"]), experiment_dir)
+                config = parse_config(restore_redacted(json.loads(exp["config_json"]), os.environ), experiment_dir)
+            except SecretsMissing as e:
+                raise CoordinatorError(str(e)) from e
             except (ConfigError, ValueError) as e:
                 raise CoordinatorError(
                     f"the stored config of {experiment_dir} cannot be used as it is ({e}); pass the config file"

@@ -64,10 +64,10 @@ def _config(tmp_path: Path, **coordinator: object) -> Path:
     return path
 
 
-def _cli(*args: str) -> subprocess.Popen[bytes]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "trialkeeper.coordinator.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )
 
 
@@ -256,3 +256,72 @@ def test_store_survives_kill_9_during_heavy_ingest(tmp_path: Path) -> None:
         _kill(first)
         if resumed is not None:
             _kill(resumed)
+
+
+# Writes the WANDB_API_KEY it sees to seen/X.txt, then waits for "phase1" and finishes.
+SECRET_TRIAL = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+gate = pathlib.Path(os.environ["GATE_DIR"])
+seen = gate.parent / "seen"
+(seen / f"{p['x']}.tmp").write_text(os.environ.get("WANDB_API_KEY", "<unset>"))
+(seen / f"{p['x']}.tmp").rename(seen / f"{p['x']}.txt")
+deadline = time.monotonic() + 90
+while not (gate / "phase1").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+trial.report_final_result(p["x"])
+"""
+
+
+def test_resume_takes_a_redacted_trial_env_secret_from_the_environment_or_refuses(tmp_path: Path) -> None:
+    secret = "wandb-0123456789abcdef"
+    write_script(tmp_path, "secret_trial.py", SECRET_TRIAL)
+    config = _config(tmp_path)
+    data = json.loads(config.read_text())
+    data["trialEnv"]["WANDB_API_KEY"] = secret
+    data.update(
+        trialCommand=f"{sys.executable} secret_trial.py", maxTrialNumber=4,
+        searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3, 4]}},
+    )
+    config.write_text(json.dumps(data))
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    exp = tmp_path / "exp"
+    without = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
+
+    def values() -> dict[str, str]:
+        return {p.stem: p.read_text() for p in seen.glob("*.txt")}
+
+    first = _cli("run", str(config), "--experiment-dir", str(exp), "--quiet", env=without)
+    started = [first]
+    try:
+        wait_until(lambda: len(values()) == 2, WAIT_S, message="two trials never ran")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        store = Store.in_dir(exp, readonly=True)
+        stored = str(store.experiment()["config_json"])  # type: ignore[index]
+        store.close()
+        assert secret not in stored and "***" in stored
+        # Neither the environment nor --config gives the secret: refused, nothing started.
+        refused = _cli("resume", str(exp), "--quiet", env=without)
+        started.append(refused)
+        out, _ = refused.communicate(timeout=WAIT_S)
+        text = out.decode(errors="replace").strip()
+        assert refused.returncode == 1, text
+        assert "trialEnv WANDB_API_KEY: set it in the environment of `trialkeeper resume`, or pass the config file with --config FILE" in text
+        assert len(text.splitlines()) == 1 and secret not in text, text
+        assert len(_rows(exp, "trials")) == 2 and values() == {"1": secret, "2": secret}
+        # With the variable in its environment, resume gives the trials it starts the real value.
+        (tmp_path / "gate" / "phase1").write_text("")
+        resumed = _cli("resume", str(exp), "--quiet", env={**without, "WANDB_API_KEY": secret})
+        started.append(resumed)
+        out, _ = resumed.communicate(timeout=2 * WAIT_S)
+        assert resumed.returncode == 0, out.decode(errors="replace")
+        trials = _rows(exp, "trials")
+        assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
+        assert values() == {"1": secret, "2": secret, "3": secret, "4": secret}
+    finally:
+        for proc in started:
+            _kill(proc)
