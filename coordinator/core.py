@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from trialkeeper.agent.runner import append_note
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 from . import scheduler
@@ -610,6 +611,10 @@ class Coordinator:
         self._rescale_heartbeats()
         self._check_now = True  # did its process exit? Ask the platform now, not at the next tick
         self._changed.set()
+
+    def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
+        if (t := self._trials.get(trial_id)) is not None and t.env_id == env_id:
+            append_note(self.experiment_dir / "trials" / trial_id / "stderr.log", text)
 
     def agent_message(self, env_id: str, link: AgentLink, msg: pb.AgentMessage) -> None:
         env = self._envs.get(env_id)

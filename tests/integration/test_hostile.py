@@ -390,11 +390,11 @@ raw(b'{"trial": "' + me.encode() + b'", "kind": "intermediate", "value": 1.0' + 
 
 # Through the SDK: refused with False, never an exception.
 assert trial.report_intermediate_result(10**400) is False
-assert trial.report_intermediate_result({"default": 1.0, "blob": "x" * 70000}) is False
+assert trial.report_intermediate_result({"default": 1.0, **{f"k{j}": j for j in range(7000)}}) is False
 
 # Large and many, all valid: every one must arrive.
 for i in range(100):
-    assert trial.report_intermediate_result({"default": float(i), "blob": "b" * 50000})
+    assert trial.report_intermediate_result({"default": float(i), **{f"k{j}": j for j in range(4500)}})
 for i in range(2000):
     assert trial.report_intermediate_result(1000.0 + i)
 assert trial.report_final_result(7.0)
