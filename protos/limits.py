@@ -86,7 +86,8 @@ def over(what: str, size: int, limit_name: str) -> str:
 
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marked as cut."""
-    return text if len(text) <= limit else text[: limit - 15] + " [... clipped]"
+    mark = " [... clipped]"
+    return text if len(text) <= limit else text[: limit - len(mark)] + mark
 
 
 _decode = json.JSONDecoder().decode  # made once: it runs for every metric

@@ -126,7 +126,9 @@ def test_metrics_that_are_not_metrics_are_refused_alone_with_a_note(tmp_path: Pa
             # The experiment can be read while it runs.
             status = await asyncio.to_thread(tk, "status", c.experiment_dir)
             assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
-            listed = {r["id"]: r for r in _json(await asyncio.to_thread(tk, "trials", c.experiment_dir, "--json"))}  # type: ignore[union-attr]
+            rows_listed = _json(await asyncio.to_thread(tk, "trials", c.experiment_dir, "--json"))
+            assert isinstance(rows_listed, list)
+            listed = {r["id"]: r for r in rows_listed}
             assert listed[tid]["status"] == "RUNNING" and listed[tid]["final_metric"] is None, listed[tid]
 
             # Many refusals in one message: a few notes, then one line for the rest.
