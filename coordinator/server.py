@@ -1,6 +1,7 @@
 """The gRPC edge: accepts agent streams, checks them, and hands messages to the core.
 
-Only this module and the agent's session touch generated protobuf code on the wire.
+Only this module (with ``checks``, what it refuses) and the agent's session touch generated
+protobuf code on the wire.
 """
 
 from __future__ import annotations
@@ -8,27 +9,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
 import hmac
 import logging
-import math
 from typing import Literal, NoReturn, Protocol
 
 import grpc
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos import limits
-from trialkeeper.protos.limits import (
-    MAX_GPUS,
-    MAX_ID_CHARS,
-    MAX_METRICS_PER_BATCH,
-    MAX_PROCESSES_PER_GPU,
-    MAX_TRIAL_IDS,
-    MAX_VALUE_JSON_CHARS,
-)
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+
+from .checks import MAX_SEQ, Refusal, over_limit, refused_metrics, without
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +33,7 @@ MAX_MESSAGE_BYTES = limits.MAX_MESSAGE_BYTES
 OUTBOUND_LIMIT = 10_000
 # How long an ack may wait for later acks to merge with it (see AgentLink).
 ACK_LINGER_S = 0.002
-# Sequence numbers are stored as SQLite integers (signed 64-bit).
-MAX_SEQ = 2**63 - 1
-MAX_ENVIRONMENT_ID_CHARS = MAX_ID_CHARS
+MAX_ENVIRONMENT_ID_CHARS = limits.MAX_ID_CHARS
 # Notes per trial and message on refused metrics; the rest are counted in one more line.
 MAX_NOTES_PER_TRIAL = 10
 
@@ -173,7 +164,7 @@ class Servicer(pb_grpc.CoordinatorServicer):
         bad = _out_of_range(reg)
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register.{bad} is out of range")
-        bad = _over_limit(first)
+        bad = over_limit(first)
         if bad:
             log.warning("refused agent for %s from %s: %s", reg.environment_id, peer, bad)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register refused: {bad}")
@@ -191,7 +182,7 @@ class Servicer(pb_grpc.CoordinatorServicer):
         me = asyncio.current_task()
         reading = False
         pump_ended = False
-        refusals = 0  # metrics refused on this stream, to keep the log short
+        refusing = 0  # messages of this stream with refused metrics: the log names only some
 
         def on_pump_done(_: object) -> None:
             nonlocal pump_ended
@@ -234,23 +225,24 @@ class Servicer(pb_grpc.CoordinatorServicer):
                 seq = msg.seq
                 if seq > MAX_SEQ:
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"sequence number {seq} is out of range")
-                # Heartbeats are applied outside the core's per-message transaction; the other
-                # kinds are checked there (a message it cannot store is skipped, loudly).
+                # Heartbeats are applied outside the core's per-message transaction. The core
+                # skips, loudly, a message it cannot store; the checks here keep every valid
+                # message from that path.
                 if msg.HasField("heartbeat") and (bad := _heartbeat_out_of_range(msg.heartbeat)):
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat.{bad} is out of range")
-                if bad := _over_limit(msg):
+                if bad := over_limit(msg):
                     log.warning("environment %s: message #%d refused: %s; ending its stream", env_id, seq, bad)
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq} refused: {bad}")
                 # Metrics the core could not store are taken out here and noted in their
                 # trial's log: what is acknowledged is what is stored.
-                refused = _refused_metrics(msg.metrics) if msg.HasField("metrics") else []
+                refused = refused_metrics(msg.metrics) if msg.HasField("metrics") else []
                 if refused:
-                    msg = _without(msg, refused)
+                    msg = without(msg, refused)
                 try:
                     self.core.agent_message(env_id, link, msg)
                     if refused:
-                        refusals += len(refused)
-                        self._note_refused(env_id, seq, refused, log_it=refusals <= 10 or refusals % 1000 == 0)
+                        refusing += 1
+                        self._note_refused(env_id, seq, refused, log_it=refusing <= 10 or refusing % 1000 == 0)
                 except Exception:
                     # A bug, or input the core did not foresee: this stream ends, the others go on.
                     log.exception("environment %s: a message could not be handled; ending its stream", env_id)
@@ -266,13 +258,13 @@ class Servicer(pb_grpc.CoordinatorServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, 2.0)
 
-    def _note_refused(self, env_id: str, seq: int, refused: list[_Refusal], *, log_it: bool) -> None:
+    def _note_refused(self, env_id: str, seq: int, refused: list[Refusal], *, log_it: bool) -> None:
         if log_it:
             log.warning(
                 "environment %s: refused %d metric(s) of message #%d, first: %s",
                 env_id, len(refused), seq, refused[0].text,
             )
-        per_trial: dict[str, list[_Refusal]] = {}
+        per_trial: dict[str, list[Refusal]] = {}
         for r in refused:
             per_trial.setdefault(r.trial_id, []).append(r)
         for trial_id, items in per_trial.items():
@@ -373,132 +365,6 @@ def _may_hold_uint64(desc: Descriptor, seen: frozenset[str] = frozenset()) -> bo
         f.type == f.TYPE_UINT64 or (f.type == f.TYPE_MESSAGE and _may_hold_uint64(f.message_type, seen))
         for f in desc.fields
     )
-
-
-# ---- limits on what one message carries (protos/limits.py) -------------------------------
-
-
-def _over_limit(msg: pb.AgentMessage) -> str:
-    """Why ``msg`` carries more than protos/limits.py allows, or "". Heartbeats and metric
-    batches, the messages that come all the time, are checked by code written out by hand;
-    the rest by the table. A test checks each limit of the table on every path."""
-    kind = msg.WhichOneof("body")
-    if kind == "heartbeat":
-        return _heartbeat_over(msg.heartbeat)
-    if kind == "metrics":
-        return _metrics_over(msg.metrics)
-    if kind is None:
-        return ""
-    body = getattr(msg, kind)
-    if kind == "trial_started" and not math.isfinite(body.started_at):
-        return "TrialStarted.started_at is not a finite time"
-    if kind == "trial_ended" and not math.isfinite(body.ended_at):
-        return "TrialEnded.ended_at is not a finite time"
-    return _table_over(body, body.DESCRIPTOR.name)
-
-
-def _heartbeat_over(hb: pb.Heartbeat) -> str:
-    gpus = hb.gpus
-    if len(gpus) > MAX_GPUS:
-        return limits.over("Heartbeat.gpus", len(gpus), "MAX_GPUS")
-    for i, g in enumerate(gpus):
-        if len(g.uuid) > MAX_ID_CHARS:
-            return limits.over(f"Heartbeat.gpus[{i}].uuid", len(g.uuid), "MAX_ID_CHARS")
-        procs = g.processes
-        if len(procs) > MAX_PROCESSES_PER_GPU:
-            return limits.over(f"Heartbeat.gpus[{i}].processes", len(procs), "MAX_PROCESSES_PER_GPU")
-        for j, p in enumerate(procs):
-            if len(p.trial_id) > MAX_ID_CHARS:
-                return limits.over(f"Heartbeat.gpus[{i}].processes[{j}].trial_id", len(p.trial_id), "MAX_ID_CHARS")
-    ids = hb.running_trial_ids
-    if len(ids) > MAX_TRIAL_IDS:
-        return limits.over("Heartbeat.running_trial_ids", len(ids), "MAX_TRIAL_IDS")
-    if ids and max(map(len, ids)) > MAX_ID_CHARS:
-        i = next(i for i, t in enumerate(ids) if len(t) > MAX_ID_CHARS)
-        return limits.over(f"Heartbeat.running_trial_ids[{i}]", len(ids[i]), "MAX_ID_CHARS")
-    return ""
-
-
-def _metrics_over(batch: pb.MetricBatch) -> str:
-    metrics = batch.metrics
-    if len(metrics) > MAX_METRICS_PER_BATCH:
-        return limits.over("MetricBatch.metrics", len(metrics), "MAX_METRICS_PER_BATCH")
-    for i, m in enumerate(metrics):
-        if len(m.trial_id) > MAX_ID_CHARS or len(m.value_json) > MAX_VALUE_JSON_CHARS:
-            name, limit = ("trial_id", "MAX_ID_CHARS") if len(m.trial_id) > MAX_ID_CHARS else ("value_json", "MAX_VALUE_JSON_CHARS")
-            return limits.over(f"MetricBatch.metrics[{i}].{name}", len(getattr(m, name)), limit)
-    return ""
-
-
-def _table_over(msg: Message, path: str) -> str:
-    """:func:`_over_limit` for the messages that come once per trial or per connection, driven
-    by ``limits.FIELD_LIMITS``."""
-    for name, count_limit, each_limit, nested in _limit_plan(msg.DESCRIPTOR):
-        value = getattr(msg, name)
-        if count_limit and len(value) > getattr(limits, count_limit):
-            return limits.over(f"{path}.{name}", len(value), count_limit)
-        if each_limit:
-            limit = getattr(limits, each_limit)
-            for i, item in enumerate(value):
-                if len(item) > limit:
-                    return limits.over(f"{path}.{name}[{i}]", len(item), each_limit)
-        if nested:
-            for i, item in enumerate(value):
-                inner = _table_over(item, f"{path}.{name}[{i}]")
-                if inner:
-                    return inner
-    return ""
-
-
-@functools.cache
-def _limit_plan(desc: Descriptor) -> tuple[tuple[str, str, str, bool], ...]:
-    """Per field of a message type: (name, limit on its length, limit on each item's length,
-    whether its items are messages to check in turn)."""
-    plan = []
-    for f in desc.fields:
-        key = f"{desc.name}.{f.name}"
-        count_limit = limits.FIELD_LIMITS.get(key, "")
-        each_limit = limits.FIELD_LIMITS.get(f"{key}[]", "")
-        nested = f.type == f.TYPE_MESSAGE and f.is_repeated
-        if count_limit or each_limit or nested:
-            plan.append((f.name, count_limit, each_limit, nested))
-    return tuple(plan)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Refusal:
-    index: int  # in the batch
-    trial_id: str
-    text: str
-
-
-_KIND_WORDS = {pb.METRIC_KIND_INTERMEDIATE: "an intermediate", pb.METRIC_KIND_FINAL: "a final"}
-
-
-def _refused_metrics(batch: pb.MetricBatch) -> list[_Refusal]:
-    """The metrics of ``batch`` the store must not get: a value that is not a valid metric
-    (see limits.metric_value_problem) or disagrees with its JSON, an unknown kind, an index
-    or time SQLite cannot hold."""
-    refused = []
-    for i, m in enumerate(batch.metrics):
-        words = _KIND_WORDS.get(m.kind)
-        if words is None:
-            problem: str | None = f"its kind {m.kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
-        elif m.index > MAX_SEQ:
-            problem = f"its index {m.index} is beyond {MAX_SEQ}"
-        elif not math.isfinite(m.reported_at):
-            problem = f"its reported_at {m.reported_at} is not a finite time"
-        else:
-            problem = limits.metric_json_problem(m.value_json, m.value)
-        if problem is not None:
-            refused.append(_Refusal(i, m.trial_id, f"refused {words or 'a'} result from the agent (index {m.index}): {problem}"))
-    return refused
-
-
-def _without(msg: pb.AgentMessage, refused: list[_Refusal]) -> pb.AgentMessage:
-    out = {r.index for r in refused}
-    kept = [m for i, m in enumerate(msg.metrics.metrics) if i not in out]
-    return pb.AgentMessage(seq=msg.seq, metrics=pb.MetricBatch(metrics=kept))
 
 
 def _valid_environment_id(env_id: str) -> bool:
