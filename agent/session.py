@@ -278,7 +278,7 @@ class AgentSession(RunnerEvents):
                 memory_total_bytes=vm.total,
                 gpus=[
                     pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes, simulated=g.simulated, mig=g.mig)
-                    for g in inv.gpus
+                    for g in inv.gpus[: limits.MAX_GPUS]
                 ],
                 gpu_unavailable_reason=limits.clip(inv.unavailable_reason or "", limits.MAX_REASON_CHARS),
                 driver_version=inv.driver_version,
@@ -417,7 +417,7 @@ class AgentSession(RunnerEvents):
             await asyncio.sleep(self._heartbeat_s)
 
     def _heartbeat(self) -> pb.Heartbeat:
-        gpu_samples = self.o.probe.sample()
+        gpu_samples = self.o.probe.sample()[: limits.MAX_GPUS]  # as many as Register gives
         pids = self.runner.attribute(p.pid for s in gpu_samples for p in s.processes)
         samples = []
         for s in gpu_samples:
@@ -428,7 +428,7 @@ class AgentSession(RunnerEvents):
                     memory_used_bytes=s.memory_used_bytes,
                     processes=[
                         pb.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, trial_id=pids.get(p.pid, ""))
-                        for p in s.processes
+                        for p in s.processes[: limits.MAX_PROCESSES_PER_GPU]
                     ],
                 )
             )

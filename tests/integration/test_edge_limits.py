@@ -271,3 +271,21 @@ def test_the_largest_messages_allowed_are_handled_in_a_fraction_of_a_second(tmp_
             assert max(timings.values()) < 5.0, timings
 
     run_async(body)
+
+
+def test_an_agent_with_more_gpus_than_the_limit_reports_the_first_ones(tmp_path: Path) -> None:
+    """A real agent on a machine with more GPUs than MAX_GPUS joins with MAX_GPUS of them
+    (its Register and heartbeats stay within the limit) and runs trials."""
+    write_script(tmp_path, "trial.py", TRIAL)
+    config = build_config(
+        tmp_path, trialConcurrency=1, trainingService={"environmentCount": 1, "simulatedGpus": limits.MAX_GPUS + 3}
+    )
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            await _still_serving(c, 1)
+            (env,) = c.environments()
+            assert len(env.gpus) == limits.MAX_GPUS and env.connected, (len(env.gpus), env.status)
+            await async_wait_until(lambda: len(env.gpu_usage) == limits.MAX_GPUS, WAIT_S)  # a heartbeat came
+
+    run_async(body)
