@@ -79,7 +79,7 @@ def _metrics_over(batch: pb.MetricBatch) -> str:
 
 
 def _table_over(msg: Message, path: str) -> str:
-    """:func:`_over_limit` for the messages that come once per trial or per connection, driven
+    """:func:`over_limit` for the messages that come once per trial or per connection, driven
     by ``limits.FIELD_LIMITS``."""
     for name, count_limit, each_limit, nested in _limit_plan(msg.DESCRIPTOR):
         value = getattr(msg, name)
