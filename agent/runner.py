@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
 from . import processes
 from . import trial as sdk
@@ -487,13 +488,16 @@ class TrialRunner:
         if problem is not None:
             _note(t, f"{kind} result refused: {problem}")
             return
+        # A number's JSON is its repr (bool, NaN and infinities were refused above).
+        raw = repr(value) if type(value) is float or type(value) is int else _encode(value)
+        if len(raw) > MAX_VALUE_JSON_CHARS:  # escaped non-ASCII keys can outgrow the datagram
+            _note(t, f"{kind} result refused: larger than {MAX_VALUE_JSON_CHARS} characters as JSON")
+            return
         number = float(value["default"] if isinstance(value, dict) else value)
         if kind == "final":
             t.final_reported = True
         index = t.metric_index
         t.metric_index += 1
-        # A number's JSON is its repr (bool, NaN and infinities were refused above).
-        raw = repr(value) if type(value) is float or type(value) is int else _encode(value)
         self.events.metric(trial_id, kind, index, number, raw)
 
     # ---- logs ------------------------------------------------------------------------
@@ -534,16 +538,23 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 def _note(t: _Trial, message: str) -> None:
     """Write a line into the trial's own stderr log, where its author will look."""
     try:
-        with open(t.dir / "stderr.log", "a+b") as f:
-            # A trial's own output may stop mid-line (a progress bar): start the note on a line of its own.
-            size = f.seek(0, os.SEEK_END)
-            lead = b""
-            if size:
-                f.seek(size - 1)
-                lead = b"" if f.read(1) == b"\n" else b"\n"
-            f.write(lead + f"[trialkeeper] {message}\n".encode())
+        append_note(t.dir / "stderr.log", message)
     except OSError:
         print(f"[trialkeeper] trial {t.spec.trial_id}: {message}", file=sys.stderr)
+
+
+def append_note(path: Path, message: str) -> None:
+    """Append ``[trialkeeper] message`` to a trial's log as a line of its own. The
+    coordinator uses it too, for what it refused from an agent."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        # A trial's own output may stop mid-line (a progress bar): start the note on a line of its own.
+        size = f.seek(0, os.SEEK_END)
+        lead = b""
+        if size:
+            f.seek(size - 1)
+            lead = b"" if f.read(1) == b"\n" else b"\n"
+        f.write(lead + f"[trialkeeper] {message}\n".encode())
 
 
 def _tail(path: Path, limit: int) -> str:

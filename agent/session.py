@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import psutil
+from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -33,9 +34,9 @@ from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 log = logging.getLogger(__name__)
 
 TOKEN_METADATA_KEY = "x-trialkeeper-token"
-MAX_METRICS_PER_BATCH = 5000
-# Metric values may be up to 60 KiB each: batches are cut by size too, far below the
-# 64 MiB message limit, or one batch of large values would be refused and replayed forever.
+MAX_METRICS_PER_BATCH = 5000  # within limits.MAX_METRICS_PER_BATCH (a test checks)
+# Metric values may be up to 64 KiB each: batches are cut by size too, far below the
+# 16 MiB message limit, or one batch of large values would be refused and replayed forever.
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 # How long metrics may wait for others to share their message: far below what a user
 # watching a live table notices, long enough for a trial reporting in a tight loop.
@@ -132,7 +133,9 @@ class AgentSession(RunnerEvents):
         self._wakeup.set()
 
     def log(self, trial_id: str, stream: str, offset: int, data: bytes) -> None:
-        self._enqueue(pb.AgentMessage(log=pb.LogChunk(trial_id=trial_id, stream=_STREAMS[stream], offset=offset, data=data)))
+        for at in range(0, len(data), limits.MAX_LOG_CHUNK_BYTES):  # the coordinator refuses larger chunks
+            piece = data[at : at + limits.MAX_LOG_CHUNK_BYTES]
+            self._enqueue(pb.AgentMessage(log=pb.LogChunk(trial_id=trial_id, stream=_STREAMS[stream], offset=offset + at, data=piece)))
 
     def trial_ended(self, result: TrialResult) -> None:
         msg = pb.TrialEnded(
@@ -141,7 +144,7 @@ class AgentSession(RunnerEvents):
             has_exit_code=result.exit_code is not None,
             exit_code=result.exit_code or 0,
             signal=result.signal,
-            reason=result.reason,
+            reason=limits.clip(result.reason, limits.MAX_REASON_CHARS),
             stderr_tail=result.stderr_tail,
             ended_at=result.ended_at,
             started=result.started,
@@ -247,8 +250,8 @@ class AgentSession(RunnerEvents):
 
     def _channel(self) -> grpc.aio.Channel:
         opts: list[tuple[str, int | str]] = [
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", limits.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", limits.MAX_MESSAGE_BYTES),
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_timeout_ms", 5_000),
             ("grpc.keepalive_permit_without_calls", 1),
@@ -275,9 +278,9 @@ class AgentSession(RunnerEvents):
                 memory_total_bytes=vm.total,
                 gpus=[
                     pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes, simulated=g.simulated, mig=g.mig)
-                    for g in inv.gpus
+                    for g in inv.gpus[: limits.MAX_GPUS]
                 ],
-                gpu_unavailable_reason=inv.unavailable_reason or "",
+                gpu_unavailable_reason=limits.clip(inv.unavailable_reason or "", limits.MAX_REASON_CHARS),
                 driver_version=inv.driver_version,
                 cuda_version=inv.cuda_version,
                 agent_version=__version__,
@@ -414,7 +417,7 @@ class AgentSession(RunnerEvents):
             await asyncio.sleep(self._heartbeat_s)
 
     def _heartbeat(self) -> pb.Heartbeat:
-        gpu_samples = self.o.probe.sample()
+        gpu_samples = self.o.probe.sample()[: limits.MAX_GPUS]  # as many as Register gives
         pids = self.runner.attribute(p.pid for s in gpu_samples for p in s.processes)
         samples = []
         for s in gpu_samples:
@@ -425,7 +428,7 @@ class AgentSession(RunnerEvents):
                     memory_used_bytes=s.memory_used_bytes,
                     processes=[
                         pb.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, trial_id=pids.get(p.pid, ""))
-                        for p in s.processes
+                        for p in s.processes[: limits.MAX_PROCESSES_PER_GPU]
                     ],
                 )
             )

@@ -11,7 +11,8 @@ tuner compares), as in NNI. Reports go to the agent as datagrams on a Unix socke
 the agent puts in ``TRIALKEEPER_SOCKET``; any descendant process of the trial can report too.
 Sends do not wait for the coordinator: the agent acknowledges nothing to the trial.
 
-This module imports only the standard library so that a trial starts in milliseconds.
+This module imports only the standard library (and the stdlib-only metric rule of
+``trialkeeper.protos.limits``) so that a trial starts in milliseconds.
 
 Standalone mode, for running a trial script by hand: set ``TRIALKEEPER_STANDALONE=1`` and
 optionally ``TRIALKEEPER_PARAMETERS='{"lr": 0.1}'``; results are then printed to stderr.
@@ -20,12 +21,13 @@ optionally ``TRIALKEEPER_PARAMETERS='{"lr": 0.1}'``; results are then printed to
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import sys
 import threading
 from typing import Any
+
+from trialkeeper.protos.limits import metric_value_problem
 
 __all__ = [
     "TrialSdkError",
@@ -103,26 +105,9 @@ def get_next_parameter() -> dict[str, Any]:
 
 
 def check_metric(value: object) -> str | None:
-    """Why ``value`` is not a valid metric, or None when it is. The agent uses this too."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
-        return (
-            f"a metric must be a number or a dict of numbers with a 'default' key, "
-            f"got {type(value).__name__}"
-        )
-    if isinstance(value, dict):
-        if "default" not in value:
-            return "a dict metric needs a 'default' key holding the number the tuner compares"
-        default = value["default"]
-        if isinstance(default, bool) or not isinstance(default, (int, float)):
-            return f"the metric's 'default' must be a number, got {type(default).__name__}"
-        value = default
-    try:
-        finite = math.isfinite(value)  # type: ignore[arg-type]
-    except OverflowError:  # an int beyond any float
-        return "a metric must be a finite number, got an integer too large for a float"
-    if not finite:
-        return f"a metric must be a finite number, got {value!r}"
-    return None
+    """Why ``value`` is not a valid metric, or None when it is. The agent and the
+    coordinator apply the same rule (:func:`trialkeeper.protos.limits.metric_value_problem`)."""
+    return metric_value_problem(value)
 
 
 MAX_REPORT_BYTES = 60 * 1024

@@ -1,7 +1,7 @@
 """The gRPC edge: accepts agent streams, checks them, and hands them to the core as events.
 
-Only this module and ``wire.py`` beside it (which turns messages into the core's events
-and back) touch generated protobuf code on the coordinator's side.
+Only this module, ``checks.py`` (what it refuses) and ``wire.py`` (which turns messages
+into the core's events and back) touch generated protobuf code on the coordinator's side.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Literal, NoReturn, Protocol
 import grpc
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
+from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from trialkeeper.protos.wire import PROTOCOL_VERSION
@@ -25,18 +26,20 @@ from trialkeeper.protos.wire import PROTOCOL_VERSION
 from . import events as ev
 from . import wire
 
+from .checks import MAX_SEQ, Refusal, over_limit, refused_metrics, without
+
 log = logging.getLogger(__name__)
 
 TOKEN_METADATA_KEY = "x-trialkeeper-token"
 REGISTER_TIMEOUT_S = 10.0
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = limits.MAX_MESSAGE_BYTES
 # Per-stream outbound messages a slow agent may have queued before its stream is ended.
 OUTBOUND_LIMIT = 10_000
 # How long an ack may wait for later acks to merge with it (see AgentLink).
 ACK_LINGER_S = 0.002
-# Sequence numbers are stored as SQLite integers (signed 64-bit).
-MAX_SEQ = 2**63 - 1
-MAX_ENVIRONMENT_ID_CHARS = 128
+MAX_ENVIRONMENT_ID_CHARS = limits.MAX_ID_CHARS
+# Notes per trial and message on refused metrics; the rest are counted in one more line.
+MAX_NOTES_PER_TRIAL = 10
 
 
 # Why the core refuses an agent, as the gRPC status the agent sees.
@@ -127,6 +130,9 @@ class Core(Protocol):
 
     def agent_disconnected(self, env_id: str, link: AgentLink) -> None: ...
 
+    def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
+        """Append one line to the trial's stderr log if that trial is placed on that environment."""
+
 
 class Servicer(pb_grpc.CoordinatorServicer):
     def __init__(self, core: Core, token: str) -> None:
@@ -168,12 +174,16 @@ class Servicer(pb_grpc.CoordinatorServicer):
         if not _valid_environment_id(reg.environment_id):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"Register.environment_id must be at most {MAX_ENVIRONMENT_ID_CHARS} printable "
-                "characters without slashes",
+                f"Register.environment_id must be at most {MAX_ENVIRONMENT_ID_CHARS} (MAX_ID_CHARS) "
+                "printable characters without slashes",
             )
         bad = _out_of_range(reg)
         if bad:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register.{bad} is out of range")
+        bad = over_limit(first)
+        if bad:
+            log.warning("refused agent for %s from %s: %s", reg.environment_id, peer, bad)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register refused: {bad}")
         link = AgentLink(peer)
         refusal = self.core.agent_connected(wire.registered(reg, link.id), link)
         if refusal is not None:
@@ -187,6 +197,7 @@ class Servicer(pb_grpc.CoordinatorServicer):
         me = asyncio.current_task()
         reading = False
         pump_ended = False
+        refusing = 0  # messages of this stream with refused metrics: the log names only some
 
         def on_pump_done(_: object) -> None:
             nonlocal pump_ended
@@ -229,10 +240,21 @@ class Servicer(pb_grpc.CoordinatorServicer):
                 seq = msg.seq
                 if seq > MAX_SEQ:
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"sequence number {seq} is out of range")
-                # Heartbeats are applied outside the core's per-message transaction; the other
-                # kinds are checked there (a message it cannot store is skipped, loudly).
+                # Heartbeats are applied outside the core's per-message transaction. The core
+                # skips, loudly, a message it cannot store; the checks here keep every valid
+                # message from that path.
                 if msg.HasField("heartbeat") and (bad := _heartbeat_out_of_range(msg.heartbeat)):
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat.{bad} is out of range")
+                if bad := over_limit(msg):
+                    log.warning("environment %s: message #%d refused: %s; ending its stream", env_id, seq, bad)
+                    await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq} refused: {bad}")
+                # Metrics the core could not store are taken out here and noted in their
+                # trial's log: what is acknowledged is what is stored.
+                refused = refused_metrics(msg.metrics) if msg.HasField("metrics") else []
+                if refused:
+                    msg = without(msg, refused)
+                    refusing += 1
+                    self._note_refused(env_id, seq, refused, log_it=refusing <= 10 or refusing % 1000 == 0)
                 event = wire.agent_event(env_id, link.id, msg)
                 if event is None:
                     log.warning("environment %s sent an unexpected %s message; ignored", env_id, msg.WhichOneof("body"))
@@ -248,6 +270,25 @@ class Servicer(pb_grpc.CoordinatorServicer):
             link.close()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(pump, 2.0)
+
+    def _note_refused(self, env_id: str, seq: int, refused: list[Refusal], *, log_it: bool) -> None:
+        if log_it:
+            log.warning(
+                "environment %s: refused %d metric(s) of message #%d, first: %s",
+                env_id, len(refused), seq, refused[0].text,
+            )
+        per_trial: dict[str, list[Refusal]] = {}
+        for r in refused:
+            per_trial.setdefault(r.trial_id, []).append(r)
+        for trial_id, items in per_trial.items():
+            lines = [r.text for r in items[:MAX_NOTES_PER_TRIAL]]
+            if len(items) > MAX_NOTES_PER_TRIAL:
+                lines.append(f"refused {len(items) - MAX_NOTES_PER_TRIAL} more results from the agent in the same message")
+            try:
+                for line in lines:
+                    self.core.agent_note(env_id, trial_id, line)
+            except OSError as e:
+                log.warning("environment %s: cannot note a refused metric in trial %r's log: %s", env_id, trial_id, e)
 
 
 def probe_coordinator(address: str, token: str, timeout: float) -> Literal["ours", "other", "unknown"]:

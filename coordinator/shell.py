@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from trialkeeper.agent.runner import append_note
+
 from . import events as ev
 from .engine import Engine
 from .model import MetricEvent, StatusEvent
@@ -223,14 +225,10 @@ class Shell:
 
     def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
         """A line from the coordinator in the trial's stderr log (the trial must be placed on
-        ``env_id``: an agent writes only into its own trials' logs)."""
+        ``env_id``: an agent has a say only about its own trials)."""
         t = self.engine.trials.get(trial_id)
-        if t is None or t.env_id != env_id:
-            return
-        path = self.experiment_dir / "trials" / trial_id / "stderr.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab") as f:
-            f.write(f"\n[trialkeeper] {text}\n".encode())
+        if t is not None and t.env_id == env_id:
+            append_note(self.experiment_dir / "trials" / trial_id / "stderr.log", text)
 
     def _write_log(self, chunk: ev.WriteLog) -> None:
         path = self.experiment_dir / "trials" / chunk.trial_id / f"{chunk.stream}.log"

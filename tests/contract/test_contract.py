@@ -113,6 +113,9 @@ class Endpoint:
         if self.links.get(env_id) is link:
             del self.links[env_id]
 
+    def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
+        raise AssertionError(f"a real agent sent a metric the coordinator refuses: {text}")
+
     def connected(self, env_id: str) -> bool:
         link = self.links.get(env_id)
         return link is not None and not link.closed

@@ -387,14 +387,16 @@ raw(json.dumps({"trial": "someone-else", "kind": "intermediate", "value": 1.0}).
 raw(json.dumps([me, "intermediate", 1.0]).encode())
 raw(json.dumps({"trial": [me], "kind": "intermediate", "value": 1.0}).encode())
 raw(b'{"trial": "' + me.encode() + b'", "kind": "intermediate", "value": 1.0' + b" " * 200000 + b"}")  # oversized
+# Fits a datagram, but its keys are escaped as JSON: 6 characters for each 2 bytes.
+raw(json.dumps({"trial": me, "kind": "intermediate", "value": {"default": 1.0, "\u00e9" * 25000: 1}}, ensure_ascii=False).encode())
 
 # Through the SDK: refused with False, never an exception.
 assert trial.report_intermediate_result(10**400) is False
-assert trial.report_intermediate_result({"default": 1.0, "blob": "x" * 70000}) is False
+assert trial.report_intermediate_result({"default": 1.0, **{f"k{j}": j for j in range(7000)}}) is False
 
 # Large and many, all valid: every one must arrive.
 for i in range(100):
-    assert trial.report_intermediate_result({"default": float(i), "blob": "b" * 50000})
+    assert trial.report_intermediate_result({"default": float(i), **{f"k{j}": j for j in range(4500)}})
 for i in range(2000):
     assert trial.report_intermediate_result(1000.0 + i)
 assert trial.report_final_result(7.0)
@@ -421,8 +423,10 @@ def test_trials_writing_huge_or_invalid_metrics(tmp_path: Path) -> None:
             assert all(len(r.value_json) > 50000 for r in rows[:100])
             err = (c.experiment_dir / "trials" / info.id / "stderr.log").read_text()
             notes = [ln for ln in err.splitlines() if ln.startswith("[trialkeeper]")]
-            # 4 not a metric, 4 beyond a float or not finite, 1 unknown kind, 1 second final.
-            assert len(notes) == 10, notes
+            # 4 not a metric, 4 beyond a float or not finite, 1 unknown kind, 1 too large as
+            # JSON, 1 second final.
+            assert len(notes) == 11, notes
+            assert any("larger than 65536 characters as JSON" in n for n in notes), notes
             assert "progress 10%\n[trialkeeper] intermediate result refused" in err, err[:500]
             assert any("too large for a float" in n for n in notes), notes
             assert any("already reported" in n for n in notes), notes

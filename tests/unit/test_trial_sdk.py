@@ -27,7 +27,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.parametrize("value", [0, 1, -2, 0.5, 1e300, {"default": 1.0}, {"default": 3, "loss": 0.1, "extra": "text"}])
+@pytest.mark.parametrize("value", [0, 1, -2, 0.5, 1e300, {"default": 1.0}, {"default": 3, "loss": 0.1, "epoch": 2}])
 def test_valid_metrics(value: object) -> None:
     assert check_metric(value) is None
 
@@ -46,6 +46,9 @@ def test_valid_metrics(value: object) -> None:
         (math.inf, "finite"),
         (-math.inf, "finite"),
         ({"default": math.nan}, "finite"),
+        ({"default": 1.0, "extra": "text"}, "'extra' must be a number, got str (a dict metric holds numbers only)"),
+        ({"default": 1.0, "loss": math.inf}, "'loss' must be a finite number"),
+        ({"default": 1.0, "nested": {"a": 1}}, "'nested' must be a number, got dict"),
     ],
 )
 def test_invalid_metrics(value: object, words: str) -> None:
@@ -120,7 +123,7 @@ def test_under_an_agent_reads_parameters_and_sends_datagrams(tmp_path: Path, mon
         assert first == {"trial": "t1", "kind": "intermediate", "value": 1.5}
         assert second == {"trial": "t1", "kind": "final", "value": {"default": 2, "acc": 0.9}}
         # A value too large for one datagram is refused, not truncated.
-        assert trial.report_final_result({"default": 1, "blob": "x" * 70_000}) is False
+        assert trial.report_final_result({"default": 1, **{f"k{i}": i for i in range(7000)}}) is False
     finally:
         server.close()
 

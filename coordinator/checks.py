@@ -1,0 +1,149 @@
+"""What the gRPC edge refuses of an agent's messages, before the coordinator's core sees them:
+a message over a limit of ``protos/limits.py`` (the stream ends), and metrics that are not
+metrics (refused one by one; the rest of their batch goes on). These run for every message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import Message
+from trialkeeper.protos import limits
+from trialkeeper.protos.limits import (
+    MAX_GPUS,
+    MAX_ID_CHARS,
+    MAX_METRICS_PER_BATCH,
+    MAX_PROCESSES_PER_GPU,
+    MAX_TRIAL_IDS,
+    MAX_VALUE_JSON_CHARS,
+)
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+# Sequence numbers, metric indexes and byte counts are stored as SQLite integers (signed 64-bit).
+MAX_SEQ = 2**63 - 1
+
+
+def over_limit(msg: pb.AgentMessage) -> str:
+    """Why ``msg`` carries more than protos/limits.py allows, or "". Heartbeats and metric
+    batches, the messages that come all the time, are checked by code written out by hand;
+    the rest by the table. A test checks each limit of the table on every path."""
+    kind = msg.WhichOneof("body")
+    if kind == "heartbeat":
+        return _heartbeat_over(msg.heartbeat)
+    if kind == "metrics":
+        return _metrics_over(msg.metrics)
+    if kind is None:
+        return ""
+    body = getattr(msg, kind)
+    if kind == "trial_started" and not math.isfinite(body.started_at):
+        return "TrialStarted.started_at is not a finite time"
+    if kind == "trial_ended" and not math.isfinite(body.ended_at):
+        return "TrialEnded.ended_at is not a finite time"
+    return _table_over(body, body.DESCRIPTOR.name)
+
+
+def _heartbeat_over(hb: pb.Heartbeat) -> str:
+    gpus = hb.gpus
+    if len(gpus) > MAX_GPUS:
+        return limits.over("Heartbeat.gpus", len(gpus), "MAX_GPUS")
+    for i, g in enumerate(gpus):
+        if len(g.uuid) > MAX_ID_CHARS:
+            return limits.over(f"Heartbeat.gpus[{i}].uuid", len(g.uuid), "MAX_ID_CHARS")
+        procs = g.processes
+        if len(procs) > MAX_PROCESSES_PER_GPU:
+            return limits.over(f"Heartbeat.gpus[{i}].processes", len(procs), "MAX_PROCESSES_PER_GPU")
+        for j, p in enumerate(procs):
+            if len(p.trial_id) > MAX_ID_CHARS:
+                return limits.over(f"Heartbeat.gpus[{i}].processes[{j}].trial_id", len(p.trial_id), "MAX_ID_CHARS")
+    ids = hb.running_trial_ids
+    if len(ids) > MAX_TRIAL_IDS:
+        return limits.over("Heartbeat.running_trial_ids", len(ids), "MAX_TRIAL_IDS")
+    if ids and max(map(len, ids)) > MAX_ID_CHARS:
+        i = next(i for i, t in enumerate(ids) if len(t) > MAX_ID_CHARS)
+        return limits.over(f"Heartbeat.running_trial_ids[{i}]", len(ids[i]), "MAX_ID_CHARS")
+    return ""
+
+
+def _metrics_over(batch: pb.MetricBatch) -> str:
+    metrics = batch.metrics
+    if len(metrics) > MAX_METRICS_PER_BATCH:
+        return limits.over("MetricBatch.metrics", len(metrics), "MAX_METRICS_PER_BATCH")
+    for i, m in enumerate(metrics):
+        if len(m.trial_id) > MAX_ID_CHARS or len(m.value_json) > MAX_VALUE_JSON_CHARS:
+            name, limit = ("trial_id", "MAX_ID_CHARS") if len(m.trial_id) > MAX_ID_CHARS else ("value_json", "MAX_VALUE_JSON_CHARS")
+            return limits.over(f"MetricBatch.metrics[{i}].{name}", len(getattr(m, name)), limit)
+    return ""
+
+
+def _table_over(msg: Message, path: str) -> str:
+    """:func:`over_limit` for the messages that come once per trial or per connection, driven
+    by ``limits.FIELD_LIMITS``."""
+    for name, count_limit, each_limit, nested in _limit_plan(msg.DESCRIPTOR):
+        value = getattr(msg, name)
+        if count_limit and len(value) > getattr(limits, count_limit):
+            return limits.over(f"{path}.{name}", len(value), count_limit)
+        if each_limit:
+            limit = getattr(limits, each_limit)
+            for i, item in enumerate(value):
+                if len(item) > limit:
+                    return limits.over(f"{path}.{name}[{i}]", len(item), each_limit)
+        if nested:
+            for i, item in enumerate(value):
+                inner = _table_over(item, f"{path}.{name}[{i}]")
+                if inner:
+                    return inner
+    return ""
+
+
+@functools.cache
+def _limit_plan(desc: Descriptor) -> tuple[tuple[str, str, str, bool], ...]:
+    """Per field of a message type: (name, limit on its length, limit on each item's length,
+    whether its items are messages to check in turn)."""
+    plan = []
+    for f in desc.fields:
+        key = f"{desc.name}.{f.name}"
+        count_limit = limits.FIELD_LIMITS.get(key, "")
+        each_limit = limits.FIELD_LIMITS.get(f"{key}[]", "")
+        nested = f.type == f.TYPE_MESSAGE and f.is_repeated
+        if count_limit or each_limit or nested:
+            plan.append((f.name, count_limit, each_limit, nested))
+    return tuple(plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    index: int  # in the batch
+    trial_id: str
+    text: str
+
+
+_KIND_WORDS = {pb.METRIC_KIND_INTERMEDIATE: "an intermediate", pb.METRIC_KIND_FINAL: "a final"}
+
+
+def refused_metrics(batch: pb.MetricBatch) -> list[Refusal]:
+    """The metrics of ``batch`` the store must not get: a value that is not a valid metric
+    (see limits.metric_value_problem) or disagrees with its JSON, an unknown kind, an index
+    or time SQLite cannot hold."""
+    refused = []
+    for i, m in enumerate(batch.metrics):
+        words = _KIND_WORDS.get(m.kind)
+        if words is None:
+            problem: str | None = f"its kind {m.kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
+        elif m.index > MAX_SEQ:
+            problem = f"its index {m.index} is beyond {MAX_SEQ}"
+        elif not math.isfinite(m.reported_at):
+            problem = f"its reported_at {m.reported_at} is not a finite time"
+        else:
+            problem = limits.metric_json_problem(m.value_json, m.value)
+        if problem is not None:
+            refused.append(Refusal(i, m.trial_id, f"refused {words or 'a'} result from the agent (index {m.index}): {problem}"))
+    return refused
+
+
+def without(msg: pb.AgentMessage, refused: list[Refusal]) -> pb.AgentMessage:
+    out = {r.index for r in refused}
+    kept = [m for i, m in enumerate(msg.metrics.metrics) if i not in out]
+    return pb.AgentMessage(seq=msg.seq, metrics=pb.MetricBatch(metrics=kept))
