@@ -25,7 +25,6 @@ from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 from . import events as ev
 from . import wire
-
 from .checks import MAX_SEQ, Refusal, over_limit, refused_metrics, without
 
 log = logging.getLogger(__name__)
