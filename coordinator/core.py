@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
+from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 from . import scheduler
 from . import tls as tls_identity
@@ -560,7 +561,7 @@ class Coordinator:
                     experiment_id=self.experiment_id,
                     acked_seq=env.last_seq,
                     heartbeat_interval_s=self.heartbeat_interval,
-                    protocol_version=1,
+                    protocol_version=PROTOCOL_VERSION,
                     cancel_trial_ids=unwanted,
                 )
             )

@@ -18,11 +18,10 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
 log = logging.getLogger(__name__)
 
-TOKEN_METADATA_KEY = "x-trialkeeper-token"
-PROTOCOL_VERSION = 1
 REGISTER_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Per-stream outbound messages a slow agent may have queued before its stream is ended.

@@ -33,7 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-TOKEN_ENV = "TRIALKEEPER_TOKEN"
+from trialkeeper.protos.wire import TOKEN_ENV
+
+from ._launch import agent_argv
+
 _LAUNCHER_MODULE = "trialkeeper.coordinator.services._ray_node"
 SETTLE_S = 30.0  # how long the launcher may take to report the agent's start or end
 # How long an actor outlives its agent for the coordinator to collect how the agent ended.
@@ -98,16 +101,9 @@ class AgentHost:
         if code is not None:
             _unpack(code, exp_dir / "code" / spec["code"])
         gpu_ids = [str(i) for i in ray.get_gpu_ids()]
-        argv = [
-            sys.executable, "-m", "trialkeeper.agent",
-            "--coordinator", spec["coordinator"],
-            "--environment-id", spec["env_id"],
-            "--workdir", str(env_dir),
-            "--platform", "ray",
-            "--copy-working-directory",
-            *_gpu_args(spec["num_gpus"], gpu_ids),
-            *spec["agent_args"],
-        ]
+        argv = agent_argv(spec["coordinator"], spec["env_id"], "ray", python=sys.executable, workdir=str(env_dir),
+                          copy_working_directory=True,
+                          agent_args=[*_gpu_args(spec["num_gpus"], gpu_ids), *spec["agent_args"]])
         env = dict(os.environ)
         env[TOKEN_ENV] = token
         env.pop("CUDA_VISIBLE_DEVICES", None)  # the agent hands out GPUs by --gpu-indices

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from ._k8s_objects import (
     token_secret,
     workload,
 )
+from ._launch import agent_argv, copy_code
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 from .kubernetes_config import AdlConfig
 
@@ -132,7 +132,7 @@ class KubernetesEnvironmentService(EnvironmentService):
         if local is None:
             return
         target = local / self._subdir / "code"
-        await asyncio.to_thread(_copy_code, self.code_directory, target, (*self.exclude, local.resolve()))
+        await asyncio.to_thread(copy_code, self.code_directory, target, (*self.exclude, local.resolve()))
         log.info("%s: trial code copied to %s (pods see it at %s)", self.platform, target, self.working_directory())
 
     def adopt(self, env_id: str, platform_id: str) -> None:
@@ -257,19 +257,13 @@ class KubernetesEnvironmentService(EnvironmentService):
 
     def _agent_argv(self, request: EnvironmentRequest) -> list[str]:
         c = self.config
-        argv = [
-            c.python, "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--platform", self.platform,
-        ]
+        workdir = None
         if c.local_mount_path is not None:
             # On the shared storage: each trial works in a copy of the code; agent files persist.
             workdir = f"{c.container_mount_path.rstrip('/')}/{self._subdir}/envs/{request.env_id}"
-            argv += ["--workdir", workdir, "--copy-working-directory"]
-        if c.gpu_number == 0:
-            argv.append("--no-gpu")
-        return argv + list(request.agent_args)
+        return agent_argv(request.coordinator_address, request.env_id, self.platform, python=c.python,
+                          workdir=workdir, copy_working_directory=workdir is not None, no_gpu=c.gpu_number == 0,
+                          agent_args=request.agent_args)
 
     async def _ensure_secret(self, request: EnvironmentRequest) -> None:
         if self._secret is None or (self._secret.done() and (self._secret.cancelled() or self._secret.exception())):
@@ -480,22 +474,3 @@ def _api_client(ts: KubernetesPlatformConfig) -> Any:
     except Exception as e:  # noqa: BLE001 - a broken file fails deep in yaml or the client: say which file
         where = f"kubeconfig {path}" if path else "no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a cluster"
         raise KubernetesSetupError(f"platform {ts.platform}: cannot use {where}: {e}") from None
-
-
-def _copy_code(source: Path, target: Path, exclude: tuple[Path, ...]) -> None:
-    """The trial code onto the shared storage, without the experiment's own files."""
-    skip = {os.path.normpath(p) for p in exclude}
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        return {n for n in names if n == "__pycache__" or os.path.normpath(os.path.join(directory, n)) in skip}
-
-    # Copied beside, then swapped in: agents of a resumed experiment may be copying it now.
-    fresh, stale = target.with_name(f"{target.name}.new-{os.getpid()}"), target.with_name(f"{target.name}.old-{os.getpid()}")
-    for leftover in (fresh, stale):
-        shutil.rmtree(leftover, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, fresh, ignore=ignore, symlinks=True)
-    if target.exists():
-        target.rename(stale)
-    fresh.rename(target)
-    shutil.rmtree(stale, ignore_errors=True)

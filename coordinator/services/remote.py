@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._launch import agent_argv
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
 if TYPE_CHECKING:
@@ -456,7 +457,8 @@ class RemoteEnvironmentService(EnvironmentService):
         return info
 
     def _check_trialkeeper(self, m: _Machine, info: dict[str, Any]) -> None:
-        from trialkeeper.agent import PROTOCOL_VERSION, __version__
+        from trialkeeper.agent import __version__
+        from trialkeeper.protos.wire import PROTOCOL_VERSION
 
         python = info.get("python", "python3")
         hint = (
@@ -514,23 +516,20 @@ class RemoteEnvironmentService(EnvironmentService):
 
     async def _launch(self, env: _Env, m: _Machine, request: EnvironmentRequest) -> int:
         env.dir = f"{m.exp_dir}/envs/{env.env_id}"
-        argv = [
-            "--coordinator", _with_port(m.dial, request.coordinator_address),
-            "--environment-id", env.env_id,
-            "--workdir", env.dir,
-            "--platform", self.platform,
-            # Code is uploaded once per machine; each trial runs in its own copy of it.
-            "--copy-working-directory",
-            *request.agent_args,
-        ]
+        extra = list(request.agent_args)
         if m.config.gpu_indices:
-            argv += ["--gpu-indices", ",".join(str(i) for i in m.config.gpu_indices)]
+            extra += ["--gpu-indices", ",".join(str(i) for i in m.config.gpu_indices)]
+        tls_cert = None
         if request.tls_cert_pem is not None:
             cert = self.experiment_dir / "remote" / "coordinator.pem"
             cert.parent.mkdir(parents=True, exist_ok=True)
             cert.write_bytes(request.tls_cert_pem)
             await self._upload(m, cert, f"{env.dir}/coordinator.pem")
-            argv += ["--tls-cert", f"{env.dir}/coordinator.pem"]
+            tls_cert = f"{env.dir}/coordinator.pem"
+        # The helper there supplies the interpreter; code is uploaded once per machine and
+        # each trial runs in its own copy of it.
+        argv = agent_argv(_with_port(m.dial, request.coordinator_address), env.env_id, self.platform, python=None,
+                          workdir=env.dir, copy_working_directory=True, tls_cert=tls_cert, agent_args=extra)
         answer = await self._helper(
             m, "start",
             {"python": m.python, "env_dir": env.dir, "cwd": m.exp_dir, "argv": argv},
