@@ -115,12 +115,12 @@ class ProcJobsService(JobEnvironmentService):
         return name
 
     async def observe(self, jobs: Sequence[Job]) -> dict[str, JobState]:
-        return {job.env_id: self._state_of(self.state / job.ref) for job in jobs}
+        return {job.env_id: self._state_of(self.state / job.platform_id) for job in jobs}
 
     async def kill(self, job: Job) -> None:
-        process = _alive(self.state / job.ref)
+        process = _alive(self.state / job.platform_id)
         if process is not None:
-            (self.state / job.ref / "killed").touch()
+            (self.state / job.platform_id / "killed").touch()
             os.killpg(process.pid, signal.SIGTERM)
 
     async def list_jobs(self, experiment_id: str) -> dict[str, str]:

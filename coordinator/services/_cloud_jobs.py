@@ -3,8 +3,9 @@
 Azure ML runs and PAI-DLC jobs behave alike: submit a job that runs one agent, read its
 status, cancel it, list an experiment's jobs. Each platform's SDK stays in one adapter
 module (``_aml_sdk``, ``_dlc_sdk``), imported only when that platform is used; this module
-holds what the services share. Adapter calls block (the SDKs are synchronous): each runs
-in a thread with a deadline, and every failure comes back as data.
+gives the job base (:mod:`._jobs`) its four platform calls through the adapter. Adapter
+calls block (the SDKs are synchronous): each runs in a thread, under the base's deadline,
+and every failure comes back as data.
 
 Statuses stay in the platform's own words up to here (``"Canceled"``, ``"Stopped"``); the
 service maps them to phases, so that a fake adapter answering in those words exercises
@@ -86,11 +87,11 @@ class CloudJobService(JobEnvironmentService):
         return await asyncio.to_thread(self.adapter.submit, self.job_spec(request))
 
     async def observe(self, jobs: Sequence[Job]) -> dict[str, JobState]:
-        views = await asyncio.gather(*(asyncio.to_thread(self.adapter.get, job.ref) for job in jobs))
-        return {job.env_id: self._state(job.ref, view) for job, view in zip(jobs, views)}
+        views = await asyncio.gather(*(asyncio.to_thread(self.adapter.get, job.platform_id) for job in jobs))
+        return {job.env_id: self._state(job.platform_id, view) for job, view in zip(jobs, views)}
 
     async def kill(self, job: Job) -> None:
-        await asyncio.to_thread(self.adapter.cancel, job.ref)
+        await asyncio.to_thread(self.adapter.cancel, job.platform_id)
 
     async def list_jobs(self, experiment_id: str) -> dict[str, str]:
         found = await asyncio.to_thread(self.adapter.list_jobs, experiment_id)
@@ -101,12 +102,12 @@ class CloudJobService(JobEnvironmentService):
 
     def ended(self, job: Job) -> Observation:
         if job.phase == "gone":
-            return Observation("failed", f"{self.platform} no longer knows job {job.ref}", job.ref)
+            return Observation("failed", f"{self.platform} no longer knows job {job.platform_id}", job.platform_id)
         if job.phase == "succeeded":
-            return Observation("exited", job.detail, job.ref)
+            return Observation("exited", job.detail, job.platform_id)
         if job.phase == "stopped":
-            return Observation("failed", f"{job.detail} (canceled outside trialkeeper)", job.ref)
-        return Observation("failed", job.detail, job.ref)
+            return Observation("failed", f"{job.detail} (canceled outside trialkeeper)", job.platform_id)
+        return Observation("failed", job.detail, job.platform_id)
 
     # ---- the rest of the contract -------------------------------------------------------
 

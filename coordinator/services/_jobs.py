@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeVar
 
+from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult, env_id_in_name
 
 log = logging.getLogger(__name__)
@@ -65,14 +66,12 @@ class JobState:
 
 
 @dataclass
-class Job:
-    """One environment's job as the service knows it."""
+class Job(EnvRecord):
+    """One environment's job as the service knows it (``platform_id``: the platform's id
+    for the job, what ``start`` returned)."""
 
-    env_id: str
-    ref: str  # the platform's id for the job: what ``start`` returned
     phase: JobPhase = "waiting"
     detail: str = ""
-    stop_requested: bool = False
     observation: Observation | None = None  # set once the job has ended
 
 
@@ -128,27 +127,27 @@ class JobEnvironmentService(EnvironmentService):
     def ended(self, job: Job) -> Observation:
         """What the coordinator is told about a job that ended without being asked to.
         Platforms that know more (an exit file, a log) say more."""
-        what = f"{self.kind} {job.ref}"
+        what = f"{self.kind} {job.platform_id}"
         why = f": {job.detail}" if job.detail else ""
         if job.phase == "succeeded":
-            return Observation("exited", "agent exited normally", job.ref)
+            return Observation("exited", "agent exited normally", job.platform_id)
         if job.phase == "stopped":
-            return Observation("failed", f"{what} was stopped outside trialkeeper{why}", job.ref)
+            return Observation("failed", f"{what} was stopped outside trialkeeper{why}", job.platform_id)
         if job.phase == "gone":
-            return Observation("failed", f"{what} is gone from the platform (deleted outside trialkeeper)", job.ref)
-        return Observation("failed", f"{what} failed{why}", job.ref)
+            return Observation("failed", f"{what} is gone from the platform (deleted outside trialkeeper)", job.platform_id)
+        return Observation("failed", f"{what} failed{why}", job.platform_id)
 
     # ---- the contract ---------------------------------------------------------------
 
     def adopt(self, env_id: str, platform_id: str) -> None:
         if platform_id and env_id not in self._jobs:
-            self._jobs[env_id] = Job(env_id, platform_id, phase="running")
+            self._jobs[env_id] = Job(env_id, platform_id, adopted=True, phase="running")
             self._refreshed_at = 0.0
 
     async def start(self, request: EnvironmentRequest) -> StartResult:
         job = self._jobs.get(request.env_id)
         if job is not None:
-            return StartResult(platform_id=job.ref)
+            return StartResult(platform_id=job.platform_id)
         pending = self._starting.get(request.env_id)
         if pending is None:
             self._secrets.add(request.token)
@@ -180,12 +179,12 @@ class JobEnvironmentService(EnvironmentService):
             try:
                 await self._call(self.kill(job))
             except JobError as e:
-                log.warning("environment %s: could not stop %s %s: %s", env_id, self.kind, job.ref, e)
+                log.warning("environment %s: could not stop %s %s: %s", env_id, self.kind, job.platform_id, e)
                 return
             if not await self._wait_final([job], self.STOP_WAIT_S):
-                log.warning("environment %s: %s %s did not end after being stopped", env_id, self.kind, job.ref)
+                log.warning("environment %s: %s %s did not end after being stopped", env_id, self.kind, job.platform_id)
                 return
-        job.observation = Observation("exited", "stopped", job.ref)
+        job.observation = Observation("exited", "stopped", job.platform_id)
 
     async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
         try:
@@ -211,7 +210,7 @@ class JobEnvironmentService(EnvironmentService):
         if removed and not await self._wait_final(removed, self.STOP_WAIT_S):
             removed = [job for job in removed if job.phase in FINAL]
         for job in removed:
-            log.info("environment %s of experiment %s: leftover %s %s stopped", job.env_id, experiment_id, self.kind, job.ref)
+            log.info("environment %s of experiment %s: leftover %s %s stopped", job.env_id, experiment_id, self.kind, job.platform_id)
         return [job.env_id for job in removed]
 
     async def close(self) -> None:
@@ -264,8 +263,8 @@ class JobEnvironmentService(EnvironmentService):
         if job.observation is not None:
             return job.observation
         if job.phase == "waiting":
-            return Observation("starting", job.detail or f"{self.kind} {job.ref} is waiting", job.ref)
-        return Observation("running", job.detail, job.ref)
+            return Observation("starting", job.detail or f"{self.kind} {job.platform_id} is waiting", job.platform_id)
+        return Observation("running", job.detail, job.platform_id)
 
     async def _refresh(self) -> None:
         live = [job for job in self._jobs.values() if job.observation is None]
@@ -280,7 +279,7 @@ class JobEnvironmentService(EnvironmentService):
         for job in live:
             if job.phase in FINAL and job.observation is None:
                 # Stopped by this coordinator (stop, sweep): an exit, not a failure.
-                job.observation = Observation("exited", "stopped", job.ref) if job.stop_requested else self.ended(job)
+                job.observation = Observation("exited", "stopped", job.platform_id) if job.stop_requested else self.ended(job)
                 log.info("environment %s: %s", job.env_id, job.observation.detail)
 
     async def _update(self, jobs: list[Job]) -> None:

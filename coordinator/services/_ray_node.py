@@ -10,8 +10,9 @@ EOF and the launcher kills the agent and every trial: an environment never outli
 actor. The launcher reports the agent's pid and, at the end, its exit status on a second
 pipe, which the actor reads.
 
-Only the standard library and psutil are imported at module level: the launcher must
-start fast, and Ray imports this module in every actor it places.
+Only the standard library, psutil and trialkeeper's standard-library-only ``_launch`` are
+imported at module level: the launcher must start fast, and Ray imports this module in
+every actor it places.
 """
 
 from __future__ import annotations

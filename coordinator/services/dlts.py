@@ -137,7 +137,7 @@ class DltsEnvironmentService(JobEnvironmentService):
         out: dict[str, JobState] = {}
         for job in jobs:
             try:
-                answer = (await self.client.call("GET", f"/v2/clusters/{self.config.cluster}/jobs/{job.ref}")).json()
+                answer = (await self.client.call("GET", f"/v2/clusters/{self.config.cluster}/jobs/{job.platform_id}")).json()
             except RestError as e:
                 if e.status != 404:
                     raise
@@ -152,7 +152,7 @@ class DltsEnvironmentService(JobEnvironmentService):
 
     async def kill(self, job: Job) -> None:
         try:
-            await self.client.call("PUT", f"/clusters/{self.config.cluster}/jobs/{job.ref}/status",
+            await self.client.call("PUT", f"/clusters/{self.config.cluster}/jobs/{job.platform_id}/status",
                                    json_body={"status": "killing"})
         except RestError as e:
             if e.status != 404:  # gone already: what a kill wants

@@ -46,6 +46,7 @@ from ._k8s_objects import (
     workload,
 )
 from ._launch import agent_argv, copy_code
+from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 from .kubernetes_config import AdlConfig
 
@@ -75,15 +76,15 @@ class _ApiFailure(Exception):
 
 
 @dataclass
-class _Env:
-    env_id: str
-    name: str
+class _Env(EnvRecord):
     experiment_id: str | None = None  # None when adopted, until its labels are read
-    adopted: bool = False
-    started: asyncio.Future[StartResult] | None = None
-    stopping: bool = False
     last: Observation | None = None
     pull_failing_since: float | None = None  # monotonic; while its pod cannot pull the image
+
+    @property
+    def name(self) -> str:
+        """The workload's name, which is its platform id."""
+        return self.platform_id
 
 
 class KubernetesEnvironmentService(EnvironmentService):
@@ -143,12 +144,12 @@ class KubernetesEnvironmentService(EnvironmentService):
         env = self._envs.get(request.env_id)
         if env is None:
             name = object_name(request.experiment_id, request.env_id)
-            env = self._envs[request.env_id] = _Env(request.env_id, name, request.experiment_id)
+            env = self._envs[request.env_id] = _Env(request.env_id, name, experiment_id=request.experiment_id)
         elif env.adopted:
             return StartResult(platform_id=env.name)  # started by an earlier coordinator
-        if env.started is None:
-            env.started = asyncio.ensure_future(self._start(env, request))
-        return await asyncio.shield(env.started)
+        if env.starting is None:
+            env.starting = asyncio.ensure_future(self._start(env, request))
+        return await asyncio.shield(env.starting)
 
     async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
         out = {i: Observation("unknown") for i in env_ids if i not in self._envs}
@@ -177,9 +178,9 @@ class KubernetesEnvironmentService(EnvironmentService):
         env = self._envs.get(env_id)
         if env is None:
             return
-        env.stopping = True
-        if env.started is not None and not env.started.done():
-            await asyncio.wait([env.started], timeout=self.config.api_timeout + CONNECT_TIMEOUT_S)
+        env.stop_requested = True
+        if env.starting is not None and not env.starting.done():
+            await asyncio.wait([env.starting], timeout=self.config.api_timeout + CONNECT_TIMEOUT_S)
         try:
             if env.experiment_id is None:
                 await self._by_experiment([env])
@@ -206,7 +207,7 @@ class KubernetesEnvironmentService(EnvironmentService):
                 log.warning("sweep: could not remove %s %s: %s", self._kind.kind, obj["metadata"]["name"], e)
                 continue
             if env_id in self._envs:
-                self._envs[env_id].stopping = True
+                self._envs[env_id].stop_requested = True
             deleted.append(env_id)
         removed: list[str] = []
         for env_id in deleted:  # all deletions are under way; now wait for their pods together
@@ -435,12 +436,12 @@ class KubernetesEnvironmentService(EnvironmentService):
         return groups
 
     def _missing(self, env: _Env) -> Observation:
-        if env.stopping:
+        if env.stop_requested:
             return Observation("exited", "deleted", env.name)
-        if env.started is not None and not env.started.done():
+        if env.starting is not None and not env.starting.done():
             return Observation("starting", "being created", env.name)
-        if env.started is not None and env.started.result().error:
-            return Observation("failed", env.started.result().error or "", env.name)
+        if env.starting is not None and env.starting.result().error:
+            return Observation("failed", env.starting.result().error or "", env.name)
         return Observation("failed", f"{self._kind.kind} {env.name} was deleted", env.name)
 
 

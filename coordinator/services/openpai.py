@@ -128,19 +128,19 @@ class OpenPaiEnvironmentService(JobEnvironmentService):
         listed = await self._list()
         out: dict[str, JobState] = {}
         for job in jobs:
-            name = job.ref.split("~", 1)[-1]
+            name = job.platform_id.split("~", 1)[-1]
             found = listed.get(name)
             if found is None:
                 out[job.env_id] = JobState("gone")
                 continue
             state = str(found.get("state", ""))
             phase = _PHASES.get(state, "running")
-            out[job.env_id] = JobState(phase, await self._why(job.ref) if phase == "failed" else "")
+            out[job.env_id] = JobState(phase, await self._why(job.platform_id) if phase == "failed" else "")
         return out
 
     async def kill(self, job: Job) -> None:
         try:
-            await self.client.call("PUT", f"/jobs/{job.ref}/executionType", json_body={"value": "STOP"})
+            await self.client.call("PUT", f"/jobs/{job.platform_id}/executionType", json_body={"value": "STOP"})
         except RestError as e:
             if e.status != 404:  # gone already: what a kill wants
                 raise

@@ -21,7 +21,8 @@ directory in place and the agents write trial directories into the experiment di
 that the coordinator reads (``shares_filesystem``).
 
 State comes from ``squeue --states=all``, asked at most every ``pollInterval`` in the
-background so that ``poll`` never waits on the controller. A job that has left Slurm's
+background (the job base, :mod:`._jobs`) so that ``poll`` waits on the controller for a
+second at most. A job that has left Slurm's
 memory (``MinJobAge``) is judged by ``scontrol``, then ``sacct`` (which needs accounting
 storage), then the agent's exit file.
 """
@@ -158,7 +159,7 @@ class SlurmEnvironmentService(JobEnvironmentService):
                 seen[parts[0]] = (parts[1], parts[2])
         out: dict[str, JobState] = {}
         for job in jobs:
-            job_id = _job_id(job.ref)
+            job_id = _job_id(job.platform_id)
             state, reason = seen.get(job_id, ("", ""))
             if not state:
                 state = await self._final_state(job_id)
@@ -173,9 +174,9 @@ class SlurmEnvironmentService(JobEnvironmentService):
         return out
 
     async def kill(self, job: Job) -> None:
-        run = await self._run(["scancel", _job_id(job.ref)])
+        run = await self._run(["scancel", _job_id(job.platform_id)])
         if run.rc != 0 and "Invalid job id" not in run.err:  # an unknown id: gone already
-            raise JobError(f"scancel {_job_id(job.ref)}: {run.why}")
+            raise JobError(f"scancel {_job_id(job.platform_id)}: {run.why}")
 
     async def list_jobs(self, experiment_id: str) -> dict[str, str]:
         """env id -> platform id of the experiment's jobs Slurm still runs or queues: by
@@ -195,7 +196,7 @@ class SlurmEnvironmentService(JobEnvironmentService):
         return found
 
     def ended(self, job: Job) -> Observation:
-        job_id = _job_id(job.ref)
+        job_id = _job_id(job.platform_id)
         state = self._states.get(job_id, ("ENDED", ""))[0] or "ENDED"
         exit_file = self.experiment_dir / "envs" / job.env_id / "agent.exit"
         try:
@@ -203,7 +204,7 @@ class SlurmEnvironmentService(JobEnvironmentService):
         except (OSError, ValueError):
             code = None
         if code == 0 and state in ("COMPLETED", "ENDED"):
-            return Observation("exited", "agent exited normally", job.ref)
+            return Observation("exited", "agent exited normally", job.platform_id)
         what = {
             "CANCELLED": "was cancelled (scancel)",
             "FAILED": "failed",
@@ -216,7 +217,7 @@ class SlurmEnvironmentService(JobEnvironmentService):
         detail = f"Slurm job {job_id} {what}"
         detail += f"; the agent exited with status {code}" if code is not None else "; the agent left no exit status"
         tail = _tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
-        return Observation("failed", f"{detail}: {tail}" if tail else detail, job.ref)
+        return Observation("failed", f"{detail}: {tail}" if tail else detail, job.platform_id)
 
     # ---- the job script --------------------------------------------------------------
 
