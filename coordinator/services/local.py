@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
-from ._launch import agent_argv, agent_environment, with_environment
+from ._launch import AGENT_MODULE, agent_argv, agent_environment, with_environment
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def _is_agent(pid: int) -> bool:
     """Whether ``pid`` is still a live trialkeeper agent (pids are reused)."""
     try:
         p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE and "trialkeeper.agent" in " ".join(p.cmdline())
+        return p.status() != psutil.STATUS_ZOMBIE and AGENT_MODULE in " ".join(p.cmdline())
     except psutil.Error:
         return False
 

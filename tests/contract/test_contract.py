@@ -31,6 +31,7 @@ from trialkeeper.coordinator.server import AgentLink, Servicer, create_server
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest, EnvironmentService
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
+from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 HERE = Path(__file__).resolve().parent
 HARNESS_ENV = "TRIALKEEPER_CONTRACT_HARNESSES"  # more harness files, os.pathsep-separated
@@ -102,7 +103,7 @@ class Endpoint:
     def agent_connected(self, register: pb.Register, link: AgentLink) -> None:
         self.instances.setdefault(register.environment_id, set()).add(register.agent_instance_id)
         self.links[register.environment_id] = link
-        link.send(pb.CoordinatorMessage(welcome=pb.Welcome(heartbeat_interval_s=1.0, protocol_version=1)))
+        link.send(pb.CoordinatorMessage(welcome=pb.Welcome(heartbeat_interval_s=1.0, protocol_version=PROTOCOL_VERSION)))
 
     def agent_message(self, env_id: str, link: AgentLink, msg: pb.AgentMessage) -> None:
         if msg.seq:
