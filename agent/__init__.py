@@ -4,5 +4,7 @@ Importing this package stays cheap (standard library only): trial scripts import
 from here, ``from trialkeeper.agent import trial``.
 """
 
+# Re-exported: the remote helper reads it from this package on the machines it checks.
+from trialkeeper.protos.wire import PROTOCOL_VERSION  # noqa: F401
+
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 1

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-TOKEN_ENV = "TRIALKEEPER_TOKEN"
+from trialkeeper.protos.wire import TOKEN_ENV
 
 log = logging.getLogger("trialkeeper.agent")
 

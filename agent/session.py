@@ -25,15 +25,15 @@ import psutil
 from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
-from . import PROTOCOL_VERSION, __version__
+from . import __version__
 from .gpu import GpuProbe, cuda_visible_devices
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
 from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
 log = logging.getLogger(__name__)
 
-TOKEN_METADATA_KEY = "x-trialkeeper-token"
 MAX_METRICS_PER_BATCH = 5000  # within limits.MAX_METRICS_PER_BATCH (a test checks)
 # Metric values may be up to 64 KiB each: batches are cut by size too, far below the
 # 16 MiB message limit, or one batch of large values would be refused and replayed forever.

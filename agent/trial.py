@@ -29,6 +29,9 @@ from typing import Any
 
 from trialkeeper.protos.limits import metric_value_problem
 
+# The agent's own variable, which its trials inherit.
+from trialkeeper.protos.wire import EXPERIMENT_ENV as ENV_EXPERIMENT_ID
+
 __all__ = [
     "TrialSdkError",
     "get_experiment_id",
@@ -42,7 +45,6 @@ __all__ = [
 
 ENV_TRIAL_ID = "TRIALKEEPER_TRIAL_ID"
 ENV_SEQUENCE_ID = "TRIALKEEPER_SEQUENCE_ID"
-ENV_EXPERIMENT_ID = "TRIALKEEPER_EXPERIMENT_ID"
 ENV_PARAMETER_FILE = "TRIALKEEPER_PARAMETER_FILE"
 ENV_OUTPUT_DIR = "TRIALKEEPER_OUTPUT_DIR"
 ENV_SOCKET = "TRIALKEEPER_SOCKET"

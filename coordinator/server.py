@@ -21,15 +21,13 @@ from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from trialkeeper.protos.wire import PROTOCOL_VERSION
+from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
 from . import events as ev
 from . import wire
 from .checks import MAX_SEQ, Refusal, over_limit, refused_metrics, without
 
 log = logging.getLogger(__name__)
-
-TOKEN_METADATA_KEY = "x-trialkeeper-token"
 REGISTER_TIMEOUT_S = 10.0
 MAX_MESSAGE_BYTES = limits.MAX_MESSAGE_BYTES
 # Per-stream outbound messages a slow agent may have queued before its stream is ended.

@@ -1,3 +1,19 @@
-"""Constants of the wire contract that the agent and the coordinator share."""
+"""Constants the agent and the coordinator's side share: one definition each.
 
+Standard library only and free of protobuf, so that ``trialkeeper.agent`` (imported by
+trial scripts for the SDK) stays cheap to import and a service that only starts agents
+needs no gRPC.
+"""
+
+from __future__ import annotations
+
+#: The version of the agent <-> coordinator protocol; both ends must speak the same.
 PROTOCOL_VERSION = 1
+#: The environment variable that carries the experiment token to an agent (never argv).
+TOKEN_ENV = "TRIALKEEPER_TOKEN"
+#: The gRPC metadata key under which an agent presents the experiment token.
+TOKEN_METADATA_KEY = "x-trialkeeper-token"
+#: Set in an agent's environment by services that start it, so that ``clean`` and the
+#: cloud platforms can tell whose agent a process or job is.
+EXPERIMENT_ENV = "TRIALKEEPER_EXPERIMENT_ID"
+ENVIRONMENT_ENV = "TRIALKEEPER_ENVIRONMENT_ID"

@@ -37,8 +37,9 @@ from typing import Any
 import psutil
 from trialkeeper.coordinator.services import aml, dlc
 from trialkeeper.coordinator.services._aml_sdk import TAG_ENVIRONMENT, TAG_EXPERIMENT, AmlRunSpec
-from trialkeeper.coordinator.services._cloud_jobs import ENVIRONMENT_ENV, EXPERIMENT_ENV, JobView
+from trialkeeper.coordinator.services._cloud_jobs import JobView
 from trialkeeper.coordinator.services._dlc_sdk import DlcJobSpec
+from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
 JOB_MARKER = "FAKE_CLOUD_JOB_ID"
 GRACE_S = 2.0

@@ -16,7 +16,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._cloud_jobs import ENVIRONMENT_ENV, EXPERIMENT_ENV, JobView
+from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
+
+from ._cloud_jobs import JobView
 from .base import env_id_in_name
 
 PACKAGE = "alibabacloud-pai-dlc20201203"

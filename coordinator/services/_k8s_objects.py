@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trialkeeper.protos.wire import TOKEN_ENV
+
 from .base import EnvironmentRequest, ObservedState
 from .kubernetes_config import (
     AdlConfig,
@@ -27,7 +29,6 @@ LABEL_ENVIRONMENT = "trialkeeper/environment"
 # Label values are limited to 63 plain characters; the exact ids are kept here as well.
 ANNOTATION_EXPERIMENT = "trialkeeper/experiment-id"
 ANNOTATION_ENVIRONMENT = "trialkeeper/environment-id"
-TOKEN_ENV = "TRIALKEEPER_TOKEN"
 TOKEN_KEY = "token"
 VOLUME = "trialkeeper-storage"
 CHECKPOINT_VOLUME = "adaptdl-checkpoint"

@@ -10,8 +10,9 @@ EOF and the launcher kills the agent and every trial: an environment never outli
 actor. The launcher reports the agent's pid and, at the end, its exit status on a second
 pipe, which the actor reads.
 
-Only the standard library and psutil are imported at module level: the launcher must
-start fast, and Ray imports this module in every actor it places.
+Only the standard library, psutil and trialkeeper's standard-library-only ``_launch`` are
+imported at module level: the launcher must start fast, and Ray imports this module in
+every actor it places.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-TOKEN_ENV = "TRIALKEEPER_TOKEN"
+from trialkeeper.protos.wire import TOKEN_ENV
+
+from ._launch import agent_argv
+
 _LAUNCHER_MODULE = "trialkeeper.coordinator.services._ray_node"
 SETTLE_S = 30.0  # how long the launcher may take to report the agent's start or end
 # How long an actor outlives its agent for the coordinator to collect how the agent ended.
@@ -98,16 +102,9 @@ class AgentHost:
         if code is not None:
             _unpack(code, exp_dir / "code" / spec["code"])
         gpu_ids = [str(i) for i in ray.get_gpu_ids()]
-        argv = [
-            sys.executable, "-m", "trialkeeper.agent",
-            "--coordinator", spec["coordinator"],
-            "--environment-id", spec["env_id"],
-            "--workdir", str(env_dir),
-            "--platform", "ray",
-            "--copy-working-directory",
-            *_gpu_args(spec["num_gpus"], gpu_ids),
-            *spec["agent_args"],
-        ]
+        argv = agent_argv(spec["coordinator"], spec["env_id"], "ray", python=sys.executable, workdir=str(env_dir),
+                          copy_working_directory=True,
+                          agent_args=[*_gpu_args(spec["num_gpus"], gpu_ids), *spec["agent_args"]])
         env = dict(os.environ)
         env[TOKEN_ENV] = token
         env.pop("CUDA_VISIBLE_DEVICES", None)  # the agent hands out GPUs by --gpu-indices

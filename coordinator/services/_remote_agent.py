@@ -24,13 +24,14 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "--exit-file":
         exit_file, argv = Path(argv[1]), argv[2:]
     from trialkeeper.agent import main as agent_main
+    from trialkeeper.protos.wire import TOKEN_ENV
 
     token = sys.stdin.buffer.read().decode("utf-8").strip()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     if token:
-        os.environ[agent_main.TOKEN_ENV] = token
+        os.environ[TOKEN_ENV] = token
     code = 1
     try:
         code = agent_main.main(argv)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,19 +137,6 @@ def ensure_local(config: SharedStorageConfig) -> None:
             f"sharedStorage.localMountPoint {local} is not a directory: mount {describe(config)} there "
             "(localMounted: usermount) or let trialkeeper mount it (localMounted: nnimount)"
         )
-
-
-def copy_code(source: Path, target: Path, exclude: tuple[Path, ...] = ()) -> None:
-    """The trial code onto the storage, without the experiment's own files."""
-    skip = {os.path.normpath(p) for p in exclude}
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        return {n for n in names if n == "__pycache__" or os.path.normpath(os.path.join(directory, n)) in skip}
-
-    if target.exists():
-        shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, target, ignore=ignore, symlinks=True)
 
 
 def write_private(path: Path, data: bytes) -> None:

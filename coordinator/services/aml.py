@@ -19,16 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from . import _aml_sdk
-from ._cloud_jobs import (
-    ENVIRONMENT_ENV,
-    EXPERIMENT_ENV,
-    TOKEN_ENV,
-    CloudSetupError,
-    JobAdapter,
-    JobEnvironmentService,
-    Phase,
-    copy_code,
-)
+from ._cloud_jobs import CloudJobService, CloudSetupError, JobAdapter
+from ._jobs import JobPhase
+from ._launch import agent_argv, agent_environment, copy_code
 from .base import EnvironmentRequest
 
 if TYPE_CHECKING:
@@ -52,17 +45,18 @@ def set_adapter_factory(factory: AdapterFactory | None) -> AdapterFactory | None
     return previous
 
 
-class AmlEnvironmentService(JobEnvironmentService):
+class AmlEnvironmentService(CloudJobService):
     """Starts agents as Azure ML runs; see the module docstring."""
 
     platform = "aml"
+    kind = "Azure ML run"
     shares_filesystem = False
     # Run statuses of azureml-core (azureml._restclient.constants.RunStatus).
-    PHASES: ClassVar[Mapping[str, Phase]] = {
-        "NotStarted": "queued", "Queued": "queued", "Preparing": "queued", "Starting": "queued",
-        "Provisioning": "queued", "Running": "running", "Finalizing": "running",
+    PHASES: ClassVar[Mapping[str, JobPhase]] = {
+        "NotStarted": "waiting", "Queued": "waiting", "Preparing": "waiting", "Starting": "waiting",
+        "Provisioning": "waiting", "Running": "running", "Finalizing": "running",
         "CancelRequested": "running", "NotResponding": "running",
-        "Completed": "succeeded", "Failed": "failed", "Canceled": "canceled",
+        "Completed": "succeeded", "Failed": "failed", "Canceled": "stopped",
     }
 
     def __init__(self, config: AmlConfig, code_directory: Path, adapter: JobAdapter, *,
@@ -104,14 +98,8 @@ class AmlEnvironmentService(JobEnvironmentService):
         return self.config.max_trial_number_per_gpu, None
 
     def job_spec(self, request: EnvironmentRequest) -> _aml_sdk.AmlRunSpec:
-        command = (
-            "python3", "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--platform", self.platform,
-            "--workdir", AGENT_WORKDIR,
-            *request.agent_args,
-        )
+        command = tuple(agent_argv(request.coordinator_address, request.env_id, self.platform, python="python3",
+                                   workdir=AGENT_WORKDIR, agent_args=request.agent_args))
         return _aml_sdk.AmlRunSpec(
             experiment_name=_aml_sdk.experiment_name(request.experiment_id),
             display_name=f"{request.experiment_id}/{request.env_id}",
@@ -120,9 +108,5 @@ class AmlEnvironmentService(JobEnvironmentService):
             compute_target=self.config.compute_target,
             docker_image=self.config.docker_image,
             tags={_aml_sdk.TAG_EXPERIMENT: request.experiment_id, _aml_sdk.TAG_ENVIRONMENT: request.env_id},
-            environment_variables={
-                TOKEN_ENV: request.token,
-                EXPERIMENT_ENV: request.experiment_id,
-                ENVIRONMENT_ENV: request.env_id,
-            },
+            environment_variables=agent_environment(request.token, request.experiment_id, request.env_id),
         )

@@ -23,16 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from . import _dlc_sdk
-from ._cloud_jobs import (
-    ENVIRONMENT_ENV,
-    EXPERIMENT_ENV,
-    TOKEN_ENV,
-    CloudSetupError,
-    JobAdapter,
-    JobEnvironmentService,
-    Phase,
-    copy_code,
-)
+from ._cloud_jobs import CloudJobService, CloudSetupError, JobAdapter
+from ._jobs import JobPhase
+from ._launch import agent_argv, agent_environment, copy_code
 from .base import EnvironmentRequest
 from .dlc_config import ID_ENV, SECRET_ENV
 
@@ -78,17 +71,18 @@ def access_key(config: DlcConfig) -> tuple[str, str]:
     return key_id, secret
 
 
-class DlcEnvironmentService(JobEnvironmentService):
+class DlcEnvironmentService(CloudJobService):
     """Starts agents as PAI-DLC jobs; see the module docstring."""
 
     platform = "dlc"
+    kind = "PAI-DLC job"
     shares_filesystem = False
     # GetJob's statuses.
-    PHASES: ClassVar[Mapping[str, Phase]] = {
-        "Creating": "queued", "Queuing": "queued", "Bidding": "queued", "EnvPreparing": "queued",
-        "SanityChecking": "queued", "Running": "running", "Restarting": "running", "Stopping": "running",
+    PHASES: ClassVar[Mapping[str, JobPhase]] = {
+        "Creating": "waiting", "Queuing": "waiting", "Bidding": "waiting", "EnvPreparing": "waiting",
+        "SanityChecking": "waiting", "Running": "running", "Restarting": "running", "Stopping": "running",
         "SucceededReserving": "succeeded", "Succeeded": "succeeded",
-        "FailedReserving": "failed", "Failed": "failed", "Stopped": "canceled",
+        "FailedReserving": "failed", "Failed": "failed", "Stopped": "stopped",
     }
 
     def __init__(self, config: DlcConfig, experiment_dir: Path, code_directory: Path, adapter: JobAdapter,
@@ -128,15 +122,9 @@ class DlcEnvironmentService(JobEnvironmentService):
 
     def job_spec(self, request: EnvironmentRequest) -> _dlc_sdk.DlcJobSpec:
         c = self.config
-        argv = [
-            "python3", "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--platform", self.platform,
-            "--workdir", self._in_container("envs", request.env_id),
-            "--copy-working-directory",
-            *request.agent_args,
-        ]
+        argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python="python3",
+                          workdir=self._in_container("envs", request.env_id), copy_working_directory=True,
+                          agent_args=request.agent_args)
         return _dlc_sdk.DlcJobSpec(
             display_name=_dlc_sdk.display_name(request.experiment_id, request.env_id),
             job_type=c.job_type, role=c.type, image=c.image, pod_count=c.pod_count, ecs_spec=c.ecs_spec,
@@ -144,6 +132,6 @@ class DlcEnvironmentService(JobEnvironmentService):
             workspace_id=c.workspace_id,
             nas_data_source_id=c.nas_data_source_id, nas_mount_path=c.container_storage_mount_point,
             oss_data_source_id=c.oss_data_source_id,
-            envs={TOKEN_ENV: request.token, EXPERIMENT_ENV: request.experiment_id, ENVIRONMENT_ENV: request.env_id},
+            envs=agent_environment(request.token, request.experiment_id, request.env_id),
         )
 

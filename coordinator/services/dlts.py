@@ -26,11 +26,14 @@ import asyncio
 import json
 import logging
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import _shared_storage as storage
-from ._rest import Job, JobPhase, RestClient, RestError, RestJobService, env_of
+from ._jobs import Job, JobEnvironmentService, JobPhase, JobState, env_of
+from ._launch import agent_argv, copy_code
+from ._rest import RestClient, RestError
 from .base import EnvironmentRequest
 
 if TYPE_CHECKING:
@@ -48,12 +51,13 @@ _LIVE = frozenset({"unapproved", "queued", "scheduling", "running", "pausing", "
 LIST_LIMIT = 10000
 
 
-class DltsEnvironmentService(RestJobService):
+class DltsEnvironmentService(JobEnvironmentService):
     """Starts agents as DLTS jobs; see the module docstring."""
 
     platform = "dlts"
     shares_filesystem = True
     kind = "DLTS job"
+    PLAIN_ERRORS = (RestError, OSError)
 
     def __init__(self, config: DltsConfig, experiment_dir: Path, code_directory: Path, *,
                  trial_gpu_number: int = 0, shared: SharedStorageConfig | None = None,
@@ -94,13 +98,13 @@ class DltsEnvironmentService(RestJobService):
         if self.shared is None or self.layout is None:
             return
         await asyncio.to_thread(storage.ensure_local, self.shared)
-        await asyncio.to_thread(storage.copy_code, self.code_directory, self.layout.local_code,
+        await asyncio.to_thread(copy_code, self.code_directory, self.layout.local_code,
                                 (*self.exclude, self.shared.local_mount_point.resolve()))
         log.info("dlts: trial code copied to %s (jobs see it at %s)", self.layout.local_code, self.working_directory())
 
     # ---- the platform -----------------------------------------------------------------
 
-    async def _submit(self, request: EnvironmentRequest, name: str) -> str:
+    async def submit(self, request: EnvironmentRequest, name: str) -> str:
         c = self.config
         body = {
             "jobName": name, "team": c.team, "vcName": c.team, "userName": c.email,
@@ -120,7 +124,7 @@ class DltsEnvironmentService(RestJobService):
         except RestError as e:
             if e.status != 0 and e.status < 500:
                 raise
-            found = (await self._live(request.experiment_id)).get(request.env_id)
+            found = (await self.list_jobs(request.experiment_id)).get(request.env_id)
             if found is None:
                 raise
             return found
@@ -129,27 +133,32 @@ class DltsEnvironmentService(RestJobService):
             raise RestError(200, f"the dashboard gave no jobId: {str(answer)[:200]}")
         return str(job_id)
 
-    async def _phases(self, jobs: list[Job]) -> dict[str, tuple[JobPhase, str]]:
-        out: dict[str, tuple[JobPhase, str]] = {}
+    async def observe(self, jobs: Sequence[Job]) -> dict[str, JobState]:
+        out: dict[str, JobState] = {}
         for job in jobs:
             try:
-                answer = (await self.client.call("GET", f"/v2/clusters/{self.config.cluster}/jobs/{job.ref}")).json()
+                answer = (await self.client.call("GET", f"/v2/clusters/{self.config.cluster}/jobs/{job.platform_id}")).json()
             except RestError as e:
                 if e.status != 404:
                     raise
                 answer = None
             if not isinstance(answer, dict) or not answer.get("jobStatus"):
-                out[job.env_id] = ("gone", "")
+                out[job.env_id] = JobState("gone")
                 continue
             status = str(answer["jobStatus"])
             phase = _PHASES.get(status, "running")
-            out[job.env_id] = (phase, str(answer.get("errorMsg") or "").strip()[-600:] if phase == "failed" else "")
+            out[job.env_id] = JobState(phase, str(answer.get("errorMsg") or "").strip()[-600:] if phase == "failed" else "")
         return out
 
-    async def _kill(self, ref: str) -> None:
-        await self.client.call("PUT", f"/clusters/{self.config.cluster}/jobs/{ref}/status", json_body={"status": "killing"})
+    async def kill(self, job: Job) -> None:
+        try:
+            await self.client.call("PUT", f"/clusters/{self.config.cluster}/jobs/{job.platform_id}/status",
+                                   json_body={"status": "killing"})
+        except RestError as e:
+            if e.status != 404:  # gone already: what a kill wants
+                raise
 
-    async def _live(self, experiment_id: str) -> dict[str, str]:
+    async def list_jobs(self, experiment_id: str) -> dict[str, str]:
         answer = (await self.client.call("GET", f"/teams/{self.config.team}/jobs", query={"limit": str(LIST_LIMIT)})).json()
         if not isinstance(answer, list):
             raise RestError(200, "the team's job list is not a list")
@@ -187,13 +196,7 @@ class DltsEnvironmentService(RestJobService):
         token_file = env_dir / "token"
         storage.write_private(token_file, request.token.encode())
         steps = []
-        argv = [
-            self.config.python_path, "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--platform", self.platform,
-            "--token-file", str(token_file),
-        ]
+        workdir, copy = str(self.experiment_dir), False
         if self.shared is not None and self.layout is not None:
             key_expr = '""'
             if self.shared.storage_account_key:
@@ -203,15 +206,15 @@ class DltsEnvironmentService(RestJobService):
             steps += storage.mount_step(self.shared, self.shared.remote_mount_point, key_expr=key_expr).splitlines()
             workdir = self.layout.remote_env(request.env_id)
             steps.append(f"mkdir -p {shlex.quote(workdir)}")
-            argv += ["--workdir", workdir, "--copy-working-directory"]
-        else:
-            argv += ["--workdir", str(self.experiment_dir)]
-        if self.gpus == 0:
-            argv.append("--no-gpu")
+            copy = True
+        tls_cert = None
         if request.tls_cert_pem is not None:
             cert = env_dir / "coordinator.pem"
             cert.write_bytes(request.tls_cert_pem)
-            argv += ["--tls-cert", str(cert)]
-        argv += list(request.agent_args)
+            tls_cert = str(cert)
+        argv = agent_argv(request.coordinator_address, request.env_id, self.platform,
+                          python=self.config.python_path, workdir=workdir, copy_working_directory=copy,
+                          no_gpu=self.gpus == 0, token_file=str(token_file), tls_cert=tls_cert,
+                          agent_args=request.agent_args)
         steps.append(f"exec {shlex.join(argv)}")
         return "; ".join(steps)

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -46,6 +45,8 @@ from ._k8s_objects import (
     token_secret,
     workload,
 )
+from ._launch import agent_argv, copy_code
+from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 from .kubernetes_config import AdlConfig
 
@@ -75,15 +76,15 @@ class _ApiFailure(Exception):
 
 
 @dataclass
-class _Env:
-    env_id: str
-    name: str
+class _Env(EnvRecord):
     experiment_id: str | None = None  # None when adopted, until its labels are read
-    adopted: bool = False
-    started: asyncio.Future[StartResult] | None = None
-    stopping: bool = False
     last: Observation | None = None
     pull_failing_since: float | None = None  # monotonic; while its pod cannot pull the image
+
+    @property
+    def name(self) -> str:
+        """The workload's name, which is its platform id."""
+        return self.platform_id
 
 
 class KubernetesEnvironmentService(EnvironmentService):
@@ -132,7 +133,7 @@ class KubernetesEnvironmentService(EnvironmentService):
         if local is None:
             return
         target = local / self._subdir / "code"
-        await asyncio.to_thread(_copy_code, self.code_directory, target, (*self.exclude, local.resolve()))
+        await asyncio.to_thread(copy_code, self.code_directory, target, (*self.exclude, local.resolve()))
         log.info("%s: trial code copied to %s (pods see it at %s)", self.platform, target, self.working_directory())
 
     def adopt(self, env_id: str, platform_id: str) -> None:
@@ -143,12 +144,12 @@ class KubernetesEnvironmentService(EnvironmentService):
         env = self._envs.get(request.env_id)
         if env is None:
             name = object_name(request.experiment_id, request.env_id)
-            env = self._envs[request.env_id] = _Env(request.env_id, name, request.experiment_id)
+            env = self._envs[request.env_id] = _Env(request.env_id, name, experiment_id=request.experiment_id)
         elif env.adopted:
             return StartResult(platform_id=env.name)  # started by an earlier coordinator
-        if env.started is None:
-            env.started = asyncio.ensure_future(self._start(env, request))
-        return await asyncio.shield(env.started)
+        if env.starting is None:
+            env.starting = asyncio.ensure_future(self._start(env, request))
+        return await asyncio.shield(env.starting)
 
     async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
         out = {i: Observation("unknown") for i in env_ids if i not in self._envs}
@@ -177,9 +178,9 @@ class KubernetesEnvironmentService(EnvironmentService):
         env = self._envs.get(env_id)
         if env is None:
             return
-        env.stopping = True
-        if env.started is not None and not env.started.done():
-            await asyncio.wait([env.started], timeout=self.config.api_timeout + CONNECT_TIMEOUT_S)
+        env.stop_requested = True
+        if env.starting is not None and not env.starting.done():
+            await asyncio.wait([env.starting], timeout=self.config.api_timeout + CONNECT_TIMEOUT_S)
         try:
             if env.experiment_id is None:
                 await self._by_experiment([env])
@@ -206,7 +207,7 @@ class KubernetesEnvironmentService(EnvironmentService):
                 log.warning("sweep: could not remove %s %s: %s", self._kind.kind, obj["metadata"]["name"], e)
                 continue
             if env_id in self._envs:
-                self._envs[env_id].stopping = True
+                self._envs[env_id].stop_requested = True
             deleted.append(env_id)
         removed: list[str] = []
         for env_id in deleted:  # all deletions are under way; now wait for their pods together
@@ -257,19 +258,13 @@ class KubernetesEnvironmentService(EnvironmentService):
 
     def _agent_argv(self, request: EnvironmentRequest) -> list[str]:
         c = self.config
-        argv = [
-            c.python, "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--platform", self.platform,
-        ]
+        workdir = None
         if c.local_mount_path is not None:
             # On the shared storage: each trial works in a copy of the code; agent files persist.
             workdir = f"{c.container_mount_path.rstrip('/')}/{self._subdir}/envs/{request.env_id}"
-            argv += ["--workdir", workdir, "--copy-working-directory"]
-        if c.gpu_number == 0:
-            argv.append("--no-gpu")
-        return argv + list(request.agent_args)
+        return agent_argv(request.coordinator_address, request.env_id, self.platform, python=c.python,
+                          workdir=workdir, copy_working_directory=workdir is not None, no_gpu=c.gpu_number == 0,
+                          agent_args=request.agent_args)
 
     async def _ensure_secret(self, request: EnvironmentRequest) -> None:
         if self._secret is None or (self._secret.done() and (self._secret.cancelled() or self._secret.exception())):
@@ -441,12 +436,12 @@ class KubernetesEnvironmentService(EnvironmentService):
         return groups
 
     def _missing(self, env: _Env) -> Observation:
-        if env.stopping:
+        if env.stop_requested:
             return Observation("exited", "deleted", env.name)
-        if env.started is not None and not env.started.done():
+        if env.starting is not None and not env.starting.done():
             return Observation("starting", "being created", env.name)
-        if env.started is not None and env.started.result().error:
-            return Observation("failed", env.started.result().error or "", env.name)
+        if env.starting is not None and env.starting.result().error:
+            return Observation("failed", env.starting.result().error or "", env.name)
         return Observation("failed", f"{self._kind.kind} {env.name} was deleted", env.name)
 
 
@@ -480,22 +475,3 @@ def _api_client(ts: KubernetesPlatformConfig) -> Any:
     except Exception as e:  # noqa: BLE001 - a broken file fails deep in yaml or the client: say which file
         where = f"kubeconfig {path}" if path else "no kubeconfig (KUBECONFIG, ~/.kube/config) and not in a cluster"
         raise KubernetesSetupError(f"platform {ts.platform}: cannot use {where}: {e}") from None
-
-
-def _copy_code(source: Path, target: Path, exclude: tuple[Path, ...]) -> None:
-    """The trial code onto the shared storage, without the experiment's own files."""
-    skip = {os.path.normpath(p) for p in exclude}
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        return {n for n in names if n == "__pycache__" or os.path.normpath(os.path.join(directory, n)) in skip}
-
-    # Copied beside, then swapped in: agents of a resumed experiment may be copying it now.
-    fresh, stale = target.with_name(f"{target.name}.new-{os.getpid()}"), target.with_name(f"{target.name}.old-{os.getpid()}")
-    for leftover in (fresh, stale):
-        shutil.rmtree(leftover, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, fresh, ignore=ignore, symlinks=True)
-    if target.exists():
-        target.rename(stale)
-    fresh.rename(target)
-    shutil.rmtree(stale, ignore_errors=True)

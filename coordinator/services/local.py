@@ -13,15 +13,15 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import psutil
+from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
+from ._launch import AGENT_MODULE, agent_argv, agent_environment, with_environment
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
 log = logging.getLogger(__name__)
 
 # Set in every local agent's environment (and so its trials'): how ``sweep`` finds them by
 # the experiment id alone, after the coordinator that started them is gone.
-EXPERIMENT_ENV = "TRIALKEEPER_EXPERIMENT_ID"
-ENVIRONMENT_ENV = "TRIALKEEPER_ENVIRONMENT_ID"
 
 
 class LocalEnvironmentService(EnvironmentService):
@@ -61,22 +61,14 @@ class LocalEnvironmentService(EnvironmentService):
     async def _spawn(self, request: EnvironmentRequest) -> StartResult:
         env_dir = self.experiment_dir / "envs" / request.env_id
         env_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            self.python, "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--workdir", str(self.experiment_dir),
-            "--platform", self.platform,
-            *request.agent_args,
-        ]
+        tls_cert = None
         if request.tls_cert_pem is not None:
             cert = env_dir / "coordinator.pem"
             cert.write_bytes(request.tls_cert_pem)
-            argv += ["--tls-cert", str(cert)]
-        env = dict(os.environ)
-        env["TRIALKEEPER_TOKEN"] = request.token
-        env[EXPERIMENT_ENV] = request.experiment_id
-        env[ENVIRONMENT_ENV] = request.env_id
+            tls_cert = str(cert)
+        argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
+                          workdir=str(self.experiment_dir), tls_cert=tls_cert, agent_args=request.agent_args)
+        env = with_environment(agent_environment(request.token, request.experiment_id, request.env_id))
         try:
             with open(env_dir / "agent.log", "ab") as out:  # noqa: ASYNC230 - a local file, once per agent
                 proc = await asyncio.create_subprocess_exec(
@@ -200,7 +192,7 @@ def _is_agent(pid: int) -> bool:
     """Whether ``pid`` is still a live trialkeeper agent (pids are reused)."""
     try:
         p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE and "trialkeeper.agent" in " ".join(p.cmdline())
+        return p.status() != psutil.STATUS_ZOMBIE and AGENT_MODULE in " ".join(p.cmdline())
     except psutil.Error:
         return False
 

@@ -24,13 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from trialkeeper.protos.wire import TOKEN_ENV
 
 from . import _shared_storage as storage
-from ._rest import Job, JobPhase, RestClient, RestError, RestJobService, env_of
+from ._jobs import Job, JobEnvironmentService, JobPhase, JobState, env_of
+from ._launch import agent_argv, copy_code
+from ._rest import RestClient, RestError
 from .base import EnvironmentRequest
 
 if TYPE_CHECKING:
@@ -51,12 +55,13 @@ class OpenPaiSetupError(ValueError):
     """The experiment cannot use OpenPAI as configured."""
 
 
-class OpenPaiEnvironmentService(RestJobService):
+class OpenPaiEnvironmentService(JobEnvironmentService):
     """Starts agents as OpenPAI jobs; see the module docstring."""
 
     platform = "openpai"
     shares_filesystem = False
     kind = "OpenPAI job"
+    PLAIN_ERRORS = (RestError, OSError)
 
     def __init__(self, config: OpenPaiConfig, experiment_dir: Path, code_directory: Path, *,
                  trial_gpu_number: int = 0, shared: SharedStorageConfig | None = None,
@@ -104,12 +109,12 @@ class OpenPaiEnvironmentService(RestJobService):
         target = self.layout.local_code
         local_root = (self.shared.local_mount_point if self.shared else self.config.local_storage_mount_point)
         assert local_root is not None
-        await asyncio.to_thread(storage.copy_code, self.code_directory, target, (*self.exclude, local_root.resolve()))
+        await asyncio.to_thread(copy_code, self.code_directory, target, (*self.exclude, local_root.resolve()))
         log.info("openpai: trial code copied to %s (jobs see it at %s)", target, self.working_directory())
 
     # ---- the platform -----------------------------------------------------------------
 
-    async def _submit(self, request: EnvironmentRequest, name: str) -> str:
+    async def submit(self, request: EnvironmentRequest, name: str) -> str:
         body = yaml.safe_dump(self.protocol(request, name), sort_keys=False).encode()
         try:
             await self.client.call("POST", "/jobs", data=body, content_type="text/yaml")
@@ -118,25 +123,29 @@ class OpenPaiEnvironmentService(RestJobService):
                 raise
         return f"{self.config.username}~{name}"
 
-    async def _phases(self, jobs: list[Job]) -> dict[str, tuple[JobPhase, str]]:
+    async def observe(self, jobs: Sequence[Job]) -> dict[str, JobState]:
         # One list call for all jobs, as the OpenPAI web portal does, rather than one per job.
         listed = await self._list()
-        out: dict[str, tuple[JobPhase, str]] = {}
+        out: dict[str, JobState] = {}
         for job in jobs:
-            name = job.ref.split("~", 1)[-1]
+            name = job.platform_id.split("~", 1)[-1]
             found = listed.get(name)
             if found is None:
-                out[job.env_id] = ("gone", "")
+                out[job.env_id] = JobState("gone")
                 continue
             state = str(found.get("state", ""))
             phase = _PHASES.get(state, "running")
-            out[job.env_id] = (phase, await self._why(job.ref) if phase == "failed" else "")
+            out[job.env_id] = JobState(phase, await self._why(job.platform_id) if phase == "failed" else "")
         return out
 
-    async def _kill(self, ref: str) -> None:
-        await self.client.call("PUT", f"/jobs/{ref}/executionType", json_body={"value": "STOP"})
+    async def kill(self, job: Job) -> None:
+        try:
+            await self.client.call("PUT", f"/jobs/{job.platform_id}/executionType", json_body={"value": "STOP"})
+        except RestError as e:
+            if e.status != 404:  # gone already: what a kill wants
+                raise
 
-    async def _live(self, experiment_id: str) -> dict[str, str]:
+    async def list_jobs(self, experiment_id: str) -> dict[str, str]:
         out = {}
         for name, job in (await self._list()).items():
             env_id = env_of(name, experiment_id)
@@ -197,23 +206,16 @@ class OpenPaiEnvironmentService(RestJobService):
     def commands(self, request: EnvironmentRequest) -> list[str]:
         """The task's commands; the token is a reference to the job's secret, never its value."""
         workdir = self.layout.remote_env(request.env_id)
-        argv = [
-            self.config.python_path, "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--workdir", workdir,
-            "--platform", self.platform,
-            "--copy-working-directory",
-        ]
-        if self.resources["gpu"] == 0:
-            argv.append("--no-gpu")
+        tls_cert = None
         if request.tls_cert_pem is not None:
             cert = self.layout.local_env(request.env_id) / "coordinator.pem"
             cert.parent.mkdir(parents=True, exist_ok=True)
             cert.write_bytes(request.tls_cert_pem)
-            argv += ["--tls-cert", f"{workdir}/coordinator.pem"]
-        argv += list(request.agent_args)
-        lines = [f"export TRIALKEEPER_TOKEN='<% $secrets.{TOKEN_SECRET} %>'"]
+            tls_cert = f"{workdir}/coordinator.pem"
+        argv = agent_argv(request.coordinator_address, request.env_id, self.platform,
+                          python=self.config.python_path, workdir=workdir, copy_working_directory=True,
+                          no_gpu=self.resources["gpu"] == 0, tls_cert=tls_cert, agent_args=request.agent_args)
+        lines = [f"export {TOKEN_ENV}='<% $secrets.{TOKEN_SECRET} %>'"]
         if self.shared is not None:
             lines.append(storage.mount_step(self.shared, self.shared.remote_mount_point,
                                             key_expr=f"'<% $secrets.{KEY_SECRET} %>'"))

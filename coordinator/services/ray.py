@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._ray_node import LINGER_S, SETTLE_S, AgentHost, describe_error
+from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
 if TYPE_CHECKING:
@@ -120,17 +121,14 @@ class _Connection:
 
 
 @dataclass
-class _Env:
-    env_id: str
-    name: str
+class _Env(EnvRecord):
+    name: str = ""  # the actor's name in the namespace
     actor: Any = None  # the ActorHandle
     launched: Any = None  # ObjectRef of launch()/describe(): where the agent runs
     ended: Any = None  # ObjectRef of wait(): how the agent ended
     info: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     error: str = ""
-    adopted: bool = False
-    stopped: bool = False
     released: bool = False  # the actor was killed after its agent ended, freeing its resources
 
 
@@ -186,7 +184,7 @@ class RayEnvironmentService(EnvironmentService):
     async def start(self, request: EnvironmentRequest) -> StartResult:
         env = self._envs.get(request.env_id)
         if env is None:
-            env = _Env(request.env_id, actor_name(request.experiment_id, request.env_id))
+            env = _Env(request.env_id, name=actor_name(request.experiment_id, request.env_id))
             self._envs[request.env_id] = env  # before any await: a second start finds it
             self._warn_if_unreachable(request.coordinator_address)
             try:
@@ -224,9 +222,9 @@ class RayEnvironmentService(EnvironmentService):
 
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         env = self._envs.get(env_id)
-        if env is None or env.stopped or env.error:
+        if env is None or env.stop_requested or env.error:
             return
-        env.stopped = True
+        env.stop_requested = True
         if env.released:
             return
         try:
@@ -238,7 +236,7 @@ class RayEnvironmentService(EnvironmentService):
     def adopt(self, env_id: str, platform_id: str) -> None:
         name = platform_id.partition("/")[2] if platform_id.startswith(f"{self.config.namespace}/") else ""
         if name.startswith(f"{ACTOR_PREFIX}/") and env_id not in self._envs:
-            self._envs[env_id] = _Env(env_id, name, adopted=True)
+            self._envs[env_id] = _Env(env_id, name=name, adopted=True)
 
     async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
         try:
@@ -249,7 +247,7 @@ class RayEnvironmentService(EnvironmentService):
             return []
         for env_id in removed:
             if env_id in self._envs:
-                self._envs[env_id].stopped = True
+                self._envs[env_id].stop_requested = True
         return removed
 
     async def close(self) -> None:
@@ -345,7 +343,7 @@ class RayEnvironmentService(EnvironmentService):
         }
         env.launched = env.actor.launch.remote(spec, request.token, self._code_ref)
         env.ended = env.actor.wait.remote()
-        if env.stopped:  # stop() ran while the actor was being created
+        if env.stop_requested:  # stop() ran while the actor was being created
             ray.kill(env.actor, no_restart=True)
         log.info("environment %s: Ray actor %s requested", env.env_id, env.name)
 
@@ -353,7 +351,7 @@ class RayEnvironmentService(EnvironmentService):
         """Take in, without waiting, every launch and end the cluster has reported."""
         ray = _connected_ray()
         for env in envs:
-            if env.adopted and env.actor is None and not env.stopped:
+            if env.adopted and env.actor is None and not env.stop_requested:
                 self._attach(env)
         pending: dict[Any, tuple[_Env, str]] = {}
         for env in envs:
@@ -444,10 +442,10 @@ class RayEnvironmentService(EnvironmentService):
             return Observation("failed", env.error, pid)
         if env.result is not None:
             state = env.result.get("state", "failed")
-            if env.stopped and state == "failed":
+            if env.stop_requested and state == "failed":
                 return Observation("exited", "stopped", pid)
             return Observation(state, env.result.get("detail", ""), pid)
-        if env.stopped:
+        if env.stop_requested:
             return Observation("exited", "stopped", pid)
         if env.info is not None:
             if env.info.get("error"):

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._launch import agent_argv
+from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
 if TYPE_CHECKING:
@@ -85,19 +87,15 @@ class _Machine:
 
 
 @dataclass
-class _Env:
-    env_id: str
+class _Env(EnvRecord):
     machine: _Machine | None = None
     state: str = "starting"  # starting | running | exited | failed
     detail: str = "waiting for a machine"
     pid: int | None = None
-    platform_id: str = ""
     dir: str = ""
     started: bool = False  # an agent was launched
     launching: bool = False  # the launch command is under way
     cleaned: bool = False  # its processes are known gone
-    result: asyncio.Future[StartResult] | None = None
-    stop_requested: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -207,12 +205,12 @@ class RemoteEnvironmentService(EnvironmentService):
         env = self._envs.get(request.env_id)
         if env is None:
             env = self._envs[request.env_id] = _Env(request.env_id)
-            env.result = asyncio.ensure_future(self._start(env, request))
-        assert env.result is not None
+            env.starting = asyncio.ensure_future(self._start(env, request))
+        assert env.starting is not None
         try:
-            return await asyncio.shield(env.result)
+            return await asyncio.shield(env.starting)
         except asyncio.CancelledError:
-            if env.result.cancelled():
+            if env.starting.cancelled():
                 return StartResult(error="the start was canceled")
             raise
 
@@ -232,12 +230,12 @@ class RemoteEnvironmentService(EnvironmentService):
         if env is None:
             return
         env.stop_requested = True
-        if env.result is not None and not env.result.done():
+        if env.starting is not None and not env.starting.done():
             if env.launching:
                 # Canceled now, the agent could start unseen: let the launch finish, then stop it.
-                await asyncio.wait([env.result], timeout=60.0)
-            if not env.result.done():
-                env.result.cancel()
+                await asyncio.wait([env.starting], timeout=60.0)
+            if not env.starting.done():
+                env.starting.cancel()
                 self._notify()
         if not env.started or env.cleaned or env.machine is None:
             if env.state == "starting":
@@ -301,7 +299,7 @@ class RemoteEnvironmentService(EnvironmentService):
         self._notify()
         tasks: list[asyncio.Future[Any]] = [m.checker for m in self.machines if m.checker]
         tasks += [m.connecting for m in self.machines if m.connecting]
-        tasks += [e.result for e in self._envs.values() if e.result is not None and not e.result.done()]
+        tasks += [e.starting for e in self._envs.values() if e.starting is not None and not e.starting.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -456,7 +454,8 @@ class RemoteEnvironmentService(EnvironmentService):
         return info
 
     def _check_trialkeeper(self, m: _Machine, info: dict[str, Any]) -> None:
-        from trialkeeper.agent import PROTOCOL_VERSION, __version__
+        from trialkeeper.agent import __version__
+        from trialkeeper.protos.wire import PROTOCOL_VERSION
 
         python = info.get("python", "python3")
         hint = (
@@ -514,23 +513,20 @@ class RemoteEnvironmentService(EnvironmentService):
 
     async def _launch(self, env: _Env, m: _Machine, request: EnvironmentRequest) -> int:
         env.dir = f"{m.exp_dir}/envs/{env.env_id}"
-        argv = [
-            "--coordinator", _with_port(m.dial, request.coordinator_address),
-            "--environment-id", env.env_id,
-            "--workdir", env.dir,
-            "--platform", self.platform,
-            # Code is uploaded once per machine; each trial runs in its own copy of it.
-            "--copy-working-directory",
-            *request.agent_args,
-        ]
+        extra = list(request.agent_args)
         if m.config.gpu_indices:
-            argv += ["--gpu-indices", ",".join(str(i) for i in m.config.gpu_indices)]
+            extra += ["--gpu-indices", ",".join(str(i) for i in m.config.gpu_indices)]
+        tls_cert = None
         if request.tls_cert_pem is not None:
             cert = self.experiment_dir / "remote" / "coordinator.pem"
             cert.parent.mkdir(parents=True, exist_ok=True)
             cert.write_bytes(request.tls_cert_pem)
             await self._upload(m, cert, f"{env.dir}/coordinator.pem")
-            argv += ["--tls-cert", f"{env.dir}/coordinator.pem"]
+            tls_cert = f"{env.dir}/coordinator.pem"
+        # The helper there supplies the interpreter; code is uploaded once per machine and
+        # each trial runs in its own copy of it.
+        argv = agent_argv(_with_port(m.dial, request.coordinator_address), env.env_id, self.platform, python=None,
+                          workdir=env.dir, copy_working_directory=True, tls_cert=tls_cert, agent_args=extra)
         answer = await self._helper(
             m, "start",
             {"python": m.python, "env_dir": env.dir, "cwd": m.exp_dir, "argv": argv},

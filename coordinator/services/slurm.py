@@ -21,7 +21,8 @@ directory in place and the agents write trial directories into the experiment di
 that the coordinator reads (``shares_filesystem``).
 
 State comes from ``squeue --states=all``, asked at most every ``pollInterval`` in the
-background so that ``poll`` never waits on the controller. A job that has left Slurm's
+background (the job base, :mod:`._jobs`) so that ``poll`` waits on the controller for a
+second at most. A job that has left Slurm's
 memory (``MinJobAge``) is judged by ``scontrol``, then ``sacct`` (which needs accounting
 storage), then the agent's exit file.
 """
@@ -36,13 +37,16 @@ import re
 import shlex
 import shutil
 import sys
-import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from trialkeeper.protos.wire import TOKEN_ENV
+
+from ._jobs import Job, JobEnvironmentService, JobError, JobState, env_of, job_name
+from ._launch import agent_argv, with_environment
+from .base import EnvironmentRequest, Observation
 
 if TYPE_CHECKING:
     from ..config import ExperimentConfig
@@ -50,8 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TOKEN_ENV = "TRIALKEEPER_TOKEN"
-JOB_PREFIX = "tk-"
 COMMENT_PREFIX = "trialkeeper-experiment:"
 # How long a stopped job may take to be gone (Slurm's KillWait is 30 s by default).
 STOP_WAIT_S = 60.0
@@ -74,38 +76,25 @@ class _Run:
         return text[-1] if text else f"exit status {self.rc}"
 
 
-@dataclass
-class _Job:
-    env_id: str
-    job_id: str
-    state: str = "PENDING"
-    reason: str = ""
-    stop_requested: bool = False
-    observation: Observation | None = None  # set once the job has ended
-
-    @property
-    def platform_id(self) -> str:
-        return f"job {self.job_id}"
-
-
-class SlurmEnvironmentService(EnvironmentService):
+class SlurmEnvironmentService(JobEnvironmentService):
     """Starts agents as Slurm batch jobs; see the module docstring."""
 
     platform = "slurm"
     shares_filesystem = True
+    kind = "Slurm job"
+    STOP_WAIT_S = STOP_WAIT_S
 
     def __init__(self, config: SlurmConfig, experiment_dir: Path, code_directory: Path, *,
                  trial_gpu_number: int = 0) -> None:
+        # Each command has its own deadline (commandTimeout); a sweep may run several.
+        super().__init__(poll_interval=config.poll_interval, call_timeout=STOP_WAIT_S + 4 * config.command_timeout)
         self.config = config
         self.experiment_dir = experiment_dir
         self.code_directory = code_directory
         self.python = config.python_interpreter or sys.executable
         self.directives = config.sbatch_directives(trial_gpu_number)
         self.gpus = config.requests_gpus(trial_gpu_number)
-        self._jobs: dict[str, _Job] = {}
-        self._starting: dict[str, asyncio.Future[StartResult]] = {}
-        self._refresher: asyncio.Task[None] | None = None
-        self._refreshed_at = 0.0
+        self._states: dict[str, tuple[str, str]] = {}  # job id -> Slurm's (state, reason)
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> SlurmEnvironmentService:
@@ -120,67 +109,8 @@ class SlurmEnvironmentService(EnvironmentService):
         return str(self.code_directory)
 
     def adopt(self, env_id: str, platform_id: str) -> None:
-        job_id = platform_id.removeprefix("job ").strip()
-        if job_id.isdigit() and env_id not in self._jobs:
-            self._jobs[env_id] = _Job(env_id, job_id, state="RUNNING")
-            self._refreshed_at = 0.0
-
-    async def start(self, request: EnvironmentRequest) -> StartResult:
-        job = self._jobs.get(request.env_id)
-        if job is not None:
-            return StartResult(platform_id=job.platform_id)
-        pending = self._starting.get(request.env_id)
-        if pending is None:
-            pending = asyncio.ensure_future(self._submit(request))
-            self._starting[request.env_id] = pending
-        try:
-            return await asyncio.shield(pending)
-        finally:
-            if pending.done():
-                self._starting.pop(request.env_id, None)
-
-    async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
-        idle = self._refresher is None or self._refresher.done()
-        if idle and time.monotonic() - self._refreshed_at >= self.config.poll_interval:
-            self._refresher = asyncio.ensure_future(self._refresh())
-        return {env_id: self._observe(env_id) for env_id in env_ids}
-
-    async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
-        job = self._jobs.get(env_id)
-        if job is None and env_id in self._starting:
-            with contextlib.suppress(Exception):
-                await self._starting[env_id]
-            job = self._jobs.get(env_id)
-        if job is None or job.observation is not None:
-            return
-        job.stop_requested = True
-        # The coordinator has asked the agent to shut down over its stream: give it the
-        # grace period to end its job on its own, then cancel the job.
-        if grace_s <= 0 or not await self._wait_gone([job.job_id], grace_s):
-            await self._cancel([job.job_id])
-            if not await self._wait_gone([job.job_id], STOP_WAIT_S):
-                log.warning("Slurm job %s of environment %s did not end after scancel", job.job_id, env_id)
-                return
-        job.state = "CANCELLED"
-        job.observation = Observation("exited", "stopped", job.platform_id)
-
-    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
-        found = await self._experiment_jobs(experiment_id)
-        if found is None:
-            return []
-        doomed = {env_id: job_id for env_id, job_id in found.items() if env_id not in keep}
-        if not doomed:
-            return []
-        for env_id in doomed:
-            if env_id in self._jobs:
-                self._jobs[env_id].stop_requested = True
-        await self._cancel(list(doomed.values()))
-        if not await self._wait_gone(list(doomed.values()), STOP_WAIT_S):
-            still = await self._experiment_jobs(experiment_id) or {}
-            doomed = {e: j for e, j in doomed.items() if e not in still}
-        log.info("experiment %s: removed Slurm jobs %s", experiment_id,
-                 ", ".join(f"{j} ({e})" for e, j in sorted(doomed.items())))
-        return sorted(doomed)
+        if _job_id(platform_id).isdigit():
+            super().adopt(env_id, platform_id)
 
     async def prepare(self) -> None:
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
@@ -188,14 +118,11 @@ class SlurmEnvironmentService(EnvironmentService):
     async def close(self) -> None:
         live = [env_id for env_id, job in self._jobs.items() if job.observation is None]
         await asyncio.gather(*(self.stop(env_id, 0.0) for env_id in live), return_exceptions=True)
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+        await super().close()
 
-    # ---- submitting ---------------------------------------------------------------
+    # ---- the four platform calls ---------------------------------------------------
 
-    async def _submit(self, request: EnvironmentRequest) -> StartResult:
+    async def submit(self, request: EnvironmentRequest, name: str) -> str:
         env_dir = self.experiment_dir / "envs" / request.env_id
         try:
             env_dir.mkdir(parents=True, exist_ok=True)
@@ -205,32 +132,100 @@ class SlurmEnvironmentService(EnvironmentService):
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as e:
-            return StartResult(error=f"cannot write the job script for {request.env_id}: {e}")
-        env = dict(os.environ)
-        env[TOKEN_ENV] = request.token
+            raise JobError(f"cannot write the job script for {request.env_id}: {e}") from None
+        # The token travels in sbatch's environment, which Slurm hands to the job.
+        env = with_environment({TOKEN_ENV: request.token})
         fixed = self._fixed_options(request, env_dir)
         run = await self._run(["sbatch", "--parsable", *fixed, str(script)], env=env)
-        if run.rc != 0:
-            # A timed-out sbatch may still have queued the job: look for it by name.
-            found = await self._experiment_jobs(request.experiment_id) if run.rc == -1 else None
-            if not found or request.env_id not in found:
-                return StartResult(error=f"sbatch could not queue the job of {request.env_id}: {run.why}")
-            job_id = found[request.env_id]
-        else:
+        if run.rc == 0:
             job_id = run.out.strip().split(";")[0]
             if not job_id.isdigit():
-                return StartResult(error=f"sbatch gave no job id for {request.env_id}: {run.out.strip()!r}")
-        job = _Job(request.env_id, job_id)
-        self._jobs[request.env_id] = job
-        self._refreshed_at = 0.0
-        log.info("environment %s: Slurm job %s submitted", request.env_id, job_id)
-        return StartResult(platform_id=job.platform_id)
+                raise JobError(f"sbatch gave no job id for {request.env_id}: {run.out.strip()!r}")
+            return f"job {job_id}"
+        # A timed-out sbatch may still have queued the job: look for it by name.
+        found = await self.list_jobs(request.experiment_id) if run.rc == -1 else {}
+        if request.env_id not in found:
+            raise JobError(f"sbatch could not queue the job of {request.env_id}: {run.why}")
+        return found[request.env_id]
+
+    async def observe(self, jobs: Sequence[Job]) -> dict[str, JobState]:
+        run = await self._run(["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%r"])
+        if run.rc != 0:
+            raise JobError(f"squeue failed: {run.why}")
+        seen: dict[str, tuple[str, str]] = {}
+        for line in run.out.splitlines():
+            parts = line.strip().split("|", 2)
+            if len(parts) == 3:
+                seen[parts[0]] = (parts[1], parts[2])
+        out: dict[str, JobState] = {}
+        for job in jobs:
+            job_id = _job_id(job.platform_id)
+            state, reason = seen.get(job_id, ("", ""))
+            if not state:
+                state = await self._final_state(job_id)
+            self._states[job_id] = (state, reason)
+            if state in _WAITING:
+                why = f" ({reason})" if reason and reason != "None" else ""
+                out[job.env_id] = JobState("waiting", f"Slurm job {job_id} {state.lower()}{why}")
+            elif state in _ACTIVE:
+                out[job.env_id] = JobState("running", f"Slurm job {job_id} {state.lower()}")
+            else:  # how it ended is told by ``ended``, which reads the agent's exit file too
+                out[job.env_id] = JobState("stopped" if state.startswith("CANCELLED") else "failed")
+        return out
+
+    async def kill(self, job: Job) -> None:
+        run = await self._run(["scancel", _job_id(job.platform_id)])
+        if run.rc != 0 and "Invalid job id" not in run.err:  # an unknown id: gone already
+            raise JobError(f"scancel {_job_id(job.platform_id)}: {run.why}")
+
+    async def list_jobs(self, experiment_id: str) -> dict[str, str]:
+        """env id -> platform id of the experiment's jobs Slurm still runs or queues: by
+        name and by the comment that names the experiment."""
+        run = await self._run(["squeue", "--me", "--noheader", "--format=%i|%T|%j|%k"])
+        if run.rc != 0:
+            raise JobError(f"squeue failed, cannot list the jobs of {experiment_id}: {run.why}")
+        found: dict[str, str] = {}
+        for line in run.out.splitlines():
+            parts = line.strip().split("|", 3)
+            if len(parts) != 4 or parts[1] not in _ACTIVE:
+                continue
+            job_id, _, name, comment = parts
+            env_id = env_of(name, experiment_id)
+            if env_id is not None and comment.strip() == f"{COMMENT_PREFIX}{experiment_id}":
+                found[env_id] = f"job {job_id}"
+        return found
+
+    def ended(self, job: Job) -> Observation:
+        job_id = _job_id(job.platform_id)
+        state = self._states.get(job_id, ("ENDED", ""))[0] or "ENDED"
+        exit_file = self.experiment_dir / "envs" / job.env_id / "agent.exit"
+        try:
+            code: int | None = int(exit_file.read_text().strip())
+        except (OSError, ValueError):
+            code = None
+        if code == 0 and state in ("COMPLETED", "ENDED"):
+            return Observation("exited", "agent exited normally", job.platform_id)
+        what = {
+            "CANCELLED": "was cancelled (scancel)",
+            "FAILED": "failed",
+            "TIMEOUT": "reached its time limit",
+            "NODE_FAIL": "lost its node",
+            "PREEMPTED": "was preempted",
+            "OUT_OF_MEMORY": "ran out of memory",
+            "ENDED": "ended",
+        }.get(state.split()[0], f"ended {state}")
+        detail = f"Slurm job {job_id} {what}"
+        detail += f"; the agent exited with status {code}" if code is not None else "; the agent left no exit status"
+        tail = _tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
+        return Observation("failed", f"{detail}: {tail}" if tail else detail, job.platform_id)
+
+    # ---- the job script --------------------------------------------------------------
 
     def _fixed_options(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
         """The options trialkeeper relies on. They stand in the script for whoever reads it
         and on sbatch's command line too, where SBATCH_* variables cannot override them."""
         return [
-            f"--job-name={JOB_PREFIX}{request.experiment_id}-{request.env_id}",
+            f"--job-name={job_name(request.experiment_id, request.env_id)}",
             f"--comment={COMMENT_PREFIX}{request.experiment_id}",
             f"--output={env_dir / 'agent.log'}",
             "--open-mode=append",
@@ -240,20 +235,15 @@ class SlurmEnvironmentService(EnvironmentService):
         ]
 
     def _script(self, request: EnvironmentRequest, env_dir: Path) -> str:
-        argv = [
-            self.python, "-m", "trialkeeper.agent",
-            "--coordinator", request.coordinator_address,
-            "--environment-id", request.env_id,
-            "--workdir", str(self.experiment_dir),
-            "--platform", self.platform,
-            *request.agent_args,
-        ]
-        if not self.gpus and "--gpu-indices" not in request.agent_args:
-            argv.append("--no-gpu")  # the job was given no GPUs: its trials must not take any
+        tls_cert = None
         if request.tls_cert_pem is not None:
             cert = env_dir / "coordinator.pem"
             cert.write_bytes(request.tls_cert_pem)
-            argv += ["--tls-cert", str(cert)]
+            tls_cert = str(cert)
+        # A job given no GPUs: its trials must not take any.
+        argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
+                          workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=tls_cert,
+                          agent_args=request.agent_args)
         directives = [*self._fixed_options(request, env_dir), *self.directives]
         lines = ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.config.prologue]
         supervisor = [self.python, "-I", "-S", "-c", _SUPERVISOR, str(env_dir / "agent.exit")]
@@ -264,47 +254,7 @@ class SlurmEnvironmentService(EnvironmentService):
             lines.append("exec " + shlex.join([*supervisor, *argv]))
         return "\n".join(lines) + "\n"
 
-    # ---- observing ----------------------------------------------------------------
-
-    def _observe(self, env_id: str) -> Observation:
-        job = self._jobs.get(env_id)
-        if job is None:
-            return Observation("starting") if env_id in self._starting else Observation("unknown")
-        if job.observation is not None:
-            return job.observation
-        if job.state in _WAITING:
-            why = f" ({job.reason})" if job.reason and job.reason != "None" else ""
-            return Observation("starting", f"Slurm job {job.job_id} {job.state.lower()}{why}", job.platform_id)
-        return Observation("running", f"Slurm job {job.job_id} {job.state.lower()}", job.platform_id)
-
-    async def _refresh(self) -> None:
-        try:
-            await self._refresh_once()
-        except Exception:  # the next poll tries again; the loop must not see this
-            log.exception("checking the Slurm jobs failed")
-        self._refreshed_at = time.monotonic()
-
-    async def _refresh_once(self) -> None:
-        live = {job.job_id: job for job in self._jobs.values() if job.observation is None}
-        if not live:
-            return
-        run = await self._run(["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T|%r"])
-        if run.rc != 0:
-            log.warning("squeue failed: %s", run.why)
-            return
-        seen: dict[str, tuple[str, str]] = {}
-        for line in run.out.splitlines():
-            parts = line.strip().split("|", 2)
-            if len(parts) == 3:
-                seen[parts[0]] = (parts[1], parts[2])
-        for job_id, job in live.items():
-            state, reason = seen.get(job_id, ("", ""))
-            if not state:
-                state = await self._final_state(job_id)
-            job.state, job.reason = state, reason
-            if state not in _ACTIVE:
-                job.observation = self._ended(job)
-                log.info("environment %s: Slurm job %s ended: %s", job.env_id, job_id, job.observation.detail)
+    # ---- helpers ------------------------------------------------------------------
 
     async def _final_state(self, job_id: str) -> str:
         """The state of a job squeue no longer lists: scontrol, else sacct, else unknown."""
@@ -316,67 +266,6 @@ class SlurmEnvironmentService(EnvironmentService):
                                "--format=State"])
         words = run.out.split() if run.rc == 0 else []
         return words[0] if words else "ENDED"
-
-    def _ended(self, job: _Job) -> Observation:
-        exit_file = self.experiment_dir / "envs" / job.env_id / "agent.exit"
-        try:
-            code: int | None = int(exit_file.read_text().strip())
-        except (OSError, ValueError):
-            code = None
-        if job.stop_requested:
-            return Observation("exited", "stopped", job.platform_id)
-        if code == 0 and job.state in ("COMPLETED", "ENDED"):
-            return Observation("exited", "agent exited normally", job.platform_id)
-        what = {
-            "CANCELLED": "was cancelled (scancel)",
-            "FAILED": "failed",
-            "TIMEOUT": "reached its time limit",
-            "NODE_FAIL": "lost its node",
-            "PREEMPTED": "was preempted",
-            "OUT_OF_MEMORY": "ran out of memory",
-            "ENDED": "ended",
-        }.get(job.state.split()[0] if job.state else "ENDED", f"ended {job.state}")
-        detail = f"Slurm job {job.job_id} {what}"
-        detail += f"; the agent exited with status {code}" if code is not None else "; the agent left no exit status"
-        tail = _tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
-        return Observation("failed", f"{detail}: {tail}" if tail else detail, job.platform_id)
-
-    # ---- helpers ------------------------------------------------------------------
-
-    async def _experiment_jobs(self, experiment_id: str) -> dict[str, str] | None:
-        """env id -> job id of the experiment's jobs Slurm still runs or queues."""
-        run = await self._run(["squeue", "--me", "--noheader", "--format=%i|%T|%j|%k"])
-        if run.rc != 0:
-            log.warning("squeue failed, cannot list the jobs of %s: %s", experiment_id, run.why)
-            return None
-        prefix = f"{JOB_PREFIX}{experiment_id}-"
-        found: dict[str, str] = {}
-        for line in run.out.splitlines():
-            parts = line.strip().split("|", 3)
-            if len(parts) != 4 or parts[1] not in _ACTIVE:
-                continue
-            job_id, _, name, comment = parts
-            if name.startswith(prefix) and comment.strip() == f"{COMMENT_PREFIX}{experiment_id}":
-                found[name[len(prefix):]] = job_id
-        return found
-
-    async def _cancel(self, job_ids: list[str]) -> None:
-        run = await self._run(["scancel", *job_ids])
-        if run.rc != 0:
-            log.warning("scancel %s: %s", " ".join(job_ids), run.why)
-
-    async def _wait_gone(self, job_ids: list[str], timeout: float) -> bool:
-        """Wait until none of ``job_ids`` is pending, running or completing (processes gone)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            run = await self._run(["squeue", "--noheader", "--format=%i", "--jobs", ",".join(job_ids)])
-            if run.rc == 0 and not run.out.strip():
-                return True
-            if run.rc != 0 and "Invalid job id" in run.err:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.2)
 
     async def _run(self, argv: list[str], *, env: dict[str, str] | None = None) -> _Run:
         exe = argv[0]
@@ -461,3 +350,8 @@ def _tail(path: Path, limit: int = 600) -> str:
         return ""
     lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
+
+
+def _job_id(platform_id: str) -> str:
+    """Slurm's job id in a platform id ``job <id>``."""
+    return platform_id.removeprefix("job ").strip()

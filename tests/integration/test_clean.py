@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import pid_gone, wait_until, write_script
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.services.local import ENVIRONMENT_ENV, EXPERIMENT_ENV
 from trialkeeper.coordinator.store import Store, StoreError
+from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
 WAIT_S = 60.0
 

@@ -136,7 +136,8 @@ def test_refusals_are_errors_as_data_without_the_token(fake: FakeOpenPai, tmp_pa
         result = await service.start(request)
         assert result.error is not None and "virtual cluster 'no-such-vc' does not exist" in result.error, result.error
         assert "tok-secret-1" not in result.error and data["trainingService"]["token"] not in result.error
-        assert (await service.poll(["env-1"]))["env-1"].state == "unknown"
+        seen = (await service.poll(["env-1"]))["env-1"]
+        assert (seen.state, seen.detail) == ("failed", result.error)
 
     run_async(body)
     wrong = {**data["trainingService"], "token": "not-the-token", "virtualCluster": "default"}

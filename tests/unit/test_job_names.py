@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trialkeeper.coordinator.services._dlc_sdk import display_name, name_prefix
-from trialkeeper.coordinator.services._rest import env_of, job_name
+from trialkeeper.coordinator.services._jobs import env_of, job_name
 from trialkeeper.coordinator.services.base import env_id_in_name
 
 
