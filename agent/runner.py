@@ -33,6 +33,9 @@ from . import trial as sdk
 log = logging.getLogger(__name__)
 
 LOG_CHUNK_BYTES = 256 * 1024
+# The coordinator keeps at most this much of each stream of a trial (its own limit, 1 GiB):
+# what lies beyond is not offered for sending.
+MAX_STREAMED_LOG_BYTES = 1 << 30
 STDERR_TAIL_BYTES = 4096
 MAX_DATAGRAM = 64 * 1024
 # How long a trial killed by a signal waits for the agent's own stop signal before it is
@@ -83,7 +86,9 @@ class RunnerEvents:
 
     def metric(self, trial_id: str, kind: str, index: int, value: float, value_json: str) -> None: ...
 
-    def log(self, trial_id: str, stream: str, offset: int, data: bytes) -> None: ...
+    def log(self, trial_id: str, stream: str, path: Path, offset: int, length: int) -> None:
+        """Bytes ``[offset, offset + length)`` of a trial's ``path`` are ready to be sent;
+        the receiver reads them from the file when it sends them."""
 
     def trial_ended(self, result: TrialResult) -> None: ...
 
@@ -164,8 +169,11 @@ class TrialRunner:
         log_interval_s: float = 0.5,
         base_env: dict[str, str] | None = None,
         copy_working_directory: bool = False,
+        stream_logs: bool = True,
     ) -> None:
         self.workdir = workdir
+        # False where the coordinator reads the trials' log files in place (--logs-shared).
+        self.stream_logs = stream_logs
         self.events = events
         self.socket_path = socket_path
         self.log_interval_s = log_interval_s
@@ -196,7 +204,8 @@ class TrialRunner:
         sock.setblocking(False)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
-        self._log_task = asyncio.create_task(self._tail_logs_forever())
+        if self.stream_logs:
+            self._log_task = asyncio.create_task(self._tail_logs_forever())
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
@@ -505,23 +514,22 @@ class TrialRunner:
                 self._flush_logs(t)
 
     def _flush_logs(self, t: _Trial) -> None:
+        # Only offsets are handed on, never the bytes: the session reads them from the file
+        # when it sends them, so a trial writing gigabytes costs the agent no memory.
+        if not self.stream_logs:
+            return
         for stream in ("stdout", "stderr"):
             path = t.dir / f"{stream}.log"
             offset = t.log_offsets[stream]
             try:
-                size = path.stat().st_size
-                if size <= offset:
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    while offset < size:
-                        data = f.read(min(LOG_CHUNK_BYTES, size - offset))
-                        if not data:
-                            break
-                        self.events.log(t.spec.trial_id, stream, offset, data)
-                        offset += len(data)
+                size = min(path.stat().st_size, MAX_STREAMED_LOG_BYTES)
             except OSError as e:
                 log.warning("trial %s: cannot read %s: %s", t.spec.trial_id, path, e)
+                continue
+            while offset < size:
+                length = min(LOG_CHUNK_BYTES, size - offset)
+                self.events.log(t.spec.trial_id, stream, path, offset, length)
+                offset += length
             t.log_offsets[stream] = offset
 
 

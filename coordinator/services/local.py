@@ -67,6 +67,9 @@ class LocalEnvironmentService(EnvironmentService):
             "--environment-id", request.env_id,
             "--workdir", str(self.experiment_dir),
             "--platform", self.platform,
+            # The agent writes the trials' logs into the experiment directory, where the
+            # coordinator reads them: streaming them too would only cost memory and time.
+            "--logs-shared",
             *request.agent_args,
         ]
         if request.tls_cert_pem is not None:

@@ -1,0 +1,185 @@
+"""What a trial cannot make its agent do: hold its output in memory, leave daemons running,
+leave sockets behind."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+from conftest import async_wait_until, build_config, run_async, write_script
+from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.model import TrialStatus
+from trialkeeper.coordinator.services.base import (
+    EnvironmentRequest,
+    EnvironmentService,
+    Observation,
+    StartResult,
+)
+from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+WAIT_S = 60.0
+OUTPUT_MIB = 400
+# What the agent may grow by while a trial writes OUTPUT_MIB (issue 19: "under 150 MiB").
+RSS_GROWTH_LIMIT = 150 * 1024 * 1024
+
+# Each MiB of output names its own number, so a chunk stored at the wrong offset shows.
+BURST = f"""
+import sys
+out = sys.stdout.buffer
+for i in range({OUTPUT_MIB}):
+    out.write(("%08d" % i).encode() * (1 << 17))
+out.flush()
+"""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _OwnDiskAgents(EnvironmentService):
+    """A platform whose agents keep their files to themselves, as on another machine: they
+    stream their trials' logs. Each is a real agent process with a work dir of its own."""
+
+    platform = "own-disk"
+    shares_filesystem = False
+
+    def __init__(self, root: Path, code: Path) -> None:
+        self.root, self.code = root, code
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+
+    def working_directory(self) -> str:
+        return str(self.code)
+
+    async def start(self, request: EnvironmentRequest) -> StartResult:
+        if request.env_id not in self.procs:
+            self.procs[request.env_id] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "trialkeeper.agent", "--coordinator", request.coordinator_address,
+                "--environment-id", request.env_id, "--workdir", str(self.root / request.env_id), "--no-gpu",
+                *request.agent_args,
+                env={**os.environ, "TRIALKEEPER_TOKEN": request.token},
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return StartResult(platform_id=f"pid {self.procs[request.env_id].pid}")
+
+    async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
+        out = {}
+        for env_id in env_ids:
+            proc = self.procs.get(env_id)
+            state = "unknown" if proc is None else "running" if proc.returncode is None else "exited"
+            out[env_id] = Observation(state)  # type: ignore[arg-type]
+        return out
+
+    async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
+        proc = self.procs.get(env_id)
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+class _PeakRss:
+    """The highest resident set size of one process, polled until stopped."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def rss(self) -> int:
+        try:
+            return int(self.proc.memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    async def _poll(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.rss())
+            await asyncio.sleep(0.01)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+def _counting_log_chunks(c: Coordinator) -> Callable[[], int]:
+    """Count the LogChunks that reach the coordinator's core, whoever sent them."""
+    seen = [0]
+    handle = c.agent_message
+
+    def counted(env_id: str, link: Any, msg: pb.AgentMessage) -> None:
+        if msg.WhichOneof("body") == "log":
+            seen[0] += 1
+        handle(env_id, link, msg)
+
+    c.agent_message = counted  # type: ignore[method-assign]
+    return lambda: seen[0]
+
+
+def test_an_output_burst_is_streamed_from_disk_with_bounded_agent_memory(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", BURST)
+    config = build_config(tmp_path, trialConcurrency=1)
+    service = _OwnDiskAgents(tmp_path / "agents", tmp_path)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
+            chunks = _counting_log_chunks(c)
+            env = await async_wait_until(
+                lambda: next((e for e in c.environments() if e.hostname), None), WAIT_S, message="no agent registered"
+            )
+            rss = _PeakRss(service.procs[env.id].pid)
+            idle = rss.rss()
+            rss.start()
+            try:
+                handle = await c.submit({})
+                info = await handle.wait(WAIT_S)
+            finally:
+                rss.stop()
+            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason)
+            sent = tmp_path / "agents" / env.id / "trials" / handle.id / "stdout.log"
+            got = c.experiment_dir / "trials" / handle.id / "stdout.log"
+            assert sent.stat().st_size == OUTPUT_MIB << 20
+            # Every chunk was stored before the trial's end, which was sent after them.
+            assert got.stat().st_size == sent.stat().st_size
+            assert _sha256(got) == _sha256(sent)
+            assert chunks() >= OUTPUT_MIB * 4  # 256 KiB each
+            growth = rss.peak - idle
+            assert growth < RSS_GROWTH_LIMIT, f"the agent grew by {growth >> 20} MiB (idle {idle >> 20} MiB)"
+
+    run_async(body)
+
+
+def test_local_agents_send_no_log_chunks(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", "import sys\nprint('to stdout ' * 1000)\nprint('to stderr', file=sys.stderr)\n")
+    config = build_config(tmp_path, trialConcurrency=1)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            chunks = _counting_log_chunks(c)
+            handles = [await c.submit({}) for _ in range(2)]
+            for h in handles:
+                info = await h.wait(WAIT_S)
+                assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason)
+                # The coordinator reads the files the agent's trials wrote, in place.
+                trial_dir = c.experiment_dir / "trials" / h.id
+                assert (trial_dir / "stdout.log").read_text() == "to stdout " * 1000 + "\n"
+                assert (trial_dir / "stderr.log").read_text() == "to stderr\n"
+            assert chunks() == 0
+
+    run_async(body)
