@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import os
 import shlex
 import signal
-from collections.abc import Iterable
+import sys
+import time
+from collections.abc import Callable, Collection, Iterable
 
 import psutil
+
+from .trial import ENV_TRIAL_ID
 
 # A command with none of these characters means the same with or without a shell, so it is
 # run directly: one process less to start, and a signal that kills it is reported as such
@@ -128,3 +134,111 @@ def _kill(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# prctl option (linux/prctl.h): orphaned descendants are reparented to this process.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> str | None:
+    """Make this process the parent that orphaned descendants are given (Linux), so that a
+    trial's daemon which double-forked and left its process group is reparented to the
+    agent rather than to init, where the agent can still find and end it. Returns why it
+    could not, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"child subreapers exist on Linux only, not on {sys.platform}"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as e:
+        return f"prctl is not available: {e}"
+    return None
+
+
+def strays(own: Collection[int]) -> list[tuple[psutil.Process, str | None]]:
+    """This process's live children that it did not start itself (not in ``own``): orphans
+    reparented to it as subreaper. Each comes with the trial id in its environment (every
+    process a trial starts inherits it), None where it has none or it cannot be read."""
+    found = []
+    for p in psutil.Process().children():
+        if p.pid in own or not _alive(p):
+            continue
+        try:
+            marker: str | None = p.environ().get(ENV_TRIAL_ID)
+        except (psutil.Error, OSError):
+            marker = None
+        found.append((p, marker))
+    return found
+
+
+def reap(own: Collection[int]) -> None:
+    """Collect the exit status of dead children that are not in ``own`` (the trials' roots,
+    which asyncio waits for): reparented orphans would stay zombies otherwise."""
+    for p in psutil.Process().children():
+        if p.pid in own:
+            continue
+        with contextlib.suppress(psutil.Error, ChildProcessError):
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+
+
+async def end_strays(
+    pick: Callable[[str | None], bool], own: Callable[[], Collection[int] | None], grace_s: float
+) -> int:
+    """SIGTERM the strays whose marker ``pick`` accepts and everything they started, SIGKILL
+    what is left after ``grace_s``, and reap them. ``own`` gives the children this process
+    started itself, or None while one is being started (then nothing is reaped: the new
+    child's pid is not known yet). Returns how many processes were signalled."""
+
+    def victims(mine: Collection[int]) -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        for p, marker in strays(mine):
+            if pick(marker):
+                found[p.pid] = p
+                with contextlib.suppress(psutil.Error):
+                    found.update((c.pid, c) for c in p.children(recursive=True))
+        return [p for p in found.values() if _alive(p)]
+
+    mine = await _settled(own)
+    if mine is None:
+        return 0
+    procs = await asyncio.to_thread(victims, mine)
+    if not procs:
+        return 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    await _wait_dead(procs, own, grace_s)
+    # What they forked meanwhile is found again before the hard kill.
+    left = {p.pid: p for p in procs if _alive(p)}
+    mine = await _settled(own)
+    left.update((p.pid, p) for p in await asyncio.to_thread(victims, mine or ()))
+    for p in left.values():
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    await _wait_dead(list(left.values()), own, 10.0)
+    return len(procs)
+
+
+async def _settled(own: Callable[[], Collection[int] | None]) -> Collection[int] | None:
+    """``own()`` once no child is being started (a start takes milliseconds), None if one
+    still is after a while."""
+    deadline = time.monotonic() + 5.0
+    while (mine := own()) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return mine
+
+
+async def _wait_dead(
+    procs: list[psutil.Process], own: Callable[[], Collection[int] | None], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        done = not any(_alive(p) for p in procs)
+        mine = own()
+        if mine is not None:
+            await asyncio.to_thread(reap, mine)
+        if done or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.02)

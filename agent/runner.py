@@ -45,6 +45,8 @@ HOST_SIGNAL_GRACE_S = 0.3
 TRIAL_CODE_DIR = "code"
 # How long a trial's end waits for its copy of the code to be pruned (see _prune_copy).
 PRUNE_WAIT_S = 2.0
+# How long what a trial left outside its process group gets between SIGTERM and SIGKILL.
+STRAY_GRACE_S = 2.0
 # How long a pid stays attributed to its trial after it was last seen alive.
 ATTRIBUTION_MEMORY_S = 300.0
 
@@ -189,10 +191,17 @@ class TrialRunner:
         # that went down with its environment (the platform signals every process of it).
         self.host_stopping = asyncio.Event()
         self.idle.set()
+        # Whether orphans of the trials are reparented to the agent (see _end_strays).
+        self.subreaper = False
+        self._spawning = 0  # trials being started, whose root's pid is not known yet
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def open(self) -> None:
+        why_not = processes.become_subreaper()
+        self.subreaper = why_not is None
+        if why_not:
+            log.info("processes that leave a trial's process group outlive it: %s", why_not)
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
@@ -209,6 +218,7 @@ class TrialRunner:
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
+        await self._end_strays(None)
         if self._log_task:
             self._log_task.cancel()
         if self._sock is not None:
@@ -319,6 +329,7 @@ class TrialRunner:
             self._end(t, "failed", None, 0, f"working directory {cwd} does not exist", False)
             return
         argv = processes.command_argv(spec.command)
+        self._spawning += 1
         try:
             with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:  # noqa: ASYNC230 - local files, opened once per trial
                 t.proc = await asyncio.create_subprocess_exec(
@@ -339,6 +350,8 @@ class TrialRunner:
         except OSError as e:
             self._end(t, "failed", None, 0, f"could not start {argv[0]}: {e}", False)
             return
+        finally:
+            self._spawning -= 1
         self.events.trial_started(spec.trial_id, t.proc.pid, time.time())
         log.info("trial %s started (pid %d, gpus %r)", spec.trial_id, t.proc.pid, spec.gpu_indices)
         timer = None
@@ -358,6 +371,7 @@ class TrialRunner:
         # Whatever the trial left behind in its process group goes with it.
         if processes.group_alive(t.proc.pid):
             await processes.terminate_tree(t.proc.pid, t.proc.pid, 2.0)
+        await self._end_strays(spec.trial_id)
         # Every datagram the tree sent is in the socket's queue now that the tree is gone.
         self._on_readable()
         self._flush_logs(t)
@@ -381,6 +395,25 @@ class TrialRunner:
             except OSError as e:
                 log.warning("trial %s: could not prune its copy of the code: %s", spec.trial_id, e)
         self._finish(t, returncode)
+
+    async def _end_strays(self, trial_id: str | None) -> None:
+        """End the processes of ``trial_id`` (None: of every trial) that escaped its process
+        group, say a daemon that double-forked and called setsid: with the agent as their
+        subreaper they are its children now. One whose environment names no trial (cleared,
+        or unreadable) is taken when no other trial runs."""
+        if not self.subreaper:
+            return
+        alone = all(tid == trial_id for tid in self._trials)
+
+        def pick(marker: str | None) -> bool:
+            return trial_id is None or marker == trial_id or (marker is None and alone)
+
+        count = await processes.end_strays(pick, self._own_children, STRAY_GRACE_S)
+        if count:
+            log.info("trial %s: ended %d process(es) it left outside its process group", trial_id or "(any)", count)
+
+    def _own_children(self) -> set[int] | None:
+        return None if self._spawning else set(self.running_pids())
 
     def _time_out(self, trial_id: str) -> None:
         t = self._trials.get(trial_id)

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.model import TrialStatus
+from trialkeeper.coordinator.model import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services.base import (
     EnvironmentRequest,
     EnvironmentService,
@@ -183,3 +183,64 @@ def test_local_agents_send_no_log_chunks(tmp_path: Path) -> None:
             assert chunks() == 0
 
     run_async(body)
+
+
+# Two daemons that leave the trial's process group for good (double fork, setsid) and
+# ignore SIGTERM; the second also clears its environment, so nothing names its trial.
+DAEMONS = """
+import os, signal, sys, time
+
+def daemon(pid_file, clear_env):
+    if os.fork():
+        return
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    if clear_env:
+        code = "import os, signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+        code += f"open({pid_file + '.tmp'!r}, 'w').write(str(os.getpid()))\\nos.rename({pid_file + '.tmp'!r}, {pid_file!r})\\n"
+        code += "while True: time.sleep(1)\\n"
+        os.execve(sys.executable, [sys.executable, "-c", code], {})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(pid_file + ".tmp", pid_file)
+    while True:
+        time.sleep(1)
+
+for i, clear in enumerate((False, True)):
+    daemon(os.path.join(sys.argv[1], f"daemon-{i}.pid"), clear)
+    os.wait()
+for i in range(2):  # the trial ends once both daemons run and ignore SIGTERM
+    while not os.path.exists(os.path.join(sys.argv[1], f"daemon-{i}.pid")):
+        time.sleep(0.01)
+"""
+
+
+def test_daemons_a_trial_leaves_behind_are_ended_with_it(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", DAEMONS)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    config = build_config(tmp_path, trialConcurrency=1, trialCommand=f"python trial.py {pids_dir}")
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            info = await (await c.submit({})).wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
+            pids = [int((pids_dir / f"daemon-{i}.pid").read_text()) for i in range(2)]
+            # Gone, and reaped (not left as zombies), by the time the trial's end is known.
+            await async_wait_until(
+                lambda: not any(psutil.pid_exists(pid) for pid in pids), 10.0,
+                message=f"daemons still there: {[(pid, _state(pid)) for pid in pids]}",
+            )
+            assert c.environments()[0].status is not EnvStatus.FAILED
+
+    run_async(body)
+
+
+def _state(pid: int) -> str:
+    try:
+        p = psutil.Process(pid)
+        return f"{p.status()}, parent {p.ppid()}"
+    except psutil.Error:
+        return "gone"
