@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import stat
 import sys
 import time
@@ -29,6 +28,7 @@ import psutil
 
 from . import processes
 from . import trial as sdk
+from .metric_socket import MetricSocket
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ LOG_CHUNK_BYTES = 256 * 1024
 # what lies beyond is not offered for sending.
 MAX_STREAMED_LOG_BYTES = 1 << 30
 STDERR_TAIL_BYTES = 4096
-MAX_DATAGRAM = 64 * 1024
 # How long a trial killed by a signal waits for the agent's own stop signal before it is
 # reported as a failure of the trial (see TrialRunner.host_stopping).
 HOST_SIGNAL_GRACE_S = 0.3
@@ -167,7 +166,7 @@ class TrialRunner:
         workdir: Path,
         events: RunnerEvents,
         *,
-        socket_path: Path,
+        socket_name: str,
         log_interval_s: float = 0.5,
         base_env: dict[str, str] | None = None,
         copy_working_directory: bool = False,
@@ -177,14 +176,15 @@ class TrialRunner:
         # False where the coordinator reads the trials' log files in place (--logs-shared).
         self.stream_logs = stream_logs
         self.events = events
-        self.socket_path = socket_path
+        # A path, or "@name" in the abstract namespace (see socket_name).
+        self.socket_name = socket_name
         self.log_interval_s = log_interval_s
         self.base_env = dict(os.environ if base_env is None else base_env)
         # Each trial runs in its own copy of its working directory, <trial dir>/code.
         self.copy_working_directory = copy_working_directory
         self._trials: dict[str, _Trial] = {}
         self._attributed: dict[int, tuple[str, float]] = {}  # pid -> (trial id, last seen)
-        self._sock: socket.socket | None = None
+        self._sock: MetricSocket | None = None
         self._log_task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()
         # Set once the agent was signalled to stop: a trial that dies of a signal after
@@ -202,15 +202,7 @@ class TrialRunner:
         self.subreaper = why_not is None
         if why_not:
             log.info("processes that leave a trial's process group outlive it: %s", why_not)
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(self.socket_path))
-        os.chmod(self.socket_path, 0o600)
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        sock.setblocking(False)
+        sock = MetricSocket(self.socket_name)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
         if self.stream_logs:
@@ -225,8 +217,6 @@ class TrialRunner:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
 
     @property
     def running_ids(self) -> list[str]:
@@ -287,7 +277,7 @@ class TrialRunner:
                 sdk.ENV_EXPERIMENT_ID: spec.experiment_id,
                 sdk.ENV_PARAMETER_FILE: str(param_file),
                 sdk.ENV_OUTPUT_DIR: str(t.dir / "output"),
-                sdk.ENV_SOCKET: str(self.socket_path),
+                sdk.ENV_SOCKET: self.socket_name,
                 "TRIALKEEPER_TRIAL_DIR": str(t.dir),
                 "CUDA_VISIBLE_DEVICES": spec.visible_devices,
                 # NVML numbers GPUs in PCI bus order; make CUDA agree with the indices given.
@@ -496,11 +486,11 @@ class TrialRunner:
         assert self._sock is not None
         while True:
             try:
-                data = self._sock.recv(MAX_DATAGRAM)
-            except (BlockingIOError, InterruptedError):
-                return
+                data = self._sock.receive()
             except OSError as e:
                 log.warning("metric socket: %s", e)
+                return
+            if data is None:
                 return
             try:
                 self._ingest(data)

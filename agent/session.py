@@ -27,6 +27,7 @@ from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
 from . import PROTOCOL_VERSION, __version__
 from .gpu import GpuProbe, cuda_visible_devices
+from .metric_socket import socket_name
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
 from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
@@ -108,7 +109,7 @@ class AgentSession(RunnerEvents):
         self.runner = TrialRunner(
             options.workdir,
             self,
-            socket_path=_socket_path(options.workdir, options.environment_id),
+            socket_name=socket_name(options.workdir, options.environment_id),
             copy_working_directory=options.copy_working_directory,
             stream_logs=options.stream_logs,
         )
@@ -536,12 +537,3 @@ class AgentSession(RunnerEvents):
 
 class _Connected(Exception):
     """The stream had been established and then broke: reset the reconnect window."""
-
-
-def _socket_path(workdir: Path, environment_id: str) -> Path:
-    # Several agents may share a work dir (local environments do): one socket each.
-    path = workdir / "sockets" / f"{environment_id}.sock"
-    if len(str(path)) < 100:  # Unix socket paths are limited to ~107 bytes
-        return path
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
-    return base / f"trialkeeper-{os.getuid()}-{uuid.uuid4().hex[:12]}.sock"

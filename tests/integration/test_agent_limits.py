@@ -244,3 +244,54 @@ def _state(pid: int) -> str:
         return f"{p.status()}, parent {p.ppid()}"
     except psutil.Error:
         return "gone"
+
+
+# Reports a metric, then says where its socket was, and what another user could do there.
+REPORTER = """
+import os, socket, sys
+from trialkeeper.agent import trial
+
+trial.report_intermediate_result(1.5)
+name = os.environ["TRIALKEEPER_SOCKET"]
+other_user = "not tried"
+if os.getuid() == 0 and name.startswith("@"):
+    # An abstract socket has no file mode: another user reaches it, and the agent must
+    # refuse what it sends by its credentials.
+    if os.fork() == 0:
+        os.setuid(65534)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        line = '{"trial": "%s", "kind": "intermediate", "value": 99.0}' % os.environ["TRIALKEEPER_TRIAL_ID"]
+        s.sendto(line.encode(), trial.socket_address(name))
+        os._exit(0)
+    other_user = "sent" if os.wait()[1] == 0 else "failed"
+trial.report_final_result(2.5)
+open(sys.argv[1], "w").write(name + "\\n" + other_user)
+"""
+
+
+def test_a_long_work_dir_leaves_no_socket_behind_after_kill_9(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", REPORTER)
+    seen = tmp_path / "socket-name"
+    config = build_config(tmp_path, trialConcurrency=1, trialCommand=f"python trial.py {seen}")
+    # <root>/<env id>/sockets/<env id>.sock is then too long for a Unix socket's path.
+    root = tmp_path / ("a-long-directory-name-" * 4)
+    service = _OwnDiskAgents(root, tmp_path)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
+            info = await (await c.submit({})).wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
+            assert c.store is not None
+            assert [(m.kind, m.value) for m in c.store.metrics(info.id)] == [("intermediate", 1.5), ("final", 2.5)]
+            name, other_user = seen.read_text().split("\n")
+            assert other_user == ("sent" if os.getuid() == 0 else "not tried")
+            assert name.startswith("@trialkeeper-"), name
+            agent = service.procs[info.environment_id]
+            bound = [s.laddr for s in psutil.Process(agent.pid).net_connections("unix")]
+            assert "\0" + name[1:] in bound or name in bound, bound
+            assert not any(isinstance(a, str) and a.startswith("/") and "trialkeeper-" in a for a in bound), bound
+            agent.kill()
+            await agent.wait()
+        assert not (Path("/tmp") / name[1:]).exists() and not list(Path("/tmp").glob(name[1:] + "*"))
+
+    run_async(body)
