@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
+from netproxy import CuttingProxy
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.model import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services.base import (
@@ -161,6 +162,61 @@ def test_an_output_burst_is_streamed_from_disk_with_bounded_agent_memory(tmp_pat
             assert chunks() >= OUTPUT_MIB * 4  # 256 KiB each
             growth = rss.peak - idle
             assert growth < RSS_GROWTH_LIMIT, f"the agent grew by {growth >> 20} MiB (idle {idle >> 20} MiB)"
+
+    run_async(body)
+
+
+# Output written over a couple of seconds, in pieces of uneven size.
+STEADY = """
+import sys, time
+out = sys.stdout.buffer
+for i in range(60):
+    out.write(("%06d" % i).encode() * (50_000 + 997 * i))
+    out.flush()
+    time.sleep(0.03)
+"""
+
+
+def test_output_is_sent_again_from_the_file_after_connections_are_cut(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", STEADY)
+
+    async def body() -> None:
+        proxy = await CuttingProxy().start()
+        config = build_config(
+            tmp_path, trialConcurrency=1,
+            coordinator={"advertiseAddress": f"127.0.0.1:{proxy.port}", "reconnectWindow": 30},
+        )
+        service = _OwnDiskAgents(tmp_path / "agents", tmp_path)
+        stop = asyncio.Event()
+
+        async def cut_now_and_then() -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.25)
+                except asyncio.TimeoutError:
+                    proxy.cut()
+
+        try:
+            async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
+                assert c.store is not None
+                host, port = str(c.store.meta("bound_address")).rsplit(":", 1)
+                proxy.target = (host, int(port))
+                handle = await c.submit({})
+                await async_wait_until(lambda: handle.info.status is TrialStatus.RUNNING, WAIT_S, message="never ran")
+                cutter = asyncio.ensure_future(cut_now_and_then())
+                try:
+                    info = await handle.wait(WAIT_S)
+                finally:
+                    stop.set()
+                    await cutter
+                assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason)
+                assert proxy.cuts >= 3, f"only {proxy.cuts} cuts: the test did not test anything"
+                sent = tmp_path / "agents" / info.environment_id / "trials" / handle.id / "stdout.log"
+                got = c.experiment_dir / "trials" / handle.id / "stdout.log"
+                assert got.stat().st_size == sent.stat().st_size
+                assert _sha256(got) == _sha256(sent)
+        finally:
+            await proxy.close()
 
     run_async(body)
 
