@@ -281,17 +281,22 @@ def test_daemons_a_trial_leaves_behind_are_ended_with_it(tmp_path: Path) -> None
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            info = await (await c.submit({})).wait(WAIT_S)
-            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
-            pids = [int((pids_dir / f"daemon-{i}.pid").read_text()) for i in range(2)]
-            # Gone, and reaped (not left as zombies), by the time the trial's end is known.
-            await async_wait_until(
-                lambda: not any(psutil.pid_exists(pid) for pid in pids), 10.0,
-                message=f"daemons still there: {[(pid, _state(pid)) for pid in pids]}",
-            )
+            await run_daemons_trial(c, pids_dir)
             assert c.environments()[0].status is not EnvStatus.FAILED
 
     run_async(body)
+
+
+async def run_daemons_trial(c: Coordinator, pids_dir: Path) -> None:
+    """Run one DAEMONS trial; its daemons must be gone, and reaped (not left as zombies),
+    by the time its end is known."""
+    info = await (await c.submit({})).wait(WAIT_S)
+    assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
+    pids = [int((pids_dir / f"daemon-{i}.pid").read_text()) for i in range(2)]
+    await async_wait_until(
+        lambda: not any(psutil.pid_exists(pid) for pid in pids), 10.0,
+        message=f"daemons still there: {[(pid, _state(pid)) for pid in pids]}",
+    )
 
 
 def _state(pid: int) -> str:

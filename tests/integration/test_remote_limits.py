@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psutil
-from conftest import async_wait_until, run_async
-from test_agent_limits import DAEMONS, WAIT_S, _state
+from conftest import run_async
+from test_agent_limits import DAEMONS, run_daemons_trial
 from test_remote import Lab, _code_dir, _config, _no_processes_left, _parse, lab  # noqa: F401 - lab: the fixture
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import TrialStatus
 
 
 def test_a_remote_trials_daemons_are_ended_with_it(tmp_path: Path, lab: Lab) -> None:  # noqa: F811
@@ -21,13 +19,7 @@ def test_a_remote_trials_daemons_are_ended_with_it(tmp_path: Path, lab: Lab) -> 
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            info = await (await c.submit({})).wait(WAIT_S)
-            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
-            pids = [int((pids_dir / f"daemon-{i}.pid").read_text()) for i in range(2)]
-            await async_wait_until(
-                lambda: not any(psutil.pid_exists(pid) for pid in pids), 10.0,
-                message=f"daemons still there: {[(pid, _state(pid)) for pid in pids]}",
-            )
+            await run_daemons_trial(c, pids_dir)
 
     run_async(body)
     _no_processes_left(lab)
