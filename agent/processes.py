@@ -203,6 +203,7 @@ async def end_strays(
     mine = await _settled(own)
     if mine is None:
         return 0
+    await asyncio.to_thread(reap, mine)
     procs = await asyncio.to_thread(victims, mine)
     if not procs:
         return 0
@@ -219,6 +220,16 @@ async def end_strays(
             p.kill()
     await _wait_dead(list(left.values()), own, 10.0)
     return len(procs)
+
+
+async def reap_forever(own: Callable[[], Collection[int] | None], interval_s: float) -> None:
+    """Reap dead orphans now and then: a trial's background job that ends on its own while
+    the trial runs would otherwise stay a zombie of the agent."""
+    while True:
+        await asyncio.sleep(interval_s)
+        mine = own()
+        if mine is not None:
+            await asyncio.to_thread(reap, mine)
 
 
 async def _settled(own: Callable[[], Collection[int] | None]) -> Collection[int] | None:

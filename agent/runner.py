@@ -46,6 +46,8 @@ TRIAL_CODE_DIR = "code"
 PRUNE_WAIT_S = 2.0
 # How long what a trial left outside its process group gets between SIGTERM and SIGKILL.
 STRAY_GRACE_S = 2.0
+# How often orphans that ended on their own are reaped.
+REAP_INTERVAL_S = 1.0
 # How long a pid stays attributed to its trial after it was last seen alive.
 ATTRIBUTION_MEMORY_S = 300.0
 
@@ -186,6 +188,7 @@ class TrialRunner:
         self._attributed: dict[int, tuple[str, float]] = {}  # pid -> (trial id, last seen)
         self._sock: MetricSocket | None = None
         self._log_task: asyncio.Task[None] | None = None
+        self._reap_task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()
         # Set once the agent was signalled to stop: a trial that dies of a signal after
         # that went down with its environment (the platform signals every process of it).
@@ -202,6 +205,8 @@ class TrialRunner:
         self.subreaper = why_not is None
         if why_not:
             log.info("processes that leave a trial's process group outlive it: %s", why_not)
+        else:
+            self._reap_task = asyncio.create_task(processes.reap_forever(self._own_children, REAP_INTERVAL_S))
         sock = MetricSocket(self.socket_name)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
@@ -211,8 +216,9 @@ class TrialRunner:
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
         await self._end_strays(None)
-        if self._log_task:
-            self._log_task.cancel()
+        for task in (self._log_task, self._reap_task):
+            if task:
+                task.cancel()
         if self._sock is not None:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()

@@ -356,3 +356,38 @@ def test_a_long_work_dir_leaves_no_socket_behind_after_kill_9(tmp_path: Path) ->
         assert not (Path("/tmp") / name[1:]).exists() and not list(Path("/tmp").glob(name[1:] + "*"))
 
     run_async(body)
+
+
+# A background job that leaves the trial's process group and ends on its own while the
+# trial runs: the agent, its parent now, must reap it. The trial succeeds once it was.
+SHORT_LIVED_ORPHAN = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    open("orphan.pid.tmp", "w").write(str(os.getpid()))
+    os.rename("orphan.pid.tmp", "orphan.pid")
+    os._exit(0)
+os.wait()
+while not os.path.exists("orphan.pid"):
+    time.sleep(0.01)
+pid = int(open("orphan.pid").read())
+deadline = time.monotonic() + 20
+while os.path.exists(f"/proc/{pid}"):
+    if time.monotonic() > deadline:
+        sys.exit(f"orphan {pid} was never reaped: " + open(f"/proc/{pid}/stat").read())
+    time.sleep(0.05)
+"""
+
+
+def test_orphans_that_end_while_their_trial_runs_are_reaped(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", SHORT_LIVED_ORPHAN)
+    config = build_config(tmp_path, trialConcurrency=1)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            info = await (await c.submit({})).wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
+
+    run_async(body)
