@@ -172,15 +172,32 @@ def strays(own: Collection[int]) -> list[tuple[psutil.Process, str | None]]:
     return found
 
 
-def reap(own: Collection[int]) -> None:
-    """Collect the exit status of dead children that are not in ``own`` (the trials' roots,
-    which asyncio waits for): reparented orphans would stay zombies otherwise."""
+def _zombie_children() -> list[int]:
+    found = []
     for p in psutil.Process().children():
-        if p.pid in own:
-            continue
-        with contextlib.suppress(psutil.Error, ChildProcessError):
+        with contextlib.suppress(psutil.Error):
             if p.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(p.pid, os.WNOHANG)
+                found.append(p.pid)
+    return found
+
+
+async def reap(own: Callable[[], Collection[int] | None]) -> None:
+    """Collect the exit status of dead children that this process did not start itself:
+    reparented orphans would stay zombies otherwise. The trials' roots (``own()``) are left
+    to asyncio, which waits for them; ``own()`` is None while a child is being started, whose
+    pid is not known yet, and then nothing is reaped."""
+    if own() is None:
+        return
+    candidates = await asyncio.to_thread(_zombie_children)
+    # Asked again on the event loop, where children are started: none can be started between
+    # this answer and the waits below.
+    mine = own()
+    if mine is None:
+        return
+    for pid in candidates:
+        if pid not in mine:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG, on a zombie: does not block
 
 
 async def end_strays(
@@ -188,23 +205,10 @@ async def end_strays(
 ) -> int:
     """SIGTERM the strays whose marker ``pick`` accepts and everything they started, SIGKILL
     what is left after ``grace_s``, and reap them. ``own`` gives the children this process
-    started itself, or None while one is being started (then nothing is reaped: the new
-    child's pid is not known yet). Returns how many processes were signalled."""
-
-    def victims(mine: Collection[int]) -> list[psutil.Process]:
-        found: dict[int, psutil.Process] = {}
-        for p, marker in strays(mine):
-            if pick(marker):
-                found[p.pid] = p
-                with contextlib.suppress(psutil.Error):
-                    found.update((c.pid, c) for c in p.children(recursive=True))
-        return [p for p in found.values() if _alive(p)]
-
-    mine = await _settled(own)
-    if mine is None:
-        return 0
-    await asyncio.to_thread(reap, mine)
-    procs = await asyncio.to_thread(victims, mine)
+    started itself, or None while one is being started. Returns how many processes were
+    signalled."""
+    await reap(own)
+    procs = await _victims(pick, own)
     if not procs:
         return 0
     for p in procs:
@@ -213,8 +217,7 @@ async def end_strays(
     await _wait_dead(procs, own, grace_s)
     # What they forked meanwhile is found again before the hard kill.
     left = {p.pid: p for p in procs if _alive(p)}
-    mine = await _settled(own)
-    left.update((p.pid, p) for p in await asyncio.to_thread(victims, mine or ()))
+    left.update((p.pid, p) for p in await _victims(pick, own))
     for p in left.values():
         with contextlib.suppress(psutil.Error):
             p.kill()
@@ -222,23 +225,47 @@ async def end_strays(
     return len(procs)
 
 
+def _candidates(mine: Collection[int]) -> list[tuple[psutil.Process, str | None, list[psutil.Process]]]:
+    found = []
+    for p, marker in strays(mine):
+        try:
+            descendants = p.children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        found.append((p, marker, descendants))
+    return found
+
+
+async def _victims(pick: Callable[[str | None], bool], own: Callable[[], Collection[int] | None]) -> list[psutil.Process]:
+    """The strays ``pick`` accepts and their descendants. Looked for in a thread, decided on
+    the event loop, where children are started: a child started during the look (its
+    environment not yet the trial's) is known as the agent's own by then, and none can be
+    started between this answer and the signals its caller sends."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        mine = own()
+        if mine is not None:
+            candidates = await asyncio.to_thread(_candidates, mine)
+            now = own()
+            if now is not None:
+                break
+        if time.monotonic() >= deadline:
+            return []
+        await asyncio.sleep(0.01)
+    found: dict[int, psutil.Process] = {}
+    for p, marker, descendants in candidates:
+        if p.pid not in now and pick(marker):
+            found[p.pid] = p
+            found.update((d.pid, d) for d in descendants)
+    return [p for p in found.values() if _alive(p)]
+
+
 async def reap_forever(own: Callable[[], Collection[int] | None], interval_s: float) -> None:
     """Reap dead orphans now and then: a trial's background job that ends on its own while
     the trial runs would otherwise stay a zombie of the agent."""
     while True:
         await asyncio.sleep(interval_s)
-        mine = own()
-        if mine is not None:
-            await asyncio.to_thread(reap, mine)
-
-
-async def _settled(own: Callable[[], Collection[int] | None]) -> Collection[int] | None:
-    """``own()`` once no child is being started (a start takes milliseconds), None if one
-    still is after a while."""
-    deadline = time.monotonic() + 5.0
-    while (mine := own()) is None and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    return mine
+        await reap(own)
 
 
 async def _wait_dead(
@@ -247,9 +274,7 @@ async def _wait_dead(
     deadline = time.monotonic() + timeout
     while True:
         done = not any(_alive(p) for p in procs)
-        mine = own()
-        if mine is not None:
-            await asyncio.to_thread(reap, mine)
+        await reap(own)
         if done or time.monotonic() >= deadline:
             return
         await asyncio.sleep(0.02)

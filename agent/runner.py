@@ -399,9 +399,10 @@ class TrialRunner:
         or unreadable) is taken when no other trial runs."""
         if not self.subreaper:
             return
-        alone = all(tid == trial_id for tid in self._trials)
-
         def pick(marker: str | None) -> bool:
+            # Asked on the event loop as the strays are chosen, so a trial started
+            # meanwhile counts as one that runs.
+            alone = all(tid == trial_id for tid in self._trials)
             return trial_id is None or marker == trial_id or (marker is None and alone)
 
         count = await processes.end_strays(pick, self._own_children, STRAY_GRACE_S)
