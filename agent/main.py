@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--copy-working-directory", action="store_true",
                         help="run each trial in its own copy of its working directory (<trial dir>/code), "
                         "so that trials cannot disturb each other through the files they write")
+    parser.add_argument("--logs-shared", action="store_true",
+                        help="the coordinator reads the trials' log files where the agent writes them "
+                        "(an environment on its file system): do not stream them")
     parser.add_argument("--gpu-indices", metavar="LIST", help="expose only these GPUs, e.g. 0,2")
     parser.add_argument("--simulated-gpus", type=int, default=0, metavar="N",
                         help="report N simulated GPUs instead of real ones (tests and benchmarks only)")
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         tls_root_cert=tls_cert,
         tls_server_name=args.tls_server_name,
         tls_fingerprint=tls_fingerprint,
+        stream_logs=not args.logs_shared,
     )
     return asyncio.run(_main(options))
 

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import stat
 import sys
 import time
@@ -30,12 +29,15 @@ from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
 from . import processes
 from . import trial as sdk
+from .metric_socket import MetricSocket
 
 log = logging.getLogger(__name__)
 
 LOG_CHUNK_BYTES = 256 * 1024
+# The coordinator keeps at most this much of each stream of a trial (its own limit, 1 GiB):
+# what lies beyond is not offered for sending.
+MAX_STREAMED_LOG_BYTES = 1 << 30
 STDERR_TAIL_BYTES = 4096
-MAX_DATAGRAM = 64 * 1024
 # How long a trial killed by a signal waits for the agent's own stop signal before it is
 # reported as a failure of the trial (see TrialRunner.host_stopping).
 HOST_SIGNAL_GRACE_S = 0.3
@@ -43,6 +45,10 @@ HOST_SIGNAL_GRACE_S = 0.3
 TRIAL_CODE_DIR = "code"
 # How long a trial's end waits for its copy of the code to be pruned (see _prune_copy).
 PRUNE_WAIT_S = 2.0
+# How long what a trial left outside its process group gets between SIGTERM and SIGKILL.
+STRAY_GRACE_S = 2.0
+# How often orphans that ended on their own are reaped.
+REAP_INTERVAL_S = 1.0
 # How long a pid stays attributed to its trial after it was last seen alive.
 ATTRIBUTION_MEMORY_S = 300.0
 
@@ -84,7 +90,9 @@ class RunnerEvents:
 
     def metric(self, trial_id: str, kind: str, index: int, value: float, value_json: str) -> None: ...
 
-    def log(self, trial_id: str, stream: str, offset: int, data: bytes) -> None: ...
+    def log(self, trial_id: str, stream: str, path: Path, offset: int, length: int) -> None:
+        """Bytes ``[offset, offset + length)`` of a trial's ``path`` are ready to be sent;
+        the receiver reads them from the file when it sends them."""
 
     def trial_ended(self, result: TrialResult) -> None: ...
 
@@ -161,54 +169,61 @@ class TrialRunner:
         workdir: Path,
         events: RunnerEvents,
         *,
-        socket_path: Path,
+        socket_name: str,
         log_interval_s: float = 0.5,
         base_env: dict[str, str] | None = None,
         copy_working_directory: bool = False,
+        stream_logs: bool = True,
     ) -> None:
         self.workdir = workdir
+        # False where the coordinator reads the trials' log files in place (--logs-shared).
+        self.stream_logs = stream_logs
         self.events = events
-        self.socket_path = socket_path
+        # A path, or "@name" in the abstract namespace (see socket_name).
+        self.socket_name = socket_name
         self.log_interval_s = log_interval_s
         self.base_env = dict(os.environ if base_env is None else base_env)
         # Each trial runs in its own copy of its working directory, <trial dir>/code.
         self.copy_working_directory = copy_working_directory
         self._trials: dict[str, _Trial] = {}
         self._attributed: dict[int, tuple[str, float]] = {}  # pid -> (trial id, last seen)
-        self._sock: socket.socket | None = None
+        self._sock: MetricSocket | None = None
         self._log_task: asyncio.Task[None] | None = None
+        self._reap_task: asyncio.Task[None] | None = None
         self.idle = asyncio.Event()
         # Set once the agent was signalled to stop: a trial that dies of a signal after
         # that went down with its environment (the platform signals every process of it).
         self.host_stopping = asyncio.Event()
         self.idle.set()
+        # Whether orphans of the trials are reparented to the agent (see _end_strays).
+        self.subreaper = False
+        self._spawning = 0  # trials being started, whose root's pid is not known yet
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def open(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(str(self.socket_path))
-        os.chmod(self.socket_path, 0o600)
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        sock.setblocking(False)
+        why_not = processes.become_subreaper()
+        self.subreaper = why_not is None
+        if why_not:
+            log.info("processes that leave a trial's process group outlive it: %s", why_not)
+        else:
+            self._reap_task = asyncio.create_task(processes.reap_forever(self._own_children, REAP_INTERVAL_S))
+        sock = MetricSocket(self.socket_name)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
-        self._log_task = asyncio.create_task(self._tail_logs_forever())
+        if self.stream_logs:
+            self._log_task = asyncio.create_task(self._tail_logs_forever())
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
-        if self._log_task:
-            self._log_task.cancel()
+        await self._end_strays(None)
+        for task in (self._log_task, self._reap_task):
+            if task:
+                task.cancel()
         if self._sock is not None:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
 
     @property
     def running_ids(self) -> list[str]:
@@ -269,7 +284,7 @@ class TrialRunner:
                 sdk.ENV_EXPERIMENT_ID: spec.experiment_id,
                 sdk.ENV_PARAMETER_FILE: str(param_file),
                 sdk.ENV_OUTPUT_DIR: str(t.dir / "output"),
-                sdk.ENV_SOCKET: str(self.socket_path),
+                sdk.ENV_SOCKET: self.socket_name,
                 "TRIALKEEPER_TRIAL_DIR": str(t.dir),
                 "CUDA_VISIBLE_DEVICES": spec.visible_devices,
                 # NVML numbers GPUs in PCI bus order; make CUDA agree with the indices given.
@@ -311,6 +326,7 @@ class TrialRunner:
             self._end(t, "failed", None, 0, f"working directory {cwd} does not exist", False)
             return
         argv = processes.command_argv(spec.command)
+        self._spawning += 1
         try:
             with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:  # noqa: ASYNC230 - local files, opened once per trial
                 t.proc = await asyncio.create_subprocess_exec(
@@ -331,6 +347,8 @@ class TrialRunner:
         except OSError as e:
             self._end(t, "failed", None, 0, f"could not start {argv[0]}: {e}", False)
             return
+        finally:
+            self._spawning -= 1
         self.events.trial_started(spec.trial_id, t.proc.pid, time.time())
         log.info("trial %s started (pid %d, gpus %r)", spec.trial_id, t.proc.pid, spec.gpu_indices)
         timer = None
@@ -350,6 +368,7 @@ class TrialRunner:
         # Whatever the trial left behind in its process group goes with it.
         if processes.group_alive(t.proc.pid):
             await processes.terminate_tree(t.proc.pid, t.proc.pid, 2.0)
+        await self._end_strays(spec.trial_id)
         # Every datagram the tree sent is in the socket's queue now that the tree is gone.
         self._on_readable()
         self._flush_logs(t)
@@ -373,6 +392,26 @@ class TrialRunner:
             except OSError as e:
                 log.warning("trial %s: could not prune its copy of the code: %s", spec.trial_id, e)
         self._finish(t, returncode)
+
+    async def _end_strays(self, trial_id: str | None) -> None:
+        """End the processes of ``trial_id`` (None: of every trial) that escaped its process
+        group, say a daemon that double-forked and called setsid: with the agent as their
+        subreaper they are its children now. One whose environment names no trial (cleared,
+        or unreadable) is taken when no other trial runs."""
+        if not self.subreaper:
+            return
+        def pick(marker: str | None) -> bool:
+            # Asked on the event loop as the strays are chosen, so a trial started
+            # meanwhile counts as one that runs.
+            alone = all(tid == trial_id for tid in self._trials)
+            return trial_id is None or marker == trial_id or (marker is None and alone)
+
+        count = await processes.end_strays(pick, self._own_children, STRAY_GRACE_S)
+        if count:
+            log.info("trial %s: ended %d process(es) it left outside its process group", trial_id or "(any)", count)
+
+    def _own_children(self) -> set[int] | None:
+        return None if self._spawning else set(self.running_pids())
 
     def _time_out(self, trial_id: str) -> None:
         t = self._trials.get(trial_id)
@@ -455,11 +494,11 @@ class TrialRunner:
         assert self._sock is not None
         while True:
             try:
-                data = self._sock.recv(MAX_DATAGRAM)
-            except (BlockingIOError, InterruptedError):
-                return
+                data = self._sock.receive()
             except OSError as e:
                 log.warning("metric socket: %s", e)
+                return
+            if data is None:
                 return
             try:
                 self._ingest(data)
@@ -509,23 +548,22 @@ class TrialRunner:
                 self._flush_logs(t)
 
     def _flush_logs(self, t: _Trial) -> None:
+        # Only offsets are handed on, never the bytes: the session reads them from the file
+        # when it sends them, so a trial writing gigabytes costs the agent no memory.
+        if not self.stream_logs:
+            return
         for stream in ("stdout", "stderr"):
             path = t.dir / f"{stream}.log"
             offset = t.log_offsets[stream]
             try:
-                size = path.stat().st_size
-                if size <= offset:
-                    continue
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    while offset < size:
-                        data = f.read(min(LOG_CHUNK_BYTES, size - offset))
-                        if not data:
-                            break
-                        self.events.log(t.spec.trial_id, stream, offset, data)
-                        offset += len(data)
+                size = min(path.stat().st_size, MAX_STREAMED_LOG_BYTES)
             except OSError as e:
                 log.warning("trial %s: cannot read %s: %s", t.spec.trial_id, path, e)
+                continue
+            while offset < size:
+                length = min(LOG_CHUNK_BYTES, size - offset)
+                self.events.log(t.spec.trial_id, stream, path, offset, length)
+                offset += length
             t.log_offsets[stream] = offset
 
 

@@ -29,6 +29,7 @@ from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
 from . import __version__
 from .gpu import GpuProbe, cuda_visible_devices
+from .metric_socket import socket_name
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
 from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
@@ -80,6 +81,8 @@ class AgentOptions:
     tls_server_name: str | None = None
     # SHA-256 of the coordinator's certificate: fetched, checked and trusted on first connect.
     tls_fingerprint: str | None = None
+    # False where the coordinator reads the trials' log files in place (--logs-shared).
+    stream_logs: bool = True
 
 
 class AgentSession(RunnerEvents):
@@ -101,11 +104,15 @@ class AgentSession(RunnerEvents):
         self._acked_all = asyncio.Event()
         self._acked_all.set()
         self._ended_trials: set[tuple[str, int]] = set()  # (trial id, attempt)
+        # LogChunks wait in _unacked without their bytes: seq -> (file, length) to read them
+        # from when they are sent, and again after a reconnect.
+        self._log_ranges: dict[int, tuple[Path, int]] = {}
         self.runner = TrialRunner(
             options.workdir,
             self,
-            socket_path=_socket_path(options.workdir, options.environment_id),
+            socket_name=socket_name(options.workdir, options.environment_id),
             copy_working_directory=options.copy_working_directory,
+            stream_logs=options.stream_logs,
         )
         self._inventory = options.probe.inventory()
         self._mig_uuids = frozenset(g.uuid for g in self._inventory.gpus if g.mig)
@@ -132,10 +139,10 @@ class AgentSession(RunnerEvents):
             self._flush_metrics()
         self._wakeup.set()
 
-    def log(self, trial_id: str, stream: str, offset: int, data: bytes) -> None:
-        for at in range(0, len(data), limits.MAX_LOG_CHUNK_BYTES):  # the coordinator refuses larger chunks
-            piece = data[at : at + limits.MAX_LOG_CHUNK_BYTES]
-            self._enqueue(pb.AgentMessage(log=pb.LogChunk(trial_id=trial_id, stream=_STREAMS[stream], offset=offset + at, data=piece)))
+    def log(self, trial_id: str, stream: str, path: Path, offset: int, length: int) -> None:
+        msg = pb.AgentMessage(log=pb.LogChunk(trial_id=trial_id, stream=_STREAMS[stream], offset=offset))
+        self._enqueue(msg)
+        self._log_ranges[msg.seq] = (path, length)
 
     def trial_ended(self, result: TrialResult) -> None:
         msg = pb.TrialEnded(
@@ -183,7 +190,7 @@ class AgentSession(RunnerEvents):
 
     def _on_ack(self, seq: int) -> None:
         while self._unacked and self._unacked[0].seq <= seq:
-            self._unacked.popleft()
+            self._log_ranges.pop(self._unacked.popleft().seq, None)
             self._sent = max(0, self._sent - 1)
         if not self._unacked and not self._pending_metrics:
             self._acked_all.set()
@@ -405,9 +412,26 @@ class AgentSession(RunnerEvents):
             while self._sent < len(self._unacked):
                 msg = self._unacked[self._sent]
                 self._sent += 1
-                await call.write(msg)
+                await call.write(self._with_log_data(msg))
                 if self._pending_metrics and self._sent == len(self._unacked):
                     self._flush_metrics()
+
+    def _with_log_data(self, msg: pb.AgentMessage) -> pb.AgentMessage:
+        """``msg`` as sent: a LogChunk gets its bytes from the trial's log file, in a copy
+        that is dropped once written, so the journal never holds output."""
+        where = self._log_ranges.get(msg.seq)
+        if where is None:
+            return msg
+        path, length = where
+        try:
+            with open(path, "rb") as f:
+                f.seek(msg.log.offset)
+                data = f.read(length)
+        except OSError as e:
+            log.warning("trial %s: cannot read %s to send it: %s", msg.log.trial_id, path, e)
+            data = b""
+        chunk = pb.LogChunk(trial_id=msg.log.trial_id, stream=msg.log.stream, offset=msg.log.offset, data=data)
+        return pb.AgentMessage(seq=msg.seq, log=chunk)
 
     async def _heartbeat_loop(self) -> None:
         psutil.cpu_percent(None)
@@ -514,12 +538,3 @@ class AgentSession(RunnerEvents):
 
 class _Connected(Exception):
     """The stream had been established and then broke: reset the reconnect window."""
-
-
-def _socket_path(workdir: Path, environment_id: str) -> Path:
-    # Several agents may share a work dir (local environments do): one socket each.
-    path = workdir / "sockets" / f"{environment_id}.sock"
-    if len(str(path)) < 100:  # Unix socket paths are limited to ~107 bytes
-        return path
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
-    return base / f"trialkeeper-{os.getuid()}-{uuid.uuid4().hex[:12]}.sock"

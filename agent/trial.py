@@ -50,6 +50,14 @@ ENV_OUTPUT_DIR = "TRIALKEEPER_OUTPUT_DIR"
 ENV_SOCKET = "TRIALKEEPER_SOCKET"
 ENV_STANDALONE = "TRIALKEEPER_STANDALONE"
 ENV_PARAMETERS = "TRIALKEEPER_PARAMETERS"
+# A socket named "@name" in ENV_SOCKET is in Linux's abstract namespace (no file to leave
+# behind); environment variables cannot hold the NUL byte that begins such a name.
+ABSTRACT_PREFIX = "@"
+
+
+def socket_address(name: str) -> str:
+    """The address to bind or connect to for a socket named as in ``ENV_SOCKET``."""
+    return "\0" + name[len(ABSTRACT_PREFIX):] if name.startswith(ABSTRACT_PREFIX) else name
 
 
 class TrialSdkError(RuntimeError):
@@ -139,7 +147,7 @@ class _Channel:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         # A full agent queue blocks the sender (backpressure) rather than dropping a report.
         sock.settimeout(60.0)
-        sock.connect(path)
+        sock.connect(socket_address(path))
         self._sock = sock
         self._pid = os.getpid()
 

@@ -20,10 +20,6 @@ from .base import EnvironmentRequest, EnvironmentService, Observation, StartResu
 
 log = logging.getLogger(__name__)
 
-# Set in every local agent's environment (and so its trials'): how ``sweep`` finds them by
-# the experiment id alone, after the coordinator that started them is gone.
-
-
 class LocalEnvironmentService(EnvironmentService):
     """Starts agents as child processes of the coordinator, in their own sessions."""
 
@@ -66,8 +62,11 @@ class LocalEnvironmentService(EnvironmentService):
             cert = env_dir / "coordinator.pem"
             cert.write_bytes(request.tls_cert_pem)
             tls_cert = str(cert)
+        # The agent writes the trials' logs into the experiment directory, where the
+        # coordinator reads them: streaming them too would only cost memory and time.
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), tls_cert=tls_cert, agent_args=request.agent_args)
+                          workdir=str(self.experiment_dir), tls_cert=tls_cert,
+                          agent_args=(*request.agent_args, "--logs-shared"))
         env = with_environment(agent_environment(request.token, request.experiment_id, request.env_id))
         try:
             with open(env_dir / "agent.log", "ab") as out:  # noqa: ASYNC230 - a local file, once per agent
