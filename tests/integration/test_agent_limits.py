@@ -15,6 +15,7 @@ import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from netproxy import CuttingProxy
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.events import AgentReported, LogReported
 from trialkeeper.coordinator.model import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services.base import (
     EnvironmentRequest,
@@ -22,7 +23,6 @@ from trialkeeper.coordinator.services.base import (
     Observation,
     StartResult,
 )
-from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 WAIT_S = 60.0
 OUTPUT_MIB = 400
@@ -122,14 +122,15 @@ class _PeakRss:
 def _counting_log_chunks(c: Coordinator) -> Callable[[], int]:
     """Count the LogChunks that reach the coordinator's core, whoever sent them."""
     seen = [0]
-    handle = c.agent_message
+    assert c._shell is not None
+    handle = c._shell.agent_event
 
-    def counted(env_id: str, link: Any, msg: pb.AgentMessage) -> None:
-        if msg.WhichOneof("body") == "log":
+    def counted(event: Any, link: Any) -> None:
+        if isinstance(event, AgentReported) and isinstance(event.report, LogReported):
             seen[0] += 1
-        handle(env_id, link, msg)
+        handle(event, link)
 
-    c.agent_message = counted  # type: ignore[method-assign]
+    c._shell.agent_event = counted  # type: ignore[method-assign]
     return lambda: seen[0]
 
 

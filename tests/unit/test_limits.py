@@ -4,7 +4,6 @@ and the metric rule that the trial SDK, the agent and the coordinator share."""
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -49,16 +48,6 @@ def test_the_agent_keeps_within_the_limits() -> None:
     assert runner.LOG_CHUNK_BYTES <= limits.MAX_LOG_CHUNK_BYTES
     assert runner.STDERR_TAIL_BYTES <= limits.MAX_STDERR_TAIL_CHARS
     assert server.MAX_MESSAGE_BYTES == limits.MAX_MESSAGE_BYTES
-
-
-def test_the_agent_cuts_log_output_into_chunks_within_the_limit() -> None:
-    sent: list[pb.AgentMessage] = []
-    fake_session = types.SimpleNamespace(_enqueue=sent.append)
-    data = bytes(range(256)) * (2 * limits.MAX_LOG_CHUNK_BYTES // 256) + b"end"
-    session.AgentSession.log(fake_session, "t1", "stderr", 100, data)  # type: ignore[arg-type]
-    assert [m.log.offset for m in sent] == [100, 100 + limits.MAX_LOG_CHUNK_BYTES, 100 + 2 * limits.MAX_LOG_CHUNK_BYTES]
-    assert all(len(m.log.data) <= limits.MAX_LOG_CHUNK_BYTES for m in sent)
-    assert b"".join(m.log.data for m in sent) == data
 
 
 def test_clip_marks_what_it_cut() -> None:
