@@ -434,7 +434,7 @@ class Coordinator:
             t.reason = reason
             assert self.store is not None
             # Shown while the agent stops it; the end replaces it with the final reason.
-            self.store.update_trial(t.id, reason=f"stopping: {reason}")
+            self.store.update_trial(t.id, reason=reason, stopping=1)
             env = self._envs.get(t.env_id or "")
             if env is not None and env.link is not None:
                 env.link.send(pb.CoordinatorMessage(cancel_trial=pb.CancelTrial(trial_id=trial_id, grace_s=CANCEL_GRACE_S, reason=reason)))
@@ -540,6 +540,7 @@ class Coordinator:
             self.store.update_env(env.id, hostname=reg.hostname, agent_instance_id=env.instance_id, last_seq=0, info_json=json.dumps(info))
         env.hostname = reg.hostname
         env.link = link
+        self.store.set_connected(env.id, True)
         self._linked.add(env.id)
         env.last_seen = time.monotonic()
         self._failed_starts = 0
@@ -605,6 +606,8 @@ class Coordinator:
         if env is None or env.link is not link:
             return
         env.link = None
+        if self.store is not None:
+            self.store.set_connected(env.id, False)
         self._linked.discard(env.id)
         log.info("environment %s: agent stream closed", env_id)
         self._rescale_heartbeats()
@@ -919,6 +922,8 @@ class Coordinator:
             self._queue = [tid for tid in self._queue if tid not in placed]
         for tid, reason in decision.waiting.items():
             self._trials[tid].waiting_reason = reason
+        assert self.store is not None
+        self.store.set_waiting_reasons({tid: self._trials[tid].waiting_reason for tid in (*placed, *decision.waiting)})
 
     def _send_start(self, env: EnvState, t: TrialState) -> None:
         assert self._service is not None and env.link is not None and self.store is not None
@@ -1116,6 +1121,8 @@ class Coordinator:
         delay = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.attempts - 1))
         t.not_before = time.monotonic() + delay
         t.waiting_reason = f"waiting: retry {t.attempts} of {self.config.max_trial_retries} after {why}"
+        assert self.store is not None
+        self.store.set_waiting_reasons({t.id: t.waiting_reason})
         if t.status is TrialStatus.RUNNING:
             self._trial_to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {self.config.max_trial_retries} in {delay:g} s")
         self._queue.insert(0, t.id)
