@@ -16,10 +16,16 @@ from rich.table import Table
 from .readmodel import EnvSnapshot, GpuSnapshot, ReadModel, TrialSnapshot, list_experiments, to_json
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 by itself; the CLI's main ends every command alike (141).
+        raise BrokenPipeError
+
+
 def console() -> Console:
     """A console for tables: the terminal's width, or 160 columns when piped (not 80)."""
-    c = Console()
-    return c if c.is_terminal else Console(width=160)
+    c = _Console()
+    return c if c.is_terminal else _Console(width=160)
 
 
 def _print_json(value: Any) -> None:
@@ -114,7 +120,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
     for t in trials:
         dur = f"{t.ended_at - t.started_at:.1f} s" if t.started_at and t.ended_at else ""
         table.add_row(
-            t.id, str(t.sequence_id), _status(t), t.environment_id or "", _metric(t.final_metric), dur,
+            t.id, str(t.sequence_id) if t.sequence_id is not None else "", _status(t), t.environment_id or "", _metric(t.final_metric), dur,
             _params(t.parameters), _why(t),
         )
     console().print(table)

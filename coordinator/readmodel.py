@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from .states import EnvStatus, TrialStatus
-from .store import Store, StoreError
+from .store import GpuSampleRow, Store, StoreError
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,14 @@ _E = TypeVar("_E", bound=Enum)
 _NOT_JSON = object()
 
 
+def _sane(sample: GpuSampleRow) -> bool:
+    """A GPU sample whose figures are numbers (a row that is not is left out)."""
+    return all(
+        isinstance(v, (int, float)) and not isinstance(v, bool)
+        for v in (sample.at, sample.utilization, sample.memory_used_bytes, sample.memory_total_bytes)
+    )
+
+
 def _is_int_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
 
@@ -362,7 +370,7 @@ class ReadModel:
         if trial is None:
             return None
         metrics = self._read("metrics", lambda: self.store.metrics(trial_id))
-        samples = self._read("GPU samples", lambda: self.store.gpu_samples(trial_id=trial_id))
+        samples = [s for s in self._read("GPU samples", lambda: self.store.gpu_samples(trial_id=trial_id)) if _sane(s)]
         usage = GpuUsage(samples=len(samples))
         if samples:
             usage = GpuUsage(
@@ -416,6 +424,7 @@ class ReadModel:
             gf = _Fields(g)
             uuid, index = gf.text("uuid"), gf.integer("index")
             sample = latest.get(uuid)
+            sample = sample if sample is not None and _sane(sample) else None
             gpus.append(GpuSnapshot(
                 index=index, uuid=uuid, name=gf.text("name"), memory_total_bytes=gf.integer("memory_total_bytes"),
                 mig=bool(g.get("mig")), simulated=bool(g.get("simulated")),
