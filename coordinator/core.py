@@ -27,6 +27,7 @@ from . import scheduler
 from . import tls as tls_identity
 from .config import ExperimentConfig, config_to_dict
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
+from .readmodel import ReadModel
 from .server import AgentLink, AgentRejected, Servicer, create_server
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
@@ -161,6 +162,7 @@ class Coordinator:
         store = Store.in_dir(experiment_dir, readonly=True)
         try:
             exp = store.experiment()
+            stored = ReadModel(store).stored_config()  # None when unreadable
         finally:
             store.close()
         if exp is None:
@@ -169,7 +171,9 @@ class Coordinator:
             from .config import ConfigError, parse_config
 
             try:
-                config = parse_config(json.loads(exp["config_json"]), experiment_dir)
+                if stored is None:
+                    raise CoordinatorError(f"the stored config of {experiment_dir} is unreadable; pass the config file")
+                config = parse_config(stored, experiment_dir)
             except ConfigError as e:
                 raise CoordinatorError(
                     f"the stored config of {experiment_dir} cannot be used as it is ({e}); pass the config file"

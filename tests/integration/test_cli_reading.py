@@ -199,6 +199,12 @@ def test_every_reading_command_shows_bad_rows_as_unreadable(finished: Path, tmp_
     assert "unreadable: config_json" in ok("list", "--dir", exp.parent)
     ok("logs", exp, ids[0])
     assert ok("trials", exp, "--status", "unreadable").count(ids[2]) == 1
+    # resume cannot go on from an unreadable config: it says so in one line.
+    resume = tk("resume", exp, "--quiet")
+    assert resume.returncode == 1 and "Traceback" not in resume.stderr, resume.stderr
+    assert resume.stderr.strip().splitlines() == [
+        f"trialkeeper: cannot resume: the stored config of {exp.resolve()} is unreadable; pass the config file"
+    ]
 
 
 # ---- waiting reasons and connected agents ------------------------------------------------------
