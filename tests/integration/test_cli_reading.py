@@ -199,7 +199,10 @@ def test_every_reading_command_shows_bad_rows_as_unreadable(finished: Path, tmp_
     assert "unreadable: config_json" in ok("list", "--dir", exp.parent)
     ok("logs", exp, ids[0])
     assert ok("trials", exp, "--status", "unreadable").count(ids[2]) == 1
-    # resume cannot go on from an unreadable config: it says so in one line.
+    # clean and resume cannot go on from an unreadable config: each says so in one line.
+    clean = tk("clean", exp)
+    assert clean.returncode == 2 and len(clean.stderr.strip().splitlines()) == 1, clean.stderr
+    assert "stored config is unreadable" in clean.stderr and "pass it with --config" in clean.stderr
     resume = tk("resume", exp, "--quiet")
     assert resume.returncode == 1 and "Traceback" not in resume.stderr, resume.stderr
     assert resume.stderr.strip().splitlines() == [
