@@ -219,9 +219,8 @@ def _reading(exp: Path) -> tuple[Any, Any]:
 
 
 def test_live_and_finished_experiments_show_the_same_snapshots(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
     write_script(tmp_path, "trial.py", GATED_TRIAL)
-    config = build_config(tmp_path, trialConcurrency=1, trialEnv={"GATE": str(gate)})
+    config = build_config(tmp_path, trialConcurrency=1, trialEnv={"GATE": str(tmp_path / "gate")})
     exp = tmp_path / "exp"
 
     async def body() -> None:
@@ -246,14 +245,19 @@ def test_live_and_finished_experiments_show_the_same_snapshots(tmp_path: Path) -
             assert " connected " in table and "not connected" not in table
             assert CONCURRENCY_REASON in await asyncio.to_thread(ok, "trials", exp)
 
-            gate.touch()
+            # A cancel is stored before the call returns (nothing has run on the loop since):
+            # the trial is being stopped, its environment says which.
+            await c.cancel(first.id)
+            assert live.trial(first.id).stopping  # type: ignore[union-attr]
+            assert live.environments()[0].stopping_trials == (first.id,)
             await c.wait_all(WAIT_S)
     run_async(body)
 
     trials, envs = _reading(exp)
     with ReadModel.open(exp) as model:
         assert trials == to_json(model.trials()) and envs == to_json(model.environments())
-    assert [t["status"] for t in trials] == ["SUCCEEDED", "SUCCEEDED"] and all(t["waiting_reason"] == "" for t in trials)
+    assert [t["status"] for t in trials] == ["USER_CANCELED", "SUCCEEDED"]
+    assert not any(t["stopping"] or t["waiting_reason"] for t in trials)
     assert [e["connected"] for e in envs] == [False] and "not connected" in ok("envs", exp)
 
 
