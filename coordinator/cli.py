@@ -6,19 +6,25 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
+from .cli_views import add_commands, no_trial
+from .cli_views import console as _console
+from .readmodel import ReadModel
 from .store import Store, StoreError
 
-_TERMINAL = ("SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED")
+# The exit status of a command whose output pipe was closed (128 + SIGPIPE), as a shell
+# reports for a program SIGPIPE ended.
+BROKEN_PIPE_EXIT = 141
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +34,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # Output piped into `head` ends quietly, as a SIGPIPE would end it: the rest of the
+        # output (and the interpreter's flush at exit) goes nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
     except StoreError as e:
         print(f"trialkeeper: {e}", file=sys.stderr)
         return 1
@@ -80,27 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(agent)
     agent.set_defaults(func=_cmd_agent)
 
-    trials = sub.add_parser("trials", help="list an experiment's trials", description="List an experiment's trials.")
-    trials.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
-    trials.add_argument("--json", action="store_true", help="print a JSON list")
-    trials.add_argument("--status", help="only trials with this status (e.g. FAILED)")
-    trials.set_defaults(func=_cmd_trials)
-
-    status = sub.add_parser("status", help="an experiment's state in a few lines", description="Show an experiment's status, counts and best trial.")
-    status.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=_cmd_status)
-
-    envs = sub.add_parser("envs", help="list an experiment's environments", description="List an experiment's environments and their GPUs.")
-    envs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
-    envs.add_argument("--json", action="store_true")
-    envs.set_defaults(func=_cmd_envs)
-
-    trial = sub.add_parser("trial", help="one trial in detail", description="Show one trial: parameters, metrics, GPU usage, status history.")
-    trial.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
-    trial.add_argument("trial_id", metavar="TRIAL_ID")
-    trial.add_argument("--json", action="store_true")
-    trial.set_defaults(func=_cmd_trial)
+    add_commands(sub)
 
     logs = sub.add_parser("logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr).")
     logs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
@@ -240,12 +234,6 @@ def _live_table(p: Any) -> Group:
     return Group(table, envs)
 
 
-def _console() -> Console:
-    """A console for tables: the terminal's width, or 160 columns when piped (not 80)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
-
-
 def _cmd_agent(args: argparse.Namespace) -> int:
     from trialkeeper.agent.main import run
 
@@ -266,24 +254,25 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     if exp_dir is None:
         print(f"trialkeeper: no experiment {args.target!r}: neither a directory holding one nor a known experiment id", file=sys.stderr)
         return 1
-    store = _open(exp_dir)
-    try:
-        exp = store.experiment()
-        bound = store.meta("bound_address") or ""
-    finally:
-        store.close()
+    with ReadModel.open(exp_dir) as model:
+        exp = model.experiment()
+        stored_config = model.stored_config()
+        bound = model.bound_address()
     if exp is None:
         print(f"trialkeeper: {exp_dir} holds no experiment", file=sys.stderr)
         return 1
+    if args.config is None and stored_config is None:
+        print(f"trialkeeper: the experiment's stored config is unreadable ({'; '.join(exp.unreadable)}); pass it with --config", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config) if args.config else parse_config(json.loads(exp["config_json"]), exp_dir)
+        config = load_config(args.config) if args.config else parse_config(dict(stored_config or {}), exp_dir)
     except ConfigError as e:
         print(f"trialkeeper: the experiment's config cannot be used ({e}); pass it with --config", file=sys.stderr)
         return 2
     alive = _coordinator_alive(bound, exp_dir) if bound else ""
     if alive:
         print(
-            f"trialkeeper: refusing to clean experiment {exp['id']}: {alive}; stop it first (its environments "
+            f"trialkeeper: refusing to clean experiment {exp.id}: {alive}; stop it first (its environments "
             "are its to stop), or clean after it has exited",
             file=sys.stderr,
         )
@@ -292,20 +281,20 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     async def sweep() -> list[str]:
         service = create_service(config, exp_dir)
         try:
-            return await asyncio.wait_for(service.sweep(exp["id"], keep=()), SWEEP_TIMEOUT_S)
+            return await asyncio.wait_for(service.sweep(exp.id, keep=()), SWEEP_TIMEOUT_S)
         finally:
             await service.close()
 
     try:
         removed = asyncio.run(sweep())
     except (ValueError, OSError, asyncio.TimeoutError) as e:
-        print(f"trialkeeper: cannot clean experiment {exp['id']}: {e}", file=sys.stderr)
+        print(f"trialkeeper: cannot clean experiment {exp.id}: {e}", file=sys.stderr)
         return 1
     platform = config.training_service.platform
     if removed:
-        print(f"experiment {exp['id']}: removed {len(removed)} environment(s) from {platform}: {', '.join(removed)}")
+        print(f"experiment {exp.id}: removed {len(removed)} environment(s) from {platform}: {', '.join(removed)}")
     else:
-        print(f"experiment {exp['id']}: nothing left to remove on {platform}")
+        print(f"experiment {exp.id}: nothing left to remove on {platform}")
     return 0
 
 
@@ -353,224 +342,10 @@ def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:
 # ---- reading an experiment ---------------------------------------------------------------
 
 
-def _open(exp_dir: Path) -> Store:
-    return Store.in_dir(exp_dir, readonly=True)
-
-
-def _trial_rows(store: Store) -> list[dict[str, Any]]:
-    out = []
-    for r in store.trials():
-        out.append(
-            {
-                "id": r["id"],
-                "sequence_id": r["seq"],
-                "status": r["status"],
-                "parameters": json.loads(r["parameters_json"]),
-                "final_metric": r["final_metric"],
-                "final_metric_value": json.loads(r["final_metric_json"]) if r["final_metric_json"] else None,
-                "environment_id": r["environment_id"],
-                "gpu_indices": json.loads(r["gpu_indices_json"]),
-                "exit_code": r["exit_code"],
-                "signal": r["signal"],
-                "reason": r["reason"],
-                "attempts": r["attempts"],
-                "submitted_at": r["submitted_at"],
-                "started_at": r["started_at"],
-                "ended_at": r["ended_at"],
-            }
-        )
-    return out
-
-
-def _cmd_trials(args: argparse.Namespace) -> int:
-    store = _open(args.experiment_dir)
-    rows = _trial_rows(store)
-    if args.status:
-        rows = [r for r in rows if r["status"] == args.status.upper()]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    table = Table()
-    for col in ("trial", "seq", "status", "env", "final metric", "duration", "parameters", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        dur = f"{r['ended_at'] - r['started_at']:.1f} s" if r["started_at"] and r["ended_at"] else ""
-        metric = f"{r['final_metric']:.6g}" if r["final_metric"] is not None else ""
-        status = r["status"] + (" (stopping)" if r["status"] not in _TERMINAL and r["reason"].startswith("stopping:") else "")
-        table.add_row(r["id"], str(r["sequence_id"]), status, r["environment_id"] or "", metric, dur, json.dumps(r["parameters"]), r["reason"])
-    _console().print(table)
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    store = _open(args.experiment_dir)
-    exp = store.experiment()
-    if exp is None:
-        print(f"trialkeeper: no experiment in {args.experiment_dir}", file=sys.stderr)
-        return 1
-    rows = _trial_rows(store)
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    config = json.loads(exp["config_json"])
-    mode = (config.get("tuner") or {}).get("classArgs", {}).get("optimize_mode", "maximize")
-    scored = [r for r in rows if r["final_metric"] is not None]
-    best = (max if mode != "minimize" else min)(scored, key=lambda r: r["final_metric"]) if scored else None
-    info = {
-        "id": exp["id"],
-        "name": exp["name"],
-        "status": exp["status"],
-        "reason": exp["reason"],
-        "coordinator": exp["coordinator_address"],
-        "trials": counts,
-        "metrics": store.metric_count(),
-        "best": {"id": best["id"], "final_metric": best["final_metric"], "parameters": best["parameters"]} if best else None,
-        "environments": len(store.envs()),
-    }
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    print(f"experiment {info['id']} ({info['name'] or 'unnamed'}): {info['status']}{' - ' + info['reason'] if info['reason'] else ''}")
-    print("trials: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
-    print(f"metrics stored: {info['metrics']}; environments: {info['environments']}")
-    if best:
-        print(f"best trial: {best['id']} final metric {best['final_metric']:.6g} parameters {json.dumps(best['parameters'])}")
-    return 0
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f}"
-
-
-def _env_gpus(store: Store, env_id: str, info: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each GPU of an environment with its newest sample and the trials holding it."""
-    latest = store.latest_gpu_samples(env_id)
-    holding: dict[int, list[str]] = {}
-    for t in trials:
-        if t["environment_id"] == env_id and t["status"] not in _TERMINAL:
-            for i in t["gpu_indices"]:
-                holding.setdefault(i, []).append(t["id"])
-    gpus = []
-    for g in info.get("gpus", []):
-        sample = latest.get(g["uuid"])
-        gpus.append({
-            **g,
-            "utilization_percent": sample.utilization if sample else None,
-            "memory_used_bytes": sample.memory_used_bytes if sample else None,
-            "sampled_at": sample.at if sample else None,
-            "held_by": holding.get(g["index"], []),
-        })
-    return gpus
-
-
-def _gpu_line(g: dict[str, Any]) -> str:
-    label = f"{g['index']}: {g['name']}"
-    if g.get("mig"):
-        label += " (MIG)"
-    if g.get("simulated"):
-        label += " (simulated)"
-    if g["utilization_percent"] is not None:
-        label += f" {g['utilization_percent']:.0f}% {_gib(g['memory_used_bytes'])}/{_gib(g['memory_total_bytes'])} GiB"
-    else:
-        label += f" {_gib(g['memory_total_bytes'])} GiB"
-    if g["held_by"]:
-        label += " held by " + ", ".join(g["held_by"])
-    return label
-
-
-def _cmd_envs(args: argparse.Namespace) -> int:
-    store = _open(args.experiment_dir)
-    envs = store.envs()
-    trials = _trial_rows(store)
-    rows = []
-    for e in envs:
-        info = json.loads(e["info_json"] or "{}")
-        holding = [t["id"] for t in trials if t["environment_id"] == e["id"] and t["status"] not in _TERMINAL]
-        rows.append({
-            "id": e["id"], "platform": e["platform"], "status": e["status"], "reason": e["reason"],
-            "platform_id": e["platform_id"], "hostname": e["hostname"],
-            "gpus": _env_gpus(store, e["id"], info, trials),
-            "gpu_unavailable_reason": info.get("gpu_unavailable_reason", ""), "running_trials": holding,
-        })
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    table = Table()
-    for col in ("env", "platform", "status", "host", "job", "gpus", "trials", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        gpus = "\n".join(_gpu_line(g) for g in r["gpus"]) or ("no GPUs: " + r["gpu_unavailable_reason"] if r["gpu_unavailable_reason"] else "none")
-        table.add_row(r["id"], r["platform"], r["status"], r["hostname"], r["platform_id"], gpus, " ".join(r["running_trials"]), r["reason"])
-    _console().print(table)
-    return 0
-
-
-def _cmd_trial(args: argparse.Namespace) -> int:
-    store = _open(args.experiment_dir)
-    row = next((r for r in _trial_rows(store) if r["id"] == args.trial_id), None)
-    if row is None:
-        return _no_trial(store, args)
-    metrics = store.metrics(args.trial_id)
-    samples = store.gpu_samples(trial_id=args.trial_id)
-    gpu: dict[str, Any] = {"samples": len(samples)}
-    if samples:
-        gpu.update(
-            mean_utilization_percent=sum(s.utilization for s in samples) / len(samples),
-            max_utilization_percent=max(s.utilization for s in samples),
-            peak_memory_used_bytes=max(s.memory_used_bytes for s in samples),
-            gpus=sorted({s.uuid for s in samples}),
-        )
-    trial_dir = args.experiment_dir / "trials" / args.trial_id
-    detail = {
-        **row,
-        "intermediate": [m.value for m in metrics if m.kind == "intermediate"],
-        "gpu_usage": gpu,
-        "history": [
-            {"at": ev["at"], "from": ev["old"], "to": ev["new"], "reason": ev["reason"]} for ev in store.events(args.trial_id)
-        ],
-        "stdout": str(trial_dir / "stdout.log"),
-        "stderr": str(trial_dir / "stderr.log"),
-    }
-    if args.json:
-        print(json.dumps(detail, indent=2))
-        return 0
-    print(f"trial {row['id']} (#{row['sequence_id']}): {row['status']}{' - ' + row['reason'] if row['reason'] else ''}")
-    print(f"parameters: {json.dumps(row['parameters'])}")
-    where = row["environment_id"] or "not placed"
-    if row["gpu_indices"]:
-        where += f", GPUs {','.join(str(i) for i in row['gpu_indices'])}"
-    print(f"environment: {where}; attempts: {row['attempts']}")
-    if row["exit_code"] is not None or row["signal"]:
-        print(f"exit code: {row['exit_code']}; signal: {row['signal'] or 'none'}")
-    inter = detail["intermediate"]
-    if inter:
-        shown = ", ".join(f"{v:.6g}" for v in inter[:10]) + (f", ... ({len(inter)} in all)" if len(inter) > 10 else "")
-        print(f"intermediate: {shown}")
-    if row["final_metric"] is not None:
-        print(f"final: {row['final_metric']:.6g}")
-    if samples:
-        print(
-            f"GPU usage ({gpu['samples']} samples): mean {gpu['mean_utilization_percent']:.0f}%, "
-            f"max {gpu['max_utilization_percent']:.0f}%, peak memory {_gib(gpu['peak_memory_used_bytes'])} GiB"
-        )
-    for ev in detail["history"]:
-        print(f"  {time.strftime('%H:%M:%S', time.localtime(ev['at']))} {ev['from'] or '-'} -> {ev['to']}: {ev['reason']}")
-    print(f"logs: {detail['stdout']}, {detail['stderr']}")
-    return 0
-
-
-def _no_trial(store: Store, args: argparse.Namespace) -> int:
-    known = [r["id"] for r in store.trials()][:20]
-    print(f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}", file=sys.stderr)
-    return 1
-
-
 def _cmd_logs(args: argparse.Namespace) -> int:
-    store = _open(args.experiment_dir)
-    if store.trial(args.trial_id) is None:
-        known = [r["id"] for r in store.trials()][:20]
-        print(f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}", file=sys.stderr)
-        return 1
+    model = ReadModel.open(args.experiment_dir)
+    if model.trial(args.trial_id) is None:
+        return no_trial(model, args)
     path = args.experiment_dir / "trials" / args.trial_id / ("stderr.log" if args.stderr else "stdout.log")
     offset = 0
     out = sys.stdout.buffer
@@ -587,8 +362,8 @@ def _cmd_logs(args: argparse.Namespace) -> int:
             offset += len(data)
         if not args.follow:
             return 0
-        row = store.trial(args.trial_id)
-        if row is not None and row["status"] in _TERMINAL:
+        trial = model.trial(args.trial_id)
+        if trial is not None and not trial.active:
             # One last read picks up what was written just before the end.
             args.follow = False
             continue

@@ -24,6 +24,7 @@ from .config import ExperimentConfig, config_to_dict
 from .engine import CANCEL_GRACE_S, Engine, Policy
 from .events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo
+from .readmodel import ReadModel
 from .restore import restore
 from .server import Servicer, create_server
 from .services import create_service
@@ -134,6 +135,7 @@ class Coordinator:
         store = Store.in_dir(experiment_dir, readonly=True)
         try:
             exp = store.experiment()
+            stored = ReadModel(store).stored_config()  # None when unreadable
         finally:
             store.close()
         if exp is None:
@@ -142,8 +144,10 @@ class Coordinator:
             from .config import ConfigError, parse_config
             from .redacted import SecretsMissing, restore_redacted
 
+            if stored is None:
+                raise CoordinatorError(f"the stored config of {experiment_dir} is unreadable; pass the config file")
             try:
-                config = parse_config(restore_redacted(json.loads(exp["config_json"]), os.environ), experiment_dir)
+                config = parse_config(restore_redacted(stored, os.environ), experiment_dir)
             except SecretsMissing as e:
                 raise CoordinatorError(str(e)) from e
             except (ConfigError, ValueError) as e:

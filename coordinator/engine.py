@@ -204,7 +204,7 @@ class Engine(EnvironmentRules):
         t.cancel_status = status
         t.reason = reason
         # Shown while the agent stops it; the end replaces it with the final reason.
-        self._out.append(ev.UpdateTrial(t.id, {"reason": f"stopping: {reason}"}))
+        self._out.append(ev.UpdateTrial(t.id, {"reason": reason, "stopping": 1}))
         env = self.envs.get(t.env_id or "")
         if env is not None and env.link is not None:
             self._out.append(ev.Send(env.link, ev.CancelTrial(trial_id, CANCEL_GRACE_S, reason)))
@@ -393,12 +393,13 @@ class Engine(EnvironmentRules):
             policy=self.policy.placement,
         )
         placed = set()
+        changed: dict[str, str] = {}  # waiting reasons to store
         for p in decision.placements:
             t = self.trials[p.trial_id]
             env = self.envs[p.env_id]
             t.env_id, t.gpu_uuids, t.gpu_indices = p.env_id, p.gpu_uuids, p.gpu_indices
             t.attempts += 1
-            t.waiting_reason = f"starting on {env.id}"
+            t.waiting_reason = changed[t.id] = f"starting on {env.id}"
             placed.add(t.id)
             if env.single_use:
                 env.used = True
@@ -412,7 +413,11 @@ class Engine(EnvironmentRules):
         if placed:
             self.queue = [tid for tid in self.queue if tid not in placed]
         for tid, reason in decision.waiting.items():
-            self.trials[tid].waiting_reason = reason
+            t = self.trials[tid]
+            if t.waiting_reason != reason:
+                t.waiting_reason = changed[tid] = reason
+        if changed:
+            self._out.append(ev.StoreWaitingReasons(changed))
 
     def _send_start(self, env: EnvState, t: TrialState) -> None:
         assert env.link is not None
@@ -471,6 +476,7 @@ class Engine(EnvironmentRules):
         t.not_before = self.now + delay
         retries = self.policy.max_trial_retries
         t.waiting_reason = f"waiting: retry {t.attempts} of {retries} after {why}"
+        self._out.append(ev.StoreWaitingReasons({t.id: t.waiting_reason}))
         if t.status is TrialStatus.RUNNING:
             self._trial_to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {retries} in {delay:g} s")
         self.queue.insert(0, t.id)

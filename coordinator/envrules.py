@@ -99,6 +99,7 @@ class EnvironmentRules:
             }))
         env.hostname = reg.hostname
         env.link = reg.link
+        self._out.append(ev.UpdateEnvironment(env.id, {"connected": 1}))
         self._linked.add(env.id)
         env.last_seen = self.now
         self._failed_starts = 0
@@ -128,6 +129,7 @@ class EnvironmentRules:
         if env is None or env.link != d.link:
             return
         env.link = None
+        self._out.append(ev.UpdateEnvironment(env.id, {"connected": 0}))
         self._linked.discard(env.id)
         log.info("environment %s: agent stream closed", env.id)
         self._rescale_heartbeats()

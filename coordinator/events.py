@@ -308,6 +308,13 @@ class UpdateTrial:
 
 
 @dataclass(frozen=True)
+class StoreWaitingReasons:
+    """Why each of these trials waits (only reasons that changed)."""
+
+    reasons: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class InsertEnvironment:
     env_id: str
     platform: str
@@ -362,10 +369,12 @@ class HeartbeatsRescaled:
     connected: int
 
 
-STORE_WRITES = (InsertTrial, UpdateTrial, InsertEnvironment, UpdateEnvironment, RecordTransition, StoreMetrics)
+STORE_WRITES = (
+    InsertTrial, UpdateTrial, InsertEnvironment, UpdateEnvironment, RecordTransition, StoreMetrics, StoreWaitingReasons,
+)
 
 Instruction = (
     RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StopEnvironment | PollSoon | InsertTrial
     | UpdateTrial | InsertEnvironment | UpdateEnvironment | RecordTransition | StoreMetrics
-    | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled
+    | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled | StoreWaitingReasons
 )

@@ -14,6 +14,8 @@ from pathlib import Path
 from .config import ExperimentConfig
 from .core import Coordinator
 from .model import EnvState, StatusEvent, TrialInfo
+from .readmodel import best_trial, optimize_mode
+from .readmodel import ranked as _ranked
 from .states import TrialStatus
 from .tuners import NoMoreTrials, Tuner, create_tuner
 
@@ -46,22 +48,11 @@ class ExperimentResult:
     reason: str
 
 
-def best_trial(trials: list[TrialInfo], optimize_mode: str) -> TrialInfo | None:
-    scored = [t for t in trials if t.final_metric is not None]
-    if not scored:
-        return None
-    pick = max if optimize_mode == "maximize" else min
-    return pick(scored, key=lambda t: t.final_metric)  # type: ignore[arg-type,return-value]
-
-
-def ranked(trials: list[TrialInfo], optimize_mode: str) -> list[TrialInfo]:
-    scored = [t for t in trials if t.final_metric is not None]
-    return sorted(scored, key=lambda t: t.final_metric, reverse=optimize_mode == "maximize")  # type: ignore[arg-type,return-value]
+ranked = _ranked  # where the CLI's run command imports it from
 
 
 def optimize_mode_of(config: ExperimentConfig) -> str:
-    mode = config.tuner.class_args.get("optimize_mode", "maximize")
-    return str(mode) if mode in ("maximize", "minimize") else "maximize"
+    return optimize_mode(config.tuner.class_args)
 
 
 async def run_experiment(

@@ -1,41 +1,15 @@
-"""The coordinator's in-memory picture of trials and environments, and what it publishes."""
+"""The coordinator's in-memory picture of trials and environments, and what it publishes.
+
+``TrialInfo`` lives in the read model; it is imported from here too."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .readmodel import TrialInfo, loads_or_none  # TrialInfo is imported from here too
 from .scheduler import GpuSlot
 from .states import EnvStatus, TrialStatus
-
-
-@dataclass(frozen=True)
-class TrialInfo:
-    """A snapshot of one trial, as the embedding API and the CLI show it."""
-
-    id: str
-    sequence_id: int
-    status: TrialStatus
-    parameters: dict[str, Any]
-    environment_id: str | None
-    gpu_indices: tuple[int, ...]
-    final_metric: float | None
-    final_metric_value: Any
-    exit_code: int | None
-    signal: int | None
-    reason: str
-    stderr_tail: str
-    submitted_at: float
-    started_at: float | None
-    ended_at: float | None
-    attempts: int
-    # Canceled, and its processes are being stopped (the status changes once they are gone).
-    stopping: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.status.terminal
 
 
 @dataclass(frozen=True)
@@ -100,7 +74,8 @@ class TrialState:
             environment_id=self.env_id,
             gpu_indices=self.gpu_indices,
             final_metric=self.final_metric,
-            final_metric_value=json.loads(self.final_metric_json) if self.final_metric_json else None,
+            # A value an older version stored unchecked may not parse: shown as None.
+            final_metric_value=loads_or_none(self.final_metric_json),
             exit_code=self.exit_code,
             signal=self.signal,
             reason=self.reason or (self.waiting_reason if self.status is TrialStatus.WAITING else ""),
@@ -110,6 +85,7 @@ class TrialState:
             ended_at=self.ended_at,
             attempts=self.attempts,
             stopping=self.cancel_status is not None and not self.status.terminal,
+            waiting_reason=self.waiting_reason if self.status is TrialStatus.WAITING else "",
         )
 
 

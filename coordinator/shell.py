@@ -121,6 +121,8 @@ class Shell:
                 store.insert_trial(dict(i.row))
             case ev.InsertEnvironment():
                 store.insert_env(i.env_id, i.platform, i.status)
+            case ev.StoreWaitingReasons():
+                store.set_waiting_reasons(i.reasons)
 
     def _carry_out(self, instructions: Iterable[ev.Instruction]) -> None:
         for i in instructions:

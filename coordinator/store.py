@@ -11,7 +11,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -99,10 +99,11 @@ TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
+    "waiting_reason", "stopping",
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
-    "agent_instance_id", "last_seq", "created_at", "ended_at",
+    "agent_instance_id", "last_seq", "created_at", "ended_at", "connected",
 )
 
 
@@ -156,7 +157,17 @@ class _Transaction:
 
 # Columns added since a table was first made, with their definitions: a store made before
 # them gets them when it is opened for writing (readers see them as absent).
-_ADDED_COLUMNS = {"trials": {"gpu_uuids_json": "TEXT NOT NULL DEFAULT '[]'"}}
+_ADDED_COLUMNS = {
+    "trials": {
+        "gpu_uuids_json": "TEXT NOT NULL DEFAULT '[]'",
+        # Why a waiting trial is not placed yet, as the scheduler last said.
+        "waiting_reason": "TEXT NOT NULL DEFAULT ''",
+        # 1 once a cancel was sent: its processes are being stopped.
+        "stopping": "INTEGER NOT NULL DEFAULT 0",
+    },
+    # 1 while the environment's agent has its stream open.
+    "environments": {"connected": "INTEGER NOT NULL DEFAULT 0"},
+}
 
 
 def _add_missing_columns(db: sqlite3.Connection) -> None:
@@ -165,6 +176,9 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         for name, definition in columns.items():
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+    # Opened for writing by a coordinator that starts (or resumes): no agent is connected to
+    # it yet, whatever a crashed predecessor last stored.
+    db.execute("UPDATE environments SET connected = 0 WHERE connected != 0")
 
 
 class Store:
@@ -207,6 +221,7 @@ class Store:
         self._depth = 0
         self._transaction = _Transaction(self)
         self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
+        self._waiting_reasons: dict[str, str] = {}  # as last written, to write only changes
 
     @classmethod
     def in_dir(cls, experiment_dir: Path, *, readonly: bool = False) -> Store:
@@ -269,6 +284,16 @@ class Store:
         sets = ", ".join(f"{k} = ?" for k in fields)
         self._write(f"UPDATE {table} SET {sets} WHERE id = ?", (*fields.values(), row_id))
 
+    def set_waiting_reasons(self, reasons: Mapping[str, str]) -> None:
+        """Store why each of these waiting trials is not placed yet; only the reasons that
+        changed since the last call are written, in one transaction."""
+        changed = [(r, tid) for tid, r in reasons.items() if self._waiting_reasons.get(tid) != r]
+        if not changed:
+            return
+        with self.transaction():
+            self._db.executemany("UPDATE trials SET waiting_reason = ? WHERE id = ?", changed)
+        self._waiting_reasons.update((tid, r) for r, tid in changed)
+
     def trials(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._db.execute("SELECT * FROM trials ORDER BY seq")]
 
@@ -315,6 +340,10 @@ class Store:
 
     def update_env(self, env_id: str, **fields: Any) -> None:
         self._update("environments", "environment", ENV_COLUMNS, env_id, fields)
+
+    def set_connected(self, env_id: str, connected: bool) -> None:
+        """Store whether the environment's agent has its stream open."""
+        self._write("UPDATE environments SET connected = ? WHERE id = ?", (int(connected), env_id))
 
     def envs(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._db.execute("SELECT * FROM environments ORDER BY created_at, id")]
@@ -390,7 +419,11 @@ class Store:
 
 
 def _gpu_row(r: sqlite3.Row) -> GpuSampleRow:
+    try:
+        trial_ids = json.loads(r["trial_ids_json"])
+    except (TypeError, ValueError):
+        trial_ids = []  # a row no reader can attribute: still a sample of its GPU
     return GpuSampleRow(
         r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
-        r["memory_total_bytes"], tuple(json.loads(r["trial_ids_json"])),
+        r["memory_total_bytes"], tuple(t for t in trial_ids if isinstance(t, str)) if isinstance(trial_ids, list) else (),
     )

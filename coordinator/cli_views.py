@@ -1,0 +1,249 @@
+"""The CLI's reading commands (`list`, `status`, `trials`, `trial`, `envs`): snapshots of the
+read model rendered as tables, text or JSON. Nothing here reads the store itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .readmodel import EnvSnapshot, GpuSnapshot, ReadModel, TrialSnapshot, list_experiments, to_json
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 by itself; the CLI's main ends every command alike (141).
+        raise BrokenPipeError
+
+
+def console() -> Console:
+    """A console for tables: the terminal's width, or 160 columns when piped (not 80)."""
+    c = _Console()
+    return c if c.is_terminal else _Console(width=160)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(to_json(value), indent=2))
+
+
+def _metric(value: float | None) -> str:
+    return f"{value:.6g}" if value is not None else ""
+
+
+def _when(at: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at is not None else ""
+
+
+def _gib(n: int | None) -> str:
+    return f"{(n or 0) / 2**30:.1f}"
+
+
+def _status(t: TrialSnapshot) -> str:
+    text = t.status.value if t.status is not None else "UNREADABLE"
+    return text + (" (stopping)" if t.stopping else "")
+
+
+def _params(parameters: dict[str, Any] | None) -> str:
+    return json.dumps(parameters) if parameters is not None else "(unreadable)"
+
+
+def _why(t: TrialSnapshot) -> str:
+    return "; ".join(filter(None, [t.reason or t.waiting_reason, *(f"unreadable {n}" for n in t.unreadable)]))
+
+
+# ---- list ----------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .config import _default_working_directory
+
+    directory: Path = args.dir if args.dir is not None else _default_working_directory()
+    experiments = list_experiments(directory)
+    if args.json:
+        _print_json(experiments)
+        return 0
+    if not experiments:
+        print(f"no experiments in {directory}")
+        return 0
+    table = Table()
+    for col in ("id", "name", "status", "trials", "best", "started"):
+        table.add_column(col, overflow="fold")
+    for e in experiments:
+        status = e.status + ("; unreadable: " + "; ".join(e.unreadable) if e.unreadable else "")
+        best = f"{e.best.final_metric:.6g} ({e.best.id})" if e.best is not None and e.best.final_metric is not None else ""
+        table.add_row(e.id, e.name or "", status, str(e.trial_count), best, _when(e.started_at))
+    console().print(table)
+    return 0
+
+
+# ---- one experiment ------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with ReadModel.open(args.experiment_dir) as model:
+        exp = model.experiment()
+    if exp is None:
+        print(f"trialkeeper: no experiment in {args.experiment_dir}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(exp)
+        return 0
+    print(f"experiment {exp.id} ({exp.name or 'unnamed'}): {exp.status}{' - ' + exp.reason if exp.reason else ''}")
+    print("trials: " + (", ".join(f"{n} {s}" for s, n in exp.trials.items()) or "none"))
+    print(f"metrics stored: {exp.metrics}; environments: {exp.environments}")
+    best = exp.best
+    if best is not None and best.final_metric is not None:
+        print(f"best trial: {best.id} final metric {best.final_metric:.6g} parameters {_params(best.parameters)}")
+    for note in exp.unreadable:
+        print(f"unreadable: {note}")
+    return 0
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    with ReadModel.open(args.experiment_dir) as model:
+        trials = model.trials()
+    if args.status:
+        wanted = args.status.upper()
+        trials = tuple(t for t in trials if (t.status.value if t.status else "UNREADABLE") == wanted)
+    if args.json:
+        _print_json(trials)
+        return 0
+    table = Table()
+    for col in ("trial", "seq", "status", "env", "final metric", "duration", "parameters", "reason"):
+        table.add_column(col, overflow="fold")
+    for t in trials:
+        dur = f"{t.ended_at - t.started_at:.1f} s" if t.started_at and t.ended_at else ""
+        table.add_row(
+            t.id, str(t.sequence_id) if t.sequence_id is not None else "", _status(t), t.environment_id or "", _metric(t.final_metric), dur,
+            _params(t.parameters), _why(t),
+        )
+    console().print(table)
+    return 0
+
+
+def _gpu_line(g: GpuSnapshot) -> str:
+    label = f"{g.index}: {g.name}"
+    if g.mig:
+        label += " (MIG)"
+    if g.simulated:
+        label += " (simulated)"
+    if g.utilization_percent is not None:
+        label += f" {g.utilization_percent:.0f}% {_gib(g.memory_used_bytes)}/{_gib(g.memory_total_bytes)} GiB"
+    else:
+        label += f" {_gib(g.memory_total_bytes)} GiB"
+    if g.held_by:
+        label += " held by " + ", ".join(g.held_by)
+    return label
+
+
+def _env_trials(e: EnvSnapshot) -> str:
+    return " ".join(t + (" (stopping)" if t in e.stopping_trials else "") for t in e.running_trials)
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    with ReadModel.open(args.experiment_dir) as model:
+        envs = model.environments()
+    if args.json:
+        _print_json(envs)
+        return 0
+    table = Table()
+    for col in ("env", "platform", "status", "agent", "host", "job", "gpus", "trials", "reason"):
+        table.add_column(col, overflow="fold")
+    for e in envs:
+        gpus = "\n".join(_gpu_line(g) for g in e.gpus) or (
+            "no GPUs: " + e.gpu_unavailable_reason if e.gpu_unavailable_reason else "none"
+        )
+        reason = "; ".join(filter(None, [e.reason, *(f"unreadable {n}" for n in e.unreadable)]))
+        table.add_row(
+            e.id, e.platform, e.status.value if e.status else "UNREADABLE", "connected" if e.connected else "not connected",
+            e.hostname, e.platform_id, gpus, _env_trials(e), reason,
+        )
+    console().print(table)
+    return 0
+
+
+def cmd_trial(args: argparse.Namespace) -> int:
+    with ReadModel.open(args.experiment_dir) as model:
+        detail = model.trial_detail(args.trial_id)
+        if detail is None:
+            return no_trial(model, args)
+    if args.json:
+        print(json.dumps(_flat(detail), indent=2))
+        return 0
+    t = detail.trial
+    print(f"trial {t.id} (#{t.sequence_id}): {_status(t)}{' - ' + _why(t) if _why(t) else ''}")
+    print(f"parameters: {_params(t.parameters)}")
+    where = t.environment_id or "not placed"
+    if t.gpu_indices:
+        where += f", GPUs {','.join(str(i) for i in t.gpu_indices)}"
+    print(f"environment: {where}; attempts: {t.attempts}")
+    if t.exit_code is not None or t.signal:
+        print(f"exit code: {t.exit_code}; signal: {t.signal or 'none'}")
+    inter = detail.intermediate
+    if inter:
+        shown = ", ".join(f"{v:.6g}" for v in inter[:10]) + (f", ... ({len(inter)} in all)" if len(inter) > 10 else "")
+        print(f"intermediate: {shown}")
+    if t.final_metric is not None:
+        print(f"final: {t.final_metric:.6g}")
+    gpu = detail.gpu_usage
+    if gpu.samples:
+        print(
+            f"GPU usage ({gpu.samples} samples): mean {gpu.mean_utilization_percent or 0:.0f}%, "
+            f"max {gpu.max_utilization_percent or 0:.0f}%, peak memory {_gib(gpu.peak_memory_used_bytes)} GiB"
+        )
+    for ev in detail.history:
+        at = time.strftime("%H:%M:%S", time.localtime(ev.at)) if ev.at is not None else "--:--:--"
+        print(f"  {at} {ev.old or '-'} -> {ev.new}: {ev.reason}")
+    print(f"logs: {detail.stdout}, {detail.stderr}")
+    return 0
+
+
+def _flat(detail: Any) -> dict[str, Any]:
+    """A trial's detail as one JSON object: the trial's fields, then what was read on demand."""
+    data = to_json(detail)
+    return {**data.pop("trial"), **data}
+
+
+def no_trial(model: ReadModel, args: argparse.Namespace) -> int:
+    known = [t.id for t in model.trials()][:20]
+    print(f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}", file=sys.stderr)
+    return 1
+
+
+def add_commands(sub: Any) -> None:
+    """The reading commands' parsers, on the CLI's subparsers."""
+    listing = sub.add_parser(
+        "list", help="list the experiments in a working directory",
+        description="List the experiments under the experiment working directory: id, name, status, trials, best, started.",
+    )
+    listing.add_argument("--dir", type=Path, help="the working directory (default: the config's default, ~/trialkeeper-experiments)")
+    listing.add_argument("--json", action="store_true", help="print a JSON list")
+    listing.set_defaults(func=cmd_list)
+
+    trials = sub.add_parser("trials", help="list an experiment's trials", description="List an experiment's trials.")
+    trials.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    trials.add_argument("--json", action="store_true", help="print a JSON list")
+    trials.add_argument("--status", help="only trials with this status (e.g. FAILED)")
+    trials.set_defaults(func=cmd_trials)
+
+    status = sub.add_parser("status", help="an experiment's state in a few lines", description="Show an experiment's status, counts and best trial.")
+    status.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    envs = sub.add_parser("envs", help="list an experiment's environments", description="List an experiment's environments and their GPUs.")
+    envs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    envs.add_argument("--json", action="store_true")
+    envs.set_defaults(func=cmd_envs)
+
+    trial = sub.add_parser("trial", help="one trial in detail", description="Show one trial: parameters, metrics, GPU usage, status history.")
+    trial.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    trial.add_argument("trial_id", metavar="TRIAL_ID")
+    trial.add_argument("--json", action="store_true")
+    trial.set_defaults(func=cmd_trial)

@@ -1,0 +1,530 @@
+"""The read model: immutable snapshots of an experiment, its trials and its environments.
+
+Snapshots are read from the experiment's store, so a live coordinator (whose store is
+written before anything is acknowledged) and the store of a finished or crashed experiment
+give the same ones. The CLI reads only through here; so will a dashboard.
+
+Nothing read from a store raises: a value an older version (or a hostile agent) stored that
+this one cannot read is shown as ``None``, with a note in the snapshot's ``unreadable``.
+Only a store that cannot be opened or queried at all raises :class:`StoreError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from enum import Enum
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol, TypeVar
+
+from .states import EnvStatus, TrialStatus
+from .store import GpuSampleRow, Store, StoreError
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """What every picture of a trial holds, whichever way it was read."""
+
+    id: str
+    environment_id: str | None
+    gpu_indices: tuple[int, ...]
+    final_metric: float | None
+    final_metric_value: Any
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    stderr_tail: str
+    started_at: float | None
+    ended_at: float | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class TrialInfo(_Trial):
+    """A snapshot of one trial, as the embedding API shows it (built from the live state)."""
+
+    sequence_id: int
+    status: TrialStatus
+    parameters: dict[str, Any]
+    submitted_at: float
+    # Canceled, and its processes are being stopped (the status changes once they are gone).
+    stopping: bool = False
+    # Why a waiting trial is not placed yet ("" once it runs).
+    waiting_reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.status.terminal
+
+
+@dataclass(frozen=True)
+class TrialSnapshot(_Trial):
+    """One trial as its store holds it. A field the store holds in a form this version cannot
+    read is ``None`` (``parameters``, ``status``, ...), and ``unreadable`` says which and why."""
+
+    sequence_id: int | None
+    status: TrialStatus | None
+    parameters: dict[str, Any] | None
+    submitted_at: float | None
+    waiting_reason: str  # only while WAITING
+    stopping: bool  # canceled, its processes being stopped
+    unreadable: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        """Waiting or running: it still holds (or wants) a place."""
+        return self.status in (TrialStatus.WAITING, TrialStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    at: float | None
+    old: str
+    new: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """What the stored GPU samples say about one trial."""
+
+    samples: int
+    mean_utilization_percent: float | None = None
+    max_utilization_percent: float | None = None
+    peak_memory_used_bytes: int | None = None
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrialDetail:
+    """A trial with what is read on demand: its metrics, GPU usage and status history."""
+
+    trial: TrialSnapshot
+    intermediate: tuple[float, ...]
+    gpu_usage: GpuUsage
+    history: tuple[HistoryEntry, ...]
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU of an environment, with its latest stored sample (None before the first)."""
+
+    index: int | None
+    uuid: str
+    name: str
+    memory_total_bytes: int | None
+    mig: bool
+    simulated: bool
+    utilization_percent: float | None
+    memory_used_bytes: int | None
+    sampled_at: float | None
+    held_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EnvSnapshot:
+    id: str
+    platform: str
+    platform_id: str
+    status: EnvStatus | None
+    reason: str
+    hostname: str
+    connected: bool  # its agent's stream is open (as the coordinator last stored it)
+    gpus: tuple[GpuSnapshot, ...]
+    gpu_unavailable_reason: str
+    trials: tuple[str, ...]  # every trial placed on it last
+    running_trials: tuple[str, ...]  # those still waiting to start or running
+    stopping_trials: tuple[str, ...]  # those canceled whose processes are being stopped
+    stopping: bool  # the environment itself is draining
+    created_at: float | None
+    ended_at: float | None
+    unreadable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExperimentSnapshot:
+    id: str
+    name: str | None
+    status: str
+    reason: str
+    directory: str
+    coordinator_address: str
+    started_at: float | None
+    ended_at: float | None
+    optimize_mode: str
+    trials: Mapping[str, int]  # trial count per status
+    trial_count: int
+    metrics: int
+    environments: int
+    best: TrialSnapshot | None
+    unreadable: tuple[str, ...] = ()
+
+
+# ---- best trial ----------------------------------------------------------------------------
+
+
+class _Scored(Protocol):
+    @property
+    def final_metric(self) -> float | None: ...
+
+
+S = TypeVar("S", bound=_Scored)
+
+
+def optimize_mode(class_args: Mapping[str, Any] | None) -> str:
+    """The tuner's optimize mode: "maximize" (the default) or "minimize"."""
+    mode = (class_args or {}).get("optimize_mode", "maximize")
+    return "minimize" if mode == "minimize" else "maximize"
+
+
+def ranked(trials: Iterable[S], mode: str) -> list[S]:
+    """Trials with a final metric, best first."""
+    scored = [t for t in trials if t.final_metric is not None]
+    return sorted(scored, key=lambda t: t.final_metric, reverse=mode == "maximize")  # type: ignore[arg-type,return-value]
+
+
+def best_trial(trials: Iterable[S], mode: str) -> S | None:
+    scored = [t for t in trials if t.final_metric is not None]
+    if not scored:
+        return None
+    pick = max if mode == "maximize" else min
+    return pick(scored, key=lambda t: t.final_metric)  # type: ignore[arg-type,return-value]
+
+
+# ---- reading rows without raising ----------------------------------------------------------
+
+_SHOWN = 60  # characters of a bad value quoted in its note
+
+
+class _Fields:
+    """Typed reads of one stored row; what cannot be read becomes a default and a note."""
+
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self.row = row
+        self.notes: list[str] = []
+
+    def bad(self, column: str, why: str) -> None:
+        value = repr(self.row.get(column))
+        shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
+        self.notes.append(f"{column}: unreadable ({why}): {shown}")
+
+    def text(self, column: str) -> str:
+        value = self.row.get(column)
+        if value is None or isinstance(value, str):
+            return value or ""
+        self.bad(column, "not text")
+        return ""
+
+    def optional_text(self, column: str) -> str | None:
+        return self.text(column) or None
+
+    def number(self, column: str) -> float | None:
+        value = self.row.get(column)
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        self.bad(column, "not a number")
+        return None
+
+    def integer(self, column: str) -> int | None:
+        value = self.row.get(column)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        self.bad(column, "not an integer")
+        return None
+
+    def flag(self, column: str) -> bool:
+        return bool(self.integer(column))
+
+    def json(self, column: str, check: Callable[[Any], bool], expected: str, default: Any = None) -> Any:
+        raw = self.row.get(column)
+        if raw is None:
+            return default
+        try:
+            value = json.loads(raw) if isinstance(raw, (str, bytes)) else _NOT_JSON
+        except (ValueError, RecursionError):
+            value = _NOT_JSON
+        if value is _NOT_JSON:
+            self.bad(column, "not JSON")
+            return default
+        if not check(value):
+            self.bad(column, f"not {expected}")
+            return default
+        return value
+
+    def status(self, column: str, kind: type[_E]) -> _E | None:
+        value = self.row.get(column)
+        try:
+            return kind(value)
+        except ValueError:
+            self.bad(column, f"not a {kind.__name__.removesuffix('Status').lower()} status this version knows")
+            return None
+
+
+_E = TypeVar("_E", bound=Enum)
+_NOT_JSON = object()
+
+
+def _sane(sample: GpuSampleRow) -> bool:
+    """A GPU sample whose figures are numbers (a row that is not is left out)."""
+    return all(
+        isinstance(v, (int, float)) and not isinstance(v, bool)
+        for v in (sample.at, sample.utilization, sample.memory_used_bytes, sample.memory_total_bytes)
+    )
+
+
+def _is_int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(i, str) for i in v)
+
+
+def loads_or_none(raw: str | None) -> Any:
+    """A stored JSON text's value; None when there is none or it cannot be read."""
+    return _Fields({"v": raw}).json("v", lambda _: True, "JSON")
+
+
+def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
+    """A trial from its stored row (a mapping of column to value)."""
+    f = _Fields(row)
+    status = f.status("status", TrialStatus)
+    reason = f.text("reason")
+    active = status in (TrialStatus.WAITING, TrialStatus.RUNNING)
+    stopping = f.flag("stopping")
+    if reason.startswith("stopping: ") and not stopping:
+        # How a store made before the stopping column said it.
+        reason, stopping = reason.removeprefix("stopping: "), True
+    return TrialSnapshot(
+        id=f.text("id"),
+        sequence_id=f.integer("seq"),
+        status=status,
+        parameters=f.json("parameters_json", lambda v: isinstance(v, dict), "a JSON object"),
+        environment_id=f.optional_text("environment_id"),
+        gpu_indices=tuple(f.json("gpu_indices_json", _is_int_list, "a list of GPU indices", [])),
+        final_metric=f.number("final_metric"),
+        final_metric_value=f.json("final_metric_json", lambda _: True, "JSON"),
+        exit_code=f.integer("exit_code"),
+        signal=f.integer("signal"),
+        reason=reason,
+        stderr_tail=f.text("stderr_tail"),
+        submitted_at=f.number("submitted_at"),
+        started_at=f.number("started_at"),
+        ended_at=f.number("ended_at"),
+        attempts=f.integer("attempts") or 0,
+        waiting_reason=f.text("waiting_reason") if status is TrialStatus.WAITING else "",
+        stopping=stopping and active,
+        unreadable=tuple(f.notes),
+    )
+
+
+# ---- the read model ------------------------------------------------------------------------
+
+
+class ReadModel:
+    """Snapshots of the experiment a store holds. Open one with :meth:`open` (read-only, for
+    any process), or give it the live coordinator's own store."""
+
+    def __init__(self, store: Store, experiment_dir: Path | None = None) -> None:
+        self.store = store
+        self.experiment_dir = experiment_dir if experiment_dir is not None else store.path.parent
+
+    @classmethod
+    def open(cls, experiment_dir: Path) -> ReadModel:
+        return cls(Store.in_dir(experiment_dir, readonly=True), experiment_dir)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> ReadModel:  # noqa: PYI034 - Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self, what: str, query: Callable[[], _T]) -> _T:
+        try:
+            return query()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"cannot read the {what} of the experiment store {self.store.path}: {e}") from e
+
+    # -- trials
+
+    def trials(self) -> tuple[TrialSnapshot, ...]:
+        return tuple(trial_snapshot(r) for r in self._read("trials", self.store.trials))
+
+    def trial(self, trial_id: str) -> TrialSnapshot | None:
+        row = self._read("trials", lambda: self.store.trial(trial_id))
+        return None if row is None else trial_snapshot(row)
+
+    def trial_detail(self, trial_id: str) -> TrialDetail | None:
+        trial = self.trial(trial_id)
+        if trial is None:
+            return None
+        metrics = self._read("metrics", lambda: self.store.metrics(trial_id))
+        samples = [s for s in self._read("GPU samples", lambda: self.store.gpu_samples(trial_id=trial_id)) if _sane(s)]
+        usage = GpuUsage(samples=len(samples))
+        if samples:
+            usage = GpuUsage(
+                samples=len(samples),
+                mean_utilization_percent=sum(s.utilization for s in samples) / len(samples),
+                max_utilization_percent=max(s.utilization for s in samples),
+                peak_memory_used_bytes=max(s.memory_used_bytes for s in samples),
+                gpus=tuple(sorted({s.uuid for s in samples})),
+            )
+        events = self._read("events", lambda: self.store.events(trial_id))
+        history = []
+        for ev in events:
+            f = _Fields(ev)
+            history.append(HistoryEntry(f.number("at"), f.text("old"), f.text("new"), f.text("reason")))
+        trial_dir = self.experiment_dir / "trials" / trial_id
+        return TrialDetail(
+            trial=trial,
+            intermediate=tuple(
+                m.value for m in metrics if m.kind == "intermediate" and isinstance(m.value, (int, float))
+            ),
+            gpu_usage=usage,
+            history=tuple(history),
+            stdout=str(trial_dir / "stdout.log"),
+            stderr=str(trial_dir / "stderr.log"),
+        )
+
+    # -- environments
+
+    def environments(self) -> tuple[EnvSnapshot, ...]:
+        trials = self.trials()
+        return tuple(self._env(r, trials) for r in self._read("environments", self.store.envs))
+
+    def _env(self, row: Mapping[str, Any], trials: Sequence[TrialSnapshot]) -> EnvSnapshot:
+        f = _Fields(row)
+        env_id = f.text("id")
+        info = f.json("info_json", lambda v: isinstance(v, dict), "a JSON object", {})
+        placed = [t for t in trials if t.environment_id == env_id]
+        running = [t for t in placed if t.active]
+        holding: dict[int, list[str]] = {}
+        for t in running:
+            for i in t.gpu_indices:
+                holding.setdefault(i, []).append(t.id)
+        latest = self._read("GPU samples", lambda: self.store.latest_gpu_samples(env_id))
+        gpus = []
+        listed = info.get("gpus")
+        if not isinstance(listed, list) or not all(isinstance(g, dict) for g in listed):
+            if listed is not None:
+                f.bad("info_json", "its gpus are not a list of objects")
+            listed = []
+        for g in listed:
+            gf = _Fields(g)
+            uuid, index = gf.text("uuid"), gf.integer("index")
+            sample = latest.get(uuid)
+            sample = sample if sample is not None and _sane(sample) else None
+            gpus.append(GpuSnapshot(
+                index=index, uuid=uuid, name=gf.text("name"), memory_total_bytes=gf.integer("memory_total_bytes"),
+                mig=bool(g.get("mig")), simulated=bool(g.get("simulated")),
+                utilization_percent=sample.utilization if sample else None,
+                memory_used_bytes=sample.memory_used_bytes if sample else None,
+                sampled_at=sample.at if sample else None,
+                held_by=tuple(holding.get(index, [])) if index is not None else (),
+            ))
+            f.notes.extend(f"info_json gpus {note}" for note in gf.notes)
+        status = f.status("status", EnvStatus)
+        unavailable = info.get("gpu_unavailable_reason")
+        return EnvSnapshot(
+            id=env_id, platform=f.text("platform"), platform_id=f.text("platform_id"), status=status,
+            reason=f.text("reason"), hostname=f.text("hostname"), connected=f.flag("connected"),
+            gpus=tuple(gpus), gpu_unavailable_reason=unavailable if isinstance(unavailable, str) else "",
+            trials=tuple(t.id for t in placed), running_trials=tuple(t.id for t in running),
+            stopping_trials=tuple(t.id for t in running if t.stopping),
+            stopping=status is EnvStatus.DRAINING,
+            created_at=f.number("created_at"), ended_at=f.number("ended_at"), unreadable=tuple(f.notes),
+        )
+
+    # -- the experiment
+
+    def stored_config(self) -> dict[str, Any] | None:
+        """The config the experiment was started with (secrets redacted); None when there is
+        no experiment or its stored text cannot be read (the snapshot's ``unreadable`` says)."""
+        row = self._read("experiment", self.store.experiment)
+        return None if row is None else _Fields(row).json("config_json", lambda v: isinstance(v, dict), "a JSON object")
+
+    def bound_address(self) -> str:
+        """The address the experiment's coordinator listened on last ("" if never)."""
+        return self._read("meta", lambda: self.store.meta("bound_address")) or ""
+
+    def experiment(self) -> ExperimentSnapshot | None:
+        row = self._read("experiment", self.store.experiment)
+        if row is None:
+            return None
+        f = _Fields(row)
+        config = f.json("config_json", lambda v: isinstance(v, dict), "a JSON object", {})
+        tuner = config.get("tuner")
+        class_args = tuner.get("classArgs") if isinstance(tuner, dict) else None
+        mode = optimize_mode(class_args if isinstance(class_args, dict) else None)
+        trials = self.trials()
+        counts: dict[str, int] = {}
+        for t in trials:
+            key = t.status.value if t.status is not None else "UNREADABLE"
+            counts[key] = counts.get(key, 0) + 1
+        return ExperimentSnapshot(
+            id=f.text("id"), name=f.optional_text("name"), status=f.text("status"), reason=f.text("reason"),
+            directory=str(self.experiment_dir), coordinator_address=f.text("coordinator_address"),
+            started_at=f.number("created_at"), ended_at=f.number("ended_at"), optimize_mode=mode,
+            trials=MappingProxyType(dict(sorted(counts.items()))), trial_count=len(trials),
+            metrics=self._read("metrics", self.store.metric_count),
+            environments=len(self._read("environments", self.store.envs)),
+            best=best_trial(trials, mode), unreadable=tuple(f.notes),
+        )
+
+
+_T = TypeVar("_T")
+
+
+def list_experiments(directory: Path) -> list[ExperimentSnapshot]:
+    """The experiments in the subdirectories of ``directory``, oldest first. A store that
+    cannot be read at all is listed with its directory name as id and the error."""
+    found = []
+    try:
+        children = sorted(p for p in directory.iterdir() if (p / Store.FILENAME).is_file())
+    except OSError:
+        return []
+    for child in children:
+        try:
+            with ReadModel.open(child) as model:
+                snapshot = model.experiment()
+        except StoreError as e:
+            snapshot = None
+            why = str(e)
+        else:
+            why = "the store holds no experiment"
+        found.append(snapshot or _unreadable_experiment(child, why))
+    return sorted(found, key=lambda e: (e.started_at is None, e.started_at or 0.0, e.id))
+
+
+def _unreadable_experiment(directory: Path, why: str) -> ExperimentSnapshot:
+    return ExperimentSnapshot(
+        id=directory.name, name=None, status="", reason="", directory=str(directory), coordinator_address="",
+        started_at=None, ended_at=None, optimize_mode="maximize", trials=MappingProxyType({}), trial_count=0,
+        metrics=0, environments=0, best=None, unreadable=(why,),
+    )
+
+
+def to_json(value: Any) -> Any:
+    """A snapshot (or anything made of them) as plain JSON data."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN or infinity
+    return value
