@@ -834,12 +834,7 @@ class Coordinator:
     def _gpu_policy(self, env_id: str) -> tuple[int, bool]:
         """GPU sharing for one environment: the platform's per-machine values, else the
         experiment's."""
-        per_gpu, active = self._service.gpu_policy(env_id) if self._service is not None else (None, None)
-        if per_gpu is None:
-            per_gpu = int(getattr(self._ts, "max_trial_number_per_gpu", 1) or 1)
-        if active is None:
-            active = bool(getattr(self._ts, "use_active_gpu", False))
-        return per_gpu, active
+        return self._ts.gpu_sharing(self._service.gpu_policy(env_id) if self._service is not None else (None, None))
 
     def _capacity_views(self) -> list[scheduler.EnvCapacity]:
         views = []
@@ -895,7 +890,7 @@ class Coordinator:
             self._capacity_views(),
             max_running=self.config.trial_concurrency,
             running=running,
-            policy=getattr(self._ts, "placement", "pack") or "pack",
+            policy=self._ts.placement,
         )
         placed = set()
         for p in decision.placements:
@@ -993,9 +988,9 @@ class Coordinator:
         registered = [len(e.gpus) for e in self._envs.values() if e.instance_id and not e.status.terminal]
         if registered:
             return max(registered)
-        simulated = int(getattr(self._ts, "simulated_gpus", 0) or 0)
+        simulated = self._ts.simulated_gpus
         if simulated:
-            indices = getattr(self._ts, "gpu_indices", None)
+            indices = self._ts.gpu_indices
             return min(simulated, len(indices)) if indices else simulated
         return None
 
@@ -1052,10 +1047,10 @@ class Coordinator:
     async def _start_env(self, env: EnvState) -> None:
         assert self._service is not None
         args: list[str] = []
-        if getattr(self._ts, "gpu_indices", None):
-            args += ["--gpu-indices", ",".join(str(i) for i in self._ts.gpu_indices)]  # type: ignore[attr-defined]
-        if getattr(self._ts, "simulated_gpus", 0):
-            args += ["--simulated-gpus", str(self._ts.simulated_gpus)]  # type: ignore[attr-defined]
+        if self._ts.gpu_indices:
+            args += ["--gpu-indices", ",".join(str(i) for i in self._ts.gpu_indices)]
+        if self._ts.simulated_gpus:
+            args += ["--simulated-gpus", str(self._ts.simulated_gpus)]
         args += ["--reconnect-window", str(self.config.coordinator.reconnect_window)]
         if self.tls_fingerprint:
             args += ["--tls-fingerprint", self.tls_fingerprint]  # not a secret: argv is fine

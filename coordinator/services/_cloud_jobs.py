@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .base import EnvironmentRequest, EnvironmentService, Observation, PlatformConfig, StartResult
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class _Job:
     asked_at: float = -1e18  # when the platform was last asked (monotonic)
 
 
-class JobEnvironmentService(EnvironmentService):
+class JobEnvironmentService(EnvironmentService[PlatformConfig]):
     """An environment per job; subclasses name the platform and build the job spec."""
 
     #: The platform's status words and what each means.

@@ -22,7 +22,14 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult, env_id_in_name
+from .base import (
+    EnvironmentRequest,
+    EnvironmentService,
+    Observation,
+    PlatformConfig,
+    StartResult,
+    env_id_in_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +184,7 @@ class Job:
     observation: Observation | None = None  # set once the job has ended
 
 
-class RestJobService(EnvironmentService):
+class RestJobService(EnvironmentService[PlatformConfig]):
     """Start/poll/stop/sweep for platforms where one environment is one job behind a REST API.
 
     A subclass says how to submit a job, read the phases of some jobs, kill one, and list

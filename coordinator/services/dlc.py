@@ -34,11 +34,12 @@ from ._cloud_jobs import (
     copy_code,
 )
 from .base import EnvironmentRequest
-from .dlc_config import ID_ENV, SECRET_ENV
+from .dlc_config import ID_ENV, SECRET_ENV, DlcConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .dlc_config import DlcConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def access_key(config: DlcConfig) -> tuple[str, str]:
     return key_id, secret
 
 
-class DlcEnvironmentService(JobEnvironmentService):
+class DlcEnvironmentService(JobEnvironmentService[DlcConfig]):
     """Starts agents as PAI-DLC jobs; see the module docstring."""
 
     platform = "dlc"
@@ -101,8 +102,7 @@ class DlcEnvironmentService(JobEnvironmentService):
         self._subdir = f"trialkeeper/{experiment_dir.name}-{digest}"
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> DlcEnvironmentService:
-        ts: DlcConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: DlcConfig, experiment_dir: Path) -> Self:
         factory = _adapter_factory
         if factory is None:
             if _dlc_sdk.sdk_missing():

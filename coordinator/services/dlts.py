@@ -32,10 +32,12 @@ from typing import TYPE_CHECKING, Any
 from . import _shared_storage as storage
 from ._rest import Job, JobPhase, RestClient, RestError, RestJobService, env_of
 from .base import EnvironmentRequest
+from .dlts_config import DltsConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig, SharedStorageConfig
-    from .dlts_config import DltsConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ _LIVE = frozenset({"unapproved", "queued", "scheduling", "running", "pausing", "
 LIST_LIMIT = 10000
 
 
-class DltsEnvironmentService(RestJobService):
+class DltsEnvironmentService(RestJobService[DltsConfig]):
     """Starts agents as DLTS jobs; see the module docstring."""
 
     platform = "dlts"
@@ -78,8 +80,7 @@ class DltsEnvironmentService(RestJobService):
         self._gpu_type: asyncio.Future[str] | None = None
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> DltsEnvironmentService:
-        ts: DltsConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: DltsConfig, experiment_dir: Path) -> Self:
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), trial_gpu_number=config.trial_gpu_number,
                    shared=config.shared_storage, exclude=exclude)

@@ -11,10 +11,17 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .local_config import LocalConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ..config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +31,7 @@ EXPERIMENT_ENV = "TRIALKEEPER_EXPERIMENT_ID"
 ENVIRONMENT_ENV = "TRIALKEEPER_ENVIRONMENT_ID"
 
 
-class LocalEnvironmentService(EnvironmentService):
+class LocalEnvironmentService(EnvironmentService[LocalConfig]):
     """Starts agents as child processes of the coordinator, in their own sessions."""
 
     platform = "local"
@@ -38,6 +45,11 @@ class LocalEnvironmentService(EnvironmentService):
         # Agents a previous coordinator started (not our children): env id -> pid.
         self._adopted: dict[str, int] = {}
         self._spawning: dict[str, asyncio.Future[StartResult]] = {}
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, platform: LocalConfig, experiment_dir: Path) -> Self:
+        # The section's GPU fields reach the agents as arguments the coordinator adds.
+        return cls(experiment_dir, Path(config.trial_code_directory))
 
     def adopt(self, env_id: str, platform_id: str) -> None:
         pid = platform_id.removeprefix("pid ")

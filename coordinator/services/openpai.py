@@ -32,10 +32,12 @@ import yaml
 from . import _shared_storage as storage
 from ._rest import Job, JobPhase, RestClient, RestError, RestJobService, env_of
 from .base import EnvironmentRequest
+from .openpai_config import OpenPaiConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig, SharedStorageConfig
-    from .openpai_config import OpenPaiConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class OpenPaiSetupError(ValueError):
     """The experiment cannot use OpenPAI as configured."""
 
 
-class OpenPaiEnvironmentService(RestJobService):
+class OpenPaiEnvironmentService(RestJobService[OpenPaiConfig]):
     """Starts agents as OpenPAI jobs; see the module docstring."""
 
     platform = "openpai"
@@ -87,8 +89,7 @@ class OpenPaiEnvironmentService(RestJobService):
         )
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> OpenPaiEnvironmentService:
-        ts: OpenPaiConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: OpenPaiConfig, experiment_dir: Path) -> Self:
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), trial_gpu_number=config.trial_gpu_number,
                    shared=config.shared_storage, exclude=exclude)

@@ -43,10 +43,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .slurm_config import SlurmConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .slurm_config import SlurmConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class _Job:
         return f"job {self.job_id}"
 
 
-class SlurmEnvironmentService(EnvironmentService):
+class SlurmEnvironmentService(EnvironmentService[SlurmConfig]):
     """Starts agents as Slurm batch jobs; see the module docstring."""
 
     platform = "slurm"
@@ -108,8 +110,7 @@ class SlurmEnvironmentService(EnvironmentService):
         self._refreshed_at = 0.0
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> SlurmEnvironmentService:
-        ts: SlurmConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: SlurmConfig, experiment_dir: Path) -> Self:
         return cls(ts, experiment_dir, Path(config.trial_code_directory),
                    trial_gpu_number=config.trial_gpu_number)
 
