@@ -137,17 +137,31 @@ _ISOLATED = textwrap.dedent(
     cycles, failures = [], {}
     real_import = builtins.__import__
 
+    def initializing(name):
+        return getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
+
     def watching_import(name, globals=None, locals=None, fromlist=(), level=0):
         if globals is not None and level:
             target = importlib.util.resolve_name("." * level + name, globals.get("__package__") or "")
         else:
             target = name
-        module = sys.modules.get(target)
-        spec = getattr(module, "__spec__", None)
         importer = (globals or {}).get("__name__", "?")
-        if target.startswith(ours) and getattr(spec, "_initializing", False) and importer != target:
-            cycles.append([importer, target])
-        return real_import(name, globals, locals, fromlist, level)
+        subs = [f"{target}.{item}" for item in (fromlist or ()) if item != "*"]
+        before = {m for m in [target, *subs] if initializing(m)}
+        try:
+            return real_import(name, globals, locals, fromlist, level)
+        finally:
+            # `from . import x` reaches the submodule x, not its package (which is still
+            # initialising while its __init__ imports x); `from .m import name` reaches m.
+            if subs and hasattr(sys.modules.get(target), "__path__"):
+                reached = [s for s in subs if s in sys.modules]
+                if len(reached) < len(subs):
+                    reached.append(target)
+            else:
+                reached = [target]
+            for module in reached:
+                if module in before and module.startswith(ours) and module != importer:
+                    cycles.append([importer, module])
 
     builtins.__import__ = watching_import
     for name in names:
