@@ -275,8 +275,8 @@ class Walker:
             return INVALID
         try:
             chosen = registry[tag]
-        except ImportError as e:  # a plug-in that is installed but broken
-            self.report(join_path(path, tag_key), f"{tag_key} {tag!r} cannot be loaded: {e}")
+        except ImportError as e:  # a plug-in that is installed but broken; e names it
+            self.report(join_path(path, tag_key), str(e))
             return INVALID
         return self.dataclass(chosen, value, path, extra_keys=(tag_key,))
 

@@ -161,15 +161,15 @@ def _plugin(name: str) -> Platform | None:
             try:
                 loaded = ep.load()
             except Exception as e:
-                raise PlatformLoadError(f"platform plug-in {name} ({ep.value}) cannot be loaded: {e}") from e
+                raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} cannot be loaded: {e}") from e
             if isinstance(loaded, Platform):
                 if loaded.name != name:
-                    raise PlatformLoadError(f"entry point {name} ({ep.value}) declares platform {loaded.name!r}")
+                    raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} declares platform {loaded.name!r}")
                 found = loaded
             elif callable(loaded):
                 _factories[name] = loaded  # the older form: its import registered its config
             else:
-                raise PlatformLoadError(f"entry point {name} ({ep.value}) is neither a Platform nor a factory")
+                raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} is neither a Platform nor a factory")
         _from_entry_points[name] = found
     return _from_entry_points[name]
 
