@@ -22,6 +22,7 @@ EnvironmentService`, and its module registers its config class with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import typing
@@ -141,7 +142,9 @@ _factories: dict[str, Factory] = {}
 _from_entry_points: dict[str, Platform | None] = {}
 
 
+@functools.cache
 def _entry_points() -> dict[str, metadata.EntryPoint]:
+    # Read once per process: scanning every installed distribution costs milliseconds.
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -203,7 +206,9 @@ class _ConfigClasses(MutableMapping[str, type[TrainingServiceConfig]]):
         return config_class(name)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in platform_names()
+        if not isinstance(name, str):
+            return False
+        return name in BUILTIN or name in _registered or name in _entry_points()
 
     def __iter__(self) -> Iterator[str]:
         return iter(platform_names())

@@ -145,7 +145,8 @@ class EnvironmentService(abc.ABC, Generic[PlatformConfig]):
 
     def gpu_policy(self, env_id: str) -> tuple[int | None, bool | None]:
         """``(maxTrialNumberPerGpu, useActiveGpu)`` for one environment, where the platform
-        sets them per machine; ``None`` for either means the experiment-wide setting."""
+        sets them per machine; ``None`` for either means the section's own value
+        (``TrainingServiceConfig.gpu_sharing`` combines the two, in one place)."""
         return None, None
 
     def adopt(self, env_id: str, platform_id: str) -> None:
