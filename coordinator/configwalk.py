@@ -323,7 +323,7 @@ class Walker:
 
     def _fields(
         self,
-        specs: tuple[Spec, ...],
+        fields: tuple[Spec, ...],
         by_key: dict[str, Spec],
         data: Mapping[Any, Any],
         path: str,
@@ -342,7 +342,7 @@ class Walker:
                 continue
             spec = by_key.get(key)
             if spec is None:
-                candidates = [s.name for s in specs] + list(extra_keys)
+                candidates = [s.name for s in fields] + list(extra_keys)
                 self.report(join_path(path, key), _unknown_key(key, candidates))
                 failed = True
                 continue

@@ -69,7 +69,7 @@ def _load(target: str, what: str) -> Any:
         raise PlatformLoadError(f"{what} {target!r} is not of the form 'module:attr'")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:
+    except Exception as e:  # a plug-in's module may fail in any way
         raise PlatformLoadError(f"{what} {target!r}: cannot import {module_name}: {e}") from e
     try:
         return getattr(module, attr)
@@ -163,7 +163,7 @@ def _plugin(name: str) -> Platform | None:
         if ep is not None:
             try:
                 loaded = ep.load()
-            except Exception as e:
+            except Exception as e:  # a plug-in may fail in any way; the others must not
                 raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} cannot be loaded: {e}") from e
             if isinstance(loaded, Platform):
                 if loaded.name != name:
@@ -179,9 +179,9 @@ def _plugin(name: str) -> Platform | None:
 
 def platform(name: str) -> Platform | None:
     """The platform registered as `name` (built-in first, then plug-ins), or None."""
-    if name in BUILTIN:
-        return BUILTIN[name]
-    return None if name in _registered else _plugin(name)
+    # A plug-in's entry point is loaded even when its config class was registered already
+    # (its module imported by hand): for the older form, that is where its factory is.
+    return BUILTIN[name] if name in BUILTIN else _plugin(name)
 
 
 def config_class(name: str) -> type[TrainingServiceConfig]:
@@ -196,6 +196,11 @@ def config_class(name: str) -> type[TrainingServiceConfig]:
         return found.config_class()
     if name in _registered:  # an older plug-in registered it on import
         return _registered[name]
+    if name in _factories:
+        raise PlatformLoadError(
+            f"platform {name!r}: its plug-in registered no config class (point its entry point at a "
+            "Platform, or register the class with register_training_service)"
+        )
     raise KeyError(name)
 
 

@@ -168,6 +168,10 @@ try:
     parse({"platform": "broken"})
 except ConfigError as e:
     out["broken"] = str(e)
+try:
+    parse({"platform": "noconfig"})
+except ConfigError as e:
+    out["noconfig"] = str(e)
 local = parse({"platform": "local"})
 out["local"] = type(local.training_service).__module__
 out["names"] = list(TRAINING_SERVICES)
@@ -180,6 +184,7 @@ def _install(site: Path) -> None:
     (site / "acme_plugin.py").write_text(textwrap.dedent(_PLUGIN))
     (site / "oldstyle_plugin.py").write_text(textwrap.dedent(_OLD_PLUGIN))
     (site / "broken_plugin.py").write_text("raise RuntimeError('this plug-in is broken')\n")
+    (site / "noconfig_plugin.py").write_text("def create(config, experiment_dir):\n    raise AssertionError\n")
     info = site / "acme_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-plugin\nVersion: 0.1\n")
@@ -188,6 +193,7 @@ def _install(site: Path) -> None:
         "acme = acme_plugin:PLATFORM\n"
         "oldacme = oldstyle_plugin:create\n"
         "broken = broken_plugin:PLATFORM\n"
+        "noconfig = noconfig_plugin:create\n"
         "local = broken_plugin:PLATFORM\n"  # a built-in platform of the same name wins
     )
 
@@ -211,6 +217,10 @@ def test_plugins_register_through_entry_points(tmp_path: Path) -> None:
     assert report["broken"] == (
         "trainingService.platform: platform 'broken': plug-in broken_plugin:PLATFORM cannot be loaded: "
         "this plug-in is broken"
+    )
+    assert report["noconfig"] == (
+        "trainingService.platform: platform 'noconfig': its plug-in registered no config class "
+        "(point its entry point at a Platform, or register the class with register_training_service)"
     )
     assert report["local"] == "trialkeeper.coordinator.services.local_config"
     assert report["names"][: len(BUILTIN)] == list(BUILTIN)
