@@ -162,12 +162,10 @@ class Coordinator:
         config, ts = self.config, self.config.training_service
         settings = config.coordinator
         reuse = bool(ts.reuse_mode)
-        default_per_gpu = int(getattr(ts, "max_trial_number_per_gpu", 1) or 1)
-        default_active = bool(getattr(ts, "use_active_gpu", False))
 
         def gpu_policy(env_id: str) -> tuple[int, bool]:
-            per_gpu, active = service.gpu_policy(env_id)
-            return (default_per_gpu if per_gpu is None else per_gpu), (default_active if active is None else active)
+            sharing = ts.gpu_sharing(service.gpu_policy(env_id))
+            return sharing.max_trials_per_gpu, sharing.use_active_gpu
 
         return Policy(
             experiment_id=self.experiment_id, platform=service.platform, reuse=reuse,
@@ -179,9 +177,8 @@ class Coordinator:
             trial_gpu_memory=config.trial_gpu_memory, heartbeat_interval_s=settings.heartbeat_interval,
             max_heartbeats_per_second=settings.max_heartbeats_per_second,
             agent_lost_timeout_s=settings.agent_lost_timeout, trial_lost_timeout_s=settings.trial_lost_timeout,
-            placement=getattr(ts, "placement", "pack") or "pack",
-            simulated_gpus=int(getattr(ts, "simulated_gpus", 0) or 0),
-            gpu_indices=tuple(getattr(ts, "gpu_indices", None) or ()) or None,
+            placement=ts.placement, simulated_gpus=ts.simulated_gpus,
+            gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
             shares_filesystem=service.shares_filesystem, working_directory=service.working_directory(),
             gpu_policy=gpu_policy,
         )
@@ -189,10 +186,10 @@ class Coordinator:
     def _request_for(self, env_id: str) -> EnvironmentRequest:
         ts = self.config.training_service
         args: list[str] = []
-        if getattr(ts, "gpu_indices", None):
-            args += ["--gpu-indices", ",".join(str(i) for i in ts.gpu_indices)]  # type: ignore[attr-defined]
-        if getattr(ts, "simulated_gpus", 0):
-            args += ["--simulated-gpus", str(ts.simulated_gpus)]  # type: ignore[attr-defined]
+        if ts.gpu_indices:
+            args += ["--gpu-indices", ",".join(str(i) for i in ts.gpu_indices)]
+        if ts.simulated_gpus:
+            args += ["--simulated-gpus", str(ts.simulated_gpus)]
         args += ["--reconnect-window", str(self.config.coordinator.reconnect_window)]
         if self.tls_fingerprint:
             args += ["--tls-fingerprint", self.tls_fingerprint]  # not a secret: argv is fine

@@ -96,7 +96,8 @@ class Engine(EnvironmentRules):
 
     def handle(self, event: ev.Event, *, now: float, wall: float) -> list[ev.Instruction]:
         self.now, self.wall = now, wall
-        self._out = out = []
+        out: list[ev.Instruction] = []
+        self._out = out
         match event:
             case ev.AgentReported():
                 self._reported(event)

@@ -31,7 +31,8 @@ def restore(
     comes back goes on, one whose agent does not is lost like any other.
     """
     engine.now, engine.wall = now, wall
-    engine._out = out = []
+    out: list[ev.Instruction] = []
+    engine._out = out
     policy = engine.policy
     for r in trial_rows:
         status = _status(TrialStatus, r["status"], TrialStatus.FAILED)

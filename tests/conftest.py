@@ -15,8 +15,11 @@ from typing import Any, TypeVar
 import psutil
 import pytest
 from trialkeeper.coordinator.config import ExperimentConfig, parse_config
+from trialkeeper.coordinator.services import create_service
+from trialkeeper.coordinator.services.base import EnvironmentService
 
 T = TypeVar("T")
+S = TypeVar("S", bound=EnvironmentService[Any])
 
 # The generous ceiling for any single async test body; each waits on its own deadlines inside.
 ASYNC_TEST_TIMEOUT_S = 90.0
@@ -53,6 +56,14 @@ def make_config() -> Callable[..., ExperimentConfig]:
 
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart"
+
+def service_from_config(cls: type[S], config: ExperimentConfig, experiment_dir: Path) -> S:
+    """The service of `config`'s platform, built as the coordinator builds it (through the
+    platform registry and the service's `from_config`), checked to be a `cls`."""
+    service = create_service(config, experiment_dir)
+    assert isinstance(service, cls), f"{config.training_service.platform} gives a {type(service).__name__}"
+    return service
+
 
 def quickstart_code(tmp_path: Path, script: str | None = None) -> Path:
     """The quickstart's code in ``tmp_path/code`` (its config left out), with ``script`` as

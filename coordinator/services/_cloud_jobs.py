@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from ._jobs import Job, JobEnvironmentService, JobError, JobPhase, JobState
-from .base import EnvironmentRequest, Observation
+from .base import EnvironmentRequest, Observation, PlatformConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class CloudSetupError(ValueError):
     """The platform cannot be used as configured (SDK missing, workspace unreachable)."""
 
 
-class CloudJobService(JobEnvironmentService):
+class CloudJobService(JobEnvironmentService[PlatformConfig]):
     """An environment per cloud job, through the adapter; subclasses name the platform,
     its status words (``PHASES``) and build the job spec (:meth:`job_spec`)."""
 

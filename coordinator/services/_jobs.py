@@ -33,7 +33,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, TypeVar
 
 from ._record import EnvRecord
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult, env_id_in_name
+from .base import (
+    EnvironmentRequest,
+    EnvironmentService,
+    Observation,
+    PlatformConfig,
+    StartResult,
+    env_id_in_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,7 @@ class Job(EnvRecord):
     observation: Observation | None = None  # set once the job has ended
 
 
-class JobEnvironmentService(EnvironmentService):
+class JobEnvironmentService(EnvironmentService[PlatformConfig]):
     """Start/poll/stop/sweep for a platform where one environment is one job; a subclass
     implements :meth:`submit`, :meth:`observe`, :meth:`kill` and :meth:`list_jobs`."""
 

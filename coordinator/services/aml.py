@@ -22,11 +22,13 @@ from . import _aml_sdk
 from ._cloud_jobs import CloudJobService, CloudSetupError, JobAdapter
 from ._jobs import JobPhase
 from ._launch import agent_argv, agent_environment, copy_code
+from .aml_config import AmlConfig
 from .base import EnvironmentRequest
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .aml_config import AmlConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ def set_adapter_factory(factory: AdapterFactory | None) -> AdapterFactory | None
     return previous
 
 
-class AmlEnvironmentService(CloudJobService):
+class AmlEnvironmentService(CloudJobService[AmlConfig]):
     """Starts agents as Azure ML runs; see the module docstring."""
 
     platform = "aml"
@@ -70,8 +72,7 @@ class AmlEnvironmentService(CloudJobService):
         self.source_directory = code_directory
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> AmlEnvironmentService:
-        ts: AmlConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: AmlConfig, experiment_dir: Path) -> Self:
         factory = _adapter_factory
         if factory is None:
             if _aml_sdk.sdk_missing():

@@ -34,7 +34,15 @@ import abc
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Generic, Literal, TypeVar
+
+from ..platformconfig import TrainingServiceConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ..config import ExperimentConfig
 
 ObservedState = Literal["starting", "running", "exited", "failed", "unknown"]
 
@@ -94,12 +102,30 @@ class EnvironmentTemplate:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-class EnvironmentService(abc.ABC):
-    """One platform's way to start, observe and stop environments."""
+#: The type of a service's `trainingService` section.
+PlatformConfig = TypeVar("PlatformConfig", bound=TrainingServiceConfig)
+
+
+class EnvironmentService(abc.ABC, Generic[PlatformConfig]):
+    """One platform's way to start, observe and stop environments.
+
+    Parameterised by its platform's config class (`EnvironmentService[AcmeConfig]`), so
+    `from_config` receives that section typed as it is.
+    """
 
     platform: ClassVar[str]
     #: Agents see the coordinator's file system: trial logs are read in place, not streamed.
     shares_filesystem: ClassVar[bool] = False
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, platform: PlatformConfig, experiment_dir: Path) -> Self:
+        """The service for an experiment: `config` is the whole experiment, `platform` its
+        `trainingService` section (already checked to be this service's config class),
+        `experiment_dir` where the experiment keeps its files. Raise for what makes the
+        platform unusable (a missing SDK), with what to install or fix.
+
+        Every registered platform's service defines it; one built by hand need not."""
+        raise NotImplementedError(f"{cls.__qualname__} cannot be built from a config")
 
     @abc.abstractmethod
     def working_directory(self) -> str:
@@ -119,7 +145,8 @@ class EnvironmentService(abc.ABC):
 
     def gpu_policy(self, env_id: str) -> tuple[int | None, bool | None]:
         """``(maxTrialNumberPerGpu, useActiveGpu)`` for one environment, where the platform
-        sets them per machine; ``None`` for either means the experiment-wide setting."""
+        sets them per machine; ``None`` for either means the section's own value
+        (``TrainingServiceConfig.gpu_sharing`` combines the two, in one place)."""
         return None, None
 
     def adopt(self, env_id: str, platform_id: str) -> None:

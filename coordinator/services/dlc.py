@@ -27,11 +27,12 @@ from ._cloud_jobs import CloudJobService, CloudSetupError, JobAdapter
 from ._jobs import JobPhase
 from ._launch import agent_argv, agent_environment, copy_code
 from .base import EnvironmentRequest
-from .dlc_config import ID_ENV, SECRET_ENV
+from .dlc_config import ID_ENV, SECRET_ENV, DlcConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .dlc_config import DlcConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def access_key(config: DlcConfig) -> tuple[str, str]:
     return key_id, secret
 
 
-class DlcEnvironmentService(CloudJobService):
+class DlcEnvironmentService(CloudJobService[DlcConfig]):
     """Starts agents as PAI-DLC jobs; see the module docstring."""
 
     platform = "dlc"
@@ -95,8 +96,7 @@ class DlcEnvironmentService(CloudJobService):
         self._subdir = f"trialkeeper/{experiment_dir.name}-{digest}"
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> DlcEnvironmentService:
-        ts: DlcConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: DlcConfig, experiment_dir: Path) -> Self:
         factory = _adapter_factory
         if factory is None:
             if _dlc_sdk.sdk_missing():

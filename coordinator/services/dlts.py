@@ -35,10 +35,12 @@ from ._jobs import Job, JobEnvironmentService, JobPhase, JobState, env_of
 from ._launch import agent_argv, copy_code
 from ._rest import RestClient, RestError
 from .base import EnvironmentRequest
+from .dlts_config import DltsConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig, SharedStorageConfig
-    from .dlts_config import DltsConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ _LIVE = frozenset({"unapproved", "queued", "scheduling", "running", "pausing", "
 LIST_LIMIT = 10000
 
 
-class DltsEnvironmentService(JobEnvironmentService):
+class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
     """Starts agents as DLTS jobs; see the module docstring."""
 
     platform = "dlts"
@@ -82,8 +84,7 @@ class DltsEnvironmentService(JobEnvironmentService):
         self._gpu_type: asyncio.Future[str] | None = None
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> DltsEnvironmentService:
-        ts: DltsConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: DltsConfig, experiment_dir: Path) -> Self:
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), trial_gpu_number=config.trial_gpu_number,
                    shared=config.shared_storage, exclude=exclude)

@@ -1,4 +1,4 @@
-"""The `trainingService` section for `platform: dlts` (registers itself on import).
+"""The `trainingService` section for `platform: dlts`.
 
 The fields are those of NNI's `dltsConfig`: the `dashboard` URL of the DLWorkspace
 cluster, its `cluster` id, the `team` (virtual cluster), the user's `email` and
@@ -11,41 +11,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..config import (
-    _NON_EMPTY_STR,
-    _NON_NEGATIVE_INT,
-    _POSITIVE_DURATION,
-    _SECRET,
-    EnvironmentPoolConfig,
-    _rule,
-    register_training_service,
-)
+from ..configrules import NON_EMPTY_STR, NON_NEGATIVE_INT, POSITIVE_DURATION, SECRET, rule
+from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = ["DltsConfig"]
 
-_URL = _rule("an http(s) URL", lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0)
-_EMAIL = _rule("an email address", lambda v: "@" in v and not any(c.isspace() for c in v))
+_URL = rule("an http(s) URL", lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0)
+_EMAIL = rule("an email address", lambda v: "@" in v and not any(c.isspace() for c in v))
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class DltsConfig(EnvironmentPoolConfig):
     """`platform: dlts`: every environment is one DLTS (DLWorkspace) job running one agent."""
 
     PLATFORM: ClassVar[str] = "dlts"
     dashboard: str = field(metadata=_URL)
-    cluster: str = field(default=".default", metadata=_NON_EMPTY_STR)
-    team: str = field(metadata=_NON_EMPTY_STR)
+    cluster: str = field(default=".default", metadata=NON_EMPTY_STR)
+    team: str = field(metadata=NON_EMPTY_STR)
     email: str = field(metadata=_EMAIL)
-    password: str = field(repr=False, metadata=_SECRET)
-    gpu_type: str | None = field(default=None, metadata=_NON_EMPTY_STR)
-    image: str = field(metadata=_NON_EMPTY_STR)
+    password: str = field(repr=False, metadata=SECRET)
+    gpu_type: str | None = field(default=None, metadata=NON_EMPTY_STR)
+    image: str = field(metadata=NON_EMPTY_STR)
     # GPUs per trial; by default the experiment's trialGpuNumber.
-    trial_gpu_number: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
+    trial_gpu_number: int | None = field(default=None, metadata=NON_NEGATIVE_INT)
     # The Python inside the image that has trialkeeper installed.
-    python_path: str = field(default="python3", metadata=_NON_EMPTY_STR)
-    poll_interval: float = field(default=3.0, metadata=_POSITIVE_DURATION)
-    api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+    python_path: str = field(default="python3", metadata=NON_EMPTY_STR)
+    poll_interval: float = field(default=3.0, metadata=POSITIVE_DURATION)
+    api_timeout: float = field(default=30.0, metadata=POSITIVE_DURATION)
 
     def gpus_per_job(self, experiment_gpus: int) -> int:
         slots = self.trials_per_environment if self.reuse_mode else 1

@@ -48,11 +48,12 @@ from ._k8s_objects import (
 from ._launch import agent_argv, copy_code
 from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
-from .kubernetes_config import AdlConfig
+from .kubernetes_config import AdlConfig, KubernetesPlatformConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .kubernetes_config import KubernetesPlatformConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class _Env(EnvRecord):
         return self.platform_id
 
 
-class KubernetesEnvironmentService(EnvironmentService):
+class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig]):
     """Starts agents as Kubernetes workloads; see the module docstring."""
 
     platform = "kubernetes"
@@ -115,8 +116,7 @@ class KubernetesEnvironmentService(EnvironmentService):
         self._subdir = f"trialkeeper/{experiment_dir.name}-{digest}"
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> KubernetesEnvironmentService:
-        ts: KubernetesPlatformConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: KubernetesPlatformConfig, experiment_dir: Path) -> Self:
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), _api_client(ts), exclude=exclude)
 

@@ -1,4 +1,4 @@
-"""The `trainingService` sections for Kubernetes (registers them on import).
+"""The `trainingService` sections for Kubernetes.
 
 Four platforms share one set of fields: `kubernetes` (a Pod or a batch Job per
 environment) and the operator flavours `kubeflow` (PyTorchJob/TFJob), `frameworkcontroller`
@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ..config import (
-    _NON_EMPTY_STR,
-    _NON_NEGATIVE_INT,
-    _POSITIVE_DURATION,
-    EnvironmentPoolConfig,
-    _Issues,
-    _rule,
+from ..configrules import (
+    NON_EMPTY_STR,
+    NON_NEGATIVE_INT,
+    POSITIVE_DURATION,
+    Issues,
+    not_both,
     parse_size,
-    register_training_service,
+    rule,
 )
+from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = [
     "AdlCheckpoint",
@@ -67,11 +67,11 @@ def _quantity(value: object) -> object:
     return parse_size(value)
 
 
-_K8S_SIZE = _rule("a size (bytes, or like '8Gi', '512Mi', '16GiB')", lambda v: v > 0, coerce=_quantity)
-_ABSOLUTE_PATH = _rule("an absolute path (starting with /)", lambda v: v.startswith("/"))
-_CPU = _rule("a positive number of CPUs", lambda v: v > 0)
-_PULL_SECRETS = _rule("a list of secret names (or of {name: ...})", coerce=_secret_names)
-_DNS_LABEL = _rule(
+_K8S_SIZE = rule("a size (bytes, or like '8Gi', '512Mi', '16GiB')", lambda v: v > 0, coerce=_quantity)
+_ABSOLUTE_PATH = rule("an absolute path (starting with /)", lambda v: v.startswith("/"))
+_CPU = rule("a positive number of CPUs", lambda v: v > 0)
+_PULL_SECRETS = rule("a list of secret names (or of {name: ...})", coerce=_secret_names)
+_DNS_LABEL = rule(
     "a Kubernetes name (lowercase letters, digits and '-', at most 63)",
     lambda v: re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v) is not None,
 )
@@ -81,7 +81,7 @@ _DNS_LABEL = _rule(
 class NfsStorage:
     """An NFS export mounted into every pod (`trainingService.nfs`)."""
 
-    server: str = field(metadata=_NON_EMPTY_STR)
+    server: str = field(metadata=NON_EMPTY_STR)
     path: str = field(metadata=_ABSOLUTE_PATH)
 
 
@@ -90,30 +90,30 @@ class KubernetesPlatformConfig(EnvironmentPoolConfig):
     """The fields every Kubernetes flavour shares; the registered subclasses add their own."""
 
     PLATFORM: ClassVar[str] = ""
-    image: str = field(metadata=_NON_EMPTY_STR)
+    image: str = field(metadata=NON_EMPTY_STR)
     namespace: str = field(default="default", metadata=_DNS_LABEL)
     # kubeconfig file; else $KUBECONFIG, ~/.kube/config, or the in-cluster service account.
     kubeconfig: Path | None = None
-    context: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    context: str | None = field(default=None, metadata=NON_EMPTY_STR)
     cpu_number: float | None = field(default=None, metadata=_CPU)
     memory_size: int | None = field(default=None, metadata=_K8S_SIZE)
-    gpu_number: int = field(default=0, metadata=_NON_NEGATIVE_INT)
-    service_account_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    gpu_number: int = field(default=0, metadata=NON_NEGATIVE_INT)
+    service_account_name: str | None = field(default=None, metadata=NON_EMPTY_STR)
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     image_pull_secrets: list[str] = field(default_factory=list, metadata=_PULL_SECRETS)
     nfs: NfsStorage | None = None
-    persistent_volume_claim: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    persistent_volume_claim: str | None = field(default=None, metadata=NON_EMPTY_STR)
     container_mount_path: str = field(default="/trialkeeper", metadata=_ABSOLUTE_PATH)
     # Where this machine sees the same storage: the trial code is copied there.
     local_mount_path: Path | None = None
     # Where the trial code lies inside the image, when it is not copied to the storage.
-    container_code_directory: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    container_code_directory: str | None = field(default=None, metadata=NON_EMPTY_STR)
     # The Python in the image that has trialkeeper installed.
-    python: str = field(default="python", metadata=_NON_EMPTY_STR)
-    api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+    python: str = field(default="python", metadata=NON_EMPTY_STR)
+    api_timeout: float = field(default=30.0, metadata=POSITIVE_DURATION)
     # How long a pod may keep failing to pull its image before its environment fails.
-    image_pull_timeout: float = field(default=300.0, metadata=_POSITIVE_DURATION)
+    image_pull_timeout: float = field(default=300.0, metadata=POSITIVE_DURATION)
 
     def gpu_shortfall(self, trial_gpu_number: int) -> tuple[str, str] | None:
         if self.gpu_number >= trial_gpu_number:
@@ -126,12 +126,8 @@ class KubernetesPlatformConfig(EnvironmentPoolConfig):
         return "gpuNumber", message
 
     @classmethod
-    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
-        issues: _Issues = []
-        if "nfs" in given and "persistent_volume_claim" in given:
-            issues.append(
-                ("persistent_volume_claim", f"give either {names['nfs']} or {names['persistent_volume_claim']}, not both")
-            )
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
+        issues = not_both(given, names, "nfs", "persistent_volume_claim")
         if "local_mount_path" in given:
             if "nfs" not in given and "persistent_volume_claim" not in given:
                 issues.append(
@@ -150,7 +146,6 @@ class KubernetesPlatformConfig(EnvironmentPoolConfig):
         return issues
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class KubernetesConfig(KubernetesPlatformConfig):
     """`platform: kubernetes`: each environment is a bare Pod or a batch Job."""
@@ -159,19 +154,17 @@ class KubernetesConfig(KubernetesPlatformConfig):
     workload: Literal["pod", "job"] = "pod"
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class KubeflowConfig(KubernetesPlatformConfig):
     """`platform: kubeflow`: each environment is a PyTorchJob (its Master) or a TFJob (a Worker)."""
 
     PLATFORM: ClassVar[str] = "kubeflow"
     operator: Literal["pytorchjob", "tfjob"] = field(
-        default="pytorchjob", metadata=_rule("pytorchjob or tfjob", coerce=_operator)
+        default="pytorchjob", metadata=rule("pytorchjob or tfjob", coerce=_operator)
     )
-    api_version: str = field(default="v1", metadata=_NON_EMPTY_STR)
+    api_version: str = field(default="v1", metadata=NON_EMPTY_STR)
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class FrameworkControllerConfig(KubernetesPlatformConfig):
     """`platform: frameworkcontroller`: each environment is a Framework with one task role."""
@@ -184,12 +177,11 @@ class FrameworkControllerConfig(KubernetesPlatformConfig):
 class AdlCheckpoint:
     """A volume per environment for model checkpoints (`ADAPTDL_CHECKPOINT_PATH`)."""
 
-    storage_class: str = field(metadata=_NON_EMPTY_STR)
+    storage_class: str = field(metadata=NON_EMPTY_STR)
     storage_size: int = field(metadata=_K8S_SIZE)
     container_mount_path: str = field(default="/adaptdl/checkpoint", metadata=_ABSOLUTE_PATH)
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class AdlConfig(KubernetesPlatformConfig):
     """`platform: adl`: each environment is an AdaptDLJob."""

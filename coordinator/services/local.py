@@ -11,16 +11,23 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
 from ._launch import AGENT_MODULE, agent_argv, agent_environment, with_environment
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .local_config import LocalConfig
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ..config import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
-class LocalEnvironmentService(EnvironmentService):
+class LocalEnvironmentService(EnvironmentService[LocalConfig]):
     """Starts agents as child processes of the coordinator, in their own sessions."""
 
     platform = "local"
@@ -34,6 +41,11 @@ class LocalEnvironmentService(EnvironmentService):
         # Agents a previous coordinator started (not our children): env id -> pid.
         self._adopted: dict[str, int] = {}
         self._spawning: dict[str, asyncio.Future[StartResult]] = {}
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, platform: LocalConfig, experiment_dir: Path) -> Self:
+        # The section's GPU fields reach the agents as arguments the coordinator adds.
+        return cls(experiment_dir, Path(config.trial_code_directory))
 
     def adopt(self, env_id: str, platform_id: str) -> None:
         pid = platform_id.removeprefix("pid ")

@@ -36,10 +36,12 @@ from ._jobs import Job, JobEnvironmentService, JobPhase, JobState, env_of
 from ._launch import agent_argv, copy_code
 from ._rest import RestClient, RestError
 from .base import EnvironmentRequest
+from .openpai_config import OpenPaiConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig, SharedStorageConfig
-    from .openpai_config import OpenPaiConfig
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ class OpenPaiSetupError(ValueError):
     """The experiment cannot use OpenPAI as configured."""
 
 
-class OpenPaiEnvironmentService(JobEnvironmentService):
+class OpenPaiEnvironmentService(JobEnvironmentService[OpenPaiConfig]):
     """Starts agents as OpenPAI jobs; see the module docstring."""
 
     platform = "openpai"
@@ -92,8 +94,7 @@ class OpenPaiEnvironmentService(JobEnvironmentService):
         )
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> OpenPaiEnvironmentService:
-        ts: OpenPaiConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: OpenPaiConfig, experiment_dir: Path) -> Self:
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), trial_gpu_number=config.trial_gpu_number,
                    shared=config.shared_storage, exclude=exclude)

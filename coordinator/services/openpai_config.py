@@ -1,4 +1,4 @@
-"""The `trainingService` section for `platform: openpai` (registers itself on import).
+"""The `trainingService` section for `platform: openpai`.
 
 Field names are those NNI users know: `host`, `username`, `token`, `trialCpuNumber`,
 `trialMemorySize`, `dockerImage`, `virtualCluster`, `storageConfigName`,
@@ -14,18 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..config import (
-    _NON_EMPTY_STR,
-    _NON_NEGATIVE_INT,
-    _POSITIVE_DURATION,
-    _POSITIVE_INT,
-    _SECRET,
-    _SIZE,
-    EnvironmentPoolConfig,
-    _Issues,
-    _rule,
-    register_training_service,
+from ..configrules import (
+    NON_EMPTY_STR,
+    NON_NEGATIVE_INT,
+    POSITIVE_DURATION,
+    POSITIVE_INT,
+    SECRET,
+    SIZE,
+    Issues,
+    rule,
 )
+from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = ["OpenPaiConfig"]
 
@@ -37,18 +36,17 @@ def _host(value: object) -> object:
     return value
 
 
-_HOST = _rule(
+_HOST = rule(
     "an http(s) URL or a host name (https is assumed)",
     lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0,
     coerce=_host,
 )
-_ABSOLUTE_PATH = _rule("an absolute path (starting with /)", lambda v: v.startswith("/"))
-_JOB_NAME_PART = _rule(
+_ABSOLUTE_PATH = rule("an absolute path (starting with /)", lambda v: v.startswith("/"))
+_JOB_NAME_PART = rule(
     "letters, digits, '_' and '-'", lambda v: bool(v) and all(c.isalnum() or c in "_-" for c in v)
 )
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class OpenPaiConfig(EnvironmentPoolConfig):
     """`platform: openpai`: every environment is one OpenPAI job (one task role, one instance)."""
@@ -56,26 +54,26 @@ class OpenPaiConfig(EnvironmentPoolConfig):
     PLATFORM: ClassVar[str] = "openpai"
     host: str = field(metadata=_HOST)
     username: str = field(metadata=_JOB_NAME_PART)
-    token: str = field(repr=False, metadata=_SECRET)
-    trial_cpu_number: int = field(default=1, metadata=_POSITIVE_INT)
-    trial_memory_size: int = field(default=2 * 2**30, metadata=_SIZE)
+    token: str = field(repr=False, metadata=SECRET)
+    trial_cpu_number: int = field(default=1, metadata=POSITIVE_INT)
+    trial_memory_size: int = field(default=2 * 2**30, metadata=SIZE)
     # GPUs per trial; by default the experiment's trialGpuNumber.
-    trial_gpu_number: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
+    trial_gpu_number: int | None = field(default=None, metadata=NON_NEGATIVE_INT)
     # An image with trialkeeper installed (there is no useful default).
-    docker_image: str = field(metadata=_NON_EMPTY_STR)
-    virtual_cluster: str = field(default="default", metadata=_NON_EMPTY_STR)
-    storage_config_name: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    docker_image: str = field(metadata=NON_EMPTY_STR)
+    virtual_cluster: str = field(default="default", metadata=NON_EMPTY_STR)
+    storage_config_name: str | None = field(default=None, metadata=NON_EMPTY_STR)
     local_storage_mount_point: Path | None = None
     container_storage_mount_point: str | None = field(default=None, metadata=_ABSOLUTE_PATH)
     # The Python inside the image that has trialkeeper installed.
-    python_path: str = field(default="python3", metadata=_NON_EMPTY_STR)
-    poll_interval: float = field(default=2.0, metadata=_POSITIVE_DURATION)
-    api_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+    python_path: str = field(default="python3", metadata=NON_EMPTY_STR)
+    poll_interval: float = field(default=2.0, metadata=POSITIVE_DURATION)
+    api_timeout: float = field(default=30.0, metadata=POSITIVE_DURATION)
 
     @classmethod
-    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
         storage = ("storage_config_name", "local_storage_mount_point", "container_storage_mount_point")
-        issues: _Issues = []
+        issues: Issues = []
         if any(k in given for k in storage):
             issues += [
                 (k, f"required with {names[next(g for g in storage if g in given)]}") for k in storage if k not in given

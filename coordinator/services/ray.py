@@ -38,10 +38,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._ray_node import LINGER_S, SETTLE_S, AgentHost, describe_error
 from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .ray_config import RayConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .ray_config import RayConfig
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +134,7 @@ class _Env(EnvRecord):
     released: bool = False  # the actor was killed after its agent ended, freeing its resources
 
 
-class RayEnvironmentService(EnvironmentService):
+class RayEnvironmentService(EnvironmentService[RayConfig]):
     """Starts agents in actors of an existing Ray cluster; see the module docstring."""
 
     platform = "ray"
@@ -156,11 +158,10 @@ class RayEnvironmentService(EnvironmentService):
         self.linger_s = LINGER_S
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> RayEnvironmentService:
+    def from_config(cls, config: ExperimentConfig, ts: RayConfig, experiment_dir: Path) -> Self:
         missing = [m for m in ("ray", "pathspec") if importlib.util.find_spec(m) is None]
         if missing:
             raise RaySetupError(f"platform ray needs {' and '.join(missing)}: pip install 'trialkeeper[ray]'")
-        ts: RayConfig = config.training_service  # type: ignore[assignment]
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), exclude=exclude)
 
@@ -173,9 +174,6 @@ class RayEnvironmentService(EnvironmentService):
             return "."
         assert self._code is not None, "prepare() was not called"
         return f"code/{self._code}"
-
-    def gpu_policy(self, env_id: str) -> tuple[int | None, bool | None]:
-        return self.config.max_trial_number_per_gpu, self.config.use_active_gpu
 
     async def prepare(self) -> None:
         await self._connect()

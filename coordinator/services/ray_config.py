@@ -1,21 +1,20 @@
-"""The `trainingService` section for `platform: ray` (registers itself on import)."""
+"""The `trainingService` section for `platform: ray`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..config import (
-    _NON_EMPTY_STR,
-    _POSITIVE_DURATION,
-    _POSITIVE_INT,
-    _SIZE,
-    EnvironmentPoolConfig,
-    _Issues,
-    _rule,
-    register_training_service,
+from ..configrules import (
+    NON_EMPTY_STR,
+    POSITIVE_DURATION,
+    POSITIVE_INT,
+    SIZE,
+    Issues,
+    rule,
     split_address,
 )
+from ..platformconfig import EnvironmentPoolConfig
 
 _ADDRESS_TEXT = "'auto', 'ray://HOST:PORT' (Ray Client) or 'HOST:PORT' (the head node's GCS)"
 
@@ -31,9 +30,9 @@ def _ray_address(value: object) -> object:
     return value
 
 
-_RAY_ADDRESS = _rule(_ADDRESS_TEXT, coerce=_ray_address)
-_NON_NEGATIVE_NUMBER = _rule("a non-negative number", lambda v: v >= 0)
-_RESOURCES = _rule(
+_RAY_ADDRESS = rule(_ADDRESS_TEXT, coerce=_ray_address)
+_NON_NEGATIVE_NUMBER = rule("a non-negative number", lambda v: v >= 0)
+_RESOURCES = rule(
     "a mapping of Ray resource names to non-negative amounts",
     lambda v: all(k.strip() and amount >= 0 for k, amount in v.items()),
 )
@@ -41,7 +40,6 @@ _RESOURCES = _rule(
 _RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory"})
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class RayConfig(EnvironmentPoolConfig):
     """Trials run by agents that live in actors of an existing Ray cluster.
@@ -56,23 +54,23 @@ class RayConfig(EnvironmentPoolConfig):
     PLATFORM: ClassVar[str] = "ray"
     address: str = field(metadata=_RAY_ADDRESS)
     # Where the actors are named: `sweep` finds them there by the experiment id.
-    namespace: str = field(default="trialkeeper", metadata=_NON_EMPTY_STR)
+    namespace: str = field(default="trialkeeper", metadata=NON_EMPTY_STR)
     num_cpus: float = field(default=1.0, metadata=_NON_NEGATIVE_NUMBER)
     num_gpus: float = field(default=0.0, metadata=_NON_NEGATIVE_NUMBER)
-    memory: int | None = field(default=None, metadata=_SIZE)
+    memory: int | None = field(default=None, metadata=SIZE)
     resources: dict[str, float] = field(default_factory=dict, metadata=_RESOURCES)
     runtime_env: dict[str, Any] = field(default_factory=dict)
     use_active_gpu: bool = False
-    max_trial_number_per_gpu: int = field(default=1, metadata=_POSITIVE_INT)
+    max_trial_number_per_gpu: int = field(default=1, metadata=POSITIVE_INT)
     # A directory on the Ray nodes for the agents' trial directories and logs
     # (default: `trialkeeper-ray` in the node's temporary directory).
-    node_working_directory: str | None = field(default=None, metadata=_NON_EMPTY_STR)
+    node_working_directory: str | None = field(default=None, metadata=NON_EMPTY_STR)
     # How long connecting to the cluster, or one request to it, may take.
-    ray_timeout: float = field(default=60.0, metadata=_POSITIVE_DURATION)
+    ray_timeout: float = field(default=60.0, metadata=POSITIVE_DURATION)
 
     @classmethod
-    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
-        issues: _Issues = []
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
+        issues: Issues = []
         reserved = sorted(_RESERVED_RESOURCES & set(values.get("resources") or {}))
         if reserved:
             issues.append(

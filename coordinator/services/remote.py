@@ -38,9 +38,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._launch import agent_argv
 from ._record import EnvRecord
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .remote_config import RemoteConfig, RemoteMachineConfig
 
 if TYPE_CHECKING:
-    from ..config import ExperimentConfig, RemoteConfig, RemoteMachineConfig
+    from typing_extensions import Self
+
+    from ..config import ExperimentConfig
     from ._codedir import PackedCode
     from ._ssh import SshConnection
 
@@ -99,7 +102,7 @@ class _Env(EnvRecord):
     timings: dict[str, float] = field(default_factory=dict)
 
 
-class RemoteEnvironmentService(EnvironmentService):
+class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
     """Starts agents over SSH; see the module docstring."""
 
     platform = "remote"
@@ -146,13 +149,12 @@ class RemoteEnvironmentService(EnvironmentService):
         self.uploads: list[tuple[str, str]] = []
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> RemoteEnvironmentService:
+    def from_config(cls, config: ExperimentConfig, ts: RemoteConfig, experiment_dir: Path) -> Self:
         missing = [m for m in ("paramiko", "pathspec") if importlib.util.find_spec(m) is None]
         if missing:
             raise RemoteSetupError(
                 f"platform remote needs {' and '.join(missing)}: pip install 'trialkeeper[remote]'"
             )
-        ts: RemoteConfig = config.training_service  # type: ignore[assignment]
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(
             ts, experiment_dir, Path(config.trial_code_directory),
@@ -648,7 +650,7 @@ class RemoteEnvironmentService(EnvironmentService):
         """Refuse, before anything is sent, a coordinator that remote agents cannot reach."""
         if self.config.coordinator_address or self.advertise_address:
             return
-        from ..config import split_address
+        from ..configrules import split_address
 
         host = split_address(self.bind_address)[0]
         if not await _is_loopback(host):
@@ -679,7 +681,7 @@ async def _is_loopback(host: str) -> bool:
 
 def _with_port(dial: str, coordinator_address: str) -> str:
     """``dial`` with the coordinator's port when it names only a host."""
-    from ..config import split_address
+    from ..configrules import split_address
 
     try:
         split_address(dial, allow_port_zero=False)

@@ -47,10 +47,12 @@ from trialkeeper.protos.wire import TOKEN_ENV
 from ._jobs import Job, JobEnvironmentService, JobError, JobState, env_of, job_name
 from ._launch import agent_argv, with_environment
 from .base import EnvironmentRequest, Observation
+from .slurm_config import SlurmConfig
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..config import ExperimentConfig
-    from .slurm_config import SlurmConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class _Run:
         return text[-1] if text else f"exit status {self.rc}"
 
 
-class SlurmEnvironmentService(JobEnvironmentService):
+class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
     """Starts agents as Slurm batch jobs; see the module docstring."""
 
     platform = "slurm"
@@ -97,8 +99,7 @@ class SlurmEnvironmentService(JobEnvironmentService):
         self._states: dict[str, tuple[str, str]] = {}  # job id -> Slurm's (state, reason)
 
     @classmethod
-    def from_config(cls, config: ExperimentConfig, experiment_dir: Path) -> SlurmEnvironmentService:
-        ts: SlurmConfig = config.training_service  # type: ignore[assignment]
+    def from_config(cls, config: ExperimentConfig, ts: SlurmConfig, experiment_dir: Path) -> Self:
         return cls(ts, experiment_dir, Path(config.trial_code_directory),
                    trial_gpu_number=config.trial_gpu_number)
 

@@ -1,4 +1,4 @@
-"""The `trainingService` section for `platform: slurm` (registers itself on import).
+"""The `trainingService` section for `platform: slurm`.
 
 Each environment is one batch job running one agent. The coordinator, the agents and the
 trials share one file system (the experiment directory and the trial code directory are
@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..config import (
-    _NON_NEGATIVE_INT,
-    _POSITIVE_DURATION,
-    _POSITIVE_INT,
-    _SIZE,
-    EnvironmentPoolConfig,
-    _Issues,
-    _rule,
-    register_training_service,
+from ..configrules import (
+    NON_NEGATIVE_INT,
+    POSITIVE_DURATION,
+    POSITIVE_INT,
+    SIZE,
+    Issues,
+    not_both,
+    rule,
 )
+from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = ["SlurmConfig"]
 
@@ -41,14 +41,14 @@ def _is_option(line: str) -> bool:
     return line.startswith("-") and "\n" not in line and "\r" not in line
 
 
-_SBATCH_LINES = _rule(
+_SBATCH_LINES = rule(
     "a list of sbatch options such as '--constraint=a100' (one option per entry)",
     lambda v: all(_is_option(line) for line in v),
     coerce=lambda v: [_sbatch_line(x) for x in v] if isinstance(v, list) else v,
 )
-_SINGLE_LINE = _rule("a non-empty string on one line", lambda v: bool(v.strip()) and "\n" not in v)
-_SHELL_LINES = _rule("a list of shell lines", lambda v: all("\0" not in line for line in v))
-_GRES = _rule(
+_SINGLE_LINE = rule("a non-empty string on one line", lambda v: bool(v.strip()) and "\n" not in v)
+_SHELL_LINES = rule("a list of shell lines", lambda v: all("\0" not in line for line in v))
+_GRES = rule(
     "a gres string such as 'gpu:2' or 'gpu:a100:2'",
     lambda v: bool(v.strip()) and not any(c.isspace() for c in v),
 )
@@ -64,7 +64,6 @@ _RESERVED = {
 }
 
 
-@register_training_service
 @dataclass(frozen=True, kw_only=True)
 class SlurmConfig(EnvironmentPoolConfig):
     """`platform: slurm`: every environment is an `sbatch` job that runs one agent."""
@@ -74,13 +73,13 @@ class SlurmConfig(EnvironmentPoolConfig):
     account: str | None = field(default=None, metadata=_SINGLE_LINE)
     qos: str | None = field(default=None, metadata=_SINGLE_LINE)
     # Wall-clock limit of each job (`--time`); a job over it ends and is replaced.
-    time_limit: float | None = field(default=None, metadata=_POSITIVE_DURATION)
+    time_limit: float | None = field(default=None, metadata=POSITIVE_DURATION)
     # GPUs each job asks for (`--gpus-per-node`); by default trialGpuNumber times the trials
     # one environment runs at once. `gres` replaces it for sites that name GPU types.
-    gpus_per_node: int | None = field(default=None, metadata=_NON_NEGATIVE_INT)
+    gpus_per_node: int | None = field(default=None, metadata=NON_NEGATIVE_INT)
     gres: str | None = field(default=None, metadata=_GRES)
-    cpus_per_task: int | None = field(default=None, metadata=_POSITIVE_INT)
-    memory: int | None = field(default=None, metadata=_SIZE)
+    cpus_per_task: int | None = field(default=None, metadata=POSITIVE_INT)
+    memory: int | None = field(default=None, metadata=SIZE)
     # More options for every job, written as `#SBATCH` lines.
     sbatch_options: list[str] = field(default_factory=list, metadata=_SBATCH_LINES)
     # Shell lines the job runs before the agent (`module load ...`, `source venv/bin/activate`).
@@ -88,17 +87,15 @@ class SlurmConfig(EnvironmentPoolConfig):
     # The Python on the compute nodes that has trialkeeper installed; default: this one.
     python_interpreter: str | None = field(default=None, metadata=_SINGLE_LINE)
     # How often squeue is asked about the jobs; each call costs the controller some work.
-    poll_interval: float = field(default=2.0, metadata=_POSITIVE_DURATION)
+    poll_interval: float = field(default=2.0, metadata=POSITIVE_DURATION)
     # The longest any one Slurm command (sbatch, squeue, scancel) may take.
-    command_timeout: float = field(default=30.0, metadata=_POSITIVE_DURATION)
+    command_timeout: float = field(default=30.0, metadata=POSITIVE_DURATION)
     # Where the Slurm commands are, when they are not on PATH.
     slurm_bin_directory: Path | None = None
 
     @classmethod
-    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> _Issues:
-        issues: _Issues = []
-        if "gres" in given and "gpus_per_node" in given:
-            issues.append(("gres", f"give either {names['gres']} or {names['gpus_per_node']}, not both"))
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
+        issues = not_both(given, names, "gres", "gpus_per_node", at="gres")
         for i, option in enumerate(values.get("sbatch_options") or []):
             flag = option.split("=", 1)[0].split()[0]
             if flag in _RESERVED:

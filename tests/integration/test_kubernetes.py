@@ -29,6 +29,7 @@ from conftest import (
     quickstart_code,
     quickstart_data,
     run_async,
+    service_from_config,
     wait_until,
 )
 from fake_k8s import NO_SUCH_IMAGE, FakeKubernetes, running, section
@@ -279,7 +280,7 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(fake: FakeKubern
 def test_a_refused_object_is_a_start_error_not_an_exception(fake: FakeKubernetes, tmp_path: Path) -> None:
     quickstart_code(tmp_path)
     data = _config_data(fake, tmp_path, "kubernetes", tolerations=[{"key": "gpu", "operatorr": "Exists"}])
-    service = KubernetesEnvironmentService.from_config(parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
     request = EnvironmentRequest("env-1", "refused1", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
@@ -302,7 +303,7 @@ def test_an_image_without_the_python_fails_the_environment_with_the_reason(
     data = _config_data(fake, tmp_path, "kubeflow", python="/no/such/python")
     # No kubeconfig in the config: $KUBECONFIG names it, as for kubectl.
     monkeypatch.setenv("KUBECONFIG", data["trainingService"].pop("kubeconfig"))
-    service = KubernetesEnvironmentService.from_config(parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
     request = EnvironmentRequest("env-1", "nopython", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
@@ -322,7 +323,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_t
 ) -> None:
     quickstart_code(tmp_path)
     data = _config_data(fake, tmp_path, platform, image=f"registry.example/{NO_SUCH_IMAGE}:1", imagePullTimeout="1s")
-    service = KubernetesEnvironmentService.from_config(parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
     request = EnvironmentRequest("env-1", f"pull{platform[:4]}", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
@@ -369,7 +370,7 @@ def test_pod_placement_fields_reach_the_scheduler(fake: FakeKubernetes, tmp_path
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         serviceAccountName="trainer", imagePullSecrets=[{"name": "regcred"}],
     )
-    service = KubernetesEnvironmentService.from_config(parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
     request = EnvironmentRequest("env-1", "placement", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:

@@ -19,7 +19,14 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import QUICKSTART, async_wait_until, run_async, wait_until, write_script
+from conftest import (
+    QUICKSTART,
+    async_wait_until,
+    run_async,
+    service_from_config,
+    wait_until,
+    write_script,
+)
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ExperimentConfig, parse_config
@@ -241,7 +248,7 @@ def test_quickstart_without_reuse_and_content_addressed_upload(tmp_path: Path, l
 
     async def one_experiment(name: str) -> tuple[RemoteEnvironmentService, list[Any], list[Any]]:
         exp_dir = tmp_path / name
-        service = RemoteEnvironmentService.from_config(config, exp_dir)
+        service = service_from_config(RemoteEnvironmentService, config, exp_dir)
         async with Coordinator(config, experiment_dir=exp_dir, service=service) as c:
             handles = [await c.submit({"lr": 0.1 * (i + 1), "batch_size": 32, "epochs": 5, "l2": 0}) for i in range(4)]
             infos = [await h.wait(WAIT_S) for h in handles]
@@ -334,7 +341,7 @@ def _service(tmp_path: Path, lab: Lab, machine: dict[str, Any], **ts: Any) -> Re
     if not (tmp_path / "code").exists():
         _code_dir(tmp_path)
     config = _parse(_config(tmp_path, lab, [machine], trainingService=ts), tmp_path)
-    return RemoteEnvironmentService.from_config(config, tmp_path / "exp")
+    return service_from_config(RemoteEnvironmentService, config, tmp_path / "exp")
 
 
 def _request(env_id: str = "env-1") -> EnvironmentRequest:
@@ -436,7 +443,7 @@ def test_version_mismatch_is_explained(tmp_path: Path) -> None:
         "trialCommand": "x", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path),
         "trainingService": {"platform": "remote", "machineList": [{"host": "gpu1", "user": "u"}]},
     }
-    service = RemoteEnvironmentService.from_config(parse_config(data, tmp_path), tmp_path / "exp")
+    service = service_from_config(RemoteEnvironmentService, parse_config(data, tmp_path), tmp_path / "exp")
     m = service.machines[0]
     with pytest.raises(Exception, match=r"gpu1:22: /opt/py has trialkeeper 9\.1\.0 \(protocol 99\).*bootstrap: true"):
         service._check_trialkeeper(m, {"python": "/opt/py", "trialkeeper": "9.1.0", "protocol": 99})
@@ -448,7 +455,7 @@ def test_loopback_coordinator_is_refused_for_other_hosts(tmp_path: Path) -> None
         "trialCommand": "x", "trialConcurrency": 1, "trialCodeDirectory": str(tmp_path),
         "trainingService": {"platform": "remote", "machineList": [{"host": "10.1.2.3", "user": "u"}]},
     }
-    service = RemoteEnvironmentService.from_config(parse_config(data, tmp_path), tmp_path / "exp")
+    service = service_from_config(RemoteEnvironmentService, parse_config(data, tmp_path), tmp_path / "exp")
 
     async def body() -> None:
         with pytest.raises(RemoteSetupError, match="coordinator.address to 0.0.0.0:0"):
@@ -501,7 +508,7 @@ def test_over_limit_code_dir_is_refused_before_any_connection(tmp_path: Path) ->
         },
     }
     config = parse_config(data, tmp_path)
-    service = RemoteEnvironmentService.from_config(config, tmp_path / "exp")
+    service = service_from_config(RemoteEnvironmentService, config, tmp_path / "exp")
 
     async def body() -> None:
         with pytest.raises(CodeDirError, match="30 files, more than the limit of 10"):

@@ -19,7 +19,15 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import QUICKSTART, async_wait_until, pid_gone, run_async, wait_until, write_script
+from conftest import (
+    QUICKSTART,
+    async_wait_until,
+    pid_gone,
+    run_async,
+    service_from_config,
+    wait_until,
+    write_script,
+)
 from slurm import SlurmCluster, SlurmUnavailable, acquire_cluster, release_cluster
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
@@ -323,7 +331,7 @@ def _service(tmp_path: Path, **section: Any) -> SlurmEnvironmentService:
         },
         tmp_path,
     )
-    return SlurmEnvironmentService.from_config(config, tmp_path / "exp")
+    return service_from_config(SlurmEnvironmentService, config, tmp_path / "exp")
 
 
 def _request(env_id: str, experiment_id: str) -> EnvironmentRequest:

@@ -22,7 +22,6 @@ from trialkeeper.coordinator.config import (
     ConfigIssue,
     CoordinatorSettings,
     ExperimentConfig,
-    LocalConfig,
     TrainingServiceConfig,
     TunerConfig,
     config_to_dict,
@@ -32,6 +31,7 @@ from trialkeeper.coordinator.config import (
     register_training_service,
     split_address,
 )
+from trialkeeper.coordinator.services.local_config import LocalConfig
 
 SEARCHSPACE = "trialkeeper.coordinator.searchspace"
 

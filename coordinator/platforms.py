@@ -1,0 +1,278 @@
+"""The platform registry: `trainingService.platform` -> its config class and its service.
+
+Each platform is named once, here (built-in) or by its plug-in's entry point, with its
+config class and service class given as "module:attr" strings: parsing a config imports
+the one platform it names, and creating its service imports that service (and its SDK)
+alone.
+
+A plug-in registers under the entry-point group `trialkeeper.environment_services`, the
+entry point's name being the platform's name. It points at a `Platform`:
+
+    [project.entry-points."trialkeeper.environment_services"]
+    acme = "trialkeeper_acme:PLATFORM"
+
+    PLATFORM = Platform("acme", config="trialkeeper_acme:AcmeConfig",
+                        service="trialkeeper_acme:AcmeService")
+
+The older form still works: the entry point names a factory `(config, experiment_dir) ->
+EnvironmentService`, and its module registers its config class with
+`register_training_service` when imported. A built-in platform of the same name wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import logging
+import typing
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .configwalk import register_variants, specs
+from .platformconfig import TrainingServiceConfig
+
+if TYPE_CHECKING:
+    from .config import ExperimentConfig
+    from .services.base import EnvironmentService
+
+__all__ = [
+    "BUILTIN",
+    "ENTRY_POINT_GROUP",
+    "TRAINING_SERVICES",
+    "Platform",
+    "PlatformLoadError",
+    "create_service",
+    "platform",
+    "platform_names",
+    "register_training_service",
+]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "trialkeeper.environment_services"
+
+Factory = Callable[["ExperimentConfig", Path], "EnvironmentService[Any]"]
+
+
+class PlatformLoadError(ImportError):
+    """A platform whose config class or service cannot be imported (a broken plug-in,
+    a "module:attr" that names nothing)."""
+
+
+def _load(target: str, what: str) -> Any:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise PlatformLoadError(f"{what} {target!r} is not of the form 'module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # a plug-in's module may fail in any way
+        raise PlatformLoadError(f"{what} {target!r}: cannot import {module_name}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise PlatformLoadError(f"{what} {target!r}: {module_name} has no {attr!r}") from None
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One platform: the name `trainingService.platform` gives it, its config class (a
+    frozen kw_only dataclass subclass of TrainingServiceConfig whose PLATFORM is `name`)
+    and its service (a subclass of EnvironmentService), each as "module:attr"."""
+
+    name: str
+    config: str
+    service: str
+
+    def config_class(self) -> type[TrainingServiceConfig]:
+        """The config class, imported now; PlatformLoadError when it is not one."""
+        cls = _load(self.config, f"platform {self.name!r}: config")
+        _check_config_class(cls, self.name)
+        return typing.cast(type[TrainingServiceConfig], cls)
+
+    def service_class(self) -> type[EnvironmentService[Any]]:
+        """The service class, imported now (with its SDK)."""
+        from .services.base import EnvironmentService
+
+        cls = _load(self.service, f"platform {self.name!r}: service")
+        if not (isinstance(cls, type) and issubclass(cls, EnvironmentService)):
+            raise PlatformLoadError(f"platform {self.name!r}: {self.service} is not an EnvironmentService")
+        return cls
+
+    def create_service(self, config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService[Any]:
+        section = config.training_service
+        if not isinstance(section, self.config_class()):
+            raise TypeError(f"platform {self.name!r} takes a {self.config}, not a {type(section).__qualname__}")
+        return self.service_class().from_config(config, section, experiment_dir)
+
+
+def _builtin(name: str, config: str, service: str) -> Platform:
+    package = f"{__package__}.services"
+    return Platform(name, f"{package}.{config}", f"{package}.{service}")
+
+
+_KUBERNETES = "kubernetes:KubernetesEnvironmentService"  # one service, four operators
+
+#: The built-in platforms, each named here once.
+BUILTIN: dict[str, Platform] = {
+    p.name: p
+    for p in (
+        _builtin("local", "local_config:LocalConfig", "local:LocalEnvironmentService"),
+        _builtin("remote", "remote_config:RemoteConfig", "remote:RemoteEnvironmentService"),
+        _builtin("slurm", "slurm_config:SlurmConfig", "slurm:SlurmEnvironmentService"),
+        _builtin("kubernetes", "kubernetes_config:KubernetesConfig", _KUBERNETES),
+        _builtin("kubeflow", "kubernetes_config:KubeflowConfig", _KUBERNETES),
+        _builtin("frameworkcontroller", "kubernetes_config:FrameworkControllerConfig", _KUBERNETES),
+        _builtin("adl", "kubernetes_config:AdlConfig", _KUBERNETES),
+        _builtin("ray", "ray_config:RayConfig", "ray:RayEnvironmentService"),
+        _builtin("openpai", "openpai_config:OpenPaiConfig", "openpai:OpenPaiEnvironmentService"),
+        _builtin("dlts", "dlts_config:DltsConfig", "dlts:DltsEnvironmentService"),
+        _builtin("aml", "aml_config:AmlConfig", "aml:AmlEnvironmentService"),
+        _builtin("dlc", "dlc_config:DlcConfig", "dlc:DlcEnvironmentService"),
+    )
+}
+
+# Config classes registered by `register_training_service` (plug-ins of the older form,
+# and tests), and factories of such plug-ins, by platform name.
+_registered: dict[str, type[TrainingServiceConfig]] = {}
+_factories: dict[str, Factory] = {}
+_from_entry_points: dict[str, Platform | None] = {}
+
+
+@functools.cache
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    # Read once per process: scanning every installed distribution costs milliseconds.
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def platform_names() -> list[str]:
+    """Every platform a config may name: built-in, registered, then installed plug-ins."""
+    names = dict.fromkeys([*BUILTIN, *_registered])
+    names.update(dict.fromkeys(_entry_points()))
+    return list(names)
+
+
+def _plugin(name: str) -> Platform | None:
+    """The installed plug-in of this name, loaded once; None when there is none."""
+    if name not in _from_entry_points:
+        ep = _entry_points().get(name)
+        found: Platform | None = None
+        if ep is not None:
+            try:
+                loaded = ep.load()
+            except Exception as e:  # a plug-in may fail in any way; the others must not
+                raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} cannot be loaded: {e}") from e
+            if isinstance(loaded, Platform):
+                if loaded.name != name:
+                    raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} declares platform {loaded.name!r}")
+                found = loaded
+            elif callable(loaded):
+                _factories[name] = loaded  # the older form: its import registered its config
+            else:
+                raise PlatformLoadError(f"platform {name!r}: plug-in {ep.value} is neither a Platform nor a factory")
+        _from_entry_points[name] = found
+    return _from_entry_points[name]
+
+
+def platform(name: str) -> Platform | None:
+    """The platform registered as `name` (built-in first, then plug-ins), or None."""
+    # A plug-in's entry point is loaded even when its config class was registered already
+    # (its module imported by hand): for the older form, that is where its factory is.
+    return BUILTIN[name] if name in BUILTIN else _plugin(name)
+
+
+def config_class(name: str) -> type[TrainingServiceConfig]:
+    """The config class of platform `name`: KeyError when none is known by that name,
+    PlatformLoadError when it cannot be imported."""
+    if name in BUILTIN:
+        return BUILTIN[name].config_class()
+    if name in _registered:
+        return _registered[name]
+    found = _plugin(name)
+    if found is not None:
+        return found.config_class()
+    if name in _registered:  # an older plug-in registered it on import
+        return _registered[name]
+    if name in _factories:
+        raise PlatformLoadError(
+            f"platform {name!r}: its plug-in registered no config class (point its entry point at a "
+            "Platform, or register the class with register_training_service)"
+        )
+    raise KeyError(name)
+
+
+class _ConfigClasses(MutableMapping[str, type[TrainingServiceConfig]]):
+    """Platform name -> config class, importing a platform's config only when asked for it."""
+
+    def __getitem__(self, name: str) -> type[TrainingServiceConfig]:
+        return config_class(name)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        return name in BUILTIN or name in _registered or name in _entry_points()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(platform_names())
+
+    def __len__(self) -> int:
+        return len(platform_names())
+
+    def __setitem__(self, name: str, cls: type[TrainingServiceConfig]) -> None:
+        if cls.__dict__.get("PLATFORM") != name:
+            raise ValueError(f"{cls.__qualname__}.PLATFORM is not {name!r}")
+        register_training_service(cls)
+
+    def __delitem__(self, name: str) -> None:
+        del _registered[name]
+
+
+TRAINING_SERVICES: MutableMapping[str, type[TrainingServiceConfig]] = _ConfigClasses()
+register_variants(TrainingServiceConfig, "platform", TRAINING_SERVICES)
+
+_TS = TypeVar("_TS", bound=type[TrainingServiceConfig])
+
+
+def _check_config_class(cls: object, name: str | None) -> None:
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and issubclass(cls, TrainingServiceConfig)):
+        raise TypeError(f"{cls!r} is not a dataclass subclass of TrainingServiceConfig")
+    platform_name = cls.__dict__.get("PLATFORM")
+    if not isinstance(platform_name, str) or not platform_name:
+        raise TypeError(f"{cls.__qualname__} must declare its own PLATFORM: ClassVar[str]")
+    if name is not None and platform_name != name:
+        raise TypeError(f"{cls.__qualname__}.PLATFORM is {platform_name!r}, registered as {name!r}")
+    # Refuse field types the walker cannot validate now, rather than at parse time.
+    specs(typing.cast(type, cls))
+
+
+def register_training_service(cls: _TS) -> _TS:
+    """Make `cls` the config of `trainingService.platform: cls.PLATFORM`; use as a decorator.
+
+    For plug-ins whose entry point is a factory; a `Platform` needs no call. `cls` must be
+    a dataclass subclass of TrainingServiceConfig (frozen and kw_only, like the base) that
+    declares `PLATFORM: ClassVar[str]` and uses field types the walker can validate.
+    Raises TypeError or ValueError otherwise, or if the name is taken.
+    """
+    _check_config_class(cls, None)
+    name = cls.__dict__["PLATFORM"]
+    builtin = BUILTIN.get(name)
+    existing = _registered.get(name) or (builtin.config_class() if builtin else None)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"platform {name!r} is already registered by {existing.__qualname__}")
+    if builtin is None:
+        _registered[name] = cls
+    return cls
+
+
+def create_service(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService[Any]:
+    """The environment service of the config's platform, built from the config."""
+    name = config.training_service.platform
+    found = platform(name)
+    if found is not None:
+        return found.create_service(config, experiment_dir)
+    if name in _factories:
+        return _factories[name](config, experiment_dir)
+    raise ValueError(f"no environment service for platform {name!r}; known: {', '.join(sorted(platform_names()))}")

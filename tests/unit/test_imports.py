@@ -1,0 +1,222 @@
+"""No import cycles in coordinator/ and agent/, and a config imports only its platform.
+
+Two checks of cycles: one statically, over the graph of every import statement that can
+run (those under `if TYPE_CHECKING:` never do), so that a cycle cannot come back even in
+a module no test imports; and one at run time, importing each module on its own in a
+fresh interpreter while watching for an import that reaches a module still being
+initialised (the sign of a cycle, which a static walk misses when the import is made
+with importlib).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("coordinator", "agent")
+PLATFORM_MODULE_WORDS = ("local", "kubernetes", "k8s", "slurm", "aml", "dlc", "dlts", "openpai", "ray", "remote", "ssh")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["trialkeeper", *parts])
+
+
+MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The modules of MODULES that `name` imports by a statement that can run."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str, names: list[str]) -> None:
+        for alias in names:
+            sub = f"{target}.{alias}"
+            if sub in MODULES:
+                found.add(sub)
+            elif target in MODULES:
+                found.add(target)
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for stmt in child.orelse:
+                    visit_one(stmt)
+            else:
+                visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            add(target, [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in MODULES)
+        visit(node)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    found.discard(name)
+    return found
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of more than one module (Tarjan), and each module
+    that imports itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph.get(v, ()):
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return cycles
+
+
+def test_cycle_finder_finds_cycles() -> None:
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_import_graph_has_no_cycle() -> None:
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert graph["trialkeeper.coordinator.config"], "the walker found no imports: it is broken"
+    assert find_cycles(graph) == []
+
+
+# Run in a fresh interpreter: import each module alone (the package's modules cleared
+# before each), recording any import that reaches a module still being initialised.
+_ISOLATED = textwrap.dedent(
+    """
+    import builtins, importlib, importlib.util, json, sys, traceback
+
+    names = json.loads(sys.argv[1])
+    ours = ("trialkeeper.coordinator", "trialkeeper.agent")
+    cycles, failures = [], {}
+    real_import = builtins.__import__
+
+    def initializing(name):
+        return getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
+
+    def watching_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if globals is not None and level:
+            target = importlib.util.resolve_name("." * level + name, globals.get("__package__") or "")
+        else:
+            target = name
+        importer = (globals or {}).get("__name__", "?")
+        subs = [f"{target}.{item}" for item in (fromlist or ()) if item != "*"]
+        before = {m for m in [target, *subs] if initializing(m)}
+        try:
+            return real_import(name, globals, locals, fromlist, level)
+        finally:
+            # `from . import x` reaches the submodule x, not its package (which is still
+            # initialising while its __init__ imports x); `from .m import name` reaches m.
+            if subs and hasattr(sys.modules.get(target), "__path__"):
+                reached = [s for s in subs if s in sys.modules]
+                if len(reached) < len(subs):
+                    reached.append(target)
+            else:
+                reached = [target]
+            for module in reached:
+                if module in before and module.startswith(ours) and module != importer:
+                    cycles.append([importer, module])
+
+    builtins.__import__ = watching_import
+    for name in names:
+        for loaded in [m for m in sys.modules if m.startswith(ours)]:
+            del sys.modules[loaded]
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            failures[name] = traceback.format_exc(limit=3)
+    print(json.dumps({"cycles": cycles, "failures": failures}))
+    """
+)
+
+
+def test_every_module_imports_on_its_own_without_a_cycle() -> None:
+    out = subprocess.run(
+        # __main__ modules are scripts: importing one runs it.
+        [sys.executable, "-c", _ISOLATED, json.dumps(sorted(m for m in MODULES if not m.endswith(".__main__")))],
+        capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["failures"] == {}
+    assert report["cycles"] == []
+
+
+_PARSE_ONE = textwrap.dedent(
+    """
+    import json, sys
+    from trialkeeper.coordinator.config import parse_config
+
+    section = {"platform": sys.argv[1], **json.loads(sys.argv[3])}
+    cfg = parse_config({"trialCommand": "true", "trialConcurrency": 1, "trainingService": section},
+                       sys.argv[2])
+    print(json.dumps([type(cfg.training_service).__module__, sorted(sys.modules)]))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("platform", "fields"), [("local", {}), ("kubernetes", {"image": "python:3.11"}), ("slurm", {})]
+)
+def test_a_config_imports_only_the_platform_it_names(platform: str, fields: dict[str, str], tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _PARSE_ONE, platform, str(tmp_path), json.dumps(fields)],
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    config_module, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert config_module == f"trialkeeper.coordinator.services.{platform}_config"
+    services = [m for m in loaded if m.startswith("trialkeeper.coordinator.services.")]
+    others = [
+        m for m in services
+        if m != config_module and any(word in m.rsplit(".", 1)[-1] for word in PLATFORM_MODULE_WORDS)
+    ]
+    assert others == []
+    # No SDK of any platform either, the named one's included: parsing needs none.
+    assert not any(m.split(".")[0] in ("kubernetes", "ray", "paramiko", "azureml") for m in loaded)
