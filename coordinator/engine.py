@@ -32,8 +32,6 @@ RETRY_BACKOFF_MAX_S = 60.0
 CANCEL_GRACE_S = 5.0
 # How long an agent may take to register once its platform runs it (queue time not counted).
 AGENT_START_TIMEOUT_S = 60.0
-# How often a GPU sample of each environment is kept (and on every change of holders).
-GPU_SAMPLE_INTERVAL_S = 5.0
 
 _STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
 

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How often a GPU sample of each environment is kept (and on every change of holders).
+GPU_SAMPLE_INTERVAL_S = 5.0
+
 
 class EnvironmentRules:
     # Kept by Engine; declared here for the type checker.
@@ -200,8 +203,6 @@ class EnvironmentRules:
     def _record_gpu_samples(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:
         """Keep a GPU sample of ``env`` every GPU_SAMPLE_INTERVAL_S, and whenever the set of
         trials on its GPUs changed, so short trials have samples too."""
-        from .engine import GPU_SAMPLE_INTERVAL_S
-
         holders_now = [g.holders for g in env.gpus]
         if self.now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and holders_now == env.gpu_recorded_holders:
             return

@@ -148,6 +148,15 @@ def _entry_points() -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _entry_point(name: str) -> metadata.EntryPoint | None:
+    found = _entry_points().get(name)
+    if found is None:
+        # Not there when first read: a distribution may have been put on the path since.
+        _entry_points.cache_clear()
+        found = _entry_points().get(name)
+    return found
+
+
 def platform_names() -> list[str]:
     """Every platform a config may name: built-in, registered, then installed plug-ins."""
     names = dict.fromkeys([*BUILTIN, *_registered])
@@ -157,8 +166,8 @@ def platform_names() -> list[str]:
 
 def _plugin(name: str) -> Platform | None:
     """The installed plug-in of this name, loaded once; None when there is none."""
-    if name not in _from_entry_points:
-        ep = _entry_points().get(name)
+    if _from_entry_points.get(name) is None:
+        ep = _entry_point(name)
         found: Platform | None = None
         if ep is not None:
             try:
@@ -213,7 +222,7 @@ class _ConfigClasses(MutableMapping[str, type[TrainingServiceConfig]]):
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
-        return name in BUILTIN or name in _registered or name in _entry_points()
+        return name in BUILTIN or name in _registered or _entry_point(name) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(platform_names())
