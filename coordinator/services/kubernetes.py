@@ -155,6 +155,9 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
         out = {i: Observation("unknown") for i in env_ids if i not in self._envs}
         known = [self._envs[i] for i in env_ids if i in self._envs]
         for experiment_id, envs in (await self._by_experiment(known)).items():
+            # A workload created while the list below is on its way is not in the answer,
+            # yet it is not gone: it is still being created as far as this answer tells.
+            creating = {env.env_id for env in envs if env.starting is not None and not env.starting.done()}
             try:
                 found = {o["metadata"]["name"]: o for o in await self._list(self._kind, selector(experiment_id))}
             except _ApiFailure as e:
@@ -165,7 +168,7 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
             for env in envs:
                 obj = found.get(env.name)
                 if obj is None:
-                    env.last = self._missing(env)
+                    env.last = Observation("starting", "being created", env.name) if env.env_id in creating else self._missing(env)
                 else:
                     env.last = await self._observe(env, experiment_id, obj)
             await self._check_image_pulls(experiment_id, envs, found)

@@ -463,3 +463,42 @@ def test_an_unusable_kubeconfig_or_a_missing_client_is_one_clear_line(
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if the extra were not installed
     with pytest.raises(KubernetesSetupError, match=r"install trialkeeper\[k8s\]"):
         create_service(config, tmp_path / "exp")
+
+
+def test_a_workload_created_while_a_poll_lists_is_not_taken_for_deleted(fake: FakeKubernetes, tmp_path: Path) -> None:
+    quickstart_code(tmp_path)
+    data = _config_data(fake, tmp_path, "kubernetes")
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    request = EnvironmentRequest("env-1", "racing1", "127.0.0.1:9", "t0ken")
+
+    async def body() -> None:
+        real_list, real_start = service._list, service._start
+        go = asyncio.Event()
+
+        async def held_start(env: Any, req: EnvironmentRequest) -> Any:
+            await go.wait()
+            return await real_start(env, req)
+
+        service._start = held_start  # type: ignore[method-assign]
+        first = asyncio.ensure_future(service.start(request))
+
+        async def answered_before_the_create(kind: Any, label_selector: str) -> list[dict[str, Any]]:
+            answer = await real_list(kind, label_selector)
+            go.set()
+            await first  # the create completes while the answer is on its way
+            return [o for o in answer if not o["metadata"]["name"].endswith("-env-1")]
+
+        await async_wait_until(
+            lambda: "env-1" in service._envs and service._envs["env-1"].starting is not None, 10.0,
+            message="the start never began",
+        )
+        service._list = answered_before_the_create  # type: ignore[method-assign]
+        seen = await service.poll(["env-1"])
+        assert (await first).error is None
+        assert seen["env-1"].state == "starting", seen["env-1"]
+        service._list = real_list  # type: ignore[method-assign]
+        assert (await service.poll(["env-1"]))["env-1"].state in ("starting", "running")
+        await service.stop("env-1", 0.0)
+        await service.close()
+
+    run_async(body)
