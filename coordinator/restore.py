@@ -35,10 +35,15 @@ def restore(
     engine._out = out
     policy = engine.policy
     for r in trial_rows:
-        status = _status(TrialStatus, r["status"], TrialStatus.FAILED)
+        status = _status(TrialStatus, r["status"], None)
+        parameters = _json(r["parameters_json"], None)
+        unreadable = [
+            what for what, bad in (("status", status is None), ("parameters", not isinstance(parameters, dict))) if bad
+        ]
         gpu_number = int(r["gpu_number"] or 0)
         t = TrialState(
-            id=r["id"], seq=r["seq"], status=status, parameters=_json(r["parameters_json"], {}), command=r["command"],
+            id=r["id"], seq=r["seq"], status=status or TrialStatus.FAILED,
+            parameters=parameters if isinstance(parameters, dict) else {}, command=r["command"],
             gpu_number=gpu_number, submitted_at=r["submitted_at"],
             gpu_memory=policy.trial_gpu_memory if gpu_number else 0, env_id=r["environment_id"],
             gpu_indices=tuple(_json(r["gpu_indices_json"], [])), gpu_uuids=tuple(_json(r["gpu_uuids_json"], [])),
@@ -46,6 +51,14 @@ def restore(
             final_metric=r["final_metric"], final_metric_json=r["final_metric_json"], attempts=r["attempts"],
             started_at=r["started_at"], ended_at=r["ended_at"],
         )
+        if unreadable and (status is None or not status.terminal):
+            # Not run again with what cannot be read: failed, and the store says why.
+            t.status, t.env_id = TrialStatus.FAILED, None
+            t.reason = f"its stored {' and '.join(unreadable)} cannot be read; not resumed"
+            t.ended_at = t.ended_at or wall
+            out.append(ev.UpdateTrial(t.id, {"status": t.status.value, "reason": t.reason, "ended_at": t.ended_at}))
+            out.append(ev.RecordTransition("trial", t.id, str(r["status"]), t.status.value, t.reason))
+            log.warning("trial %s: %s", t.id, t.reason)
         if not t.status.terminal and t.env_id is None:
             engine.queue.append(t.id)
         engine.trials[t.id] = t

@@ -365,3 +365,20 @@ def _env_row(e: Any) -> dict[str, Any]:
         "id": e.id, "platform": "local", "status": e.status.value, "platform_id": e.platform_id, "reason": e.reason,
         "hostname": e.hostname, "agent_instance_id": e.instance_id, "last_seq": e.last_seq, "info_json": "{}",
     }
+
+
+def test_a_trial_whose_stored_row_cannot_be_read_is_failed_on_resume_not_run() -> None:
+    sim = ready_sim()
+    sim.submit("good")
+    sim.submit("bad-params")
+    sim.submit("bad-status")
+    rows = [_trial_row(t) for t in sim.engine.trials.values()]
+    rows[1]["parameters_json"] = "}{"
+    rows[2]["status"] = "BOGUS"
+    after = Sim()
+    written = restore(after.engine, rows, [_env_row(e) for e in sim.engine.envs.values()], now=after.now, wall=after.now)
+    assert after.status("good") is not TrialStatus.FAILED
+    for tid, what in (("bad-params", "parameters"), ("bad-status", "status")):
+        t = after.engine.trials[tid]
+        assert t.status is TrialStatus.FAILED and what in t.reason and tid not in after.engine.queue
+        assert any(isinstance(w, ev.UpdateTrial) and w.trial_id == tid for w in written)
