@@ -4,10 +4,9 @@ Its "cluster" is this machine and a state directory: a job is a detached supervi
 that runs one agent, with a directory ``<stateDirectory>/<job name>/`` holding its pid, its
 exit status once it ended and the agent's log. The plug-in implements only the four calls
 of :class:`~trialkeeper.coordinator.services._jobs.JobEnvironmentService` (submit, observe,
-kill, list_jobs); start, poll, stop and sweep come from the base. It is registered as a
-real plug-in is: its config class through ``register_training_service`` and its factory
-through the ``trialkeeper.environment_services`` entry point (see
-``tests/contract/harness_jobplugin.py``).
+kill, list_jobs); start, poll, stop and sweep come from the base. It joins as a real plug-in
+does: the ``trialkeeper.environment_services`` entry point names ``PLATFORM``, the registry
+entry that gives its config class and its service (see ``tests/contract/harness_jobplugin.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import psutil
-from trialkeeper.coordinator.config import (
-    ExperimentConfig,
-    TrainingServiceConfig,
-    register_training_service,
-)
+from trialkeeper.coordinator.config import ExperimentConfig
+from trialkeeper.coordinator.platformconfig import TrainingServiceConfig
+from trialkeeper.coordinator.platforms import Platform
 from trialkeeper.coordinator.services._jobs import (
     Job,
     JobEnvironmentService,
@@ -36,9 +33,11 @@ from trialkeeper.coordinator.services._jobs import (
     env_of,
 )
 from trialkeeper.coordinator.services._launch import agent_argv, agent_environment, with_environment
-from trialkeeper.coordinator.services.base import EnvironmentRequest, EnvironmentService
+from trialkeeper.coordinator.services.base import EnvironmentRequest
 
-PLATFORM = "procjobs"
+NAME = "procjobs"
+# What the entry point names: the registry imports each part only when a config uses it.
+PLATFORM = Platform(NAME, config="procjobs:ProcJobsConfig", service="procjobs:ProcJobsService")
 SPAWN_TIMEOUT_S = 30.0
 
 # The job's main process: runs the agent, then records its exit status. It ignores SIGTERM
@@ -66,20 +65,25 @@ print(proc.pid)
 """
 
 
-@register_training_service  # `trainingService: {platform: procjobs, stateDirectory: ...}`
 @dataclass(frozen=True, kw_only=True)
 class ProcJobsConfig(TrainingServiceConfig):
-    PLATFORM: ClassVar[str] = PLATFORM
+    """`trainingService: {platform: procjobs, stateDirectory: ...}`"""
+
+    PLATFORM: ClassVar[str] = NAME
     state_directory: str = ""
     poll_interval: float = 0.5
 
 
-class ProcJobsService(JobEnvironmentService):
+class ProcJobsService(JobEnvironmentService[ProcJobsConfig]):
     """One environment is one supervisor process on this machine; see the module docstring."""
 
-    platform = PLATFORM
+    platform = NAME
     shares_filesystem = True
     kind = "procjobs job"
+
+    @classmethod
+    def from_config(cls, config: ExperimentConfig, platform: ProcJobsConfig, experiment_dir: Path) -> ProcJobsService:
+        return cls(platform, experiment_dir, Path(config.trial_code_directory))
 
     def __init__(self, config: ProcJobsConfig, experiment_dir: Path, code_directory: Path) -> None:
         super().__init__(poll_interval=config.poll_interval)
@@ -169,10 +173,3 @@ def _tail(path: Path) -> str:
         return path.read_bytes()[-300:].decode("utf-8", "replace").strip()
     except OSError:
         return ""
-
-
-def create(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService:
-    """The plug-in's factory: what the entry point names."""
-    section = config.training_service
-    assert isinstance(section, ProcJobsConfig)
-    return ProcJobsService(section, experiment_dir, Path(config.trial_code_directory))

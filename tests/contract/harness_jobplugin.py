@@ -2,9 +2,9 @@
 the job base (one environment is one job; the plug-in implements submit, observe, kill and
 list_jobs only).
 
-It joins as a real plug-in does: a distribution's metadata naming its factory under the
-entry-point group ``trialkeeper.environment_services`` is put on ``sys.path`` for the
-session, and ``create_service`` finds the platform there.
+It joins as a real plug-in does: a distribution's metadata naming its registry entry
+(``procjobs:PLATFORM``) under the entry-point group ``trialkeeper.environment_services`` is
+put on ``sys.path`` for the session, and ``create_service`` finds the platform there.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import procjobs
 import pytest
 from trialkeeper.coordinator.services import ENTRY_POINT_GROUP
 
-PLATFORMS: tuple[str, ...] = (procjobs.PLATFORM,)
+PLATFORMS: tuple[str, ...] = (procjobs.NAME,)
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +31,7 @@ def jobplugin_training_service(
     info = site / "trialkeeper_procjobs-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trialkeeper-procjobs\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{procjobs.PLATFORM} = procjobs:create\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{procjobs.NAME} = procjobs:PLATFORM\n")
     sys.path.append(str(site))
 
     def make(platform: str, tmp_path: Path) -> dict[str, Any]:
