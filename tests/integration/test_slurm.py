@@ -380,7 +380,9 @@ def test_sbatch_errors_are_returned_as_data(tmp_path: Path, cluster: SlurmCluste
         result = await service.start(_request("env-1", f"bad{os.getpid()}"))
         assert result.platform_id == "" and result.error is not None
         assert "sbatch could not queue" in result.error and "partition" in result.error.lower(), result.error
-        assert (await service.poll(["env-1"]))["env-1"].state == "unknown"
+        # A start that failed polls as failed, saying why (as on every job platform).
+        seen = (await service.poll(["env-1"]))["env-1"]
+        assert seen.state == "failed" and "sbatch could not queue" in seen.detail, seen
         await service.close()
 
     run_async(body, timeout=60)
