@@ -16,8 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import stat
 import sys
 import time
 from collections.abc import Iterable
@@ -29,6 +27,7 @@ from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
 from . import processes
 from . import trial as sdk
+from .codecopy import copy_tree, prune_copy
 from .metric_socket import MetricSocket
 
 log = logging.getLogger(__name__)
@@ -43,7 +42,7 @@ STDERR_TAIL_BYTES = 4096
 HOST_SIGNAL_GRACE_S = 0.3
 # Where a trial's copy of its working directory goes, under its trial directory.
 TRIAL_CODE_DIR = "code"
-# How long a trial's end waits for its copy of the code to be pruned (see _prune_copy).
+# How long a trial's end waits for its copy of the code to be pruned (see codecopy.prune_copy).
 PRUNE_WAIT_S = 2.0
 # How long what a trial left outside its process group gets between SIGTERM and SIGKILL.
 STRAY_GRACE_S = 2.0
@@ -95,39 +94,6 @@ class RunnerEvents:
         the receiver reads them from the file when it sends them."""
 
     def trial_ended(self, result: TrialResult) -> None: ...
-
-
-def _copy_tree(source: Path, target: Path) -> None:
-    if not source.is_dir():
-        raise FileNotFoundError(f"working directory {source} does not exist")
-    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-
-
-def _prune_copy(source: Path, target: Path) -> None:
-    """Remove from a trial's copy of its working directory what is still as it was copied
-    (same size and mtime, which copying keeps), and the directories left empty; what the
-    trial wrote or changed stays. A thousand trials need not keep a thousand copies."""
-    for dirpath, dirnames, filenames in os.walk(target, topdown=False):
-        rel = os.path.relpath(dirpath, target)
-        # Symbolic links to directories are listed with the directories, never followed.
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames + links:
-            copy, orig = os.path.join(dirpath, name), os.path.join(source, rel, name)
-            try:
-                c, o = os.lstat(copy), os.lstat(orig)
-                if stat.S_ISLNK(c.st_mode):
-                    same = stat.S_ISLNK(o.st_mode) and os.readlink(copy) == os.readlink(orig)
-                else:
-                    same = (
-                        stat.S_ISREG(c.st_mode) and stat.S_ISREG(o.st_mode)
-                        and (c.st_size, c.st_mtime_ns) == (o.st_size, o.st_mtime_ns)
-                    )
-                if same:
-                    os.unlink(copy)
-            except OSError:
-                continue
-        with contextlib.suppress(OSError):
-            os.rmdir(dirpath)  # only when empty
 
 
 def _owner(pid: int, roots: dict[int, str]) -> str:
@@ -317,7 +283,7 @@ class TrialRunner:
         if self.copy_working_directory and spec.working_directory:
             target = t.dir / TRIAL_CODE_DIR
             try:
-                await asyncio.to_thread(_copy_tree, Path(spec.working_directory), target)
+                await asyncio.to_thread(copy_tree, Path(spec.working_directory), target)
             except OSError as e:
                 self._end(t, "failed", None, 0, f"could not copy {spec.working_directory} into {target}: {e}", False)
                 return
@@ -383,7 +349,7 @@ class TrialRunner:
             # a copy that takes long to walk (a big tree on NFS) goes on being pruned
             # meanwhile rather than hold the report back.
             prune = asyncio.ensure_future(
-                asyncio.to_thread(_prune_copy, Path(spec.working_directory), t.dir / TRIAL_CODE_DIR)
+                asyncio.to_thread(prune_copy, Path(spec.working_directory), t.dir / TRIAL_CODE_DIR)
             )
             try:
                 await asyncio.wait_for(asyncio.shield(prune), PRUNE_WAIT_S)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trialkeeper.agent.runner import _copy_tree, _prune_copy
+from trialkeeper.agent.codecopy import copy_tree as _copy_tree
+from trialkeeper.agent.codecopy import prune_copy as _prune_copy
 
 
 def _tree(root: Path) -> set[str]:
