@@ -434,7 +434,6 @@ class AgentSession(RunnerEvents):
         return pb.AgentMessage(seq=msg.seq, log=chunk)
 
     async def _heartbeat_loop(self) -> None:
-        psutil.cpu_percent(None)
         while True:
             self._heartbeat_due = await asyncio.to_thread(self._heartbeat)
             self._wakeup.set()
@@ -457,10 +456,8 @@ class AgentSession(RunnerEvents):
                 )
             )
         return pb.Heartbeat(
-            cpu_percent=psutil.cpu_percent(None),
             memory_used_bytes=psutil.virtual_memory().used,
             gpus=samples,
-            running_trial_ids=self.runner.running_ids,
             draining=self._draining,
         )
 

@@ -17,7 +17,6 @@ from trialkeeper.protos.limits import (
     MAX_ID_CHARS,
     MAX_METRICS_PER_BATCH,
     MAX_PROCESSES_PER_GPU,
-    MAX_TRIAL_IDS,
     MAX_VALUE_JSON_CHARS,
 )
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
@@ -58,12 +57,6 @@ def _heartbeat_over(hb: pb.Heartbeat) -> str:
         for j, p in enumerate(procs):
             if len(p.trial_id) > MAX_ID_CHARS:
                 return limits.over(f"Heartbeat.gpus[{i}].processes[{j}].trial_id", len(p.trial_id), "MAX_ID_CHARS")
-    ids = hb.running_trial_ids
-    if len(ids) > MAX_TRIAL_IDS:
-        return limits.over("Heartbeat.running_trial_ids", len(ids), "MAX_TRIAL_IDS")
-    if ids and max(map(len, ids)) > MAX_ID_CHARS:
-        i = next(i for i, t in enumerate(ids) if len(t) > MAX_ID_CHARS)
-        return limits.over(f"Heartbeat.running_trial_ids[{i}]", len(ids[i]), "MAX_ID_CHARS")
     return ""
 
 

@@ -38,7 +38,7 @@ MAX_LOG_CHUNK_BYTES = 1024 * 1024
 MAX_GPUS = 128
 # Processes listed per GPU in one heartbeat sample.
 MAX_PROCESSES_PER_GPU = 256
-# Trial ids in Register.active_trial_ids and Heartbeat.running_trial_ids.
+# Trial ids in Register.active_trial_ids.
 MAX_TRIAL_IDS = 4096
 
 # Every string, bytes and repeated field an agent sends, and the limit that bounds it. The
@@ -59,8 +59,6 @@ FIELD_LIMITS: dict[str, str] = {
     "GpuInfo.uuid": "MAX_ID_CHARS",
     "GpuInfo.name": "MAX_NAME_CHARS",
     "Heartbeat.gpus": "MAX_GPUS",
-    "Heartbeat.running_trial_ids": "MAX_TRIAL_IDS",
-    "Heartbeat.running_trial_ids[]": "MAX_ID_CHARS",
     "GpuSample.uuid": "MAX_ID_CHARS",
     "GpuSample.processes": "MAX_PROCESSES_PER_GPU",
     "GpuProcess.trial_id": "MAX_ID_CHARS",

@@ -33,7 +33,7 @@ from __future__ import annotations
 import abc
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, Literal, TypeVar
 
@@ -91,15 +91,6 @@ class Observation:
     state: ObservedState
     detail: str = ""
     platform_id: str = ""
-
-
-@dataclass(frozen=True)
-class EnvironmentTemplate:
-    """What each environment of this service will offer, known before any starts."""
-
-    trial_slots: int = 1
-    gpu_count: int | None = None  # None: known only once the agent registers
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 #: The type of a service's `trainingService` section.

@@ -109,18 +109,14 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., simulated: _Optional[bool] = ..., mig: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("cpu_percent", "memory_used_bytes", "gpus", "running_trial_ids", "draining")
-    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("memory_used_bytes", "gpus", "draining")
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
-    RUNNING_TRIAL_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
-    cpu_percent: float
     memory_used_bytes: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
-    running_trial_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
-    def __init__(self, cpu_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., running_trial_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ...) -> None: ...
+    def __init__(self, memory_used_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("uuid", "utilization_percent", "memory_used_bytes", "processes")

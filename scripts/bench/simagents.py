@@ -108,7 +108,7 @@ class SimAgent:
                 pb.GpuSample(uuid=g.uuid, utilization_percent=random.uniform(0, 100), memory_used_bytes=1 << 30)
                 for g in self.gpus
             ]
-            hb = pb.Heartbeat(cpu_percent=3.0, memory_used_bytes=8 << 30, gpus=samples, running_trial_ids=sorted(self.running))
+            hb = pb.Heartbeat(memory_used_bytes=8 << 30, gpus=samples)
             await self.write(call, pb.AgentMessage(heartbeat=hb))
             self.stats.heartbeats += 1
             await asyncio.sleep(self.interval)

@@ -310,7 +310,7 @@ def test_a_flooding_agent_does_not_starve_the_others(tmp_path: Path) -> None:
                     seq += 1
                     ghost = f"ghost-{seq}"
                     if seq % 3 == 0:
-                        msg = pb.AgentMessage(heartbeat=pb.Heartbeat(running_trial_ids=[ghost] * 20, draining=True))
+                        msg = pb.AgentMessage(heartbeat=pb.Heartbeat(memory_used_bytes=seq, draining=True))
                     elif seq % 3 == 1:
                         msg = pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(metrics=[_metric(ghost, i, i) for i in range(20)]))
                     else:
