@@ -23,8 +23,8 @@ from . import tls as tls_identity
 from .config import ExperimentConfig, config_to_dict
 from .engine import CANCEL_GRACE_S, Engine, Policy
 from .events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
-from .model import EnvState, MetricEvent, StatusEvent, TrialInfo
-from .readmodel import ReadModel
+from .model import MetricEvent, StatusEvent, TrialInfo
+from .readmodel import EnvSnapshot, ReadModel
 from .restore import restore
 from .server import Servicer, create_server
 from .services import create_service
@@ -96,6 +96,7 @@ class Coordinator:
         self._started = False
         self._stopping = False
         self._stopped: asyncio.Future[None] | None = None
+        self._last_envs: tuple[EnvSnapshot, ...] = ()
         self._fail_stop: asyncio.Task[None] | None = None
         self._server: Any = None
         self.store: Store | None = None
@@ -296,6 +297,7 @@ class Coordinator:
             await self._server.stop(1.0)
         await shell.close()
         store.set_experiment_status(status, reason, ended=True)
+        self._last_envs = ReadModel(store).environments()
         store.close()
         self._started = False
 
@@ -382,8 +384,12 @@ class Coordinator:
             return []
         return [t.info() for t in sorted(self._engine.trials.values(), key=lambda t: t.seq)]
 
-    def environments(self) -> list[EnvState]:
-        return [] if self._engine is None else list(self._engine.envs.values())
+    def environments(self) -> list[EnvSnapshot]:
+        """Snapshots of every environment, read from the store: what ``trialkeeper envs``
+        shows (after :meth:`stop`, as they were when it stopped)."""
+        if self.store is not None and self._started:
+            return list(ReadModel(self.store).environments())
+        return list(self._last_envs)
 
     async def wait(self, trial_id: str, timeout: float | None = None) -> TrialInfo:
         """Wait for one trial to end."""

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .config import ExperimentConfig
 from .core import Coordinator
-from .model import EnvState, StatusEvent, TrialInfo
-from .readmodel import best_trial, optimize_mode
+from .model import StatusEvent, TrialInfo
+from .readmodel import EnvSnapshot, best_trial, optimize_mode
 from .readmodel import ranked as _ranked
 from .states import TrialStatus
 from .tuners import NoMoreTrials, Tuner, create_tuner
@@ -201,14 +201,15 @@ def _catch_up(tuner: Tuner, trials: list[TrialInfo], params_of: dict[str, tuple[
     return len(trials)
 
 
-def _env_detail(e: EnvState) -> str:
+def _env_detail(e: EnvSnapshot) -> str:
     where = e.hostname or e.platform_id or e.reason
     gpus = []
-    for g in sorted(e.gpus, key=lambda g: g.index):
-        util, used, total = e.gpu_usage.get(g.uuid, (0.0, 0, g.memory_total_bytes))
-        text = f"GPU{g.index} {util:.0f}% {used / 2**30:.1f}/{(total or g.memory_total_bytes) / 2**30:.1f} GiB"
-        if g.holders:
-            text += " [" + " ".join(sorted(g.holders)) + ("; stopping" if g.lingering else "") + "]"
+    for g in sorted(e.gpus, key=lambda g: -1 if g.index is None else g.index):
+        util, used, total = g.utilization_percent or 0.0, g.memory_used_bytes or 0, g.memory_total_bytes or 0
+        text = f"GPU{g.index} {util:.0f}% {used / 2**30:.1f}/{total / 2**30:.1f} GiB"
+        if g.held_by:
+            stopping = "; stopping" if set(g.held_by) & set(e.stopping_trials) else ""
+            text += " [" + " ".join(sorted(g.held_by)) + stopping + "]"
         gpus.append(text)
     return "; ".join([where, *gpus]) if gpus else where
 
@@ -221,7 +222,7 @@ def _progress(
     eta = None
     if config.max_trial_number and done:
         eta = elapsed / done * (config.max_trial_number - done)
-    envs = [(e.id, e.status.value, _env_detail(e)) for e in c.environments()]
+    envs = [(e.id, e.status.value if e.status else "UNREADABLE", _env_detail(e)) for e in c.environments()]
     return Progress(
         experiment_id=c.experiment_id,
         experiment_dir=c.experiment_dir,

@@ -136,6 +136,7 @@ class EnvSnapshot:
     reason: str
     hostname: str
     connected: bool  # its agent's stream is open (as the coordinator last stored it)
+    instance_id: str  # the agent process that registered last ('' before any did)
     gpus: tuple[GpuSnapshot, ...]
     gpu_unavailable_reason: str
     trials: tuple[str, ...]  # every trial placed on it last
@@ -400,14 +401,16 @@ class ReadModel:
     # -- environments
 
     def environments(self) -> tuple[EnvSnapshot, ...]:
-        trials = self.trials()
-        return tuple(self._env(r, trials) for r in self._read("environments", self.store.envs))
+        by_env: dict[str | None, list[TrialSnapshot]] = {}
+        for t in self.trials():
+            by_env.setdefault(t.environment_id, []).append(t)
+        return tuple(self._env(r, by_env) for r in self._read("environments", self.store.envs))
 
-    def _env(self, row: Mapping[str, Any], trials: Sequence[TrialSnapshot]) -> EnvSnapshot:
+    def _env(self, row: Mapping[str, Any], by_env: Mapping[str | None, Sequence[TrialSnapshot]]) -> EnvSnapshot:
         f = _Fields(row)
         env_id = f.text("id")
         info = f.json("info_json", lambda v: isinstance(v, dict), "a JSON object", {})
-        placed = [t for t in trials if t.environment_id == env_id]
+        placed = list(by_env.get(env_id, ()))
         running = [t for t in placed if t.active]
         holding: dict[int, list[str]] = {}
         for t in running:
@@ -439,6 +442,7 @@ class ReadModel:
         return EnvSnapshot(
             id=env_id, platform=f.text("platform"), platform_id=f.text("platform_id"), status=status,
             reason=f.text("reason"), hostname=f.text("hostname"), connected=f.flag("connected"),
+            instance_id=f.text("agent_instance_id"),
             gpus=tuple(gpus), gpu_unavailable_reason=unavailable if isinstance(unavailable, str) else "",
             trials=tuple(t.id for t in placed), running_trials=tuple(t.id for t in running),
             stopping_trials=tuple(t.id for t in running if t.stopping),

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from .config import ExperimentConfig
 from .core import Coordinator, CoordinatorError
-from .model import EnvState, MetricEvent, StatusEvent, TrialInfo
+from .model import MetricEvent, StatusEvent, TrialInfo
+from .readmodel import EnvSnapshot
 
 T = TypeVar("T")
 
@@ -141,7 +142,7 @@ class SyncCoordinator:
     def trials(self) -> list[TrialInfo]:
         return self._on_loop(self._coordinator.trials)
 
-    def environments(self) -> list[EnvState]:
+    def environments(self) -> list[EnvSnapshot]:
         return self._on_loop(self._coordinator.environments)
 
     def on_metric(self, callback: Callable[[MetricEvent], Any]) -> None:

@@ -249,3 +249,9 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Any:
                 pass
         psutil.wait_procs(left, timeout=5.0)
         pytest.fail(f"processes left running after the test: {description}")
+
+
+def environment(c: Any, env_id: str) -> Any:
+    """A fresh snapshot of one environment of a coordinator (snapshots never change: a test
+    that waits on an environment reads it anew each time)."""
+    return next(e for e in c.environments() if e.id == env_id)

@@ -66,7 +66,9 @@ async def until(predicate: Callable[[], Any], timeout: float, what: str, interva
 
 
 def ready_envs(c: Coordinator) -> list[Any]:
-    return [e for e in c.environments() if e.status in (EnvStatus.READY, EnvStatus.BUSY) and e.connected]
+    # The core's own state, not snapshots from the store: polled often during a measurement.
+    envs = c._engine.envs.values() if c._engine is not None else ()
+    return [e for e in envs if e.status in (EnvStatus.READY, EnvStatus.BUSY) and e.connected]
 
 
 def read_times(path: Path) -> dict[str, tuple[float, float]]:

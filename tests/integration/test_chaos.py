@@ -75,7 +75,7 @@ async def _kill_now_and_then(c: Coordinator, rng: random.Random, stop: asyncio.E
         try:
             await asyncio.wait_for(stop.wait(), rng.uniform(1.0, 2.5))
         except asyncio.TimeoutError:
-            busy = [e for e in c.environments() if e.holders and e.connected]
+            busy = [e for e in c.environments() if e.running_trials and e.connected]
             if busy and c.store is not None:
                 env = rng.choice(sorted(busy, key=lambda e: e.id))
                 row = next(r for r in c.store.envs() if r["id"] == env.id)

@@ -23,6 +23,7 @@ import yaml
 from conftest import (
     GATED_TRIAL,
     async_wait_until,
+    environment,
     quickstart_code,
     quickstart_data,
     run_async,
@@ -51,8 +52,8 @@ def _is_running(handle: Any) -> Callable[[], bool]:
     return lambda: handle.info.status is TrialStatus.RUNNING
 
 
-def _has_failed(env: Any) -> Callable[[], bool]:
-    return lambda: env.status is EnvStatus.FAILED
+def _has_failed(c: Any, env_id: str) -> Callable[[], bool]:
+    return lambda: environment(c, env_id).status is EnvStatus.FAILED
 
 
 def _config_data(setup: DlcSetup, tmp_path: Path, **ts: Any) -> dict[str, Any]:
@@ -142,7 +143,8 @@ def test_a_job_failed_or_stopped_outside_is_a_lost_environment(setup: DlcSetup, 
                     fake.cancel_outside(job.job_id)
                 info = await victim.wait(WAIT_S)
                 assert info.status is TrialStatus.FAILED and "environment lost" in info.reason, info.reason
-                await async_wait_until(_has_failed(env), WAIT_S, message=f"{env.status} {env.reason}")
+                await async_wait_until(_has_failed(c, env.id), WAIT_S, message=env.id)
+                env = environment(c, env.id)
                 expected = "ECS instance released" if how == "fail" else "Stopped (canceled outside trialkeeper)"
                 assert expected in env.reason, env.reason
                 assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)

@@ -17,6 +17,7 @@ import yaml
 from conftest import (
     GATED_TRIAL,
     async_wait_until,
+    environment,
     quickstart_code,
     quickstart_data,
     run_async,
@@ -106,7 +107,8 @@ def test_a_job_ended_outside_trialkeeper_is_a_lost_environment(fake: FakeDlts, t
 
             info = await victim.wait(WAIT_S)
             assert info.status is TrialStatus.FAILED and "environment lost" in info.reason, info.reason
-            await async_wait_until(lambda: env.status is EnvStatus.FAILED, WAIT_S, message=f"{env.status} {env.reason}")
+            await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.FAILED, WAIT_S, message=env.id)
+            env = environment(c, env.id)
             assert {"failed": "evicted", "killed": "stopped outside", "deleted": "gone"}[how] in env.reason, env.reason
             after = await c.submit({"x": 2})
             done = await after.wait(WAIT_S)

@@ -286,6 +286,8 @@ def test_an_agent_with_more_gpus_than_the_limit_reports_the_first_ones(tmp_path:
             await _still_serving(c, 1)
             (env,) = c.environments()
             assert len(env.gpus) == limits.MAX_GPUS and env.connected, (len(env.gpus), env.status)
-            await async_wait_until(lambda: len(env.gpu_usage) == limits.MAX_GPUS, WAIT_S)  # a heartbeat came
+            await async_wait_until(  # a heartbeat came, and its samples were stored
+                lambda: all(g.sampled_at for g in c.environments()[0].gpus), WAIT_S
+            )
 
     run_async(body)

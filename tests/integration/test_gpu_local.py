@@ -62,19 +62,21 @@ def test_two_one_gpu_trials_share_a_two_gpu_environment(tmp_path: Path) -> None:
             assert {both[0]["cuda"], both[1]["cuda"]} == {"0", "1"}, both
             # The environment view shows who holds which GPU, labelled simulated.
             env = c.environments()[0]
-            assert sorted(sorted(g.holders) for g in env.gpus) == sorted([[a.id], [b.id]])
+            assert sorted(sorted(g.held_by) for g in env.gpus) == sorted([[a.id], [b.id]])
             # The store keeps each trial's GPUs by UUID too, for a resumed coordinator.
             assert c.store is not None
             for h in (a, b):
                 row = c.store.trial(h.id)
                 assert row is not None
-                assert json.loads(row["gpu_uuids_json"]) == [g.uuid for g in env.gpus if h.id in g.holders], row
-            assert all("simulated" in name for name in env.gpu_names.values()), env.gpu_names
+                assert json.loads(row["gpu_uuids_json"]) == [g.uuid for g in env.gpus if h.id in g.held_by], row
+            assert all(g.simulated for g in env.gpus), env.gpus
             go.write_text("")
             infos = [await h.wait(WAIT_S) for h in (a, b)]
             assert [i.status for i in infos] == [TrialStatus.SUCCEEDED] * 2
-            # Released once the trees were gone.
-            await async_wait_until(lambda: all(not g.holders for g in env.gpus), WAIT_S)
+            # Released in the core's GPU ledger once the trees were gone.
+            assert c._engine is not None
+            ledger = c._engine.envs[env.id].gpus
+            await async_wait_until(lambda: all(not g.holders for g in ledger), WAIT_S)
 
     run_async(body)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
-from conftest import async_wait_until, build_config, run_async, write_script
+from conftest import async_wait_until, build_config, environment, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.server import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, TOKEN_METADATA_KEY
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
@@ -338,8 +338,8 @@ def test_a_flooding_agent_does_not_starve_the_others(tmp_path: Path) -> None:
             # Backpressure: the flooder is never more than a few flow-control windows (and
             # socket buffers) ahead of what the coordinator has handled, however long it writes.
             assert stats["max_bytes_ahead"] < 32 * 1024 * 1024, stats
-            assert env.last_seq > 0
-            await async_wait_until(lambda: not env.connected, WAIT_S)
+            assert c.store is not None and next(r for r in c.store.envs() if r["id"] == env.id)["last_seq"] > 0
+            await async_wait_until(lambda: not environment(c, env.id).connected, WAIT_S)
             await _still_serving(c, 10)
 
     run_async(body)

@@ -26,6 +26,7 @@ import yaml
 from conftest import (
     GATED_TRIAL,
     async_wait_until,
+    environment,
     quickstart_code,
     quickstart_data,
     run_async,
@@ -165,7 +166,8 @@ def test_deleting_a_pod_mid_trial_loses_its_environment(fake: FakeKubernetes, tm
 
             info = await victim.wait(WAIT_S)
             assert info.status is TrialStatus.FAILED and "environment lost" in info.reason, info.reason
-            await async_wait_until(lambda: env.status is EnvStatus.FAILED, WAIT_S, message=f"{env.status} {env.reason}")
+            await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.FAILED, WAIT_S, message=env.id)
+            env = environment(c, env.id)
             assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
             # A replacement environment takes the next trial.
             after = await c.submit({"x": 2})

@@ -252,8 +252,7 @@ def test_quickstart_without_reuse_and_content_addressed_upload(tmp_path: Path, l
         async with Coordinator(config, experiment_dir=exp_dir, service=service) as c:
             handles = [await c.submit({"lr": 0.1 * (i + 1), "batch_size": 32, "epochs": 5, "l2": 0}) for i in range(4)]
             infos = [await h.wait(WAIT_S) for h in handles]
-            envs = c.environments()
-        return service, infos, envs
+        return service, infos, c.environments()  # as they were when the experiment stopped
 
     service, infos, envs = run_async(lambda: one_experiment("first"))
     assert [i.status for i in infos] == [TrialStatus.SUCCEEDED] * 4, [(i.status, i.reason) for i in infos]

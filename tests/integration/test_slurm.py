@@ -22,6 +22,7 @@ import yaml
 from conftest import (
     QUICKSTART,
     async_wait_until,
+    environment,
     pid_gone,
     run_async,
     service_from_config,
@@ -196,7 +197,10 @@ def test_a_job_ended_mid_trial_is_a_lost_environment(tmp_path: Path, cluster: Sl
                 cluster.command("scancel", job_id)
             else:
                 os.kill(_agent_pid(tmp_path, env.id), signal.SIGKILL)
-            await async_wait_until(lambda: env.status.terminal, WAIT_S, message="the cancelled job went unnoticed")
+            await async_wait_until(
+                lambda: environment(c, env.id).status.terminal, WAIT_S, message="the cancelled job went unnoticed"
+            )
+            env = environment(c, env.id)
             if how == "scancel":
                 assert "cancelled" in env.reason and job_id in env.reason, env.reason
             else:
