@@ -445,7 +445,7 @@ def test_version_mismatch_is_explained(tmp_path: Path) -> None:
     service = service_from_config(RemoteEnvironmentService, parse_config(data, tmp_path), tmp_path / "exp")
     m = service.machines[0]
     with pytest.raises(Exception, match=r"gpu1:22: /opt/py has trialkeeper 9\.1\.0 \(protocol 99\).*bootstrap: true"):
-        service._check_trialkeeper(m, {"python": "/opt/py", "trialkeeper": "9.1.0", "protocol": 99})
+        m.check_trialkeeper({"python": "/opt/py", "trialkeeper": "9.1.0", "protocol": 99})
     run_async(service.close())
 
 
