@@ -73,7 +73,8 @@ async def _cut_now_and_then(proxy: CuttingProxy, rng: random.Random, stop: async
 async def _kill_now_and_then(c: Coordinator, rng: random.Random, stop: asyncio.Event, kills: list[int]) -> None:
     while not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), rng.uniform(1.0, 2.5))
+            # Often enough that a run of short trials on a fast machine still sees kills.
+            await asyncio.wait_for(stop.wait(), rng.uniform(0.3, 1.0))
         except asyncio.TimeoutError:
             busy = [e for e in c.environments() if e.running_trials and e.connected]
             if busy and c.store is not None:

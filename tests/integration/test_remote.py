@@ -22,6 +22,7 @@ import yaml
 from conftest import (
     QUICKSTART,
     async_wait_until,
+    environment,
     run_async,
     service_from_config,
     wait_until,
@@ -316,6 +317,7 @@ def test_killed_agent_fails_its_trial_and_the_experiment_goes_on(tmp_path: Path,
             info = await hang.wait(WAIT_S)
             assert info.status is TrialStatus.FAILED
             assert "environment lost" in info.reason and "died without an exit status" in info.reason, info.reason
+            env = environment(c, env.id)
             assert env.status is EnvStatus.FAILED and "SIGKILL" in env.reason, env.reason
             # The trial the dead agent left behind was stopped over SSH.
             await async_wait_until(lambda: not psutil.pid_exists(trial_pid) or _zombie(trial_pid), 10.0)
