@@ -21,8 +21,8 @@ from . import events as ev
 from . import scheduler
 from .envrules import EnvironmentRules
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
+from .rows import MetricRow
 from .states import EnvStatus, TrialStatus, check_trial
-from .store import MetricRow
 
 log = logging.getLogger(__name__)
 

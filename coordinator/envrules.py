@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from . import events as ev
 from . import scheduler
 from .model import EnvState, TrialState
+from .rows import GpuSampleRow
 from .states import EnvStatus, TrialStatus, check_env
-from .store import GpuSampleRow
 
 if TYPE_CHECKING:
     from .engine import Policy

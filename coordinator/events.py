@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .model import MetricEvent, StatusEvent
+from .rows import GpuSampleRow, MetricRow
 from .states import TrialStatus
-from .store import GpuSampleRow, MetricRow
 
 # ---- what agents say (the transport's events) ----------------------------------------------
 

@@ -12,9 +12,10 @@ import json
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
+
+from .rows import GpuSampleRow, MetricRow
 
 SCHEMA_VERSION = 1
 
@@ -107,30 +108,12 @@ ENV_COLUMNS = (
 )
 
 
+
+__all__ = ["GpuSampleRow", "MetricRow", "Store", "StoreError"]
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or is not a trialkeeper store."""
-
-
-class MetricRow(NamedTuple):
-    """One stored metric; a tuple, made and stored for every metric a trial reports."""
-
-    trial_id: str
-    index: int  # type: ignore[assignment]  # shadows tuple.index, which nothing here uses
-    kind: str
-    value: float
-    value_json: str
-    reported_at: float
-
-
-@dataclass(frozen=True)
-class GpuSampleRow:
-    at: float
-    environment_id: str
-    uuid: str
-    utilization: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    trial_ids: tuple[str, ...] = ()
 
 
 class _Transaction:

@@ -9,7 +9,7 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 from . import events as ev
-from .store import MetricRow
+from .rows import MetricRow
 
 _KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
 _STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}

@@ -11,8 +11,8 @@ import pytest
 from trialkeeper.coordinator import events as ev
 from trialkeeper.coordinator.engine import Engine, Policy
 from trialkeeper.coordinator.restore import restore
+from trialkeeper.coordinator.rows import MetricRow
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import MetricRow
 
 I = TypeVar("I")
 
