@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .model import MetricEvent, StatusEvent
 from .rows import GpuSampleRow, MetricRow
@@ -106,14 +106,12 @@ class AgentReported:
     report: Report | None  # None: a kind that carries nothing the core uses
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):  # tuples: a thousand agents send eight of these a second each
     trial_id: str  # "" for a process that is not one of our trials
     used_memory_bytes: int
 
 
-@dataclass(frozen=True)
-class GpuSample:
+class GpuSample(NamedTuple):
     uuid: str
     utilization_percent: float
     memory_used_bytes: int

@@ -96,13 +96,14 @@ class Shell:
 
     def apply(self, instructions: Iterable[ev.Instruction]) -> None:
         """Store writes first, in one transaction; then what goes out (acks after the commit)."""
-        rest = []
-        with self.store.transaction():
-            for i in instructions:
-                if isinstance(i, ev.STORE_WRITES):
+        writes: list[ev.Instruction] = []
+        rest: list[ev.Instruction] = []
+        for i in instructions:
+            (writes if isinstance(i, ev.STORE_WRITES) else rest).append(i)
+        if writes:  # most heartbeats write nothing: no empty transaction for them
+            with self.store.transaction():
+                for i in writes:
                     self._write(i)
-                else:
-                    rest.append(i)
         self._carry_out(rest)
 
     def _write(self, i: ev.Instruction) -> None:
@@ -215,7 +216,9 @@ class Shell:
         inbox, self._inbox = self._inbox, []
         now, wall = time.monotonic(), time.time()
         out: list[ev.Instruction] = []
+        reported = False
         for link, event in inbox:
+            reported = reported or isinstance(event, ev.AgentReported)
             try:
                 out += self.engine.handle(event, now=now, wall=wall)
             except Exception:
@@ -223,7 +226,8 @@ class Shell:
                 log.exception("environment %s: a message could not be handled; ending its stream", event.env_id)
                 link.fail("the coordinator could not handle a message; see its log")
         self.apply(out)
-        self.pass_soon()
+        if reported:  # a heartbeat that frees GPUs places trials itself
+            self.pass_soon()
 
     def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
         """A line from the coordinator in the trial's stderr log (the trial must be placed on
