@@ -121,7 +121,14 @@ def refused_metrics(batch: pb.MetricBatch) -> list[Refusal]:
     (see limits.metric_value_problem) or disagrees with its JSON, an unknown kind, an index
     or time SQLite cannot hold."""
     refused = []
+    isfinite, kinds = math.isfinite, _KIND_WORDS
     for i, m in enumerate(batch.metrics):
+        value = m.value
+        if (
+            isfinite(value) and m.value_json == repr(value) and m.kind in kinds
+            and m.index <= MAX_SEQ and isfinite(m.reported_at)
+        ):
+            continue  # a plain number, its JSON its repr: what every agent of ours sends
         words = _KIND_WORDS.get(m.kind)
         if words is None:
             problem: str | None = f"its kind {m.kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
