@@ -13,10 +13,8 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 from trialkeeper.protos import limits
 from trialkeeper.protos.limits import (
-    MAX_GPUS,
     MAX_ID_CHARS,
     MAX_METRICS_PER_BATCH,
-    MAX_PROCESSES_PER_GPU,
     MAX_VALUE_JSON_CHARS,
 )
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
@@ -26,12 +24,13 @@ MAX_SEQ = 2**63 - 1
 
 
 def over_limit(msg: pb.AgentMessage) -> str:
-    """Why ``msg`` carries more than protos/limits.py allows, or "". Heartbeats and metric
-    batches, the messages that come all the time, are checked by code written out by hand;
-    the rest by the table. A test checks each limit of the table on every path."""
+    """Why ``msg`` carries more than protos/limits.py allows, or "". Metric batches, which
+    come all the time, are checked by code written out by hand, heartbeats as they are
+    converted (``wire.heartbeat``), the rest by the table. A test checks each limit of the
+    table on every path."""
     kind = msg.WhichOneof("body")
     if kind == "heartbeat":
-        return _heartbeat_over(msg.heartbeat)
+        return ""  # checked as it is converted: wire.heartbeat
     if kind == "metrics":
         return _metrics_over(msg.metrics)
     if kind is None:
@@ -42,22 +41,6 @@ def over_limit(msg: pb.AgentMessage) -> str:
     if kind == "trial_ended" and not math.isfinite(body.ended_at):
         return "TrialEnded.ended_at is not a finite time"
     return _table_over(body, body.DESCRIPTOR.name)
-
-
-def _heartbeat_over(hb: pb.Heartbeat) -> str:
-    gpus = hb.gpus
-    if len(gpus) > MAX_GPUS:
-        return limits.over("Heartbeat.gpus", len(gpus), "MAX_GPUS")
-    for i, g in enumerate(gpus):
-        if len(g.uuid) > MAX_ID_CHARS:
-            return limits.over(f"Heartbeat.gpus[{i}].uuid", len(g.uuid), "MAX_ID_CHARS")
-        procs = g.processes
-        if len(procs) > MAX_PROCESSES_PER_GPU:
-            return limits.over(f"Heartbeat.gpus[{i}].processes", len(procs), "MAX_PROCESSES_PER_GPU")
-        for j, p in enumerate(procs):
-            if len(p.trial_id) > MAX_ID_CHARS:
-                return limits.over(f"Heartbeat.gpus[{i}].processes[{j}].trial_id", len(p.trial_id), "MAX_ID_CHARS")
-    return ""
 
 
 def _metrics_over(batch: pb.MetricBatch) -> str:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+from trialkeeper.protos import limits
+from trialkeeper.protos.limits import MAX_GPUS, MAX_ID_CHARS, MAX_PROCESSES_PER_GPU
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 from . import events as ev
+from .checks import MAX_SEQ
 from .rows import MetricRow
 
 _KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
@@ -46,12 +49,10 @@ def registered(reg: pb.Register, link: int) -> ev.AgentRegistered:
 AgentEvent = ev.AgentReported | ev.HeartbeatReceived
 
 
-def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> AgentEvent | None:
-    """The core's event for one message after Register; None for a message that is not
-    one an agent sends after it registered (logged by the caller)."""
+def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> ev.AgentReported | None:
+    """The core's event for a numbered message (heartbeats: :func:`heartbeat`); None for a
+    message that is not one an agent sends after it registered (logged by the caller)."""
     kind = msg.WhichOneof("body")
-    if kind == "heartbeat":
-        return heartbeat(env_id, link, msg.heartbeat)
     report: ev.Report | None
     if kind == "metrics":
         report = ev.MetricsReported(tuple(
@@ -78,17 +79,43 @@ def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> AgentEvent | No
     return ev.AgentReported(env_id, link, msg.seq, report)
 
 
-def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived:
-    if not hb.gpus:
+def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived | str:
+    """The event for a heartbeat, or why it is refused: a limit of protos/limits.py passed,
+    or a number SQLite cannot hold. Checked as it is converted, each field read once: a
+    thousand agents send one a second (a test keeps the checks in step with the proto)."""
+    if hb.memory_used_bytes > MAX_SEQ:
+        return "Heartbeat.memory_used_bytes is out of range"
+    gpus = hb.gpus
+    if not gpus:
         return ev.HeartbeatReceived(env_id, link, hb.draining)
-    samples = tuple(
-        ev.GpuSample(
-            s.uuid, s.utilization_percent, s.memory_used_bytes,
-            tuple(ev.GpuProcess(p.trial_id, p.used_memory_bytes) for p in s.processes),
-        )
-        for s in hb.gpus
-    )
-    return ev.HeartbeatReceived(env_id, link, hb.draining, samples)
+    if len(gpus) > MAX_GPUS:
+        return limits.over("Heartbeat.gpus", len(gpus), "MAX_GPUS")
+    samples = []
+    for i, g in enumerate(gpus):
+        uuid, used, procs = g.uuid, g.memory_used_bytes, g.processes
+        if len(uuid) > MAX_ID_CHARS:
+            return limits.over(f"Heartbeat.gpus[{i}].uuid", len(uuid), "MAX_ID_CHARS")
+        if used > MAX_SEQ:
+            return f"Heartbeat.gpus[{i}].memory_used_bytes is out of range"
+        processes: tuple[ev.GpuProcess, ...] = ()
+        if procs:
+            if len(procs) > MAX_PROCESSES_PER_GPU:
+                return limits.over(f"Heartbeat.gpus[{i}].processes", len(procs), "MAX_PROCESSES_PER_GPU")
+            listed = []
+            for j, p in enumerate(procs):
+                trial_id, memory = p.trial_id, p.used_memory_bytes
+                if len(trial_id) > MAX_ID_CHARS:
+                    return limits.over(f"Heartbeat.gpus[{i}].processes[{j}].trial_id", len(trial_id), "MAX_ID_CHARS")
+                if memory > MAX_SEQ:
+                    return f"Heartbeat.gpus[{i}].processes[{j}].used_memory_bytes is out of range"
+                listed.append(_new(ev.GpuProcess, (trial_id, memory)))
+            processes = tuple(listed)
+        samples.append(_new(ev.GpuSample, (uuid, g.utilization_percent, used, processes)))
+    return ev.HeartbeatReceived(env_id, link, hb.draining, tuple(samples))
+
+
+# NamedTuple's own constructor is a Python function; this is the same tuple, made in C.
+_new = tuple.__new__
 
 
 def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:

@@ -92,9 +92,10 @@ def _uint64_paths(desc: object, prefix: str = "") -> set[str]:
 
 
 def test_the_written_out_heartbeat_check_covers_every_uint64_field() -> None:
-    # The server checks heartbeats with a hand-written function; a uint64 field added to
-    # Heartbeat (or a message in it) must be added there too.
-    from trialkeeper.coordinator.server import MAX_SEQ, _heartbeat_out_of_range, _out_of_range
+    # The edge checks heartbeats as it converts them (wire.heartbeat); a uint64 field added
+    # to Heartbeat (or a message in it) must be checked there too.
+    from trialkeeper.coordinator import wire
+    from trialkeeper.coordinator.server import MAX_SEQ, _out_of_range
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
     paths = _uint64_paths(pb.Heartbeat.DESCRIPTOR)
@@ -106,6 +107,7 @@ def test_the_written_out_heartbeat_check_covers_every_uint64_field() -> None:
         for part in parents:
             target = getattr(target, part)[-1]
         setattr(target, name, MAX_SEQ + 1)
-        assert _heartbeat_out_of_range(hb) == _out_of_range(hb) != "", path
+        refusal = wire.heartbeat("env-1", 1, hb)
+        assert refusal == f"Heartbeat.{_out_of_range(hb)} is out of range", (path, refusal)
         setattr(target, name, MAX_SEQ)
-        assert _heartbeat_out_of_range(hb) == _out_of_range(hb) == "", path
+        assert _out_of_range(hb) == "" and not isinstance(wire.heartbeat("env-1", 1, hb), str), path
