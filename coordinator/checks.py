@@ -14,8 +14,6 @@ from google.protobuf.message import Message
 from trialkeeper.protos import limits
 from trialkeeper.protos.limits import (
     MAX_ID_CHARS,
-    MAX_METRICS_PER_BATCH,
-    MAX_VALUE_JSON_CHARS,
 )
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
@@ -24,15 +22,14 @@ MAX_SEQ = 2**63 - 1
 
 
 def over_limit(msg: pb.AgentMessage) -> str:
-    """Why ``msg`` carries more than protos/limits.py allows, or "". Metric batches, which
-    come all the time, are checked by code written out by hand, heartbeats as they are
-    converted (``wire.heartbeat``), the rest by the table. A test checks each limit of the
-    table on every path."""
+    """Why ``msg`` carries more than protos/limits.py allows, or "". Heartbeats and metric
+    batches, which come all the time, are checked as they are converted (``wire``), the
+    rest by the table here. A test checks each limit of the table on every path."""
     kind = msg.WhichOneof("body")
     if kind == "heartbeat":
         return ""  # checked as it is converted: wire.heartbeat
     if kind == "metrics":
-        return _metrics_over(msg.metrics)
+        return ""  # checked as it is converted: wire.metrics_reported
     if kind is None:
         return ""
     body = getattr(msg, kind)
@@ -41,17 +38,6 @@ def over_limit(msg: pb.AgentMessage) -> str:
     if kind == "trial_ended" and not math.isfinite(body.ended_at):
         return "TrialEnded.ended_at is not a finite time"
     return _table_over(body, body.DESCRIPTOR.name)
-
-
-def _metrics_over(batch: pb.MetricBatch) -> str:
-    metrics = batch.metrics
-    if len(metrics) > MAX_METRICS_PER_BATCH:
-        return limits.over("MetricBatch.metrics", len(metrics), "MAX_METRICS_PER_BATCH")
-    for i, m in enumerate(metrics):
-        if len(m.trial_id) > MAX_ID_CHARS or len(m.value_json) > MAX_VALUE_JSON_CHARS:
-            name, limit = ("trial_id", "MAX_ID_CHARS") if len(m.trial_id) > MAX_ID_CHARS else ("value_json", "MAX_VALUE_JSON_CHARS")
-            return limits.over(f"MetricBatch.metrics[{i}].{name}", len(getattr(m, name)), limit)
-    return ""
 
 
 def _table_over(msg: Message, path: str) -> str:
@@ -99,34 +85,25 @@ class Refusal:
 _KIND_WORDS = {pb.METRIC_KIND_INTERMEDIATE: "an intermediate", pb.METRIC_KIND_FINAL: "a final"}
 
 
-def refused_metrics(batch: pb.MetricBatch) -> list[Refusal]:
-    """The metrics of ``batch`` the store must not get: a value that is not a valid metric
-    (see limits.metric_value_problem) or disagrees with its JSON, an unknown kind, an index
-    or time SQLite cannot hold."""
-    refused = []
-    isfinite, kinds = math.isfinite, _KIND_WORDS
-    for i, m in enumerate(batch.metrics):
-        value = m.value
-        if (
-            isfinite(value) and m.value_json == repr(value) and m.kind in kinds
-            and m.index <= MAX_SEQ and isfinite(m.reported_at)
-        ):
-            continue  # a plain number, its JSON its repr: what every agent of ours sends
-        words = _KIND_WORDS.get(m.kind)
-        if words is None:
-            problem: str | None = f"its kind {m.kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
-        elif m.index > MAX_SEQ:
-            problem = f"its index {m.index} is beyond {MAX_SEQ}"
-        elif not math.isfinite(m.reported_at):
-            problem = f"its reported_at {m.reported_at} is not a finite time"
-        else:
-            problem = limits.metric_json_problem(m.value_json, m.value)
-        if problem is not None:
-            refused.append(Refusal(i, m.trial_id, f"refused {words or 'a'} result from the agent (index {m.index}): {problem}"))
-    return refused
+def metric_refusal(i: int, m: pb.Metric) -> Refusal | None:
+    """Why metric ``i`` of a batch must not be stored, or None: a value that is not a valid
+    metric (see limits.metric_value_problem) or disagrees with its JSON, an unknown kind,
+    an index or time SQLite cannot hold. (``wire.metrics_reported`` lets what every agent of
+    ours sends, a finite number whose JSON is its repr, through without asking.)"""
+    words = _KIND_WORDS.get(m.kind)
+    if words is None:
+        problem: str | None = f"its kind {m.kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
+    elif m.index > MAX_SEQ:
+        problem = f"its index {m.index} is beyond {MAX_SEQ}"
+    elif not math.isfinite(m.reported_at):
+        problem = f"its reported_at {m.reported_at} is not a finite time"
+    else:
+        problem = limits.metric_json_problem(m.value_json, m.value)
+    if problem is None:
+        return None
+    return Refusal(i, m.trial_id, f"refused {words or 'a'} result from the agent (index {m.index}): {problem}")
 
 
-def without(msg: pb.AgentMessage, refused: list[Refusal]) -> pb.AgentMessage:
-    out = {r.index for r in refused}
-    kept = [m for i, m in enumerate(msg.metrics.metrics) if i not in out]
-    return pb.AgentMessage(seq=msg.seq, metrics=pb.MetricBatch(metrics=kept))
+def metric_over_limit(i: int, m: pb.Metric) -> str:
+    name, limit = ("trial_id", "MAX_ID_CHARS") if len(m.trial_id) > MAX_ID_CHARS else ("value_json", "MAX_VALUE_JSON_CHARS")
+    return limits.over(f"MetricBatch.metrics[{i}].{name}", len(getattr(m, name)), limit)

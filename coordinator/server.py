@@ -25,7 +25,7 @@ from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
 from . import events as ev
 from . import wire
-from .checks import MAX_SEQ, Refusal, over_limit, refused_metrics, without
+from .checks import MAX_SEQ, Refusal, over_limit
 
 log = logging.getLogger(__name__)
 REGISTER_TIMEOUT_S = 10.0
@@ -246,16 +246,22 @@ class Servicer(pb_grpc.CoordinatorServicer):
                     continue
                 # The core skips, loudly, a message it cannot store; the checks here keep every
                 # valid message from that path.
+                if msg.HasField("metrics"):
+                    converted = wire.metrics_reported(env_id, link.id, seq, msg.metrics)
+                    if isinstance(converted, str):
+                        log.warning("environment %s: message #%d refused: %s; ending its stream", env_id, seq, converted)
+                        await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq} refused: {converted}")
+                    reported, refused = converted
+                    # Metrics the core could not store are left out and noted in their trial's
+                    # log: what is acknowledged is what is stored.
+                    if refused:
+                        refusing += 1
+                        self._note_refused(env_id, seq, refused, log_it=refusing <= 10 or refusing % 1000 == 0)
+                    self.core.agent_event(reported, link)
+                    continue
                 if bad := over_limit(msg):
                     log.warning("environment %s: message #%d refused: %s; ending its stream", env_id, seq, bad)
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq} refused: {bad}")
-                # Metrics the core could not store are taken out here and noted in their
-                # trial's log: what is acknowledged is what is stored.
-                refused = refused_metrics(msg.metrics) if msg.HasField("metrics") else []
-                if refused:
-                    msg = without(msg, refused)
-                    refusing += 1
-                    self._note_refused(env_id, seq, refused, log_it=refusing <= 10 or refusing % 1000 == 0)
                 event = wire.agent_event(env_id, link.id, msg)
                 if event is None:
                     log.warning("environment %s sent an unexpected %s message; ignored", env_id, msg.WhichOneof("body"))

@@ -4,12 +4,20 @@ agents become protobuf. Only this module and ``server.py`` touch generated code.
 from __future__ import annotations
 
 import json
+import math
 
 from trialkeeper.protos import limits
-from trialkeeper.protos.limits import MAX_GPUS, MAX_ID_CHARS, MAX_PROCESSES_PER_GPU
+from trialkeeper.protos.limits import (
+    MAX_GPUS,
+    MAX_ID_CHARS,
+    MAX_METRICS_PER_BATCH,
+    MAX_PROCESSES_PER_GPU,
+    MAX_VALUE_JSON_CHARS,
+)
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.wire import PROTOCOL_VERSION
 
+from . import checks
 from . import events as ev
 from .checks import MAX_SEQ
 from .rows import MetricRow
@@ -54,13 +62,7 @@ def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> ev.AgentReporte
     message that is not one an agent sends after it registered (logged by the caller)."""
     kind = msg.WhichOneof("body")
     report: ev.Report | None
-    if kind == "metrics":
-        report = ev.MetricsReported(tuple(
-            MetricRow(m.trial_id, m.index, _KIND_NAMES[m.kind], m.value, m.value_json, m.reported_at)
-            for m in msg.metrics.metrics
-            if m.kind in _KIND_NAMES
-        ))
-    elif kind == "trial_started":
+    if kind == "trial_started":
         m = msg.trial_started
         report = ev.TrialStartReported(m.trial_id, m.pid, m.started_at)
     elif kind == "trial_ended":
@@ -77,6 +79,34 @@ def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> ev.AgentReporte
     else:
         return None
     return ev.AgentReported(env_id, link, msg.seq, report)
+
+
+def metrics_reported(
+    env_id: str, link: int, seq: int, batch: pb.MetricBatch
+) -> tuple[ev.AgentReported, list[checks.Refusal]] | str:
+    """The event for a metric batch and the metrics refused from it (each noted in its
+    trial's log), or why the whole message is refused (a limit of protos/limits.py). Checked
+    as it is converted, each field read once: every metric a trial reports passes here."""
+    metrics = batch.metrics
+    if len(metrics) > MAX_METRICS_PER_BATCH:
+        return limits.over("MetricBatch.metrics", len(metrics), "MAX_METRICS_PER_BATCH")
+    rows: list[MetricRow] = []
+    refused: list[checks.Refusal] = []
+    isfinite, kinds = math.isfinite, _KIND_NAMES
+    for i, m in enumerate(metrics):
+        trial_id, value_json = m.trial_id, m.value_json
+        if len(trial_id) > MAX_ID_CHARS or len(value_json) > MAX_VALUE_JSON_CHARS:
+            return checks.metric_over_limit(i, m)
+        value, kind, index, at = m.value, kinds.get(m.kind), m.index, m.reported_at
+        # What every agent of ours sends, a finite number whose JSON is its repr, is valid
+        # as it is; anything else is looked at closely.
+        if not (kind and isfinite(value) and value_json == repr(value) and index <= MAX_SEQ and isfinite(at)):
+            refusal = checks.metric_refusal(i, m)
+            if refusal is not None:
+                refused.append(refusal)
+                continue
+        rows.append(_new(MetricRow, (trial_id, index, kind, value, value_json, at)))
+    return ev.AgentReported(env_id, link, seq, ev.MetricsReported(tuple(rows))), refused
 
 
 def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived | str:
