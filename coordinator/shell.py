@@ -194,6 +194,15 @@ class Shell:
         applied moments ago) the queue lingers for INBOX_LINGER_S so that the messages of
         every stream arriving meanwhile share one commit: one transaction per message would
         cap ingest at what SQLite commits per second."""
+        if not self._inbox and type(event) is ev.HeartbeatReceived and not self.closed:
+            # Nothing queued ahead of it, and it writes next to nothing: at once, without a
+            # turn of the loop of its own (a thousand agents send one a second).
+            try:
+                self.apply(self.engine.handle(event, now=time.monotonic(), wall=time.time()))
+            except Exception:
+                log.exception("environment %s: a heartbeat could not be handled; ending its stream", event.env_id)
+                link.fail("the coordinator could not handle a message; see its log")
+            return
         self._inbox.append((link, event))
         if not self._inbox_pending:
             self._inbox_pending = True

@@ -66,9 +66,7 @@ async def until(predicate: Callable[[], Any], timeout: float, what: str, interva
 
 
 def ready_envs(c: Coordinator) -> list[Any]:
-    # The core's own state, not snapshots from the store: polled often during a measurement.
-    envs = c._engine.envs.values() if c._engine is not None else ()
-    return [e for e in envs if e.status in (EnvStatus.READY, EnvStatus.BUSY) and e.connected]
+    return [e for e in _live_state(c) if e.status in (EnvStatus.READY, EnvStatus.BUSY) and e.connected]
 
 
 def read_times(path: Path) -> dict[str, tuple[float, float]]:
@@ -626,7 +624,7 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
             B["error"] = str(e)
         B["placed"] = counters["placed"]
         B["running"] = counters["running"]
-        B["lost_envs"] = sum(1 for e in c.environments() if e.status is EnvStatus.LOST)
+        B["lost_envs"] = sum(1 for e in _live_state(c) if e.status is EnvStatus.LOST)
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -637,9 +635,14 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         R["sim_last"] = lines[-a.sim_procs:]
 
 
+def _live_state(c: Coordinator) -> list[Any]:
+    # The core's own records, not snapshots read from the store: taken while measuring.
+    return list(c._engine.envs.values()) if c._engine is not None else []
+
+
 def _status_counts(c: Coordinator) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for e in c.environments():
+    for e in _live_state(c):
         counts[e.status.value] = counts.get(e.status.value, 0) + 1
     return counts
 
