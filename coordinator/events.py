@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from .model import MetricEvent, StatusEvent
 from .rows import GpuSampleRow, MetricRow
+from .services.base import Observation  # what a platform says of an environment: plain data
 from .states import TrialStatus
 
 # ---- what agents say (the transport's events) ----------------------------------------------
@@ -156,12 +157,6 @@ class EnvironmentStarted:
 class EnvironmentStartFailed:
     env_id: str
     error: str
-
-
-@dataclass(frozen=True)
-class Observation:
-    state: str  # "starting" | "running" | "exited" | "failed" | "unknown"
-    detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,7 @@ class Shell:
             log.exception("environment service %s raised on poll; will try again", self.service.platform)
             seen = {}
         self.drain_inbox()
-        self.handle(ev.EnvironmentsPolled({k: ev.Observation(o.state, o.detail) for k, o in seen.items()}))
+        self.handle(ev.EnvironmentsPolled(seen))
 
     async def _start_env(self, env_id: str) -> None:
         try:
