@@ -263,7 +263,8 @@ class Engine(EnvironmentRules):
         except Exception:
             # A message we cannot apply must not be replayed forever: skip it, loudly.
             log.exception("environment %s: could not apply message #%d; skipped", env.id, m.seq)
-            del self._out[mark:]
+            # Its writes are dropped; its status changes, made in memory, are still told.
+            self._out[mark:] = [i for i in self._out[mark:] if isinstance(i, ev.Publish)]
         env.last_seq = m.seq
         self._out.append(ev.UpdateEnvironment(env.id, {"last_seq": m.seq}))
         self._out.append(ev.Ack(m.link, m.seq))

@@ -72,7 +72,8 @@ def restore(
             id=r["id"], status=status, single_use=not reuse, trial_slots=policy.trial_slots if reuse else 1,
             platform_id=r["platform_id"], reason=r["reason"], hostname=r["hostname"],
             instance_id=r["agent_instance_id"], last_seq=r["last_seq"], last_seen=now, requested_at=now,
-            started_here=r["platform"] != "manual",
+            # Only what the coordinator started has a platform id (what its platform answered).
+            started_here=bool(r["platform_id"]),
         )
         per_gpu, env.use_active_gpu = policy.gpu_policy(env.id)
         gpus = [g for g in info.get("gpus", []) if isinstance(g, dict)] if isinstance(info, dict) else []
@@ -81,6 +82,13 @@ def restore(
         ]
         env.gpu_names = {g["uuid"]: g["name"] + (" (simulated)" if g.get("simulated") else "") for g in gpus}
         engine.envs[env.id] = env
+        if status is EnvStatus.REQUESTED:
+            # Asked for, the platform's answer never recorded: no answer will come now. Failed,
+            # so that it is replaced and the sweep removes whatever the platform made of it.
+            reason = "the coordinator restarted before the platform accepted it"
+            env.status, env.reason = EnvStatus.FAILED, reason
+            out.append(ev.UpdateEnvironment(env.id, {"status": EnvStatus.FAILED.value, "reason": reason, "ended_at": wall}))
+            out.append(ev.RecordTransition("environment", env.id, status.value, EnvStatus.FAILED.value, reason))
         if status in (EnvStatus.READY, EnvStatus.BUSY, EnvStatus.DRAINING):
             env.status = EnvStatus.LOST
             env.draining = status is EnvStatus.DRAINING

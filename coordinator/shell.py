@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 # A trial's stdout or stderr streamed from an agent is kept up to this size.
 MAX_TRIAL_LOG_BYTES = 1 << 30
+# What apply() carries out inside the transaction: the store's writes, and a trial's streamed
+# output, written before the commit that records its message.
+_WRITES = (*ev.STORE_WRITES, ev.WriteLog)
 # Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
 # the ones behind them (group commit).
 FLOOD_GAP_S = 0.002
@@ -95,15 +98,24 @@ class Shell:
         return instructions
 
     def apply(self, instructions: Iterable[ev.Instruction]) -> None:
-        """Store writes first, in one transaction; then what goes out (acks after the commit)."""
+        """Store writes (and streamed log output) first, in one transaction; then what goes
+        out: acks only after the commit.
+
+        The engine has moved on when its instructions arrive here and cannot be taken back:
+        a store that refuses them ends the experiment, and nothing of theirs is sent (an
+        agent must not drop a message the store does not have)."""
         writes: list[ev.Instruction] = []
         rest: list[ev.Instruction] = []
         for i in instructions:
-            (writes if isinstance(i, ev.STORE_WRITES) else rest).append(i)
+            (writes if isinstance(i, _WRITES) else rest).append(i)
         if writes:  # most heartbeats write nothing: no empty transaction for them
-            with self.store.transaction():
-                for i in writes:
-                    self._write(i)
+            try:
+                with self.store.transaction():
+                    for i in writes:
+                        self._write(i)
+            except (sqlite3.Error, OSError) as e:
+                self.fail(f"the store refused a write: {type(e).__name__}: {e}", exc=e)
+                return
         self._carry_out(rest)
 
     def _write(self, i: ev.Instruction) -> None:
@@ -122,6 +134,10 @@ class Shell:
                 store.insert_trial(dict(i.row))
             case ev.InsertEnvironment():
                 store.insert_env(i.env_id, i.platform, i.status)
+            case ev.WriteLog():
+                # Before the commit that records the message: a replay after a crash finds
+                # its chunk written or writes it again, never a hole.
+                self._write_log(i)
             case ev.StoreWaitingReasons():
                 store.set_waiting_reasons(i.reasons)
 
@@ -143,8 +159,6 @@ class Shell:
                         link.send(message)
                 case ev.Publish():
                     self._publish(i.event)
-                case ev.WriteLog():
-                    self._write_log(i)
                 case ev.CloseLink():
                     link = self.links.get(i.link)
                     if link is not None:
@@ -177,6 +191,8 @@ class Shell:
     # ---- agent streams (called by the transport) -----------------------------------------------
 
     def agent_connected(self, registered: ev.AgentRegistered, link: Link) -> ev.RefuseAgent | None:
+        if self.closed:
+            return ev.RefuseAgent(registered.env_id, ev.Refusal.NOT_NOW, "the experiment has ended")
         self.drain_inbox()  # what the agent's old stream said comes first
         self.links[link.id] = link
         instructions = self.engine.handle(registered, now=time.monotonic(), wall=time.time())
@@ -213,8 +229,10 @@ class Shell:
                 loop.call_soon(self.drain_inbox)
 
     def agent_disconnected(self, env_id: str, link: Link) -> None:
-        self.drain_inbox()
         self.links.pop(link.id, None)
+        if self.closed:
+            return  # a stream that ends after the experiment did: the store is closed
+        self.drain_inbox()
         self.handle(ev.AgentDisconnected(env_id, link.id))
 
     def drain_inbox(self) -> None:
@@ -247,8 +265,12 @@ class Shell:
 
     def _write_log(self, chunk: ev.WriteLog) -> None:
         path = self.experiment_dir / "trials" / chunk.trial_id / f"{chunk.stream}.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        size = path.stat().st_size if path.exists() else 0
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            size = path.stat().st_size if path.exists() else 0
+        except OSError as e:
+            log.warning("could not write %s output of trial %s: %s", chunk.stream, chunk.trial_id, e)
+            return
         # Chunks come in order (replays may repeat one): an offset past the end would leave a
         # hole, and a huge one would make a huge sparse file.
         if chunk.offset > size or chunk.offset + len(chunk.data) > MAX_TRIAL_LOG_BYTES:
@@ -259,9 +281,12 @@ class Shell:
                     chunk.stream, chunk.trial_id, chunk.offset, size, MAX_TRIAL_LOG_BYTES,
                 )
             return
-        with open(path, "r+b" if path.exists() else "wb") as f:
-            f.seek(chunk.offset)
-            f.write(chunk.data)
+        try:
+            with open(path, "r+b" if path.exists() else "wb") as f:
+                f.seek(chunk.offset)
+                f.write(chunk.data)
+        except OSError as e:  # that chunk is lost, loudly; the message and its batch go on
+            log.warning("could not write %s output of trial %s at offset %d: %s", chunk.stream, chunk.trial_id, chunk.offset, e)
 
     # ---- passes, the monitor, background work --------------------------------------------------
 

@@ -382,3 +382,44 @@ def test_a_trial_whose_stored_row_cannot_be_read_is_failed_on_resume_not_run() -
         t = after.engine.trials[tid]
         assert t.status is TrialStatus.FAILED and what in t.reason and tid not in after.engine.queue
         assert any(isinstance(w, ev.UpdateTrial) and w.trial_id == tid for w in written)
+
+
+def test_an_environment_still_requested_when_the_coordinator_died_is_failed_and_replaced() -> None:
+    sim = Sim(trial_concurrency=1, environment_count=1)
+    sim.start()
+    (requested,) = [s.env_id for s in sim.take(ev.StartEnvironment)]  # never answered: a crash
+    rows = [_env_row(e) for e in sim.engine.envs.values()]
+    after = Sim(trial_concurrency=1, environment_count=1)
+    restore(after.engine, [], rows, now=after.now, wall=after.now)
+    assert after.engine.envs[requested].status is EnvStatus.FAILED
+    after.start()
+    assert [s.env_id for s in after.take(ev.StartEnvironment)] == ["env-2"]
+
+
+def test_on_resume_only_environments_with_a_platform_id_count_as_started_here() -> None:
+    sim = ready_sim()
+    sim.register("by-hand")
+    rows = [_env_row(e) for e in sim.engine.envs.values()]
+    after = Sim(shares_filesystem=True)
+    restore(after.engine, [], rows, now=after.now, wall=after.now)
+    assert {e.id: e.started_here for e in after.engine.envs.values()} == {"env-1": True, "env-2": True, "by-hand": False}
+
+
+def test_a_message_that_cannot_be_applied_still_tells_the_status_changes_it_made() -> None:
+    sim = ready_sim()
+    sim.submit("t1")
+    env_id = sim.engine.trials["t1"].env_id
+    assert env_id is not None
+    real = sim.engine._trial_to
+
+    def then_a_bug(*args: Any) -> None:
+        real(*args)
+        raise RuntimeError("a bug after the status changed")
+
+    sim.engine._trial_to = then_a_bug  # type: ignore[method-assign]
+    sim.out.clear()
+    sim.run(env_id, "t1")
+    published = [p.event for p in sim.take(ev.Publish)]
+    assert [e.trial.status for e in published if hasattr(e, "trial")] == [TrialStatus.RUNNING]
+    assert not sim.take(ev.UpdateTrial) and not sim.take(ev.RecordTransition)  # its writes dropped
+    assert [a.seq for a in sim.take(ev.Ack)] == [1]  # skipped, loudly, not replayed forever

@@ -1,0 +1,112 @@
+"""The shell around the decision core, with a real store: what it writes before it
+acknowledges, and what it does when a write fails."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from trialkeeper.coordinator import events as ev
+from trialkeeper.coordinator.engine import Engine, Policy
+from trialkeeper.coordinator.shell import Shell
+from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.store import MetricRow, Store
+
+
+class Link:
+    """A stream as the transport gives it to the shell, recording what it is told."""
+
+    def __init__(self, link_id: int) -> None:
+        self.id = link_id
+        self.acks: list[int] = []
+        self.sent: list[ev.ToAgent] = []
+        self.failed = ""
+
+    def send(self, message: ev.ToAgent) -> None:
+        self.sent.append(message)
+
+    def ack(self, seq: int) -> None:
+        self.acks.append(seq)
+
+    def close(self) -> None:
+        pass
+
+    def fail(self, details: str) -> None:
+        self.failed = details
+
+
+def _shell(tmp_path: Path) -> tuple[Shell, Link, str]:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("exp", None, {})
+    engine = Engine(Policy(experiment_id="exp", platform="manual", reuse=True, trial_concurrency=1, environment_count=1, trial_slots=1))
+    shell = Shell(engine, store, service=None, experiment_dir=tmp_path, request_for=lambda env_id: None)  # type: ignore[arg-type]
+    link = Link(1)
+    registered = ev.AgentRegistered("by-hand", 1, "i-1", "host", 1, "", (), "", frozenset(), {})
+    assert shell.agent_connected(registered, link) is None
+    shell.handle(ev.TrialSubmitted("t1", {"x": 1}, "python trial.py", 0, 0))
+    shell.handle(ev.Ticked())
+    assert any(isinstance(m, ev.StartTrial) for m in link.sent)
+    return shell, link, "by-hand"
+
+
+def _run(body: Any) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_log_chunk_that_cannot_be_written_loses_only_itself(tmp_path: Path) -> None:
+    async def body() -> None:
+        shell, link, env_id = _shell(tmp_path)
+        (tmp_path / "trials").write_text("a file where the trials' directories would go")
+        batch = [
+            ev.TrialStartReported("t1", 42, 0.0),
+            ev.LogReported("t1", "stdout", 0, b"hello\n"),
+            ev.TrialEndReported("t1", ev.Outcome.SUCCEEDED, 0, None, "", "", 0.0),
+        ]
+        for seq, report in enumerate(batch, start=1):
+            shell.agent_event(ev.AgentReported(env_id, link.id, seq, report), link)
+        shell.drain_inbox()  # the three arrived together: one batch
+        assert link.acks and max(link.acks) == 3
+        assert shell.engine.trials["t1"].status is TrialStatus.SUCCEEDED
+        assert shell.done["t1"].is_set() and not shell.failure
+        row = shell.store.trial("t1")
+        assert row is not None and row["status"] == "SUCCEEDED"
+
+    _run(body)
+
+
+def test_a_store_that_refuses_a_write_ends_the_experiment_and_nothing_is_acknowledged(tmp_path: Path) -> None:
+    async def body() -> None:
+        shell, link, env_id = _shell(tmp_path)
+        reasons: list[str] = []
+        shell.on_failure = reasons.append
+
+        def refuse(rows: object) -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        shell.store.add_metrics = refuse  # type: ignore[method-assign]
+        shell.agent_event(ev.AgentReported(env_id, link.id, 1, ev.TrialStartReported("t1", 42, 0.0)), link)
+        shell.agent_event(
+            ev.AgentReported(env_id, link.id, 2, ev.MetricsReported((MetricRow("t1", 0, "final", 0.5, "0.5", 0.0),))), link
+        )
+        shell.drain_inbox()
+        assert link.acks == []  # the agent keeps both and replays them to a resumed coordinator
+        assert "disk is full" in shell.failure and reasons == [shell.failure]
+        row = shell.store.envs()[0]
+        assert row["last_seq"] == 0  # the batch was rolled back whole
+
+    _run(body)
+
+
+def test_a_stream_that_ends_after_the_store_closed_touches_nothing(tmp_path: Path) -> None:
+    async def body() -> None:
+        shell, link, env_id = _shell(tmp_path)
+        await shell.close()
+        shell.store.close()
+        shell.agent_disconnected(env_id, link)  # no error from the closed store
+        late = Link(2)
+        refusal = shell.agent_connected(ev.AgentRegistered("late", 2, "i-2", "h", 1, "", (), "", frozenset(), {}), late)
+        assert refusal is not None and refusal.why is ev.Refusal.NOT_NOW
+
+    _run(body)
