@@ -286,7 +286,7 @@ class Coordinator:
         shell.handle(StopRequested(grace_s))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(
-                _until_changed(shell, lambda: all(e.link is None for e in engine.envs.values())), grace_s + 10
+                shell.until(lambda: all(e.link is None for e in engine.envs.values()), or_failure=False), grace_s + 10
             )
         await asyncio.gather(*(service.stop(e.id, 2.0) for e in engine.envs.values()), return_exceptions=True)
         shell.drain_inbox()
@@ -457,12 +457,6 @@ class Coordinator:
         if self._engine is None or trial_id not in self._engine.trials:
             raise KeyError(f"no trial {trial_id!r} in experiment {self.experiment_id}")
         return self._engine.trial_info(trial_id)
-
-
-async def _until_changed(shell: Shell, predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        shell.changed.clear()
-        await shell.changed.wait()
 
 
 def _new_id(n: int) -> str:

@@ -404,9 +404,15 @@ class ReadModel:
         by_env: dict[str | None, list[TrialSnapshot]] = {}
         for t in self.trials():
             by_env.setdefault(t.environment_id, []).append(t)
-        return tuple(self._env(r, by_env) for r in self._read("environments", self.store.envs))
+        samples = self._read("GPU samples", self.store.latest_gpu_samples)
+        return tuple(self._env(r, by_env, samples) for r in self._read("environments", self.store.envs))
 
-    def _env(self, row: Mapping[str, Any], by_env: Mapping[str | None, Sequence[TrialSnapshot]]) -> EnvSnapshot:
+    def _env(
+        self,
+        row: Mapping[str, Any],
+        by_env: Mapping[str | None, Sequence[TrialSnapshot]],
+        samples: Mapping[str, Mapping[str, GpuSampleRow]],
+    ) -> EnvSnapshot:
         f = _Fields(row)
         env_id = f.text("id")
         info = f.json("info_json", lambda v: isinstance(v, dict), "a JSON object", {})
@@ -416,7 +422,7 @@ class ReadModel:
         for t in running:
             for i in t.gpu_indices:
                 holding.setdefault(i, []).append(t.id)
-        latest = self._read("GPU samples", lambda: self.store.latest_gpu_samples(env_id))
+        latest = samples.get(env_id, {})
         gpus = []
         listed = info.get("gpus")
         if not isinstance(listed, list) or not all(isinstance(g, dict) for g in listed):

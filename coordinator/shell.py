@@ -403,7 +403,9 @@ class Shell:
         if isinstance(note, StatusEvent):
             callbacks: list[Callable[[Any], Any]] = self.status_callbacks  # type: ignore[assignment]
             if note.trial.status.terminal:
-                self.done.setdefault(note.trial.id, asyncio.Event()).set()
+                waiting = self.done.pop(note.trial.id, None)  # only trials someone waits on
+                if waiting is not None:
+                    waiting.set()
             self.changed.set()
         else:
             callbacks = self.metric_callbacks  # type: ignore[assignment]
@@ -417,8 +419,9 @@ class Shell:
         for q in self.subscribers:
             q.put_nowait(note)
 
-    async def until(self, predicate: Callable[[], bool]) -> None:
-        while not predicate() and not self.failure:
+    async def until(self, predicate: Callable[[], bool], *, or_failure: bool = True) -> None:
+        """Wait until ``predicate()`` holds (or, with ``or_failure``, the experiment failed)."""
+        while not predicate() and not (or_failure and self.failure):
             self.changed.clear()
             await self.changed.wait()
 

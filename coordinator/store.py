@@ -388,14 +388,17 @@ class Store:
         found = [_gpu_row(r) for r in rows]
         return [r for r in found if trial_id is None or trial_id in r.trial_ids]
 
-    def latest_gpu_samples(self, environment_id: str) -> dict[str, GpuSampleRow]:
-        """The newest stored sample of each GPU of an environment, by uuid."""
+    def latest_gpu_samples(self) -> dict[str, dict[str, GpuSampleRow]]:
+        """The newest stored sample of each GPU, by environment and uuid: one query for every
+        environment (the table has no index by environment, and need not)."""
         rows = self._db.execute(
             "SELECT * FROM gpu_samples WHERE id IN"
-            " (SELECT max(id) FROM gpu_samples WHERE environment_id = ? GROUP BY uuid)",
-            (environment_id,),
+            " (SELECT max(id) FROM gpu_samples GROUP BY environment_id, uuid)"
         ).fetchall()
-        return {r["uuid"]: _gpu_row(r) for r in rows}
+        latest: dict[str, dict[str, GpuSampleRow]] = {}
+        for r in rows:
+            latest.setdefault(r["environment_id"], {})[r["uuid"]] = _gpu_row(r)
+        return latest
 
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
