@@ -167,6 +167,57 @@ class ExperimentSnapshot:
     unreadable: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class TrialPage:
+    """One page of trials, filtered and sorted, and how many trials match in all."""
+
+    total: int
+    offset: int
+    trials: tuple[TrialSnapshot, ...]
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """When a trial ended and what it scored: what charts over time draw."""
+
+    sequence_id: int
+    status: str
+    final_metric: float | None
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class GpuPoint:
+    """One stored GPU sample."""
+
+    at: float
+    environment_id: str
+    uuid: str
+    utilization_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    trial_ids: tuple[str, ...]
+
+
+class PageError(ValueError):
+    """A page asked for with a sort key or status the read model does not know."""
+
+
+# The columns a page of trials sorts by: a key, and the SQL it sorts on.
+TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
+    "sequence": "seq",
+    "id": "id",
+    "status": "status",
+    "metric": "final_metric",
+    "duration": "(ended_at - started_at)",
+    "submitted": "submitted_at",
+    "started": "started_at",
+    "ended": "ended_at",
+    "environment": "environment_id",
+})
+PARAMETER_SORT = "param:"  # followed by a parameter's name
+
+
 # ---- best trial ----------------------------------------------------------------------------
 
 
@@ -398,6 +449,90 @@ class ReadModel:
             stderr=str(trial_dir / "stderr.log"),
         )
 
+    def trial_page(
+        self,
+        *,
+        status: str | None = None,
+        search: str = "",
+        sort: str = "sequence",
+        descending: bool = False,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> TrialPage:
+        """A page of trials: those of ``status`` (any when None) whose id, parameters or
+        environment contain ``search``, sorted by a key of :data:`TRIAL_SORTS` or by
+        ``param:NAME``; trials without a value for the key come last either way."""
+        where, args = ["1=1"], []
+        if status is not None:
+            if status not in {s.value for s in TrialStatus}:
+                raise PageError(f"status: {status!r} is not one of {', '.join(s.value for s in TrialStatus)}")
+            where.append("status = ?")
+            args.append(status)
+        if search:
+            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            where.append(
+                "(id LIKE ? ESCAPE '\\' OR parameters_json LIKE ? ESCAPE '\\' OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
+            )
+            args += [pattern] * 3
+        order_args: list[Any] = []
+        if sort.startswith(PARAMETER_SORT) and len(sort) > len(PARAMETER_SORT):
+            # A JSON path with the name quoted, so any name is one key.
+            expr = "(CASE WHEN json_valid(parameters_json) THEN json_extract(parameters_json, ?) END)"
+            order_args = [f'$."{sort[len(PARAMETER_SORT):]}"'] * 2
+        elif sort in TRIAL_SORTS:
+            expr = TRIAL_SORTS[sort]
+        else:
+            raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
+        direction = "DESC" if descending else "ASC"
+        order = f"{expr} IS NULL, {expr} {direction}, seq {direction}"
+        offset, limit = max(0, int(offset)), max(0, min(int(limit), 1000))
+        total, rows = self._read("trials", lambda: self.store.trials_page(
+            where=" AND ".join(where), args=args, order=order, order_args=order_args, offset=offset, limit=limit,
+        ))
+        return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
+
+    def trial_counts(self) -> dict[str, int]:
+        """Trials per status (a status this version does not know counts as UNREADABLE)."""
+        known = {s.value for s in TrialStatus}
+        counts: dict[str, int] = {}
+        for status, n in self._read("trials", self.store.trial_counts).items():
+            key = status if status in known else "UNREADABLE"
+            counts[key] = counts.get(key, 0) + n
+        return dict(sorted(counts.items()))
+
+    def best(self, mode: str) -> TrialSnapshot | None:
+        row = self._read("trials", lambda: self.store.best_trial(descending=mode == "maximize"))
+        return None if row is None else trial_snapshot(row)
+
+    def outcomes(self) -> tuple[TrialOutcome, ...]:
+        """Every ended trial in the order they ended (rows that cannot be read are left out)."""
+        return tuple(
+            TrialOutcome(seq, status, float(metric) if isinstance(metric, (int, float)) else None, float(ended))
+            for seq, status, metric, ended in self._read("trials", self.store.trial_outcomes)
+            if isinstance(seq, int) and isinstance(status, str) and isinstance(ended, (int, float))
+        )
+
+    def parameter_names(self, sample: int = 1000) -> tuple[str, ...]:
+        """The names of the parameters of the last ``sample`` trials."""
+        return tuple(self._read("trials", lambda: self.store.parameter_names(sample)))
+
+    def curves(self, trial_ids: Sequence[str]) -> dict[str, tuple[float, ...]]:
+        """Each of these trials' intermediate results, in the order they were reported."""
+        out: dict[str, list[float]] = {t: [] for t in trial_ids}
+        for m in self._read("metrics", lambda: self.store.metrics_of(list(trial_ids))):
+            if m.kind == "intermediate" and isinstance(m.value, (int, float)):
+                out[m.trial_id].append(float(m.value))
+        return {t: tuple(v) for t, v in out.items()}
+
+    def gpu_series(self, *, environment_id: str | None = None, trial_id: str | None = None) -> tuple[GpuPoint, ...]:
+        """The stored GPU samples of an environment or of a trial, oldest first."""
+        rows = self._read("GPU samples", lambda: self.store.gpu_samples(environment_id=environment_id, trial_id=trial_id))
+        return tuple(
+            GpuPoint(float(r.at), r.environment_id, r.uuid, float(r.utilization), int(r.memory_used_bytes),
+                     int(r.memory_total_bytes), r.trial_ids)
+            for r in rows if _sane(r)
+        )
+
     # -- environments
 
     def environments(self) -> tuple[EnvSnapshot, ...]:
@@ -477,19 +612,16 @@ class ReadModel:
         tuner = config.get("tuner")
         class_args = tuner.get("classArgs") if isinstance(tuner, dict) else None
         mode = optimize_mode(class_args if isinstance(class_args, dict) else None)
-        trials = self.trials()
-        counts: dict[str, int] = {}
-        for t in trials:
-            key = t.status.value if t.status is not None else "UNREADABLE"
-            counts[key] = counts.get(key, 0) + 1
+        # Counted and ranked in the store: a hundred thousand trials need not be read for it.
+        counts = self.trial_counts()
         return ExperimentSnapshot(
             id=f.text("id"), name=f.optional_text("name"), status=f.text("status"), reason=f.text("reason"),
             directory=str(self.experiment_dir), coordinator_address=f.text("coordinator_address"),
             started_at=f.number("created_at"), ended_at=f.number("ended_at"), optimize_mode=mode,
-            trials=MappingProxyType(dict(sorted(counts.items()))), trial_count=len(trials),
+            trials=MappingProxyType(counts), trial_count=sum(counts.values()),
             metrics=self._read("metrics", self.store.metric_count),
             environments=len(self._read("environments", self.store.envs)),
-            best=best_trial(trials, mode), unreadable=tuple(f.notes),
+            best=self.best(mode), unreadable=tuple(f.notes),
         )
 
 

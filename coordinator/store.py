@@ -284,6 +284,45 @@ class Store:
         row = self._db.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
         return dict(row) if row else None
 
+    def trial_counts(self) -> dict[str, int]:
+        """How many trials hold each stored status."""
+        return {str(s): int(n) for s, n in self._db.execute("SELECT status, count(*) FROM trials GROUP BY status")}
+
+    def best_trial(self, descending: bool) -> dict[str, Any] | None:
+        """The trial with the highest (or lowest) numeric final metric; the first submitted
+        among equals."""
+        row = self._db.execute(
+            "SELECT * FROM trials WHERE typeof(final_metric) IN ('real', 'integer')"
+            f" ORDER BY final_metric {'DESC' if descending else 'ASC'}, seq LIMIT 1"
+        ).fetchone()
+        return dict(row) if row else None
+
+    def trials_page(
+        self, *, where: str, args: Sequence[Any], order: str, order_args: Sequence[Any], offset: int, limit: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """One page of trials and how many match. ``where`` and ``order`` are SQL fragments
+        the read model builds from a fixed set (values travel as arguments)."""
+        (total,) = self._db.execute(f"SELECT count(*) FROM trials WHERE {where}", args).fetchone()
+        rows = self._db.execute(
+            f"SELECT * FROM trials WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?", [*args, *order_args, limit, offset]
+        ).fetchall()
+        return int(total), [dict(r) for r in rows]
+
+    def trial_outcomes(self) -> list[tuple[Any, Any, Any, Any]]:
+        """(seq, status, final metric, ended at) of every ended trial, in the order they ended."""
+        return [tuple(r) for r in self._db.execute(
+            "SELECT seq, status, final_metric, ended_at FROM trials WHERE ended_at IS NOT NULL ORDER BY ended_at, seq"
+        )]
+
+    def parameter_names(self, sample: int) -> list[str]:
+        """The parameter names of the last ``sample`` trials submitted."""
+        return [str(r[0]) for r in self._db.execute(
+            "SELECT DISTINCT j.key FROM (SELECT parameters_json FROM trials ORDER BY seq DESC LIMIT ?) t,"
+            " json_each(CASE WHEN json_valid(t.parameters_json) AND json_type(t.parameters_json) = 'object'"
+            " THEN t.parameters_json ELSE '{}' END) j ORDER BY j.key",
+            (sample,),
+        )]
+
     def next_trial_seq(self) -> int:
         row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM trials").fetchone()
         return int(row[0])
@@ -304,6 +343,12 @@ class Store:
             MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"])
             for r in cur
         ]
+
+    def metrics_of(self, trial_ids: Sequence[str]) -> list[MetricRow]:
+        """The metrics of these trials, by trial and index."""
+        marks = ",".join("?" * len(trial_ids))
+        cur = self._db.execute(f"SELECT * FROM metrics WHERE trial_id IN ({marks}) ORDER BY trial_id, idx", list(trial_ids))
+        return [MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"]) for r in cur]
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""

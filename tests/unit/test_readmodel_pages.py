@@ -1,0 +1,94 @@
+"""The read model's paged queries, which a dashboard over 100,000 trials needs: filtered,
+searched and sorted in the store, one page at a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from trialkeeper.coordinator.readmodel import PageError, ReadModel
+from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
+
+
+def _store(exp_dir: Path, n: int = 50) -> None:
+    store = Store.in_dir(exp_dir)
+    store.create_experiment("exp1", "pages", {"tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}}})
+    with store.transaction():
+        for seq in range(n):
+            status = ("SUCCEEDED", "FAILED", "WAITING", "RUNNING")[seq % 4]
+            ended = status in ("SUCCEEDED", "FAILED")
+            store.insert_trial({
+                "id": f"t{seq:03d}", "seq": seq, "status": status,
+                "parameters_json": json.dumps({"lr": (seq * 7) % 13 / 10, "opt": "sgd" if seq % 3 else "adam_x"}),
+                "command": "python t.py", "gpu_number": 0, "submitted_at": 1000.0 + seq,
+                "started_at": 1000.0 + seq, "ended_at": 1000.0 + 2 * seq + 1 if ended else None,
+                "final_metric": float(100 - seq) if status == "SUCCEEDED" else None,
+                "environment_id": "env-a" if seq < 10 else "env-b",
+            })
+    store.add_metrics([MetricRow("t000", i, "intermediate", i / 2, json.dumps(i / 2), 1.0 + i) for i in range(3)])
+    store.add_gpu_samples([GpuSampleRow(5.0, "env-a", "GPU-0", 40.0, 2**30, 2**34, ("t003",))])
+    store.close()
+
+
+def test_a_page_is_filtered_searched_sorted_and_counted(tmp_path: Path) -> None:
+    _store(tmp_path)
+    with ReadModel.open(tmp_path) as model:
+        page = model.trial_page(limit=10)
+        assert page.total == 50 and [t.id for t in page.trials] == [f"t{i:03d}" for i in range(10)]
+        page = model.trial_page(offset=45, limit=10)
+        assert [t.id for t in page.trials] == [f"t{i:03d}" for i in range(45, 50)]
+
+        succeeded = model.trial_page(status="SUCCEEDED", sort="metric", descending=True, limit=1000)
+        assert succeeded.total == 13
+        metrics = [t.final_metric for t in succeeded.trials]
+        assert metrics == sorted(metrics, reverse=True) and metrics[0] == 100.0
+
+        # Trials without a metric come last, whichever the direction.
+        ascending = model.trial_page(sort="metric", limit=1000).trials
+        assert [t.final_metric for t in ascending[:13]] == sorted(metrics)
+        assert all(t.final_metric is None for t in ascending[13:])
+
+        by_lr = model.trial_page(sort="param:lr", limit=1000).trials
+        lrs = [t.parameters["lr"] for t in by_lr if t.parameters]
+        assert lrs == sorted(lrs) and len(lrs) == 50
+
+        by_duration = model.trial_page(sort="duration", descending=True, limit=3).trials
+        assert [t.id for t in by_duration] == ["t049", "t048", "t045"]
+
+        # The search is literal: "_" is no wildcard.
+        adam = model.trial_page(search="adam_x", limit=1000)
+        assert adam.total == 17 and all(t.parameters and t.parameters["opt"] == "adam_x" for t in adam.trials)
+        assert model.trial_page(search="adam%", limit=1000).total == 0
+        assert model.trial_page(search="env-a", status="WAITING", limit=1000).total == 2
+
+
+def test_bad_sort_keys_and_statuses_are_refused_by_name(tmp_path: Path) -> None:
+    _store(tmp_path, n=3)
+    with ReadModel.open(tmp_path) as model:
+        with pytest.raises(PageError, match="sort: 'seq; DROP TABLE trials' is not one of"):
+            model.trial_page(sort="seq; DROP TABLE trials")
+        with pytest.raises(PageError, match="status: 'DONE' is not one of"):
+            model.trial_page(status="DONE")
+        # A parameter name is a value, never SQL.
+        assert model.trial_page(sort='param:x") --', limit=5).total == 3
+        assert model.trial_page().total == 3
+
+
+def test_counts_best_outcomes_names_curves_and_gpu_series(tmp_path: Path) -> None:
+    _store(tmp_path)
+    with ReadModel.open(tmp_path) as model:
+        assert model.trial_counts() == {"FAILED": 13, "RUNNING": 12, "SUCCEEDED": 13, "WAITING": 12}
+        best = model.best("minimize")
+        assert best is not None and best.id == "t048" and best.final_metric == 52.0
+        best = model.best("maximize")
+        assert best is not None and best.id == "t000"
+        exp = model.experiment()
+        assert exp is not None and exp.best is not None and exp.best.id == "t048"
+        outcomes = model.outcomes()
+        assert len(outcomes) == 26 and [o.ended_at for o in outcomes] == sorted(o.ended_at for o in outcomes)
+        assert model.parameter_names() == ("lr", "opt")
+        assert model.curves(["t000", "t001"]) == {"t000": (0.0, 0.5, 1.0), "t001": ()}
+        series = model.gpu_series(environment_id="env-a")
+        assert [(p.uuid, p.utilization_percent, p.trial_ids) for p in series] == [("GPU-0", 40.0, ("t003",))]
+        assert model.gpu_series(trial_id="t003") == series and model.gpu_series(trial_id="t004") == ()
