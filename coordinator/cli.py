@@ -21,6 +21,8 @@ from .cli_views import add_commands, no_trial
 from .cli_views import console as _console
 from .readmodel import ReadModel
 from .store import Store, StoreError
+from .ui.commands import add_commands as add_ui_commands
+from .ui.commands import add_ui_option, dashboard_starter
 
 # The exit status of a command whose output pipe was closed (128 + SIGPIPE), as a shell
 # reports for a program SIGPIPE ended.
@@ -62,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)")
     run.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     run.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_ui_option(run)
     run.set_defaults(func=_cmd_run, resume_dir=None)
 
     resume = sub.add_parser(
@@ -77,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     resume.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_ui_option(resume)
     resume.set_defaults(func=_cmd_run, experiment_dir=None)
 
     clean = sub.add_parser(
@@ -95,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     agent.set_defaults(func=_cmd_agent)
 
     add_commands(sub)
+    add_ui_commands(sub)
 
     logs = sub.add_parser("logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr).")
     logs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
@@ -165,9 +170,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        on_start, state["stop_dashboard"] = dashboard_starter(args, stop.set, lambda line: console.print(line, highlight=False, soft_wrap=True))
         if args.resume_dir is not None:
-            return await resume_experiment(args.resume_dir, config=config if args.config else None, on_progress=on_progress, stop=stop)
-        return await run_experiment(config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop)
+            return await resume_experiment(args.resume_dir, config=config if args.config else None, on_progress=on_progress, stop=stop, on_start=on_start)
+        return await run_experiment(config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start)
 
     live = Live(console=console, refresh_per_second=4, transient=False) if live_view else None
     try:
@@ -182,6 +188,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (CoordinatorError, OSError) as e:
         print(f"trialkeeper: cannot run the experiment: {e}", file=sys.stderr)
         return 1
+    finally:
+        state.get("stop_dashboard", lambda: None)()
     counts: dict[str, int] = {}
     for t in result.trials:
         counts[t.status.value] = counts.get(t.status.value, 0) + 1

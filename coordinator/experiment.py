@@ -62,11 +62,12 @@ async def run_experiment(
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 0.5,
     stop: asyncio.Event | None = None,
+    on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
     """Run the experiment to its end: tuner exhausted, maxTrialNumber reached, or
     maxExperimentDuration passed. ``stop`` ends it early (trials are canceled)."""
     coordinator = Coordinator(config, experiment_dir=experiment_dir)
-    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop)
+    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start)
 
 
 async def resume_experiment(
@@ -76,11 +77,12 @@ async def resume_experiment(
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 0.5,
     stop: asyncio.Event | None = None,
+    on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
     """Carry on an experiment whose coordinator died: its trials, environments and agents
     are taken over, and the tuner goes on from where it was."""
     coordinator = Coordinator.resume(experiment_dir, config=config)
-    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop)
+    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start)
 
 
 async def _drive(
@@ -89,6 +91,7 @@ async def _drive(
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
     stop: asyncio.Event | None,
+    on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
     config = coordinator.config
     tuner_cfg = config.tuner
@@ -124,6 +127,8 @@ async def _drive(
     ok = True
     await coordinator.start()
     try:
+        if on_start is not None:  # e.g. the dashboard, once there is a store to read
+            on_start(coordinator)
         submitted = _catch_up(tuner, coordinator.trials(), params_of)
         last_progress = 0.0
         while True:

@@ -84,6 +84,8 @@ class Shell:
         self.closed = False  # the store is closed: nothing more is applied
         self._drained_at = 0.0
         self._pass_pending = False
+        # Scheduling passes run and the time they took (what /metrics shows): count, total, latest.
+        self.pass_stats: tuple[int, float, float] = (0, 0.0, 0.0)
         self._check_now = False
         self._refused_logs: set[tuple[str, str]] = set()
         self._monitor: asyncio.Task[None] | None = None
@@ -301,10 +303,14 @@ class Shell:
         self._pass_pending = False
         if self.closed:
             return
+        began = time.perf_counter()
         try:
             self.handle(ev.Ticked())
         except Exception as e:  # noqa: BLE001 - reported by fail()
             self.fail(f"a scheduling pass failed: {type(e).__name__}: {e}", exc=e)
+        took = time.perf_counter() - began
+        count, total, _ = self.pass_stats
+        self.pass_stats = (count + 1, total + took, took)
 
     def start_monitor(self, interval: float) -> None:
         self._monitor = self.spawn(self._monitor_loop(interval), "the monitor")

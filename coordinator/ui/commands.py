@@ -1,0 +1,108 @@
+"""The dashboard's commands: ``run --ui``, ``ui EXP_DIR`` and ``tensorboard EXP_DIR``.
+
+Only argparse and the standard library are imported here: the server's libraries (the
+``ui`` extra) load when a command needs them, and their absence is told plainly."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+UI_DEFAULT = "127.0.0.1:8080"
+INSTALL_HINT = "the dashboard needs the ui extra: pip install 'trialkeeper[ui]'"
+
+
+def add_ui_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ui", nargs="?", const=UI_DEFAULT, default=None, metavar="HOST:PORT",
+        help=f"serve the dashboard while it runs (default {UI_DEFAULT}; beyond loopback every page needs the token)",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    ui = sub.add_parser(
+        "ui", help="serve the dashboard of an experiment",
+        description="Serve the dashboard of a running, finished or crashed experiment, read from its store.",
+    )
+    ui.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    ui.add_argument("--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})")
+    ui.set_defaults(func=cmd_ui)
+
+    tb = sub.add_parser(
+        "tensorboard", help="start TensorBoard over the trials' output directories",
+        description="Build a TensorBoard log directory with one run per trial (named by its id and parameters, "
+        "linked to the trial's output directory) and start TensorBoard on it.",
+    )
+    tb.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    tb.add_argument("trial_ids", nargs="*", metavar="TRIAL_ID", help="these trials only (default: every trial)")
+    tb.add_argument("--logdir", type=Path, help="where to build the log directory (default: EXP_DIR/tensorboard)")
+    tb.add_argument("--port", type=int, default=6006, help="TensorBoard's port (default 6006)")
+    tb.set_defaults(func=cmd_tensorboard)
+
+
+def _err(message: str) -> None:
+    print(f"trialkeeper: {message}", file=sys.stderr)
+
+
+def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: Callable[[str], None]) -> tuple[Callable[[Any], None] | None, Callable[[], None]]:
+    """For ``run --ui``: a hook that starts the dashboard once the coordinator runs, and a
+    function that stops it. (None, no-op) without ``--ui``."""
+    if getattr(args, "ui", None) is None:
+        return None, lambda: None
+    try:
+        from .server import Controls, DashboardThread, parse_address
+    except ImportError:
+        raise SystemExit(f"trialkeeper: {INSTALL_HINT}") from None
+    host, port = parse_address(args.ui)
+    started: list[Any] = []
+
+    def on_start(coordinator: Any) -> None:
+        loop = asyncio.get_running_loop()
+        controls = Controls(loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes)
+        thread = DashboardThread(coordinator.experiment_dir, host, port, controls)
+        url = thread.start()
+        started.append(thread)
+        say(f"dashboard: {url}")
+
+    def stop_dashboard() -> None:
+        for thread in started:
+            thread.stop()
+
+    return on_start, stop_dashboard
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from ..store import Store
+
+    try:
+        from .server import DashboardError, parse_address, serve_forever
+    except ImportError:
+        _err(INSTALL_HINT)
+        return 1
+    if not (args.experiment_dir / Store.FILENAME).is_file():
+        _err(f"no experiment in {args.experiment_dir}")
+        return 1
+    try:
+        host, port = parse_address(args.address)
+        asyncio.run(serve_forever(args.experiment_dir, host, port, lambda url: print(f"dashboard: {url}", flush=True)))
+    except DashboardError as e:
+        _err(str(e))
+        return 1
+    return 0
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    from .tensorboard import TensorboardError, build_logdir, launch
+
+    try:
+        plan = build_logdir(args.experiment_dir, args.trial_ids, args.logdir)
+    except TensorboardError as e:
+        _err(str(e))
+        return 1
+    for line in plan.notes:
+        print(line)
+    return launch(plan, args.port)

@@ -1,0 +1,386 @@
+"""The dashboard's web server (aiohttp): pages, the JSON API, live updates by server-sent
+events, the actions, and Prometheus's ``/metrics``.
+
+It reads the experiment's store through a read model of its own, on a loop of its own: run
+beside a live experiment (``trialkeeper run --ui``) it serves from a thread, so a heavy page
+never holds up the coordinator; ``trialkeeper ui`` serves a stored experiment the same way.
+
+Who may do what: bound to a loopback address, anyone on this machine may read; bound
+elsewhere, every read needs the token too. Actions always need it, in an ``Authorization:
+Bearer`` header (never a cookie, so another site cannot make a browser act). The token is
+the experiment's own (its ``.token`` file) or one given with ``TRIALKEEPER_UI_TOKEN``; it
+never appears in a page or an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ..readmodel import PageError, ReadModel
+from ..store import StoreError
+from . import views
+from .metrics import metrics_text
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
+TOKEN_ENV = "TRIALKEEPER_UI_TOKEN"
+COOKIE = "trialkeeper_ui"
+LIVE_INTERVAL_S = 1.0  # how often the live stream looks for changes
+KEEPALIVE_S = 15.0
+ACTION_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 30.0
+
+
+class DashboardError(ValueError):
+    """The dashboard cannot serve as asked (a bad address, a port taken, no token)."""
+
+
+@dataclass
+class Controls:
+    """What the dashboard may do to the experiment it shows; only while that experiment runs
+    in this process. ``cancel`` and ``stop`` run on the experiment's loop."""
+
+    loop: asyncio.AbstractEventLoop
+    cancel: Callable[[str], Awaitable[None]]
+    stop: Callable[[], None]
+    scheduling: Callable[[], tuple[int, float, float]] | None = None  # passes, total s, last s
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT``, ``PORT`` or ``HOST`` (the default port)."""
+    host, sep, port = text.rpartition(":") if ":" in text else (text, "", "")
+    if not sep and text.isdigit():
+        host, port = "", text
+    host = host.strip("[]") or DEFAULT_HOST
+    try:
+        number = int(port) if port else DEFAULT_PORT
+    except ValueError:
+        raise DashboardError(f"--ui: {text!r} is not HOST:PORT (a port is a number from 0 to 65535)") from None
+    if not 0 <= number <= 65535:
+        raise DashboardError(f"--ui: port {number} is not between 0 and 65535")
+    return host, number
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(experiment_dir: Path) -> str:
+    """The token the dashboard asks for: ``TRIALKEEPER_UI_TOKEN``, else the experiment's own."""
+    given = os.environ.get(TOKEN_ENV, "").strip()
+    if given:
+        return given
+    try:
+        return (experiment_dir / ".token").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _static() -> Any:
+    return resources.files("trialkeeper.coordinator.ui").joinpath("static")
+
+
+def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: Controls | None = None) -> web.Application:
+    """The dashboard of the experiment in ``experiment_dir``. ``open_reads``: pages and reads
+    need no token (a loopback bind)."""
+    state = _State(experiment_dir, token, open_reads, controls)
+    app = web.Application(middlewares=[state.guard])
+    app["state"] = state
+    app.router.add_get("/", state.index)
+    app.router.add_get("/static/{path:.+}", state.static)
+    app.router.add_post("/api/login", state.login)
+    app.router.add_get("/api/experiment", state.json(lambda m, r: views.overview(m)))
+    app.router.add_get("/api/trials", state.json(lambda m, r: views.trials(m, r.query)))
+    app.router.add_get("/api/trials/{id}", state.json(lambda m, r: views.trial(m, r.match_info["id"])))
+    app.router.add_get("/api/trials/{id}/log", state.json(lambda m, r: views.log(
+        m, r.match_info["id"], r.query.get("stream", "stdout"), views._int(r.query, "offset", 0))))
+    app.router.add_get("/api/compare", state.json(lambda m, r: views.compare(m)))
+    app.router.add_get("/api/environments", state.json(lambda m, r: views.environments(m)))
+    app.router.add_get("/api/environments/{id}/gpus", state.json(lambda m, r: views.environment_gpus(m, r.match_info["id"])))
+    app.router.add_get("/api/events", state.events)
+    app.router.add_post("/api/trials/{id}/cancel", state.cancel)
+    app.router.add_post("/api/experiment/stop", state.stop)
+    app.router.add_get("/metrics", state.metrics)
+    app.on_cleanup.append(state.close)
+    return app
+
+
+class _State:
+    def __init__(self, experiment_dir: Path, token: str, open_reads: bool, controls: Controls | None) -> None:
+        self.experiment_dir = experiment_dir
+        self.token = token
+        self.open_reads = open_reads
+        self.controls = controls
+        self._model: ReadModel | None = None
+
+    def model(self) -> ReadModel:
+        # Opened on first use, on the server's own loop (a SQLite connection stays on its thread).
+        if self._model is None:
+            self._model = ReadModel.open(self.experiment_dir)
+        return self._model
+
+    async def close(self, app: web.Application) -> None:
+        if self._model is not None:
+            self._model.close()
+
+    # -- who may
+
+    def _presented(self, request: web.Request, *, cookie: bool) -> str:
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            return header.removeprefix("Bearer ").strip()
+        return request.cookies.get(COOKIE, "") if cookie else ""
+
+    def _valid(self, presented: str) -> bool:
+        return bool(self.token) and hmac.compare_digest(presented.encode(), self.token.encode())
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        public = request.path == "/" or request.path.startswith("/static/") or request.path == "/api/login"
+        if not (self.open_reads or public or self._valid(self._presented(request, cookie=True))):
+            return _error(401, "this dashboard needs the experiment's token (log in on the page, or send Authorization: Bearer TOKEN)")
+        response = await handler(request)
+        response.headers.setdefault("Cache-Control", "no-store")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+    async def login(self, request: web.Request) -> web.Response:
+        """Trade the token for a cookie, so the page's live stream (which sends no headers) may read."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        presented = body.get("token", "") if isinstance(body, dict) else ""
+        if not isinstance(presented, str) or not self._valid(presented):
+            return _error(403, "wrong token")
+        response = web.json_response({"ok": True})
+        response.set_cookie(COOKIE, presented, httponly=True, samesite="Strict", path="/")
+        return response
+
+    # -- pages
+
+    async def index(self, request: web.Request) -> web.Response:
+        html = _static().joinpath("index.html").read_text(encoding="utf-8")
+        return web.Response(text=html, content_type="text/html")
+
+    async def static(self, request: web.Request) -> web.Response:
+        parts = request.match_info["path"].split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise web.HTTPNotFound()
+        node = _static()
+        for p in parts:
+            node = node.joinpath(p)
+        if not node.is_file():
+            raise web.HTTPNotFound()
+        kinds = {".js": "application/javascript", ".css": "text/css", ".html": "text/html"}
+        kind = kinds.get(Path(parts[-1]).suffix, "text/plain")
+        return web.Response(body=node.read_bytes(), content_type=kind, headers={"Cache-Control": "max-age=3600"})
+
+    # -- the JSON API
+
+    def json(self, view: Callable[[ReadModel, web.Request], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                return web.json_response(view(self.model(), request), dumps=_dumps)
+            except views.NotFound as e:
+                return _error(404, str(e))
+            except (PageError, ValueError) as e:
+                return _error(400, str(e))
+            except StoreError as e:
+                return _error(503, str(e))
+
+        return handler
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: ``change`` whenever the experiment's counts, metrics or best trial
+        change (the page then fetches what it shows), and a comment now and then to keep
+        proxies from closing the stream."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        await response.prepare(request)
+        last: dict[str, Any] | None = None
+        quiet = 0.0
+        try:
+            while True:
+                try:
+                    marker = views.change_marker(self.model())
+                except StoreError as e:
+                    marker = {"error": str(e)}
+                if marker != last:
+                    last = marker
+                    await response.write(f"event: change\ndata: {_dumps(marker)}\n\n".encode())
+                    quiet = 0.0
+                elif quiet >= KEEPALIVE_S:
+                    await response.write(b": keepalive\n\n")
+                    quiet = 0.0
+                await asyncio.sleep(LIVE_INTERVAL_S)  # polling the store: a reader has nothing to wait on
+                quiet += LIVE_INTERVAL_S
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+    # -- actions
+
+    def _authorised(self, request: web.Request) -> web.Response | None:
+        if not self.token:
+            return _error(403, "no token is set for this dashboard, so it takes no actions")
+        if not self._valid(self._presented(request, cookie=False)):
+            return _error(403, "actions need the experiment's token in an Authorization: Bearer header")
+        if self.controls is None:
+            return _error(409, "this dashboard reads a stored experiment; actions need the one `trialkeeper run --ui` serves")
+        return None
+
+    async def _on_experiment_loop(self, coro: Awaitable[None]) -> None:
+        assert self.controls is not None
+        future = asyncio.run_coroutine_threadsafe(coro, self.controls.loop)  # type: ignore[arg-type]
+        await asyncio.wait_for(asyncio.wrap_future(future), ACTION_TIMEOUT_S)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        refused = self._authorised(request)
+        if refused is not None:
+            return refused
+        assert self.controls is not None
+        trial_id = request.match_info["id"]
+        trial = self.model().trial(trial_id)
+        if trial is None:
+            return _error(404, f"no trial {trial_id!r}")
+        if not trial.active:
+            return _error(409, f"trial {trial_id} has already ended ({trial.status.value if trial.status else 'unreadable'})")
+        try:
+            await self._on_experiment_loop(self.controls.cancel(trial_id))
+        except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
+            return _error(409, f"cannot cancel trial {trial_id}: {e}")
+        log.info("trial %s canceled from the dashboard", trial_id)
+        return web.json_response({"ok": True, "trial": trial_id})
+
+    async def stop(self, request: web.Request) -> web.Response:
+        refused = self._authorised(request)
+        if refused is not None:
+            return refused
+        assert self.controls is not None
+        self.controls.loop.call_soon_threadsafe(self.controls.stop)
+        log.info("experiment stop asked from the dashboard")
+        return web.json_response({"ok": True})
+
+    # -- Prometheus
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        scheduling = self.controls.scheduling if self.controls is not None else None
+        try:
+            body, kind = metrics_text(self.model(), scheduling() if scheduling else None)
+        except StoreError as e:
+            return _error(503, str(e))
+        return web.Response(body=body, headers={"Content-Type": kind})
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, allow_nan=False, default=str)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+# ---- serving ---------------------------------------------------------------------------
+
+
+def check_bind(host: str, token: str) -> None:
+    if not is_loopback(host) and not token:
+        raise DashboardError(
+            f"the dashboard binds {host}, beyond this machine, only with a token: the experiment's .token file "
+            f"is missing, so set {TOKEN_ENV}"
+        )
+
+
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
+    """Start serving ``app``; returns its runner and the URL it answers on."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
+    server = site._server  # the bound port, when 0 asked for any
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    shown = f"[{host}]" if ":" in host else host
+    return runner, f"http://{shown}:{bound}/"
+
+
+class DashboardThread:
+    """The dashboard served from a thread of its own, beside a running experiment."""
+
+    def __init__(self, experiment_dir: Path, host: str, port: int, controls: Controls | None = None) -> None:
+        self.token = read_token(experiment_dir)
+        check_bind(host, self.token)
+        self._args = (experiment_dir, host, port, controls)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped: asyncio.Event | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise DashboardError(f"the dashboard did not start within {START_TIMEOUT_S:g} s")
+        if self._error is not None:
+            raise self._error
+        return self.url
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # noqa: BLE001 - handed to start()
+            self._error = e
+            self._ready.set()
+
+    async def _main(self) -> None:
+        experiment_dir, host, port, controls = self._args
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        app = build_app(experiment_dir, token=self.token, open_reads=is_loopback(host), controls=controls)
+        runner, self.url = await serve(app, host, port)
+        self._ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            await runner.cleanup()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._stopped is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        self._thread.join(timeout)
+
+
+async def serve_forever(experiment_dir: Path, host: str, port: int, on_url: Callable[[str], None]) -> None:
+    """``trialkeeper ui``: serve a stored experiment until cancelled."""
+    token = read_token(experiment_dir)
+    check_bind(host, token)
+    app = build_app(experiment_dir, token=token, open_reads=is_loopback(host))
+    runner, url = await serve(app, host, port)
+    on_url(url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

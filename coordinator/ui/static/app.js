@@ -1,0 +1,378 @@
+// The trialkeeper dashboard: plain JavaScript, no build step. Pages are drawn from the JSON
+// API (see README) and redrawn when the live stream (/api/events) says something changed.
+"use strict";
+
+const main = document.getElementById("main");
+const STATUSES = ["WAITING", "RUNNING", "SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED"];
+const ROW_H = 28;
+const PAGE = 200;
+let current = null; // the page shown: {name, refresh(), dispose()}
+let charts = [];
+
+// ---- helpers -----------------------------------------------------------------------------
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+function num(v) { return v === null || v === undefined ? "" : (typeof v === "number" ? Number(v.toPrecision(6)).toString() : String(v)); }
+function dur(s) {
+  if (s === null || s === undefined) return "";
+  s = Math.max(0, s);
+  if (s < 60) return s.toFixed(1) + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+  return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+}
+function when(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
+function gib(b) { return b === null || b === undefined ? "" : (b / 2 ** 30).toFixed(1) + " GiB"; }
+function status(s) { return `<span class="status ${esc(s)}">${esc(s || "UNREADABLE")}</span>`; }
+function toast(text) {
+  const t = document.getElementById("toast");
+  t.textContent = text; t.classList.add("show");
+  clearTimeout(toast.timer); toast.timer = setTimeout(() => t.classList.remove("show"), 4000);
+}
+
+async function api(path, options) {
+  const res = await fetch(path, Object.assign({credentials: "same-origin"}, options || {}));
+  let body = null;
+  try { body = await res.json(); } catch (e) { body = null; }
+  if (res.status === 401) { askToken(); throw new ApiError(401, (body && body.error) || "token needed"); }
+  if (!res.ok) throw new ApiError(res.status, (body && body.error) || res.statusText);
+  return body;
+}
+class ApiError extends Error { constructor(status, message) { super(message); this.status = status; } }
+
+function token() { return sessionStorage.getItem("trialkeeper-token") || ""; }
+function askToken() { document.getElementById("token").focus(); toast("enter the experiment's token (top right)"); }
+document.getElementById("token-form").addEventListener("submit", async ev => {
+  ev.preventDefault();
+  const value = document.getElementById("token").value.trim();
+  document.getElementById("token").value = "";
+  try {
+    await api("/api/login", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({token: value})});
+    sessionStorage.setItem("trialkeeper-token", value);
+    document.getElementById("token").placeholder = "token set";
+    toast("token accepted"); connect(); route();
+  } catch (e) { toast(e.message); }
+});
+if (token()) document.getElementById("token").placeholder = "token set";
+
+async function act(path, what) {
+  if (!token()) { askToken(); return; }
+  try {
+    await api(path, {method: "POST", headers: {"Authorization": "Bearer " + token()}});
+    toast(what);
+  } catch (e) { toast(e.message); }
+}
+
+function chart(el, option) {
+  const c = echarts.init(el, null, {renderer: "canvas"});
+  c.setOption(option);
+  charts.push(c);
+  return c;
+}
+function lineOption(title, series, opts) {
+  opts = opts || {};
+  return {
+    animation: false, title: {text: title, left: 10, top: 6, textStyle: {fontSize: 13}},
+    grid: {left: 60, right: 20, top: 40, bottom: 36}, tooltip: {trigger: opts.item ? "item" : "axis"},
+    legend: opts.legend ? {top: 6, right: 10, type: "scroll", width: "55%"} : undefined,
+    xAxis: {type: opts.xType || "time", name: opts.xName || "", scale: true},
+    yAxis: {type: "value", scale: true, name: opts.yName || ""},
+    series: series,
+  };
+}
+window.addEventListener("resize", () => charts.forEach(c => c.resize()));
+
+// ---- live updates ------------------------------------------------------------------------
+
+let source = null;
+let pending = false;
+function connect() {
+  if (source) source.close();
+  const live = document.getElementById("live");
+  source = new EventSource("/api/events");
+  source.addEventListener("change", () => {
+    live.textContent = "\u25CF live"; live.classList.add("on");
+    // One refresh at a time: a burst of changes while one runs costs one more, not many.
+    if (pending || !current) return;
+    pending = true;
+    Promise.resolve(current.refresh()).catch(() => {}).finally(() => { pending = false; });
+  });
+  source.onerror = () => { live.textContent = "\u25CF reconnecting"; live.classList.remove("on"); };
+}
+
+// ---- overview ----------------------------------------------------------------------------
+
+function overviewPage() {
+  main.innerHTML = `<h1 id="exp-title">Experiment</h1><div class="cards" id="cards"></div>
+    <h2>Best trial</h2><div id="best" class="muted">none yet</div>
+    <div class="grid2" style="margin-top:14px"><div class="chart" id="finished-chart"></div><div class="chart" id="best-chart"></div></div>`;
+  const finished = chart(document.getElementById("finished-chart"), lineOption("Trials ended over time", []));
+  const best = chart(document.getElementById("best-chart"), lineOption("Best metric over time", []));
+  async function refresh() {
+    const e = await api("/api/experiment");
+    document.getElementById("exp-title").textContent = `Experiment ${e.id}${e.name ? " \u2014 " + e.name : ""}`;
+    const cards = [["Status", status(e.status) + (e.reason ? `<div class="muted" style="font-size:12px">${esc(e.reason)}</div>` : "")],
+      ["Trials", `<span id="count-total">${e.trial_count}</span>${e.max_trials ? " / " + e.max_trials : ""}`],
+      ...STATUSES.filter(s => e.trials[s]).map(s => [s.toLowerCase().replace("_", " "), `<span data-count="${s}">${e.trials[s]}</span>`]),
+      ["Elapsed", dur(e.elapsed_s)], ["ETA", e.eta_s === null ? "\u2014" : dur(e.eta_s)],
+      ["Metrics stored", e.metrics], ["Environments", e.environments]];
+    document.getElementById("cards").innerHTML = cards.map(([l, v]) =>
+      `<div class="card"><div class="label">${esc(l)}</div><div class="value">${v}</div></div>`).join("");
+    document.getElementById("best").innerHTML = e.best
+      ? `<a href="#/trial/${encodeURIComponent(e.best.id)}">${esc(e.best.id)}</a>: <b>${num(e.best.final_metric)}</b> (${esc(e.optimize_mode)}) ${esc(JSON.stringify(e.best.parameters))}`
+      : "none yet";
+    finished.setOption({series: [{type: "line", step: "end", showSymbol: false, name: "ended", data: e.finished_over_time.map(([t, n]) => [t * 1000, n])}]});
+    best.setOption({series: [{type: "line", step: "end", showSymbol: false, name: "best", data: e.best_over_time.map(([t, v]) => [t * 1000, v])}]});
+  }
+  return {name: "overview", refresh};
+}
+
+// ---- trials: a virtualised table paged by the server ---------------------------------------
+
+function trialsPage(params) {
+  const state = {status: params.get("status") || "", q: params.get("q") || "", sort: params.get("sort") || "sequence",
+    order: params.get("order") || "asc", total: 0, pages: new Map(), columns: [], version: 0};
+  main.innerHTML = `<h1>Trials</h1><div class="toolbar">
+      <select id="status-filter" aria-label="status"><option value="">every status</option>${STATUSES.map(s => `<option>${s}</option>`).join("")}</select>
+      <input id="search" type="search" placeholder="search id, parameters, environment" size="36">
+      <span id="trial-total" class="muted"></span></div>
+    <div class="vtable" id="vtable"><div class="head" id="vhead"></div><div id="vbody" style="position:relative"></div></div>`;
+  const box = document.getElementById("vtable"), head = document.getElementById("vhead"), body = document.getElementById("vbody");
+  document.getElementById("status-filter").value = state.status;
+  document.getElementById("search").value = state.q;
+  document.getElementById("status-filter").addEventListener("change", ev => { state.status = ev.target.value; reset(); });
+  let typing = null;
+  document.getElementById("search").addEventListener("input", ev => {
+    clearTimeout(typing); typing = setTimeout(() => { state.q = ev.target.value; reset(); }, 250);
+  });
+  box.addEventListener("scroll", () => draw());
+
+  function columns(parameters) {
+    return [["sequence", "#", "50px"], ["id", "trial", "90px"], ["status", "status", "120px"], ["metric", "metric", "100px"],
+      ["duration", "duration", "100px"], ["environment", "environment", "130px"],
+      ...parameters.map(p => ["param:" + p, p, "110px"])];
+  }
+  function drawHead() {
+    head.style.gridTemplateColumns = state.columns.map(c => c[2]).join(" ");
+    head.innerHTML = state.columns.map(([key, label]) =>
+      `<div data-sort="${esc(key)}" class="${key === state.sort ? "sorted" + (state.order === "desc" ? " desc" : "") : ""}">${esc(label)}</div>`).join("");
+    head.querySelectorAll("div").forEach(d => d.addEventListener("click", () => {
+      const key = d.dataset.sort;
+      state.order = key === state.sort && state.order === "asc" ? "desc" : "asc";
+      state.sort = key; reset();
+    }));
+  }
+  function query(offset) {
+    const q = new URLSearchParams({sort: state.sort, order: state.order, offset: offset, limit: PAGE});
+    if (state.status) q.set("status", state.status);
+    if (state.q) q.set("q", state.q);
+    return "/api/trials?" + q;
+  }
+  async function load(page, version) {
+    const data = await api(query(page * PAGE));
+    if (version !== state.version) return;
+    state.pages.set(page, data.trials);
+    if (data.total !== state.total || state.columns.length !== 6 + data.parameters.length) {
+      state.total = data.total;
+      state.columns = columns(data.parameters);
+      drawHead();
+    }
+    document.getElementById("trial-total").textContent = `${data.total} trial${data.total === 1 ? "" : "s"}`;
+    body.style.height = (state.total * ROW_H) + "px";
+    draw();
+  }
+  function cells(t) {
+    const p = t.parameters || {};
+    return [t.sequence_id, `<a href="#/trial/${encodeURIComponent(t.id)}">${esc(t.id)}</a>`, status(t.status), num(t.final_metric),
+      dur(t.duration_s), esc(t.environment_id || ""), ...state.columns.slice(6).map(c => esc(num(p[c[1]])))];
+  }
+  function draw() {
+    const first = Math.max(0, Math.floor(box.scrollTop / ROW_H) - 5);
+    const last = Math.min(state.total, first + Math.ceil(box.clientHeight / ROW_H) + 10);
+    const rows = [];
+    const template = state.columns.map(c => c[2]).join(" ");
+    for (let i = first; i < last; i++) {
+      const page = Math.floor(i / PAGE), rows_ = state.pages.get(page);
+      if (!rows_) { if (!state.pages.has(page)) { state.pages.set(page, null); load(page, state.version).catch(e => toast(e.message)); } continue; }
+      const t = rows_[i - page * PAGE];
+      if (!t) continue;
+      rows.push(`<div class="row" data-id="${esc(t.id)}" style="top:${i * ROW_H}px;grid-template-columns:${template}">${cells(t).map(c => `<div>${c}</div>`).join("")}</div>`);
+    }
+    body.innerHTML = rows.join("");
+  }
+  function reset() {
+    state.version++; state.pages = new Map();
+    const q = new URLSearchParams();
+    for (const k of ["status", "q", "sort", "order"]) if (state[k]) q.set(k, state[k]);
+    history.replaceState(null, "", "#/trials?" + q);
+    box.scrollTop = 0;
+    return load(0, state.version);
+  }
+  async function refresh() {
+    // Live: reload the pages in view, keeping the scroll position.
+    const version = ++state.version;
+    const first = Math.floor(box.scrollTop / ROW_H / PAGE);
+    const keep = [first, first + 1].filter(p => p * PAGE < Math.max(state.total, 1));
+    state.pages = new Map();
+    await Promise.all(keep.map(p => load(p, version)));
+  }
+  reset().catch(e => toast(e.message));
+  return {name: "trials", refresh};
+}
+
+// ---- one trial -----------------------------------------------------------------------------
+
+function trialPage(id) {
+  main.innerHTML = `<h1>Trial <span id="trial-id"></span> <span id="trial-status"></span></h1>
+    <div class="toolbar"><button class="danger" id="cancel">Cancel trial</button><span id="trial-reason" class="muted"></span></div>
+    <div class="grid2"><div><h2>Parameters</h2><table class="plain" id="params"></table>
+      <h2>Status history</h2><table class="plain" id="history"></table></div>
+      <div><div class="chart" id="curve-chart"></div><div class="chart small" id="gpu-chart" style="margin-top:12px"></div></div></div>
+    <h2>stdout</h2><pre class="log" id="stdout"></pre><h2>stderr</h2><pre class="log" id="stderr"></pre>`;
+  document.getElementById("trial-id").textContent = id;
+  document.getElementById("cancel").addEventListener("click", () => act(`/api/trials/${encodeURIComponent(id)}/cancel`, `trial ${id}: cancel asked`));
+  const curve = chart(document.getElementById("curve-chart"), lineOption("Intermediate results", [], {xType: "value", xName: "report"}));
+  const gpu = chart(document.getElementById("gpu-chart"), lineOption("GPU utilisation (%)", [], {legend: true}));
+  const offsets = {stdout: 0, stderr: 0};
+  let following = true, timer = null, disposed = false;
+
+  async function follow(stream) {
+    for (let i = 0; i < 50; i++) { // a chunk at a time, up to a bounded amount per refresh
+      const part = await api(`/api/trials/${encodeURIComponent(id)}/log?stream=${stream}&offset=${offsets[stream]}`);
+      if (part.text) document.getElementById(stream).append(document.createTextNode(part.text));
+      offsets[stream] = part.next_offset;
+      following = part.following;
+      if (part.next_offset >= part.size) break;
+    }
+  }
+  async function refresh() {
+    const d = await api(`/api/trials/${encodeURIComponent(id)}`);
+    const t = d.trial;
+    document.getElementById("trial-status").innerHTML = status(t.status) + (t.stopping ? " <span class='muted'>(stopping)</span>" : "");
+    document.getElementById("trial-reason").textContent = [t.reason || t.waiting_reason, t.final_metric !== null ? "final metric " + num(t.final_metric) : ""].filter(Boolean).join(" \u2014 ");
+    document.getElementById("cancel").style.display = t.status === "WAITING" || t.status === "RUNNING" ? "" : "none";
+    document.getElementById("params").innerHTML = Object.entries(t.parameters || {}).map(([k, v]) =>
+      `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
+      + `<tr><th>environment</th><td>${esc(t.environment_id || "")}</td></tr><tr><th>duration</th><td>${dur(t.duration_s)}</td></tr>`;
+    document.getElementById("history").innerHTML = "<tr><th>when</th><th>from</th><th>to</th><th>why</th></tr>" + d.history.map(h =>
+      `<tr><td>${esc(when(h.at))}</td><td>${esc(h.old)}</td><td>${esc(h.new)}</td><td>${esc(h.reason)}</td></tr>`).join("");
+    curve.setOption({series: [{type: "line", name: "intermediate", showSymbol: d.intermediate.length < 60, data: d.intermediate}]});
+    gpu.setOption({series: d.gpu_series.map(g => ({type: "line", showSymbol: false, name: g.uuid.slice(0, 12),
+      data: g.utilization.map(([at, u]) => [at * 1000, u])}))});
+    document.getElementById("gpu-chart").dataset.samples = d.gpu_usage.samples;
+    await follow("stdout"); await follow("stderr");
+  }
+  // Output is not a store change: while the trial runs, its logs are polled each second.
+  async function tick() {
+    if (disposed) return;
+    try { if (following) { await follow("stdout"); await follow("stderr"); } } catch (e) { /* shown on the next refresh */ }
+    timer = setTimeout(tick, 1000);
+  }
+  refresh().then(tick).catch(e => toast(e.message));
+  return {name: "trial", refresh, dispose: () => { disposed = true; clearTimeout(timer); }};
+}
+
+// ---- comparison ----------------------------------------------------------------------------
+
+function comparePage() {
+  main.innerHTML = `<h1>Comparison</h1><div id="compare-note" class="muted"></div>
+    <div class="chart" id="curves-chart" style="height:340px"></div>
+    <div class="toolbar" style="margin-top:14px"><label>parameter <select id="param-pick"></select></label></div>
+    <div class="grid2"><div class="chart" id="scatter-chart"></div><div class="chart" id="parallel-chart"></div></div>`;
+  const curves = chart(document.getElementById("curves-chart"), lineOption("Intermediate results of every trial", [], {xType: "value", xName: "report", item: true}));
+  const scatter = chart(document.getElementById("scatter-chart"), lineOption("Parameter against final metric", [], {xType: "value", item: true}));
+  const parallel = chart(document.getElementById("parallel-chart"), {animation: false});
+  let data = null;
+  const pick = document.getElementById("param-pick");
+  pick.addEventListener("change", drawScatter);
+  function drawScatter() {
+    if (!data) return;
+    const p = pick.value;
+    const categories = [...new Set(data.trials.map(t => t.parameters[p]).filter(v => typeof v === "string"))];
+    const points = data.trials.filter(t => t.final_metric !== null && t.parameters[p] !== undefined)
+      .map(t => [typeof t.parameters[p] === "number" ? t.parameters[p] : categories.indexOf(String(t.parameters[p])), t.final_metric, t.id]);
+    scatter.setOption({xAxis: categories.length ? {type: "category", data: categories, name: p} : {type: "value", name: p, scale: true},
+      tooltip: {formatter: x => `${esc(x.value[2])}: ${esc(p)}=${esc(categories.length ? categories[x.value[0]] : x.value[0])}, metric ${num(x.value[1])}`},
+      series: [{type: "scatter", symbolSize: 6, data: categories.length ? points.map(([x, y, id]) => [x, y, id]) : points}]}, {replaceMerge: ["xAxis", "series"]});
+  }
+  async function refresh() {
+    data = await api("/api/compare");
+    document.getElementById("compare-note").textContent = data.sampled
+      ? `A sample of ${data.trials.length} trials (the curves: the best and the latest ${data.curves.length}).` : `${data.trials.length} trials.`;
+    curves.setOption({series: data.curves.map(c => ({type: "line", name: c.id, showSymbol: false, data: c.values.map((v, i) => [i, v])}))}, {replaceMerge: ["series"]});
+    const keep = pick.value;
+    pick.innerHTML = data.parameters.map(p => `<option>${esc(p)}</option>`).join("");
+    if (data.parameters.includes(keep)) pick.value = keep;
+    drawScatter();
+    const dims = data.parameters.map((p, i) => {
+      const strings = [...new Set(data.trials.map(t => t.parameters[p]).filter(v => typeof v === "string"))];
+      return strings.length ? {dim: i, name: p, type: "category", data: strings} : {dim: i, name: p};
+    });
+    dims.push({dim: dims.length, name: "metric"});
+    const metrics = data.trials.map(t => t.final_metric).filter(v => v !== null);
+    const rows = data.trials.filter(t => t.final_metric !== null).map(t => [...data.parameters.map(p => {
+      const v = t.parameters[p]; return typeof v === "number" || typeof v === "string" ? v : null; }), t.final_metric]);
+    parallel.setOption({
+      title: {text: "Parameters, coloured by the final metric", left: 10, top: 6, textStyle: {fontSize: 13}},
+      parallel: {left: 50, right: 80, top: 60, bottom: 30}, parallelAxis: dims,
+      visualMap: metrics.length ? {min: Math.min(...metrics), max: Math.max(...metrics), dimension: dims.length - 1, right: 0, top: 40,
+        calculable: true, inRange: {color: ["#d0443b", "#f0c040", "#1e9e5a"]}} : undefined,
+      series: [{type: "parallel", lineStyle: {width: 1, opacity: 0.5}, data: rows}],
+    }, {replaceMerge: ["parallelAxis", "series", "visualMap"]});
+  }
+  return {name: "compare", refresh};
+}
+
+// ---- environments --------------------------------------------------------------------------
+
+function environmentsPage(params) {
+  main.innerHTML = `<h1>Environments</h1><table class="plain" id="envs"></table>
+    <h2 id="gpu-title">GPUs over time</h2><div class="grid2"><div class="chart small" id="env-util"></div><div class="chart small" id="env-mem"></div></div>
+    <h2>Waiting trials</h2><div id="waiting-total" class="muted"></div><table class="plain" id="waiting"></table>`;
+  let selected = params.get("env") || "";
+  const util = chart(document.getElementById("env-util"), lineOption("Utilisation (%)", [], {legend: true}));
+  const mem = chart(document.getElementById("env-mem"), lineOption("Memory used (GiB)", [], {legend: true}));
+  async function refresh() {
+    const d = await api("/api/environments");
+    if (!selected && d.environments.length) selected = d.environments[0].id;
+    document.getElementById("envs").innerHTML = "<tr><th>environment</th><th>platform</th><th>host</th><th>state</th><th>agent</th><th>GPUs</th><th>trials</th></tr>"
+      + d.environments.map(e => `<tr data-env="${esc(e.id)}"><td><a href="#/environments?env=${encodeURIComponent(e.id)}">${esc(e.id)}</a></td>
+        <td>${esc(e.platform)}</td><td>${esc(e.hostname || e.platform_id)}</td><td>${status(e.status)} <span class="muted">${esc(e.reason)}</span></td>
+        <td>${e.connected ? "connected" : "not connected"}</td>
+        <td>${e.gpus.length ? e.gpus.map(g => `GPU${esc(g.index)} ${esc(g.name)} ${g.utilization_percent === null ? "" : num(g.utilization_percent) + "%"} ${gib(g.memory_used_bytes)}/${gib(g.memory_total_bytes)}${g.held_by.length ? " [" + g.held_by.map(esc).join(" ") + "]" : ""}`).join("<br>") : `<span class="muted">${esc(e.gpu_unavailable_reason || "none")}</span>`}</td>
+        <td>${e.trial_count} (${e.running_trials.length} active) <a href="#/trials?q=${encodeURIComponent(e.id)}">list</a></td></tr>`).join("");
+    document.getElementById("waiting-total").textContent = d.waiting_total ? `${d.waiting_total} waiting` : "none waiting";
+    document.getElementById("waiting").innerHTML = d.waiting.length ? "<tr><th>trial</th><th>why it waits</th></tr>" + d.waiting.map(w =>
+      `<tr><td><a href="#/trial/${encodeURIComponent(w.id)}">${esc(w.id)}</a></td><td>${esc(w.reason)}</td></tr>`).join("") : "";
+    if (selected) {
+      document.getElementById("gpu-title").textContent = `GPUs of ${selected} over time`;
+      const g = await api(`/api/environments/${encodeURIComponent(selected)}/gpus`);
+      util.setOption({series: g.gpus.map(s => ({type: "line", showSymbol: false, name: s.uuid.slice(0, 12), data: s.utilization.map(([t, v]) => [t * 1000, v])}))}, {replaceMerge: ["series"]});
+      mem.setOption({series: g.gpus.map(s => ({type: "line", showSymbol: false, name: s.uuid.slice(0, 12), data: s.memory_used_bytes.map(([t, v]) => [t * 1000, v / 2 ** 30])}))}, {replaceMerge: ["series"]});
+    }
+  }
+  return {name: "environments", refresh};
+}
+
+// ---- routing -------------------------------------------------------------------------------
+
+function route() {
+  if (current && current.dispose) current.dispose();
+  charts.forEach(c => c.dispose()); charts = [];
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [path, qs] = hash.split("?");
+  const params = new URLSearchParams(qs || "");
+  const parts = path.split("/");
+  let name = parts[0] || "overview";
+  if (name === "trial" && parts[1]) current = trialPage(decodeURIComponent(parts.slice(1).join("/")));
+  else if (name === "trials") current = trialsPage(params);
+  else if (name === "compare") current = comparePage();
+  else if (name === "environments") current = environmentsPage(params);
+  else { name = "overview"; current = overviewPage(); }
+  document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.dataset.page === (name === "trial" ? "trials" : name)));
+  if (current.name !== "trials" && current.name !== "trial") Promise.resolve(current.refresh()).catch(e => toast(e.message));
+}
+window.addEventListener("hashchange", route);
+route();
+connect();

@@ -1,0 +1,229 @@
+"""The dashboard's JSON answers, built from read-model snapshots only.
+
+Each function takes an open :class:`ReadModel` and plain arguments and returns plain JSON data;
+the server (``server.py``) only routes, authorises and streams. Charts get a sample where the
+whole would be too much for a browser: at most a few hundred points a series."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..readmodel import GpuPoint, ReadModel, TrialSnapshot, optimize_mode, to_json
+from ..states import TrialStatus
+
+SERIES_POINTS = 400  # points a time series is thinned to
+CURVES = 100  # trials whose intermediate curves the comparison draws
+SCATTER_TRIALS = 2000  # trials the parameter charts draw
+LOG_CHUNK = 256 * 1024  # bytes of a log answered at once
+WAITING_SHOWN = 200
+
+
+class NotFound(LookupError):
+    pass
+
+
+def thin(points: Sequence[Any], n: int = SERIES_POINTS) -> list[Any]:
+    """At most ``n`` of ``points``, evenly spread, the last one always kept."""
+    if len(points) <= n:
+        return list(points)
+    step = len(points) / n
+    picked = [points[int(i * step)] for i in range(n - 1)]
+    return [*picked, points[-1]]
+
+
+def _max_trials(config: Mapping[str, Any] | None) -> int | None:
+    value = (config or {}).get("maxTrialNumber", (config or {}).get("max_trial_number"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _mode(config: Mapping[str, Any] | None) -> str:
+    tuner = (config or {}).get("tuner")
+    args = tuner.get("classArgs", tuner.get("class_args")) if isinstance(tuner, dict) else None
+    return optimize_mode(args if isinstance(args, dict) else None)
+
+
+def trial_json(t: TrialSnapshot) -> dict[str, Any]:
+    data = to_json(t)
+    data["duration_s"] = (t.ended_at or time.time()) - t.started_at if t.started_at is not None else None
+    return data
+
+
+def overview(model: ReadModel, now: float | None = None) -> dict[str, Any]:
+    """Status, counts, best trial, elapsed time and ETA, and trials finished and best metric over time."""
+    exp = model.experiment()
+    if exp is None:
+        raise NotFound("the store holds no experiment")
+    config = model.stored_config()
+    now = time.time() if now is None else now
+    end = exp.ended_at if exp.ended_at is not None else now
+    elapsed = end - exp.started_at if exp.started_at is not None else None
+    max_trials = _max_trials(config)
+    outcomes = model.outcomes()
+    finished, best_series = [], []
+    best: float | None = None
+    maximize = exp.optimize_mode == "maximize"
+    for i, o in enumerate(outcomes, 1):
+        finished.append((o.ended_at, i))
+        if o.final_metric is not None and (best is None or (o.final_metric > best if maximize else o.final_metric < best)):
+            best = o.final_metric
+        if best is not None:
+            best_series.append((o.ended_at, best))
+    eta = None
+    if max_trials and outcomes and elapsed is not None and exp.ended_at is None:
+        eta = max(0.0, elapsed / len(outcomes) * (max_trials - len(outcomes)))
+    data = to_json(exp)
+    data.pop("coordinator_address", None)  # where agents dial in: nothing a page needs
+    data["best"] = trial_json(exp.best) if exp.best is not None else None
+    data.update(
+        elapsed_s=elapsed, eta_s=eta, max_trials=max_trials, ended=len(outcomes),
+        finished_over_time=thin(finished), best_over_time=thin(best_series), now=now,
+    )
+    return data
+
+
+def trials(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
+    """A page of the trials table; ``query`` holds the URL's arguments (see README)."""
+    status = query.get("status") or None
+    page = model.trial_page(
+        status=status, search=query.get("q", ""), sort=query.get("sort", "sequence"),
+        descending=query.get("order", "asc") == "desc",
+        offset=_int(query, "offset", 0), limit=_int(query, "limit", 100),
+    )
+    return {
+        "total": page.total, "offset": page.offset, "trials": [trial_json(t) for t in page.trials],
+        "parameters": list(model.parameter_names()),
+    }
+
+
+def _int(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: {raw!r} is not a whole number") from None
+
+
+def trial(model: ReadModel, trial_id: str) -> dict[str, Any]:
+    detail = model.trial_detail(trial_id)
+    if detail is None:
+        raise NotFound(f"no trial {trial_id!r}")
+    data = to_json(detail)
+    data["trial"] = trial_json(detail.trial)
+    data.pop("stdout")  # paths on the coordinator's machine: the log endpoint serves them
+    data.pop("stderr")
+    data["intermediate"] = [[i, v] for i, v in thin(list(enumerate(detail.intermediate)), 2000)]
+    data["gpu_series"] = gpu_series(model.gpu_series(trial_id=trial_id))
+    return data
+
+
+def gpu_series(points: Sequence[GpuPoint]) -> list[dict[str, Any]]:
+    """Per GPU: its utilisation and memory used over time, thinned."""
+    by_gpu: dict[tuple[str, str], list[GpuPoint]] = {}
+    for p in points:
+        by_gpu.setdefault((p.environment_id, p.uuid), []).append(p)
+    return [
+        {
+            "environment_id": env, "uuid": uuid,
+            "utilization": [[p.at, p.utilization_percent] for p in thin(ps)],
+            "memory_used_bytes": [[p.at, p.memory_used_bytes] for p in thin(ps)],
+            "memory_total_bytes": ps[-1].memory_total_bytes,
+        }
+        for (env, uuid), ps in sorted(by_gpu.items())
+    ]
+
+
+def log(model: ReadModel, trial_id: str, stream: str, offset: int) -> dict[str, Any]:
+    """The trial's output from ``offset`` on (a chunk at most), and whether more may come."""
+    if stream not in ("stdout", "stderr"):
+        raise ValueError(f"stream: {stream!r} is not stdout or stderr")
+    t = model.trial(trial_id)
+    if t is None:
+        raise NotFound(f"no trial {trial_id!r}")
+    path = Path(model.experiment_dir) / "trials" / trial_id / f"{stream}.log"
+    data = b""
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, min(offset, size)))
+            data = f.read(LOG_CHUNK)
+    except FileNotFoundError:
+        pass
+    start = max(0, min(offset, size))
+    return {
+        "offset": start, "next_offset": start + len(data), "size": size,
+        "text": data.decode("utf-8", "replace"), "following": t.active,
+    }
+
+
+def compare(model: ReadModel) -> dict[str, Any]:
+    """Curves of the best and latest trials, and a sample of every trial's parameters and metric."""
+    config = model.stored_config()
+    descending = _mode(config) == "maximize"
+    best = model.trial_page(sort="metric", descending=descending, limit=CURVES // 2).trials
+    latest = model.trial_page(sort="sequence", descending=True, limit=CURVES // 2).trials
+    chosen = list({t.id: t for t in (*best, *latest)})
+    curves = model.curves(chosen)
+    sample = sampled_trials(model, SCATTER_TRIALS)
+    return {
+        "optimize_mode": "maximize" if descending else "minimize",
+        "parameters": list(model.parameter_names()),
+        "curves": [{"id": tid, "values": thin(list(v), SERIES_POINTS)} for tid, v in curves.items() if v],
+        "trials": [
+            {"id": t.id, "status": t.status.value if t.status else None, "final_metric": t.final_metric,
+             "parameters": t.parameters or {}}
+            for t in sample
+        ],
+        "sampled": len(sample) < model.trial_page(limit=0).total,
+    }
+
+
+def sampled_trials(model: ReadModel, n: int) -> list[TrialSnapshot]:
+    """About ``n`` trials spread evenly over the submission order (all when there are fewer)."""
+    total = model.trial_page(limit=0).total
+    if total <= n:
+        out: list[TrialSnapshot] = []
+        while len(out) < total:
+            page = model.trial_page(offset=len(out), limit=1000).trials
+            if not page:
+                break
+            out += page
+        return out
+    pages, size = 20, n // 20
+    return [t for i in range(pages) for t in model.trial_page(offset=i * total // pages, limit=size).trials]
+
+
+def environments(model: ReadModel) -> dict[str, Any]:
+    """Every environment with its GPUs' latest samples, and why the waiting trials wait."""
+    waiting = model.trial_page(status=TrialStatus.WAITING.value, limit=WAITING_SHOWN)
+    envs = []
+    for e in model.environments():
+        data = to_json(e)
+        data["trial_count"] = len(e.trials)
+        data["trials"] = list(e.trials[-50:])  # the latest; the trials page filters by environment
+        envs.append(data)
+    return {
+        "environments": envs,
+        "waiting_total": waiting.total,
+        "waiting": [{"id": t.id, "reason": t.waiting_reason, "submitted_at": t.submitted_at} for t in waiting.trials],
+    }
+
+
+def environment_gpus(model: ReadModel, env_id: str) -> dict[str, Any]:
+    return {"environment_id": env_id, "gpus": gpu_series(model.gpu_series(environment_id=env_id))}
+
+
+def change_marker(model: ReadModel) -> dict[str, Any]:
+    """What the live stream sends: cheap to read, and it changes whenever a page's data may."""
+    exp = model.experiment()
+    if exp is None:
+        return {}
+    return {
+        "status": exp.status, "trials": dict(exp.trials), "trial_count": exp.trial_count, "metrics": exp.metrics,
+        "best": exp.best.id if exp.best else None, "environments": exp.environments,
+    }
