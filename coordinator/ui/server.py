@@ -42,6 +42,7 @@ LIVE_INTERVAL_S = 1.0  # how often the live stream looks for changes
 KEEPALIVE_S = 15.0
 ACTION_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 30.0
+SHUTDOWN_TIMEOUT_S = 2.0
 
 
 class DashboardError(ValueError):
@@ -311,7 +312,8 @@ def check_bind(host: str, token: str) -> None:
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Start serving ``app``; returns its runner and the URL it answers on."""
-    runner = web.AppRunner(app, access_log=None)
+    # Open live streams never end by themselves: shutting down waits for them only briefly.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

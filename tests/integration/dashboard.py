@@ -1,0 +1,197 @@
+"""Helpers for the dashboard's tests: a real experiment served by `trialkeeper run --ui`, a
+stored one served by `trialkeeper ui`, a store of many trials, and plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import subprocess
+import textwrap
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conftest import write_script
+from test_cli import _script
+from trialkeeper.coordinator.store import MetricRow, Store
+
+HTTP_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    url: str
+    experiment_dir: Path
+    lines: list[str]
+
+    @property
+    def token(self) -> str:
+        return (self.experiment_dir / ".token").read_text().strip()
+
+
+def http(method: str, url: str, *, token: str | None = None, body: Any = None, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
+    """One request: its status, headers and body (an error status is an answer, not a raise)."""
+    data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+    request = urllib.request.Request(url, data=data, method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def get_json(url: str, **kw: Any) -> Any:
+    status, _, body = http("GET", url, **kw)
+    assert status == 200, (url, status, body[:500])
+    return json.loads(body)
+
+
+# A trial that prints, reports three intermediate results, then waits (90 s at most) until the
+# directory $GATES holds a file named by its sequence id, or one named "all", and reports x.
+GATED_TRIAL = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+print("trial output for x =", p["x"], flush=True)
+for i in range(3):
+    trial.report_intermediate_result(p["x"] * (i + 1) / 3)
+gates = pathlib.Path(os.environ["GATES"])
+mine, every = gates / os.environ["TRIALKEEPER_SEQUENCE_ID"], gates / "all"
+deadline = time.monotonic() + 90
+while not (mine.exists() or every.exists()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+trial.report_final_result(float(p["x"]))
+"""
+
+
+def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path) -> Path:
+    """A config whose trials wait to be let through one by one (see GATED_TRIAL)."""
+    gates.mkdir(parents=True, exist_ok=True)
+    write_script(root, "trial.py", GATED_TRIAL)
+    config = root / "config.yml"
+    config.write_text(textwrap.dedent(f"""
+        experimentName: dashboard
+        trialCommand: python3 trial.py
+        trialCodeDirectory: .
+        trialConcurrency: {concurrency}
+        maxTrialNumber: {trials}
+        trialEnv: {{GATES: "{gates}"}}
+        searchSpace:
+          x: {{_type: choice, _value: [1, 2, 3, 4, 5, 6]}}
+        tuner: {{name: random, classArgs: {{optimize_mode: maximize, seed: 5}}}}
+        coordinator: {{heartbeatInterval: 0.5, agentLostTimeout: 20, trialLostTimeout: 40}}
+        trainingService: {{platform: local}}
+        """).lstrip())
+    return config
+
+
+def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str] | None = None) -> Served:
+    proc = subprocess.Popen(
+        [_script(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    lines: list[str] = []
+    found: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("dashboard: "):
+                found.put(line.removeprefix("dashboard: ").strip())
+        found.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        url = found.get(timeout=START_TIMEOUT_S)
+    except queue.Empty:
+        url = ""
+    if not url:
+        proc.kill()
+        proc.wait(STOP_TIMEOUT_S)
+        raise AssertionError(f"no dashboard started: {''.join(lines)}")
+    return Served(proc, url.rstrip("/"), experiment_dir, lines)
+
+
+def _end(served: Served) -> None:
+    if served.proc.poll() is None:
+        served.proc.terminate()
+    try:
+        served.proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        served.proc.kill()
+        served.proc.wait(STOP_TIMEOUT_S)
+
+
+@dataclass
+class Gates:
+    directory: Path
+
+    def release(self, sequence_id: int) -> None:
+        (self.directory / str(sequence_id)).touch()
+
+    def release_all(self) -> None:
+        (self.directory / "all").touch()
+
+
+@contextmanager
+def live_experiment(root: Path, *, trials: int = 6, concurrency: int = 2, address: str = "127.0.0.1:0") -> Iterator[tuple[Served, Gates]]:
+    """`trialkeeper run --ui` of a gated experiment; yields it and its gates. Its trials are
+    let through and it is ended (SIGTERM) when the block leaves."""
+    gates = Gates(root / "gates")
+    config = gated_config(root, trials=trials, concurrency=concurrency, gates=gates.directory)
+    exp = root / "exp"
+    served = _start(["run", str(config), "--experiment-dir", str(exp), "--quiet", "--ui", address], exp, root)
+    try:
+        yield served, gates
+    finally:
+        gates.release_all()
+        _end(served)
+
+
+@contextmanager
+def stored_dashboard(experiment_dir: Path, address: str = "127.0.0.1:0", env: dict[str, str] | None = None) -> Iterator[Served]:
+    served = _start(["ui", str(experiment_dir), "--address", address], experiment_dir, experiment_dir.parent, env)
+    try:
+        yield served
+    finally:
+        _end(served)
+
+
+def many_trials(experiment_dir: Path, n: int, *, seed: int = 1) -> None:
+    """A finished experiment's store with ``n`` trials (as a long experiment leaves it)."""
+    rng = random.Random(seed)
+    store = Store.in_dir(experiment_dir)
+    store.create_experiment("bigexp", "many", {"maxTrialNumber": n, "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize"}}})
+    statuses = ["SUCCEEDED"] * 8 + ["FAILED", "USER_CANCELED"]
+    with store.transaction():
+        for seq in range(n):
+            status = rng.choice(statuses)
+            start = 1_700_000_000.0 + seq
+            store.insert_trial({
+                "id": f"tr{seq:05d}", "seq": seq, "status": status,
+                "parameters_json": json.dumps({"lr": round(rng.uniform(1e-4, 1), 6), "layers": rng.randint(1, 8),
+                                               "opt": rng.choice(["sgd", "adam", "rmsprop"])}),
+                "command": "python3 train.py", "gpu_number": 0, "environment_id": f"env-{seq % 7}",
+                "submitted_at": start, "started_at": start, "ended_at": start + rng.uniform(1, 100),
+                "final_metric": round(rng.random(), 6) if status == "SUCCEEDED" else None,
+            })
+        store.add_metrics([MetricRow(f"tr{seq:05d}", i, "intermediate", i / 10, json.dumps(i / 10), 1.0) for seq in range(n) for i in range(3)])
+    store.set_experiment_status("DONE", ended=True)
+    store.close()
+    (experiment_dir / ".token").write_text("stored-experiment-token-0123456789")

@@ -1,0 +1,218 @@
+"""The dashboard's server and JSON API against real experiments: `trialkeeper run --ui` with
+real agents and trials, and `trialkeeper ui` over a stored one; the token, /metrics parsed by
+prometheus-client, and `trialkeeper tensorboard`'s log directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+from dashboard import get_json, http, live_experiment, many_trials, stored_dashboard
+from prometheus_client.parser import text_string_to_metric_families
+from test_cli import _script
+from trialkeeper.coordinator.store import Store
+
+pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
+
+WAIT_S = 60.0
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "experiment")))] = s.value
+    return out
+
+
+def _first_event(url: str) -> dict:
+    """The first `change` event of the live stream."""
+    with urllib.request.urlopen(url + "/api/events", timeout=10) as stream:
+        event = ""
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "change":
+                return json.loads(line.removeprefix("data: "))
+    raise AssertionError("the live stream ended without an event")
+
+
+@pytest.mark.slow
+def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
+    with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
+        url, token = served.url, served.token
+        assert url.startswith("http://127.0.0.1:")
+        running = wait_until(
+            lambda: (e := get_json(url + "/api/experiment"))["trials"].get("RUNNING") == 2 and e,
+            timeout=WAIT_S, message="two trials running",
+        )
+        assert running["status"] == "RUNNING" and running["max_trials"] == 6 and running["name"] == "dashboard"
+        assert _first_event(url)["trials"].get("RUNNING") == 2
+
+        page = get_json(url + "/api/trials?status=RUNNING&sort=sequence&order=desc")
+        assert page["total"] == 2 and page["parameters"] == ["x"]
+        victim, first = page["trials"][0], page["trials"][1]
+        assert first["sequence_id"] == 0
+        detail = wait_until(
+            lambda: (d := get_json(f"{url}/api/trials/{first['id']}"))["intermediate"] and len(d["intermediate"]) == 3 and d,
+            timeout=WAIT_S, message="the trial's intermediate results",
+        )
+        x = first["parameters"]["x"]
+        assert [v for _, v in detail["intermediate"]] == pytest.approx([x / 3, 2 * x / 3, x])
+        assert detail["trial"]["status"] == "RUNNING" and detail["history"][-1]["new"] == "RUNNING"
+
+        # Actions need the token, in a header.
+        status, _, body = http("POST", f"{url}/api/trials/{victim['id']}/cancel")
+        assert status == 403 and b"token" in body
+        assert http("POST", f"{url}/api/trials/{victim['id']}/cancel", token="wrong")[0] == 403
+        status, _, body = http("POST", f"{url}/api/trials/{victim['id']}/cancel", token=token)
+        assert status == 200, body
+        wait_until(lambda: get_json(f"{url}/api/trials/{victim['id']}")["trial"]["status"] == "USER_CANCELED", timeout=WAIT_S)
+        assert http("POST", f"{url}/api/trials/{victim['id']}/cancel", token=token)[0] == 409  # it has ended
+        assert http("POST", f"{url}/api/trials/nope/cancel", token=token)[0] == 404
+
+        # Bad queries are refused by name.
+        status, _, body = http("GET", url + "/api/trials?sort=bogus")
+        assert status == 400 and b"sort: 'bogus' is not one of" in body
+        assert http("GET", url + "/api/trials?offset=x")[0] == 400
+        assert http("GET", url + "/api/trials/nope")[0] == 404
+
+        gates.release(0)
+        done = wait_until(
+            lambda: (e := get_json(url + "/api/experiment"))["trials"].get("SUCCEEDED") == 1 and e,
+            timeout=WAIT_S, message="the first trial finished",
+        )
+        assert done["best"]["id"] == first["id"] and done["best"]["final_metric"] == x
+        output = get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout")
+        assert f"trial output for x = {x}" in output["text"] and output["following"] is False
+        assert get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout&offset={output['next_offset']}")["text"] == ""
+        assert http("GET", f"{url}/api/trials/{first['id']}/log?stream=passwd")[0] == 400
+
+        # Prometheus, parsed by its own parser.
+        status, headers, text = http("GET", url + "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+        samples = _samples(text.decode())
+        assert samples[("trialkeeper_trials", (("status", "SUCCEEDED"),))] == 1
+        assert samples[("trialkeeper_trials", (("status", "USER_CANCELED"),))] == 1
+        assert samples[("trialkeeper_metrics_stored_total", ())] >= 7
+        assert samples[("trialkeeper_scheduling_passes_total", ())] >= 1
+        assert samples[("trialkeeper_scheduling_pass_seconds_total", ())] > 0
+        assert sum(v for (n, _), v in samples.items() if n == "trialkeeper_environments") >= 1
+        assert samples[("trialkeeper_agents_connected", ())] >= 1
+        assert ("trialkeeper_queue_length", ()) in samples
+
+        # No secret in any page or answer.
+        answers = [http("GET", url + path)[2] for path in (
+            "/", "/static/app.js", "/api/experiment", "/api/trials", f"/api/trials/{first['id']}", "/api/compare",
+            "/api/environments", "/metrics",
+        )]
+        assert all(token.encode() not in a for a in answers)
+        assert all(b"coordinator_address" not in a for a in answers)
+
+        # Stop the experiment from the dashboard: refused without the token, then done.
+        assert http("POST", url + "/api/experiment/stop")[0] == 403
+        assert http("POST", url + "/api/experiment/stop", token=token)[0] == 200
+        served.proc.wait(WAIT_S)
+    assert served.proc.returncode == 1 and "stopped by the user" in "".join(served.lines), "".join(served.lines)
+
+
+def test_a_stored_experiment_pages_sorts_and_filters(tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    many_trials(exp, 3000)
+    with stored_dashboard(exp) as served:
+        url = served.url
+        overview = get_json(url + "/api/experiment")
+        assert overview["status"] == "DONE" and overview["trial_count"] == 3000
+        assert len(overview["finished_over_time"]) <= 400 and overview["finished_over_time"][-1][1] == 3000
+
+        page = get_json(url + "/api/trials?sort=param:lr&order=desc&limit=50&offset=10")
+        lrs = [t["parameters"]["lr"] for t in page["trials"]]
+        assert page["total"] == 3000 and len(lrs) == 50 and lrs == sorted(lrs, reverse=True)
+        failed = get_json(url + "/api/trials?status=FAILED&q=rmsprop&limit=1000")
+        assert failed["total"] > 0 and all(
+            t["status"] == "FAILED" and t["parameters"]["opt"] == "rmsprop" for t in failed["trials"]
+        )
+        compare = get_json(url + "/api/compare")
+        assert compare["sampled"] and 0 < len(compare["trials"]) <= 2000 and compare["curves"]
+        envs = get_json(url + "/api/environments")
+        assert envs["waiting_total"] == 0
+
+        # Read from the store: no experiment in this process to act on.
+        status, _, body = http("POST", url + "/api/experiment/stop", token=served.token)
+        assert status == 409 and b"trialkeeper run --ui" in body
+
+
+def test_beyond_loopback_every_read_needs_the_token(tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    many_trials(exp, 10)
+    token = (exp / ".token").read_text()
+    with stored_dashboard(exp, address="0.0.0.0:0") as served:
+        url = served.url.replace("0.0.0.0", "127.0.0.1")
+        assert http("GET", url + "/")[0] == 200  # the page itself asks for the token
+        for path in ("/api/experiment", "/api/trials", "/metrics", "/api/events"):
+            assert http("GET", url + path)[0] == 401, path
+        assert get_json(url + "/api/experiment", token=token)["trial_count"] == 10
+        assert http("POST", url + "/api/login", body={"token": "wrong"})[0] == 403
+        status, headers, _ = http("POST", url + "/api/login", body={"token": token})
+        assert status == 200 and "HttpOnly" in headers["Set-Cookie"]
+    # A separate token replaces the experiment's.
+    with stored_dashboard(exp, address="0.0.0.0:0", env={"TRIALKEEPER_UI_TOKEN": "another-token"}) as served:
+        url = served.url.replace("0.0.0.0", "127.0.0.1")
+        assert http("GET", url + "/api/experiment", token=token)[0] == 401
+        assert http("GET", url + "/api/experiment", token="another-token")[0] == 200
+
+
+def _tk(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
+    env["PATH"] = os.path.dirname(_script())  # no tensorboard on it, whatever this machine has
+    return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=30, env=env, check=False)
+
+
+def test_ui_refuses_bad_input(tmp_path: Path) -> None:
+    proc = _tk("ui", tmp_path)
+    assert proc.returncode == 1 and f"no experiment in {tmp_path}" in proc.stderr
+    many_trials(tmp_path / "exp", 3)
+    proc = _tk("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
+    assert proc.returncode == 1 and "is not HOST:PORT" in proc.stderr
+    (tmp_path / "exp" / ".token").unlink()
+    proc = _tk("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
+    assert proc.returncode == 1 and "only with a token" in proc.stderr and "TRIALKEEPER_UI_TOKEN" in proc.stderr
+
+
+def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: Path) -> None:
+    exp = tmp_path / "exp"
+    many_trials(exp, 4)
+    store = Store.in_dir(exp)
+    store.insert_env("env-0", "local", "STOPPED")
+    store.insert_env("env-1", "remote", "STOPPED")
+    store.update_env("env-1", hostname="gpu-box-7")
+    store.update_trial("tr00001", environment_id="env-1")
+    store.update_trial("tr00000", environment_id="env-0")
+    store.update_trial("tr00002", environment_id="env-0")
+    store.update_trial("tr00003", environment_id="env-0")
+    store.close()
+    for tid in ("tr00000", "tr00002"):
+        (exp / "trials" / tid / "output").mkdir(parents=True)
+        (exp / "trials" / tid / "output" / "events.out.tfevents.1").write_bytes(b"")
+
+    proc = _tk("tensorboard", exp)
+    assert proc.returncode == 1, proc.stderr
+    logdir = exp / "tensorboard"
+    runs = sorted(p.name for p in logdir.iterdir())
+    assert len(runs) == 2 and runs[0].startswith("tr00000_layers=") and "lr=" in runs[0] and "opt=" in runs[0]
+    assert all((logdir / r).is_symlink() and (logdir / r / "events.out.tfevents.1").exists() for r in runs)
+    assert "trial tr00001: output not on this machine" in proc.stdout and "gpu-box-7" in proc.stdout
+    assert "trial tr00003: no output directory yet" in proc.stdout
+    assert "tensorboard is not installed: pip install tensorboard" in proc.stdout and f"--logdir {logdir}" in proc.stdout
+
+    # Again, for chosen trials, into another directory: only those runs.
+    proc = _tk("tensorboard", exp, "tr00002", "--logdir", tmp_path / "tb")
+    assert [p.name.split("_")[0] for p in (tmp_path / "tb").iterdir()] == ["tr00002"]
+    proc = _tk("tensorboard", exp, "nope")
+    assert proc.returncode == 1 and "no trial nope" in proc.stderr
