@@ -100,7 +100,7 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         samples = _samples(text.decode())
         assert samples[("trialkeeper_trials", (("status", "SUCCEEDED"),))] == 1
         assert samples[("trialkeeper_trials", (("status", "USER_CANCELED"),))] == 1
-        assert samples[("trialkeeper_metrics_stored_total", ())] >= 7
+        assert samples[("trialkeeper_metrics_stored_total", ())] >= 4  # the first trial: 3 intermediate, 1 final
         assert samples[("trialkeeper_scheduling_passes_total", ())] >= 1
         assert samples[("trialkeeper_scheduling_pass_seconds_total", ())] > 0
         assert sum(v for (n, _), v in samples.items() if n == "trialkeeper_environments") >= 1

@@ -134,7 +134,7 @@ function trialsPage(params) {
   const state = {status: params.get("status") || "", q: params.get("q") || "", sort: params.get("sort") || "sequence",
     order: params.get("order") || "asc", total: 0, pages: new Map(), columns: [], version: 0};
   main.innerHTML = `<h1>Trials</h1><div class="toolbar">
-      <select id="status-filter" aria-label="status"><option value="">every status</option>${STATUSES.map(s => `<option>${s}</option>`).join("")}</select>
+      <select id="status-filter" aria-label="status"><option value="">every status</option>${STATUSES.map(s => `<option value="${s}">${s}</option>`).join("")}</select>
       <input id="search" type="search" placeholder="search id, parameters, environment" size="36">
       <span id="trial-total" class="muted"></span></div>
     <div class="vtable" id="vtable"><div class="head" id="vhead"></div><div id="vbody" style="position:relative"></div></div>`;

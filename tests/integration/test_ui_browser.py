@@ -1,0 +1,183 @@
+"""The dashboard in a real browser: Debian's chromium, headless, driven by Selenium through
+chromium-driver, against a real running experiment (real agents and trials) and a stored
+experiment of 20,000 trials."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_until
+from dashboard import get_json, live_experiment, many_trials, stored_dashboard
+
+pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
+webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium: pip install -e '.[dev]'")
+from selenium.webdriver.common.by import By  # noqa: E402
+
+WAIT_S = 60.0
+INSTALL = "apt-get install chromium chromium-driver"
+
+
+def browser_paths() -> tuple[str, str]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium and driver:
+        return chromium, driver
+    why = f"chromium and chromium-driver are needed for the browser tests ({INSTALL})"
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    chromium, driver_path = browser_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    driver.set_page_load_timeout(WAIT_S)
+    driver.set_script_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def console_errors(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def text(driver: Any, css: str) -> str:
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return found[0].text if found else ""
+
+
+def series_points(driver: Any, element_id: str) -> int:
+    """How many points the chart in ``element_id`` draws in its first series (0 before any)."""
+    return int(driver.execute_script(
+        "const c = echarts.getInstanceByDom(document.getElementById(arguments[0]));"
+        "const s = c && c.getOption().series; return s && s.length ? s[0].data.length : 0;", element_id,
+    ))
+
+
+def painted(driver: Any, element_id: str) -> bool:
+    """Whether the chart's canvas holds anything but background."""
+    return bool(driver.execute_script(
+        "const cv = document.querySelector('#' + arguments[0] + ' canvas'); if (!cv) return false;"
+        "const d = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data;"
+        "for (let i = 3; i < d.length; i += 4) if (d[i] !== 0) return true; return false;", element_id,
+    ))
+
+
+@pytest.mark.slow
+def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None:
+    with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
+        url, token = served.url, served.token
+        browser.get(url + "/")
+        wait_until(lambda: text(browser, "[data-count=RUNNING]") == "2", timeout=WAIT_S, message="2 running on the overview")
+        browser.execute_script("window.notReloaded = true;")
+        assert text(browser, "#exp-title").startswith("Experiment ")
+
+        # Counts change as a trial finishes, without a reload.
+        gates.release(0)
+        wait_until(lambda: text(browser, "[data-count=SUCCEEDED]") == "1", timeout=WAIT_S, message="1 succeeded, live")
+        assert browser.execute_script("return window.notReloaded === true;")
+        wait_until(lambda: series_points(browser, "best-chart") >= 1, timeout=WAIT_S, message="best metric drawn")
+        assert "none yet" not in text(browser, "#best")
+
+        # The finished trial's curve, parameters and output.
+        first = get_json(url + "/api/trials?sort=sequence&limit=1")["trials"][0]
+        browser.get(f"{url}/#/trial/{first['id']}")
+        wait_until(lambda: series_points(browser, "curve-chart") == 3, timeout=WAIT_S, message="the curve drawn")
+        wait_until(lambda: painted(browser, "curve-chart"), timeout=WAIT_S, message="the curve's canvas painted")
+        wait_until(lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="stdout shown")
+        assert "SUCCEEDED" in text(browser, "#trial-status") and "x" in text(browser, "#params")
+
+        # Cancel a running trial: nothing happens without the token, it is canceled with it.
+        running = get_json(url + "/api/trials?status=RUNNING&sort=sequence&limit=1")["trials"][0]
+        browser.get(f"{url}/#/trial/{running['id']}")
+        wait_until(lambda: "RUNNING" in text(browser, "#trial-status"), timeout=WAIT_S)
+        assert console_errors(browser) == []  # (the log is read and emptied)
+        browser.find_element(By.ID, "cancel").click()
+        wait_until(lambda: "token" in text(browser, "#toast"), timeout=WAIT_S, message="asked for the token")
+        assert get_json(f"{url}/api/trials/{running['id']}")["trial"]["status"] == "RUNNING"
+        field = browser.find_element(By.ID, "token")
+        field.send_keys("not-the-token\n")
+        wait_until(lambda: "wrong token" in text(browser, "#toast"), timeout=WAIT_S, message="a wrong token refused")
+        # The browser logs the refusal (403) itself; nothing else may be there.
+        assert [e for e in console_errors(browser) if "/api/login" not in e or "403" not in e] == []
+        field.send_keys(token + "\n")
+        wait_until(lambda: "token accepted" in text(browser, "#toast"), timeout=WAIT_S)
+        browser.find_element(By.ID, "cancel").click()
+        wait_until(lambda: "USER_CANCELED" in text(browser, "#trial-status"), timeout=WAIT_S, message="canceled, shown live")
+
+        # Comparison and environments.
+        browser.get(url + "/#/compare")
+        wait_until(lambda: series_points(browser, "curves-chart") >= 2, timeout=WAIT_S, message="curves compared")
+        wait_until(lambda: series_points(browser, "parallel-chart") >= 1, timeout=WAIT_S, message="parallel coordinates")
+        browser.get(url + "/#/environments")
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#envs tr[data-env]"), timeout=WAIT_S)
+        assert "local" in text(browser, "#envs") and "connected" in text(browser, "#envs")
+
+        for page in ("/", "/#/trials", "/#/compare", "/#/environments"):
+            browser.get(url + page)
+            assert token not in browser.page_source
+        assert console_errors(browser) == []
+
+
+@pytest.mark.slow
+def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser: Any) -> None:
+    exp = tmp_path / "exp"
+    many_trials(exp, 20_000)
+    with stored_dashboard(exp) as served:
+        url = served.url
+        browser.get(url + "/#/trials")
+        wait_until(lambda: text(browser, "#trial-total") == "20000 trials", timeout=WAIT_S)
+        # Virtualised: a screenful of rows in the page, not 20,000.
+        assert 10 < len(browser.find_elements(By.CSS_SELECTOR, "#vbody .row")) < 100
+
+        def shown(column: int) -> list[str]:
+            """The first ten rows' cells of a column, top to bottom (read at once: rows are redrawn)."""
+            return list(browser.execute_script(
+                "return [...document.querySelectorAll('#vbody .row')]"
+                ".sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top)).slice(0, 10)"
+                ".map(r => r.children[arguments[0]].textContent);", column,
+            ))
+
+        metric = browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort=metric]")
+        metric.click()
+        metric = browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort=metric]")
+        metric.click()  # twice: best first
+        best = get_json(url + "/api/trials?sort=metric&order=desc&limit=10")["trials"]
+        wait_until(lambda: shown(1) == [t["id"] for t in best], timeout=WAIT_S, message="sorted by metric, descending")
+
+        browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort='param:lr']").click()
+        lowest = get_json(url + "/api/trials?sort=param:lr&limit=10")["trials"]
+        wait_until(lambda: shown(1) == [t["id"] for t in lowest], timeout=WAIT_S, message="sorted by a parameter")
+
+        browser.find_element(By.CSS_SELECTOR, "#status-filter option[value=FAILED]").click()
+        failed = get_json(url + "/api/trials?status=FAILED&limit=1")["total"]
+        wait_until(lambda: text(browser, "#trial-total") == f"{failed} trials", timeout=WAIT_S, message="filtered by status")
+        browser.find_element(By.ID, "search").send_keys("rmsprop")
+        both = get_json(url + "/api/trials?status=FAILED&q=rmsprop&limit=1")["total"]
+        assert 0 < both < failed
+        wait_until(lambda: text(browser, "#trial-total") == f"{both} trials", timeout=WAIT_S, message="searched")
+        wait_until(lambda: all(s == "FAILED" for s in shown(2)) and shown(2), timeout=WAIT_S)
+
+        # Scrolled to the end, the last rows are fetched and drawn.
+        browser.find_element(By.CSS_SELECTOR, "#status-filter option[value='']").click()
+        browser.find_element(By.ID, "search").clear()
+        browser.execute_script("document.getElementById('search').dispatchEvent(new Event('input'));")
+        wait_until(lambda: text(browser, "#trial-total") == "20000 trials", timeout=WAIT_S)
+        browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort=sequence]").click()
+        wait_until(lambda: shown(1)[:1] == ["tr00000"], timeout=WAIT_S, message="sorted by sequence")
+        browser.execute_script("const b = document.getElementById('vtable'); b.scrollTop = b.scrollHeight;")
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#vbody .row[data-id=tr19999]"), timeout=WAIT_S, message="last row drawn")
+        assert console_errors(browser) == []
