@@ -74,9 +74,9 @@ function lineOption(title, series, opts) {
   opts = opts || {};
   return {
     animation: false, title: {text: title, left: 10, top: 6, textStyle: {fontSize: 13}},
-    grid: {left: 60, right: 20, top: 40, bottom: 36}, tooltip: {trigger: opts.item ? "item" : "axis"},
+    grid: {left: 60, right: 20, top: 40, bottom: opts.xName ? 46 : 30}, tooltip: {trigger: opts.item ? "item" : "axis"},
     legend: opts.legend ? {top: 6, right: 10, type: "scroll", width: "55%"} : undefined,
-    xAxis: {type: opts.xType || "time", name: opts.xName || "", scale: true},
+    xAxis: {type: opts.xType || "time", name: opts.xName || "", nameLocation: "middle", nameGap: 26, scale: true},
     yAxis: {type: "value", scale: true, name: opts.yName || ""},
     series: series,
   };
@@ -217,7 +217,7 @@ function trialsPage(params) {
     state.pages = new Map();
     await Promise.all(keep.map(p => load(p, version)));
   }
-  reset().catch(e => toast(e.message));
+  reset().then(drawn, e => toast(e.message));
   return {name: "trials", refresh};
 }
 
@@ -258,6 +258,7 @@ function trialPage(id) {
     document.getElementById("history").innerHTML = "<tr><th>when</th><th>from</th><th>to</th><th>why</th></tr>" + d.history.map(h =>
       `<tr><td>${esc(when(h.at))}</td><td>${esc(h.old)}</td><td>${esc(h.new)}</td><td>${esc(h.reason)}</td></tr>`).join("");
     curve.setOption({series: [{type: "line", name: "intermediate", showSymbol: d.intermediate.length < 60, data: d.intermediate}]});
+    gpu.setOption({title: {text: "GPU utilisation (%)" + (d.gpu_series.length ? "" : " \u2014 no GPU samples")}});
     gpu.setOption({series: d.gpu_series.map(g => ({type: "line", showSymbol: false, name: g.uuid.slice(0, 12),
       data: g.utilization.map(([at, u]) => [at * 1000, u])}))});
     document.getElementById("gpu-chart").dataset.samples = d.gpu_usage.samples;
@@ -269,7 +270,7 @@ function trialPage(id) {
     try { if (following) { await follow("stdout"); await follow("stderr"); } } catch (e) { /* shown on the next refresh */ }
     timer = setTimeout(tick, 1000);
   }
-  refresh().then(tick).catch(e => toast(e.message));
+  refresh().then(() => { drawn(); tick(); }).catch(e => toast(e.message));
   return {name: "trial", refresh, dispose: () => { disposed = true; clearTimeout(timer); }};
 }
 
@@ -281,7 +282,7 @@ function comparePage() {
     <div class="toolbar" style="margin-top:14px"><label>parameter <select id="param-pick"></select></label></div>
     <div class="grid2"><div class="chart" id="scatter-chart"></div><div class="chart" id="parallel-chart"></div></div>`;
   const curves = chart(document.getElementById("curves-chart"), lineOption("Intermediate results of every trial", [], {xType: "value", xName: "report", item: true}));
-  const scatter = chart(document.getElementById("scatter-chart"), lineOption("Parameter against final metric", [], {xType: "value", item: true}));
+  const scatter = chart(document.getElementById("scatter-chart"), lineOption("Parameter against final metric", [], {xType: "value", xName: " ", item: true}));
   const parallel = chart(document.getElementById("parallel-chart"), {animation: false});
   let data = null;
   const pick = document.getElementById("param-pick");
@@ -292,7 +293,8 @@ function comparePage() {
     const categories = [...new Set(data.trials.map(t => t.parameters[p]).filter(v => typeof v === "string"))];
     const points = data.trials.filter(t => t.final_metric !== null && t.parameters[p] !== undefined)
       .map(t => [typeof t.parameters[p] === "number" ? t.parameters[p] : categories.indexOf(String(t.parameters[p])), t.final_metric, t.id]);
-    scatter.setOption({xAxis: categories.length ? {type: "category", data: categories, name: p} : {type: "value", name: p, scale: true},
+    scatter.setOption({xAxis: categories.length ? {type: "category", data: categories, name: p, nameLocation: "middle", nameGap: 26}
+        : {type: "value", name: p, scale: true, nameLocation: "middle", nameGap: 26},
       tooltip: {formatter: x => `${esc(x.value[2])}: ${esc(p)}=${esc(categories.length ? categories[x.value[0]] : x.value[0])}, metric ${num(x.value[1])}`},
       series: [{type: "scatter", symbolSize: 6, data: categories.length ? points.map(([x, y, id]) => [x, y, id]) : points}]}, {replaceMerge: ["xAxis", "series"]});
   }
@@ -309,15 +311,16 @@ function comparePage() {
       const strings = [...new Set(data.trials.map(t => t.parameters[p]).filter(v => typeof v === "string"))];
       return strings.length ? {dim: i, name: p, type: "category", data: strings} : {dim: i, name: p};
     });
-    dims.push({dim: dims.length, name: "metric"});
+    dims.forEach(d => { if (d.type !== "category") d.scale = true; });
+    dims.push({dim: dims.length, name: "metric", scale: true});
     const metrics = data.trials.map(t => t.final_metric).filter(v => v !== null);
     const rows = data.trials.filter(t => t.final_metric !== null).map(t => [...data.parameters.map(p => {
       const v = t.parameters[p]; return typeof v === "number" || typeof v === "string" ? v : null; }), t.final_metric]);
     parallel.setOption({
       title: {text: "Parameters, coloured by the final metric", left: 10, top: 6, textStyle: {fontSize: 13}},
-      parallel: {left: 50, right: 80, top: 60, bottom: 30}, parallelAxis: dims,
+      parallel: {left: 50, right: 120, top: 60, bottom: 30}, parallelAxis: dims,
       visualMap: metrics.length ? {min: Math.min(...metrics), max: Math.max(...metrics), dimension: dims.length - 1, right: 0, top: 40,
-        calculable: true, inRange: {color: ["#d0443b", "#f0c040", "#1e9e5a"]}} : undefined,
+        calculable: true, precision: 3, inRange: {color: ["#d0443b", "#f0c040", "#1e9e5a"]}} : undefined,
       series: [{type: "parallel", lineStyle: {width: 1, opacity: 0.5}, data: rows}],
     }, {replaceMerge: ["parallelAxis", "series", "visualMap"]});
   }
@@ -348,6 +351,8 @@ function environmentsPage(params) {
     if (selected) {
       document.getElementById("gpu-title").textContent = `GPUs of ${selected} over time`;
       const g = await api(`/api/environments/${encodeURIComponent(selected)}/gpus`);
+      const none = g.gpus.length ? "" : " \u2014 no GPU samples";
+      util.setOption({title: {text: "Utilisation (%)" + none}}); mem.setOption({title: {text: "Memory used (GiB)" + none}});
       util.setOption({series: g.gpus.map(s => ({type: "line", showSymbol: false, name: s.uuid.slice(0, 12), data: s.utilization.map(([t, v]) => [t * 1000, v])}))}, {replaceMerge: ["series"]});
       mem.setOption({series: g.gpus.map(s => ({type: "line", showSymbol: false, name: s.uuid.slice(0, 12), data: s.memory_used_bytes.map(([t, v]) => [t * 1000, v / 2 ** 30])}))}, {replaceMerge: ["series"]});
     }
@@ -371,8 +376,11 @@ function route() {
   else if (name === "environments") current = environmentsPage(params);
   else { name = "overview"; current = overviewPage(); }
   document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.dataset.page === (name === "trial" ? "trials" : name)));
-  if (current.name !== "trials" && current.name !== "trial") Promise.resolve(current.refresh()).catch(e => toast(e.message));
+  delete document.body.dataset.drawn;
+  if (current.name !== "trials" && current.name !== "trial") Promise.resolve(current.refresh()).then(drawn, e => toast(e.message));
 }
+// Marks the page drawn once its first data is in (what the screenshot script waits for).
+function drawn() { if (current) document.body.dataset.drawn = current.name; }
 window.addEventListener("hashchange", route);
 route();
 connect();
