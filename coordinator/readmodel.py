@@ -177,13 +177,12 @@ class TrialPage:
 
 
 @dataclass(frozen=True)
-class TrialOutcome:
-    """When a trial ended and what it scored: what charts over time draw."""
+class EndedPoint:
+    """A point of the charts over time: when, trials ended by then, best metric by then."""
 
-    sequence_id: int
-    status: str
-    final_metric: float | None
-    ended_at: float
+    at: float
+    ended: int
+    best: float | None
 
 
 @dataclass(frozen=True)
@@ -197,6 +196,13 @@ class GpuPoint:
     memory_used_bytes: int
     memory_total_bytes: int
     trial_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A trial that no longer waits or runs, as an environment's list of trials needs it."""
+
+    id: str
 
 
 class PageError(ValueError):
@@ -474,22 +480,28 @@ class ReadModel:
                 "(id LIKE ? ESCAPE '\\' OR parameters_json LIKE ? ESCAPE '\\' OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
             )
             args += [pattern] * 3
-        order_args: list[Any] = []
+        key_args: list[Any] = []
         if sort.startswith(PARAMETER_SORT) and len(sort) > len(PARAMETER_SORT):
             # A JSON path with the name quoted, so any name is one key.
-            expr = "(CASE WHEN json_valid(parameters_json) THEN json_extract(parameters_json, ?) END)"
-            order_args = [f'$."{sort[len(PARAMETER_SORT):]}"'] * 2
+            key = "(CASE WHEN json_valid(parameters_json) THEN json_extract(parameters_json, ?) END)"
+            key_args = [f'$."{sort[len(PARAMETER_SORT):]}"']
         elif sort in TRIAL_SORTS:
-            expr = TRIAL_SORTS[sort]
+            key = TRIAL_SORTS[sort]
         else:
             raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
-        direction = "DESC" if descending else "ASC"
-        order = f"{expr} IS NULL, {expr} {direction}, seq {direction}"
         offset, limit = max(0, int(offset)), max(0, min(int(limit), 1000))
         total, rows = self._read("trials", lambda: self.store.trials_page(
-            where=" AND ".join(where), args=args, order=order, order_args=order_args, offset=offset, limit=limit,
+            where=" AND ".join(where), args=args, key=key, key_args=key_args, descending=descending,
+            offset=offset, limit=limit,
         ))
         return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
+
+    def sample(self, n: int) -> tuple[TrialSnapshot, ...]:
+        """About ``n`` trials spread evenly over the submission order (every one when fewer)."""
+        total = sum(self.trial_counts().values())
+        step = -(-total // n) if n > 0 else total + 1
+        rows = self._read("trials", lambda: self.store.trials_every(step, n))
+        return tuple(trial_snapshot(r) for r in rows)
 
     def trial_counts(self) -> dict[str, int]:
         """Trials per status (a status this version does not know counts as UNREADABLE)."""
@@ -504,12 +516,12 @@ class ReadModel:
         row = self._read("trials", lambda: self.store.best_trial(descending=mode == "maximize"))
         return None if row is None else trial_snapshot(row)
 
-    def outcomes(self) -> tuple[TrialOutcome, ...]:
-        """Every ended trial in the order they ended (rows that cannot be read are left out)."""
+    def ended_series(self, mode: str, points: int = 400) -> tuple[EndedPoint, ...]:
+        """How many trials had ended, and the best final metric so far, as trials ended:
+        about ``points`` of them, evenly spread, the last always kept."""
         return tuple(
-            TrialOutcome(seq, status, float(metric) if isinstance(metric, (int, float)) else None, float(ended))
-            for seq, status, metric, ended in self._read("trials", self.store.trial_outcomes)
-            if isinstance(seq, int) and isinstance(status, str) and isinstance(ended, (int, float))
+            EndedPoint(float(at), int(n), float(best) if best is not None else None)
+            for at, n, best in self._read("trials", lambda: self.store.ended_series(mode == "maximize", points))
         )
 
     def parameter_names(self, sample: int = 1000) -> tuple[str, ...]:
@@ -536,23 +548,27 @@ class ReadModel:
     # -- environments
 
     def environments(self) -> tuple[EnvSnapshot, ...]:
-        by_env: dict[str | None, list[TrialSnapshot]] = {}
-        for t in self.trials():
-            by_env.setdefault(t.environment_id, []).append(t)
+        # Only the trials still waiting or running are read whole (their GPUs, whether they
+        # stop): with a hundred thousand ended trials, an environment needs just their ids.
+        active = {t.id: t for t in (trial_snapshot(r) for r in self._read("trials", self.store.active_trials))}
+        by_env: dict[str | None, list[TrialSnapshot | _Ended]] = {}
+        for tid, env_id, _ in self._read("trials", self.store.trial_places):
+            if isinstance(tid, str) and (env_id is None or isinstance(env_id, str)):
+                by_env.setdefault(env_id, []).append(active.get(tid) or _Ended(tid))
         samples = self._read("GPU samples", self.store.latest_gpu_samples)
         return tuple(self._env(r, by_env, samples) for r in self._read("environments", self.store.envs))
 
     def _env(
         self,
         row: Mapping[str, Any],
-        by_env: Mapping[str | None, Sequence[TrialSnapshot]],
+        by_env: Mapping[str | None, Sequence[TrialSnapshot | _Ended]],
         samples: Mapping[str, Mapping[str, GpuSampleRow]],
     ) -> EnvSnapshot:
         f = _Fields(row)
         env_id = f.text("id")
         info = f.json("info_json", lambda v: isinstance(v, dict), "a JSON object", {})
         placed = list(by_env.get(env_id, ()))
-        running = [t for t in placed if t.active]
+        running = [t for t in placed if isinstance(t, TrialSnapshot) and t.active]
         holding: dict[int, list[str]] = {}
         for t in running:
             for i in t.gpu_indices:

@@ -284,6 +284,14 @@ class Store:
         row = self._db.execute("SELECT * FROM trials WHERE id = ?", (trial_id,)).fetchone()
         return dict(row) if row else None
 
+    def trial_places(self) -> list[tuple[Any, Any, Any]]:
+        """(id, environment id, status) of every trial, in submission order."""
+        return [tuple(r) for r in self._db.execute("SELECT id, environment_id, status FROM trials ORDER BY seq")]
+
+    def active_trials(self) -> list[dict[str, Any]]:
+        """The trials waiting or running, in submission order."""
+        return [dict(r) for r in self._db.execute("SELECT * FROM trials WHERE status IN ('WAITING', 'RUNNING') ORDER BY seq")]
+
     def trial_counts(self) -> dict[str, int]:
         """How many trials hold each stored status."""
         return {str(s): int(n) for s, n in self._db.execute("SELECT status, count(*) FROM trials GROUP BY status")}
@@ -298,20 +306,41 @@ class Store:
         return dict(row) if row else None
 
     def trials_page(
-        self, *, where: str, args: Sequence[Any], order: str, order_args: Sequence[Any], offset: int, limit: int
+        self, *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any], descending: bool, offset: int, limit: int
     ) -> tuple[int, list[dict[str, Any]]]:
-        """One page of trials and how many match. ``where`` and ``order`` are SQL fragments
-        the read model builds from a fixed set (values travel as arguments)."""
+        """One page of trials sorted by ``key`` (rows without a value last) and how many match.
+        ``where`` and ``key`` are SQL fragments the read model builds from a fixed set
+        (values travel as arguments)."""
         (total,) = self._db.execute(f"SELECT count(*) FROM trials WHERE {where}", args).fetchone()
+        direction = "DESC" if descending else "ASC"
+        # The key is computed once a row (as sort_key), not once for each use in ORDER BY.
         rows = self._db.execute(
-            f"SELECT * FROM trials WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?", [*args, *order_args, limit, offset]
+            f"SELECT *, {key} AS sort_key FROM trials WHERE {where}"
+            f" ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction} LIMIT ? OFFSET ?",
+            [*key_args, *args, limit, offset],
         ).fetchall()
         return int(total), [dict(r) for r in rows]
 
-    def trial_outcomes(self) -> list[tuple[Any, Any, Any, Any]]:
-        """(seq, status, final metric, ended at) of every ended trial, in the order they ended."""
+    def trials_every(self, step: int, limit: int) -> list[dict[str, Any]]:
+        """Every ``step``-th trial in submission order, ``limit`` at most."""
+        return [dict(r) for r in self._db.execute(
+            "SELECT * FROM trials WHERE seq % ? = 0 ORDER BY seq LIMIT ?", (max(1, step), limit)
+        )]
+
+    def ended_series(self, maximize: bool, points: int) -> list[tuple[Any, Any, Any]]:
+        """(ended at, trials ended so far, best numeric final metric so far) as trials ended,
+        thinned in the store to about ``points`` rows (the last one always kept)."""
+        best = "max" if maximize else "min"
         return [tuple(r) for r in self._db.execute(
-            "SELECT seq, status, final_metric, ended_at FROM trials WHERE ended_at IS NOT NULL ORDER BY ended_at, seq"
+            "WITH e AS (SELECT ended_at,"
+            " row_number() OVER w AS n,"
+            f" {best}(CASE WHEN typeof(final_metric) IN ('real', 'integer') THEN final_metric END) OVER w AS best"
+            " FROM trials WHERE typeof(ended_at) IN ('real', 'integer')"
+            " WINDOW w AS (ORDER BY ended_at, seq ROWS UNBOUNDED PRECEDING)),"
+            " t AS (SELECT count(*) AS total FROM e)"
+            " SELECT ended_at, n, best FROM e, t"
+            " WHERE n % max(1, (t.total + ? - 1) / ?) = 0 OR n = t.total ORDER BY n",
+            (points, max(1, points)),
         )]
 
     def parameter_names(self, sample: int) -> list[str]:

@@ -29,10 +29,9 @@ class ExperimentCollector(Collector):
         for status in [s.value for s in TrialStatus] + sorted(set(counts) - {s.value for s in TrialStatus}):
             trials.add_metric([labels["experiment"], status], counts.get(status, 0))
         out.append(trials)
-        out.append(GaugeMetricFamily(
-            "trialkeeper_queue_length", "Trials waiting for a place.", labels=["experiment"],
-        ))
-        out[-1].add_metric([labels["experiment"]], counts.get(TrialStatus.WAITING.value, 0))
+        queue = GaugeMetricFamily("trialkeeper_queue_length", "Trials waiting for a place.", labels=["experiment"])
+        queue.add_metric([labels["experiment"]], counts.get(TrialStatus.WAITING.value, 0))
+        out.append(queue)
 
         by_state = GaugeMetricFamily("trialkeeper_environments", "Environments by state.", labels=["experiment", "state"])
         env_counts: dict[str, int] = {}
@@ -73,13 +72,13 @@ class ExperimentCollector(Collector):
         total_mem = GaugeMetricFamily("trialkeeper_gpu_memory_total_bytes", "GPU memory in all.", labels=names)
         for e in envs:
             for g in e.gpus:
-                key = [labels["experiment"], e.id, "" if g.index is None else str(g.index), g.uuid]
+                gpu_labels = [labels["experiment"], e.id, "" if g.index is None else str(g.index), g.uuid]
                 if g.utilization_percent is not None:
-                    util.add_metric(key, g.utilization_percent)
+                    util.add_metric(gpu_labels, g.utilization_percent)
                 if g.memory_used_bytes is not None:
-                    used.add_metric(key, g.memory_used_bytes)
+                    used.add_metric(gpu_labels, g.memory_used_bytes)
                 if g.memory_total_bytes is not None:
-                    total_mem.add_metric(key, g.memory_total_bytes)
+                    total_mem.add_metric(gpu_labels, g.memory_total_bytes)
         out += [util, used, total_mem]
         return out
 

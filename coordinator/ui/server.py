@@ -14,6 +14,7 @@ never appears in a page or an answer."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import ipaddress
 import json
@@ -250,7 +251,7 @@ class _State:
 
     async def _on_experiment_loop(self, coro: Awaitable[None]) -> None:
         assert self.controls is not None
-        future = asyncio.run_coroutine_threadsafe(coro, self.controls.loop)  # type: ignore[arg-type]
+        future: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(coro, self.controls.loop)  # type: ignore[arg-type]
         await asyncio.wait_for(asyncio.wrap_future(future), ACTION_TIMEOUT_S)
 
     async def cancel(self, request: web.Request) -> web.Response:

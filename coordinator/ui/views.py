@@ -61,25 +61,18 @@ def overview(model: ReadModel, now: float | None = None) -> dict[str, Any]:
     end = exp.ended_at if exp.ended_at is not None else now
     elapsed = end - exp.started_at if exp.started_at is not None else None
     max_trials = _max_trials(config)
-    outcomes = model.outcomes()
-    finished, best_series = [], []
-    best: float | None = None
-    maximize = exp.optimize_mode == "maximize"
-    for i, o in enumerate(outcomes, 1):
-        finished.append((o.ended_at, i))
-        if o.final_metric is not None and (best is None or (o.final_metric > best if maximize else o.final_metric < best)):
-            best = o.final_metric
-        if best is not None:
-            best_series.append((o.ended_at, best))
+    series = model.ended_series(exp.optimize_mode, SERIES_POINTS)
+    ended = series[-1].ended if series else 0
     eta = None
-    if max_trials and outcomes and elapsed is not None and exp.ended_at is None:
-        eta = max(0.0, elapsed / len(outcomes) * (max_trials - len(outcomes)))
+    if max_trials and ended and elapsed is not None and exp.ended_at is None:
+        eta = max(0.0, elapsed / ended * (max_trials - ended))
     data = to_json(exp)
     data.pop("coordinator_address", None)  # where agents dial in: nothing a page needs
     data["best"] = trial_json(exp.best) if exp.best is not None else None
     data.update(
-        elapsed_s=elapsed, eta_s=eta, max_trials=max_trials, ended=len(outcomes),
-        finished_over_time=thin(finished), best_over_time=thin(best_series), now=now,
+        elapsed_s=elapsed, eta_s=eta, max_trials=max_trials, ended=ended, now=now,
+        finished_over_time=[(p.at, p.ended) for p in series],
+        best_over_time=[(p.at, p.best) for p in series if p.best is not None],
     )
     return data
 
@@ -169,7 +162,7 @@ def compare(model: ReadModel) -> dict[str, Any]:
     latest = model.trial_page(sort="sequence", descending=True, limit=CURVES // 2).trials
     chosen = list({t.id: t for t in (*best, *latest)})
     curves = model.curves(chosen)
-    sample = sampled_trials(model, SCATTER_TRIALS)
+    sample = model.sample(SCATTER_TRIALS)
     return {
         "optimize_mode": "maximize" if descending else "minimize",
         "parameters": list(model.parameter_names()),
@@ -179,23 +172,8 @@ def compare(model: ReadModel) -> dict[str, Any]:
              "parameters": t.parameters or {}}
             for t in sample
         ],
-        "sampled": len(sample) < model.trial_page(limit=0).total,
+        "sampled": len(sample) < sum(model.trial_counts().values()),
     }
-
-
-def sampled_trials(model: ReadModel, n: int) -> list[TrialSnapshot]:
-    """About ``n`` trials spread evenly over the submission order (all when there are fewer)."""
-    total = model.trial_page(limit=0).total
-    if total <= n:
-        out: list[TrialSnapshot] = []
-        while len(out) < total:
-            page = model.trial_page(offset=len(out), limit=1000).trials
-            if not page:
-                break
-            out += page
-        return out
-    pages, size = 20, n // 20
-    return [t for i in range(pages) for t in model.trial_page(offset=i * total // pages, limit=size).trials]
 
 
 def environments(model: ReadModel) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dashboard import get_json, live_experiment, many_trials, stored_dashboard
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium: pip install -e '.[dev]'")
-from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.by import By
 
 WAIT_S = 60.0
 INSTALL = "apt-get install chromium chromium-driver"

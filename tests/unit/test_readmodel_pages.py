@@ -3,6 +3,7 @@ searched and sorted in the store, one page at a time."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -85,9 +86,18 @@ def test_counts_best_outcomes_names_curves_and_gpu_series(tmp_path: Path) -> Non
         assert best is not None and best.id == "t000"
         exp = model.experiment()
         assert exp is not None and exp.best is not None and exp.best.id == "t048"
-        outcomes = model.outcomes()
-        assert len(outcomes) == 26 and [o.ended_at for o in outcomes] == sorted(o.ended_at for o in outcomes)
+        series = model.ended_series("minimize", points=1000)
+        assert [p.ended for p in series] == list(range(1, 27))
+        assert [p.at for p in series] == sorted(p.at for p in series)
+        # The best so far: the first to end is t000 (metric 100), later ones are lower.
+        assert series[0].best == 100.0 and series[-1].best == 52.0
+        assert all(a.best >= b.best for a, b in itertools.pairwise(series))  # type: ignore[operator]
+        thinned = model.ended_series("maximize", points=5)
+        assert [p.ended for p in thinned] == [6, 12, 18, 24, 26] and {p.best for p in thinned} == {100.0}
         assert model.parameter_names() == ("lr", "opt")
+        sample = model.sample(10)
+        assert [t.sequence_id for t in sample] == list(range(0, 50, 5))
+        assert len(model.sample(1000)) == 50
         assert model.curves(["t000", "t001"]) == {"t000": (0.0, 0.5, 1.0), "t001": ()}
         series = model.gpu_series(environment_id="env-a")
         assert [(p.uuid, p.utilization_percent, p.trial_ids) for p in series] == [("GPU-0", 40.0, ("t003",))]
