@@ -37,7 +37,7 @@ from .metrics import metrics_text
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
-TOKEN_ENV = "TRIALKEEPER_UI_TOKEN"
+UI_TOKEN_ENV = "TRIALKEEPER_UI_TOKEN"
 COOKIE = "trialkeeper_ui"
 LIVE_INTERVAL_S = 1.0  # how often the live stream looks for changes
 KEEPALIVE_S = 15.0
@@ -87,7 +87,7 @@ def is_loopback(host: str) -> bool:
 
 def read_token(experiment_dir: Path) -> str:
     """The token the dashboard asks for: ``TRIALKEEPER_UI_TOKEN``, else the experiment's own."""
-    given = os.environ.get(TOKEN_ENV, "").strip()
+    given = os.environ.get(UI_TOKEN_ENV, "").strip()
     if given:
         return given
     try:
@@ -307,7 +307,7 @@ def check_bind(host: str, token: str) -> None:
     if not is_loopback(host) and not token:
         raise DashboardError(
             f"the dashboard binds {host}, beyond this machine, only with a token: the experiment's .token file "
-            f"is missing, so set {TOKEN_ENV}"
+            f"is missing, so set {UI_TOKEN_ENV}"
         )
 
 
