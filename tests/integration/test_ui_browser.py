@@ -55,8 +55,9 @@ def console_errors(driver: Any) -> list[str]:
 
 
 def text(driver: Any, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The text of the first element ``css`` selects ("" when none), read in one step: pages
+    redraw their elements, and a reference held across steps would go stale."""
+    return str(driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css))
 
 
 def series_points(driver: Any, element_id: str) -> int:
@@ -157,6 +158,7 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         metric.click()  # twice: best first
         best = get_json(url + "/api/trials?sort=metric&order=desc&limit=10")["trials"]
         wait_until(lambda: shown(1) == [t["id"] for t in best], timeout=WAIT_S, message="sorted by metric, descending")
+        assert browser.execute_script("return document.querySelector('#vhead [data-sort=metric]').className;") == "sorted desc"
 
         browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort='param:lr']").click()
         lowest = get_json(url + "/api/trials?sort=param:lr&limit=10")["trials"]

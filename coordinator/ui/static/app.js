@@ -203,6 +203,7 @@ function trialsPage(params) {
   }
   function reset() {
     state.version++; state.pages = new Map();
+    if (state.columns.length) drawHead(); // the sorted column's mark
     const q = new URLSearchParams();
     for (const k of ["status", "q", "sort", "order"]) if (state[k]) q.set(k, state[k]);
     history.replaceState(null, "", "#/trials?" + q);
