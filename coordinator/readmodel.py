@@ -459,14 +459,15 @@ class ReadModel:
         self,
         *,
         status: str | None = None,
+        environment: str | None = None,
         search: str = "",
         sort: str = "sequence",
         descending: bool = False,
         offset: int = 0,
         limit: int = 100,
     ) -> TrialPage:
-        """A page of trials: those of ``status`` (any when None) whose id, parameters or
-        environment contain ``search``, sorted by a key of :data:`TRIAL_SORTS` or by
+        """A page of trials: those of ``status`` (any when None), placed last on
+        ``environment`` (any when None), whose id, parameters or environment contain ``search``, sorted by a key of :data:`TRIAL_SORTS` or by
         ``param:NAME``; trials without a value for the key come last either way."""
         where, args = ["1=1"], []
         if status is not None:
@@ -474,6 +475,9 @@ class ReadModel:
                 raise PageError(f"status: {status!r} is not one of {', '.join(s.value for s in TrialStatus)}")
             where.append("status = ?")
             args.append(status)
+        if environment is not None:
+            where.append("environment_id = ?")
+            args.append(environment)
         if search:
             pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             where.append(

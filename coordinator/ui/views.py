@@ -81,7 +81,7 @@ def trials(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
     """A page of the trials table; ``query`` holds the URL's arguments (see README)."""
     status = query.get("status") or None
     page = model.trial_page(
-        status=status, search=query.get("q", ""), sort=query.get("sort", "sequence"),
+        status=status, environment=query.get("environment") or None, search=query.get("q", ""), sort=query.get("sort", "sequence"),
         descending=query.get("order", "asc") == "desc",
         offset=_int(query, "offset", 0), limit=_int(query, "limit", 100),
     )

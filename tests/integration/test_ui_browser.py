@@ -127,10 +127,25 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#envs tr[data-env]"), timeout=WAIT_S)
         assert "local" in text(browser, "#envs") and "connected" in text(browser, "#envs")
 
+        # An environment's trials, by the link on its row.
+        env_id = browser.find_element(By.CSS_SELECTOR, "#envs tr[data-env]").get_attribute("data-env")
+        on_env = get_json(f"{url}/api/trials?environment={env_id}&limit=1")["total"]
+        browser.find_element(By.CSS_SELECTOR, f"#envs tr[data-env='{env_id}'] a[href*='environment=']").click()
+        wait_until(lambda: text(browser, "#trial-total") == f"{on_env} trials", timeout=WAIT_S, message="an environment's trials")
+        assert env_id in text(browser, "#env-filter")
+
         for page in ("/", "/#/trials", "/#/compare", "/#/environments"):
             browser.get(url + page)
             assert token not in browser.page_source
         assert console_errors(browser) == []
+
+        # Stop the experiment from the overview (the token is still in this tab).
+        browser.get(url + "/")
+        wait_until(lambda: browser.execute_script("return document.getElementById('stop').style.display === '';"), timeout=WAIT_S)
+        browser.find_element(By.ID, "stop").click()
+        browser.switch_to.alert.accept()
+        served.proc.wait(WAIT_S)
+    assert served.proc.returncode == 1 and "stopped by the user" in "".join(served.lines), "".join(served.lines)
 
 
 @pytest.mark.slow

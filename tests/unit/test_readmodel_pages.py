@@ -62,6 +62,9 @@ def test_a_page_is_filtered_searched_sorted_and_counted(tmp_path: Path) -> None:
         assert adam.total == 17 and all(t.parameters and t.parameters["opt"] == "adam_x" for t in adam.trials)
         assert model.trial_page(search="adam%", limit=1000).total == 0
         assert model.trial_page(search="env-a", status="WAITING", limit=1000).total == 2
+        on_a = model.trial_page(environment="env-a", limit=1000)
+        assert on_a.total == 10 and {t.environment_id for t in on_a.trials} == {"env-a"}
+        assert model.trial_page(environment="env-", limit=1000).total == 0  # exact, not a search
 
 
 def test_bad_sort_keys_and_statuses_are_refused_by_name(tmp_path: Path) -> None:

@@ -104,14 +104,19 @@ function connect() {
 // ---- overview ----------------------------------------------------------------------------
 
 function overviewPage() {
-  main.innerHTML = `<h1 id="exp-title">Experiment</h1><div class="cards" id="cards"></div>
+  main.innerHTML = `<h1 id="exp-title">Experiment</h1>
+    <div class="toolbar"><button class="danger" id="stop" style="display:none">Stop experiment</button></div><div class="cards" id="cards"></div>
     <h2>Best trial</h2><div id="best" class="muted">none yet</div>
     <div class="grid2" style="margin-top:14px"><div class="chart" id="finished-chart"></div><div class="chart" id="best-chart"></div></div>`;
+  document.getElementById("stop").addEventListener("click", () => {
+    if (confirm("Stop the experiment? Its running trials are canceled.")) act("/api/experiment/stop", "experiment: stop asked");
+  });
   const finished = chart(document.getElementById("finished-chart"), lineOption("Trials ended over time", []));
   const best = chart(document.getElementById("best-chart"), lineOption("Best metric over time", []));
   async function refresh() {
     const e = await api("/api/experiment");
     document.getElementById("exp-title").textContent = `Experiment ${e.id}${e.name ? " \u2014 " + e.name : ""}`;
+    document.getElementById("stop").style.display = e.status === "RUNNING" ? "" : "none";
     const cards = [["Status", status(e.status) + (e.reason ? `<div class="muted" style="font-size:12px">${esc(e.reason)}</div>` : "")],
       ["Trials", `<span id="count-total">${e.trial_count}</span>${e.max_trials ? " / " + e.max_trials : ""}`],
       ...STATUSES.filter(s => e.trials[s]).map(s => [s.toLowerCase().replace("_", " "), `<span data-count="${s}">${e.trials[s]}</span>`]),
@@ -131,14 +136,21 @@ function overviewPage() {
 // ---- trials: a virtualised table paged by the server ---------------------------------------
 
 function trialsPage(params) {
-  const state = {status: params.get("status") || "", q: params.get("q") || "", sort: params.get("sort") || "sequence",
+  const state = {status: params.get("status") || "", q: params.get("q") || "", environment: params.get("environment") || "",
+    sort: params.get("sort") || "sequence",
     order: params.get("order") || "asc", total: 0, pages: new Map(), columns: [], version: 0};
   main.innerHTML = `<h1>Trials</h1><div class="toolbar">
       <select id="status-filter" aria-label="status"><option value="">every status</option>${STATUSES.map(s => `<option value="${s}">${s}</option>`).join("")}</select>
       <input id="search" type="search" placeholder="search id, parameters, environment" size="36">
-      <span id="trial-total" class="muted"></span></div>
+      <span id="env-filter"></span><span id="trial-total" class="muted"></span></div>
     <div class="vtable" id="vtable"><div class="head" id="vhead"></div><div id="vbody" style="position:relative"></div></div>`;
   const box = document.getElementById("vtable"), head = document.getElementById("vhead"), body = document.getElementById("vbody");
+  function drawEnvFilter() {
+    const box = document.getElementById("env-filter");
+    box.innerHTML = state.environment ? `environment <b>${esc(state.environment)}</b> <button id="env-clear" title="every environment">\u2715</button>` : "";
+    if (state.environment) document.getElementById("env-clear").addEventListener("click", () => { state.environment = ""; drawEnvFilter(); reset(); });
+  }
+  drawEnvFilter();
   document.getElementById("status-filter").value = state.status;
   document.getElementById("search").value = state.q;
   document.getElementById("status-filter").addEventListener("change", ev => { state.status = ev.target.value; reset(); });
@@ -166,6 +178,7 @@ function trialsPage(params) {
   function query(offset) {
     const q = new URLSearchParams({sort: state.sort, order: state.order, offset: offset, limit: PAGE});
     if (state.status) q.set("status", state.status);
+    if (state.environment) q.set("environment", state.environment);
     if (state.q) q.set("q", state.q);
     return "/api/trials?" + q;
   }
@@ -205,7 +218,7 @@ function trialsPage(params) {
     state.version++; state.pages = new Map();
     if (state.columns.length) drawHead(); // the sorted column's mark
     const q = new URLSearchParams();
-    for (const k of ["status", "q", "sort", "order"]) if (state[k]) q.set(k, state[k]);
+    for (const k of ["status", "environment", "q", "sort", "order"]) if (state[k]) q.set(k, state[k]);
     history.replaceState(null, "", "#/trials?" + q);
     box.scrollTop = 0;
     return load(0, state.version);
@@ -345,7 +358,7 @@ function environmentsPage(params) {
         <td>${esc(e.platform)}</td><td>${esc(e.hostname || e.platform_id)}</td><td>${status(e.status)} <span class="muted">${esc(e.reason)}</span></td>
         <td>${e.connected ? "connected" : "not connected"}</td>
         <td>${e.gpus.length ? e.gpus.map(g => `GPU${esc(g.index)} ${esc(g.name)} ${g.utilization_percent === null ? "" : num(g.utilization_percent) + "%"} ${gib(g.memory_used_bytes)}/${gib(g.memory_total_bytes)}${g.held_by.length ? " [" + g.held_by.map(esc).join(" ") + "]" : ""}`).join("<br>") : `<span class="muted">${esc(e.gpu_unavailable_reason || "none")}</span>`}</td>
-        <td>${e.trial_count} (${e.running_trials.length} active) <a href="#/trials?q=${encodeURIComponent(e.id)}">list</a></td></tr>`).join("");
+        <td>${e.trial_count} (${e.running_trials.length} active) <a href="#/trials?environment=${encodeURIComponent(e.id)}">list</a></td></tr>`).join("");
     document.getElementById("waiting-total").textContent = d.waiting_total ? `${d.waiting_total} waiting` : "none waiting";
     document.getElementById("waiting").innerHTML = d.waiting.length ? "<tr><th>trial</th><th>why it waits</th></tr>" + d.waiting.map(w =>
       `<tr><td><a href="#/trial/${encodeURIComponent(w.id)}">${esc(w.id)}</a></td><td>${esc(w.reason)}</td></tr>`).join("") : "";
