@@ -1,0 +1,113 @@
+"""The dashboard's pure parts: addresses, who may bind where, thinning series, and the JSON
+answers built from a real store (no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
+
+from trialkeeper.coordinator.readmodel import PageError, ReadModel
+from trialkeeper.coordinator.store import MetricRow, Store
+from trialkeeper.coordinator.ui import views
+from trialkeeper.coordinator.ui.server import DashboardError, check_bind, is_loopback, parse_address
+from trialkeeper.coordinator.ui.tensorboard import run_name
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("127.0.0.1:9000", ("127.0.0.1", 9000)),
+    (":9000", ("127.0.0.1", 9000)),
+    ("9000", ("127.0.0.1", 9000)),
+    ("0.0.0.0", ("0.0.0.0", 8080)),
+    ("[::1]:9000", ("::1", 9000)),
+    ("localhost:0", ("localhost", 0)),
+])
+def test_addresses(text: str, expected: tuple[str, int]) -> None:
+    assert parse_address(text) == expected
+
+
+@pytest.mark.parametrize(("text", "why"), [("host:http", "is not HOST:PORT"), ("host:70000", "not between 0 and 65535")])
+def test_bad_addresses_are_named(text: str, why: str) -> None:
+    with pytest.raises(DashboardError, match=why):
+        parse_address(text)
+
+
+def test_only_loopback_binds_without_a_token() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.3.4.5")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.2") and not is_loopback("example.org")
+    check_bind("127.0.0.1", "")
+    check_bind("0.0.0.0", "a-token")
+    with pytest.raises(DashboardError, match="only with a token"):
+        check_bind("0.0.0.0", "")
+
+
+def test_thin_keeps_the_ends_and_at_most_n() -> None:
+    points = list(range(1000))
+    thinned = views.thin(points, 10)
+    assert len(thinned) == 10 and thinned[0] == 0 and thinned[-1] == 999 and thinned == sorted(thinned)
+    assert views.thin(points[:5], 10) == points[:5]
+
+
+def _store(exp: Path) -> None:
+    store = Store.in_dir(exp)
+    store.create_experiment("e1", "views", {"maxTrialNumber": 10, "tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}},
+                                            "trainingService": {"platform": "remote", "machineList": [{"password": "[redacted]"}]}})
+    for seq, (status, metric) in enumerate([("SUCCEEDED", 0.5), ("SUCCEEDED", 0.2), ("RUNNING", None), ("WAITING", None)]):
+        store.insert_trial({"id": f"t{seq}", "seq": seq, "status": status, "parameters_json": json.dumps({"a": seq, "b": "x"}),
+                            "command": "c", "gpu_number": 0, "submitted_at": 100.0 + seq, "started_at": 100.0 + seq,
+                            "ended_at": 110.0 + seq if metric is not None else None, "final_metric": metric})
+    store.set_waiting_reasons({"t3": "waiting: 1 trials are running (trialConcurrency)"})
+    store.add_metrics([MetricRow("t2", i, "intermediate", float(i), str(float(i)), 1.0) for i in range(5)])
+    store.close()
+    (exp / "trials" / "t2").mkdir(parents=True)
+    (exp / "trials" / "t2" / "stdout.log").write_bytes("héllo\n".encode() * 3)
+
+
+def test_answers_from_a_store(tmp_path: Path) -> None:
+    _store(tmp_path)
+    with ReadModel.open(tmp_path) as model:
+        exp = model.experiment()
+        assert exp is not None and exp.started_at is not None
+        o = views.overview(model, now=exp.started_at + 100.0)
+        assert o["trials"] == {"RUNNING": 1, "SUCCEEDED": 2, "WAITING": 1} and o["best"]["id"] == "t1"
+        assert o["max_trials"] == 10 and o["ended"] == 2 and o["eta_s"] == pytest.approx(100.0 / 2 * 8)
+        assert o["elapsed_s"] == pytest.approx(100.0)
+        assert [tuple(p) for p in o["finished_over_time"]] == [(110.0, 1), (111.0, 2)]
+        assert [v for _, v in o["best_over_time"]] == [0.5, 0.2]
+        assert "coordinator_address" not in o
+
+        page = views.trials(model, {"sort": "param:a", "order": "desc", "limit": "2"})
+        assert [t["id"] for t in page["trials"]] == ["t3", "t2"] and page["total"] == 4 and page["parameters"] == ["a", "b"]
+        with pytest.raises(ValueError, match="limit: 'many' is not a whole number"):
+            views.trials(model, {"limit": "many"})
+        with pytest.raises(PageError):
+            views.trials(model, {"status": "BOGUS"})
+
+        t2 = views.trial(model, "t2")
+        assert t2["intermediate"] == [[i, float(i)] for i in range(5)] and "stdout" not in t2
+        with pytest.raises(views.NotFound):
+            views.trial(model, "nope")
+
+        first = views.log(model, "t2", "stdout", 0)
+        assert first["text"] == "héllo\n" * 3 and first["following"] is True and first["next_offset"] == first["size"]
+        assert views.log(model, "t2", "stdout", 10**9)["text"] == ""
+        assert views.log(model, "t2", "stderr", 0)["text"] == ""  # none written yet
+        with pytest.raises(ValueError, match="stream: '../x' is not stdout or stderr"):
+            views.log(model, "t2", "../x", 0)
+
+        envs = views.environments(model)
+        assert envs["waiting_total"] == 1 and envs["waiting"][0]["reason"].startswith("waiting: ")
+        compare = views.compare(model)
+        assert compare["optimize_mode"] == "minimize" and compare["sampled"] is False and len(compare["trials"]) == 4
+        assert [c["id"] for c in compare["curves"]] == ["t2"]
+
+
+def test_run_names_carry_id_and_parameters_safely() -> None:
+    from trialkeeper.coordinator.readmodel import trial_snapshot
+
+    t = trial_snapshot({"id": "ab12", "status": "SUCCEEDED", "parameters_json": json.dumps({"lr": 0.0123456, "opt": "a/b c", "n": [1, 2]})})
+    assert run_name(t) == "ab12_lr=0.01235,n=_1,2_,opt=a_b_c"
+    assert run_name(trial_snapshot({"id": "zz", "status": "WAITING", "parameters_json": "{}"})) == "zz"
