@@ -44,6 +44,7 @@ KEEPALIVE_S = 15.0
 ACTION_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 2.0
+CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
 
 
 class DashboardError(ValueError):
@@ -162,6 +163,10 @@ class _State:
         response = await handler(request)
         response.headers.setdefault("Cache-Control", "no-store")
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        # Scripts only from the package (a value a trial reported can never run as code), and
+        # no framing (no other site can overlay the Cancel button).
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Frame-Options", "DENY")
         return response
 
     async def login(self, request: web.Request) -> web.Response:

@@ -114,6 +114,9 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         )]
         assert all(token.encode() not in a for a in answers)
         assert all(b"coordinator_address" not in a for a in answers)
+        headers = http("GET", url + "/")[1]
+        assert "script-src" not in headers["Content-Security-Policy"] and "default-src 'self'" in headers["Content-Security-Policy"]
+        assert headers["X-Frame-Options"] == "DENY"
 
         # Stop the experiment from the dashboard: refused without the token, then done.
         assert http("POST", url + "/api/experiment/stop")[0] == 403
