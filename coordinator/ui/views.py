@@ -19,6 +19,7 @@ CURVES = 100  # trials whose intermediate curves the comparison draws
 SCATTER_TRIALS = 2000  # trials the parameter charts draw
 LOG_CHUNK = 256 * 1024  # bytes of a log answered at once
 WAITING_SHOWN = 200
+ENV_TRIALS_SHOWN = 10  # trial ids listed with each environment (a thousand environments stay light)
 
 
 class NotFound(LookupError):
@@ -183,7 +184,7 @@ def environments(model: ReadModel) -> dict[str, Any]:
     for e in model.environments():
         data = to_json(e)
         data["trial_count"] = len(e.trials)
-        data["trials"] = list(e.trials[-50:])  # the latest; the trials page filters by environment
+        data["trials"] = list(e.trials[-ENV_TRIALS_SHOWN:])  # the latest; the trials page lists them all
         envs.append(data)
     return {
         "environments": envs,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_until
-from dashboard import get_json, http, live_experiment, many_trials, stored_dashboard
+from dashboard import gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
 from prometheus_client.parser import text_string_to_metric_families
 from test_cli import _script
 from trialkeeper.coordinator.store import Store
@@ -175,6 +175,15 @@ def _tk(*args: str | Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
     env["PATH"] = os.path.dirname(_script())  # no tensorboard on it, whatever this machine has
     return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=30, env=env, check=False)
+
+
+def test_run_refuses_a_bad_dashboard_address_before_it_starts(tmp_path: Path) -> None:
+    proc = _tk("run", tmp_path / "missing.yml", "--ui", "127.0.0.1:99999")
+    assert proc.returncode == 2 and "missing.yml" in proc.stderr  # the config is read first
+    config = gated_config(tmp_path, trials=1, concurrency=1, gates=tmp_path / "gates")
+    proc = _tk("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", "127.0.0.1:99999")
+    assert proc.returncode == 2 and "--ui: port 99999 is not between 0 and 65535" in proc.stderr
+    assert not (tmp_path / "exp" / "trials").exists()  # no trial ran
 
 
 def test_ui_refuses_bad_input(tmp_path: Path) -> None:
