@@ -168,60 +168,10 @@ class ExperimentSnapshot:
 
 
 @dataclass(frozen=True)
-class TrialPage:
-    """One page of trials, filtered and sorted, and how many trials match in all."""
-
-    total: int
-    offset: int
-    trials: tuple[TrialSnapshot, ...]
-
-
-@dataclass(frozen=True)
-class EndedPoint:
-    """A point of the charts over time: when, trials ended by then, best metric by then."""
-
-    at: float
-    ended: int
-    best: float | None
-
-
-@dataclass(frozen=True)
-class GpuPoint:
-    """One stored GPU sample."""
-
-    at: float
-    environment_id: str
-    uuid: str
-    utilization_percent: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    trial_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class _Ended:
     """A trial that no longer waits or runs, as an environment's list of trials needs it."""
 
     id: str
-
-
-class PageError(ValueError):
-    """A page asked for with a sort key or status the read model does not know."""
-
-
-# The columns a page of trials sorts by: a key, and the SQL it sorts on.
-TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
-    "sequence": "seq",
-    "id": "id",
-    "status": "status",
-    "metric": "final_metric",
-    "duration": "(ended_at - started_at)",
-    "submitted": "submitted_at",
-    "started": "started_at",
-    "ended": "ended_at",
-    "environment": "environment_id",
-})
-PARAMETER_SORT = "param:"  # followed by a parameter's name
 
 
 # ---- best trial ----------------------------------------------------------------------------
@@ -455,58 +405,6 @@ class ReadModel:
             stderr=str(trial_dir / "stderr.log"),
         )
 
-    def trial_page(
-        self,
-        *,
-        status: str | None = None,
-        environment: str | None = None,
-        search: str = "",
-        sort: str = "sequence",
-        descending: bool = False,
-        offset: int = 0,
-        limit: int = 100,
-    ) -> TrialPage:
-        """A page of trials: those of ``status`` (any when None), placed last on
-        ``environment`` (any when None), whose id, parameters or environment contain ``search``, sorted by a key of :data:`TRIAL_SORTS` or by
-        ``param:NAME``; trials without a value for the key come last either way."""
-        where, args = ["1=1"], []
-        if status is not None:
-            if status not in {s.value for s in TrialStatus}:
-                raise PageError(f"status: {status!r} is not one of {', '.join(s.value for s in TrialStatus)}")
-            where.append("status = ?")
-            args.append(status)
-        if environment is not None:
-            where.append("environment_id = ?")
-            args.append(environment)
-        if search:
-            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            where.append(
-                "(id LIKE ? ESCAPE '\\' OR parameters_json LIKE ? ESCAPE '\\' OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
-            )
-            args += [pattern] * 3
-        key_args: list[Any] = []
-        if sort.startswith(PARAMETER_SORT) and len(sort) > len(PARAMETER_SORT):
-            # A JSON path with the name quoted, so any name is one key.
-            key = "(CASE WHEN json_valid(parameters_json) THEN json_extract(parameters_json, ?) END)"
-            key_args = [f'$."{sort[len(PARAMETER_SORT):]}"']
-        elif sort in TRIAL_SORTS:
-            key = TRIAL_SORTS[sort]
-        else:
-            raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
-        offset, limit = max(0, int(offset)), max(0, min(int(limit), 1000))
-        total, rows = self._read("trials", lambda: self.store.trials_page(
-            where=" AND ".join(where), args=args, key=key, key_args=key_args, descending=descending,
-            offset=offset, limit=limit,
-        ))
-        return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
-
-    def sample(self, n: int) -> tuple[TrialSnapshot, ...]:
-        """About ``n`` trials spread evenly over the submission order (every one when fewer)."""
-        total = sum(self.trial_counts().values())
-        step = -(-total // n) if n > 0 else total + 1
-        rows = self._read("trials", lambda: self.store.trials_every(step, n))
-        return tuple(trial_snapshot(r) for r in rows)
-
     def trial_counts(self) -> dict[str, int]:
         """Trials per status (a status this version does not know counts as UNREADABLE)."""
         known = {s.value for s in TrialStatus}
@@ -519,35 +417,6 @@ class ReadModel:
     def best(self, mode: str) -> TrialSnapshot | None:
         row = self._read("trials", lambda: self.store.best_trial(descending=mode == "maximize"))
         return None if row is None else trial_snapshot(row)
-
-    def ended_series(self, mode: str, points: int = 400) -> tuple[EndedPoint, ...]:
-        """How many trials had ended, and the best final metric so far, as trials ended:
-        about ``points`` of them, evenly spread, the last always kept."""
-        return tuple(
-            EndedPoint(float(at), int(n), float(best) if best is not None else None)
-            for at, n, best in self._read("trials", lambda: self.store.ended_series(mode == "maximize", points))
-        )
-
-    def parameter_names(self, sample: int = 1000) -> tuple[str, ...]:
-        """The names of the parameters of the last ``sample`` trials."""
-        return tuple(self._read("trials", lambda: self.store.parameter_names(sample)))
-
-    def curves(self, trial_ids: Sequence[str]) -> dict[str, tuple[float, ...]]:
-        """Each of these trials' intermediate results, in the order they were reported."""
-        out: dict[str, list[float]] = {t: [] for t in trial_ids}
-        for m in self._read("metrics", lambda: self.store.metrics_of(list(trial_ids))):
-            if m.kind == "intermediate" and isinstance(m.value, (int, float)):
-                out[m.trial_id].append(float(m.value))
-        return {t: tuple(v) for t, v in out.items()}
-
-    def gpu_series(self, *, environment_id: str | None = None, trial_id: str | None = None) -> tuple[GpuPoint, ...]:
-        """The stored GPU samples of an environment or of a trial, oldest first."""
-        rows = self._read("GPU samples", lambda: self.store.gpu_samples(environment_id=environment_id, trial_id=trial_id))
-        return tuple(
-            GpuPoint(float(r.at), r.environment_id, r.uuid, float(r.utilization), int(r.memory_used_bytes),
-                     int(r.memory_total_bytes), r.trial_ids)
-            for r in rows if _sane(r)
-        )
 
     # -- environments
 

@@ -29,7 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..readmodel import PageError, ReadModel
+from ..readmodel import ReadModel
+from ..readpages import PageError
 from ..store import StoreError
 from . import views
 from .metrics import metrics_text
@@ -110,14 +111,14 @@ def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: C
     app.router.add_get("/", state.index)
     app.router.add_get("/static/{path:.+}", state.static)
     app.router.add_post("/api/login", state.login)
-    app.router.add_get("/api/experiment", state.json(lambda m, r: views.overview(m)))
-    app.router.add_get("/api/trials", state.json(lambda m, r: views.trials(m, r.query)))
-    app.router.add_get("/api/trials/{id}", state.json(lambda m, r: views.trial(m, r.match_info["id"])))
-    app.router.add_get("/api/trials/{id}/log", state.json(lambda m, r: views.log(
-        m, r.match_info["id"], r.query.get("stream", "stdout"), views._int(r.query, "offset", 0))))
-    app.router.add_get("/api/compare", state.json(lambda m, r: views.compare(m)))
-    app.router.add_get("/api/environments", state.json(lambda m, r: views.environments(m)))
-    app.router.add_get("/api/environments/{id}/gpus", state.json(lambda m, r: views.environment_gpus(m, r.match_info["id"])))
+    app.router.add_get("/api/experiment", state.view(lambda m, r: views.overview(m)))
+    app.router.add_get("/api/trials", state.view(lambda m, r: views.trials(m, r.query)))
+    app.router.add_get("/api/trials/{id}", state.view(lambda m, r: views.trial(m, r.match_info["id"])))
+    app.router.add_get("/api/trials/{id}/log", state.view(lambda m, r: views.log(
+        m, r.match_info["id"], r.query.get("stream", "stdout"), views.int_arg(r.query, "offset", 0))))
+    app.router.add_get("/api/compare", state.view(lambda m, r: views.compare(m)))
+    app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
+    app.router.add_get("/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"])))
     app.router.add_get("/api/events", state.events)
     app.router.add_post("/api/trials/{id}/cancel", state.cancel)
     app.router.add_post("/api/experiment/stop", state.stop)
@@ -203,7 +204,7 @@ class _State:
 
     # -- the JSON API
 
-    def json(self, view: Callable[[ReadModel, web.Request], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def view(self, view: Callable[[ReadModel, web.Request], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
             try:
                 return web.json_response(view(self.model(), request), dumps=_dumps)

@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..readmodel import GpuPoint, ReadModel, TrialSnapshot, optimize_mode, to_json
+from .. import readpages as pages
+from ..readmodel import ReadModel, TrialSnapshot, optimize_mode, to_json
+from ..readpages import GpuPoint
 from ..states import TrialStatus
 
 SERIES_POINTS = 400  # points a time series is thinned to
@@ -62,7 +64,7 @@ def overview(model: ReadModel, now: float | None = None) -> dict[str, Any]:
     end = exp.ended_at if exp.ended_at is not None else now
     elapsed = end - exp.started_at if exp.started_at is not None else None
     max_trials = _max_trials(config)
-    series = model.ended_series(exp.optimize_mode, SERIES_POINTS)
+    series = pages.ended_series(model, exp.optimize_mode, SERIES_POINTS)
     ended = series[-1].ended if series else 0
     eta = None
     if max_trials and ended and elapsed is not None and exp.ended_at is None:
@@ -81,18 +83,18 @@ def overview(model: ReadModel, now: float | None = None) -> dict[str, Any]:
 def trials(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
     """A page of the trials table; ``query`` holds the URL's arguments (see README)."""
     status = query.get("status") or None
-    page = model.trial_page(
-        status=status, environment=query.get("environment") or None, search=query.get("q", ""), sort=query.get("sort", "sequence"),
-        descending=query.get("order", "asc") == "desc",
-        offset=_int(query, "offset", 0), limit=_int(query, "limit", 100),
+    page = pages.trial_page(
+        model, status=status, environment=query.get("environment") or None, search=query.get("q", ""),
+        sort=query.get("sort", "sequence"), descending=query.get("order", "asc") == "desc",
+        offset=int_arg(query, "offset", 0), limit=int_arg(query, "limit", 100),
     )
     return {
         "total": page.total, "offset": page.offset, "trials": [trial_json(t) for t in page.trials],
-        "parameters": list(model.parameter_names()),
+        "parameters": list(pages.parameter_names(model)),
     }
 
 
-def _int(query: Mapping[str, str], name: str, default: int) -> int:
+def int_arg(query: Mapping[str, str], name: str, default: int) -> int:
     raw = query.get(name)
     if raw is None or raw == "":
         return default
@@ -111,7 +113,7 @@ def trial(model: ReadModel, trial_id: str) -> dict[str, Any]:
     data.pop("stdout")  # paths on the coordinator's machine: the log endpoint serves them
     data.pop("stderr")
     data["intermediate"] = [[i, v] for i, v in thin(list(enumerate(detail.intermediate)), 2000)]
-    data["gpu_series"] = gpu_series(model.gpu_series(trial_id=trial_id))
+    data["gpu_series"] = gpu_series(pages.gpu_series(model, trial_id=trial_id))
     return data
 
 
@@ -159,14 +161,14 @@ def compare(model: ReadModel) -> dict[str, Any]:
     """Curves of the best and latest trials, and a sample of every trial's parameters and metric."""
     config = model.stored_config()
     descending = _mode(config) == "maximize"
-    best = model.trial_page(sort="metric", descending=descending, limit=CURVES // 2).trials
-    latest = model.trial_page(sort="sequence", descending=True, limit=CURVES // 2).trials
+    best = pages.trial_page(model, sort="metric", descending=descending, limit=CURVES // 2).trials
+    latest = pages.trial_page(model, sort="sequence", descending=True, limit=CURVES // 2).trials
     chosen = list({t.id: t for t in (*best, *latest)})
-    curves = model.curves(chosen)
-    sample = model.sample(SCATTER_TRIALS)
+    curves = pages.curves(model, chosen)
+    sample = pages.sample(model, SCATTER_TRIALS)
     return {
         "optimize_mode": "maximize" if descending else "minimize",
-        "parameters": list(model.parameter_names()),
+        "parameters": list(pages.parameter_names(model)),
         "curves": [{"id": tid, "values": thin(list(v), SERIES_POINTS)} for tid, v in curves.items() if v],
         "trials": [
             {"id": t.id, "status": t.status.value if t.status else None, "final_metric": t.final_metric,
@@ -179,7 +181,7 @@ def compare(model: ReadModel) -> dict[str, Any]:
 
 def environments(model: ReadModel) -> dict[str, Any]:
     """Every environment with its GPUs' latest samples, and why the waiting trials wait."""
-    waiting = model.trial_page(status=TrialStatus.WAITING.value, limit=WAITING_SHOWN)
+    waiting = pages.trial_page(model, status=TrialStatus.WAITING.value, limit=WAITING_SHOWN)
     envs = []
     for e in model.environments():
         data = to_json(e)
@@ -194,7 +196,7 @@ def environments(model: ReadModel) -> dict[str, Any]:
 
 
 def environment_gpus(model: ReadModel, env_id: str) -> dict[str, Any]:
-    return {"environment_id": env_id, "gpus": gpu_series(model.gpu_series(environment_id=env_id))}
+    return {"environment_id": env_id, "gpus": gpu_series(pages.gpu_series(model, environment_id=env_id))}
 
 
 def change_marker(model: ReadModel) -> dict[str, Any]:

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from trialkeeper.coordinator.readmodel import PageError, ReadModel
+from trialkeeper.coordinator import readpages as pages
+from trialkeeper.coordinator.readmodel import ReadModel
+from trialkeeper.coordinator.readpages import PageError
 from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
 
 
@@ -35,48 +37,48 @@ def _store(exp_dir: Path, n: int = 50) -> None:
 def test_a_page_is_filtered_searched_sorted_and_counted(tmp_path: Path) -> None:
     _store(tmp_path)
     with ReadModel.open(tmp_path) as model:
-        page = model.trial_page(limit=10)
+        page = pages.trial_page(model, limit=10)
         assert page.total == 50 and [t.id for t in page.trials] == [f"t{i:03d}" for i in range(10)]
-        page = model.trial_page(offset=45, limit=10)
+        page = pages.trial_page(model, offset=45, limit=10)
         assert [t.id for t in page.trials] == [f"t{i:03d}" for i in range(45, 50)]
 
-        succeeded = model.trial_page(status="SUCCEEDED", sort="metric", descending=True, limit=1000)
+        succeeded = pages.trial_page(model, status="SUCCEEDED", sort="metric", descending=True, limit=1000)
         assert succeeded.total == 13
         metrics = [t.final_metric for t in succeeded.trials]
         assert metrics == sorted(metrics, reverse=True) and metrics[0] == 100.0
 
         # Trials without a metric come last, whichever the direction.
-        ascending = model.trial_page(sort="metric", limit=1000).trials
+        ascending = pages.trial_page(model, sort="metric", limit=1000).trials
         assert [t.final_metric for t in ascending[:13]] == sorted(metrics)
         assert all(t.final_metric is None for t in ascending[13:])
 
-        by_lr = model.trial_page(sort="param:lr", limit=1000).trials
+        by_lr = pages.trial_page(model, sort="param:lr", limit=1000).trials
         lrs = [t.parameters["lr"] for t in by_lr if t.parameters]
         assert lrs == sorted(lrs) and len(lrs) == 50
 
-        by_duration = model.trial_page(sort="duration", descending=True, limit=3).trials
+        by_duration = pages.trial_page(model, sort="duration", descending=True, limit=3).trials
         assert [t.id for t in by_duration] == ["t049", "t048", "t045"]
 
         # The search is literal: "_" is no wildcard.
-        adam = model.trial_page(search="adam_x", limit=1000)
+        adam = pages.trial_page(model, search="adam_x", limit=1000)
         assert adam.total == 17 and all(t.parameters and t.parameters["opt"] == "adam_x" for t in adam.trials)
-        assert model.trial_page(search="adam%", limit=1000).total == 0
-        assert model.trial_page(search="env-a", status="WAITING", limit=1000).total == 2
-        on_a = model.trial_page(environment="env-a", limit=1000)
+        assert pages.trial_page(model, search="adam%", limit=1000).total == 0
+        assert pages.trial_page(model, search="env-a", status="WAITING", limit=1000).total == 2
+        on_a = pages.trial_page(model, environment="env-a", limit=1000)
         assert on_a.total == 10 and {t.environment_id for t in on_a.trials} == {"env-a"}
-        assert model.trial_page(environment="env-", limit=1000).total == 0  # exact, not a search
+        assert pages.trial_page(model, environment="env-", limit=1000).total == 0  # exact, not a search
 
 
 def test_bad_sort_keys_and_statuses_are_refused_by_name(tmp_path: Path) -> None:
     _store(tmp_path, n=3)
     with ReadModel.open(tmp_path) as model:
         with pytest.raises(PageError, match="sort: 'seq; DROP TABLE trials' is not one of"):
-            model.trial_page(sort="seq; DROP TABLE trials")
+            pages.trial_page(model, sort="seq; DROP TABLE trials")
         with pytest.raises(PageError, match="status: 'DONE' is not one of"):
-            model.trial_page(status="DONE")
+            pages.trial_page(model, status="DONE")
         # A parameter name is a value, never SQL.
-        assert model.trial_page(sort='param:x") --', limit=5).total == 3
-        assert model.trial_page().total == 3
+        assert pages.trial_page(model, sort='param:x") --', limit=5).total == 3
+        assert pages.trial_page(model).total == 3
 
 
 def test_counts_best_outcomes_names_curves_and_gpu_series(tmp_path: Path) -> None:
@@ -89,19 +91,19 @@ def test_counts_best_outcomes_names_curves_and_gpu_series(tmp_path: Path) -> Non
         assert best is not None and best.id == "t000"
         exp = model.experiment()
         assert exp is not None and exp.best is not None and exp.best.id == "t048"
-        series = model.ended_series("minimize", points=1000)
+        series = pages.ended_series(model, "minimize", points=1000)
         assert [p.ended for p in series] == list(range(1, 27))
         assert [p.at for p in series] == sorted(p.at for p in series)
         # The best so far: the first to end is t000 (metric 100), later ones are lower.
         assert series[0].best == 100.0 and series[-1].best == 52.0
         assert all(a.best >= b.best for a, b in itertools.pairwise(series))  # type: ignore[operator]
-        thinned = model.ended_series("maximize", points=5)
+        thinned = pages.ended_series(model, "maximize", points=5)
         assert [p.ended for p in thinned] == [6, 12, 18, 24, 26] and {p.best for p in thinned} == {100.0}
-        assert model.parameter_names() == ("lr", "opt")
-        sample = model.sample(10)
+        assert pages.parameter_names(model) == ("lr", "opt")
+        sample = pages.sample(model, 10)
         assert [t.sequence_id for t in sample] == list(range(0, 50, 5))
-        assert len(model.sample(1000)) == 50
-        assert model.curves(["t000", "t001"]) == {"t000": (0.0, 0.5, 1.0), "t001": ()}
-        series = model.gpu_series(environment_id="env-a")
+        assert len(pages.sample(model, 1000)) == 50
+        assert pages.curves(model, ["t000", "t001"]) == {"t000": (0.0, 0.5, 1.0), "t001": ()}
+        series = pages.gpu_series(model, environment_id="env-a")
         assert [(p.uuid, p.utilization_percent, p.trial_ids) for p in series] == [("GPU-0", 40.0, ("t003",))]
-        assert model.gpu_series(trial_id="t003") == series and model.gpu_series(trial_id="t004") == ()
+        assert pages.gpu_series(model, trial_id="t003") == series and pages.gpu_series(model, trial_id="t004") == ()

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
-from trialkeeper.coordinator.readmodel import PageError, ReadModel
+from trialkeeper.coordinator.readmodel import ReadModel
+from trialkeeper.coordinator.readpages import PageError
 from trialkeeper.coordinator.store import MetricRow, Store
 from trialkeeper.coordinator.ui import views
 from trialkeeper.coordinator.ui.server import DashboardError, check_bind, is_loopback, parse_address

@@ -1,0 +1,155 @@
+"""The read model's paged and charted reads, which a dashboard over 100,000 trials needs:
+trials filtered, searched, sorted and paged in the store, an even sample of them, the charts
+over time counted and thinned in the store, curves and GPU series.
+
+Functions of a :class:`ReadModel` (and of nothing else): like its snapshots, what they
+return is read from the store, never raises for a bad row, and reads the same of a live,
+finished or crashed experiment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from .readmodel import ReadModel, TrialSnapshot, _sane, trial_snapshot
+from .states import TrialStatus
+
+
+@dataclass(frozen=True)
+class TrialPage:
+    """One page of trials, filtered and sorted, and how many trials match in all."""
+
+    total: int
+    offset: int
+    trials: tuple[TrialSnapshot, ...]
+
+
+@dataclass(frozen=True)
+class EndedPoint:
+    """A point of the charts over time: when, trials ended by then, best metric by then."""
+
+    at: float
+    ended: int
+    best: float | None
+
+
+@dataclass(frozen=True)
+class GpuPoint:
+    """One stored GPU sample."""
+
+    at: float
+    environment_id: str
+    uuid: str
+    utilization_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    trial_ids: tuple[str, ...]
+
+
+class PageError(ValueError):
+    """A page asked for with a sort key or status the read model does not know."""
+
+
+# The columns a page of trials sorts by: a key, and the SQL it sorts on.
+TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
+    "sequence": "seq",
+    "id": "id",
+    "status": "status",
+    "metric": "final_metric",
+    "duration": "(ended_at - started_at)",
+    "submitted": "submitted_at",
+    "started": "started_at",
+    "ended": "ended_at",
+    "environment": "environment_id",
+})
+PARAMETER_SORT = "param:"  # followed by a parameter's name
+
+
+def trial_page(
+    model: ReadModel,
+    *,
+    status: str | None = None,
+    environment: str | None = None,
+    search: str = "",
+    sort: str = "sequence",
+    descending: bool = False,
+    offset: int = 0,
+    limit: int = 100,
+) -> TrialPage:
+    """A page of trials: those of ``status`` (any when None), placed last on ``environment``
+    (any when None), whose id, parameters or environment contain ``search``, sorted by a key
+    of :data:`TRIAL_SORTS` or by ``param:NAME``; trials without a value for the key come
+    last either way."""
+    where, args = ["1=1"], []
+    if status is not None:
+        if status not in {s.value for s in TrialStatus}:
+            raise PageError(f"status: {status!r} is not one of {', '.join(s.value for s in TrialStatus)}")
+        where.append("status = ?")
+        args.append(status)
+    if environment is not None:
+        where.append("environment_id = ?")
+        args.append(environment)
+    if search:
+        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where.append(
+            "(id LIKE ? ESCAPE '\\' OR parameters_json LIKE ? ESCAPE '\\' OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
+        )
+        args += [pattern] * 3
+    key_args: list[Any] = []
+    if sort.startswith(PARAMETER_SORT) and len(sort) > len(PARAMETER_SORT):
+        # A JSON path with the name quoted, so any name is one key.
+        key = "(CASE WHEN json_valid(parameters_json) THEN json_extract(parameters_json, ?) END)"
+        key_args = [f'$."{sort[len(PARAMETER_SORT):]}"']
+    elif sort in TRIAL_SORTS:
+        key = TRIAL_SORTS[sort]
+    else:
+        raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
+    offset, limit = max(0, int(offset)), max(0, min(int(limit), 1000))
+    total, rows = model._read("trials", lambda: model.store.trials_page(
+        where=" AND ".join(where), args=args, key=key, key_args=key_args, descending=descending,
+        offset=offset, limit=limit,
+    ))
+    return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
+
+
+def sample(model: ReadModel, n: int) -> tuple[TrialSnapshot, ...]:
+    """About ``n`` trials spread evenly over the submission order (every one when fewer)."""
+    total = sum(model.trial_counts().values())
+    step = -(-total // n) if n > 0 else total + 1
+    rows = model._read("trials", lambda: model.store.trials_every(step, n))
+    return tuple(trial_snapshot(r) for r in rows)
+
+
+def ended_series(model: ReadModel, mode: str, points: int = 400) -> tuple[EndedPoint, ...]:
+    """How many trials had ended, and the best final metric so far, as trials ended:
+    about ``points`` of them, evenly spread, the last always kept."""
+    return tuple(
+        EndedPoint(float(at), int(n), float(best) if best is not None else None)
+        for at, n, best in model._read("trials", lambda: model.store.ended_series(mode == "maximize", points))
+    )
+
+
+def parameter_names(model: ReadModel, recent: int = 1000) -> tuple[str, ...]:
+    """The names of the parameters of the last ``recent`` trials."""
+    return tuple(model._read("trials", lambda: model.store.parameter_names(recent)))
+
+
+def curves(model: ReadModel, trial_ids: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """Each of these trials' intermediate results, in the order they were reported."""
+    out: dict[str, list[float]] = {t: [] for t in trial_ids}
+    for m in model._read("metrics", lambda: model.store.metrics_of(list(trial_ids))):
+        if m.kind == "intermediate" and isinstance(m.value, (int, float)):
+            out[m.trial_id].append(float(m.value))
+    return {t: tuple(v) for t, v in out.items()}
+
+
+def gpu_series(model: ReadModel, *, environment_id: str | None = None, trial_id: str | None = None) -> tuple[GpuPoint, ...]:
+    """The stored GPU samples of an environment or of a trial, oldest first."""
+    rows = model._read("GPU samples", lambda: model.store.gpu_samples(environment_id=environment_id, trial_id=trial_id))
+    return tuple(
+        GpuPoint(float(r.at), r.environment_id, r.uuid, float(r.utilization), int(r.memory_used_bytes),
+                 int(r.memory_total_bytes), r.trial_ids)
+        for r in rows if _sane(r)
+    )
