@@ -20,7 +20,7 @@ from typing import Any
 
 from conftest import write_script
 from test_cli import _script
-from trialkeeper.coordinator.store import MetricRow, Store
+from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
 
 HTTP_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 60.0
@@ -192,6 +192,14 @@ def many_trials(experiment_dir: Path, n: int, *, seed: int = 1) -> None:
                 "final_metric": round(rng.random(), 6) if status == "SUCCEEDED" else None,
             })
         store.add_metrics([MetricRow(f"tr{seq:05d}", i, "intermediate", i / 10, json.dumps(i / 10), 1.0) for seq in range(n) for i in range(3)])
+    # Seven environments; env-0 has a GPU sampled while tr00000 ran on it.
+    gpu = {"index": 0, "uuid": "GPU-0000", "name": "NVIDIA H100", "memory_total_bytes": 80 * 2**30}
+    for e in range(7):
+        store.insert_env(f"env-{e}", "remote", "STOPPED")
+    store.update_env("env-0", hostname="gpu-host", info_json=json.dumps({"gpus": [gpu]}))
+    store.add_gpu_samples([
+        GpuSampleRow(1_700_000_000.0 + i, "env-0", "GPU-0000", 10.0 * i, i * 2**30, 80 * 2**30, ("tr00000",)) for i in range(6)
+    ])
     store.set_experiment_status("DONE", ended=True)
     store.close()
     (experiment_dir / ".token").write_text("stored-experiment-token-0123456789")

@@ -201,9 +201,8 @@ def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: 
     exp = tmp_path / "exp"
     many_trials(exp, 4)
     store = Store.in_dir(exp)
-    store.insert_env("env-0", "local", "STOPPED")
-    store.insert_env("env-1", "remote", "STOPPED")
-    store.update_env("env-1", hostname="gpu-box-7")
+    store.update_env("env-0", platform="local")
+    store.update_env("env-1", hostname="gpu-box-7")  # a remote one
     store.update_trial("tr00001", environment_id="env-1")
     store.update_trial("tr00000", environment_id="env-0")
     store.update_trial("tr00002", environment_id="env-0")

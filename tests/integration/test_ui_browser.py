@@ -197,4 +197,12 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         wait_until(lambda: shown(1)[:1] == ["tr00000"], timeout=WAIT_S, message="sorted by sequence")
         browser.execute_script("const b = document.getElementById('vtable'); b.scrollTop = b.scrollHeight;")
         wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#vbody .row[data-id=tr19999]"), timeout=WAIT_S, message="last row drawn")
+
+        # GPU usage over a trial's life, and over an environment's.
+        browser.get(url + "/#/trial/tr00000")
+        wait_until(lambda: series_points(browser, "gpu-chart") == 6, timeout=WAIT_S, message="the trial's GPU drawn")
+        assert painted(browser, "gpu-chart")
+        browser.get(url + "/#/environments?env=env-0")
+        wait_until(lambda: series_points(browser, "env-util") == 6 and series_points(browser, "env-mem") == 6, timeout=WAIT_S)
+        assert "NVIDIA H100" in text(browser, "#envs") and "gpu-host" in text(browser, "#envs")
         assert console_errors(browser) == []

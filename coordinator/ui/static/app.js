@@ -272,9 +272,12 @@ function trialPage(id) {
     document.getElementById("history").innerHTML = "<tr><th>when</th><th>from</th><th>to</th><th>why</th></tr>" + d.history.map(h =>
       `<tr><td>${esc(when(h.at))}</td><td>${esc(h.old)}</td><td>${esc(h.new)}</td><td>${esc(h.reason)}</td></tr>`).join("");
     curve.setOption({series: [{type: "line", name: "intermediate", showSymbol: d.intermediate.length < 60, data: d.intermediate}]});
-    gpu.setOption({title: {text: "GPU utilisation (%)" + (d.gpu_series.length ? "" : " \u2014 no GPU samples")}});
-    gpu.setOption({series: d.gpu_series.map(g => ({type: "line", showSymbol: false, name: g.uuid.slice(0, 12),
-      data: g.utilization.map(([at, u]) => [at * 1000, u])}))});
+    gpu.setOption({title: {text: "GPU utilisation (%) and memory (GiB)" + (d.gpu_series.length ? "" : " \u2014 no GPU samples")},
+      yAxis: [{type: "value", name: "%", min: 0, max: 100}, {type: "value", name: "GiB", min: 0}],
+      series: d.gpu_series.flatMap(g => [
+        {type: "line", showSymbol: false, name: g.uuid.slice(0, 12) + " %", data: g.utilization.map(([at, u]) => [at * 1000, u])},
+        {type: "line", showSymbol: false, yAxisIndex: 1, lineStyle: {type: "dashed"}, name: g.uuid.slice(0, 12) + " GiB",
+          data: g.memory_used_bytes.map(([at, b]) => [at * 1000, b / 2 ** 30])}])}, {replaceMerge: ["series", "yAxis"]});
     document.getElementById("gpu-chart").dataset.samples = d.gpu_usage.samples;
     await follow("stdout"); await follow("stderr");
   }
