@@ -48,6 +48,14 @@ class TrainingServiceConfig:
         """How many trials one environment runs at once in reuse mode (GPUs permitting)."""
         return 1
 
+    def sections(self) -> tuple[TrainingServiceConfig, ...]:
+        """The platform sections this one stands for: itself, or each of a hybrid's."""
+        return (self,)
+
+    def preferred_platforms(self) -> tuple[str, ...]:
+        """The platforms trials may use, most preferred first."""
+        return (self.platform,)
+
     # ---- read by the core; a subclass may declare any of these as a config field -------
 
     @property

@@ -67,15 +67,19 @@ def restore(
         engine._saw_env_id(r["id"])
         status = _status(EnvStatus, r["status"], EnvStatus.FAILED)
         info = _json(r["info_json"] or "{}", {})
-        reuse = policy.reuse
+        # Each platform takes back its own environments, with its own section's settings.
+        platform = str(r.get("platform") or "")
+        section = policy.section(platform)
+        reuse = section.reuse
         env = EnvState(
-            id=r["id"], status=status, single_use=not reuse, trial_slots=policy.trial_slots if reuse else 1,
+            id=r["id"], status=status, single_use=not reuse, trial_slots=section.trial_slots if reuse else 1,
+            platform=platform,
             platform_id=r["platform_id"], reason=r["reason"], hostname=r["hostname"],
             instance_id=r["agent_instance_id"], last_seq=r["last_seq"], last_seen=now, requested_at=now,
             # Only what the coordinator started has a platform id (what its platform answered).
             started_here=bool(r["platform_id"]),
         )
-        per_gpu, env.use_active_gpu = policy.gpu_policy(env.id)
+        per_gpu, env.use_active_gpu = section.gpu_policy(env.id)
         gpus = [g for g in info.get("gpus", []) if isinstance(g, dict)] if isinstance(info, dict) else []
         env.gpus = [
             scheduler.GpuSlot(g["uuid"], g["index"], per_gpu, memory_total_bytes=g.get("memory_total_bytes", 0)) for g in gpus
