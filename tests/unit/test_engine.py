@@ -370,7 +370,7 @@ def _trial_row(t: Any) -> dict[str, Any]:
 
 def _env_row(e: Any) -> dict[str, Any]:
     return {
-        "id": e.id, "platform": "local", "status": e.status.value, "platform_id": e.platform_id, "reason": e.reason,
+        "id": e.id, "platform": e.platform or "local", "status": e.status.value, "platform_id": e.platform_id, "reason": e.reason,
         "hostname": e.hostname, "agent_instance_id": e.instance_id, "last_seq": e.last_seq, "info_json": "{}",
     }
 
