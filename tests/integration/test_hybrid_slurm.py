@@ -1,0 +1,57 @@
+"""Local agents and a real single-node Slurm (tests/slurm.py) in one experiment: local
+first, Slurm when local is full; a job cancelled under its trial is a lost environment whose
+trial is retried wherever there is room, and Slurm replaces its own job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import async_wait_until, run_async, wait_until
+from slurm import SlurmCluster
+from test_hybrid import _data
+from test_slurm import (
+    _experiment_jobs,
+    cluster,  # noqa: F401 - the fixture
+)
+from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.states import TrialStatus
+
+WAIT_S = 60.0
+
+
+@pytest.mark.slow
+def test_local_first_then_slurm_and_a_cancelled_job_s_trial_is_retried(
+    tmp_path: Path, cluster: SlurmCluster,  # noqa: F811 - the fixture imported above
+) -> None:
+    slurm = {"platform": "slurm", "environmentCount": 1, "pollInterval": "0.5s", "partition": "debug", "timeLimit": "10m"}
+    data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, slurm], hold=True)
+    data["maxTrialRetries"] = 1
+    config = parse_config(data, tmp_path)
+
+    async def body() -> str:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            first = await c.submit({"x": 1})
+            second = await c.submit({"x": 2})
+            await async_wait_until(
+                lambda: first.info.status is TrialStatus.RUNNING and second.info.status is TrialStatus.RUNNING,
+                WAIT_S, message="the two trials did not run at once",
+            )
+            platform = {e.id: e.platform for e in c.environments()}
+            # Local is preferred (listed first); the trial it had no room for went to Slurm.
+            assert platform[first.info.environment_id or ""] == "local"
+            lost = next(e for e in c.environments() if e.id == second.info.environment_id)
+            assert lost.platform == "slurm" and lost.platform_id.startswith("job ")
+            cluster.command("scancel", lost.platform_id.split()[1])
+            await async_wait_until(lambda: second.info.attempts == 2, WAIT_S, message=f"not retried: {second.info}")
+            (tmp_path / "gate" / "go").write_text("")
+            for h in (first, second):
+                assert (await h.wait(WAIT_S)).status is TrialStatus.SUCCEEDED, h.info
+            envs = c.environments()
+            # Slurm replaced its own lost job; local kept its one environment.
+            assert sorted(e.platform for e in envs) == ["local", "slurm", "slurm"], [(e.id, e.platform) for e in envs]
+            return c.experiment_id
+
+    experiment_id = run_async(body, timeout=150)
+    wait_until(lambda: not _experiment_jobs(cluster, experiment_id), WAIT_S, message="Slurm jobs left behind")
