@@ -223,6 +223,7 @@ class Engine(EnvironmentRules):
         self._out.append(ev.InsertTrial({
             "id": t.id, "seq": t.seq, "status": t.status.value, "parameters_json": json.dumps(t.parameters),
             "command": t.command, "gpu_number": t.gpu_number, "submitted_at": t.submitted_at,
+            **({"platforms_json": json.dumps(list(t.platforms))} if t.platforms else {}),
         }))
         self.trials[t.id] = t
         self.queue.append(t.id)

@@ -49,7 +49,7 @@ def restore(
             gpu_indices=tuple(_json(r["gpu_indices_json"], [])), gpu_uuids=tuple(_json(r["gpu_uuids_json"], [])),
             exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
             final_metric=r["final_metric"], final_metric_json=r["final_metric_json"], attempts=r["attempts"],
-            started_at=r["started_at"], ended_at=r["ended_at"],
+            started_at=r["started_at"], ended_at=r["ended_at"], platforms=_platforms(r.get("platforms_json")),
         )
         if unreadable and (status is None or not status.terminal):
             # Not run again with what cannot be read: failed, and the store says why.
@@ -128,6 +128,11 @@ def restore(
     )
     engine._out = []
     return out
+
+
+def _platforms(raw: Any) -> tuple[str, ...]:
+    found = _json(raw, [])
+    return tuple(p for p in found if isinstance(p, str)) if isinstance(found, list) else ()
 
 
 def _json(raw: Any, default: Any) -> Any:

@@ -365,6 +365,7 @@ def _trial_row(t: Any) -> dict[str, Any]:
         "exit_code": t.exit_code, "signal": t.signal, "reason": t.reason, "stderr_tail": t.stderr_tail,
         "final_metric": t.final_metric, "final_metric_json": t.final_metric_json, "attempts": t.attempts,
         "submitted_at": t.submitted_at, "started_at": t.started_at, "ended_at": t.ended_at,
+        "platforms_json": json.dumps(list(t.platforms)),
     }
 
 

@@ -194,6 +194,7 @@ def test_on_resume_each_environment_keeps_its_platform_and_that_platform_s_setti
     envs = ready(sim)
     sim.submit("t1")
     sim.submit("t2")
+    sim.feed(ev.TrialSubmitted("only-local", {}, "python trial.py", 0, 0, platforms=("local",)))
     trial_rows = [_trial_row(t) for t in sim.engine.trials.values()]
     env_rows = [_env_row(e) for e in sim.engine.envs.values()]
     after = hybrid(local=1, remote=1, trial_concurrency=2)
@@ -204,3 +205,14 @@ def test_on_resume_each_environment_keeps_its_platform_and_that_platform_s_setti
     after.feed(ev.Ticked())
     # Both platforms have their environment back: nothing new is started.
     assert after.take(ev.StartEnvironment) == []
+    # A trial allowed on one platform only is still so.
+    assert after.engine.trials["only-local"].platforms == ("local",)
+    after.register(remote, instance=sim.engine.envs[remote].instance_id, active=("t2",))
+    after.feed(ev.Ticked())
+    assert after.engine.trials["only-local"].env_id is None  # remote has a free slot: not for it
+    (local,) = envs["local"]
+    after.register(local, instance=sim.engine.envs[local].instance_id, active=("t1",))
+    after.seqs[local] = sim.seqs[local]
+    after.end(local, "t1", ev.Outcome.SUCCEEDED)
+    after.feed(ev.Ticked())
+    assert platform_of(after, after.engine.trials["only-local"].env_id) == "local"
