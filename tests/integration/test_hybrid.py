@@ -25,6 +25,7 @@ from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.store import Store
 
 WAIT_S = 60.0
 
@@ -84,7 +85,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def _data(tmp_path: Path, training_service: Any, *, trials: int = 4, together: int = 2, hold: bool = False) -> dict[str, Any]:
-    write_script(tmp_path, "trial.py", TRIAL)
+    # The code apart from what trials and the coordinator write: a remote machine has the
+    # code's content as it was uploaded, and a resumed coordinator must find the same.
+    (tmp_path / "code").mkdir(exist_ok=True)
+    write_script(tmp_path / "code", "trial.py", TRIAL)
     (tmp_path / "gate").mkdir(exist_ok=True)
     env = {"GATE_DIR": str(tmp_path / "gate"), "TOGETHER": str(together)}
     if hold:
@@ -92,7 +96,7 @@ def _data(tmp_path: Path, training_service: Any, *, trials: int = 4, together: i
     return {
         "experimentName": "hybrid",
         "trialCommand": f"{sys.executable} trial.py",
-        "trialCodeDirectory": str(tmp_path),
+        "trialCodeDirectory": str(tmp_path / "code"),
         "experimentWorkingDirectory": str(tmp_path / "experiments"),
         "trialConcurrency": 2,
         "maxTrialNumber": trials,
@@ -237,6 +241,14 @@ def _run_until_both_platforms_hold_a_trial(tmp_path: Path, lab: Lab) -> tuple[su
     return proc, exp
 
 
+def _came_back(exp: Path, env_id: str) -> bool:
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        return any(e["old"] == "LOST" and e["new"] in ("READY", "BUSY") for e in store.events(env_id))
+    finally:
+        store.close()
+
+
 def _trial_pids(tmp_path: Path) -> list[int]:
     return [int(p.read_text()) for p in (tmp_path / "gate").glob("ran-*")]
 
@@ -252,8 +264,9 @@ def test_kill_9_then_resume_each_platform_takes_back_its_own(tmp_path: Path, lab
         first.wait(timeout=30)
         # The stored config has the SSH password redacted: the file gives it back.
         resumed = _cli("resume", str(exp), "--quiet", "--config", str(tmp_path / "config.yml"))
+        # Back from LOST (what the resumed coordinator took them for until they reconnect).
         wait_until(
-            lambda: all(e["connected"] for e in stored_rows(exp, "envs")) or resumed.poll() is not None,
+            lambda: all(_came_back(exp, env_id) for env_id in before) or resumed.poll() is not None,
             WAIT_S, message="the agents did not reconnect",
         )
         (tmp_path / "gate" / "go").write_text("")
