@@ -183,11 +183,14 @@ class Coordinator:
                 environment_count=ts.effective_environment_count(config.trial_concurrency),
                 trial_slots=ts.trial_slots_per_environment(config.trial_concurrency),
                 simulated_gpus=ts.simulated_gpus, gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
-                shares_filesystem=member.shares_filesystem, working_directory=member.working_directory(),
+                shares_filesystem=member.shares_filesystem,
+                # A platform that could not be prepared starts nothing, and knows no directory.
+                working_directory="" if ts.platform in broken else member.working_directory(),
                 gpu_policy=gpu_policy,
             )
 
         sections = self._platforms(service)
+        broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
         ts = config.training_service
         return Policy(
             experiment_id=self.experiment_id, trial_concurrency=config.trial_concurrency,

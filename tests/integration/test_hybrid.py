@@ -194,10 +194,15 @@ def test_preference_and_allowed_platforms(tmp_path: Path, lab: Lab) -> None:
     run_async(body(), timeout=120.0)
 
 
-def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_others(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broken", ["unreachable", "unpreparable"])
+def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_others(tmp_path: Path, broken: str) -> None:
+    # A machine nobody listens on (each start fails), or a code directory over the
+    # platform's limit (the platform cannot even be prepared).
+    port = _closed_port()
     unreachable = {
         "platform": "remote", "sshTimeout": 2,
-        "machineList": [{"host": "127.0.0.1", "port": _closed_port(), "user": "nobody", "password": "x"}],
+        "machineList": [{"host": "127.0.0.1", "port": port, "user": "nobody", "password": "x"}],
+        **({"maxCodeDirSizeMb": 0.000001} if broken == "unpreparable" else {}),
     }
     data = _data(tmp_path, [unreachable, {"platform": "local", "environmentCount": 2}], trials=3)
     config = parse_config(data, tmp_path)
@@ -207,7 +212,10 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
             handles = [await c.submit({"x": x}) for x in (1, 2, 3)]
             for h in handles:
                 assert (await h.wait(WAIT_S)).status is TrialStatus.SUCCEEDED, h.info
-            assert "remote" in c.platform_errors and "local" not in c.platform_errors
+            assert "local" not in c.platform_errors
+            why = c.platform_errors["remote"]
+            assert ("could not be prepared" in why) == (broken == "unpreparable"), why
+            assert str(port) in why or broken == "unpreparable", why
             assert not c.environment_error  # the experiment goes on
             envs = c.environments()
             assert {e.platform for e in envs if e.status and e.status.value == "FAILED"} == {"remote"}

@@ -216,3 +216,21 @@ def test_on_resume_each_environment_keeps_its_platform_and_that_platform_s_setti
     after.end(local, "t1", ev.Outcome.SUCCEEDED)
     after.feed(ev.Ticked())
     assert platform_of(after, after.engine.trials["only-local"].env_id) == "local"
+
+
+def test_a_trial_goes_to_the_platform_with_the_gpus_it_needs_whatever_the_preference() -> None:
+    sim = hybrid(local=1, remote=1, trial_concurrency=4)
+    sim.start()
+    envs = started_by_platform(sim)
+    (local,) = envs["local"]
+    (remote,) = envs["remote"]
+    sim.register(local, gpus=1)
+    sim.register(remote, gpus=4)
+    sim.submit("big", gpus=2)
+    sim.submit("small", gpus=1)
+    starts = sim.starts()
+    assert platform_of(sim, sim.engine.trials["big"].env_id) == "remote" and len(starts["big"].gpu_uuids) == 2
+    assert platform_of(sim, sim.engine.trials["small"].env_id) == "local"
+    # Refused only when no platform has enough.
+    assert sim.engine.never_fits(4) == ""
+    assert "no environment offers more than 4" in sim.engine.never_fits(5)
