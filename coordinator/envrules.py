@@ -245,14 +245,14 @@ class EnvironmentRules:
         single = [q for q in self.policy.platforms if not q.reuse and q.name not in self.platform_errors]
         order = [n for n in self.policy.preference() if any(q.name == n for q in single)]
         order += [q.name for q in single if q.name not in order]
-        every = [e for e in self.live_envs() if e.single_use]
-        fresh = [e for e in every if not e.used and not e.shutdown_sent]
-        busy = sum(1 for e in every if e.used and e.holders)
-        room = self.policy.trial_concurrency - busy - len(fresh)
+        fresh = [e for e in self.live_envs() if e.single_use and not e.used and not e.shutdown_sent]
+        # Those ending after their trial (drained, not yet gone) hold no place.
+        busy = [e for e in self.live_envs() if e.single_use and e.used and e.holders]
+        room = self.policy.trial_concurrency - len(busy) - len(fresh)
         wanted = min(len(self.queue) - len(fresh), room)
         for name in order:
-            q = self.policy.section(name)
-            take = min(wanted, q.environment_count - sum(1 for e in every if e.platform == name))
+            held = sum(1 for e in (*fresh, *busy) if e.platform == name)
+            take = min(wanted, self.policy.section(name).environment_count - held)
             if name == p.name:
                 return take
             wanted -= max(0, take)
@@ -268,7 +268,8 @@ class EnvironmentRules:
             for _ in range(max(0, self._wanted_new_envs(p))):
                 if self._failed_starts.get(p.name, 0) >= limit:
                     self._give_up_platform(p.name, limit)
-                    break
+                    # The others take over now, those before it in this pass too.
+                    return self._reconcile()
                 env = self._new_env(self._next_env_id(), platform=p.name, status=EnvStatus.REQUESTED)
                 self._out.append(ev.StartEnvironment(env.id))
 

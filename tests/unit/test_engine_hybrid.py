@@ -186,7 +186,24 @@ def test_without_reuse_new_environments_go_to_the_preferred_platform_until_it_is
     sim.start()
     sim.submit("t1")
     sim.submit("t2")
-    assert sorted(platform_of(sim, s.env_id) for s in sim.take(ev.StartEnvironment)) == ["local", "local"]
+    starts = sim.take(ev.StartEnvironment)
+    assert sorted(platform_of(sim, s.env_id) for s in starts) == ["local", "local"]
+    # Local cannot start its agents: after 4 failures in a row (2 x trialConcurrency) it is
+    # given up, and the trials' environments come from Slurm.
+    for _ in range(10):
+        for start in starts:
+            if platform_of(sim, start.env_id) == "local":
+                sim.feed(ev.EnvironmentStartFailed(start.env_id, "no python"))
+            else:
+                sim.feed(ev.EnvironmentStarted(start.env_id, "job 1"))
+                sim.register(start.env_id)
+        sim.feed(ev.Ticked())
+        starts = sim.take(ev.StartEnvironment)
+    assert "local" in sim.engine.platform_errors and not sim.engine.env_error
+    tried = [e for e in sim.engine.envs.values() if e.platform == "local"]
+    # The fourth failure may come back while a fifth start is out; none is asked for after.
+    assert len(tried) in (4, 5) and all(e.status is EnvStatus.FAILED for e in tried)
+    assert {platform_of(sim, sim.engine.trials[t].env_id) for t in ("t1", "t2")} == {"slurm"}
 
 
 def test_on_resume_each_environment_keeps_its_platform_and_that_platform_s_settings() -> None:
