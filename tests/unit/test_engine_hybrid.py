@@ -36,6 +36,19 @@ def started_by_platform(sim: Sim) -> dict[str, list[str]]:
     return found
 
 
+def answer_starts(sim: Sim, *, failing: str, error: str) -> None:
+    """For a while, every start asked of platform ``failing`` fails with ``error``; the
+    other platforms' environments start and their agents register."""
+    for _ in range(10):
+        for start in sim.take(ev.StartEnvironment):
+            if platform_of(sim, start.env_id) == failing:
+                sim.feed(ev.EnvironmentStartFailed(start.env_id, error))
+            else:
+                sim.feed(ev.EnvironmentStarted(start.env_id, f"pid-{start.env_id}"))
+                sim.register(start.env_id)
+        sim.feed(ev.Ticked())
+
+
 def ready(sim: Sim) -> dict[str, list[str]]:
     sim.start()
     envs = started_by_platform(sim)
@@ -119,14 +132,7 @@ def test_a_platform_whose_environments_fail_to_start_is_given_up_and_the_other_c
     sim.start()
     sim.feed(ev.TrialSubmitted("remote-only", {}, "python trial.py", 0, 0, platforms=("remote",)))
     sim.submit("anywhere")
-    for _ in range(10):
-        for start in sim.take(ev.StartEnvironment):
-            if platform_of(sim, start.env_id) == "remote":
-                sim.feed(ev.EnvironmentStartFailed(start.env_id, "ssh: connection refused"))
-            else:
-                sim.feed(ev.EnvironmentStarted(start.env_id, "pid-1"))
-                sim.register(start.env_id)
-        sim.feed(ev.Ticked())
+    answer_starts(sim, failing="remote", error="ssh: connection refused")
     assert "connection refused" in sim.engine.platform_errors["remote"]
     assert "local" not in sim.engine.platform_errors and not sim.engine.env_error
     # It starts no more: 3 tries (the limit for a concurrency of 1), then nothing.
@@ -186,19 +192,11 @@ def test_without_reuse_new_environments_go_to_the_preferred_platform_until_it_is
     sim.start()
     sim.submit("t1")
     sim.submit("t2")
-    starts = sim.take(ev.StartEnvironment)
-    assert sorted(platform_of(sim, s.env_id) for s in starts) == ["local", "local"]
+    asked = [i for i in sim.out if isinstance(i, ev.StartEnvironment)]
+    assert sorted(platform_of(sim, s.env_id) for s in asked) == ["local", "local"]
     # Local cannot start its agents: after 4 failures in a row (2 x trialConcurrency) it is
     # given up, and the trials' environments come from Slurm.
-    for _ in range(10):
-        for start in starts:
-            if platform_of(sim, start.env_id) == "local":
-                sim.feed(ev.EnvironmentStartFailed(start.env_id, "no python"))
-            else:
-                sim.feed(ev.EnvironmentStarted(start.env_id, "job 1"))
-                sim.register(start.env_id)
-        sim.feed(ev.Ticked())
-        starts = sim.take(ev.StartEnvironment)
+    answer_starts(sim, failing="local", error="no python")
     assert "local" in sim.engine.platform_errors and not sim.engine.env_error
     tried = [e for e in sim.engine.envs.values() if e.platform == "local"]
     # The fourth failure may come back while a fifth start is out; none is asked for after.
