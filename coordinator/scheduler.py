@@ -63,11 +63,11 @@ class GpuSlot:
 class EnvCapacity:
     env_id: str
     trial_slots: int
-    platform: str = ""
     holders: set[str] = field(default_factory=set)
     gpus: list[GpuSlot] = field(default_factory=list)
     use_active_gpu: bool = False
     accepting: bool = True
+    platform: str = ""
 
     def free_slots(self) -> int:
         return self.trial_slots - len(self.holders)
