@@ -116,7 +116,8 @@ def describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(m.value) for m in tp)
     if tp in VARIANTS:
         tag, registry = VARIANTS[tp]
-        return f"a mapping with '{tag}' (one of: {', '.join(registry)})"
+        one = f"a mapping with '{tag}' (one of: {', '.join(registry)})"
+        return f"{one}, or a list of such mappings" if tp in LIST_FORMS else one
     simple = {
         bool: "true or false",
         int: "an integer",

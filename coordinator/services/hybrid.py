@@ -70,7 +70,9 @@ class HybridEnvironmentService(EnvironmentService[HybridConfig]):
         return None if name is None else self.members[name]
 
     def working_directory(self) -> str:
-        return next(iter(self.members.values())).working_directory()
+        """The first usable platform's: each platform's own is what its trials are told."""
+        usable = [m for n, m in self.members.items() if n not in self._broken]
+        return usable[0].working_directory()
 
     async def prepare(self) -> None:
         names = list(self.members)
