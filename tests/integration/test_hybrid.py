@@ -228,6 +228,8 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
 
 
 def _run_until_both_platforms_hold_a_trial(tmp_path: Path, lab: Lab) -> tuple[subprocess.Popen[bytes], Path]:
+    # The local agent is up well before the machine is set up (SSH, probe, upload): local,
+    # preferred, takes the first trial; the second finds it full and goes to the machine.
     data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote()], hold=True)
     config = tmp_path / "config.yml"
     config.write_text(json.dumps(data))

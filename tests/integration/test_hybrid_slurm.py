@@ -36,6 +36,10 @@ def test_local_first_then_slurm_and_a_cancelled_job_s_trial_is_retried(
 
     async def body() -> str:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            await async_wait_until(
+                lambda: sorted(e.status.value for e in c.environments() if e.status) == ["READY", "READY"], WAIT_S,
+                message="the local agent and the Slurm job did not both come up",
+            )
             first = await c.submit({"x": 1})
             second = await c.submit({"x": 2})
             await async_wait_until(
