@@ -171,6 +171,8 @@ class Coordinator:
     def _policy(self, service: EnvironmentService) -> Policy:
         config = self.config
         settings = config.coordinator
+        sections = self._platforms(service)
+        broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
 
         def platform_policy(ts: TrainingServiceConfig, member: EnvironmentService) -> PlatformPolicy:
             def gpu_policy(env_id: str) -> tuple[int, bool]:
@@ -189,13 +191,11 @@ class Coordinator:
                 gpu_policy=gpu_policy,
             )
 
-        sections = self._platforms(service)
-        broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
         ts = config.training_service
         return Policy(
             experiment_id=self.experiment_id, trial_concurrency=config.trial_concurrency,
             platforms=tuple(platform_policy(s, m) for s, m in sections),
-            trial_platforms=tuple(getattr(ts, "trial_platforms", None) or ()),
+            trial_platforms=tuple(ts.trial_platforms or ()),
             max_trial_retries=config.max_trial_retries, retry_failed_trials=config.retry_failed_trials,
             max_trial_duration_s=float(config.max_trial_duration or 0.0), trial_env=dict(config.trial_env),
             trial_gpu_memory=config.trial_gpu_memory, heartbeat_interval_s=settings.heartbeat_interval,

@@ -61,9 +61,6 @@ class HybridConfig(TrainingServiceConfig):
     def sections(self) -> tuple[TrainingServiceConfig, ...]:
         return tuple(self.platforms)
 
-    def preferred_platforms(self) -> tuple[str, ...]:
-        return tuple(self.trial_platforms or (s.platform for s in self.platforms))
-
     @property
     def placement(self) -> Placement:
         return self.platforms[0].placement if self.platforms else "pack"
