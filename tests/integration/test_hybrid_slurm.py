@@ -97,3 +97,31 @@ def test_the_readme_s_hybrid_config_runs_as_it_is(
     experiment_id = str(store.experiment()["id"])  # type: ignore[index]
     store.close()
     wait_until(lambda: not _experiment_jobs(cluster, experiment_id), WAIT_S, message="Slurm jobs left behind")
+
+
+@pytest.mark.slow
+def test_a_trial_needing_gpus_goes_to_the_platform_that_has_them(
+    tmp_path: Path, cluster: SlurmCluster,  # noqa: F811 - the fixture imported above
+) -> None:
+    # Slurm preferred, but its jobs have no GPUs here; the local agent pretends to have two.
+    slurm = {"platform": "slurm", "environmentCount": 1, "pollInterval": "0.5s"}
+    local = {"platform": "local", "environmentCount": 1, "simulatedGpus": 2}
+    config = parse_config(_data(tmp_path, [slurm, local], together=1), tmp_path)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            await async_wait_until(
+                lambda: sorted(e.status.value for e in c.environments() if e.status) == ["READY", "READY"], WAIT_S,
+                message="the local agent and the Slurm job did not both come up",
+            )
+            gpu = await c.submit({"x": 1}, gpu_number=2)
+            cpu = await c.submit({"x": 2})
+            for h in (gpu, cpu):
+                assert (await h.wait(WAIT_S)).status is TrialStatus.SUCCEEDED, h.info
+            platform = {e.id: e.platform for e in c.environments()}
+            assert platform[gpu.info.environment_id or ""] == "local" and gpu.info.gpu_indices == (0, 1)
+            assert platform[cpu.info.environment_id or ""] == "slurm"
+            with pytest.raises(ValueError, match="3 GPUs"):
+                await c.submit({"x": 3}, gpu_number=3)
+
+    run_async(body, timeout=120)
