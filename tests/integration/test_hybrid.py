@@ -194,6 +194,28 @@ def test_preference_and_allowed_platforms(tmp_path: Path, lab: Lab) -> None:
     run_async(body(), timeout=120.0)
 
 
+@pytest.mark.slow
+def test_a_platform_without_reuse_beside_one_with_it(tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _data(tmp_path, [{"platform": "local", "reuseMode": False}, lab.remote()])
+    config = tmp_path / "config.yml"
+    config.write_text(json.dumps(data))
+    exp = tmp_path / "exp"
+
+    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capsys.readouterr()
+
+    trials = stored_rows(exp, "trials")
+    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
+    envs = {e["id"]: e for e in stored_rows(exp, "envs")}
+    ran: dict[str, int] = {}
+    for t in trials:
+        ran[t["environment_id"]] = ran.get(t["environment_id"], 0) + 1
+    # Local gave each trial an environment of its own; the machine kept one for all of its.
+    local = [e for e in envs.values() if e["platform"] == "local"]
+    assert local and all(ran.get(e["id"], 0) <= 1 for e in local), ran
+    assert len([e for e in envs.values() if e["platform"] == "remote"]) == 1
+    assert all(e["status"] in ("STOPPED", "FAILED") for e in envs.values())
+
+
 @pytest.mark.parametrize("broken", ["unreachable", "unpreparable"])
 def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_others(tmp_path: Path, broken: str) -> None:
     # A machine nobody listens on (each start fails), or a code directory over the
