@@ -126,6 +126,17 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # nothing listens there once the socket is closed
 
 
+def _run_to_the_end(tmp_path: Path, training_service: Any, capsys: pytest.CaptureFixture[str]) -> Path:
+    """`trialkeeper run` of 4 trials on these platforms; checks they all succeeded."""
+    config = tmp_path / "config.yml"
+    config.write_text(json.dumps(_data(tmp_path, training_service)))
+    exp = tmp_path / "exp"
+    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capsys.readouterr()
+    trials = stored_rows(exp, "trials")
+    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
+    return exp
+
+
 # ---- local + remote ----------------------------------------------------------------------------
 
 
@@ -134,15 +145,7 @@ def test_nni_list_of_local_and_remote_runs_trials_on_both(
     tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # NNI's form: a list of platform sections, each with its own fields.
-    data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote(reuseMode=True)])
-    config = tmp_path / "config.yml"
-    config.write_text(json.dumps(data))
-    exp = tmp_path / "exp"
-
-    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capsys.readouterr()
-
-    trials = stored_rows(exp, "trials")
-    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
+    exp = _run_to_the_end(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote(reuseMode=True)], capsys)
     envs = stored_rows(exp, "envs")
     # Each platform started and kept its own environment.
     assert sorted(e["platform"] for e in envs) == ["local", "remote"], [(e["id"], e["platform"], e["reason"]) for e in envs]
@@ -196,15 +199,8 @@ def test_preference_and_allowed_platforms(tmp_path: Path, lab: Lab) -> None:
 
 @pytest.mark.slow
 def test_a_platform_without_reuse_beside_one_with_it(tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
-    data = _data(tmp_path, [{"platform": "local", "reuseMode": False}, lab.remote()])
-    config = tmp_path / "config.yml"
-    config.write_text(json.dumps(data))
-    exp = tmp_path / "exp"
-
-    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capsys.readouterr()
-
+    exp = _run_to_the_end(tmp_path, [{"platform": "local", "reuseMode": False}, lab.remote()], capsys)
     trials = stored_rows(exp, "trials")
-    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
     envs = {e["id"]: e for e in stored_rows(exp, "envs")}
     ran: dict[str, int] = {}
     for t in trials:
