@@ -298,7 +298,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     except (ValueError, OSError, asyncio.TimeoutError) as e:
         print(f"trialkeeper: cannot clean experiment {exp.id}: {e}", file=sys.stderr)
         return 1
-    platform = config.training_service.platform
+    platform = ", ".join(s.platform for s in config.training_service.sections())
     if removed:
         print(f"experiment {exp.id}: removed {len(removed)} environment(s) from {platform}: {', '.join(removed)}")
     else:

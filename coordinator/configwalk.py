@@ -33,9 +33,18 @@ __all__ = ["INVALID", "VARIANTS", "Spec", "Walker", "check_supported", "plain_da
 VARIANTS: dict[type, tuple[str, Mapping[str, type]]] = {}
 
 
-def register_variants(base: type, tag_key: str, choices: Mapping[str, type]) -> None:
-    """Parse fields typed `base` as `choices[data[tag_key]]`."""
+#: Variants that may also be written as a list: base -> (tag, key). A list is read as
+#: `{tag_key: tag, key: the list}` (NNI's `trainingService: [...]` is `platform: hybrid`).
+LIST_FORMS: dict[type, tuple[str, str]] = {}
+
+
+def register_variants(
+    base: type, tag_key: str, choices: Mapping[str, type], *, list_form: tuple[str, str] | None = None
+) -> None:
+    """Parse fields typed `base` as `choices[data[tag_key]]` (and a list as `list_form`)."""
     VARIANTS[base] = (tag_key, choices)
+    if list_form is not None:
+        LIST_FORMS[base] = list_form
 
 
 INVALID: Any = object()  # a value that failed validation; its issues are already recorded
@@ -107,7 +116,8 @@ def describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(m.value) for m in tp)
     if tp in VARIANTS:
         tag, registry = VARIANTS[tp]
-        return f"a mapping with '{tag}' (one of: {', '.join(registry)})"
+        one = f"a mapping with '{tag}' (one of: {', '.join(registry)})"
+        return f"{one}, or a list of such mappings" if tp in LIST_FORMS else one
     simple = {
         bool: "true or false",
         int: "an integer",
@@ -257,6 +267,8 @@ class Walker:
 
     def variant(self, base: type, value: Any, path: str) -> Any:
         tag_key, registry = VARIANTS[base]
+        if isinstance(value, list) and base in LIST_FORMS:
+            return self._list_form(base, value, path)
         if not isinstance(value, Mapping):
             self.report(path, f"expected {describe(base)}, got {show(value)}")
             return INVALID
@@ -279,6 +291,21 @@ class Walker:
             self.report(join_path(path, tag_key), str(e))
             return INVALID
         return self.dataclass(chosen, value, path, extra_keys=(tag_key,))
+
+    def _list_form(self, base: type, value: list[Any], path: str) -> Any:
+        tag_key, _ = VARIANTS[base]
+        tag, key = LIST_FORMS[base]
+        first = len(self.issues)
+        result = self.variant(base, {tag_key: tag, key: value}, path)
+        # The user wrote the list itself: its problems are located in it, not under `key`.
+        inner = join_path(path, key)
+        self.issues[first:] = [
+            ConfigIssue(path + issue.path[len(inner):], issue.message)
+            if issue.path == inner or issue.path.startswith((inner + "[", inner + "."))
+            else issue
+            for issue in self.issues[first:]
+        ]
+        return result
 
     def dataclass(self, cls: type, data: Any, path: str, extra_keys: tuple[str, ...] = ()) -> Any:
         if not isinstance(data, Mapping):

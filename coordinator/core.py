@@ -21,14 +21,16 @@ from typing import Any
 
 from . import tls as tls_identity
 from .config import ExperimentConfig, config_to_dict
-from .engine import CANCEL_GRACE_S, Engine, Policy
+from .engine import CANCEL_GRACE_S, Engine, PlatformPolicy, Policy
 from .events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
 from .model import MetricEvent, StatusEvent, TrialInfo
+from .platformconfig import TrainingServiceConfig
 from .readmodel import EnvSnapshot, ReadModel
 from .restore import restore
 from .server import Servicer, create_server
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
+from .services.hybrid import HybridEnvironmentService
 from .shell import Shell
 from .states import TrialStatus
 from .store import Store
@@ -159,33 +161,54 @@ class Coordinator:
         c._resuming = True
         return c
 
+    def _platforms(self, service: EnvironmentService) -> list[tuple[TrainingServiceConfig, EnvironmentService]]:
+        """Each platform's section with its service: several for a hybrid experiment."""
+        sections = self.config.training_service.sections()
+        if isinstance(service, HybridEnvironmentService):
+            return [(s, service.members[s.platform]) for s in sections]
+        return [(sections[0], service)]
+
     def _policy(self, service: EnvironmentService) -> Policy:
-        config, ts = self.config, self.config.training_service
+        config = self.config
         settings = config.coordinator
-        reuse = bool(ts.reuse_mode)
+        sections = self._platforms(service)
+        broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
 
-        def gpu_policy(env_id: str) -> tuple[int, bool]:
-            sharing = ts.gpu_sharing(service.gpu_policy(env_id))
-            return sharing.max_trials_per_gpu, sharing.use_active_gpu
+        def platform_policy(ts: TrainingServiceConfig, member: EnvironmentService) -> PlatformPolicy:
+            def gpu_policy(env_id: str) -> tuple[int, bool]:
+                sharing = ts.gpu_sharing(member.gpu_policy(env_id))
+                return sharing.max_trials_per_gpu, sharing.use_active_gpu
 
+            return PlatformPolicy(
+                # A service handed in may run another platform than the section names.
+                name=member.platform if len(sections) == 1 else ts.platform, reuse=bool(ts.reuse_mode),
+                environment_count=ts.effective_environment_count(config.trial_concurrency),
+                trial_slots=ts.trial_slots_per_environment(config.trial_concurrency),
+                simulated_gpus=ts.simulated_gpus, gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
+                shares_filesystem=member.shares_filesystem,
+                # A platform that could not be prepared starts nothing, and knows no directory.
+                working_directory="" if ts.platform in broken else member.working_directory(),
+                gpu_policy=gpu_policy,
+            )
+
+        ts = config.training_service
         return Policy(
-            experiment_id=self.experiment_id, platform=service.platform, reuse=reuse,
-            trial_concurrency=config.trial_concurrency,
-            environment_count=ts.effective_environment_count(config.trial_concurrency),
-            trial_slots=ts.trial_slots_per_environment(config.trial_concurrency),
+            experiment_id=self.experiment_id, trial_concurrency=config.trial_concurrency,
+            platforms=tuple(platform_policy(s, m) for s, m in sections),
+            trial_platforms=tuple(ts.trial_platforms or ()),
             max_trial_retries=config.max_trial_retries, retry_failed_trials=config.retry_failed_trials,
             max_trial_duration_s=float(config.max_trial_duration or 0.0), trial_env=dict(config.trial_env),
             trial_gpu_memory=config.trial_gpu_memory, heartbeat_interval_s=settings.heartbeat_interval,
             max_heartbeats_per_second=settings.max_heartbeats_per_second,
             agent_lost_timeout_s=settings.agent_lost_timeout, trial_lost_timeout_s=settings.trial_lost_timeout,
-            placement=ts.placement, simulated_gpus=ts.simulated_gpus,
-            gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
-            shares_filesystem=service.shares_filesystem, working_directory=service.working_directory(),
-            gpu_policy=gpu_policy,
+            placement=ts.placement,
         )
 
     def _request_for(self, env_id: str) -> EnvironmentRequest:
-        ts = self.config.training_service
+        assert self._engine is not None
+        platform = self._engine.envs[env_id].platform
+        sections = self.config.training_service.sections()
+        ts = next((s for s in sections if s.platform == platform), sections[0])
         args: list[str] = []
         if ts.gpu_indices:
             args += ["--gpu-indices", ",".join(str(i) for i in ts.gpu_indices)]
@@ -197,6 +220,7 @@ class Coordinator:
         return EnvironmentRequest(
             env_id=env_id, experiment_id=self.experiment_id, coordinator_address=self.address, token=self._token,
             agent_args=tuple(args), reuse=bool(ts.reuse_mode),
+            platform=platform if len(sections) > 1 else "",
         )
 
     async def start(self) -> None:
@@ -233,6 +257,8 @@ class Coordinator:
             shell.apply(restore(engine, store.trials(), store.envs(), now=time.monotonic(), wall=time.time()))
             store.set_experiment_status("RUNNING", "resumed")
         for env in engine.live_envs():
+            if isinstance(service, HybridEnvironmentService):
+                service.assign(env.id, env.platform)  # each platform takes back its own
             if env.platform_id:
                 service.adopt(env.id, env.platform_id)
         if self._resuming:
@@ -332,11 +358,14 @@ class Coordinator:
         gpu_number: int | None = None,
         gpu_memory: int | None = None,
         env: dict[str, str] | None = None,
+        platforms: list[str] | None = None,
     ) -> TrialHandle:
         """Queue a trial with these parameters; returns at once with its handle.
 
         ``command``, ``gpu_number`` and ``gpu_memory`` (bytes each GPU must have free)
-        override the config for this trial. Raises :class:`TrialRefused` when no
+        override the config for this trial; ``platforms`` names the platforms it may run
+        on, most preferred first (default: the config's ``trialPlatforms``, else every
+        platform in the order of ``trainingService``). Raises :class:`TrialRefused` when no
         environment could ever run it.
         """
         engine, shell = self._running()
@@ -352,13 +381,20 @@ class Coordinator:
         memory = self.config.trial_gpu_memory if gpu_memory is None else gpu_memory
         if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
             raise ValueError(f"gpu_memory must be a number of bytes >= 0, got {memory!r}")
+        allowed = tuple(platforms or ())
+        known = [p.name for p in engine.policy.platforms]
+        unknown = [p for p in allowed if p not in known]
+        if unknown or len(set(allowed)) != len(allowed) or isinstance(platforms, str):
+            raise ValueError(f"platforms must be a list of distinct platforms of this experiment ({', '.join(known)}), got {platforms!r}")
         refusal = engine.never_fits(gpus, memory)
         if refusal:
             raise TrialRefused(refusal)
         trial_id = _new_id(6)
         while trial_id in engine.trials:
             trial_id = _new_id(6)
-        shell.handle(TrialSubmitted(trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {})))
+        shell.handle(TrialSubmitted(
+            trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {}), platforms=allowed
+        ))
         shell.pass_soon()
         return TrialHandle(self, trial_id)
 
@@ -439,6 +475,12 @@ class Coordinator:
     def environment_error(self) -> str:
         """Why environments can no longer be started, or ''."""
         return self._engine.env_error if self._engine is not None else ""
+
+    @property
+    def platform_errors(self) -> dict[str, str]:
+        """Platforms that start no more environments (too many in a row failed), with why;
+        the experiment goes on with the others."""
+        return dict(self._engine.platform_errors) if self._engine is not None else {}
 
     @property
     def failure(self) -> str:

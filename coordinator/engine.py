@@ -37,15 +37,40 @@ _STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
 
 
 @dataclass(frozen=True)
+class PlatformPolicy:
+    """What the core needs to know of one platform's section: each platform starts and
+    replaces its own environments."""
+
+    name: str
+    reuse: bool
+    environment_count: int
+    trial_slots: int  # per environment in reuse mode
+    simulated_gpus: int = 0
+    gpu_indices: tuple[int, ...] | None = None
+    # Agents see the coordinator's file system: streamed logs of its own agents are dropped.
+    shares_filesystem: bool = False
+    working_directory: str = ""  # where trials run, as agents see it
+    # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
+    gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
+
+    def gpus_offered(self) -> int:
+        """GPUs its agents pretend to have (simulatedGpus), 0 when they report real ones."""
+        if not self.simulated_gpus:
+            return 0
+        return min(self.simulated_gpus, len(self.gpu_indices)) if self.gpu_indices else self.simulated_gpus
+
+
+@dataclass(frozen=True)
 class Policy:
     """What the core needs to know of the experiment's config, as plain values."""
 
     experiment_id: str
-    platform: str
-    reuse: bool
     trial_concurrency: int
-    environment_count: int
-    trial_slots: int  # per environment in reuse mode
+    # One per platform, in the config's order (one for most experiments).
+    platforms: tuple[PlatformPolicy, ...]
+    # The platforms trials may use, most preferred first; () for every platform in the
+    # order above, and agents of other platforms (started by hand) after them.
+    trial_platforms: tuple[str, ...] = ()
     max_trial_retries: int = 0
     retry_failed_trials: bool = False
     max_trial_duration_s: float = 0.0
@@ -57,13 +82,22 @@ class Policy:
     trial_lost_timeout_s: float = 30.0
     agent_start_timeout_s: float = AGENT_START_TIMEOUT_S
     placement: str = "pack"
-    simulated_gpus: int = 0
-    gpu_indices: tuple[int, ...] | None = None
-    # Agents see the coordinator's file system: streamed logs of its own agents are dropped.
-    shares_filesystem: bool = False
-    working_directory: str = ""  # where trials run, as agents see it
-    # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
-    gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
+
+    def __post_init__(self) -> None:
+        if not self.platforms:
+            raise ValueError("a policy needs at least one platform")
+
+    def section(self, platform: str) -> PlatformPolicy:
+        """The policy of ``platform``; the first platform's for any other (an agent an
+        operator started by hand joins as one of it)."""
+        return next((p for p in self.platforms if p.name == platform), self.platforms[0])
+
+    @property
+    def reuse(self) -> bool:
+        return any(p.reuse for p in self.platforms)
+
+    def preference(self) -> tuple[str, ...]:
+        return self.trial_platforms or tuple(p.name for p in self.platforms)
 
 
 class Engine(EnvironmentRules):
@@ -79,9 +113,11 @@ class Engine(EnvironmentRules):
         # Publish a MetricEvent per stored metric (only while someone listens: it costs).
         self.publish_metrics = False
         self.env_error = ""
+        # Platforms given up on (too many environments in a row failed to start), with why.
+        self.platform_errors: dict[str, str] = {}
         self.beat_scale = 1.0
         self._env_counter = 0
-        self._failed_starts = 0
+        self._failed_starts: dict[str, int] = {}  # by platform, since its last agent registered
         self._next_seq = 0
         self._linked: set[str] = set()
         self._closing: set[int] = set()  # links the core closed, not yet reported disconnected
@@ -168,9 +204,9 @@ class Engine(EnvironmentRules):
         registered = [len(e.gpus) for e in self.envs.values() if e.instance_id and not e.status.terminal]
         if registered:
             return max(registered)
-        if self.policy.simulated_gpus:
-            indices = self.policy.gpu_indices
-            return min(self.policy.simulated_gpus, len(indices)) if indices else self.policy.simulated_gpus
+        simulated = [p.gpus_offered() for p in self.policy.platforms]
+        if all(simulated):
+            return max(simulated)
         return None
 
     # ---- the embedding API's events ----------------------------------------------------------
@@ -181,12 +217,13 @@ class Engine(EnvironmentRules):
         t = TrialState(
             id=e.trial_id, seq=self._next_seq, status=TrialStatus.WAITING, parameters=e.parameters,
             command=e.command, gpu_number=e.gpu_number, gpu_memory=e.gpu_memory if e.gpu_number else 0,
-            submitted_at=self.wall, env_overrides=dict(e.env_overrides),
+            submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms),
         )
         self._next_seq += 1
         self._out.append(ev.InsertTrial({
             "id": t.id, "seq": t.seq, "status": t.status.value, "parameters_json": json.dumps(t.parameters),
             "command": t.command, "gpu_number": t.gpu_number, "submitted_at": t.submitted_at,
+            **({"platforms_json": json.dumps(list(t.platforms))} if t.platforms else {}),
         }))
         self.trials[t.id] = t
         self.queue.append(t.id)
@@ -312,7 +349,7 @@ class Engine(EnvironmentRules):
                 self._out.append(ev.Publish(MetricEvent(r.trial_id, r.kind, r.index, r.value, _loads(r.value_json))))
 
     def _log(self, env: EnvState, chunk: ev.LogReported) -> None:
-        if self.policy.shares_filesystem and env.started_here:
+        if self.policy.section(env.platform).shares_filesystem and env.started_here:
             return  # its agent writes the files the coordinator reads
         if self._own_trial(env, chunk.trial_id, "log output") is not None:
             self._out.append(ev.WriteLog(chunk.trial_id, chunk.stream, chunk.offset, chunk.data))
@@ -364,6 +401,7 @@ class Engine(EnvironmentRules):
         return [
             scheduler.EnvCapacity(
                 env_id=env.id,
+                platform=env.platform,
                 trial_slots=env.trial_slots,
                 holders=env.holders,
                 gpus=env.gpus,
@@ -383,11 +421,7 @@ class Engine(EnvironmentRules):
         if not self.queue or self.stopping:
             return
         running = sum(len(e.holders) for e in self.envs.values())
-        demands = [
-            scheduler.Demand(tid, self.trials[tid].gpu_number, self.trials[tid].gpu_memory)
-            for tid in self.queue
-            if self.trials[tid].not_before <= self.now
-        ]
+        demands = [self._demand(self.trials[tid]) for tid in self.queue if self.trials[tid].not_before <= self.now]
         decision = scheduler.place(
             demands, self._capacity_views(), max_running=self.policy.trial_concurrency, running=running,
             policy=self.policy.placement,
@@ -398,6 +432,7 @@ class Engine(EnvironmentRules):
             t = self.trials[p.trial_id]
             env = self.envs[p.env_id]
             t.env_id, t.gpu_uuids, t.gpu_indices = p.env_id, p.gpu_uuids, p.gpu_indices
+            t.lost_on = ""
             t.attempts += 1
             t.waiting_reason = changed[t.id] = f"starting on {env.id}"
             placed.add(t.id)
@@ -419,6 +454,16 @@ class Engine(EnvironmentRules):
         if changed:
             self._out.append(ev.StoreWaitingReasons(changed))
 
+    def _demand(self, t: TrialState) -> scheduler.Demand:
+        """What placing ``t`` asks for: its GPUs, and the platforms it may use, most
+        preferred first. A trial whose environment was lost tries the other platforms
+        first: what lost it may well lose it again."""
+        restricted = bool(t.platforms or self.policy.trial_platforms)
+        order = t.platforms or self.policy.preference()
+        if t.lost_on in order and len(order) > 1:
+            order = (*(p for p in order if p != t.lost_on), t.lost_on)
+        return scheduler.Demand(t.id, t.gpu_number, t.gpu_memory, platforms=order, only_these=restricted)
+
     def _send_start(self, env: EnvState, t: TrialState) -> None:
         assert env.link is not None
         env_vars = dict(self.policy.trial_env)
@@ -427,7 +472,7 @@ class Engine(EnvironmentRules):
             trial_id=t.id, sequence_id=t.seq, command=t.command, parameters=t.parameters, env=env_vars,
             gpu_indices=t.gpu_indices, gpu_uuids=t.gpu_uuids, max_duration_s=self.policy.max_trial_duration_s,
             attempt=t.attempts, experiment_id=self.policy.experiment_id,
-            working_directory=self.policy.working_directory, resumes_metrics=t.attempts > 1,
+            working_directory=self.policy.section(env.platform).working_directory, resumes_metrics=t.attempts > 1,
         )))
 
     def _release(
@@ -462,6 +507,7 @@ class Engine(EnvironmentRules):
             self._release(env, t, processes_gone=True)
             if t.status.terminal:
                 continue
+            t.lost_on = env.platform
             if t.cancel_status is not None:
                 self._trial_to(t, t.cancel_status, t.reason)
             elif t.attempts <= self.policy.max_trial_retries:

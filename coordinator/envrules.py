@@ -19,7 +19,7 @@ from .rows import GpuSampleRow
 from .states import EnvStatus, TrialStatus, check_env
 
 if TYPE_CHECKING:
-    from .engine import Policy
+    from .engine import PlatformPolicy, Policy
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,11 @@ class EnvironmentRules:
     stopping: bool
     started: bool
     env_error: str
+    platform_errors: dict[str, str]
     beat_scale: float
     now: float
     wall: float
-    _failed_starts: int
+    _failed_starts: dict[str, int]
     _linked: set[str]
     _closing: set[int]
     _gpu_rows: list[Any]
@@ -52,6 +53,7 @@ class EnvironmentRules:
         def _refuse_unfittable(self) -> None: ...
         def _trial_to(self, t: TrialState, new: TrialStatus, reason: str) -> None: ...
         def _next_env_id(self) -> str: ...
+        def _demand(self, t: TrialState) -> scheduler.Demand: ...
         def _saw_env_id(self, env_id: str) -> None: ...
         @property
         def heartbeat_interval(self) -> float: ...
@@ -90,7 +92,7 @@ class EnvironmentRules:
                 self._lose_trials(env, "its agent restarted", keep=set())
             env.instance_id = reg.instance_id
             env.last_seq = 0
-            per_gpu, env.use_active_gpu = self.policy.gpu_policy(env.id)
+            per_gpu, env.use_active_gpu = self.policy.section(env.platform).gpu_policy(env.id)
             env.gpus = [scheduler.GpuSlot(g.uuid, g.index, per_gpu, memory_total_bytes=g.memory_total_bytes) for g in reg.gpus]
             env.gpu_names = {
                 g.uuid: g.name + (" (MIG)" if g.mig else "") + (" (simulated)" if g.simulated else "") for g in reg.gpus
@@ -105,7 +107,7 @@ class EnvironmentRules:
         self._out.append(ev.UpdateEnvironment(env.id, {"connected": 1}))
         self._linked.add(env.id)
         env.last_seen = self.now
-        self._failed_starts = 0
+        self._failed_starts[env.platform] = 0
         if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
             self._env_to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
             if env.holders:
@@ -220,56 +222,99 @@ class EnvironmentRules:
     # ---- environments ------------------------------------------------------------------------
 
     def _new_env(self, env_id: str, *, platform: str, status: EnvStatus) -> EnvState:
-        reuse = self.policy.reuse
+        reuse = self.policy.section(platform).reuse
         env = EnvState(
-            id=env_id, status=status, single_use=not reuse, trial_slots=self.policy.trial_slots if reuse else 1,
-            requested_at=self.now,
+            id=env_id, status=status, single_use=not reuse,
+            trial_slots=self.policy.section(platform).trial_slots if reuse else 1, requested_at=self.now,
+            platform=platform,
         )
         self.envs[env_id] = env
         self._out.append(ev.InsertEnvironment(env_id, platform, status.value))
         return env
 
-    def _wanted_new_envs(self) -> int:
-        live = self.live_envs()
-        if self.policy.reuse:
-            return max(1, self.policy.environment_count) - len(live)
-        # One environment per trial: as many as waiting trials need, within trialConcurrency.
-        fresh = [e for e in live if not e.used and not e.shutdown_sent]
-        busy = sum(1 for e in live if e.used and e.holders)
-        room = self.policy.trial_concurrency - busy - len(fresh)
-        return min(len(self.queue) - len(fresh), room)
+    def _wanted_new_envs(self, p: PlatformPolicy) -> int:
+        """How many more environments platform ``p`` should start now."""
+        names = {q.name for q in self.policy.platforms}
+        first = self.policy.platforms[0].name
+        # Agents an operator started by hand count as the first platform's.
+        live = [e for e in self.live_envs() if e.platform == p.name or (p.name == first and e.platform not in names)]
+        if p.reuse:
+            return max(1, p.environment_count) - len(live)
+        # One environment per trial: as many as waiting trials need, within trialConcurrency,
+        # on the most preferred platform that takes more (another once it is given up).
+        single = [q for q in self.policy.platforms if not q.reuse and q.name not in self.platform_errors]
+        order = [n for n in self.policy.preference() if any(q.name == n for q in single)]
+        order += [q.name for q in single if q.name not in order]
+        fresh = [e for e in self.live_envs() if e.single_use and not e.used and not e.shutdown_sent]
+        # Those ending after their trial (drained, not yet gone) hold no place.
+        busy = [e for e in self.live_envs() if e.single_use and e.used and e.holders]
+        room = self.policy.trial_concurrency - len(busy) - len(fresh)
+        wanted = min(len(self.queue) - len(fresh), room)
+        for name in order:
+            held = sum(1 for e in (*fresh, *busy) if e.platform == name)
+            take = min(wanted, self.policy.section(name).environment_count - held)
+            if name == p.name:
+                return take
+            wanted -= max(0, take)
+        return 0
 
     def _reconcile(self) -> None:
         if self.stopping or not self.started or self.env_error:
             return
         limit = max(3, 2 * self.policy.trial_concurrency)
-        for _ in range(max(0, self._wanted_new_envs())):
-            if self._failed_starts >= limit:
-                self._give_up_envs(limit)
-                return
-            env = self._new_env(self._next_env_id(), platform=self.policy.platform, status=EnvStatus.REQUESTED)
-            self._out.append(ev.StartEnvironment(env.id))
+        for p in self.policy.platforms:
+            if p.name in self.platform_errors:
+                continue
+            for _ in range(max(0, self._wanted_new_envs(p))):
+                if self._failed_starts.get(p.name, 0) >= limit:
+                    self._give_up_platform(p.name, limit)
+                    # The others take over now, those before it in this pass too.
+                    return self._reconcile()
+                env = self._new_env(self._next_env_id(), platform=p.name, status=EnvStatus.REQUESTED)
+                self._out.append(ev.StartEnvironment(env.id))
 
-    def _give_up_envs(self, limit: int) -> None:
-        last = next((e.reason for e in reversed(list(self.envs.values())) if e.status is EnvStatus.FAILED), "")
-        self.env_error = f"{limit} environments in a row failed to start; last: {last}"
-        log.error("%s", self.env_error)
+    def _give_up_platform(self, platform: str, limit: int) -> None:
+        """Too many of ``platform``'s environments in a row failed to start: it starts no
+        more. Trials that may use no other platform fail; the experiment goes on with the
+        others, and ends its trials only when every platform is given up."""
+        last = next(
+            (e.reason for e in reversed(list(self.envs.values())) if e.platform == platform and e.status is EnvStatus.FAILED),
+            "",
+        )
+        self.platform_errors[platform] = f"{limit} environments in a row failed to start; last: {last}"
+        names = [p.name for p in self.policy.platforms]
+        alive = [n for n in names if n not in self.platform_errors]
+        if len(names) == 1:
+            self.env_error = self.platform_errors[platform]
+        elif not alive:
+            self.env_error = "every platform failed: " + "; ".join(f"{n}: {self.platform_errors[n]}" for n in names)
+        log.error("platform %s: %s", platform, self.platform_errors[platform])
+        live_elsewhere = {e.platform for e in self.live_envs()}
         for tid in list(self.queue):
+            t = self.trials[tid]
+            demand = self._demand(t)
+            usable = [n for n in names if n not in self.platform_errors and demand.rank(n) is not None]
+            # Agents started by hand (another platform name) still serve unrestricted trials.
+            if usable or (not demand.only_these and live_elsewhere - set(names)):
+                continue
             self.queue.remove(tid)
-            self._trial_to(self.trials[tid], TrialStatus.FAILED, f"no environment could be started: {last}")
+            self._trial_to(t, TrialStatus.FAILED, f"no environment could be started: {last}")
 
     def _env_start_answered(self, answer: ev.EnvironmentStarted | ev.EnvironmentStartFailed) -> None:
         env = self.envs.get(answer.env_id)
         if env is None or env.status is not EnvStatus.REQUESTED:
             return
         if isinstance(answer, ev.EnvironmentStartFailed):
-            self._failed_starts += 1
+            self._start_failed(env)
             self._env_to(env, EnvStatus.FAILED, answer.error)
         else:
             env.platform_id = answer.platform_id
             self._out.append(ev.UpdateEnvironment(env.id, {"platform_id": answer.platform_id}))
             self._env_to(env, EnvStatus.STARTING, f"started ({answer.platform_id})")
         self._reconcile()
+
+    def _start_failed(self, env: EnvState) -> None:
+        self._failed_starts[env.platform] = self._failed_starts.get(env.platform, 0) + 1
 
     def _shutdown_env(self, env: EnvState, *, drain: bool, reason: str, grace_s: float = 5.0) -> None:
         if env.shutdown_sent:
@@ -291,7 +336,7 @@ class EnvironmentRules:
             if env.status in (EnvStatus.REQUESTED, EnvStatus.STARTING):
                 if ended:
                     assert obs is not None
-                    self._failed_starts += 1
+                    self._start_failed(env)
                     self._env_to(env, EnvStatus.FAILED, f"agent did not register: {obs.detail}")
                     # What the platform still holds for it (a pod that cannot pull its image
                     # keeps its node's GPUs) goes now, not when the experiment ends.
@@ -305,7 +350,7 @@ class EnvironmentRules:
                         env.reason = obs.detail
                         self._out.append(ev.UpdateEnvironment(env.id, {"reason": obs.detail}))
                 elif env.status is EnvStatus.STARTING and now - env.requested_at > policy.agent_start_timeout_s:
-                    self._failed_starts += 1
+                    self._start_failed(env)
                     self._env_to(env, EnvStatus.FAILED, f"agent did not register within {policy.agent_start_timeout_s:.0f} s")
                     self._out.append(ev.StopEnvironment(env.id, 5.0))
                 continue

@@ -138,6 +138,8 @@ class TrialSubmitted:
     gpu_number: int
     gpu_memory: int
     env_overrides: Mapping[str, str] = field(default_factory=dict)
+    # The platforms it may use, most preferred first; (): the experiment's.
+    platforms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

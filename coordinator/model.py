@@ -60,6 +60,9 @@ class TrialState:
     not_before: float = 0.0
     log_refused: bool = False  # a bad log chunk was reported once
     env_overrides: dict[str, str] = field(default_factory=dict)
+    # The platforms it may use, most preferred first; (): the experiment's.
+    platforms: tuple[str, ...] = ()
+    lost_on: str = ""  # the platform of the environment it was last lost with
 
     @property
     def placed(self) -> bool:
@@ -95,6 +98,7 @@ class EnvState:
     status: EnvStatus
     single_use: bool
     trial_slots: int
+    platform: str = ""
     platform_id: str = ""
     reason: str = ""
     hostname: str = ""

@@ -48,6 +48,14 @@ class TrainingServiceConfig:
         """How many trials one environment runs at once in reuse mode (GPUs permitting)."""
         return 1
 
+    def sections(self) -> tuple[TrainingServiceConfig, ...]:
+        """The platform sections this one stands for: itself, or each of a hybrid's."""
+        return (self,)
+
+    def preferred_platforms(self) -> tuple[str, ...]:
+        """The platforms trials may use, most preferred first."""
+        return tuple(self.trial_platforms or (s.platform for s in self.sections()))
+
     # ---- read by the core; a subclass may declare any of these as a config field -------
 
     @property
@@ -69,6 +77,11 @@ class TrainingServiceConfig:
     def use_active_gpu(self) -> bool:
         """Whether trials may go to GPUs that processes of others are using."""
         return False
+
+    @property
+    def trial_platforms(self) -> list[str] | None:
+        """The platforms trials may use, most preferred first; None: every one, in order."""
+        return None
 
     @property
     def placement(self) -> Placement:

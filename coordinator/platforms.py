@@ -132,6 +132,8 @@ BUILTIN: dict[str, Platform] = {
         _builtin("dlts", "dlts_config:DltsConfig", "dlts:DltsEnvironmentService"),
         _builtin("aml", "aml_config:AmlConfig", "aml:AmlEnvironmentService"),
         _builtin("dlc", "dlc_config:DlcConfig", "dlc:DlcEnvironmentService"),
+        # Several of the above at once: NNI's `trainingService` given as a list.
+        _builtin("hybrid", "hybrid_config:HybridConfig", "hybrid:HybridEnvironmentService"),
     )
 }
 
@@ -240,7 +242,7 @@ class _ConfigClasses(MutableMapping[str, type[TrainingServiceConfig]]):
 
 
 TRAINING_SERVICES: MutableMapping[str, type[TrainingServiceConfig]] = _ConfigClasses()
-register_variants(TrainingServiceConfig, "platform", TRAINING_SERVICES)
+register_variants(TrainingServiceConfig, "platform", TRAINING_SERVICES, list_form=("hybrid", "platforms"))
 
 _TS = TypeVar("_TS", bound=type[TrainingServiceConfig])
 

@@ -49,7 +49,7 @@ def restore(
             gpu_indices=tuple(_json(r["gpu_indices_json"], [])), gpu_uuids=tuple(_json(r["gpu_uuids_json"], [])),
             exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
             final_metric=r["final_metric"], final_metric_json=r["final_metric_json"], attempts=r["attempts"],
-            started_at=r["started_at"], ended_at=r["ended_at"],
+            started_at=r["started_at"], ended_at=r["ended_at"], platforms=_platforms(r.get("platforms_json")),
         )
         if unreadable and (status is None or not status.terminal):
             # Not run again with what cannot be read: failed, and the store says why.
@@ -67,15 +67,19 @@ def restore(
         engine._saw_env_id(r["id"])
         status = _status(EnvStatus, r["status"], EnvStatus.FAILED)
         info = _json(r["info_json"] or "{}", {})
-        reuse = policy.reuse
+        # Each platform takes back its own environments, with its own section's settings.
+        platform = str(r.get("platform") or "")
+        section = policy.section(platform)
+        reuse = section.reuse
         env = EnvState(
-            id=r["id"], status=status, single_use=not reuse, trial_slots=policy.trial_slots if reuse else 1,
+            id=r["id"], status=status, single_use=not reuse, trial_slots=section.trial_slots if reuse else 1,
+            platform=platform,
             platform_id=r["platform_id"], reason=r["reason"], hostname=r["hostname"],
             instance_id=r["agent_instance_id"], last_seq=r["last_seq"], last_seen=now, requested_at=now,
             # Only what the coordinator started has a platform id (what its platform answered).
             started_here=bool(r["platform_id"]),
         )
-        per_gpu, env.use_active_gpu = policy.gpu_policy(env.id)
+        per_gpu, env.use_active_gpu = section.gpu_policy(env.id)
         gpus = [g for g in info.get("gpus", []) if isinstance(g, dict)] if isinstance(info, dict) else []
         env.gpus = [
             scheduler.GpuSlot(g["uuid"], g["index"], per_gpu, memory_total_bytes=g.get("memory_total_bytes", 0)) for g in gpus
@@ -124,6 +128,11 @@ def restore(
     )
     engine._out = []
     return out
+
+
+def _platforms(raw: Any) -> tuple[str, ...]:
+    found = _json(raw, [])
+    return tuple(p for p in found if isinstance(p, str)) if isinstance(found, list) else ()
 
 
 def _json(raw: Any, default: Any) -> Any:

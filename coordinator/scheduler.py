@@ -67,6 +67,7 @@ class EnvCapacity:
     gpus: list[GpuSlot] = field(default_factory=list)
     use_active_gpu: bool = False
     accepting: bool = True
+    platform: str = ""
 
     def free_slots(self) -> int:
         return self.trial_slots - len(self.holders)
@@ -92,6 +93,18 @@ class Demand:
     gpus: int = 0
     # Memory the trial needs on each of its GPUs (0: no request).
     gpu_memory_bytes: int = 0
+    # Platforms, most preferred first: an environment of an earlier one is taken over any
+    # of a later one. With ``only_these``, environments of other platforms are not used;
+    # without it they come last.
+    platforms: tuple[str, ...] = ()
+    only_these: bool = False
+
+    def rank(self, platform: str) -> int | None:
+        """Where ``platform`` stands in this trial's preference; None: not to be used."""
+        try:
+            return self.platforms.index(platform)
+        except ValueError:
+            return None if self.only_these else len(self.platforms)
 
 
 @dataclass(frozen=True)
@@ -125,13 +138,13 @@ def place(
     # Capacity only shrinks during one call, so a shape (GPUs, memory) that did not fit
     # once will not fit later in the queue either: decide it once. This keeps a call
     # linear in the queue length.
-    no_fit: dict[tuple[int, int], str] = {}
+    no_fit: dict[tuple[int, int, tuple[str, ...], bool], str] = {}
     offers = _Offers()
     for demand in waiting:
         if budget is not None and budget <= 0:
             reasons[demand.trial_id] = f"waiting: {max_running} trials are running (trialConcurrency)"
             continue
-        shape = (demand.gpus, demand.gpu_memory_bytes)
+        shape = (demand.gpus, demand.gpu_memory_bytes, demand.platforms, demand.only_these)
         if shape in no_fit:
             reasons[demand.trial_id] = no_fit[shape]
             continue
@@ -181,16 +194,20 @@ def _choose(
 ) -> tuple[EnvCapacity, list[GpuSlot]] | None:
     # Pack: the busiest environment that still fits, leaving others whole for big trials;
     # spread: the emptiest.
+    # Either way, an environment of a more preferred platform first.
     sign = 1 if policy != "spread" else -1
     best: EnvCapacity | None = None
-    best_key: tuple[int, int] | None = None
+    best_key: tuple[int, int, int] | None = None
     for env in envs:
+        rank = demand.rank(env.platform)
+        if rank is None:
+            continue
         slots = env.free_slots()
         if slots <= 0:
             continue
         if demand.gpus and len(offers.usable(env, demand.gpu_memory_bytes)) < demand.gpus:
             continue
-        key = (sign * slots, sign * len(offers.usable(env, 0)))
+        key = (rank, sign * slots, sign * len(offers.usable(env, 0)))
         if best_key is None or key < best_key:
             best, best_key = env, key
     if best is None:
@@ -206,8 +223,10 @@ def _choose(
 
 
 def _why_not(demand: Demand, envs: Sequence[EnvCapacity]) -> str:
-    accepting = [e for e in envs if e.accepting]
+    accepting = [e for e in envs if e.accepting and demand.rank(e.platform) is not None]
     if not accepting:
+        if demand.only_these and any(e.accepting for e in envs):
+            return f"waiting: no environment of {', '.join(demand.platforms)} is ready yet"
         return "waiting: no environment is ready yet"
     if demand.gpus == 0:
         return "waiting: every environment is running as many trials as it takes"

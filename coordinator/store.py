@@ -100,7 +100,7 @@ TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
-    "waiting_reason", "stopping",
+    "waiting_reason", "stopping", "platforms_json",
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
@@ -147,6 +147,8 @@ _ADDED_COLUMNS = {
         "waiting_reason": "TEXT NOT NULL DEFAULT ''",
         # 1 once a cancel was sent: its processes are being stopped.
         "stopping": "INTEGER NOT NULL DEFAULT 0",
+        # The platforms the trial may use, most preferred first ([]: the experiment's).
+        "platforms_json": "TEXT NOT NULL DEFAULT '[]'",
     },
     # 1 while the environment's agent has its stream open.
     "environments": {"connected": "INTEGER NOT NULL DEFAULT 0"},

@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import os
 import shutil
+import sqlite3
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ import pytest
 from trialkeeper.coordinator.config import ExperimentConfig, parse_config
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentService
+from trialkeeper.coordinator.store import Store, StoreError
 
 T = TypeVar("T")
 S = TypeVar("S", bound=EnvironmentService[Any])
@@ -249,6 +251,23 @@ def no_leftover_processes(request: pytest.FixtureRequest) -> Any:
                 pass
         psutil.wait_procs(left, timeout=5.0)
         pytest.fail(f"processes left running after the test: {description}")
+
+
+def stored_rows(exp: Path, table: str) -> list[dict[str, Any]]:
+    """The "trials" or "envs" rows of an experiment's store as a running coordinator has
+    written them so far; [] while the store or its schema does not exist yet."""
+    if not (exp / Store.FILENAME).exists():
+        return []
+    try:
+        store = Store.in_dir(exp, readonly=True)
+    except StoreError:
+        return []
+    try:
+        return store.trials() if table == "trials" else store.envs()
+    except sqlite3.Error:
+        return []  # the schema is still being created
+    finally:
+        store.close()
 
 
 def environment(c: Any, env_id: str) -> Any:

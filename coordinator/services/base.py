@@ -74,6 +74,8 @@ class EnvironmentRequest:
     # With TLS on, agent_args carry --tls-fingerprint (the pin). A service may also hand
     # the agent the certificate itself (PEM) as --tls-cert, an equivalent pin.
     tls_cert_pem: bytes | None = None
+    # The platform to start it on, for a service that spans several (hybrid); '' for others.
+    platform: str = ""
 
 
 @dataclass(frozen=True)

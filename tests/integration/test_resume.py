@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import psutil
-from conftest import pid_gone, wait_until, write_script
+from conftest import pid_gone, stored_rows, wait_until, write_script
 from trialkeeper.coordinator.store import Store, StoreError
 
 WAIT_S = 60.0
@@ -71,19 +71,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byte
     )
 
 
-def _rows(exp: Path, table: str) -> list[dict[str, object]]:
-    if not (exp / Store.FILENAME).exists():
-        return []
-    try:
-        store = Store.in_dir(exp, readonly=True)
-    except StoreError:
-        return []  # created, but its schema not yet written
-    try:
-        return store.trials() if table == "trials" else store.envs()
-    except sqlite3.Error:
-        return []  # the schema is still being created
-    finally:
-        store.close()
+_rows = stored_rows  # the store as the running coordinator has written it so far
 
 
 def _agent_pids(exp: Path) -> dict[str, int]:

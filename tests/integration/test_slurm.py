@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from conftest import (
     pid_gone,
     run_async,
     service_from_config,
+    stored_rows,
     wait_until,
     write_script,
 )
@@ -37,7 +37,7 @@ from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.slurm import _GPU_SELECTION, SlurmEnvironmentService
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig
 from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store, StoreError
+from trialkeeper.coordinator.store import Store
 
 WAIT_S = 45.0
 
@@ -91,19 +91,7 @@ def _experiment_jobs(cluster: SlurmCluster, experiment_id: str) -> list[tuple[st
     return cluster.jobs(f"tk-{experiment_id}-")
 
 
-def _rows(exp: Path, table: str) -> list[dict[str, Any]]:
-    if not (exp / Store.FILENAME).exists():
-        return []
-    try:
-        store = Store.in_dir(exp, readonly=True)
-    except StoreError:
-        return []  # created, but its schema not yet written
-    try:
-        return store.trials() if table == "trials" else store.envs()
-    except sqlite3.Error:
-        return []  # the schema is still being created
-    finally:
-        store.close()
+_rows = stored_rows  # the store as the running coordinator has written it so far
 
 
 # ---- the quickstart, end to end ----------------------------------------------------------

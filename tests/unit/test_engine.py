@@ -5,25 +5,33 @@ No network, no processes, no clock: each scenario runs in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
 import pytest
 from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import Engine, Policy
+from trialkeeper.coordinator.engine import Engine, PlatformPolicy, Policy
 from trialkeeper.coordinator.restore import restore
 from trialkeeper.coordinator.rows import MetricRow
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
 I = TypeVar("I")
+_PLATFORM_FIELDS = {f.name for f in dataclasses.fields(PlatformPolicy)} - {"name"}
 
 
 class Sim:
     """An engine, a virtual clock, and the instructions it gave since the last look."""
 
     def __init__(self, **policy: Any) -> None:
+        # One platform, described by the PlatformPolicy fields among ``policy``, unless
+        # ``platforms`` gives several.
+        section: dict[str, Any] = {"name": "local", "reuse": True, "environment_count": 2, "trial_slots": 1}
+        section.update({k: policy.pop(k) for k in list(policy) if k in _PLATFORM_FIELDS})
+        if "platform" in policy:
+            section["name"] = policy.pop("platform")
         defaults: dict[str, Any] = {
-            "experiment_id": "exp", "platform": "local", "reuse": True, "trial_concurrency": 2, "environment_count": 2,
-            "trial_slots": 1, "agent_lost_timeout_s": 10.0, "trial_lost_timeout_s": 30.0,
+            "experiment_id": "exp", "trial_concurrency": 2, "agent_lost_timeout_s": 10.0, "trial_lost_timeout_s": 30.0,
+            "platforms": (PlatformPolicy(**section),),
         }
         defaults.update(policy)
         self.engine = Engine(Policy(**defaults))
@@ -357,12 +365,13 @@ def _trial_row(t: Any) -> dict[str, Any]:
         "exit_code": t.exit_code, "signal": t.signal, "reason": t.reason, "stderr_tail": t.stderr_tail,
         "final_metric": t.final_metric, "final_metric_json": t.final_metric_json, "attempts": t.attempts,
         "submitted_at": t.submitted_at, "started_at": t.started_at, "ended_at": t.ended_at,
+        "platforms_json": json.dumps(list(t.platforms)),
     }
 
 
 def _env_row(e: Any) -> dict[str, Any]:
     return {
-        "id": e.id, "platform": "local", "status": e.status.value, "platform_id": e.platform_id, "reason": e.reason,
+        "id": e.id, "platform": e.platform or "local", "status": e.status.value, "platform_id": e.platform_id, "reason": e.reason,
         "hostname": e.hostname, "agent_instance_id": e.instance_id, "last_seq": e.last_seq, "info_json": "{}",
     }
 

@@ -212,3 +212,20 @@ def test_trial_ended_without_processes_on_the_gpu_releases_at_once() -> None:
     place([Demand("a", gpus=2)], [e])
     assert trial_ended(e.gpus, "a", {}) == []
     assert all(not g.holders for g in e.gpus)
+
+
+def test_a_more_preferred_platform_wins_over_packing_and_spreading() -> None:
+    for policy in ("pack", "spread"):
+        envs = [env("busy-slurm", slots=4, platform="slurm"), env("local", slots=1, platform="local")]
+        envs[0].holders.update({"x", "y"})  # pack alone would fill it first
+        d = place([Demand("t1", platforms=("local", "slurm")), Demand("t2", platforms=("local", "slurm"))], envs, policy=policy)
+        assert where(d.placements) == {"t1": "local", "t2": "busy-slurm"}, policy
+
+
+def test_a_trial_restricted_to_platforms_waits_for_them_and_does_not_block_the_others() -> None:
+    envs = [env("local", slots=2, platform="local")]
+    only = Demand("only-slurm", platforms=("slurm",), only_these=True)
+    d = place([only, Demand("any", platforms=("slurm",))], envs)
+    # Same shape, other platforms: what did not fit the first is not taken as not fitting.
+    assert where(d.placements) == {"any": "local"}
+    assert d.waiting["only-slurm"] == "waiting: no environment of slurm is ready yet"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import Engine, Policy
+from trialkeeper.coordinator.engine import Engine, PlatformPolicy, Policy
 from trialkeeper.coordinator.shell import Shell
 from trialkeeper.coordinator.states import TrialStatus
 from trialkeeper.coordinator.store import MetricRow, Store
@@ -40,7 +40,10 @@ class Link:
 def _shell(tmp_path: Path) -> tuple[Shell, Link, str]:
     store = Store.in_dir(tmp_path)
     store.create_experiment("exp", None, {})
-    engine = Engine(Policy(experiment_id="exp", platform="manual", reuse=True, trial_concurrency=1, environment_count=1, trial_slots=1))
+    engine = Engine(Policy(
+        experiment_id="exp", trial_concurrency=1,
+        platforms=(PlatformPolicy(name="manual", reuse=True, environment_count=1, trial_slots=1),),
+    ))
     shell = Shell(engine, store, service=None, experiment_dir=tmp_path, request_for=lambda env_id: None)  # type: ignore[arg-type]
     link = Link(1)
     registered = ev.AgentRegistered("by-hand", 1, "i-1", "host", 1, "", (), "", frozenset(), {})
