@@ -54,6 +54,7 @@ from .platforms import TRAINING_SERVICES, register_training_service
 
 __all__ = [
     "TRAINING_SERVICES",
+    "AssessorConfig",
     "ConfigError",
     "ConfigIssue",
     "CoordinatorSettings",
@@ -90,6 +91,21 @@ class TunerConfig:
         code_directory = values.get("code_directory")
         if code_directory is not None and not is_dir(code_directory):
             issues.append(("code_directory", f"not an existing directory: {code_directory}"))
+        return issues
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssessorConfig(TunerConfig):
+    """What stops unpromising trials early: a built-in assessor by `name` (`median`),
+    `optuna` (its pruners), NNI's (`Medianstop`, `Curvefitting`), or one by `class_name`."""
+
+    name: str | None = field(default=None, metadata=NON_EMPTY_STR)
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
+        issues = super()._finalize(values, given, names)
+        if values.get("name") is None and values.get("class_name") is None and not issues:
+            issues.append(("name", "an assessor needs name (median, optuna, Medianstop, Curvefitting) or className"))
         return issues
 
 
@@ -195,6 +211,7 @@ class ExperimentConfig:
     # Retry trials that failed on their own (non-zero exit) too, within maxTrialRetries.
     retry_failed_trials: bool = False
     tuner: TunerConfig = field(default_factory=TunerConfig)
+    assessor: AssessorConfig | None = None
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
