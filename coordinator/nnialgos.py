@@ -170,7 +170,14 @@ class NniTuner(Tuner):
             raise NoMoreTrials(f"{self.label}: {e}") from None
         if params is None:
             raise NoMoreTrials(f"{self.label} proposed nothing more")
-        return dict(_plain(params))
+        params = _plain(params)
+        if not isinstance(params, dict):
+            # NNI's Batch tuner hands out the items of its one choice as they are.
+            raise TunerError(
+                f"tuner {self.label!r} proposed {params!r}, which is not a mapping of parameter names to values "
+                f"(with Batch, make the choice's items such mappings)"
+            )
+        return params
 
     def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
         if parameter_id in self._adopted:

@@ -141,7 +141,7 @@ class Search:
     def _guarded(self, who: str, method: str, call: Any) -> Any:
         try:
             return call()
-        except Exception as e:  # noqa: BLE001 - an algorithm's error must not kill the loop
+        except Exception as e:  # an algorithm's error must not kill the loop
             if who == "tuner":
                 self._fail(who, method, e)
             else:

@@ -250,9 +250,9 @@ def create_tuner(
 
             return create_optuna_tuner(args_in, search_space, experiment_id)
         if key not in BUILTIN_TUNERS:
-            from .nnialgos import NNI_TUNER_NAMES, create_nni_tuner
+            from .nnialgos import NNI_ADVISOR_NAMES, NNI_TUNER_NAMES, create_nni_tuner
 
-            if key in NNI_TUNER_NAMES:
+            if key in NNI_TUNER_NAMES or key in NNI_ADVISOR_NAMES:
                 return create_nni_tuner(name, args_in, search_space)
         label = _builtin_name(name)
         cls: type = BUILTIN_TUNERS[label]
