@@ -54,6 +54,7 @@ from .platforms import TRAINING_SERVICES, register_training_service
 
 __all__ = [
     "TRAINING_SERVICES",
+    "AdvisorConfig",
     "AssessorConfig",
     "ConfigError",
     "ConfigIssue",
@@ -100,13 +101,22 @@ class AssessorConfig(TunerConfig):
     `optuna` (its pruners), NNI's (`Medianstop`, `Curvefitting`), or one by `class_name`."""
 
     name: str | None = field(default=None, metadata=NON_EMPTY_STR)
+    _NEEDS: typing.ClassVar[str] = "an assessor needs name (median, optuna, Medianstop, Curvefitting) or className"
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
         issues = super()._finalize(values, given, names)
         if values.get("name") is None and values.get("class_name") is None and not issues:
-            issues.append(("name", "an assessor needs name (median, optuna, Medianstop, Curvefitting) or className"))
+            issues.append(("name", cls._NEEDS))
         return issues
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvisorConfig(AssessorConfig):
+    """NNI's Hyperband or BOHB by `name`: proposes trials and decides their budgets, in
+    place of the tuner and the assessor."""
+
+    _NEEDS: typing.ClassVar[str] = "an advisor needs name (Hyperband, BOHB)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +222,7 @@ class ExperimentConfig:
     retry_failed_trials: bool = False
     tuner: TunerConfig = field(default_factory=TunerConfig)
     assessor: AssessorConfig | None = None
+    advisor: AdvisorConfig | None = None
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
@@ -222,6 +233,8 @@ class ExperimentConfig:
         issues: Issues = []
         space_file = values.get("search_space_file")
         issues += not_both(given, names, "search_space", "search_space_file")
+        # NNI's rule: an advisor replaces both the tuner and the assessor.
+        issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         if not issues and space_file is not None:
             try:
                 values["search_space"] = _load_search_space(space_file)

@@ -18,7 +18,7 @@ from .readmodel import EnvSnapshot, best_trial, optimize_mode
 from .readmodel import ranked as _ranked
 from .search import IntermediateStored, Search, StopTrial, TrialEnded
 from .search import TrialSubmitted as SearchTrialSubmitted
-from .tuners import PastTrial, Tuner, create_tuner
+from .tuners import PastTrial, Tuner, TunerError, create_tuner
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ ranked = _ranked  # where the CLI's run command imports it from
 
 
 def optimize_mode_of(config: ExperimentConfig) -> str:
-    return optimize_mode(config.tuner.class_args)
+    return optimize_mode((config.advisor or config.tuner).class_args)
 
 
 async def run_experiment(
@@ -197,6 +197,10 @@ async def _drive(
 def _search(config: ExperimentConfig, experiment_id: str) -> Search:
     """The config's tuner and assessor; TunerError or SearchSpaceError when they cannot be made."""
     t, a = config.tuner, config.assessor
+    if config.advisor is not None:
+        if config.advisor.class_name is not None or config.advisor.name is None:
+            raise TunerError("advisor: only NNI's Hyperband and BOHB are supported, by name")
+        return Search(create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {}))
     tuner: Tuner = create_tuner(
         t.name, t.class_name, dict(t.class_args), config.search_space or {},
         str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id,

@@ -63,8 +63,8 @@ def _nni(what: str) -> Any:
     return nni
 
 
-def _build(name: str, args: dict[str, Any], algo_type: str, error: type[TunerError]) -> Any:
-    kind = algo_type[:-1]
+def _build(name: str, args: dict[str, Any], algo_type: str, error: type[TunerError], *, validate_only: bool = False) -> Any:
+    kind = "advisor" if name in NNI_ADVISOR_NAMES.values() else algo_type[:-1]
     nni = _nni(f"{kind} {name!r}")
     from nni.tools.package_utils import tuner_factory
 
@@ -78,6 +78,8 @@ def _build(name: str, args: dict[str, Any], algo_type: str, error: type[TunerErr
         raise error(_missing(name, kind, e)) from e
     except Exception as e:  # NNI's validators raise schema errors and plain ValueErrors alike
         raise error(f"invalid classArgs for {kind} {name!r}: {' '.join(str(e).split())}") from e
+    if validate_only:
+        return None
     try:
         return tuner_factory.create_builtin_class_instance(name, dict(args), algo_type)
     except ModuleNotFoundError as e:
@@ -95,12 +97,25 @@ def create_nni_tuner(name: str, class_args: dict[str, Any], search_space: dict[s
     """NNI's tuner ``name`` (a key of NNI_TUNER_NAMES, any case) with NNI's classArgs."""
     key = normalized(name)
     if key in NNI_ADVISOR_NAMES:
-        raise TunerError(
-            f"{NNI_ADVISOR_NAMES[key]} is an NNI advisor, which decides how long each trial runs: "
-            f"give it as advisor: {{name: {NNI_ADVISOR_NAMES[key]}}}"
-        )
+        return create_nni_advisor(name, class_args, search_space)
     nni_name = NNI_TUNER_NAMES[key]
     return NniTuner(_build(nni_name, class_args, "tuners", TunerError), search_space, class_args, nni_name)
+
+
+def create_nni_advisor(name: str, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
+    """NNI's advisor ``name`` (Hyperband or BOHB, any case): a tuner that also decides
+    each trial's budget (the ``TRIAL_BUDGET`` parameter)."""
+    from .nniadvisors import NniAdvisor, build_advisor
+
+    nni_name = NNI_ADVISOR_NAMES[normalized(name)]
+    _build(nni_name, class_args, "tuners", TunerError, validate_only=True)
+    try:
+        advisor = build_advisor(nni_name, class_args)
+    except ModuleNotFoundError as e:
+        raise TunerError(_missing(nni_name, "advisor", e)) from e
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TunerError(f"advisor {nni_name!r} failed to start: {type(e).__name__}: {' '.join(str(e).split())}") from e
+    return NniAdvisor(advisor, search_space, class_args, nni_name)
 
 
 def create_nni_assessor(name: str, class_args: dict[str, Any]) -> Assessor:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .assessors import Assessor
 from .states import TrialStatus
-from .tuners import NoMoreTrials, PastTrial, Tuner
+from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,10 @@ class Search:
         except NoMoreTrials as e:
             log.info("the tuner has nothing more to propose: %s", e)
             self.exhausted = True
+        except TryLater as e:
+            if not self._running:  # nothing left to wait for
+                log.info("the tuner has nothing more to propose: %s", e)
+                self.exhausted = True
         except Exception as e:  # noqa: BLE001 - any tuner error ends the search, not the loop
             self._fail("tuner", "generate_parameters", e)
         return None

@@ -40,6 +40,7 @@ __all__ = [
     "NoMoreTrials",
     "PastTrial",
     "RandomTuner",
+    "TryLater",
     "Tuner",
     "TunerError",
     "create_tuner",
@@ -48,6 +49,12 @@ __all__ = [
 
 class NoMoreTrials(Exception):
     """Raised by Tuner.generate_parameters when the tuner has nothing left to propose."""
+
+
+class TryLater(Exception):
+    """Raised by Tuner.generate_parameters when the tuner has nothing to propose until a
+    running trial ends (an NNI advisor between rounds). With nothing running, it means
+    the tuner is done."""
 
 
 class TunerError(ValueError):
@@ -285,13 +292,14 @@ def _builtin_name(name: str) -> str:
     key = _ALIASES.get(key, key)
     if key in BUILTIN_TUNERS:
         return key
-    from .nnialgos import NNI_TUNER_NAMES
+    from .nnialgos import NNI_ADVISOR_NAMES, NNI_TUNER_NAMES
 
-    close = difflib.get_close_matches(key, [*BUILTIN_TUNERS, *_ALIASES, "optuna", *NNI_TUNER_NAMES], n=1)
+    nni_names = {**NNI_TUNER_NAMES, **NNI_ADVISOR_NAMES}
+    close = difflib.get_close_matches(key, [*BUILTIN_TUNERS, *_ALIASES, "optuna", *nni_names], n=1)
     hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}? " if close else ""
     raise TunerError(
         f"unknown tuner {name!r}; {hint}built-in tuners: {', '.join(BUILTIN_TUNERS)}; optuna (Optuna's "
-        f"samplers); NNI's: {', '.join(sorted(set(NNI_TUNER_NAMES.values())))} (or give className to load your own)"
+        f"samplers); NNI's: {', '.join(sorted(set(nni_names.values())))} (or give className to load your own)"
     )
 
 

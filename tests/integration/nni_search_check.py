@@ -75,7 +75,8 @@ def main() -> None:
             continue
         points = drive(search, 8)
         report["tuners"][name] = {"points": points, "failure": search.failure, "exhausted": search.exhausted}
-    for name, args in {"Hyperband": {}, "nosuch": {}, "TPE": {"optimize_mode": "max"}}.items():
+    for name, args in {"BOHB": {"optimize_mode": "maximize"}, "nosuch": {}, "TPE": {"optimize_mode": "max"},
+                       "Hyperband": {"optimize_mode": "maximize", "R": "many"}}.items():
         try:
             create_tuner(name, None, args, MIXED)
         except TunerError as e:
@@ -123,7 +124,30 @@ def main() -> None:
     tpe.resume(history)
     fresh = Search(create_tuner("TPE", None, {"optimize_mode": "maximize", "seed": 3}, space))
     report["tpe_resume"] = {"resumed": [p["x"] for p in drive(tpe, 10, 40)], "fresh": [p["x"] for p in drive(fresh, 10)]}
+    report["hyperband"] = hyperband()
     Path(sys.argv[1]).write_text(json.dumps(report))
+
+
+def hyperband() -> dict[str, Any]:
+    """Hyperband (serial: one bracket at a time) with R=9, eta=3: its first bracket runs 9
+    configurations for budget 1, then the best 3 for budget 3, then the best for 9."""
+    search = Search(create_tuner("hyperband", None, {"optimize_mode": "maximize", "R": 9, "eta": 3, "exec_mode": "serial"}, MIXED))
+    running: list[tuple[str, dict[str, Any]]] = []
+    proposed, waits = [], 0
+    for i in range(13):
+        p = search.propose(i)
+        while p is None and running:  # it waits for the round: end the oldest trial
+            waits += 1
+            tid, params = running.pop(0)
+            for step in range(int(params["TRIAL_BUDGET"])):
+                search.handle(IntermediateStored(tid, params["x"] * (step + 1) / 9))
+            search.handle(TrialEnded(tid, TrialStatus.SUCCEEDED, params["x"]))
+            p = search.propose(i)
+        assert p is not None, search.failure
+        proposed.append(p)
+        running.append((f"t{i}", p))
+        search.handle(TrialSubmitted(f"t{i}", i, p))
+    return {"proposed": proposed, "waits": waits, "failure": search.failure}
 
 
 if __name__ == "__main__":

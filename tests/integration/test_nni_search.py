@@ -24,7 +24,7 @@ RUN_TIMEOUT_S = 240
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("nni") / "report.json"
     proc = subprocess.run([nni_python(), str(HERE / "nni_search_check.py"), str(out)],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+                          check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(out.read_text()))
 
@@ -64,7 +64,9 @@ def test_a_tuner_whose_package_is_missing_says_what_to_install(report: dict[str,
 @pytest.mark.slow
 def test_nni_errors_are_one_clear_line(report: dict[str, Any]) -> None:
     errors = report["errors"]
-    assert errors["Hyperband"].startswith("Hyperband is an NNI advisor")
+    if "BOHB" in errors:  # its extra packages are not installed: the error says which command installs them
+        assert errors["BOHB"].startswith("advisor 'BOHB' needs the package") and "pip install 'nni[BOHB]'" in errors["BOHB"]
+    assert errors["Hyperband"].startswith("invalid classArgs for advisor 'Hyperband': ") and "R" in errors["Hyperband"]
     assert errors["nosuch"].startswith("unknown tuner 'nosuch'") and "TPE" in errors["nosuch"]
     assert "'max' is not a valid OptimizeMode" in errors["TPE"]
     assert errors["Medianstop"].startswith("invalid classArgs for assessor 'Medianstop': optimize_mode")
@@ -97,6 +99,25 @@ def test_resumed_nni_tuners_go_on_from_the_history(report: dict[str, Any]) -> No
     assert near >= 8 and near > sum(abs(x - 0.8) < 0.1 for x in tpe["fresh"])
 
 
+def run_cli(python: str, tmp_path: Path, config: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`trialkeeper run` in the NNI interpreter; the stored trials (in order) and metrics."""
+    (tmp_path / "config.yml").write_text(json.dumps({
+        "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path),
+        "trainingService": {"platform": "local"}, **config,
+    }))
+    exp = tmp_path / "exp"
+    proc = subprocess.run(
+        [python, "-m", "trialkeeper.coordinator.cli", "run", str(tmp_path / "config.yml"), "--experiment-dir", str(exp), "--quiet"],
+        check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        return sorted(store.trials(), key=lambda t: t["seq"]), store.metrics()
+    finally:
+        store.close()
+
+
 CURVE = """
 import time
 from trialkeeper.agent import trial
@@ -113,26 +134,11 @@ trial.report_final_result(p["x"])
 def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     python = nni_python()
     write_script(tmp_path, "trial.py", CURVE)
-    config = {
-        "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path), "trialConcurrency": 1,
-        "maxTrialNumber": 8, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+    trials, metrics = run_cli(python, tmp_path, {
+        "trialConcurrency": 1, "maxTrialNumber": 8, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
         "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 1}},
-        "trainingService": {"platform": "local"},
-    }
-    (tmp_path / "config.yml").write_text(json.dumps(config))
-    exp = tmp_path / "exp"
-    proc = subprocess.run(
-        [python, "-m", "trialkeeper.coordinator.cli", "run", str(tmp_path / "config.yml"), "--experiment-dir", str(exp), "--quiet"],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    store = Store.in_dir(exp, readonly=True)
-    try:
-        trials = store.trials()
-        metrics = store.metrics()
-    finally:
-        store.close()
+    })
     statuses = [TrialStatus(t["status"]) for t in trials]
     assert len(trials) == 8 and set(statuses) == {TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED}, statuses
     for t in trials:
@@ -144,3 +150,40 @@ def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
 def test_without_nni_its_names_say_what_to_install() -> None:
     with pytest.raises(TunerError, match=r"tuner 'TPE' is one of NNI's algorithms, and NNI is not installed .*pip install 'trialkeeper\[nni\]'"):
         create_tuner("TPE", None, {}, {"x": {"_type": "uniform", "_value": [0, 1]}})
+
+
+@pytest.mark.slow
+def test_hyperband_as_an_advisor_promotes_the_best_to_larger_budgets(report: dict[str, Any]) -> None:
+    hb = report["hyperband"]
+    assert hb["failure"] == ""
+    budgets = [p["TRIAL_BUDGET"] for p in hb["proposed"]]
+    assert budgets == [1] * 9 + [3] * 3 + [9]
+    first = [{k: v for k, v in p.items() if k != "TRIAL_BUDGET"} for p in hb["proposed"][:9]]
+    promoted = [{k: v for k, v in p.items() if k != "TRIAL_BUDGET"} for p in hb["proposed"][9:12]]
+    # The 3 promoted are the 3 best of the first 9 (their score is x).
+    assert sorted(p["x"] for p in promoted) == sorted(p["x"] for p in first)[-3:]
+    assert hb["proposed"][12]["x"] == max(p["x"] for p in promoted)
+
+
+BUDGETED = """
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+for step in range(int(p["TRIAL_BUDGET"])):
+    trial.report_intermediate_result(p["x"])
+trial.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.slow
+def test_trialkeeper_run_with_nni_hyperband_as_advisor(tmp_path: Path) -> None:
+    python = nni_python()
+    write_script(tmp_path, "trial.py", BUDGETED)
+    trials, _ = run_cli(python, tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": 4, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3, "exec_mode": "serial"}},
+    })
+    params = [json.loads(t["parameters_json"]) for t in trials]
+    assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3]
+    assert params[3]["x"] == max(p["x"] for p in params[:3])  # the best of the round, promoted
+    assert {t["status"] for t in trials} == {"SUCCEEDED"}

@@ -138,3 +138,19 @@ def test_assessor_errors_name_what_is_wrong(name: str, args: dict[str, Any], mes
     with pytest.raises(AssessorError) as info:
         create_assessor(name, None, args, tuner=create_tuner("random", None, {}, SPACE))
     assert message in str(info.value)
+
+
+def test_an_advisor_replaces_the_tuner_and_the_assessor(tmp_path: Any) -> None:
+    from trialkeeper.coordinator.config import ConfigError, parse_config
+
+    base = {"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"}}
+    config = parse_config({**base, "advisor": {"name": "Hyperband", "classArgs": {"R": 9, "optimize_mode": "minimize"}}}, tmp_path)
+    assert config.advisor is not None and config.advisor.name == "Hyperband"
+    from trialkeeper.coordinator.experiment import optimize_mode_of
+
+    assert optimize_mode_of(config) == "minimize"
+    for other in ({"tuner": {"name": "random"}}, {"assessor": {"name": "median"}}):
+        with pytest.raises(ConfigError, match="give either advisor or (tuner|assessor), not both"):
+            parse_config({**base, "advisor": {"name": "BOHB"}, **other}, tmp_path)
+    with pytest.raises(ConfigError, match="advisor.name: an advisor needs name"):
+        parse_config({**base, "advisor": {}}, tmp_path)
