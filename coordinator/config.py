@@ -233,8 +233,6 @@ class ExperimentConfig:
         issues: Issues = []
         space_file = values.get("search_space_file")
         issues += not_both(given, names, "search_space", "search_space_file")
-        # NNI's rule: an advisor replaces both the tuner and the assessor.
-        issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         if not issues and space_file is not None:
             try:
                 values["search_space"] = _load_search_space(space_file)
@@ -254,6 +252,8 @@ class ExperimentConfig:
         if code is not None and not is_dir(code):
             problem = "is not a directory" if exists(code) else "does not exist"
             issues.append(("trial_code_directory", f"{code} {problem}"))
+        # NNI's rule: an advisor replaces both the tuner and the assessor.
+        issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         return issues
 
 

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+from common import run_json_child
 
 METHODS = ("random", "tpe", "tpe+sha", "nni-tpe+median", "ray-optuna+asha")
 
@@ -187,12 +188,8 @@ def main() -> int:
                 runs.append({"method": method, "seed": seed, "error": "no interpreter with NNI: pass --nni-python"})
                 continue
             argv = [python, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials), "--concurrency", str(a.concurrency)]
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
-            lines = proc.stdout.strip().splitlines()
-            try:
-                runs.append(json.loads(lines[-1]))
-            except (IndexError, json.JSONDecodeError):
-                runs.append({"method": method, "seed": seed, "error": proc.stderr[-1500:]})
+            r = run_json_child(argv, timeout_s=1800)
+            runs.append({"method": method, "seed": seed, **r})
             r = runs[-1]
             best = r["curve"][-1][1] if r.get("curve") else None
             print(f"seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best} stopped {r.get('early_stopped')} {r.get('error', '')[-300:]}",
@@ -200,7 +197,10 @@ def main() -> int:
     table = summarize(runs)
     a.json.write_text(json.dumps({"trials": a.trials, "concurrency": a.concurrency, "runs": runs, "summary": table}, indent=1))
     for row in table:
-        print(json.dumps(row))
+        to_ray = ", ".join("never" if f is None else f"{f:.2f}" for f in row["to_ray_best_over_ray_wall"])
+        print(f"{row['method']:16} best {', '.join(f'{b:.4f}' for b in row['best'])}; wall {', '.join(f'{w:.0f}' for w in row['wall_s'])} s; "
+              f"stopped {row['early_stopped']}; reached Ray's best at {to_ray} of Ray's wall time", file=sys.stderr)
+    print(json.dumps({"trials": a.trials, "concurrency": a.concurrency, "seeds": a.seeds, "summary": table}))
     return 0
 
 

@@ -175,3 +175,15 @@ def test_an_in_memory_study_is_rebuilt_from_the_history_on_resume() -> None:
     trials = tuner.study.trials  # type: ignore[attr-defined]
     assert [t.value for t in trials] == [0.0, 0.1, 0.2, pytest.approx(0.3)]
     assert all(same_params(flatten(SPACE, h.parameters), t.params) for h, t in zip(history, trials))
+
+
+def test_the_gp_sampler_works_or_names_what_to_install() -> None:
+    import importlib.util
+
+    missing = [m for m in ("torch", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        with pytest.raises(TunerError, match=f"Optuna's GPSampler needs the package '{missing[0]}', which is not installed: pip install {missing[0]}"):
+            create_tuner("optuna", None, {"sampler": "GP"}, SPACE)
+    else:
+        tuner = create_tuner("optuna", None, {"sampler": "GP", "seed": 0}, SPACE)
+        check_in_space(tuner.generate_parameters(0))
