@@ -14,16 +14,15 @@ and is named in the experiment config as ``assessor: {className: my_pkg.mod:MyAs
 from __future__ import annotations
 
 import abc
-import difflib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .tuners import TunerError, check_class_args, import_class, normalized
+from .tuners import TunerError, check_class_args
 
 if TYPE_CHECKING:
-    from .tuners import PastTrial, Tuner
+    from .tuners import PastTrial
 
-__all__ = ["BUILTIN_ASSESSORS", "Assessor", "AssessorError", "MedianStopAssessor", "create_assessor"]
+__all__ = ["BUILTIN_ASSESSORS", "Assessor", "AssessorError", "MedianStopAssessor", "construct"]
 
 
 class AssessorError(TunerError):
@@ -104,53 +103,7 @@ class MedianStopAssessor(Assessor):
 BUILTIN_ASSESSORS: dict[str, type[Assessor]] = {"median": MedianStopAssessor}
 
 
-def create_assessor(
-    name: str | None,
-    class_name: str | None,
-    class_args: dict[str, Any] | None,
-    code_directory: str | None = None,
-    *,
-    tuner: Tuner | None = None,
-) -> Assessor:
-    """Create the assessor an experiment config names: a built-in (``median``), Optuna's
-    pruners (``optuna``), NNI's by its name (``Medianstop``, ``Curvefitting``), or a class
-    by ``className``: an Assessor subclass or an NNI assessor. ``tuner`` is the experiment's
-    tuner (an Optuna pruner shares the Optuna tuner's study)."""
-    args = {} if class_args is None else class_args
-    if (name is None) == (class_name is None):
-        raise AssessorError("an assessor needs either name or className, not " + ("both" if name else "neither"))
-    if class_name is not None:
-        try:
-            cls = import_class(class_name, code_directory, "assessor")
-        except TunerError as e:
-            raise AssessorError(str(e)) from e.__cause__
-        if isinstance(cls, type) and issubclass(cls, Assessor):
-            return _construct(class_name, cls, args)
-        from .nnialgos import nni_custom_assessor
-
-        return nni_custom_assessor(class_name, cls, args)
-    assert name is not None
-    key = normalized(name)
-    if key in BUILTIN_ASSESSORS:
-        return _construct(name, BUILTIN_ASSESSORS[key], args)
-    if key == "optuna":
-        from .optunasearch import create_optuna_assessor
-
-        return create_optuna_assessor(args, tuner)
-    from .nnialgos import NNI_ASSESSOR_NAMES, create_nni_assessor
-
-    if key in NNI_ASSESSOR_NAMES:
-        return create_nni_assessor(name, args)
-    known = [*BUILTIN_ASSESSORS, "optuna", *NNI_ASSESSOR_NAMES]
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise AssessorError(
-        f"unknown assessor {name!r}; {hint}valid: {', '.join(BUILTIN_ASSESSORS)} (built in), optuna "
-        f"(its pruners), NNI's Medianstop and Curvefitting (or give className to load your own)"
-    )
-
-
-def _construct(label: str, cls: type[Assessor], args: dict[str, Any]) -> Assessor:
+def construct(label: str, cls: type[Assessor], args: dict[str, Any]) -> Assessor:
     try:
         args = check_class_args(label, cls, args, "assessor", skip_first=False)
     except AssessorError:

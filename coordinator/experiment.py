@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .assessors import create_assessor
+from .algorithms import create_assessor, create_tuner
 from .config import ExperimentConfig
 from .core import Coordinator
 from .model import MetricEvent, StatusEvent, TrialInfo
@@ -18,7 +18,7 @@ from .readmodel import EnvSnapshot, best_trial, optimize_mode
 from .readmodel import ranked as _ranked
 from .search import IntermediateStored, Search, StopTrial, TrialEnded
 from .search import TrialSubmitted as SearchTrialSubmitted
-from .tuners import PastTrial, Tuner, TunerError, create_tuner
+from .tuners import PastTrial, Tuner, TunerError
 
 log = logging.getLogger(__name__)
 

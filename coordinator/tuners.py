@@ -7,6 +7,7 @@ A tuner follows NNI's interface, so an NNI user's tuner ports with few changes::
         def receive_trial_result(self, parameter_id, parameters, value) -> None: ...
 
 and is named in the experiment config as ``tuner: {className: my_pkg.tuners:MyTuner}``.
+``algorithms.create_tuner`` makes the tuner a config names.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trialkeeper.coordinator.searchspace import (
-    SearchSpaceError,
     grid,
     grid_size,
     is_discrete,
@@ -43,7 +43,9 @@ __all__ = [
     "TryLater",
     "Tuner",
     "TunerError",
-    "create_tuner",
+    "check_class_args",
+    "import_class",
+    "normalized",
 ]
 
 
@@ -218,89 +220,12 @@ class GridTuner(Tuner):
 
 BUILTIN_TUNERS: dict[str, type[Tuner]] = {"random": RandomTuner, "grid": GridTuner}
 # NNI's names for the same tuners, compared after lower-casing and dropping "_", "-", " ".
-_ALIASES = {"gridsearch": "grid", "randomsearch": "random"}
-
-
-def create_tuner(
-    name: str | None,
-    class_name: str | None,
-    class_args: dict[str, Any] | None,
-    search_space: dict[str, Any],
-    code_directory: str | None = None,
-    *,
-    experiment_id: str | None = None,
-) -> Tuner:
-    """Create the tuner an experiment config names.
-
-    ``name`` picks a built-in tuner (case-insensitive), ``optuna`` (Optuna's samplers), or
-    one of NNI's by its name or alias (``TPE``, ``Evolution``, ...); ``class_name``, as
-    ``package.module:ClassName`` or ``package.module.ClassName``, imports a Tuner subclass
-    or an NNI tuner, with ``code_directory`` put on sys.path first. Exactly one must be
-    given. ``class_args`` are passed as keyword arguments. ``experiment_id`` names the
-    Optuna study a tuner keeps in its storage.
-
-    Raises SearchSpaceError for an invalid space (checked first) and TunerError for
-    anything else that prevents creating the tuner.
-    """
-    validate_search_space(search_space)
-    if (name is None) == (class_name is None):
-        which = "both" if name is not None else "neither"
-        raise TunerError(
-            f"a tuner needs either name (built-in: {', '.join(BUILTIN_TUNERS)}; optuna; NNI's names) "
-            f"or className, got {which}"
-        )
-    args_in = {} if class_args is None else class_args
-    if name is not None:
-        key = _ALIASES.get(normalized(name), normalized(name))
-        if key == "optuna":
-            from .optunasearch import create_optuna_tuner
-
-            return create_optuna_tuner(args_in, search_space, experiment_id)
-        if key not in BUILTIN_TUNERS:
-            from .nnialgos import NNI_ADVISOR_NAMES, NNI_TUNER_NAMES, create_nni_tuner
-
-            if key in NNI_TUNER_NAMES or key in NNI_ADVISOR_NAMES:
-                return create_nni_tuner(name, args_in, search_space)
-        label = _builtin_name(name)
-        cls: type = BUILTIN_TUNERS[label]
-    else:
-        assert class_name is not None
-        label, cls = class_name, import_class(class_name, code_directory, "tuner")
-        if not (isinstance(cls, type) and issubclass(cls, Tuner)):
-            from .nnialgos import nni_custom_tuner
-
-            return nni_custom_tuner(class_name, cls, args_in, search_space)
-        if inspect.isabstract(cls):
-            missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-            raise TunerError(f"tuner {class_name!r} does not implement {missing}")
-    args = check_class_args(label, cls, args_in)
-    try:
-        return cls(search_space, **args)
-    except (TunerError, SearchSpaceError):
-        raise
-    except Exception as e:
-        raise TunerError(f"tuner {label!r} failed to start: {_one_line(e)}") from e
+TUNER_ALIASES = {"gridsearch": "grid", "randomsearch": "random"}
 
 
 def normalized(name: str) -> str:
     """An algorithm's name as compared: lower case, without "_", "-" and spaces."""
     return "".join(c for c in name.lower() if c not in "_- ")
-
-
-def _builtin_name(name: str) -> str:
-    key = normalized(name)
-    key = _ALIASES.get(key, key)
-    if key in BUILTIN_TUNERS:
-        return key
-    from .nnialgos import NNI_ADVISOR_NAMES, NNI_TUNER_NAMES
-
-    nni_names = {**NNI_TUNER_NAMES, **NNI_ADVISOR_NAMES}
-    close = difflib.get_close_matches(key, [*BUILTIN_TUNERS, *_ALIASES, "optuna", *nni_names], n=1)
-    hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}? " if close else ""
-    raise TunerError(
-        f"unknown tuner {name!r}; {hint}built-in tuners: {', '.join(BUILTIN_TUNERS)}; optuna (Optuna's "
-        f"samplers); NNI's: {', '.join(sorted(set(nni_names.values())))} (or give className to load your own)"
-    )
 
 
 def import_class(class_name: str, code_directory: str | None, kind: str) -> Any:
@@ -323,7 +248,7 @@ def import_class(class_name: str, code_directory: str | None, kind: str) -> Any:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:
         raise TunerError(
-            f"cannot import module {module_name!r} of {kind} {class_name!r}: {_one_line(e)}"
+            f"cannot import module {module_name!r} of {kind} {class_name!r}: {one_line(e)}"
         ) from e
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -367,5 +292,5 @@ def check_class_args(
     return class_args
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())}"

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from conftest import write_script
 from nnienv import nni_python
+from trialkeeper.coordinator.algorithms import create_tuner
 from trialkeeper.coordinator.states import TrialStatus
 from trialkeeper.coordinator.store import Store
-from trialkeeper.coordinator.tuners import TunerError, create_tuner
+from trialkeeper.coordinator.tuners import TunerError
 
 HERE = Path(__file__).resolve().parent
 RUN_TIMEOUT_S = 240

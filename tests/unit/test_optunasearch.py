@@ -7,12 +7,12 @@ from typing import Any
 
 import optuna
 import pytest
-from trialkeeper.coordinator.assessors import create_assessor
+from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
 from trialkeeper.coordinator.optunasearch import flatten, optuna_space_issues
 from trialkeeper.coordinator.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
 from trialkeeper.coordinator.searchspace import SearchSpaceError, validate_search_space
 from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.tuners import PastTrial, TunerError, create_tuner
+from trialkeeper.coordinator.tuners import PastTrial, TunerError
 
 SPACE: dict[str, Any] = {
     "lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]},

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from trialkeeper.coordinator.assessors import AssessorError, MedianStopAssessor, create_assessor
+from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.assessors import AssessorError, MedianStopAssessor
 from trialkeeper.coordinator.search import (
     IntermediateStored,
     Search,
@@ -14,7 +15,7 @@ from trialkeeper.coordinator.search import (
     TrialSubmitted,
 )
 from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.tuners import PastTrial, RandomTuner, Tuner, create_tuner
+from trialkeeper.coordinator.tuners import PastTrial, RandomTuner, Tuner
 
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
 

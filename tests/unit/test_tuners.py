@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trialkeeper.coordinator.algorithms import create_tuner
 from trialkeeper.coordinator.searchspace import SearchSpaceError, grid, grid_size
 from trialkeeper.coordinator.tuners import (
     BUILTIN_TUNERS,
@@ -17,7 +18,6 @@ from trialkeeper.coordinator.tuners import (
     RandomTuner,
     Tuner,
     TunerError,
-    create_tuner,
 )
 
 DISCRETE = {
