@@ -151,7 +151,11 @@ async def _drive(
                 params = search.propose(submitted)
                 if params is None:
                     break
-                handle = await coordinator.submit(params)
+                try:
+                    handle = await coordinator.submit(params)
+                except (TypeError, ValueError) as e:  # not JSON, or no environment could run it
+                    search.refused(params, e)
+                    break
                 search.handle(SearchTrialSubmitted(handle.id, submitted, params))
                 submitted += 1
                 active += 1

@@ -91,6 +91,12 @@ class Search:
             self._fail("tuner", "generate_parameters", e)
         return None
 
+    def refused(self, parameters: dict[str, Any], error: Exception) -> None:
+        """The tuner's proposal cannot be submitted: the search fails with the reason."""
+        log.error("the tuner proposed %.200r, which cannot be submitted: %s", parameters, error)
+        if not self.failure:
+            self.failure = f"the tuner proposed parameters that cannot be submitted: {' '.join(str(error).split())}"
+
     def handle(self, event: SearchEvent) -> list[StopTrial]:
         if isinstance(event, TrialSubmitted):
             self._running[event.trial_id] = _Running(event.parameter_id, event.parameters)

@@ -130,6 +130,24 @@ def test_a_tuner_that_raises_ends_the_experiment_cleanly_with_its_traceback_logg
         store.close()
 
 
+UNSENDABLE_TUNER = """
+from trialkeeper.coordinator.tuners import Tuner
+
+class Odd(Tuner):
+    def generate_parameters(self, parameter_id):
+        return {"x": 0.5} if parameter_id == 0 else {"x": {1, 2}}
+"""
+
+
+def test_parameters_that_cannot_be_submitted_end_the_experiment_with_the_reason(tmp_path: Path) -> None:
+    write_script(tmp_path, "odd_tuner.py", UNSENDABLE_TUNER)
+    config = _config(tmp_path, steps=1, pause=0.0, trialConcurrency=1, maxTrialNumber=3,
+                     tuner={"className": "odd_tuner:Odd", "codeDirectory": str(tmp_path)})
+    result = run_async(run_experiment(config), timeout=60)
+    assert not result.ok and "the tuner proposed parameters that cannot be submitted: parameters must be JSON-serialisable" in result.reason
+    assert [(t.status, t.final_metric) for t in result.trials] == [(TrialStatus.SUCCEEDED, 0.5)]
+
+
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
 
 
