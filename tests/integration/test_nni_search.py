@@ -188,3 +188,33 @@ def test_trialkeeper_run_with_nni_hyperband_as_advisor(tmp_path: Path) -> None:
     assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3]
     assert params[3]["x"] == max(p["x"] for p in params[:3])  # the best of the round, promoted
     assert {t["status"] for t in trials} == {"SUCCEEDED"}
+
+
+@pytest.mark.slow
+def test_trialkeeper_resume_goes_on_with_nnis_grid_search_where_it_was(tmp_path: Path) -> None:
+    python = nni_python()
+    write_script(tmp_path, "trial.py", BUDGETED.replace('int(p["TRIAL_BUDGET"])', "2"))
+    base = {
+        "trialConcurrency": 2, "searchSpace": {"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}},
+        "tuner": {"className": "nni.algorithms.hpo.gridsearch_tuner.GridSearchTuner"},
+        "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}},
+    }
+    first, _ = run_cli(python, tmp_path, {**base, "maxTrialNumber": 3})
+    assert len(first) == 3
+    (tmp_path / "more.yml").write_text(json.dumps({
+        "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path),
+        "trainingService": {"platform": "local"}, **base, "maxTrialNumber": 6,
+    }))
+    proc = subprocess.run(
+        [python, "-m", "trialkeeper.coordinator.cli", "resume", str(tmp_path / "exp"), "--config", str(tmp_path / "more.yml"), "--quiet"],
+        check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    store = Store.in_dir(tmp_path / "exp", readonly=True)
+    try:
+        xs = [json.loads(t["parameters_json"])["x"] for t in sorted(store.trials(), key=lambda t: t["seq"])]
+    finally:
+        store.close()
+    # The resumed grid search was told the first three points: it proposes the other three.
+    assert xs[:3] == [json.loads(t["parameters_json"])["x"] for t in first]
+    assert sorted(xs) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
