@@ -157,11 +157,12 @@ def run_peers(p: dict[str, Any], R: dict[str, Any], cache: Path) -> None:
         R["peers"][name] = peers.run_peer(name, n, width, cache, timeout_s=600)
 
 
-def run_search(profile: str, R: dict[str, Any]) -> None:
+def run_search(profile: str, R: dict[str, Any], out_dir: Path) -> None:
     """Search quality per wall time (searchbench.py; its own figures, not in the table)."""
     seeds, trials, methods = {"full": (3, 20, ""), "quick": (2, 12, ""), "smoke": (1, 4, "random,tpe+sha")}[profile]
     log(f"8. search quality: {seeds} seeds x {trials} trials per method")
-    argv = [PYTHON, str(HERE / "searchbench.py"), "--seeds", str(seeds), "--trials", str(trials)]
+    argv = [PYTHON, str(HERE / "searchbench.py"), "--seeds", str(seeds), "--trials", str(trials),
+            "--json", str(out_dir / "search-bench.json")]
     argv += ["--methods", methods] if methods else []
     R["search"] = run_json_child(argv, timeout_s=3600)
 
@@ -417,7 +418,7 @@ def main() -> int:
 
         run_peers(p, R, a.cache or peers.DEFAULT_CACHE)
     if "search" in only:
-        run_search(profile, R)
+        run_search(profile, R, out_dir)
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {
