@@ -366,7 +366,7 @@ def _diff(a: list[float], b: list[float]) -> float | None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     cols = ("figure", "value", "floor", "ratio", "target")
-    widths = {c: max(len(c), *(len(str(r[c] or "")) for r in rows)) for c in cols}
+    widths = {c: max([len(c), *(len(str(r[c] or "")) for r in rows)]) for c in cols}  # rows may be none (--only search)
     widths["figure"] = min(widths["figure"], 84)
     line = "  ".join(c.ljust(widths[c]) for c in cols)
     print(line)
@@ -419,6 +419,9 @@ def main() -> int:
         run_peers(p, R, a.cache or peers.DEFAULT_CACHE)
     if "search" in only:
         run_search(profile, R, out_dir)
+        for row in R["search"].get("summary", []):
+            print(f"search: {row['method']}: best {row['best']}, wall {[round(w, 1) for w in row['wall_s']]} s, "
+                  f"reached Ray Tune's best at {row['to_ray_best_over_ray_wall']} of its wall time")
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {
