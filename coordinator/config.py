@@ -54,6 +54,8 @@ from .platforms import TRAINING_SERVICES, register_training_service
 
 __all__ = [
     "TRAINING_SERVICES",
+    "AdvisorConfig",
+    "AssessorConfig",
     "ConfigError",
     "ConfigIssue",
     "CoordinatorSettings",
@@ -91,6 +93,30 @@ class TunerConfig:
         if code_directory is not None and not is_dir(code_directory):
             issues.append(("code_directory", f"not an existing directory: {code_directory}"))
         return issues
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssessorConfig(TunerConfig):
+    """What stops unpromising trials early: a built-in assessor by `name` (`median`),
+    `optuna` (its pruners), NNI's (`Medianstop`, `Curvefitting`), or one by `class_name`."""
+
+    name: str | None = field(default=None, metadata=NON_EMPTY_STR)
+    _NEEDS: typing.ClassVar[str] = "an assessor needs name (median, optuna, Medianstop, Curvefitting) or className"
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
+        issues = super()._finalize(values, given, names)
+        if values.get("name") is None and values.get("class_name") is None and not issues:
+            issues.append(("name", cls._NEEDS))
+        return issues
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvisorConfig(AssessorConfig):
+    """NNI's Hyperband or BOHB by `name`: proposes trials and decides their budgets, in
+    place of the tuner and the assessor."""
+
+    _NEEDS: typing.ClassVar[str] = "an advisor needs name (Hyperband, BOHB)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +221,8 @@ class ExperimentConfig:
     # Retry trials that failed on their own (non-zero exit) too, within maxTrialRetries.
     retry_failed_trials: bool = False
     tuner: TunerConfig = field(default_factory=TunerConfig)
+    assessor: AssessorConfig | None = None
+    advisor: AdvisorConfig | None = None
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
@@ -224,6 +252,8 @@ class ExperimentConfig:
         if code is not None and not is_dir(code):
             problem = "is not a directory" if exists(code) else "does not exist"
             issues.append(("trial_code_directory", f"{code} {problem}"))
+        # NNI's rule: an advisor replaces both the tuner and the assessor.
+        issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         return issues
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -11,15 +10,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .algorithms import create_assessor, create_tuner
 from .config import ExperimentConfig
 from .core import Coordinator
-from .model import StatusEvent, TrialInfo
+from .model import MetricEvent, StatusEvent, TrialInfo
 from .readmodel import EnvSnapshot, best_trial, optimize_mode
 from .readmodel import ranked as _ranked
-from .states import TrialStatus
-from .tuners import NoMoreTrials, Tuner, create_tuner
+from .search import IntermediateStored, Search, StopTrial, TrialEnded
+from .search import TrialSubmitted as SearchTrialSubmitted
+from .tuners import PastTrial, Tuner, TunerError
 
 log = logging.getLogger(__name__)
+
+#: The experiment's own log, in its directory: warnings and errors, tracebacks included.
+LOG_FILENAME = "experiment.log"
 
 
 @dataclass
@@ -52,7 +56,7 @@ ranked = _ranked  # where the CLI's run command imports it from
 
 
 def optimize_mode_of(config: ExperimentConfig) -> str:
-    return optimize_mode(config.tuner.class_args)
+    return optimize_mode((config.advisor or config.tuner).class_args)
 
 
 async def run_experiment(
@@ -94,46 +98,46 @@ async def _drive(
     on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
     config = coordinator.config
-    tuner_cfg = config.tuner
-    class_args = dict(tuner_cfg.class_args)
-    tuner: Tuner = create_tuner(
-        tuner_cfg.name,
-        tuner_cfg.class_name,
-        class_args,
-        config.search_space or {},
-        str(tuner_cfg.code_directory) if tuner_cfg.code_directory else None,
-    )
+    search = _search(config, coordinator.experiment_id)
     mode = optimize_mode_of(config)
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
-    params_of: dict[str, tuple[int, dict]] = {}
+    to_stop: list[StopTrial] = []
+
+    def on_metric(ev: MetricEvent) -> None:
+        if ev.kind == "intermediate":
+            to_stop.extend(search.handle(IntermediateStored(ev.trial_id, ev.value)))
+            if to_stop:
+                changed.set()
 
     def on_status(ev: StatusEvent) -> None:
         t = ev.trial
-        if t.status.terminal and t.id in params_of:
-            pid, params = params_of.pop(t.id)
-            try:
-                if t.final_metric is not None:
-                    tuner.receive_trial_result(pid, params, t.final_metric)
-                tuner.trial_end(pid, t.status is TrialStatus.SUCCEEDED)
-            except Exception:
-                log.exception("the tuner raised on a trial result; going on")
+        if t.status.terminal:
+            search.handle(TrialEnded(t.id, t.status, t.final_metric))
         changed.set()
 
+    coordinator.on_metric(on_metric)
     coordinator.on_status(on_status)
     started = time.monotonic()
-    exhausted = False
     reason = ""
     ok = True
     await coordinator.start()
+    log_file = _log_to(coordinator.experiment_dir / LOG_FILENAME)
     try:
         if on_start is not None:  # e.g. the dashboard, once there is a store to read
             on_start(coordinator)
-        submitted = _catch_up(tuner, coordinator.trials(), params_of)
+        # Nothing is awaited between start() and here, so no result arrives unheard.
+        submitted = _resume(search, coordinator)
         last_progress = 0.0
         while True:
+            while to_stop:
+                order = to_stop.pop(0)
+                if not coordinator.trial(order.trial_id).status.terminal:
+                    await coordinator.early_stop(order.trial_id, order.reason)
             trials = coordinator.trials()
-            active = sum(1 for t in trials if not t.status.terminal)
+            # A trial being stopped gives up its slot now: the next one is queued at once
+            # and placed as soon as the slot is free.
+            active = sum(1 for t in trials if not t.status.terminal and not t.stopping)
             limit_reached = config.max_trial_number is not None and submitted >= config.max_trial_number
             elapsed = time.monotonic() - started
             if stop.is_set():
@@ -148,19 +152,25 @@ async def _drive(
             if coordinator.failure:
                 ok, reason = False, coordinator.failure
                 break
-            while not exhausted and not limit_reached and active < config.trial_concurrency:
-                try:
-                    params = tuner.generate_parameters(submitted)
-                except NoMoreTrials:
-                    exhausted = True
+            while not limit_reached and active < config.trial_concurrency:
+                params = search.propose(submitted)
+                if params is None:
                     break
-                handle = await coordinator.submit(params)
-                params_of[handle.id] = (submitted, params)
+                try:
+                    handle = await coordinator.submit(params)
+                except (TypeError, ValueError) as e:  # not JSON, or no environment could run it
+                    search.refused(params, e)
+                    break
+                search.handle(SearchTrialSubmitted(handle.id, submitted, params))
                 submitted += 1
                 active += 1
                 limit_reached = config.max_trial_number is not None and submitted >= config.max_trial_number
-            if active == 0 and (exhausted or limit_reached):
-                break
+            if all(t.status.terminal for t in coordinator.trials()):
+                if search.failure:
+                    ok, reason = False, f"{search.failure} (its traceback is in {LOG_FILENAME})"
+                    break
+                if search.exhausted or limit_reached:
+                    break
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
                 last_progress = now
@@ -175,8 +185,11 @@ async def _drive(
         unfinished = [t for t in trials if not t.status.terminal]
         if unfinished and not reason:
             reason = f"{len(unfinished)} trials had not finished"
-        status = "DONE" if ok else ("FAILED" if coordinator.failure else "STOPPED")
-        await coordinator.stop(status=status, reason=reason)
+        status = "DONE" if ok else ("FAILED" if coordinator.failure or search.failure else "STOPPED")
+        try:
+            await coordinator.stop(status=status, reason=reason)
+        finally:
+            _close_log(log_file)
     trials = coordinator.trials()
     if on_progress:
         on_progress(_progress(coordinator, trials, len(trials), config, mode, time.monotonic() - started))
@@ -190,20 +203,60 @@ async def _drive(
     )
 
 
-def _catch_up(tuner: Tuner, trials: list[TrialInfo], params_of: dict[str, tuple[int, dict]]) -> int:
-    """After a resume: bring the tuner to where it was (it proposes again what it had
-    proposed, which a seeded tuner does identically, and hears every result), and track
-    the trials still running. Returns how many trials had been submitted."""
-    for t in trials:
-        with contextlib.suppress(NoMoreTrials):
-            tuner.generate_parameters(t.sequence_id)
-        if t.status.terminal:
-            if t.final_metric is not None:
-                tuner.receive_trial_result(t.sequence_id, t.parameters, t.final_metric)
-            tuner.trial_end(t.sequence_id, t.status is TrialStatus.SUCCEEDED)
-        else:
-            params_of[t.id] = (t.sequence_id, t.parameters)
+def _search(config: ExperimentConfig, experiment_id: str) -> Search:
+    """The config's tuner and assessor; TunerError or SearchSpaceError when they cannot be made."""
+    t, a = config.tuner, config.assessor
+    if config.advisor is not None:
+        if config.advisor.class_name is not None or config.advisor.name is None:
+            raise TunerError("advisor: only NNI's Hyperband and BOHB are supported, by name")
+        return Search(create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {}))
+    tuner: Tuner = create_tuner(
+        t.name, t.class_name, dict(t.class_args), config.search_space or {},
+        str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id,
+    )
+    assessor = None
+    if a is not None:
+        assessor = create_assessor(
+            a.name, a.class_name, dict(a.class_args), str(a.code_directory) if a.code_directory else None, tuner=tuner
+        )
+    return Search(tuner, assessor)
+
+
+def _resume(search: Search, coordinator: Coordinator) -> int:
+    """After a resume: tell the search every stored trial and result before it proposes or
+    judges anything, and track the trials still running. Returns how many trials had been
+    submitted (0 for a new experiment)."""
+    trials = coordinator.trials()
+    if not trials:
+        return 0
+    assert coordinator.store is not None
+    intermediate: dict[str, list[float]] = {}
+    for row in coordinator.store.metrics():
+        if row.kind == "intermediate":
+            intermediate.setdefault(row.trial_id, []).append(row.value)
+    search.resume([
+        PastTrial(
+            t.id, t.sequence_id, t.parameters, tuple(intermediate.get(t.id, ())), t.final_metric,
+            t.status if t.status.terminal else None,
+        )
+        for t in trials
+    ])
     return len(trials)
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """Warnings and errors (tracebacks of a tuner that raised, say) also go to the
+    experiment's own log file, which outlives the terminal that started it."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("trialkeeper").addHandler(handler)
+    return handler
+
+
+def _close_log(handler: logging.Handler) -> None:
+    logging.getLogger("trialkeeper").removeHandler(handler)
+    handler.close()
 
 
 def _env_detail(e: EnvSnapshot) -> str:

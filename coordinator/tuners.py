@@ -7,11 +7,13 @@ A tuner follows NNI's interface, so an NNI user's tuner ports with few changes::
         def receive_trial_result(self, parameter_id, parameters, value) -> None: ...
 
 and is named in the experiment config as ``tuner: {className: my_pkg.tuners:MyTuner}``.
+``algorithms.create_tuner`` makes the tuner a config names.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -19,25 +21,31 @@ import json
 import os
 import random
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trialkeeper.coordinator.searchspace import (
-    SearchSpaceError,
     grid,
     grid_size,
     is_discrete,
     sample,
     validate_search_space,
 )
+from trialkeeper.coordinator.states import TrialStatus
 
 __all__ = [
     "BUILTIN_TUNERS",
     "GridTuner",
     "NoMoreTrials",
+    "PastTrial",
     "RandomTuner",
+    "TryLater",
     "Tuner",
     "TunerError",
-    "create_tuner",
+    "check_class_args",
+    "import_class",
+    "normalized",
 ]
 
 
@@ -45,8 +53,40 @@ class NoMoreTrials(Exception):
     """Raised by Tuner.generate_parameters when the tuner has nothing left to propose."""
 
 
+class TryLater(Exception):
+    """Raised by Tuner.generate_parameters when the tuner has nothing to propose until a
+    running trial ends (an NNI advisor between rounds). With nothing running, it means
+    the tuner is done."""
+
+
 class TunerError(ValueError):
     """A tuner that cannot be created: unknown name, failed import, bad classArgs."""
+
+
+@dataclass(frozen=True)
+class PastTrial:
+    """A trial an earlier run of the experiment submitted, as the store holds it."""
+
+    trial_id: str
+    parameter_id: int
+    parameters: dict[str, Any]
+    intermediate: tuple[float, ...]
+    final: float | None
+    status: TrialStatus | None  # None: it still runs
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status is TrialStatus.SUCCEEDED
+
+    @property
+    def result(self) -> float | None:
+        """What a tuner learns from it: the final result, or the last intermediate one of
+        a trial stopped early (as NNI tells its tuners)."""
+        if self.final is not None:
+            return self.final
+        if self.status is TrialStatus.EARLY_STOPPED and self.intermediate:
+            return self.intermediate[-1]
+        return None
 
 
 class Tuner(abc.ABC):
@@ -90,8 +130,27 @@ class Tuner(abc.ABC):
     def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
         """Learn the final result ``value`` of the trial that ran ``parameters``."""
 
+    def receive_intermediate_result(self, parameter_id: int, step: int, value: float) -> None:
+        """Learn a trial's intermediate result number ``step`` (0, 1, ...), as it is stored."""
+
     def trial_end(self, parameter_id: int, success: bool) -> None:
         """Learn that trial ``parameter_id`` ended, successfully or not."""
+
+    def resume(self, history: Sequence[PastTrial]) -> None:
+        """Hear what an earlier run of this experiment did, before proposing anything.
+
+        The default proposes again every stored trial (a seeded tuner proposes the same
+        points, so it goes on where it was) and hears each result; trials still running
+        report theirs later as usual."""
+        for t in history:
+            with contextlib.suppress(NoMoreTrials):
+                self.generate_parameters(t.parameter_id)
+            for step, value in enumerate(t.intermediate):
+                self.receive_intermediate_result(t.parameter_id, step, value)
+            if t.status is not None:
+                if t.result is not None:
+                    self.receive_trial_result(t.parameter_id, t.parameters, t.result)
+                self.trial_end(t.parameter_id, t.succeeded)
 
 
 def _key(parameters: dict[str, Any]) -> str:
@@ -161,62 +220,16 @@ class GridTuner(Tuner):
 
 BUILTIN_TUNERS: dict[str, type[Tuner]] = {"random": RandomTuner, "grid": GridTuner}
 # NNI's names for the same tuners, compared after lower-casing and dropping "_", "-", " ".
-_ALIASES = {"gridsearch": "grid", "randomsearch": "random"}
+TUNER_ALIASES = {"gridsearch": "grid", "randomsearch": "random"}
 
 
-def create_tuner(
-    name: str | None,
-    class_name: str | None,
-    class_args: dict[str, Any] | None,
-    search_space: dict[str, Any],
-    code_directory: str | None = None,
-) -> Tuner:
-    """Create the tuner an experiment config names.
-
-    ``name`` picks a built-in tuner (case-insensitive); ``class_name``, as
-    ``package.module:ClassName`` or ``package.module.ClassName``, imports a Tuner
-    subclass, with ``code_directory`` put on sys.path first. Exactly one must be given.
-    ``class_args`` are passed as keyword arguments.
-
-    Raises SearchSpaceError for an invalid space (checked first) and TunerError for
-    anything else that prevents creating the tuner.
-    """
-    validate_search_space(search_space)
-    if (name is None) == (class_name is None):
-        which = "both" if name is not None else "neither"
-        raise TunerError(
-            f"a tuner needs either name (built-in: {', '.join(BUILTIN_TUNERS)}) or className, "
-            f"got {which}"
-        )
-    if name is not None:
-        label = _builtin_name(name)
-        cls = BUILTIN_TUNERS[label]
-    else:
-        assert class_name is not None
-        label, cls = class_name, _import_tuner(class_name, code_directory)
-    args = _check_class_args(label, cls, {} if class_args is None else class_args)
-    try:
-        return cls(search_space, **args)
-    except (TunerError, SearchSpaceError):
-        raise
-    except Exception as e:
-        raise TunerError(f"tuner {label!r} failed to start: {_one_line(e)}") from e
+def normalized(name: str) -> str:
+    """An algorithm's name as compared: lower case, without "_", "-" and spaces."""
+    return "".join(c for c in name.lower() if c not in "_- ")
 
 
-def _builtin_name(name: str) -> str:
-    key = "".join(c for c in name.lower() if c not in "_- ")
-    key = _ALIASES.get(key, key)
-    if key in BUILTIN_TUNERS:
-        return key
-    close = difflib.get_close_matches(key, [*BUILTIN_TUNERS, *_ALIASES], n=1)
-    hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}? " if close else ""
-    raise TunerError(
-        f"unknown tuner {name!r}; {hint}built-in tuners: {', '.join(BUILTIN_TUNERS)} "
-        f"(or give className to load your own)"
-    )
-
-
-def _import_tuner(class_name: str, code_directory: str | None) -> type[Tuner]:
+def import_class(class_name: str, code_directory: str | None, kind: str) -> Any:
+    """The object ``class_name`` names, imported with ``code_directory`` on sys.path."""
     module_name, _, attr = (
         class_name.partition(":") if ":" in class_name else class_name.rpartition(".")
     )
@@ -235,33 +248,30 @@ def _import_tuner(class_name: str, code_directory: str | None) -> type[Tuner]:
         obj: Any = importlib.import_module(module_name)
     except Exception as e:
         raise TunerError(
-            f"cannot import module {module_name!r} of tuner {class_name!r}: {_one_line(e)}"
+            f"cannot import module {module_name!r} of {kind} {class_name!r}: {one_line(e)}"
         ) from e
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise TunerError(f"tuner {class_name!r}: module {module_name!r} has no {attr!r}")
+            raise TunerError(f"{kind} {class_name!r}: module {module_name!r} has no {attr!r}")
         obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, Tuner)):
-        raise TunerError(
-            f"tuner {class_name!r} is not a subclass of trialkeeper.coordinator.tuners.Tuner"
-        )
-    if inspect.isabstract(obj):
-        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
-        raise TunerError(f"tuner {class_name!r} does not implement {missing}")
     return obj
 
 
-def _check_class_args(label: str, cls: type[Tuner], class_args: object) -> dict[str, Any]:
+def check_class_args(
+    label: str, cls: type, class_args: object, kind: str = "tuner", *, skip_first: bool = True
+) -> dict[str, Any]:
+    """``class_args`` checked against ``cls``'s signature; TunerError naming what is wrong.
+    ``skip_first``: the first parameter receives the search space, so it is no classArg."""
     if not isinstance(class_args, dict) or not all(isinstance(k, str) for k in class_args):
-        raise TunerError(f"classArgs of tuner {label!r} must be a mapping of name -> value")
+        raise TunerError(f"classArgs of {kind} {label!r} must be a mapping of name -> value")
     try:
         params = list(inspect.signature(cls).parameters.values())
     except (TypeError, ValueError):
         return class_args  # no signature to check against (a C extension, say)
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return class_args
-    # The first parameter receives the search space, so it is no classArg.
-    accepted = [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    params = params[1:] if skip_first else params
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unexpected = []
     for key in class_args:
         if key not in accepted:
@@ -269,18 +279,18 @@ def _check_class_args(label: str, cls: type[Tuner], class_args: object) -> dict[
             unexpected.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     if unexpected:
         raise TunerError(
-            f"unexpected classArgs {', '.join(unexpected)} for tuner {label!r}; "
+            f"unexpected classArgs {', '.join(unexpected)} for {kind} {label!r}; "
             f"accepted: {', '.join(accepted) or 'none'}"
         )
     missing = [
-        p.name for p in params[1:]
+        p.name for p in params
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         and p.name not in class_args
     ]
     if missing:
-        raise TunerError(f"tuner {label!r} needs classArgs {', '.join(missing)}")
+        raise TunerError(f"{kind} {label!r} needs classArgs {', '.join(missing)}")
     return class_args
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())}"

@@ -157,6 +157,16 @@ def run_peers(p: dict[str, Any], R: dict[str, Any], cache: Path) -> None:
         R["peers"][name] = peers.run_peer(name, n, width, cache, timeout_s=600)
 
 
+def run_search(profile: str, R: dict[str, Any], out_dir: Path) -> None:
+    """Search quality per wall time (searchbench.py; its own figures, not in the table)."""
+    seeds, trials, methods = {"full": (3, 20, ""), "quick": (2, 12, ""), "smoke": (1, 4, "random,tpe+sha")}[profile]
+    log(f"8. search quality: {seeds} seeds x {trials} trials per method")
+    argv = [PYTHON, str(HERE / "searchbench.py"), "--seeds", str(seeds), "--trials", str(trials),
+            "--json", str(out_dir / "search-bench.json")]
+    argv += ["--methods", methods] if methods else []
+    R["search"] = run_json_child(argv, timeout_s=3600)
+
+
 # ---- the table --------------------------------------------------------------------------
 
 
@@ -356,7 +366,7 @@ def _diff(a: list[float], b: list[float]) -> float | None:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     cols = ("figure", "value", "floor", "ratio", "target")
-    widths = {c: max(len(c), *(len(str(r[c] or "")) for r in rows)) for c in cols}
+    widths = {c: max([len(c), *(len(str(r[c] or "")) for r in rows)]) for c in cols}  # rows may be none (--only search)
     widths["figure"] = min(widths["figure"], 84)
     line = "  ".join(c.ljust(widths[c]) for c in cols)
     print(line)
@@ -377,7 +387,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about 2 minutes)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
     ap.add_argument("--peers", action="store_true", help="also run Ray Tune and NNI (installs them once)")
-    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers")
+    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search")
     ap.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs go")
@@ -407,6 +417,11 @@ def main() -> int:
         import peers
 
         run_peers(p, R, a.cache or peers.DEFAULT_CACHE)
+    if "search" in only:
+        run_search(profile, R, out_dir)
+        for row in R["search"].get("summary", []):
+            print(f"search: {row['method']}: best {row['best']}, wall {[round(w, 1) for w in row['wall_s']]} s, "
+                  f"reached Ray Tune's best at {row['to_ray_best_over_ray_wall']} of its wall time")
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trialkeeper.coordinator.algorithms import create_tuner
 from trialkeeper.coordinator.searchspace import SearchSpaceError, grid, grid_size
 from trialkeeper.coordinator.tuners import (
     BUILTIN_TUNERS,
@@ -17,7 +18,6 @@ from trialkeeper.coordinator.tuners import (
     RandomTuner,
     Tuner,
     TunerError,
-    create_tuner,
 )
 
 DISCRETE = {
@@ -145,8 +145,8 @@ def test_builtin_registry() -> None:
     ("name", "class_name", "class_args", "message"),
     [
         ("randm", None, {}, "unknown tuner 'randm'; did you mean 'random'? built-in tuners: random, grid"),
-        ("TPE", None, {}, "unknown tuner 'TPE'; built-in tuners: random, grid (or give className"),
-        (None, None, {}, "a tuner needs either name (built-in: random, grid) or className, got neither"),
+        ("nosuch", None, {}, "unknown tuner 'nosuch'; built-in tuners: random, grid; optuna"),
+        (None, None, {}, "a tuner needs either name (built-in: random, grid; optuna; NNI's names) or className, got neither"),
         ("random", "x:Y", {}, "got both"),
         ("random", None, {"optimise_mode": "maximize"},
          ("unexpected classArgs 'optimise_mode' (did you mean 'optimize_mode'?) for tuner 'random'; "

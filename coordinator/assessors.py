@@ -1,0 +1,118 @@
+"""Assessors: what decides, from a running trial's intermediate results, whether it is worth
+finishing. Built-in ones here; NNI's (``nnialgos``) and Optuna's pruners (``optunasearch``)
+behind the same interface.
+
+An assessor follows NNI's interface, so an NNI user's assessor ports with few changes::
+
+    class MyAssessor(Assessor):
+        def assess_trial(self, trial_id, history) -> bool: ...   # False: stop it
+        def trial_end(self, trial_id, success) -> None: ...
+
+and is named in the experiment config as ``assessor: {className: my_pkg.mod:MyAssessor}``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .tuners import TunerError, check_class_args
+
+if TYPE_CHECKING:
+    from .tuners import PastTrial
+
+__all__ = ["BUILTIN_ASSESSORS", "Assessor", "AssessorError", "MedianStopAssessor", "construct"]
+
+
+class AssessorError(TunerError):
+    """An assessor that cannot be created: unknown name, failed import, bad classArgs."""
+
+
+class Assessor(abc.ABC):
+    """Judges running trials by their intermediate results.
+
+    Called from one thread: ``trial_started`` when a trial is submitted, ``assess_trial``
+    after each intermediate result is stored with every intermediate result of the trial
+    so far, ``trial_end`` when the trial ends. ``assess_trial`` returning False stops the
+    trial (it ends EARLY_STOPPED).
+    """
+
+    def trial_started(self, trial_id: str, parameter_id: int, parameters: dict[str, Any]) -> None:
+        """Learn that trial ``trial_id`` runs ``parameters`` (the tuner's ``parameter_id``)."""
+
+    @abc.abstractmethod
+    def assess_trial(self, trial_id: str, history: Sequence[float]) -> bool:
+        """True: let the trial go on; False: stop it now."""
+
+    def trial_end(self, trial_id: str, success: bool) -> None:
+        """Learn that the trial ended; ``success`` is False for a failed or stopped one."""
+
+    def resume(self, history: Sequence[PastTrial]) -> None:
+        """Hear what an earlier run of this experiment saw, before judging anything new.
+
+        The default tells each stored trial as it happened (its verdicts ignored), which
+        rebuilds any assessor that learns only through this interface."""
+        for t in history:
+            self.trial_started(t.trial_id, t.parameter_id, t.parameters)
+            if t.intermediate:
+                self.assess_trial(t.trial_id, list(t.intermediate))
+            if t.status is not None:
+                self.trial_end(t.trial_id, t.succeeded)
+
+
+class MedianStopAssessor(Assessor):
+    """Stops a trial whose best result so far is worse than the median, at the same step,
+    of the running averages of the trials that completed (NNI's median-stop rule).
+
+    ``start_step``: results a trial reports before it can be stopped.
+    """
+
+    def __init__(self, *, optimize_mode: str = "maximize", start_step: int = 0) -> None:
+        if optimize_mode not in ("maximize", "minimize"):
+            raise AssessorError(f"optimize_mode must be 'maximize' or 'minimize', got {optimize_mode!r}")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise AssessorError(f"start_step must be an integer >= 0, got {start_step!r}")
+        self.maximize = optimize_mode == "maximize"
+        self.start_step = start_step
+        self._running: dict[str, list[float]] = {}
+        self._completed_averages: list[list[float]] = []
+
+    def assess_trial(self, trial_id: str, history: Sequence[float]) -> bool:
+        self._running[trial_id] = list(history)
+        step = len(history)
+        if step == 0 or step < self.start_step:
+            return True
+        at_step = sorted(avgs[step - 1] for avgs in self._completed_averages if len(avgs) >= step)
+        if not at_step:
+            return True
+        if self.maximize:
+            return max(history) >= at_step[(len(at_step) - 1) // 2]
+        return min(history) <= at_step[len(at_step) // 2]
+
+    def trial_end(self, trial_id: str, success: bool) -> None:
+        history = self._running.pop(trial_id, None)
+        if success and history:
+            total, averages = 0.0, []
+            for i, value in enumerate(history, 1):
+                total += value
+                averages.append(total / i)
+            self._completed_averages.append(averages)
+
+
+BUILTIN_ASSESSORS: dict[str, type[Assessor]] = {"median": MedianStopAssessor}
+
+
+def construct(label: str, cls: type[Assessor], args: dict[str, Any]) -> Assessor:
+    try:
+        args = check_class_args(label, cls, args, "assessor", skip_first=False)
+    except AssessorError:
+        raise
+    except TunerError as e:
+        raise AssessorError(str(e)) from None
+    try:
+        return cls(**args)
+    except AssessorError:
+        raise
+    except Exception as e:
+        raise AssessorError(f"assessor {label!r} failed to start: {type(e).__name__}: {e}") from e

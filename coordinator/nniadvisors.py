@@ -1,0 +1,115 @@
+"""NNI's advisors (Hyperband, BOHB) as tuners.
+
+An advisor is an NNI message dispatcher: instead of answering calls it sends commands
+(``NewTrialJob``, ``NoMoreTrialJobs``) and decides how long each trial runs through the
+``TRIAL_BUDGET`` parameter it adds; a trial it promotes to a larger budget is a new trial
+with the same parameters. Here its commands are captured as they are sent and turned into
+proposals; the experiment's events are handed to it as NNI's manager would.
+
+Its parameter ids are strings (``"0-4_0_3"``, bracket, round, number) where NNI's manager
+keeps integers (microsoft/nni#5263): trialkeeper keeps its own integer ids and maps them,
+and the recovery check that compares the two kinds is answered here, since an advisor
+here is never recovered by NNI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from .tuners import PastTrial, TryLater, Tuner, TunerError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NniAdvisor"]
+
+# NNI's own switch for a dispatcher without a manager to talk to (its unit tests use it).
+_NO_CHANNEL = "ws://_unittest_trialkeeper"
+
+
+def build_advisor(name: str, class_args: dict[str, Any]) -> Any:
+    """NNI's advisor ``name``, made without a connection to an NNI manager."""
+    import nni.runtime.msg_dispatcher_base as base
+    from nni.tools.package_utils import tuner_factory
+
+    saved = base.dispatcher_env_vars
+    base.dispatcher_env_vars = saved._replace(NNI_TUNER_COMMAND_CHANNEL=_NO_CHANNEL)
+    try:
+        return tuner_factory.create_builtin_class_instance(name, dict(class_args), "tuners")
+    finally:
+        base.dispatcher_env_vars = saved
+
+
+class NniAdvisor(Tuner):
+    """An NNI advisor instance speaking trialkeeper's Tuner interface."""
+
+    def __init__(self, advisor: Any, search_space: dict[str, Any], class_args: dict[str, Any], label: str) -> None:
+        mode = class_args.get("optimize_mode", "maximize")
+        super().__init__(search_space, optimize_mode=mode if mode in ("maximize", "minimize") else "maximize")
+        from nni.runtime.tuner_command_channel import CommandType
+
+        self.advisor, self.label, self._commands = advisor, label, CommandType
+        self._jobs: deque[dict[str, Any]] = deque()
+        self._waiting = False  # it said NoMoreTrialJobs; ask again once something changed
+        self._ids: dict[int, str] = {}  # trialkeeper's parameter id -> the advisor's
+        self._params: dict[int, dict[str, Any]] = {}
+        advisor.send = self._sent
+        advisor.is_created_in_previous_exp = lambda _parameter_id: False
+        try:
+            advisor.handle_initialize(search_space)
+        except Exception as e:
+            raise TunerError(f"advisor {label!r} refused the search space: {type(e).__name__}: {' '.join(str(e).split())}") from e
+
+    def _sent(self, command: Any, data: str) -> None:
+        if command is self._commands.NewTrialJob:
+            self._jobs.append(json.loads(data))
+        elif command is self._commands.NoMoreTrialJobs:
+            self._waiting = True
+
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        if not self._jobs and not self._waiting:
+            self.advisor.handle_request_trial_jobs(1)
+        if not self._jobs:
+            self._waiting = True
+            raise TryLater(f"{self.label} waits for running trials before it proposes more")
+        job = self._jobs.popleft()
+        self._ids[parameter_id] = str(job["parameter_id"])
+        params = dict(job["parameters"])
+        self._params[parameter_id] = params
+        return params
+
+    def _report(self, parameter_id: int, kind: str, step: int, value: float) -> None:
+        sid = self._ids.get(parameter_id)
+        if sid is not None:
+            self.advisor.handle_report_metric_data({
+                "parameter_id": sid, "trial_job_id": f"p{parameter_id}", "type": kind,
+                "value": json.dumps(value), "sequence": step,
+            })
+
+    def receive_intermediate_result(self, parameter_id: int, step: int, value: float) -> None:
+        self._report(parameter_id, "PERIODICAL", step, value)
+
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
+        self._report(parameter_id, "FINAL", 0, value)
+
+    def trial_end(self, parameter_id: int, success: bool) -> None:
+        sid = self._ids.pop(parameter_id, None)
+        params = self._params.pop(parameter_id, {})
+        if sid is None:
+            return
+        self._waiting = False  # a round may be complete: the advisor may have more now
+        self.advisor.handle_trial_end({
+            "trial_job_id": f"p{parameter_id}", "event": "SUCCEEDED" if success else "FAILED",
+            "hyper_params": json.dumps({"parameter_id": sid, "parameters": params}),
+        })
+
+    def resume(self, history: Sequence[PastTrial]) -> None:
+        """An advisor's brackets cannot be rebuilt from stored results (it drew their
+        configurations at random and promotes by rank within each): after a resume it
+        starts new brackets, and the stored trials stay as they are."""
+        if history:
+            log.warning("advisor %s starts new brackets after the resume; %d stored trials are kept but not told to it",
+                        self.label, len(history))

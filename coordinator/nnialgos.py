@@ -1,0 +1,231 @@
+"""NNI's tuners and assessors by their names (``TPE``, ``Evolution``, ``Medianstop``, ...)
+and a user's own NNI classes, behind trialkeeper's Tuner and Assessor interfaces.
+
+NNI itself builds them: ``nni.tools.package_utils.create_builtin_class_instance`` with
+the classArgs as NNI takes them, after NNI's own classArgs validator has checked them.
+NNI runs in the coordinator's interpreter; without it, naming one of its algorithms is an
+error that says what to install.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .assessors import Assessor, AssessorError
+from .tuners import NoMoreTrials, PastTrial, Tuner, TunerError, normalized
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "NNI_ASSESSOR_NAMES",
+    "NNI_TUNER_NAMES",
+    "NniAssessor",
+    "NniTuner",
+    "create_nni_assessor",
+    "create_nni_tuner",
+    "nni_custom_assessor",
+    "nni_custom_tuner",
+]
+
+# NNI's registered names and aliases (nni 2.10 and 3.0 agree), as normalized() compares
+# them, each to the name NNI registers. Kept here so that an unknown or uninstalled name
+# is explained without importing NNI.
+NNI_TUNER_NAMES: dict[str, str] = {
+    "tpe": "TPE", "tpelegacy": "TPE_legacy", "random": "Random", "anneal": "Anneal",
+    "evolution": "Evolution", "gridsearch": "GridSearch", "batch": "Batch", "batchtuner": "Batch",
+    "metis": "Metis", "metistuner": "Metis", "gp": "GP", "gptuner": "GP", "pbt": "PBT", "pbttuner": "PBT",
+    "smac": "SMAC", "dngo": "DNGO", "dngotuner": "DNGO", "ppo": "PPO", "ppotuner": "PPO",
+    "networkmorphism": "NetworkMorphism", "regularizedevolution": "RegularizedEvolutionTuner",
+    "regularizedevolutiontuner": "RegularizedEvolutionTuner",
+}
+NNI_ADVISOR_NAMES: dict[str, str] = {"hyperband": "Hyperband", "bohb": "BOHB"}
+NNI_ASSESSOR_NAMES: dict[str, str] = {"medianstop": "Medianstop", "curvefitting": "Curvefitting"}
+# What an algorithm needs beyond NNI, by NNI's name: the pip command that installs it.
+_EXTRAS: dict[str, str] = {
+    "Anneal": "pip install hyperopt", "TPE_legacy": "pip install hyperopt", "SMAC": "pip install 'nni[SMAC]'",
+    "BOHB": "pip install 'nni[BOHB]'", "DNGO": "pip install 'nni[DNGO]'", "PPO": "pip install 'nni[PPOTuner]'",
+    "NetworkMorphism": "pip install torch",
+}
+
+
+def _nni(what: str) -> Any:
+    try:
+        import nni
+        from nni.tools.package_utils import tuner_factory  # noqa: F401 - needed below
+    except ImportError as e:
+        raise TunerError(
+            f"{what} is one of NNI's algorithms, and NNI is not installed in the interpreter that runs "
+            f"the coordinator ({sys.executable}): install it with pip install 'trialkeeper[nni]'"
+        ) from e
+    return nni
+
+
+def _build(name: str, args: dict[str, Any], algo_type: str, error: type[TunerError], *, validate_only: bool = False) -> Any:
+    kind = "advisor" if name in NNI_ADVISOR_NAMES.values() else algo_type[:-1]
+    nni = _nni(f"{kind} {name!r}")
+    from nni.tools.package_utils import tuner_factory
+
+    if not isinstance(args, dict):
+        raise error(f"classArgs of {kind} {name!r} must be a mapping of name -> value")
+    try:
+        validator = tuner_factory.create_validator_instance(algo_type, name)
+        if validator is not None:
+            validator.validate_class_args(**args)
+    except ModuleNotFoundError as e:
+        raise error(_missing(name, kind, e)) from e
+    except Exception as e:  # NNI's validators raise schema errors and plain ValueErrors alike
+        raise error(f"invalid classArgs for {kind} {name!r}: {' '.join(str(e).split())}") from e
+    if validate_only:
+        return None
+    try:
+        return tuner_factory.create_builtin_class_instance(name, dict(args), algo_type)
+    except ModuleNotFoundError as e:
+        raise error(_missing(name, kind, e)) from e
+    except (TypeError, ValueError, RuntimeError, nni.NoMoreTrialError) as e:
+        raise error(f"{kind} {name!r} failed to start: {type(e).__name__}: {' '.join(str(e).split())}") from e
+
+
+def _missing(name: str, kind: str, e: ModuleNotFoundError) -> str:
+    how = _EXTRAS.get(name, f"pip install {e.name}")
+    return f"{kind} {name!r} needs the package {e.name!r}, which is not installed: {how}"
+
+
+def create_nni_tuner(name: str, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
+    """NNI's tuner ``name`` (a key of NNI_TUNER_NAMES, any case) with NNI's classArgs."""
+    key = normalized(name)
+    if key in NNI_ADVISOR_NAMES:
+        return create_nni_advisor(name, class_args, search_space)
+    nni_name = NNI_TUNER_NAMES[key]
+    return NniTuner(_build(nni_name, class_args, "tuners", TunerError), search_space, class_args, nni_name)
+
+
+def create_nni_advisor(name: str, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
+    """NNI's advisor ``name`` (Hyperband or BOHB, any case): a tuner that also decides
+    each trial's budget (the ``TRIAL_BUDGET`` parameter)."""
+    from .nniadvisors import NniAdvisor, build_advisor
+
+    nni_name = NNI_ADVISOR_NAMES[normalized(name)]
+    _build(nni_name, class_args, "tuners", TunerError, validate_only=True)
+    try:
+        advisor = build_advisor(nni_name, class_args)
+    except ModuleNotFoundError as e:
+        raise TunerError(_missing(nni_name, "advisor", e)) from e
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TunerError(f"advisor {nni_name!r} failed to start: {type(e).__name__}: {' '.join(str(e).split())}") from e
+    return NniAdvisor(advisor, search_space, class_args, nni_name)
+
+
+def create_nni_assessor(name: str, class_args: dict[str, Any]) -> Assessor:
+    """NNI's assessor ``name`` (Medianstop or Curvefitting, any case) with NNI's classArgs."""
+    nni_name = NNI_ASSESSOR_NAMES[normalized(name)]
+    return NniAssessor(_build(nni_name, class_args, "assessors", AssessorError))
+
+
+def nni_custom_tuner(class_name: str, cls: Any, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
+    """A user's own NNI tuner class (``className`` + ``codeDirectory``)."""
+    return NniTuner(_custom(class_name, cls, class_args, "tuner", TunerError), search_space, class_args, class_name)
+
+
+def nni_custom_assessor(class_name: str, cls: Any, class_args: dict[str, Any]) -> Assessor:
+    """A user's own NNI assessor class."""
+    return NniAssessor(_custom(class_name, cls, class_args, "assessor", AssessorError))
+
+
+def _custom(class_name: str, cls: Any, args: dict[str, Any], kind: str, error: type[TunerError]) -> Any:
+    ours = f"trialkeeper.coordinator.{kind}s.{kind.capitalize()}"
+    try:
+        import nni.assessor
+        import nni.tuner
+    except ImportError:
+        raise error(f"{kind} {class_name!r} is not a subclass of {ours} (and NNI, whose classes work too, is not installed)") from None
+    base = nni.tuner.Tuner if kind == "tuner" else nni.assessor.Assessor
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise error(f"{kind} {class_name!r} is not a subclass of {ours} nor of NNI's {base.__module__}.{base.__name__}")
+    if not isinstance(args, dict):
+        raise error(f"classArgs of {kind} {class_name!r} must be a mapping of name -> value")
+    try:
+        return cls(**args)
+    except Exception as e:
+        raise error(f"{kind} {class_name!r} failed to start: {type(e).__name__}: {' '.join(str(e).split())}") from e
+
+
+def _plain(value: Any) -> Any:
+    """NNI's tuners return numpy numbers here and there; trial parameters are plain JSON."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    item = getattr(value, "item", None)  # a numpy scalar
+    return item() if callable(item) and not isinstance(value, (str, bytes)) else value
+
+
+class NniTuner(Tuner):
+    """An NNI tuner instance speaking trialkeeper's Tuner interface."""
+
+    def __init__(self, tuner: Any, search_space: dict[str, Any], class_args: dict[str, Any], label: str) -> None:
+        mode = class_args.get("optimize_mode", "maximize")
+        super().__init__(search_space, optimize_mode=mode if mode in ("maximize", "minimize") else "maximize")
+        self.nni_tuner, self.label = tuner, label
+        self._no_more: type[BaseException] = _nni(label).NoMoreTrialError
+        # Trials that ran before a resume: NNI learns their results through import_data,
+        # since this instance never proposed them.
+        self._adopted: set[int] = set()
+        try:
+            tuner.update_search_space(search_space)
+        except Exception as e:
+            raise TunerError(f"tuner {label!r} refused the search space: {type(e).__name__}: {' '.join(str(e).split())}") from e
+
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        try:
+            params = self.nni_tuner.generate_parameters(parameter_id)
+        except self._no_more as e:
+            raise NoMoreTrials(f"{self.label}: {e}") from None
+        if params is None:
+            raise NoMoreTrials(f"{self.label} proposed nothing more")
+        params = _plain(params)
+        if not isinstance(params, dict):
+            # NNI's Batch tuner hands out the items of its one choice as they are.
+            raise TunerError(
+                f"tuner {self.label!r} proposed {params!r}, which is not a mapping of parameter names to values "
+                f"(with Batch, make the choice's items such mappings)"
+            )
+        return params
+
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
+        if parameter_id in self._adopted:
+            self._adopted.discard(parameter_id)
+            self.nni_tuner.import_data([{"parameter": parameters, "value": value}])
+            return
+        self.nni_tuner.receive_trial_result(parameter_id, parameters, value)
+
+    def trial_end(self, parameter_id: int, success: bool) -> None:
+        if parameter_id not in self._adopted:
+            self.nni_tuner.trial_end(parameter_id, success)
+
+    def resume(self, history: Sequence[PastTrial]) -> None:
+        import nni.tuner
+
+        if type(self.nni_tuner).import_data is nni.tuner.Tuner.import_data:
+            super().resume(history)  # it cannot import: replay instead
+            return
+        done = [{"parameter": t.parameters, "value": t.result} for t in history if t.status is not None and t.result is not None]
+        if done:
+            self.nni_tuner.import_data(done)
+        self._adopted.update(t.parameter_id for t in history if t.status is None)
+
+
+class NniAssessor(Assessor):
+    """An NNI assessor instance speaking trialkeeper's Assessor interface."""
+
+    def __init__(self, assessor: Any) -> None:
+        self.nni_assessor = assessor
+
+    def assess_trial(self, trial_id: str, history: Sequence[float]) -> bool:
+        verdict = self.nni_assessor.assess_trial(trial_id, list(history))
+        return bool(getattr(verdict, "value", verdict))  # AssessResult.Good.value is True
+
+    def trial_end(self, trial_id: str, success: bool) -> None:
+        self.nni_assessor.trial_end(trial_id, success)

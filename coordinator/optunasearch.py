@@ -1,0 +1,338 @@
+"""Optuna's samplers as a tuner and its pruners as an assessor.
+
+``tuner: {name: optuna, classArgs: {sampler: TPE, seed: 1, storage: sqlite:///s.db}}`` and
+``assessor: {name: optuna, classArgs: {pruner: median}}``. NNI's search-space types map to
+Optuna's distributions exactly (nested ``choice`` suggests its options' parameters only when
+chosen, under ``name/option/param``); a type Optuna cannot express is refused with the
+reason. With ``storage`` the study lives there, named after the experiment (or
+``study_name``), so ``optuna-dashboard`` and Optuna's analysis functions read it live.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .assessors import Assessor, AssessorError
+from .searchspace import SearchSpaceError, validate_search_space
+from .states import TrialStatus
+from .tuners import PastTrial, Tuner, TunerError, normalized
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OptunaAssessor", "OptunaTuner", "create_optuna_assessor", "create_optuna_tuner", "optuna_space_issues"]
+
+_PID_ATTR = "trialkeeper_parameter_id"
+_SAMPLERS = {"tpe": "TPESampler", "cmaes": "CmaEsSampler", "gp": "GPSampler", "nsgaii": "NSGAIISampler",
+             "nsga2": "NSGAIISampler", "qmc": "QMCSampler", "random": "RandomSampler"}
+_PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successivehalving": "SuccessiveHalvingPruner",
+            "sha": "SuccessiveHalvingPruner", "hyperband": "HyperbandPruner", "wilcoxon": "WilcoxonPruner"}
+# What a sampler needs beyond Optuna, imported when it is chosen so that a missing one is
+# named at start rather than at the first proposal Optuna hands to it.
+_NEEDS = {"CmaEsSampler": ("cmaes",), "GPSampler": ("torch", "scipy"), "QMCSampler": ("scipy",)}
+_UNMAPPABLE = {
+    "qloguniform": "Optuna has no quantized log-uniform distribution (its float step cannot be combined with log)",
+    "normal": "Optuna's distributions are bounded and normal is not",
+    "qnormal": "Optuna's distributions are bounded and qnormal is not",
+    "lognormal": "Optuna's distributions are bounded and lognormal is not",
+    "qlognormal": "Optuna's distributions are bounded and qlognormal is not",
+}
+
+
+def _optuna(what: str) -> Any:
+    try:
+        import optuna
+    except ImportError as e:
+        raise TunerError(f"{what} needs Optuna: install it with pip install 'trialkeeper[optuna]'") from e
+    return optuna
+
+
+# ---- search space ------------------------------------------------------------------------------
+
+
+def _multiple(x: float, q: float) -> bool:
+    return abs(round(x / q) * q - x) <= 1e-9 * max(1.0, abs(x))
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _nested(item: object) -> bool:
+    return isinstance(item, dict) and "_name" in item
+
+
+def _labels(items: list[Any]) -> list[Any] | None:
+    """The categorical choices of a ``choice``: its values (a nested option by its
+    ``_name``), or None when Optuna cannot hold them as they are (then: their indices)."""
+    labels = [item["_name"] if _nested(item) else item for item in items]
+    plain = all(v is None or isinstance(v, (bool, int, float, str)) for v in labels)
+    unique = len({(type(v), v) for v in labels}) == len(labels) if plain else False
+    return labels if plain and unique else None
+
+
+def optuna_space_issues(space: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """(path, reason) for each parameter Optuna cannot sample exactly as NNI would."""
+    issues: list[tuple[str, str]] = []
+    for name, spec in space.items():
+        path = f"{prefix}{name}"
+        kind, value = spec["_type"], spec["_value"]
+        if kind in _UNMAPPABLE:
+            issues.append((path, f"{kind} cannot be given to Optuna: {_UNMAPPABLE[kind]}"))
+        elif kind == "quniform" and not (_multiple(value[0], value[2]) and _multiple(value[1], value[2])):
+            issues.append((path, (
+                f"quniform {value} cannot be given to Optuna exactly: NNI rounds to multiples of q and clips to "
+                f"[low, high], Optuna steps from low; make low and high multiples of q")))
+        elif kind == "choice":
+            for item in value:
+                if _nested(item):
+                    sub = {k: v for k, v in item.items() if k != "_name"}
+                    issues += optuna_space_issues(sub, f"{path}/{item['_name']}/")
+    return issues
+
+
+def suggest(trial: Any, space: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Parameters in NNI's form for ``space``, sampled through ``trial`` (define-by-run)."""
+    out: dict[str, Any] = {}
+    for name, spec in space.items():
+        key = f"{prefix}{name}"
+        kind, v = spec["_type"], spec["_value"]
+        if kind == "choice":
+            labels = _labels(v)
+            picked = trial.suggest_categorical(key, labels if labels is not None else list(range(len(v))))
+            item = v[labels.index(picked)] if labels is not None else v[picked]
+            if _nested(item):
+                sub = {k: s for k, s in item.items() if k != "_name"}
+                item = {"_name": item["_name"], **suggest(trial, sub, f"{key}/{item['_name']}/")}
+            out[name] = item
+        elif kind == "randint":
+            out[name] = trial.suggest_int(key, v[0], v[1] - 1)
+        elif kind == "uniform":
+            out[name] = trial.suggest_float(key, v[0], v[1])
+        elif kind == "loguniform":
+            out[name] = trial.suggest_float(key, v[0], v[1], log=True)
+        elif kind == "quniform":
+            if all(_is_int(x) for x in v):
+                out[name] = trial.suggest_int(key, v[0], v[1], step=v[2])
+            else:
+                out[name] = float(f"{trial.suggest_float(key, v[0], v[1], step=v[2]):.15g}")
+        else:  # refused by optuna_space_issues before any trial
+            raise SearchSpaceError([(key, f"{kind} cannot be given to Optuna")])
+    return out
+
+
+def flatten(space: dict[str, Any], params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``params`` (NNI's form) as the flat Optuna parameters ``suggest`` would have set."""
+    out: dict[str, Any] = {}
+    for name, spec in space.items():
+        key, value = f"{prefix}{name}", params.get(name)
+        if spec["_type"] != "choice":
+            out[key] = value
+            continue
+        items, labels = spec["_value"], _labels(spec["_value"])
+        label = value["_name"] if isinstance(value, dict) and "_name" in value else value
+        if labels is not None:
+            out[key] = label
+        else:
+            out[key] = next((i for i, item in enumerate(items) if item == value), 0)
+        for item in items:
+            if _nested(item) and item["_name"] == label and isinstance(value, dict):
+                sub = {k: s for k, s in item.items() if k != "_name"}
+                out.update(flatten(sub, value, f"{key}/{label}/"))
+    return out
+
+
+# ---- samplers and pruners ------------------------------------------------------------------------
+
+
+def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: object, kind: str,
+          seed: int | None, error: type[TunerError]) -> Any:
+    if not isinstance(name, str) or normalized(name) not in table:
+        raise error(f"classArgs.{kind}: unknown Optuna {kind} {name!r}; valid: {', '.join(sorted(set(table)))}")
+    if not isinstance(args, dict):
+        raise error(f"classArgs.{kind}_args must be a mapping of argument -> value, got {args!r}")
+    cls = getattr(getattr(optuna, module), table[normalized(name)])
+    for package in _NEEDS.get(cls.__name__, ()):
+        try:
+            importlib.import_module(package)
+        except ImportError:
+            raise error(f"Optuna's {cls.__name__} needs the package {package!r}, which is not installed: pip install {package}") from None
+    kwargs = dict(args)
+    if seed is not None and "seed" not in kwargs and module == "samplers":
+        kwargs["seed"] = seed
+    try:
+        return cls(**kwargs)
+    except ImportError as e:
+        raise error(f"Optuna's {cls.__name__} needs a package that is not installed: {e}") from e
+    except (TypeError, ValueError) as e:
+        raise error(f"classArgs.{kind}_args for {cls.__name__}: {' '.join(str(e).split())}") from e
+
+
+def _direction(mode: object, error: type[TunerError]) -> str:
+    if mode not in ("maximize", "minimize"):
+        raise error(f"classArgs.optimize_mode must be 'maximize' or 'minimize', got {mode!r}")
+    return str(mode)
+
+
+def create_optuna_tuner(args: dict[str, Any], search_space: dict[str, Any], experiment_id: str | None) -> OptunaTuner:
+    """The Optuna tuner for ``tuner: {name: optuna, classArgs: args}``."""
+    allowed = {"sampler", "sampler_args", "optimize_mode", "seed", "storage", "study_name"}
+    unexpected = sorted(set(args) - allowed)
+    if unexpected:
+        raise TunerError(f"unexpected classArgs {', '.join(map(repr, unexpected))} for tuner 'optuna'; accepted: {', '.join(sorted(allowed))}")
+    return OptunaTuner(search_space, study_name=args.get("study_name") or f"trialkeeper-{experiment_id or 'experiment'}",
+                       **{k: v for k, v in args.items() if k != "study_name"})
+
+
+def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaAssessor:
+    """The Optuna pruner for ``assessor: {name: optuna, classArgs: args}``; it shares the
+    study of an Optuna tuner, else keeps a study of its own for the intermediate results."""
+    allowed = {"pruner", "pruner_args", "optimize_mode"}
+    unexpected = sorted(set(args) - allowed)
+    if unexpected:
+        raise AssessorError(f"unexpected classArgs {', '.join(map(repr, unexpected))} for assessor 'optuna'; accepted: {', '.join(sorted(allowed))}")
+    optuna = _optuna("assessor 'optuna'")
+    pruner = _make(optuna, "pruners", _PRUNERS, args.get("pruner", "median"), args.get("pruner_args", {}), "pruner", None, AssessorError)
+    if isinstance(tuner, OptunaTuner):
+        tuner.study.pruner = pruner
+        return OptunaAssessor(tuner.study, tuner)
+    direction = _direction(args.get("optimize_mode", getattr(tuner, "optimize_mode", "maximize")), AssessorError)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return OptunaAssessor(optuna.create_study(direction=direction, pruner=pruner), None)
+
+
+class OptunaTuner(Tuner):
+    """Proposes through an Optuna study with the sampler named in classArgs."""
+
+    def __init__(self, search_space: dict[str, Any], *, sampler: str = "TPE", sampler_args: dict[str, Any] | None = None,
+                 optimize_mode: str = "maximize", seed: int | None = None, storage: str | None = None,
+                 study_name: str = "trialkeeper") -> None:
+        validate_search_space(search_space)
+        issues = optuna_space_issues(search_space)
+        if issues:
+            raise SearchSpaceError([(f"search_space.{where}", why) for where, why in issues])
+        super().__init__(search_space, optimize_mode=_direction(optimize_mode, TunerError), seed=seed)
+        optuna = _optuna("tuner 'optuna'")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._optuna = optuna
+        made = _make(optuna, "samplers", _SAMPLERS, sampler, sampler_args or {}, "sampler", seed, TunerError)
+        try:
+            self.study = optuna.create_study(storage=storage, study_name=study_name, direction=optimize_mode,
+                                             sampler=made, load_if_exists=True)
+        except Exception as e:  # a bad URL, an unreachable database, another study's direction
+            raise TunerError(f"classArgs.storage {storage!r}: cannot open the study: {type(e).__name__}: {e}") from e
+        self._trials: dict[int, Any] = {}
+        self._finals: dict[int, float] = {}
+
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        trial = self.study.ask()
+        trial.set_user_attr(_PID_ATTR, parameter_id)
+        self._trials[parameter_id] = trial
+        return suggest(trial, self.search_space)
+
+    def trial(self, parameter_id: int) -> Any | None:
+        """The Optuna trial of ``parameter_id`` (None once it is told)."""
+        return self._trials.get(parameter_id)
+
+    def receive_intermediate_result(self, parameter_id: int, step: int, value: float) -> None:
+        trial = self._trials.get(parameter_id)
+        if trial is not None and math.isfinite(value):
+            trial.report(value, step)
+
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
+        self._finals[parameter_id] = value
+
+    def trial_end(self, parameter_id: int, success: bool) -> None:
+        trial = self._trials.pop(parameter_id, None)
+        value = self._finals.pop(parameter_id, None)
+        if trial is None:
+            return
+        state = self._optuna.trial.TrialState
+        if success and value is not None:
+            self.study.tell(trial, value)
+        elif value is not None:  # stopped early: Optuna's PRUNED keeps its intermediate results
+            self.study.tell(trial, state=state.PRUNED)
+        else:
+            self.study.tell(trial, state=state.FAIL)
+
+    def resume(self, history: Sequence[PastTrial]) -> None:
+        """Trials the study's storage holds are taken as they are; the others are told
+        again with their parameters, intermediate results and end."""
+        stored = {t.user_attrs.get(_PID_ATTR): t for t in self.study.get_trials(deepcopy=False)}
+        for t in history:
+            old = stored.get(t.parameter_id)
+            if old is not None and (t.status is not None or not old.state.is_finished()):
+                if not old.state.is_finished():
+                    self._trials[t.parameter_id] = self._optuna.trial.Trial(self.study, old._trial_id)
+                    self._report_missing(t)
+                    if t.status is not None:
+                        self._end(t)
+                continue
+            self.study.enqueue_trial(flatten(self.search_space, t.parameters), skip_if_exists=False)
+            self.generate_parameters(t.parameter_id)
+            self._report_missing(t)
+            if t.status is not None:
+                self._end(t)
+
+    def _report_missing(self, t: PastTrial) -> None:
+        trial = self._trials[t.parameter_id]
+        seen = trial.storage.get_trial(trial._trial_id).intermediate_values
+        for step, value in enumerate(t.intermediate):
+            if step not in seen:
+                self.receive_intermediate_result(t.parameter_id, step, value)
+
+    def _end(self, t: PastTrial) -> None:
+        if t.result is not None:
+            self.receive_trial_result(t.parameter_id, t.parameters, t.result)
+        self.trial_end(t.parameter_id, t.status is TrialStatus.SUCCEEDED)
+
+
+class OptunaAssessor(Assessor):
+    """An Optuna pruner: each intermediate result becomes ``trial.report(value, step)``
+    and the pruner's ``should_prune`` decides."""
+
+    def __init__(self, study: Any, tuner: OptunaTuner | None) -> None:
+        self.study, self.tuner = study, tuner
+        self._pid: dict[str, int] = {}
+        self._own: dict[str, Any] = {}  # without an Optuna tuner: this assessor's own trials
+        self._history: dict[str, list[float]] = {}
+
+    def trial_started(self, trial_id: str, parameter_id: int, parameters: dict[str, Any]) -> None:
+        self._pid[trial_id] = parameter_id
+        if self.tuner is None:
+            self._own[trial_id] = self.study.ask()
+
+    def assess_trial(self, trial_id: str, history: Sequence[float]) -> bool:
+        if self.tuner is not None:  # the tuner reported the result to the shared trial
+            trial = self.tuner.trial(self._pid.get(trial_id, -1))
+        else:
+            trial = self._own.get(trial_id)
+            if trial is not None:
+                done = self._history.setdefault(trial_id, [])
+                for step in range(len(done), len(history)):
+                    if math.isfinite(history[step]):
+                        trial.report(history[step], step)
+                done[:] = history
+        return trial is None or not trial.should_prune()
+
+    def trial_end(self, trial_id: str, success: bool) -> None:
+        self._pid.pop(trial_id, None)
+        trial, history = self._own.pop(trial_id, None), self._history.pop(trial_id, [])
+        if trial is None:
+            return
+        states = _optuna("assessor 'optuna'").trial.TrialState
+        if success and history:
+            self.study.tell(trial, history[-1])  # the pruners compare intermediate results only
+        else:
+            self.study.tell(trial, state=states.PRUNED if history else states.FAIL)
+
+    def resume(self, history: Sequence[PastTrial]) -> None:
+        if self.tuner is None:
+            super().resume(history)
+            return
+        for t in history:  # the Optuna tuner restored the shared study
+            if t.status is None:
+                self._pid[t.trial_id] = t.parameter_id

@@ -1,0 +1,220 @@
+"""NNI's tuners and assessors by name, under NNI's real package: the coordinator runs in
+the interpreter $TRIALKEEPER_NNI_PYTHON names (nni 3.0 and trialkeeper installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_script
+from nnienv import nni_python
+from trialkeeper.coordinator.algorithms import create_tuner
+from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.tuners import TunerError
+
+HERE = Path(__file__).resolve().parent
+RUN_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("nni") / "report.json"
+    proc = subprocess.run([nni_python(), str(HERE / "nni_search_check.py"), str(out)],
+                          check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(out.read_text()))
+
+
+def in_space(p: dict[str, Any]) -> bool:
+    return 0 <= p["x"] <= 1 and p["k"] in (1, 2, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["TPE", "tpe", "Random", "Evolution", "MetisTuner", "GP", "PBT"])
+def test_nni_tuners_by_name_and_alias_propose_points_of_the_space(report: dict[str, Any], name: str) -> None:
+    seen = report["tuners"][name]
+    assert seen["failure"] == "" and len(seen["points"]) == 8
+    assert all(in_space(p) for p in seen["points"]), seen["points"]
+
+
+@pytest.mark.slow
+def test_nni_grid_search_proposes_every_point_once_then_ends(report: dict[str, Any]) -> None:
+    seen = report["tuners"]["GridSearch"]
+    assert len({json.dumps(p, sort_keys=True) for p in seen["points"]}) == 8 and seen["failure"] == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "install"),
+    [("Anneal", "pip install hyperopt"), ("SMAC", "pip install 'nni[SMAC]'"), ("DNGO", "pip install 'nni[DNGO]'"),
+     ("PPO", "pip install 'nni[PPOTuner]'"), ("NetworkMorphism", "pip install torch")],
+)
+def test_a_tuner_whose_package_is_missing_says_what_to_install(report: dict[str, Any], name: str, install: str) -> None:
+    seen = report["tuners"][name]
+    if "error" in seen:
+        assert "which is not installed: " + install in seen["error"]
+    else:  # the package is there after all: then the tuner must work
+        assert seen["failure"] == "" and all(in_space(p) for p in seen["points"])
+
+
+@pytest.mark.slow
+def test_nni_errors_are_one_clear_line(report: dict[str, Any]) -> None:
+    errors = report["errors"]
+    if "BOHB" in errors:  # its extra packages are not installed: the error says which command installs them
+        assert errors["BOHB"].startswith("advisor 'BOHB' needs the package") and "pip install 'nni[BOHB]'" in errors["BOHB"]
+    assert errors["Hyperband"].startswith("invalid classArgs for advisor 'Hyperband': ") and "R" in errors["Hyperband"]
+    assert errors["nosuch"].startswith("unknown tuner 'nosuch'") and "TPE" in errors["nosuch"]
+    assert "'max' is not a valid OptimizeMode" in errors["TPE"]
+    assert errors["Medianstop"].startswith("invalid classArgs for assessor 'Medianstop': optimize_mode")
+    assert "refused the search space" in report["tuners"]["RegularizedEvolution"]["error"]
+
+
+@pytest.mark.slow
+def test_a_users_own_nni_tuner_by_class_name(report: dict[str, Any]) -> None:
+    assert report["user_tuner"] == [{"x": 9}, {"x": 8}, {"x": 7}]
+
+
+@pytest.mark.slow
+def test_nni_assessors_by_name_stop_a_bad_curve(report: dict[str, Any]) -> None:
+    median = report["assessors"]["Medianstop"]
+    assert median["stopped_at"] == [None, None, None, 0] and median["kept"]
+    curve = report["assessors"]["curvefitting"]
+    assert curve["failure"] == "" and curve["kept"] and curve["stopped_at"][0] is None
+    assert curve["stopped_at"][3] is not None  # the flat curve far below the others
+
+
+@pytest.mark.slow
+def test_resumed_nni_tuners_go_on_from_the_history(report: dict[str, Any]) -> None:
+    grid = report["grid_resume"]
+    assert [p["x"] for p in grid["first"]] == [0, 1, 2, 3]
+    # 4 was running at the resume and ended after it: neither it nor the first four again.
+    assert [p["x"] for p in grid["after"]] == [5, 6, 7, 8, 9]
+    tpe = report["tpe_resume"]
+    # Told 40 results peaking at 0.8, TPE proposes near it at once; a fresh one starts at random.
+    near = sum(abs(x - 0.8) < 0.1 for x in tpe["resumed"])
+    assert near >= 8 and near > sum(abs(x - 0.8) < 0.1 for x in tpe["fresh"])
+
+
+def run_cli(python: str, tmp_path: Path, config: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`trialkeeper run` in the NNI interpreter; the stored trials (in order) and metrics."""
+    (tmp_path / "config.yml").write_text(json.dumps({
+        "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path),
+        "trainingService": {"platform": "local"}, **config,
+    }))
+    exp = tmp_path / "exp"
+    proc = subprocess.run(
+        [python, "-m", "trialkeeper.coordinator.cli", "run", str(tmp_path / "config.yml"), "--experiment-dir", str(exp), "--quiet"],
+        check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        return sorted(store.trials(), key=lambda t: t["seq"]), store.metrics()
+    finally:
+        store.close()
+
+
+CURVE = """
+import time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+for step in range(10):
+    time.sleep(0.15)
+    trial.report_intermediate_result(p["x"])
+trial.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.slow
+def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
+    python = nni_python()
+    write_script(tmp_path, "trial.py", CURVE)
+    trials, metrics = run_cli(python, tmp_path, {
+        "trialConcurrency": 1, "maxTrialNumber": 8, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
+        "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 1}},
+    })
+    statuses = [TrialStatus(t["status"]) for t in trials]
+    assert len(trials) == 8 and set(statuses) == {TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED}, statuses
+    for t in trials:
+        n = sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
+        assert n == 10 if t["status"] == "SUCCEEDED" else 1 <= n < 10
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")
+def test_without_nni_its_names_say_what_to_install() -> None:
+    with pytest.raises(TunerError, match=r"tuner 'TPE' is one of NNI's algorithms, and NNI is not installed .*pip install 'trialkeeper\[nni\]'"):
+        create_tuner("TPE", None, {}, {"x": {"_type": "uniform", "_value": [0, 1]}})
+
+
+@pytest.mark.slow
+def test_hyperband_as_an_advisor_promotes_the_best_to_larger_budgets(report: dict[str, Any]) -> None:
+    hb = report["hyperband"]
+    assert hb["failure"] == ""
+    budgets = [p["TRIAL_BUDGET"] for p in hb["proposed"]]
+    assert budgets == [1] * 9 + [3] * 3 + [9]
+    first = [{k: v for k, v in p.items() if k != "TRIAL_BUDGET"} for p in hb["proposed"][:9]]
+    promoted = [{k: v for k, v in p.items() if k != "TRIAL_BUDGET"} for p in hb["proposed"][9:12]]
+    # The 3 promoted are the 3 best of the first 9 (their score is x).
+    assert sorted(p["x"] for p in promoted) == sorted(p["x"] for p in first)[-3:]
+    assert hb["proposed"][12]["x"] == max(p["x"] for p in promoted)
+
+
+BUDGETED = """
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+for step in range(int(p["TRIAL_BUDGET"])):
+    trial.report_intermediate_result(p["x"])
+trial.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.slow
+def test_trialkeeper_run_with_nni_hyperband_as_advisor(tmp_path: Path) -> None:
+    python = nni_python()
+    write_script(tmp_path, "trial.py", BUDGETED)
+    trials, _ = run_cli(python, tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": 4, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3, "exec_mode": "serial"}},
+    })
+    params = [json.loads(t["parameters_json"]) for t in trials]
+    assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3]
+    assert params[3]["x"] == max(p["x"] for p in params[:3])  # the best of the round, promoted
+    assert {t["status"] for t in trials} == {"SUCCEEDED"}
+
+
+@pytest.mark.slow
+def test_trialkeeper_resume_goes_on_with_nnis_grid_search_where_it_was(tmp_path: Path) -> None:
+    python = nni_python()
+    write_script(tmp_path, "trial.py", BUDGETED.replace('int(p["TRIAL_BUDGET"])', "2"))
+    base = {
+        "trialConcurrency": 2, "searchSpace": {"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}},
+        "tuner": {"className": "nni.algorithms.hpo.gridsearch_tuner.GridSearchTuner"},
+        "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize"}},
+    }
+    first, _ = run_cli(python, tmp_path, {**base, "maxTrialNumber": 3})
+    assert len(first) == 3
+    (tmp_path / "more.yml").write_text(json.dumps({
+        "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path),
+        "trainingService": {"platform": "local"}, **base, "maxTrialNumber": 6,
+    }))
+    proc = subprocess.run(
+        [python, "-m", "trialkeeper.coordinator.cli", "resume", str(tmp_path / "exp"), "--config", str(tmp_path / "more.yml"), "--quiet"],
+        check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    store = Store.in_dir(tmp_path / "exp", readonly=True)
+    try:
+        xs = [json.loads(t["parameters_json"])["x"] for t in sorted(store.trials(), key=lambda t: t["seq"])]
+    finally:
+        store.close()
+    # The resumed grid search was told the first three points: it proposes the other three.
+    assert xs[:3] == [json.loads(t["parameters_json"])["x"] for t in first]
+    assert sorted(xs) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]

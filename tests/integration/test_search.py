@@ -1,0 +1,176 @@
+"""Search end to end: real agents, real trial processes, the experiment loop driving a
+tuner and an assessor (built-in and Optuna's), a tuner that raises, and resume."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from conftest import build_config, run_async, write_script
+from trialkeeper.coordinator.experiment import LOG_FILENAME, resume_experiment, run_experiment
+from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.tuners import RandomTuner
+
+# Reports its parameter x as every intermediate result, `steps` times, then as final.
+CURVE = """
+import time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+for step in range({steps}):
+    time.sleep({pause})
+    trial.report_intermediate_result(p["x"])
+trial.report_final_result(p["x"])
+"""
+
+
+def _config(tmp_path: Path, steps: int, pause: float, **overrides: Any) -> Any:
+    write_script(tmp_path, "trial.py", CURVE.format(steps=steps, pause=pause))
+    return build_config(tmp_path, trialCommand=f"{sys.executable} trial.py", **overrides)
+
+
+def _metric_counts(exp: Path) -> dict[str, int]:
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        counts: dict[str, int] = {}
+        for m in store.metrics():
+            if m.kind == "intermediate":
+                counts[m.trial_id] = counts.get(m.trial_id, 0) + 1
+        return counts
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_the_median_assessor_stops_hopeless_trials_and_their_slot_takes_the_next_at_once(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path, steps=20, pause=0.15, trialConcurrency=1,
+        searchSpace={"x": {"_type": "choice", "_value": [0.5, 0.9, 0.1, 0.7, 0.2]}},
+        tuner={"name": "grid"}, assessor={"name": "median"},
+    )
+    result = run_async(run_experiment(config), timeout=120)
+    assert result.ok, result.reason
+    trials = result.trials
+    # Against the completed trials' running averages: 0.1 < median(0.5, 0.9), 0.2 < median(0.5, 0.7, 0.9).
+    assert [(t.parameters["x"], t.status) for t in trials] == [
+        (0.5, TrialStatus.SUCCEEDED), (0.9, TrialStatus.SUCCEEDED), (0.1, TrialStatus.EARLY_STOPPED),
+        (0.7, TrialStatus.SUCCEEDED), (0.2, TrialStatus.EARLY_STOPPED),
+    ]
+    counts = _metric_counts(result.experiment_dir)
+    for t in trials:
+        if t.status is TrialStatus.EARLY_STOPPED:
+            assert counts[t.id] < 20 and t.final_metric is None
+            assert "stopped early by the assessor" in t.reason
+    # The stopped trial's slot was given to the next trial before the stopped one had ended.
+    assert trials[3].submitted_at < trials[2].ended_at  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_optuna_tpe_with_successive_halving_mirrors_into_an_optuna_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    config = _config(
+        tmp_path, steps=6, pause=0.05, trialConcurrency=2, maxTrialNumber=10,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]},
+                     "opt": {"_type": "choice", "_value": ["adam", {"_name": "sgd", "m": {"_type": "uniform", "_value": [0, 1]}}]}},
+        tuner={"name": "optuna", "classArgs": {"sampler": "TPE", "seed": 1, "storage": url, "study_name": "mine"}},
+        assessor={"name": "optuna", "classArgs": {"pruner": "successive_halving", "pruner_args": {"min_resource": 1}}},
+    )
+    result = run_async(run_experiment(config), timeout=120)
+    assert result.ok, result.reason
+    study = optuna.load_study(study_name="mine", storage=url)
+    assert len(study.trials) == 10
+    expected = {TrialStatus.SUCCEEDED: "COMPLETE", TrialStatus.EARLY_STOPPED: "PRUNED"}
+    by_pid = {t.user_attrs["trialkeeper_parameter_id"]: t for t in study.trials}
+    counts = _metric_counts(result.experiment_dir)
+    for t in result.trials:
+        ot = by_pid[t.sequence_id]
+        assert ot.state.name == expected[t.status]
+        assert len(ot.intermediate_values) == counts[t.id]
+        assert ot.params["x"] == t.parameters["x"]
+        if t.status is TrialStatus.SUCCEEDED:
+            assert ot.value == t.final_metric
+
+
+BROKEN_TUNER = """
+from trialkeeper.coordinator.tuners import Tuner
+
+class Flaky(Tuner):
+    def generate_parameters(self, parameter_id):
+        if parameter_id == 2:
+            raise RuntimeError("lost its model")
+        return {"x": 0.1 * (parameter_id + 1)}
+"""
+
+
+def test_a_tuner_that_raises_ends_the_experiment_cleanly_with_its_traceback_logged(tmp_path: Path) -> None:
+    write_script(tmp_path, "flaky_tuner.py", BROKEN_TUNER)
+    config = _config(
+        tmp_path, steps=2, pause=0.0, trialConcurrency=1, maxTrialNumber=5,
+        tuner={"className": "flaky_tuner:Flaky", "codeDirectory": str(tmp_path)},
+    )
+    result = run_async(run_experiment(config), timeout=60)
+    assert not result.ok
+    assert result.reason == (
+        f"the tuner raised in generate_parameters: RuntimeError: lost its model (its traceback is in {LOG_FILENAME})"
+    )
+    assert [(t.status, t.final_metric) for t in result.trials] == [
+        (TrialStatus.SUCCEEDED, pytest.approx(0.1)), (TrialStatus.SUCCEEDED, pytest.approx(0.2))
+    ]
+    log_text = (result.experiment_dir / LOG_FILENAME).read_text()
+    assert "Traceback" in log_text and 'raise RuntimeError("lost its model")' in log_text
+    store = Store.in_dir(result.experiment_dir, readonly=True)
+    try:
+        assert store.experiment()["status"] == "FAILED"  # type: ignore[index]
+        assert len(store.metrics()) == 2 * 3
+    finally:
+        store.close()
+
+
+UNSENDABLE_TUNER = """
+from trialkeeper.coordinator.tuners import Tuner
+
+class Odd(Tuner):
+    def generate_parameters(self, parameter_id):
+        return {"x": 0.5} if parameter_id == 0 else {"x": {1, 2}}
+"""
+
+
+def test_parameters_that_cannot_be_submitted_end_the_experiment_with_the_reason(tmp_path: Path) -> None:
+    write_script(tmp_path, "odd_tuner.py", UNSENDABLE_TUNER)
+    config = _config(tmp_path, steps=1, pause=0.0, trialConcurrency=1, maxTrialNumber=3,
+                     tuner={"className": "odd_tuner:Odd", "codeDirectory": str(tmp_path)})
+    result = run_async(run_experiment(config), timeout=60)
+    assert not result.ok and "the tuner proposed parameters that cannot be submitted: parameters must be JSON-serialisable" in result.reason
+    assert [(t.status, t.final_metric) for t in result.trials] == [(TrialStatus.SUCCEEDED, 0.5)]
+
+
+SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tuner", ["random", "optuna"])
+def test_after_resume_the_search_goes_on_from_its_history(tmp_path: Path, tuner: str) -> None:
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    args = {"seed": 4} if tuner == "random" else {"seed": 4, "storage": url, "study_name": "s"}
+    first = _config(tmp_path, steps=2, pause=0.0, trialConcurrency=1, maxTrialNumber=3, searchSpace=SPACE,
+                    tuner={"name": tuner, "classArgs": args}, assessor={"name": "median"})
+    done = run_async(run_experiment(first), timeout=60)
+    assert done.ok, done.reason
+    more = _config(tmp_path, steps=2, pause=0.0, trialConcurrency=1, maxTrialNumber=6, searchSpace=SPACE,
+                   tuner={"name": tuner, "classArgs": args}, assessor={"name": "median"})
+    resumed = run_async(resume_experiment(done.experiment_dir, config=more), timeout=60)
+    assert resumed.ok, resumed.reason
+    xs = [t.parameters["x"] for t in resumed.trials]
+    assert len(xs) == 6 and xs[:3] == [t.parameters["x"] for t in done.trials]
+    if tuner == "random":
+        straight = RandomTuner(SPACE, seed=4)  # as if it had never stopped
+        assert xs == [straight.generate_parameters(i)["x"] for i in range(6)]
+    else:
+        study = optuna.load_study(study_name="s", storage=url)
+        assert [t.number for t in study.trials] == list(range(6))
+        assert [t.params["x"] for t in study.trials] == xs
+        assert [t.value for t in study.trials] == [t.final_metric for t in resumed.trials]

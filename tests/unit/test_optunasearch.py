@@ -1,0 +1,189 @@
+"""Optuna's samplers and pruners behind trialkeeper's interfaces, with the real optuna."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.optunasearch import flatten, optuna_space_issues
+from trialkeeper.coordinator.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
+from trialkeeper.coordinator.searchspace import SearchSpaceError, validate_search_space
+from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.tuners import PastTrial, TunerError
+
+SPACE: dict[str, Any] = {
+    "lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]},
+    "dropout": {"_type": "uniform", "_value": [0.0, 0.5]},
+    "layers": {"_type": "randint", "_value": [1, 4]},
+    "units": {"_type": "quniform", "_value": [32, 256, 32]},
+    "momentum": {"_type": "quniform", "_value": [0.0, 0.9, 0.3]},
+    "opt": {"_type": "choice", "_value": [
+        "adam",
+        {"_name": "sgd", "nesterov": {"_type": "choice", "_value": [True, False]},
+         "wd": {"_type": "loguniform", "_value": [1e-6, 1e-3]}},
+    ]},
+    "shape": {"_type": "choice", "_value": [[1, 2], [3, 4]]},
+}
+
+
+def check_in_space(p: dict[str, Any]) -> None:
+    assert 1e-4 <= p["lr"] <= 1e-1 and 0 <= p["dropout"] <= 0.5
+    assert p["layers"] in (1, 2, 3) and isinstance(p["layers"], int)
+    assert p["units"] in range(32, 257, 32) and isinstance(p["units"], int)
+    assert p["momentum"] in (0.0, 0.3, 0.6, 0.9)
+    assert p["shape"] in ([1, 2], [3, 4])
+    if p["opt"] == "adam":
+        return
+    assert p["opt"]["_name"] == "sgd" and set(p["opt"]) == {"_name", "nesterov", "wd"}
+    assert 1e-6 <= p["opt"]["wd"] <= 1e-3
+
+
+@pytest.mark.parametrize("sampler", ["TPE", "CMA-ES", "NSGA-II", "QMC", "random"])
+def test_each_sampler_proposes_points_of_the_space_in_nni_form(sampler: str) -> None:
+    tuner = create_tuner("optuna", None, {"sampler": sampler, "seed": 3}, SPACE)
+    search = Search(tuner)
+    for pid in range(12):
+        p = search.propose(pid)
+        assert p is not None
+        check_in_space(p)
+        validate_search_space(SPACE)
+        search.handle(TrialSubmitted(f"t{pid}", pid, p))
+        search.handle(TrialEnded(f"t{pid}", TrialStatus.SUCCEEDED, p["dropout"]))
+    assert search.failure == ""
+    trials = tuner.study.trials  # type: ignore[attr-defined]
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 12
+    # Nested choice: the option's parameters exist only when it is chosen.
+    for t in trials:
+        assert ("opt/sgd/wd" in t.params) == (t.params["opt"] == "sgd")
+
+
+def same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal, floats up to the noise NNI's tidy quantized values leave."""
+    return a.keys() == b.keys() and all(
+        a[k] == pytest.approx(b[k]) if isinstance(a[k], float) else a[k] == b[k] for k in a
+    )
+
+
+def test_flatten_is_what_suggest_set() -> None:
+    tuner = create_tuner("optuna", None, {"seed": 1}, SPACE)
+    for pid in range(8):
+        p = tuner.generate_parameters(pid)
+        assert same_params(flatten(SPACE, p), tuner.trial(pid).params)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"_type": "normal", "_value": [0, 1]}, "normal cannot be given to Optuna: Optuna's distributions are bounded"),
+        ({"_type": "qloguniform", "_value": [1, 100, 1]}, "Optuna has no quantized log-uniform"),
+        ({"_type": "quniform", "_value": [1, 10, 4]}, "make low and high multiples of q"),
+        ({"_type": "choice", "_value": [{"_name": "a", "s": {"_type": "lognormal", "_value": [0, 1]}}]}, "lognormal cannot"),
+    ],
+)
+def test_types_optuna_cannot_express_are_refused_with_the_reason(spec: dict[str, Any], reason: str) -> None:
+    issues = optuna_space_issues({"p": spec})
+    assert len(issues) == 1 and reason in issues[0][1]
+    with pytest.raises(SearchSpaceError) as info:
+        create_tuner("optuna", None, {}, {"p": spec})
+    assert reason in str(info.value) and "search_space.p" in str(info.value)
+
+
+def test_bad_optuna_class_args_are_named() -> None:
+    with pytest.raises(TunerError, match="unknown Optuna sampler 'sobol'; valid: cmaes, gp, nsga2"):
+        create_tuner("optuna", None, {"sampler": "sobol"}, SPACE)
+    with pytest.raises(TunerError, match="unexpected classArgs 'pruner' for tuner 'optuna'"):
+        create_tuner("optuna", None, {"pruner": "median"}, SPACE)
+    with pytest.raises(TunerError, match="classArgs.sampler_args for TPESampler"):
+        create_tuner("optuna", None, {"sampler_args": {"n_startup": 3}}, SPACE)
+
+
+def feed(search: Search, tid: str, pid: int, curve: list[float]) -> TrialStatus:
+    p = search.propose(pid)
+    assert p is not None
+    search.handle(TrialSubmitted(tid, pid, p))
+    for v in curve:
+        if search.handle(IntermediateStored(tid, v)):
+            search.handle(TrialEnded(tid, TrialStatus.EARLY_STOPPED, None))
+            return TrialStatus.EARLY_STOPPED
+    search.handle(TrialEnded(tid, TrialStatus.SUCCEEDED, curve[-1]))
+    return TrialStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("tuner_name", ["optuna", "random"])
+@pytest.mark.parametrize("pruner", ["median", "percentile", "successive halving", "hyperband", "wilcoxon"])
+def test_pruners_stop_a_bad_curve_and_keep_good_ones(tuner_name: str, pruner: str) -> None:
+    tuner = create_tuner(tuner_name, None, {"seed": 0}, SPACE)
+    args: dict[str, Any] = {
+        "median": {"pruner_args": {"n_startup_trials": 2, "n_warmup_steps": 1}},
+        "percentile": {"pruner_args": {"percentile": 50.0, "n_startup_trials": 2, "n_warmup_steps": 1}},
+        "successive halving": {"pruner_args": {"min_resource": 1, "reduction_factor": 2}},
+        "hyperband": {"pruner_args": {"min_resource": 1, "max_resource": 8, "reduction_factor": 2}},
+        "wilcoxon": {"pruner_args": {"p_threshold": 0.1, "n_startup_steps": 1}},
+    }[pruner]
+    search = Search(tuner, create_assessor("optuna", None, {"pruner": pruner, **args}, tuner=tuner))
+    good = [0.5 + 0.05 * i for i in range(8)]
+    for i in range(8):
+        assert feed(search, f"g{i}", i, good) is TrialStatus.SUCCEEDED
+    bad = [0.01 * i for i in range(8)]
+    ends = [feed(search, f"bad{i}", 8 + i, bad) for i in range(4)]
+    # Hyperband puts each trial in one of its brackets, and judges it against that bracket.
+    stopped = [e is TrialStatus.EARLY_STOPPED for e in ends]
+    assert any(stopped) if pruner == "hyperband" else all(stopped)
+    assert search.failure == ""
+
+
+def test_storage_holds_the_study_and_a_resume_goes_on_from_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    args = {"sampler": "TPE", "sampler_args": {"n_startup_trials": 3}, "seed": 5, "storage": url}
+    first = create_tuner("optuna", None, args, SPACE, experiment_id="e1")
+    search = Search(first)
+    history = []
+    for pid in range(5):
+        p = search.propose(pid)
+        assert p is not None
+        search.handle(TrialSubmitted(f"t{pid}", pid, p))
+        search.handle(IntermediateStored(f"t{pid}", p["dropout"] / 2))
+        if pid < 4:
+            search.handle(TrialEnded(f"t{pid}", TrialStatus.SUCCEEDED, p["dropout"]))
+        history.append(PastTrial(f"t{pid}", pid, p, (p["dropout"] / 2,), p["dropout"] if pid < 4 else None,
+                                 TrialStatus.SUCCEEDED if pid < 4 else None))
+    study = optuna.load_study(study_name="trialkeeper-e1", storage=url)  # what optuna-dashboard reads
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4 + ["RUNNING"]
+    assert study.best_value == max(h.final for h in history if h.final is not None)
+    assert study.trials[0].intermediate_values == {0: history[0].parameters["dropout"] / 2}
+
+    # A new coordinator: the tuner is rebuilt, hears the history, the running trial ends.
+    resumed_tuner = create_tuner("optuna", None, args, SPACE, experiment_id="e1")
+    resumed = Search(resumed_tuner)
+    resumed.resume(history)
+    resumed.handle(TrialEnded("t4", TrialStatus.SUCCEEDED, 0.42))
+    p = resumed.propose(5)
+    assert p is not None
+    study = optuna.load_study(study_name="trialkeeper-e1", storage=url)
+    assert len(study.trials) == 6 and study.trials[4].value == 0.42 and study.trials[5].number == 5
+
+
+def test_an_in_memory_study_is_rebuilt_from_the_history_on_resume() -> None:
+    args = {"seed": 2}
+    history = [PastTrial(f"t{i}", i, p, (0.1 * i,), 0.1 * i, TrialStatus.SUCCEEDED)
+               for i, p in enumerate(create_tuner("optuna", None, args, SPACE).generate_parameters(i) for i in range(4))]
+    tuner = create_tuner("optuna", None, args, SPACE)
+    Search(tuner).resume(history)
+    trials = tuner.study.trials  # type: ignore[attr-defined]
+    assert [t.value for t in trials] == [0.0, 0.1, 0.2, pytest.approx(0.3)]
+    assert all(same_params(flatten(SPACE, h.parameters), t.params) for h, t in zip(history, trials))
+
+
+def test_the_gp_sampler_works_or_names_what_to_install() -> None:
+    import importlib.util
+
+    missing = [m for m in ("torch", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        with pytest.raises(TunerError, match=f"Optuna's GPSampler needs the package '{missing[0]}', which is not installed: pip install {missing[0]}"):
+            create_tuner("optuna", None, {"sampler": "GP"}, SPACE)
+    else:
+        tuner = create_tuner("optuna", None, {"sampler": "GP", "seed": 0}, SPACE)
+        check_in_space(tuner.generate_parameters(0))
