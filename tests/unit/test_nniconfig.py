@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trialkeeper.coordinator.config import ConfigError, parse_config
 from nni_python import nni_python
+from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.nniconfig import FIELDS, canonical
-
 
 REPO = Path(__file__).resolve().parents[2]
 
