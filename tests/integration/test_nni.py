@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import wait_until
 from nni_python import nni_python
-from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
+from sshd import Credentials, Machine, one_machine
 from trialkeeper.coordinator import cli
 
 RUN_TIMEOUT_S = 180.0
@@ -206,20 +206,8 @@ def test_malformed_and_oversized_lines_become_notes_and_the_trial_goes_on(tmp_pa
 
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Machine, Credentials, Path]]:
-    base = tmp_path_factory.mktemp("sshd")
-    try:
-        creds = make_credentials(base / "credentials")
-        m = start_machine("m1", base, creds)
-    except SshdUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"the remote NNI tests need sshd and could not start it: {e}")
-        pytest.skip(f"sshd cannot run here: {e}")
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(m.known_hosts_line + "\n")
-    try:
-        yield m, creds, known_hosts
-    finally:
-        m.stop()
+    with one_machine(tmp_path_factory.mktemp("sshd"), "the remote NNI tests") as found:
+        yield found
 
 
 @pytest.mark.slow
