@@ -7,10 +7,8 @@ the agent's Unix socket (see :mod:`trialkeeper.agent.trial`), are checked, numbe
 trial and handed to the session in order. Datagrams need no connection to be accepted, so
 once a trial's process tree is gone everything it sent is already queued on the socket:
 the runner drains it before reporting the end, and no report can arrive late.
-
-Trials written for NNI get NNI's environment and ``parameter.cfg`` too, and the results
-they print on their stdout are read from ``stdout.log`` (see :mod:`.nnicompat`) onto the
-same path, the rest of the file read before the end is reported.
+Results that trials written for NNI print are read from ``stdout.log`` (:mod:`.nnicompat`),
+the rest of it before the end is reported.
 """
 
 from __future__ import annotations
@@ -496,18 +494,13 @@ class TrialRunner:
 
     def _read_nni_lines(self, t: _Trial, final: bool = False) -> None:
         try:
-            lines = t.nni_lines.scan(final=final)
-        except OSError as e:
-            log.warning("trial %s: cannot read its stdout for NNI metrics: %s", t.spec.trial_id, e)
-            return
-        for line in lines:
-            if line.problem:
-                _note(t, f"refused {line.problem}")
-            elif line.kind:
-                try:
+            for line in t.nni_lines.scan(final=final):
+                if line.problem:
+                    _note(t, f"refused {line.problem}")
+                elif line.kind:
                     self._accept(t, line.kind, line.value)
-                except Exception:  # whatever a trial prints, its end is still reported
-                    log.exception("trial %s: an NNI result could not be handled", t.spec.trial_id)
+        except Exception:  # whatever a trial prints, its end is still reported
+            log.exception("trial %s: could not read the NNI results on its stdout", t.spec.trial_id)
 
     def _accept(self, t: _Trial, kind: object, value: object) -> None:
         """Check a result however it came and hand it on, numbered in the trial's order."""

@@ -11,20 +11,30 @@ README's "Coming from NNI" table is that list.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .configrules import Issues, join_path, show
+from .configrules import Issues, join_path, show, to_camel
+from .platforms import config_class
 
-__all__ = ["FIELDS", "NniField", "canonical", "translate"]
+__all__ = ["FIELDS", "NniField", "NniStatus", "canonical", "translate"]
 
 
 def canonical(key: str) -> str:
     """A key as NNI compares it: lower case, without underscores."""
     return key.lower().replace("_", "")
+
+
+class NniStatus(str, enum.Enum):
+    SAME = "same"  # the same name and meaning here
+    TRANSLATED = "translated"  # NNI's form taken and turned into this project's
+    REFUSED = "refused"  # no counterpart: the config is refused, naming what to write instead
+    SEARCH = "search"  # the tuner, assessor and advisor: the search settings' own rules
 
 
 @dataclass(frozen=True)
@@ -33,12 +43,12 @@ class NniField:
 
     scope: str  # "" (top level), "trainingService", a platform, "machineList[]", "sharedStorage"
     name: str  # NNI's camelCase name
-    status: str  # "same" | "translated" | "refused" | "search" (the search settings' own rules)
+    status: NniStatus
     note: str = ""
 
 
 def _f(scope: str, names: str, status: str, note: str = "") -> list[NniField]:
-    return [NniField(scope, name, status, note) for name in names.split()]
+    return [NniField(scope, name, NniStatus(status), note) for name in names.split()]
 
 
 _K8S_ROLES = (
@@ -131,7 +141,7 @@ def translate(data: object) -> tuple[object, Issues]:
 
 def _refuse_fields(section: dict[Any, Any], scope: str, path: str, issues: Issues) -> None:
     for f in _BY_SCOPE.get(scope, {}).values():
-        if f.status == "refused":
+        if f.status is NniStatus.REFUSED:
             key, value = _take(section, f.name)
             if value is not None:
                 issues.append((join_path(path, key), f"NNI's {f.name} is not supported here: {f.note}"))
@@ -159,12 +169,9 @@ def _service(top: dict[Any, Any], service: dict[Any, Any], path: str, issues: Is
 
 def _platform_has(platform: str, name: str) -> bool:
     """Whether this platform's own section declares `name` (openpai has trialGpuNumber)."""
-    from .configwalk import specs
-    from .platforms import config_class
-
     try:
-        return any(s.camel == name for s in specs(config_class(platform)))
-    except (KeyError, ImportError):
+        return any(to_camel(f.name) == name for f in dataclasses.fields(config_class(platform)))
+    except (KeyError, ImportError):  # the walker names an unknown or broken platform
         return False
 
 

@@ -231,3 +231,24 @@ def test_sklearn_trial_on_remote_with_nnis_python_path(
     out = capfd.readouterr()
     _check_sklearn(exp, subprocess.CompletedProcess([], rc, out.out, out.err))
     wait_until(lambda: not m.processes(), timeout=15.0, message="processes left on the machine")
+
+
+# ---- the benchmark's NNI stage ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_nni_benchmark_stage_runs_both_sides_and_produces_figures(tmp_path: Path) -> None:
+    python = nni_python()
+    bench = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "run.py"
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(bench), "--smoke", "--only", "nni", "--nni-python", str(python), "--json", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]["nni"]
+    for side in ("trialkeeper", "nni"):
+        r = results[side]
+        assert "error" not in r, r
+        assert r["ok"] == results["n"] and r["wall_s"] > 0 and r["start_s"] and r["floor_start_s"], r
+    assert results["trialkeeper"]["metrics_stored"] == 4 * results["n"]

@@ -55,7 +55,7 @@ def test_the_readme_table_lists_every_field() -> None:
     section = readme.split("## Coming from NNI", 1)[1].split("\n## ", 1)[0]
     for f in FIELDS:
         scope = f"{f.scope}." if f.scope else ""
-        assert f"| `{scope}{f.name}` | {f.status} |" in section, (f.scope, f.name)
+        assert f"| `{scope}{f.name}` | {f.status.value} |" in section, (f.scope, f.name)
 
 
 def _parse(data: dict[str, Any], tmp_path: Path) -> Any:
