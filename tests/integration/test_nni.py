@@ -246,9 +246,12 @@ def test_the_nni_benchmark_stage_runs_both_sides_and_produces_figures(tmp_path: 
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(out.read_text())["results"]["nni"]
+    data = json.loads(out.read_text())
+    results = data["results"]["nni"]
     for side in ("trialkeeper", "nni"):
-        r = results[side]
+        [r] = results[side]
         assert "error" not in r, r
         assert r["ok"] == results["n"] and r["wall_s"] > 0 and r["start_s"] and r["floor_start_s"], r
-    assert results["trialkeeper"]["metrics_stored"] == 4 * results["n"]
+    assert results["trialkeeper"][0]["metrics_stored"] == 4 * results["n"] and len(results["trialkeeper"][0]["floor_wall_s"]) == 2
+    figures = [row["figure"] for row in data["table"]]
+    assert sum(f.startswith("8. NNI trial start") for f in figures) == 2 and sum(": wall (s)" in f for f in figures) == 2, figures
