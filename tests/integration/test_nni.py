@@ -211,12 +211,16 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Machine,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("reuse", [True, False], ids=["reuse", "no-reuse"])
+@pytest.mark.parametrize(
+    "reuse,trial_python", [(True, ""), (False, ""), (True, "TRIALKEEPER_NNI2_PYTHON")], ids=["reuse", "no-reuse", "nni2-trial"]
+)
 def test_sklearn_trial_on_remote_with_nnis_python_path(
-    tmp_path: Path, machine: tuple[Machine, Credentials, Path], reuse: bool, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, machine: tuple[Machine, Credentials, Path], reuse: bool, trial_python: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     m, creds, known_hosts = machine
     bindir = nni_python().parent
+    # The agent runs under pythonPath; a trial may name another interpreter (nni 2.10.1).
+    command = f"{nni_python(trial_python)} trial.py" if trial_python else "python3 trial.py"
     entry = {
         "host": m.host, "port": m.port, "user": creds.user, "sshKeyFile": str(creds.key_file),
         "sshPassphrase": creds.passphrase,
@@ -224,7 +228,7 @@ def test_sklearn_trial_on_remote_with_nnis_python_path(
         "pythonPath": str(bindir),
     }
     service = {"platform": "remote", "reuseMode": reuse, "knownHostsFile": str(known_hosts), "machineList": [entry]}
-    data = _nni_config(tmp_path / "code", "python3 trial.py", service, nniManagerIp="127.0.0.1")
+    data = _nni_config(tmp_path / "code", command, service, nniManagerIp="127.0.0.1")
     config = _write(tmp_path / "code", SKLEARN_TRIAL, data)
     exp = tmp_path / "exp"
     rc = cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)])
