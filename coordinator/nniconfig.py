@@ -51,16 +51,19 @@ def _f(scope: str, names: str, status: str, note: str = "") -> list[NniField]:
     return [NniField(scope, name, NniStatus(status), note) for name in names.split()]
 
 
-_K8S_ROLES = (
-    "each trial runs as one pod: give its resources as image, cpuNumber, memorySize and gpuNumber "
-    "in trainingService and its command as trialCommand"
+_K8S_DISTRIBUTED = (
+    "each trial runs as one pod here, so distributed roles are not run: give one worker "
+    "(replicas: 1), or image, cpuNumber, memorySize and gpuNumber in trainingService"
 )
+_K8S_ROLE = (
+    "its one role (replicas or taskNumber 1) gives the pod: dockerImage as image, command as trialCommand, "
+    "gpuNumber, cpuNumber, memorySize (NNI's sizes: a bare number is MB)"
+)
+_K8S_STORAGE = "storageType nfs becomes nfs: {server, path}; for Azure storage give persistentVolumeClaim instead"
 _EXPAND = (
     "expand the annotations once with NNI's `nni.tools.annotation.expand_annotations` and point "
     "trialCodeDirectory at the result"
 )
-_K8S_STORAGE = "give the storage as nfs: {server, path} or persistentVolumeClaim in trainingService"
-
 FIELDS: tuple[NniField, ...] = (
     *_f("", "experimentName searchSpaceFile searchSpace trialCommand trialCodeDirectory trialConcurrency "
         "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory "
@@ -90,11 +93,13 @@ FIELDS: tuple[NniField, ...] = (
     *_f("dlc", "type image jobType podCount ecsSpec region workspaceId nasDataSourceId ossDataSourceId "
         "accessKeyId accessKeySecret localStorageMountPoint containerStorageMountPoint", "same"),
     *_f("kubeflow", "operator apiVersion namespace reuseMode", "same"),
-    *_f("kubeflow", "worker ps master", "refused", _K8S_ROLES),
-    *_f("kubeflow", "storage", "refused", _K8S_STORAGE),
+    *_f("kubeflow", "worker", "translated", _K8S_ROLE + "; codeDirectory as trialCodeDirectory"),
+    *_f("kubeflow", "ps master", "refused", _K8S_DISTRIBUTED),
+    *_f("kubeflow", "storage", "translated", _K8S_STORAGE),
     *_f("frameworkcontroller", "serviceAccountName namespace reuseMode", "same"),
-    *_f("frameworkcontroller", "taskRoles", "refused", _K8S_ROLES),
-    *_f("frameworkcontroller", "storage", "refused", _K8S_STORAGE),
+    *_f("frameworkcontroller", "taskRoles", "translated", _K8S_ROLE + "; name as taskRoleName; with one task its "
+        "frameworkAttemptCompletionPolicy is met by the trial's own end"),
+    *_f("frameworkcontroller", "storage", "translated", _K8S_STORAGE),
     *_f("sharedStorage", "storageType localMountPoint remoteMountPoint localMounted storageAccountName "
         "storageAccountKey containerName nfsServer exportedDirectory", "same"),
 )
@@ -164,7 +169,64 @@ def _service(top: dict[Any, Any], service: dict[Any, Any], path: str, issues: Is
     size_key = _key(service, "trialMemorySize") if scope == "openpai" else None
     if size_key is not None:
         service[size_key] = _nni_size(service[size_key])
+    if scope in ("kubeflow", "frameworkcontroller"):
+        _k8s_storage(service, path, issues)
+        role_key = _key(service, "worker" if scope == "kubeflow" else "taskRoles")
+        if role_key is not None:
+            _k8s_role(top, service, service.pop(role_key), join_path(path, role_key), issues)
     return service
+
+
+# NNI's role fields -> this project's trainingService fields.
+_ROLE_FIELDS = {"dockerimage": "image", "gpunumber": "gpuNumber", "cpunumber": "cpuNumber", "name": "taskRoleName"}
+
+
+def _k8s_role(top: dict[Any, Any], service: dict[Any, Any], role: object, path: str, issues: Issues) -> None:
+    """NNI's one worker (kubeflow) or task role (frameworkcontroller) as this pod's settings."""
+    if isinstance(role, list):  # frameworkcontroller's taskRoles
+        if len(role) != 1:
+            issues.append((path, f"give one task role, not {len(role)}: {_K8S_DISTRIBUTED}"))
+            return
+        path, role = f"{path}[0]", role[0]
+    if not isinstance(role, Mapping):
+        issues.append((path, f"expected a mapping, got {show(role)}"))
+        return
+    for key, value in role.items():
+        name = canonical(key) if isinstance(key, str) else ""
+        where = join_path(path, str(key))
+        if name in ("replicas", "tasknumber"):
+            if value != 1:
+                issues.append((where, f"expected 1, got {show(value)}: {_K8S_DISTRIBUTED}"))
+        elif name in _ROLE_FIELDS:
+            service[_ROLE_FIELDS[name]] = value
+        elif name == "memorysize":
+            service["memorySize"] = _nni_size(value)
+        elif name in ("command", "codedirectory"):
+            field_name = "trialCommand" if name == "command" else "trialCodeDirectory"
+            given = top.get(_key(top, field_name))
+            if given is not None and given != value:
+                issues.append((where, f"differs from {field_name} ({show(given)}); give it once"))
+            else:
+                _take(top, field_name)
+                top[field_name] = value
+        elif name != "frameworkattemptcompletionpolicy":  # one task: its end is the trial's
+            issues.append((where, "unknown key of an NNI role; " + _K8S_ROLE))
+
+
+def _k8s_storage(service: dict[Any, Any], path: str, issues: Issues) -> None:
+    """NNI's `storage: {storageType: nfs, server, path}` as `nfs: {server, path}`."""
+    key, storage = _take(service, "storage")
+    if storage is None:
+        return
+    where = join_path(path, key)
+    if not isinstance(storage, Mapping):
+        issues.append((where, f"expected a mapping, got {show(storage)}"))
+        return
+    kind = storage.get(_key(storage, "storageType")) or storage.get(_key(storage, "storage"))
+    if kind != "nfs":
+        issues.append((where, f"NNI's storage {show(kind)} is not supported here: {_K8S_STORAGE}"))
+        return
+    service["nfs"] = {"server": storage.get(_key(storage, "server")), "path": storage.get(_key(storage, "path"))}
 
 
 def _platform_has(platform: str, name: str) -> bool:

@@ -149,13 +149,36 @@ def test_debug_means_log_level_debug(tmp_path: Path) -> None:
             "trainingService.openpaiConfigFile",
             "trialCpuNumber",
         ),
-        ({"trainingService": {"platform": "kubeflow", "worker": {"replicas": 1}}}, "trainingService.worker", "one pod"),
-        ({"trainingService": {"platform": "frameworkcontroller", "storage": {"storageType": "nfs"}}}, "trainingService.storage", "nfs"),
+        ({"trainingService": {"platform": "kubeflow", "image": "i", "ps": {"replicas": 1}}}, "trainingService.ps", "one pod"),
+        ({"trainingService": {"platform": "kubeflow", "worker": {"replicas": 2}}}, "trainingService.worker.replicas", "one pod"),
+        (
+            {"trainingService": {"platform": "frameworkcontroller", "image": "i", "storage": {"storageType": "azureStorage"}}},
+            "trainingService.storage",
+            "persistentVolumeClaim",
+        ),
     ],
 )
 def test_nni_fields_without_a_counterpart_are_refused_by_name(tmp_path: Path, change: dict[str, Any], where: str, words: str) -> None:
     errors = _errors(NNI_LOCAL | change, tmp_path)
     assert where in errors and words in errors[where], errors
+
+
+def test_nnis_kubeflow_and_frameworkcontroller_roles_are_the_pod(tmp_path: Path) -> None:
+    role = {"command": "python3 mnist.py", "gpuNumber": 1, "cpuNumber": 2, "memorySize": 8192, "dockerImage": "msranni/nni:latest"}
+    base = {k: v for k, v in NNI_LOCAL.items() if k not in ("trialCommand", "trialGpuNumber")}
+    storage = {"storageType": "nfs", "server": "10.0.0.1", "path": "/exports/nni"}
+    kubeflow = _parse(base | {"trainingService": {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
+                                                    "storage": storage, "worker": role | {"replicas": 1, "codeDirectory": "."}}}, tmp_path)
+    fc = _parse(base | {"trainingService": {"platform": "frameworkcontroller", "storage": storage, "taskRoles": [
+        role | {"name": "worker", "taskNumber": 1, "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}]}}, tmp_path)
+    for config in (kubeflow, fc):
+        ts = config.training_service
+        assert config.trial_command == "python3 mnist.py"
+        assert (ts.image, ts.gpu_number, ts.cpu_number, ts.memory_size) == ("msranni/nni:latest", 1, 2.0, 8192 * 2**20)
+        assert (ts.nfs.server, ts.nfs.path) == ("10.0.0.1", "/exports/nni")
+    assert kubeflow.training_service.operator == "tfjob" and fc.training_service.task_role_name == "worker"
+    twice = _errors(NNI_LOCAL | {"trainingService": {"platform": "kubeflow", "worker": role | {"command": "python3 b.py"}}}, tmp_path)
+    assert "give it once" in twice["trainingService.worker.command"]
 
 
 def test_openpai_memory_sizes_keep_nnis_meaning(tmp_path: Path) -> None:
