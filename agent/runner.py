@@ -7,6 +7,8 @@ the agent's Unix socket (see :mod:`trialkeeper.agent.trial`), are checked, numbe
 trial and handed to the session in order. Datagrams need no connection to be accepted, so
 once a trial's process tree is gone everything it sent is already queued on the socket:
 the runner drains it before reporting the end, and no report can arrive late.
+Results that trials written for NNI print are read from ``stdout.log`` (:mod:`.nnicompat`),
+the rest of it before the end is reported.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 import psutil
 from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
-from . import processes
+from . import nnicompat, processes
 from . import trial as sdk
 from .codecopy import copy_tree, prune_copy
 from .metric_socket import MetricSocket
@@ -120,6 +122,8 @@ class _Trial:
         self.metric_index = spec.first_metric_index
         self.final_reported = False
         self.log_offsets = {"stdout": 0, "stderr": 0}
+        # Results of trials written for NNI, printed on their stdout.
+        self.nni_lines = nnicompat.NniStdoutScanner(directory / "stdout.log")
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -177,8 +181,7 @@ class TrialRunner:
         sock = MetricSocket(self.socket_name)
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
-        if self.stream_logs:
-            self._log_task = asyncio.create_task(self._tail_logs_forever())
+        self._log_task = asyncio.create_task(self._tail_logs_forever())
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
@@ -240,6 +243,7 @@ class TrialRunner:
         (t.dir / "output").mkdir(parents=True, exist_ok=True)
         param_file = t.dir / "parameter.json"
         param_file.write_text(spec.parameters_json, encoding="utf-8")
+        nnicompat.write_parameter_cfg(t.dir, spec.sequence_id, spec.parameters_json)
         env = dict(self.base_env)
         env.update(spec.env)
         cwd = spec.working_directory or str(t.dir)
@@ -255,14 +259,13 @@ class TrialRunner:
                 "CUDA_VISIBLE_DEVICES": spec.visible_devices,
                 # NVML numbers GPUs in PCI bus order; make CUDA agree with the indices given.
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                # The names trials written for NNI look up.
-                "NNI_PLATFORM": "trialkeeper",
-                "NNI_EXP_ID": spec.experiment_id,
-                "NNI_TRIAL_JOB_ID": spec.trial_id,
-                "NNI_TRIAL_SEQ_ID": str(spec.sequence_id),
-                "NNI_SYS_DIR": str(t.dir),
-                "NNI_OUTPUT_DIR": str(t.dir / "output"),
             }
+        )
+        env.update(
+            nnicompat.nni_environment(
+                trial_id=spec.trial_id, sequence_id=spec.sequence_id, experiment_id=spec.experiment_id,
+                sys_dir=t.dir, output_dir=t.dir / "output",
+            )
         )
         env.pop(sdk.ENV_STANDALONE, None)
         # Trials find the agent's own Python first (and so the trial SDK), as NNI's
@@ -335,8 +338,10 @@ class TrialRunner:
         if processes.group_alive(t.proc.pid):
             await processes.terminate_tree(t.proc.pid, t.proc.pid, 2.0)
         await self._end_strays(spec.trial_id)
-        # Every datagram the tree sent is in the socket's queue now that the tree is gone.
+        # Every datagram the tree sent is in the socket's queue now that the tree is gone,
+        # and every line it printed in its stdout log.
         self._on_readable()
+        self._read_nni_lines(t, final=True)
         self._flush_logs(t)
         if returncode < 0 and t.cancel_reason is None and not self.host_stopping.is_set():
             # A platform taking the environment down (scancel, a pod deleted) signals all of
@@ -485,6 +490,20 @@ class TrialRunner:
         if t is None:
             log.warning("a metric for unknown trial %r was refused", trial_id)
             return
+        self._accept(t, kind, value)
+
+    def _read_nni_lines(self, t: _Trial, final: bool = False) -> None:
+        try:
+            for line in t.nni_lines.scan(final=final):
+                if line.problem:
+                    _note(t, f"refused {line.problem}")
+                elif line.kind:
+                    self._accept(t, line.kind, line.value)
+        except Exception:  # whatever a trial prints, its end is still reported
+            log.exception("trial %s: could not read the NNI results on its stdout", t.spec.trial_id)
+
+    def _accept(self, t: _Trial, kind: object, value: object) -> None:
+        """Check a result however it came and hand it on, numbered in the trial's order."""
         problem = sdk.check_metric(value)
         if problem is None and kind not in ("intermediate", "final"):
             problem = f"unknown result kind {kind!r}"
@@ -498,12 +517,12 @@ class TrialRunner:
         if len(raw) > MAX_VALUE_JSON_CHARS:  # escaped non-ASCII keys can outgrow the datagram
             _note(t, f"{kind} result refused: larger than {MAX_VALUE_JSON_CHARS} characters as JSON")
             return
-        number = float(value["default"] if isinstance(value, dict) else value)
+        number = float(value["default"] if isinstance(value, dict) else value)  # type: ignore[arg-type]
         if kind == "final":
             t.final_reported = True
         index = t.metric_index
         t.metric_index += 1
-        self.events.metric(trial_id, kind, index, number, raw)
+        self.events.metric(t.spec.trial_id, str(kind), index, number, raw)
 
     # ---- logs ------------------------------------------------------------------------
 
@@ -511,6 +530,7 @@ class TrialRunner:
         while True:
             await asyncio.sleep(self.log_interval_s)
             for t in list(self._trials.values()):
+                self._read_nni_lines(t)
                 self._flush_logs(t)
 
     def _flush_logs(self, t: _Trial) -> None:

@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", type=Path, help="experiment config (YAML)")
     run.add_argument("--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)")
     run.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
-    run.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    run.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: the config's logLevel, else WARNING")
     add_ui_option(run)
     run.set_defaults(func=_cmd_run, resume_dir=None)
 
@@ -113,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
 # ---- run -------------------------------------------------------------------------------
 
 
+# NNI's log levels (a config's logLevel) as Python's.
+_NNI_LOG_LEVELS = {"fatal": "CRITICAL", "error": "ERROR", "warning": "WARNING", "info": "INFO", "debug": "DEBUG", "trace": "DEBUG"}
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .config import ConfigError, load_config
     from .core import CoordinatorError
@@ -128,9 +132,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .states import TrialStatus
     from .tuners import TunerError
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config) if args.config is not None else None
+        if config is not None and config.log_level and args.log_level is None:
+            logging.getLogger().setLevel(_NNI_LOG_LEVELS[config.log_level])
         if config is None:
             if not (args.resume_dir / Store.FILENAME).is_file():
                 print(f"trialkeeper: no experiment to resume in {args.resume_dir}", file=sys.stderr)

@@ -49,6 +49,7 @@ from .configrules import (
     to_snake,
 )
 from .configwalk import INVALID, Walker, plain_data
+from .nniconfig import translate as translate_nni
 from .platformconfig import TrainingServiceConfig
 from .platforms import TRAINING_SERVICES, register_training_service
 
@@ -227,6 +228,8 @@ class ExperimentConfig:
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     shared_storage: SharedStorageConfig | None = None
+    # NNI's logLevel (and debug): the coordinator's when `trialkeeper run` is given none.
+    log_level: Literal["fatal", "error", "warning", "info", "debug", "trace"] | None = None
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
@@ -403,6 +406,9 @@ def parse_config(data: object, base_dir: str | Path) -> ExperimentConfig:
     the search-space file is loaded. Raises ConfigError listing every problem found.
     """
     walker = Walker(Path(os.path.abspath(Path(base_dir).expanduser())))
+    data, nni_issues = translate_nni(data)  # an NNI config as it is (see nniconfig)
+    for where, message in nni_issues:
+        walker.report(where, message)
     try:
         config = walker.convert(ExperimentConfig, data, "")
     except RecursionError:

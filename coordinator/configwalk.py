@@ -313,6 +313,8 @@ class Walker:
             return INVALID
         fields = specs(cls)
         by_key = {s.name: s for s in fields} | {s.camel: s for s in fields}
+        # As NNI does, keys match in any case, with or without underscores.
+        by_key |= {s.name.replace("_", ""): s for s in fields if s.name.replace("_", "") not in by_key}
         outer_style, self.style = self.style, _style(data, self.style)
         try:
             failed, values, given, spelled = self._fields(fields, by_key, data, path, extra_keys)
@@ -367,7 +369,7 @@ class Walker:
                 continue
             if key in extra_keys:
                 continue
-            spec = by_key.get(key)
+            spec = by_key.get(key) or by_key.get(key.lower().replace("_", ""))
             if spec is None:
                 candidates = [s.name for s in fields] + list(extra_keys)
                 self.report(join_path(path, key), _unknown_key(key, candidates))

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +176,27 @@ def make_credentials(directory: Path) -> Credentials:
     shadow.chmod(0o600)
     creds.password = password
     return creds
+
+
+@contextlib.contextmanager
+def one_machine(base: Path, purpose: str) -> Iterator[tuple[Machine, Credentials, Path]]:
+    """One machine with its credentials and a known_hosts file naming it, stopped on exit.
+    Where sshd cannot start, the test fails under CI (``CI`` set) and is skipped elsewhere."""
+    import pytest
+
+    try:
+        creds = make_credentials(base / "credentials")
+        machine = start_machine("m1", base, creds)
+    except SshdUnavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{purpose} need sshd and could not start it: {e}")
+        pytest.skip(f"sshd cannot run here: {e}")
+    known_hosts = base / "known_hosts"
+    known_hosts.write_text(machine.known_hosts_line + "\n")
+    try:
+        yield machine, creds, known_hosts
+    finally:
+        machine.stop()
 
 
 def start_machine(name: str, base: Path, creds: Credentials) -> Machine:

@@ -138,3 +138,14 @@ class Sampler:
 
 def mib(n: float) -> float:
     return n / (1024 * 1024)
+
+
+def read_times(path: Path) -> dict[str, tuple[float, float]]:
+    """What trials appended to a times file: id -> (first line, last line), as epoch seconds."""
+    out: dict[str, tuple[float, float]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                out[parts[0]] = (float(parts[1]), float(parts[2]))
+    return out

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 TRIAL = """
 import nni
@@ -21,6 +22,33 @@ for i in range(3):
     nni.report_intermediate_result(x + i)
 nni.report_final_result(x * 10.0)
 """
+
+
+def grid_experiment(code: Path, workdir: Path, n: int, width: int) -> Any:
+    """NNI's local training service running ``code/trial.py`` over x = 0..n-1, ``width`` at a time."""
+    from nni.experiment import Experiment
+
+    exp = Experiment("local")
+    exp.config.trial_command = f"{sys.executable} trial.py"
+    exp.config.trial_code_directory = str(code)
+    exp.config.experiment_working_directory = str(workdir)
+    exp.config.search_space = {"x": {"_type": "choice", "_value": list(range(n))}}
+    exp.config.tuner.name = "GridSearch"
+    exp.config.max_trial_number = n
+    exp.config.trial_concurrency = width
+    return exp
+
+
+def wait_for_trials(exp: Any, n: int, timeout: float, interval: float = 0.2) -> int:
+    """Poll NNI's experiment until ``n`` trials ended or ``timeout`` passed; how many ended."""
+    deadline = time.monotonic() + timeout
+    done = 0
+    while time.monotonic() < deadline:
+        done = sum(1 for j in exp.list_trial_jobs() if j.status in ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED"))
+        if done >= n:
+            break
+        time.sleep(interval)
+    return done
 
 
 def free_port() -> int:
@@ -36,33 +64,18 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600)
     a = p.parse_args()
     import nni
-    from nni.experiment import Experiment
 
     out: dict = {"n": a.n, "width": a.width, "nni": nni.__version__}
     with tempfile.TemporaryDirectory() as d:
         code = Path(d) / "code"
         code.mkdir()
         (code / "trial.py").write_text(TRIAL)
-        exp = Experiment("local")
-        exp.config.trial_command = f"{sys.executable} trial.py"
-        exp.config.trial_code_directory = str(code)
-        exp.config.experiment_working_directory = str(Path(d) / "exp")
-        exp.config.search_space = {"x": {"_type": "choice", "_value": list(range(a.n))}}
-        exp.config.tuner.name = "GridSearch"
-        exp.config.max_trial_number = a.n
-        exp.config.trial_concurrency = a.width
+        exp = grid_experiment(code, Path(d) / "exp", a.n, a.width)
         t0 = time.perf_counter()
         exp.start(free_port())
         out["start_s"] = time.perf_counter() - t0
         try:
-            deadline = time.monotonic() + a.timeout
-            done = 0
-            while time.monotonic() < deadline:
-                jobs = exp.list_trial_jobs()
-                done = sum(1 for j in jobs if j.status in ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED"))
-                if done >= a.n:
-                    break
-                time.sleep(0.2)
+            done = wait_for_trials(exp, a.n, a.timeout)
             out["wall_s"] = time.perf_counter() - t0 - out["start_s"]
             out["ok"] = sum(1 for j in exp.list_trial_jobs() if j.status == "SUCCEEDED")
             out["completed"] = done

@@ -31,21 +31,21 @@ PROFILES: dict[str, dict[str, Any]] = {
         "ingest": (4, 25_000), "ingest_repeats": 3,
         "footprint_s": 3.0, "failure_repeats": 3, "lease": True,
         "scale": (100, 1000, 5000), "bare": (100, 1000, 5000), "burst": 10_000, "burst_timeout": 40,
-        "sched": (100, 1000, 5000), "waiting": 10_000, "peer_n": 40, "window": 3.0,
+        "sched": (100, 1000, 5000), "waiting": 10_000, "peer_n": 40, "window": 3.0, "nni": (40, 5, 2),
     },
     "quick": {
         "n": 50, "ks": (1, 2), "repeats": 2, "sequential": 6,
         "ingest": (4, 5_000), "ingest_repeats": 2,
         "footprint_s": 2.0, "failure_repeats": 2, "lease": False,
         "scale": (100, 500), "bare": (500,), "burst": 2_000, "burst_timeout": 15,
-        "sched": (100, 1000), "waiting": 10_000, "peer_n": 10, "window": 2.0,
+        "sched": (100, 1000), "waiting": 10_000, "peer_n": 10, "window": 2.0, "nni": (10, 3, 1),
     },
     "smoke": {
         "n": 6, "ks": (1, 2), "repeats": 1, "sequential": 2,
         "ingest": (2, 200), "ingest_repeats": 1,
         "footprint_s": 0.5, "failure_repeats": 1, "lease": False,
         "scale": (5,), "bare": (5,), "burst": 60, "burst_timeout": 15,
-        "sched": (10,), "waiting": 100, "peer_n": 4, "window": 0.5,
+        "sched": (10,), "waiting": 100, "peer_n": 4, "window": 0.5, "nni": (4, 1, 1),
     },
 }
 
@@ -165,6 +165,52 @@ def run_search(profile: str, R: dict[str, Any], out_dir: Path) -> None:
             "--json", str(out_dir / "search-bench.json")]
     argv += ["--methods", methods] if methods else []
     R["search"] = run_json_child(argv, timeout_s=3600)
+
+
+def run_nni(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
+    """9. An unmodified NNI trial under trialkeeper and under NNI's local training service,
+    in alternate rounds: the load on a shared machine drifts over minutes."""
+    n, starts, rounds = p["nni"]
+    R["nni"] = {"n": n, "width": 2, "trialkeeper": [], "nni": []}
+    if not nni_python or not Path(nni_python).is_file():
+        R["nni"]["error"] = "no interpreter with nni: give --nni-python or set TRIALKEEPER_NNI_PYTHON"
+        return
+    args = [str(x) for x in ("--n", n, "--width", 2, "--starts", starts)]
+    for i in range(rounds):
+        log(f"9. NNI trials, round {i + 1}/{rounds}: {n}, 2 at a time, under trialkeeper")
+        R["nni"]["trialkeeper"].append(run_json_child([PYTHON, str(HERE / "nni_bench.py"), "trialkeeper", "--nni-python", nni_python, *args], 600))
+        log(f"9. NNI trials, round {i + 1}/{rounds}: {n}, 2 at a time, under NNI's local training service")
+        R["nni"]["nni"].append(run_json_child([nni_python, str(HERE / "nni_bench.py"), "nni", *args], 600))
+
+
+def nni_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
+    nni = R.get("nni")
+    if not nni:
+        return
+    n = nni["n"]
+    if "error" in nni:
+        row(rows, "9. NNI trials", f"skipped: {nni['error']}")
+        return
+    floor_walls = [w for r in nni["trialkeeper"] if ok(r) for w in r["floor_wall_s"]]
+    for key, label in (("trialkeeper", "trialkeeper (local, reuse)"), ("nni", "NNI's local training service")):
+        runs = [r for r in nni[key] if ok(r)]
+        for r in nni[key]:
+            if not ok(r):
+                row(rows, f"9. {label}", f"failed: {r.get('error', 'no result')}")
+        if not runs:
+            continue
+        row(rows, f"9. NNI trial start under {label}: submit → first line after import nni (s)",
+            fsum(summary([x for r in runs for x in r["start_s"]]), digits=2),
+            fsum(summary([x for r in runs for x in r["floor_start_s"]]), digits=2), None, "",
+            "floor: Popen → that line (the cost of import nni)"
+            + ("; NNI: from the startTime it records" if key == "nni" else "; warm agent, one trial at a time"))
+        walls = [r["wall_s"] for r in runs]
+        note = f"{sum(r['ok'] for r in runs)}/{n * len(runs)} succeeded over {len(runs)} round(s)"
+        if key == "nni":
+            note += f"; manager start {fmt(statistics.median(r['manager_start_s'] for r in runs))} s not counted"
+        row(rows, f"9. {n} NNI trials, 2 at a time, under {label}: wall (s)", fsum(summary(walls), digits=1),
+            fsum(summary(floor_walls), digits=1), fsum(ratio_summary(walls, [statistics.median(floor_walls)] * len(walls)), "×", 2)
+            if floor_walls else None, "", note)
 
 
 # ---- the table --------------------------------------------------------------------------
@@ -353,6 +399,7 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
                     + (f" (NNI start {fmt(r['start_s'])} s)" if "start_s" in r else ""))
             else:
                 row(rows, f"7. {label}", f"skipped: {r.get('error', 'no result')}")
+    nni_rows(rows, R)
     return rows
 
 
@@ -387,7 +434,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about 2 minutes)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
     ap.add_argument("--peers", action="store_true", help="also run Ray Tune and NNI (installs them once)")
-    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search")
+    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni")
+    ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""),
+                    help="an interpreter with nni installed, for the nni stage (default: $TRIALKEEPER_NNI_PYTHON)")
     ap.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs go")
@@ -422,6 +471,10 @@ def main() -> int:
         for row in R["search"].get("summary", []):
             print(f"search: {row['method']}: best {row['best']}, wall {[round(w, 1) for w in row['wall_s']]} s, "
                   f"reached Ray Tune's best at {row['to_ray_best_over_ray_wall']} of its wall time")
+
+
+    if "nni" in only:
+        run_nni(p, R, a.nni_python)
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {

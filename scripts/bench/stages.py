@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from common import read_times
 from trialkeeper.coordinator.config import parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.services.base import EnvironmentService, Observation, StartResult
@@ -67,16 +68,6 @@ async def until(predicate: Callable[[], Any], timeout: float, what: str, interva
 
 def ready_envs(c: Coordinator) -> list[Any]:
     return [e for e in _live_state(c) if e.status in (EnvStatus.READY, EnvStatus.BUSY) and e.connected]
-
-
-def read_times(path: Path) -> dict[str, tuple[float, float]]:
-    out: dict[str, tuple[float, float]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 3:
-                out[parts[0]] = (float(parts[1]), float(parts[2]))
-    return out
 
 
 def agent_pids(c: Coordinator) -> dict[str, int]:

@@ -6,14 +6,13 @@ started over SSH run there with this interpreter, which has trialkeeper installe
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sshd import SshdUnavailable, make_credentials, start_machine
+from sshd import Credentials, Machine, one_machine
 
 PLATFORMS: tuple[str, ...] = ("remote",)
 
@@ -23,17 +22,11 @@ def remote_training_service(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[[str, Path], dict[str, Any]]]:
     """Brings up sshd once per session; gives a section with that one machine, key login."""
-    base = tmp_path_factory.mktemp("contract-sshd")
-    try:
-        creds = make_credentials(base / "credentials")
-        machine = start_machine("m1", base, creds)
-    except SshdUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"the remote contract tests need sshd and could not start it: {e}")
-        pytest.skip(f"sshd cannot run here: {e}")
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(machine.known_hosts_line + "\n")
+    with one_machine(tmp_path_factory.mktemp("contract-sshd"), "the remote contract tests") as (machine, creds, known_hosts):
+        yield _section(machine, creds, known_hosts)
 
+
+def _section(machine: Machine, creds: Credentials, known_hosts: Path) -> Callable[[str, Path], dict[str, Any]]:
     def section(platform: str, tmp_path: Path) -> dict[str, Any]:
         assert platform in PLATFORMS, platform
         entry: dict[str, Any] = {"host": machine.host, "port": machine.port, "user": creds.user, "pythonPath": sys.executable}
@@ -45,7 +38,4 @@ def remote_training_service(
             entry.update(sshKeyFile=str(creds.key_file), sshPassphrase=creds.passphrase)
         return {"platform": "remote", "reuseMode": True, "knownHostsFile": str(known_hosts), "machineList": [entry]}
 
-    try:
-        yield section
-    finally:
-        machine.stop()
+    return section

@@ -1,0 +1,165 @@
+"""NNI's legacy trial protocol, so that trial scripts written for NNI run unchanged.
+
+A trial's ``import nni`` picks its channel from the environment: with ``NNI_PLATFORM=local``
+and ``REUSE_MODE=true`` (what NNI's own reuse-mode runner sets; nni 2.x and 3.x behave
+the same with it) it reads its parameters from ``$NNI_SYS_DIR/parameter.cfg`` and prints
+each result on its stdout as a line holding ``NNISDK_MEb'<json>'``. The agent writes that
+file beside its own ``parameter.json`` and reads those lines back from the trial's
+``stdout.log``, which it already owns; they stay there, as they do in NNI's trial logs.
+
+This module only says what to write and what a line means; the runner does the I/O
+and hands each result to the same checks and path as the trial SDK's reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["NniLine", "NniStdoutScanner", "nni_environment", "write_parameter_cfg"]
+
+PARAMETER_FILE = "parameter.cfg"
+MARK = b"NNISDK_MEb'"
+# NNI's trial side refuses to send a metric of a million characters or more.
+MAX_LINE_BYTES = 1_000_000
+# How much of a trial's stdout one scan reads while it runs; the rest waits for the next
+# tick, so a trial that prints gigabytes cannot hold the agent's event loop.
+SCAN_CHUNK_BYTES = 4 << 20
+_KINDS = {"PERIODICAL": "intermediate", "FINAL": "final"}
+
+
+def nni_environment(*, trial_id: str, sequence_id: int, experiment_id: str, sys_dir: Path, output_dir: Path) -> dict[str, str]:
+    """The variables a trial's ``nni`` reads. ``MULTI_PHASE`` stays unset: with it a second
+    ``get_next_parameter()`` would wait forever for a file nobody writes."""
+    return {
+        "NNI_PLATFORM": "local",
+        "REUSE_MODE": "true",
+        "NNI_EXP_ID": experiment_id,
+        "NNI_TRIAL_JOB_ID": trial_id,
+        "NNI_TRIAL_SEQ_ID": str(sequence_id),
+        "NNI_SYS_DIR": str(sys_dir),
+        "NNI_OUTPUT_DIR": str(output_dir),
+    }
+
+
+def write_parameter_cfg(sys_dir: Path, parameter_id: int, parameters_json: str) -> None:
+    """Write ``parameter.cfg`` whole or not at all: a trial that finds it missing asks for
+    it and polls every 3 s, but one that finds it half written would read garbage."""
+    text = (
+        f'{{"parameter_id": {int(parameter_id)}, "parameter_source": "algorithm", '
+        f'"parameters": {parameters_json}, "parameter_index": 0}}'
+    )
+    target = sys_dir / PARAMETER_FILE
+    temporary = sys_dir / f".{PARAMETER_FILE}.tmp"
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, target)
+
+
+@dataclass(frozen=True)
+class NniLine:
+    """What one ``NNISDK_MEb`` line says: a result (``kind`` and ``value``), or nothing to
+    do (a parameter request, already answered by ``parameter.cfg``), or a ``problem``."""
+
+    kind: str = ""
+    value: object = None
+    problem: str = ""
+
+
+def parse_line(line: bytes) -> NniLine:
+    """Read the message of a line holding ``MARK`` anywhere in it, as NNI's own parser
+    does (a trial's logging may put a prefix before it)."""
+    start = line.find(MARK)
+    body = line[start + len(MARK):].rstrip(b"\r\n \t")
+    if not body.endswith(b"'"):
+        return NniLine(problem="an NNI metric line without its closing quote")
+    try:
+        message = json.loads(body[:-1].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return NniLine(problem=f"an NNI metric line that is not JSON ({e})")
+    if not isinstance(message, dict):
+        return NniLine(problem="an NNI metric line whose message is not a JSON object")
+    kind = message.get("type")
+    if kind == "REQUEST_PARAMETER":
+        return NniLine()
+    if kind not in _KINDS:
+        return NniLine(problem=f"an NNI metric of unknown type {str(kind)[:40]!r} (PERIODICAL or FINAL)")
+    raw = message.get("value")
+    if not isinstance(raw, str):
+        return NniLine(problem="an NNI metric whose value is not a JSON string")
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return NniLine(problem=f"an NNI metric whose value is not JSON ({e})")
+    return NniLine(kind=_KINDS[kind], value=value)
+
+
+class NniStdoutScanner:
+    """Finds the ``NNISDK_MEb`` lines a trial has appended to its stdout log so far.
+
+    Keeps its place in the file and the unfinished last line; a line longer than NNI's
+    own limit is reported once and skipped to its end without being kept in memory.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self._pending = b""
+        self._skipping = False  # inside a line already found too long
+
+    def scan(self, *, final: bool = False) -> list[NniLine]:
+        """What the lines completed since the last scan say. With ``final`` (the trial has
+        ended) everything left is read and an unfinished last line counts as complete."""
+        found: list[NniLine] = []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                while True:
+                    chunk = f.read(SCAN_CHUNK_BYTES)
+                    if not chunk:
+                        break
+                    self.offset += len(chunk)
+                    found += self._feed(chunk)
+                    if not final:
+                        break
+        except FileNotFoundError:
+            return found
+        if final and self._pending and not self._skipping:
+            found += self._lines([self._pending])
+        if final:
+            self._pending, self._skipping = b"", False
+        return found
+
+    def _feed(self, chunk: bytes) -> list[NniLine]:
+        found: list[NniLine] = []
+        if self._skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return found
+            self._skipping = False
+            chunk = chunk[end + 1:]
+        data = self._pending + chunk
+        if MARK not in data:  # the common case: no line to look at
+            lines = [data[data.rfind(b"\n") + 1:]]
+        else:
+            lines = data.split(b"\n")
+        self._pending = lines.pop()
+        found += self._lines(lines)
+        if len(self._pending) > MAX_LINE_BYTES:
+            if MARK in self._pending:
+                found.append(NniLine(problem=f"an NNI metric line longer than {MAX_LINE_BYTES} bytes"))
+            self._pending, self._skipping = b"", True
+        return found
+
+    @staticmethod
+    def _lines(lines: list[bytes]) -> list[NniLine]:
+        found = []
+        for line in lines:
+            if MARK not in line:
+                continue
+            if len(line) > MAX_LINE_BYTES:
+                found.append(NniLine(problem=f"an NNI metric line longer than {MAX_LINE_BYTES} bytes"))
+            else:
+                found.append(parse_line(line))
+        return found
