@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import async_wait_until, pid_gone, run_async, stored_rows, wait_until, write_script
+from dashboard import get_json, stored_dashboard
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import parse_config
@@ -155,6 +156,18 @@ def test_nni_list_of_local_and_remote_runs_trials_on_both(
     shown = capsys.readouterr().out
     rows = [[cell.strip() for cell in line.split("\u2502")[1:-1]] for line in shown.splitlines()]
     assert sorted((r[0], r[1]) for r in rows if r and r[0]) == sorted((e["id"], e["platform"]) for e in envs), shown
+    # The dashboard's environments page, through a real server: each environment's platform,
+    # and the trials each ran.
+    with stored_dashboard(exp) as served:
+        answer = get_json(served.url + "/api/environments")
+    listed = {e["id"]: e for e in answer["environments"]}
+    assert {i: e["platform"] for i, e in listed.items()} == {e["id"]: e["platform"] for e in envs}, answer
+    ran: dict[str, set[str]] = {}
+    for t in stored_rows(exp, "trials"):
+        ran.setdefault(t["environment_id"], set()).add(t["id"])
+    assert {i: set(e["trials"]) for i, e in listed.items() if e["trials"]} == ran, answer
+    remote = next(e for e in listed.values() if e["platform"] == "remote")
+    assert remote["hostname"], remote  # where it runs, beside the platform
 
 
 @pytest.mark.slow
