@@ -262,6 +262,7 @@ class Coordinator:
             if env.platform_id:
                 service.adopt(env.id, env.platform_id)
         if self._resuming:
+            await service.ready_adopted(self.experiment_id)  # before the server: no trial is placed yet
             await self._sweep_orphans()
         settings = self.config.coordinator
         # With TLS, agents are launched with the certificate's fingerprint and pin it.

@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,8 +86,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def _data(tmp_path: Path, training_service: Any, *, trials: int = 4, together: int = 2, hold: bool = False) -> dict[str, Any]:
-    # The code apart from what trials and the coordinator write: a remote machine has the
-    # code's content as it was uploaded, and a resumed coordinator must find the same.
+    # The code apart from what trials and the coordinator write: its content (what a machine
+    # is sent, by hash) changes only when a test changes it.
     (tmp_path / "code").mkdir(exist_ok=True)
     write_script(tmp_path / "code", "trial.py", TRIAL)
     (tmp_path / "gate").mkdir(exist_ok=True)
@@ -258,28 +258,33 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
 # ---- a crash: resume and clean -------------------------------------------------------------------
 
 
-def _run_until_both_platforms_hold_a_trial(tmp_path: Path, lab: Lab) -> tuple[subprocess.Popen[bytes], Path]:
-    # The local agent is up well before the machine is set up (SSH, probe, upload): local,
-    # preferred, takes the first trial; the second finds it full and goes to the machine.
-    data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote()], hold=True)
+def _run_until(tmp_path: Path, data: dict[str, Any], ready: Callable[[Path], bool], what: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`trialkeeper run` of ``data`` in the background until ``ready(experiment dir)``."""
     config = tmp_path / "config.yml"
     config.write_text(json.dumps(data))
     exp = tmp_path / "exp"
     proc = _cli("run", str(config), "--experiment-dir", str(exp), "--quiet")
-
-    def both_running() -> bool:
-        running = [t for t in stored_rows(exp, "trials") if t["status"] == "RUNNING"]
-        platforms = _platform_of_trials(exp)
-        return len(running) == 2 and {platforms[t["id"]] for t in running} == {"local", "remote"}
-
     try:
-        wait_until(lambda: both_running() or proc.poll() is not None, WAIT_S, message="trials never ran on both platforms")
+        wait_until(lambda: ready(exp) or proc.poll() is not None, WAIT_S, message=what)
         assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
     except BaseException:
         proc.kill()
         proc.wait(timeout=30)
         raise
     return proc, exp
+
+
+def _run_until_both_platforms_hold_a_trial(tmp_path: Path, lab: Lab) -> tuple[subprocess.Popen[bytes], Path]:
+    # The local agent is up well before the machine is set up (SSH, probe, upload): local,
+    # preferred, takes the first trial; the second finds it full and goes to the machine.
+    data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote()], hold=True)
+
+    def both_running(exp: Path) -> bool:
+        running = [t for t in stored_rows(exp, "trials") if t["status"] == "RUNNING"]
+        platforms = _platform_of_trials(exp)
+        return len(running) == 2 and {platforms[t["id"]] for t in running} == {"local", "remote"}
+
+    return _run_until(tmp_path, data, both_running, "trials never ran on both platforms")
 
 
 def _came_back(exp: Path, env_id: str) -> bool:
@@ -327,6 +332,38 @@ def test_kill_9_then_resume_each_platform_takes_back_its_own(tmp_path: Path, lab
                 proc.kill()
                 proc.wait(timeout=30)
         cli.main(["clean", str(exp), "--config", str(tmp_path / "config.yml")])  # after a failure
+
+
+@pytest.mark.slow
+def test_resume_after_the_code_changed_uploads_it_to_the_adopted_machine(tmp_path: Path, lab: Lab) -> None:
+    # One platform (not specific to a mix): every trial after the resume runs on the machine
+    # whose agent the first coordinator started, in a code directory that has changed since.
+    data = _data(tmp_path, lab.remote(), trials=3, together=1, hold=True)
+    first, exp = _run_until(
+        tmp_path, data, lambda exp: any(t["status"] == "RUNNING" for t in stored_rows(exp, "trials")), "no trial ran on the machine"
+    )
+    config = tmp_path / "config.yml"
+    resumed = None
+    try:
+        (env,) = stored_rows(exp, "envs")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        write_script(tmp_path / "code", "trial.py", TRIAL + "\n# changed after the first run\n")
+        (tmp_path / "gate" / "go").write_text("")
+        resumed = _cli("resume", str(exp), "--quiet", "--config", str(config))
+        out, _ = resumed.communicate(timeout=WAIT_S * 2)
+        assert resumed.returncode == 0, out.decode(errors="replace")
+        trials = stored_rows(exp, "trials")
+        assert [t["status"] for t in trials] == ["SUCCEEDED"] * 3, [(t["id"], t["status"], t["reason"]) for t in trials]
+        # All on the adopted environment: none was replaced to get the new code there.
+        assert {t["environment_id"] for t in trials} == {env["id"]}
+        assert [e["id"] for e in stored_rows(exp, "envs")] == [env["id"]]
+    finally:
+        for proc in (first, resumed):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        cli.main(["clean", str(exp), "--config", str(config)])
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@ Where sshd cannot start these tests skip with the reason; in CI (``CI`` set) the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -361,6 +363,42 @@ async def _start_once(service: RemoteEnvironmentService) -> str:
         return result.error or ""
     finally:
         await service.close()
+
+
+def test_stopping_while_a_machine_is_set_up_leaves_no_unretrieved_error(tmp_path: Path, lab: Lab) -> None:
+    # A Python that answers only once let through: the machine is still being set up (its
+    # probe under way) when the experiment stops, and the setup fails once SSH is closed.
+    started, go = tmp_path / "probe-started", tmp_path / "probe-go"
+    slow = tmp_path / "slow-python"
+    slow.write_text(
+        f"#!/bin/sh\ntouch {started}\ni=0\n"
+        f"while [ ! -e {go} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+        f"exec {sys.executable} \"$@\"\n"
+    )
+    slow.chmod(0o755)
+    _code_dir(tmp_path, script=HANG_OR_PASS)
+    data = _config(tmp_path, lab, [lab.entry(0, pythonPath=str(slow))], trialCommand="python3 trial.py")
+    config = _parse(data, tmp_path)
+
+    async def body() -> list[str]:
+        problems: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: problems.append(str(ctx.get("message"))))
+        service = service_from_config(RemoteEnvironmentService, config, tmp_path / "exp")
+        async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
+            await c.submit({"x": 1})
+            await async_wait_until(started.exists, WAIT_S, message="the machine's setup never reached its probe")
+        go.touch()
+        setups = [m.setup for m in service.machines if m.setup is not None]
+        assert setups, "no setup was under way"
+        await asyncio.wait(setups, timeout=WAIT_S)
+        assert all(s.done() for s in setups)
+        # An exception nobody retrieved is reported when its task is collected.
+        del setups, service, c
+        gc.collect()
+        return problems
+
+    problems = run_async(body(), timeout=120.0)
+    assert not [p for p in problems if "never retrieved" in p], problems
 
 
 def test_wrong_password_is_a_clear_error(tmp_path: Path, lab: Lab) -> None:
