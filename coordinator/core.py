@@ -21,10 +21,11 @@ from typing import Any
 
 from . import tls as tls_identity
 from .config import ExperimentConfig, config_to_dict
-from .engine import CANCEL_GRACE_S, Engine, PlatformPolicy, Policy
+from .engine import CANCEL_GRACE_S, Engine
 from .events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
 from .model import MetricEvent, StatusEvent, TrialInfo
 from .platformconfig import TrainingServiceConfig
+from .policy import PlatformPolicy, Policy
 from .readmodel import EnvSnapshot, ReadModel
 from .restore import restore
 from .server import Servicer, create_server

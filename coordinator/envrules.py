@@ -15,11 +15,9 @@ from typing import TYPE_CHECKING, Any
 from . import events as ev
 from . import scheduler
 from .model import EnvState, TrialState
+from .policy import PlatformPolicy, Policy
 from .rows import GpuSampleRow
 from .states import EnvStatus, TrialStatus, check_env
-
-if TYPE_CHECKING:
-    from .engine import PlatformPolicy, Policy
 
 log = logging.getLogger(__name__)
 

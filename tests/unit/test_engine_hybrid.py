@@ -9,7 +9,7 @@ from typing import Any
 
 from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import PlatformPolicy
+from trialkeeper.coordinator.policy import PlatformPolicy
 from trialkeeper.coordinator.restore import restore
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
