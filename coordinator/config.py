@@ -43,6 +43,7 @@ from .configrules import (
     is_dir,
     not_both,
     parse_duration,
+    rule,
     show,
     split_address,
     to_camel,
@@ -170,6 +171,25 @@ def _default_working_directory() -> Path:
     return Path("~/trialkeeper-experiments").expanduser()
 
 
+def _any_port(host: str) -> str:
+    return f"[{host}]:0" if ":" in host else f"{host}:0"
+
+
+MANAGER_HOST_TEXT = "a host name or IP address of this machine, without a port"
+
+
+def _manager_host(value: object) -> object:
+    if isinstance(value, str):
+        try:
+            split_address(_any_port(value), allow_port_zero=True)
+        except ValueError:
+            raise ValueError(f"expected {MANAGER_HOST_TEXT}, got {show(value)}") from None
+    return value
+
+
+MANAGER_HOST = rule(MANAGER_HOST_TEXT, coerce=_manager_host)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
     """A whole experiment, as parsed by `parse_config`: paths absolute, durations in seconds.
@@ -199,6 +219,9 @@ class ExperimentConfig:
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     shared_storage: SharedStorageConfig | None = None
+    # NNI's name for the address of this machine that agents reach: the coordinator listens
+    # there (any free port) unless coordinator.address says where.
+    nni_manager_ip: str | None = field(default=None, metadata=MANAGER_HOST)
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
@@ -220,6 +243,9 @@ class ExperimentConfig:
             shortfall = service.gpu_shortfall(gpus)
             if shortfall is not None:
                 issues.append((f"training_service.{shortfall[0]}", shortfall[1]))
+        ip, settings = values.get("nni_manager_ip"), values.get("coordinator")
+        if ip is not None and isinstance(settings, CoordinatorSettings) and settings.address == CoordinatorSettings.address:
+            values["coordinator"] = dataclasses.replace(settings, address=_any_port(ip))
         code = values.get("trial_code_directory")
         if code is not None and not is_dir(code):
             problem = "is not a directory" if exists(code) else "does not exist"

@@ -110,7 +110,8 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
         return cls(
             ts, experiment_dir, Path(config.trial_code_directory),
             bind_address=config.coordinator.address,
-            advertise_address=config.coordinator.advertise_address,
+            # NNI's nniManagerIp is where agents reach the coordinator, as the machines see it.
+            advertise_address=config.coordinator.advertise_address or config.nni_manager_ip,
             exclude=exclude,
         )
 

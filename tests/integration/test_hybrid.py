@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import async_wait_until, pid_gone, run_async, stored_rows, wait_until, write_script
+import yaml
+from conftest import (
+    async_wait_until,
+    pid_gone,
+    quickstart_code,
+    run_async,
+    stored_rows,
+    wait_until,
+    write_script,
+)
 from dashboard import get_json, stored_dashboard
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator import cli
@@ -29,6 +39,7 @@ from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
 WAIT_S = 60.0
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 # Each trial marks that it runs, then waits (60 s at most) until `together` trials have
 # run at once: with one slot per environment that puts trials on every environment. With
@@ -253,6 +264,71 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
             assert {e.platform for e in envs if e.status and e.status.value in ("READY", "BUSY")} == {"local"}
 
     run_async(body(), timeout=120.0)
+
+
+# ---- the README's configs ---------------------------------------------------------------------
+
+
+def readme_config(marker: str) -> str:
+    """The YAML block after ``<!-- marker -->`` in README.md, as written there."""
+    text = README.read_text(encoding="utf-8")
+    return text.split(f"<!-- {marker} -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+# NNI's own reading of a config: its ExperimentConfig, validated as `nnictl create` does.
+NNI_READS = """
+import sys, yaml
+from nni.experiment.config import ExperimentConfig
+config = ExperimentConfig(**yaml.safe_load(sys.stdin.read()))
+config.validate()
+print(" ".join(ts.platform for ts in config.training_service))
+"""
+
+
+def _nni_python() -> str:
+    python = os.environ.get("TRIALKEEPER_NNI_PYTHON")
+    if not python:
+        make = ("python3 -m venv .venv-nni && .venv-nni/bin/pip install -q nni==3.0 scikit-learn -e . && "
+                "export TRIALKEEPER_NNI_PYTHON=$PWD/.venv-nni/bin/python")
+        if os.environ.get("CI"):
+            pytest.fail(f"TRIALKEEPER_NNI_PYTHON is not set: {make}")
+        pytest.skip(f"needs NNI's own package: {make}")
+    return python
+
+
+@pytest.mark.slow
+def test_the_readme_s_nni_hybrid_config_is_read_by_nni_and_runs_here(
+    tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = readme_config("hybrid-nni-config")
+    code = quickstart_code(tmp_path)
+    # A home of its own: NNI checks that the key file exists, and experiments are kept there.
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(lab.creds.key_file, home / ".ssh" / "id_ed25519")
+    nni = subprocess.run(
+        [_nni_python(), "-c", NNI_READS], input=text, cwd=code, env={**os.environ, "HOME": str(home)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert nni.returncode == 0 and nni.stdout.split() == ["local", "remote"], nni.stdout + nni.stderr
+
+    # Here, only the machine's login differs: this test's sshd has a port, user, key and
+    # Python of its own (and a known_hosts file with its host key).
+    data = yaml.safe_load(text)
+    local, remote = data["trainingService"]
+    assert local == {"platform": "local"} and remote["machineList"][0]["host"] == lab.machine.host
+    remote.update(lab.remote())
+    config = code / "config.yml"
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("HOME", str(home))
+    exp = tmp_path / "exp"
+    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capsys.readouterr()
+    trials = stored_rows(exp, "trials")
+    assert len(trials) == data["maxTrialNumber"]
+    assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["id"], t["status"], t["reason"]) for t in trials]
+    assert {e["platform"] for e in stored_rows(exp, "envs")} == {"local", "remote"}
+    assert "coordinatorAddress is not set" not in caplog.text  # the machine dials nniManagerIp
 
 
 # ---- a crash: resume and clean -------------------------------------------------------------------
