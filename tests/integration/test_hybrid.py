@@ -400,8 +400,9 @@ def test_kill_9_then_resume_each_platform_takes_back_its_own(tmp_path: Path, lab
         for trial_id, env_id in running.items():
             # The trials running at the crash went on where they were, on both platforms.
             assert by_id[trial_id]["attempts"] == 1 and by_id[trial_id]["environment_id"] == env_id
-        # No environment was replaced: each platform re-adopted its own.
+        # No environment was replaced: each platform re-adopted its own, and stopped it at the end.
         assert {e["id"]: e["platform"] for e in stored_rows(exp, "envs")} == before
+        wait_until(lambda: not lab.machine.processes(), 30.0, message="the adopted agent still runs on the machine")
     finally:
         for proc in (first, resumed):
             if proc is not None and proc.poll() is None:
@@ -434,6 +435,7 @@ def test_resume_after_the_code_changed_uploads_it_to_the_adopted_machine(tmp_pat
         # All on the adopted environment: none was replaced to get the new code there.
         assert {t["environment_id"] for t in trials} == {env["id"]}
         assert [e["id"] for e in stored_rows(exp, "envs")] == [env["id"]]
+        wait_until(lambda: not lab.machine.processes(), 30.0, message="the adopted agent still runs on the machine")
     finally:
         for proc in (first, resumed):
             if proc is not None and proc.poll() is None:
