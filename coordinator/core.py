@@ -189,6 +189,7 @@ class Coordinator:
                 shares_filesystem=member.shares_filesystem,
                 # A platform that could not be prepared starts nothing, and knows no directory.
                 working_directory="" if ts.platform in broken else member.working_directory(),
+                unusable=broken.get(ts.platform, ""),
                 gpu_policy=gpu_policy,
             )
 

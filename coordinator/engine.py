@@ -48,7 +48,10 @@ class Engine(EnvironmentRules):
         self.publish_metrics = False
         self.env_error = ""
         # Platforms given up on (too many environments in a row failed to start), with why.
-        self.platform_errors: dict[str, str] = {}
+        self.platform_errors: dict[str, str] = {
+            p.name: f"could not be prepared: {p.unusable}" for p in policy.platforms if p.unusable
+        }
+        self._unprepared = {p.name for p in policy.platforms if p.unusable}
         self.beat_scale = 1.0
         self._env_counter = 0
         self._failed_starts: dict[str, int] = {}  # by platform, since its last agent registered
@@ -162,6 +165,7 @@ class Engine(EnvironmentRules):
         self.trials[t.id] = t
         self.queue.append(t.id)
         self._out.append(ev.Publish(StatusEvent(t.info(), TrialStatus.WAITING)))
+        self._fail_trials_no_platform_takes()  # one that may use only platforms given up on
 
     def _cancel(self, trial_id: str, reason: str, status: TrialStatus) -> None:
         t = self.trials[trial_id]
@@ -346,6 +350,7 @@ class Engine(EnvironmentRules):
                     and not env.draining
                     and not env.shutdown_sent
                     and not (env.single_use and env.used)
+                    and env.platform not in self._unprepared  # trials there would find no code
                 ),
             )
             for env in self.envs.values()

@@ -28,6 +28,9 @@ class PlatformPolicy:
     # Agents see the coordinator's file system: streamed logs of its own agents are dropped.
     shares_filesystem: bool = False
     working_directory: str = ""  # where trials run, as agents see it
+    # Why the platform could not be prepared (its code not packed, its SDK missing): it
+    # starts nothing, and its environments adopted on resume take no new trial.
+    unusable: str = ""
     # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
     gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
 
