@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -399,6 +400,31 @@ def test_stopping_while_a_machine_is_set_up_leaves_no_unretrieved_error(tmp_path
 
     problems = run_async(body(), timeout=120.0)
     assert not [p for p in problems if "never retrieved" in p], problems
+
+
+def test_resume_with_a_machine_unreachable_logs_why_and_goes_on(tmp_path: Path, lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
+    # The code cannot be sent to the machine of an adopted environment: said, not raised;
+    # the machine is marked as failing, so starts there wait and try it again.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    service = _service(tmp_path, lab, lab.entry(0, port=port), sshTimeout=2)
+    (m,) = service.machines
+
+    async def body() -> None:
+        await service.prepare()
+        try:
+            service.adopt("env-1", f"{m.label} pid 4242")
+            service.adopt("env-2", "elsewhere:22 pid 1")  # a machine no longer in the config
+            await service.ready_adopted("resumed")
+        finally:
+            await service.close()
+
+    caplog.set_level(logging.WARNING)
+    run_async(body(), timeout=60.0)
+    assert m.error and str(port) in m.error, m.error
+    assert f"{m.label}: could not upload the code for its resumed environments" in caplog.text, caplog.text
+    assert "environment env-2: no machine 'elsewhere:22'" in caplog.text, caplog.text
 
 
 def test_wrong_password_is_a_clear_error(tmp_path: Path, lab: Lab) -> None:
