@@ -21,10 +21,11 @@ from typing import Any
 
 from . import tls as tls_identity
 from .config import ExperimentConfig, config_to_dict
-from .engine import CANCEL_GRACE_S, Engine, PlatformPolicy, Policy
+from .engine import CANCEL_GRACE_S, Engine
 from .events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
 from .model import MetricEvent, StatusEvent, TrialInfo
 from .platformconfig import TrainingServiceConfig
+from .policy import PlatformPolicy, Policy
 from .readmodel import EnvSnapshot, ReadModel
 from .restore import restore
 from .server import Servicer, create_server
@@ -188,6 +189,7 @@ class Coordinator:
                 shares_filesystem=member.shares_filesystem,
                 # A platform that could not be prepared starts nothing, and knows no directory.
                 working_directory="" if ts.platform in broken else member.working_directory(),
+                unusable=broken.get(ts.platform, ""),
                 gpu_policy=gpu_policy,
             )
 
@@ -262,6 +264,7 @@ class Coordinator:
             if env.platform_id:
                 service.adopt(env.id, env.platform_id)
         if self._resuming:
+            await service.ready_adopted(self.experiment_id)  # before the server: no trial is placed yet
             await self._sweep_orphans()
         settings = self.config.coordinator
         # With TLS, agents are launched with the certificate's fingerprint and pin it.

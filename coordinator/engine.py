@@ -13,14 +13,14 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from . import events as ev
 from . import scheduler
 from .envrules import EnvironmentRules
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
+from .policy import Policy
 from .rows import MetricRow
 from .states import EnvStatus, TrialStatus, check_trial
 
@@ -30,74 +30,8 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_S = 1.0
 RETRY_BACKOFF_MAX_S = 60.0
 CANCEL_GRACE_S = 5.0
-# How long an agent may take to register once its platform runs it (queue time not counted).
-AGENT_START_TIMEOUT_S = 60.0
 
 _STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
-
-
-@dataclass(frozen=True)
-class PlatformPolicy:
-    """What the core needs to know of one platform's section: each platform starts and
-    replaces its own environments."""
-
-    name: str
-    reuse: bool
-    environment_count: int
-    trial_slots: int  # per environment in reuse mode
-    simulated_gpus: int = 0
-    gpu_indices: tuple[int, ...] | None = None
-    # Agents see the coordinator's file system: streamed logs of its own agents are dropped.
-    shares_filesystem: bool = False
-    working_directory: str = ""  # where trials run, as agents see it
-    # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
-    gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
-
-    def gpus_offered(self) -> int:
-        """GPUs its agents pretend to have (simulatedGpus), 0 when they report real ones."""
-        if not self.simulated_gpus:
-            return 0
-        return min(self.simulated_gpus, len(self.gpu_indices)) if self.gpu_indices else self.simulated_gpus
-
-
-@dataclass(frozen=True)
-class Policy:
-    """What the core needs to know of the experiment's config, as plain values."""
-
-    experiment_id: str
-    trial_concurrency: int
-    # One per platform, in the config's order (one for most experiments).
-    platforms: tuple[PlatformPolicy, ...]
-    # The platforms trials may use, most preferred first; () for every platform in the
-    # order above, and agents of other platforms (started by hand) after them.
-    trial_platforms: tuple[str, ...] = ()
-    max_trial_retries: int = 0
-    retry_failed_trials: bool = False
-    max_trial_duration_s: float = 0.0
-    trial_env: Mapping[str, str] = field(default_factory=dict)
-    trial_gpu_memory: int = 0
-    heartbeat_interval_s: float = 1.0
-    max_heartbeats_per_second: float = 1000.0
-    agent_lost_timeout_s: float = 10.0
-    trial_lost_timeout_s: float = 30.0
-    agent_start_timeout_s: float = AGENT_START_TIMEOUT_S
-    placement: str = "pack"
-
-    def __post_init__(self) -> None:
-        if not self.platforms:
-            raise ValueError("a policy needs at least one platform")
-
-    def section(self, platform: str) -> PlatformPolicy:
-        """The policy of ``platform``; the first platform's for any other (an agent an
-        operator started by hand joins as one of it)."""
-        return next((p for p in self.platforms if p.name == platform), self.platforms[0])
-
-    @property
-    def reuse(self) -> bool:
-        return any(p.reuse for p in self.platforms)
-
-    def preference(self) -> tuple[str, ...]:
-        return self.trial_platforms or tuple(p.name for p in self.platforms)
 
 
 class Engine(EnvironmentRules):
@@ -114,7 +48,10 @@ class Engine(EnvironmentRules):
         self.publish_metrics = False
         self.env_error = ""
         # Platforms given up on (too many environments in a row failed to start), with why.
-        self.platform_errors: dict[str, str] = {}
+        self.platform_errors: dict[str, str] = {
+            p.name: f"could not be prepared: {p.unusable}" for p in policy.platforms if p.unusable
+        }
+        self._unprepared = {p.name for p in policy.platforms if p.unusable}
         self.beat_scale = 1.0
         self._env_counter = 0
         self._failed_starts: dict[str, int] = {}  # by platform, since its last agent registered
@@ -228,6 +165,7 @@ class Engine(EnvironmentRules):
         self.trials[t.id] = t
         self.queue.append(t.id)
         self._out.append(ev.Publish(StatusEvent(t.info(), TrialStatus.WAITING)))
+        self._fail_trials_no_platform_takes()  # one that may use only platforms given up on
 
     def _cancel(self, trial_id: str, reason: str, status: TrialStatus) -> None:
         t = self.trials[trial_id]
@@ -412,6 +350,7 @@ class Engine(EnvironmentRules):
                     and not env.draining
                     and not env.shutdown_sent
                     and not (env.single_use and env.used)
+                    and env.platform not in self._unprepared  # trials there would find no code
                 ),
             )
             for env in self.envs.values()

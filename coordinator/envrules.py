@@ -15,11 +15,9 @@ from typing import TYPE_CHECKING, Any
 from . import events as ev
 from . import scheduler
 from .model import EnvState, TrialState
+from .policy import PlatformPolicy, Policy
 from .rows import GpuSampleRow
 from .states import EnvStatus, TrialStatus, check_env
-
-if TYPE_CHECKING:
-    from .engine import PlatformPolicy, Policy
 
 log = logging.getLogger(__name__)
 
@@ -289,16 +287,24 @@ class EnvironmentRules:
         elif not alive:
             self.env_error = "every platform failed: " + "; ".join(f"{n}: {self.platform_errors[n]}" for n in names)
         log.error("platform %s: %s", platform, self.platform_errors[platform])
-        live_elsewhere = {e.platform for e in self.live_envs()}
+        self._fail_trials_no_platform_takes()
+
+    def _fail_trials_no_platform_takes(self) -> None:
+        """Fail the waiting trials that may use only platforms given up on."""
+        if not self.platform_errors:
+            return
+        names = [p.name for p in self.policy.platforms]
+        by_hand = {e.platform for e in self.live_envs()} - set(names)
         for tid in list(self.queue):
             t = self.trials[tid]
             demand = self._demand(t)
-            usable = [n for n in names if n not in self.platform_errors and demand.rank(n) is not None]
+            allowed = [n for n in names if demand.rank(n) is not None]
             # Agents started by hand (another platform name) still serve unrestricted trials.
-            if usable or (not demand.only_these and live_elsewhere - set(names)):
+            if any(n not in self.platform_errors for n in allowed) or (not demand.only_these and by_hand):
                 continue
             self.queue.remove(tid)
-            self._trial_to(t, TrialStatus.FAILED, f"no environment could be started: {last}")
+            why = "; ".join(f"{n}: {self.platform_errors[n]}" for n in allowed)
+            self._trial_to(t, TrialStatus.FAILED, f"no environment could be started: {why}")
 
     def _env_start_answered(self, answer: ev.EnvironmentStarted | ev.EnvironmentStartFailed) -> None:
         env = self.envs.get(answer.env_id)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .configrules import Issues, join_path, show, to_camel
+from .configrules import Issues, join_path, show, split_address, to_camel
 from .platforms import config_class
 
 __all__ = ["FIELDS", "NniField", "NniStatus", "canonical", "translate"]
@@ -280,8 +280,19 @@ def _log_level(top: dict[str, Any], issues: Issues) -> None:
         top["logLevel"] = level.lower()  # any spelling given was taken above
 
 
+def _is_manager_host(value: object) -> bool:
+    if not isinstance(value, str) or not value.strip():
+        return False
+    host = value.strip()
+    try:
+        split_address(f"[{host}]:0" if ":" in host else f"{host}:0", allow_port_zero=True)
+    except ValueError:
+        return False
+    return True
+
+
 def _manager_ip(top: dict[Any, Any], service_key: Any, issues: Issues) -> None:
-    ip = _pop(top, "nniManagerIp", lambda v: isinstance(v, str) and bool(v.strip()), "an IP address or host name of this machine", issues)
+    ip = _pop(top, "nniManagerIp", _is_manager_host, "a host name or IP address of this machine, without a port", issues)
     if not isinstance(ip, str):
         return
     ip = ip.strip()
@@ -297,5 +308,6 @@ def _manager_ip(top: dict[Any, Any], service_key: Any, issues: Issues) -> None:
     settings["address"] = f"[{ip}]:0" if ":" in ip else f"{ip}:0"
     top[coordinator_key] = settings
     service = top.get(service_key) if service_key is not None else None
-    if isinstance(service, dict) and service.get("platform") == "remote" and _key(service, "coordinatorAddress") is None:
-        service["coordinatorAddress"] = ip
+    for section in service if isinstance(service, list) else [service]:  # a list: NNI's hybrid mode
+        if isinstance(section, dict) and section.get("platform") == "remote" and _key(section, "coordinatorAddress") is None:
+            section["coordinatorAddress"] = ip

@@ -148,6 +148,12 @@ class EnvironmentService(abc.ABC, Generic[PlatformConfig]):
         so that ``poll`` and ``stop`` cover it. By default nothing is adopted and ``poll``
         reports it ``unknown``; its agent is still watched through its heartbeats."""
 
+    async def ready_adopted(self, experiment_id: str) -> None:
+        """After a restart, once every environment is adopted and before any trial is placed:
+        give the adopted environments what this coordinator's trials need that the previous
+        coordinator did not send (the code directory may have changed since). Errors are
+        logged, not raised. By default there is nothing to send."""
+
     async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
         """Find the environments of ``experiment_id`` the platform still holds whose ids are
         not in ``keep``, stop them, and return their ids (``trialkeeper clean``, ``resume``).

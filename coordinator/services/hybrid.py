@@ -134,6 +134,9 @@ class HybridEnvironmentService(EnvironmentService[HybridConfig]):
         if member is not None:
             member.adopt(env_id, platform_id)
 
+    async def ready_adopted(self, experiment_id: str) -> None:
+        await _each({n: m.ready_adopted(experiment_id) for n, m in self.members.items() if n not in self._broken}, "ready_adopted")
+
     async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
         found = await _each({n: m.sweep(experiment_id, keep=keep) for n, m in self.members.items()}, "sweep")
         # Platforms on one machine may both find an environment: each is named once.

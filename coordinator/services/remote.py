@@ -92,6 +92,7 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
             for i, m in enumerate(config.machine_list)
         ]
         self._envs: dict[str, _Env] = {}
+        self._adopted: dict[str, Machine] = {}  # env id -> its machine, after a restart
         self._code: PackedCode | None = None
         self._wheel: Path | None = None
         self._change: asyncio.Future[None] | None = None
@@ -209,6 +210,27 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
                 env_id, m.label, bool(done.get("killed_agent")), done.get("trial_processes", 0),
             )
 
+    def adopt(self, env_id: str, platform_id: str) -> None:
+        # platform_id is "<machine label> pid <pid>", as _start answered it.
+        label = platform_id.rpartition(" pid ")[0]
+        m = next((m for m in self.machines if m.label == label), None)
+        if m is None:
+            log.warning("environment %s: no machine %r in this config; its code is not checked", env_id, label)
+        else:
+            self._adopted[env_id] = m
+
+    async def ready_adopted(self, experiment_id: str) -> None:
+        # The agents there run trials in code/<hash> of this coordinator's code; the previous
+        # one uploaded its own, which differs when the code directory changed since.
+        machines = {m.index: m for m in self._adopted.values()}
+        results = await asyncio.gather(*(self._ready(m, experiment_id) for m in machines.values()), return_exceptions=True)
+        for m, result in zip(machines.values(), results):
+            if isinstance(result, MachineError):
+                self._machine_failed(m, result)
+                log.warning("%s: could not upload the code for its resumed environments: %s", m.label, result)
+            elif isinstance(result, BaseException):
+                raise result
+
     async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
         # Every agent lives in <home>/trialkeeper-experiments/<experiment>/envs/<env> on its
         # machine, with its pid file there: that directory is the label, on every machine.
@@ -251,6 +273,7 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
         self._notify()
         tasks: list[asyncio.Future[Any]] = [m.checker for m in self.machines if m.checker]
         tasks += [m.connecting for m in self.machines if m.connecting]
+        tasks += [m.setup for m in self.machines if m.setup is not None and not m.setup.done()]
         tasks += [e.starting for e in self._envs.values() if e.starting is not None and not e.starting.done()]
         for t in tasks:
             t.cancel()
@@ -342,6 +365,9 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
     async def _ready(self, m: Machine, experiment_id: str) -> None:
         if m.setup is None or (m.setup.done() and m.setup.exception() is not None):
             m.setup = asyncio.ensure_future(self._set_up(m, experiment_id))
+            # Its failure is reported by the starts that await it; one left alone when they
+            # are canceled (a stop mid-setup) must not be logged as never retrieved.
+            m.setup.add_done_callback(_ignore_result)
         await asyncio.shield(m.setup)
         if m.error:
             m.error, m.failures = "", 0
@@ -504,4 +530,4 @@ def _with_port(dial: str, coordinator_address: str) -> str:
 
 def _ignore_result(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
-        fut.exception()  # an early connect's failure is reported by start()
+        fut.exception()  # an early connect's or a setup's failure is reported by start()

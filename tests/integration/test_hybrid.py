@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import async_wait_until, pid_gone, run_async, stored_rows, wait_until, write_script
+import yaml
+from conftest import (
+    async_wait_until,
+    pid_gone,
+    quickstart_code,
+    run_async,
+    stored_rows,
+    wait_until,
+    write_script,
+)
+from dashboard import get_json, stored_dashboard
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import parse_config
@@ -28,6 +39,7 @@ from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store import Store
 
 WAIT_S = 60.0
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 # Each trial marks that it runs, then waits (60 s at most) until `together` trials have
 # run at once: with one slot per environment that puts trials on every environment. With
@@ -85,8 +97,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 
 def _data(tmp_path: Path, training_service: Any, *, trials: int = 4, together: int = 2, hold: bool = False) -> dict[str, Any]:
-    # The code apart from what trials and the coordinator write: a remote machine has the
-    # code's content as it was uploaded, and a resumed coordinator must find the same.
+    # The code apart from what trials and the coordinator write: its content (what a machine
+    # is sent, by hash) changes only when a test changes it.
     (tmp_path / "code").mkdir(exist_ok=True)
     write_script(tmp_path / "code", "trial.py", TRIAL)
     (tmp_path / "gate").mkdir(exist_ok=True)
@@ -155,6 +167,18 @@ def test_nni_list_of_local_and_remote_runs_trials_on_both(
     shown = capsys.readouterr().out
     rows = [[cell.strip() for cell in line.split("\u2502")[1:-1]] for line in shown.splitlines()]
     assert sorted((r[0], r[1]) for r in rows if r and r[0]) == sorted((e["id"], e["platform"]) for e in envs), shown
+    # The dashboard's environments page, through a real server: each environment's platform,
+    # and the trials each ran.
+    with stored_dashboard(exp) as served:
+        answer = get_json(served.url + "/api/environments")
+    listed = {e["id"]: e for e in answer["environments"]}
+    assert {i: e["platform"] for i, e in listed.items()} == {e["id"]: e["platform"] for e in envs}, answer
+    ran: dict[str, set[str]] = {}
+    for t in stored_rows(exp, "trials"):
+        ran.setdefault(t["environment_id"], set()).add(t["id"])
+    assert {i: set(e["trials"]) for i, e in listed.items() if e["trials"]} == ran, answer
+    remote = next(e for e in listed.values() if e["platform"] == "remote")
+    assert remote["hostname"], remote  # where it runs, beside the platform
 
 
 @pytest.mark.slow
@@ -236,37 +260,109 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
             assert str(port) in why or broken == "unpreparable", why
             assert not c.environment_error  # the experiment goes on
             envs = c.environments()
-            assert {e.platform for e in envs if e.status and e.status.value == "FAILED"} == {"remote"}
+            # Unreachable, its starts failed; unpreparable, it started none.
+            failed = {e.platform for e in envs if e.status and e.status.value == "FAILED"}
+            assert failed == (set() if broken == "unpreparable" else {"remote"}), [(e.id, e.platform, e.status) for e in envs]
             assert {e.platform for e in envs if e.status and e.status.value in ("READY", "BUSY")} == {"local"}
 
     run_async(body(), timeout=120.0)
 
 
+# ---- the README's configs ---------------------------------------------------------------------
+
+
+def readme_config(marker: str) -> str:
+    """The YAML block after ``<!-- marker -->`` in README.md, as written there."""
+    text = README.read_text(encoding="utf-8")
+    return text.split(f"<!-- {marker} -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+# NNI's own reading of a config: its ExperimentConfig, validated as `nnictl create` does.
+NNI_READS = """
+import sys, yaml
+from nni.experiment.config import ExperimentConfig
+config = ExperimentConfig(**yaml.safe_load(sys.stdin.read()))
+config.validate()
+print(" ".join(ts.platform for ts in config.training_service))
+"""
+
+
+def _nni_python() -> str:
+    python = os.environ.get("TRIALKEEPER_NNI_PYTHON")
+    if not python:
+        make = ("python3 -m venv .venv-nni && .venv-nni/bin/pip install -q nni==3.0 scikit-learn -e . && "
+                "export TRIALKEEPER_NNI_PYTHON=$PWD/.venv-nni/bin/python")
+        if os.environ.get("CI"):
+            pytest.fail(f"TRIALKEEPER_NNI_PYTHON is not set: {make}")
+        pytest.skip(f"needs NNI's own package: {make}")
+    return python
+
+
+@pytest.mark.slow
+def test_the_readme_s_nni_hybrid_config_is_read_by_nni_and_runs_here(
+    tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = readme_config("hybrid-nni-config")
+    code = quickstart_code(tmp_path)
+    # A home of its own: NNI checks that the key file exists, and experiments are kept there.
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(lab.creds.key_file, home / ".ssh" / "id_ed25519")
+    nni = subprocess.run(
+        [_nni_python(), "-c", NNI_READS], input=text, cwd=code, env={**os.environ, "HOME": str(home)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert nni.returncode == 0 and nni.stdout.split() == ["local", "remote"], nni.stdout + nni.stderr
+
+    # Here, only the machine's login differs: this test's sshd has a port, user, key and
+    # Python of its own (and a known_hosts file with its host key).
+    data = yaml.safe_load(text)
+    local, remote = data["trainingService"]
+    assert local == {"platform": "local"} and remote["machineList"][0]["host"] == lab.machine.host
+    remote.update(lab.remote())
+    config = code / "config.yml"
+    config.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("HOME", str(home))
+    exp = tmp_path / "exp"
+    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capsys.readouterr()
+    trials = stored_rows(exp, "trials")
+    assert len(trials) == data["maxTrialNumber"]
+    assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["id"], t["status"], t["reason"]) for t in trials]
+    assert {e["platform"] for e in stored_rows(exp, "envs")} == {"local", "remote"}
+    assert "coordinatorAddress is not set" not in caplog.text  # the machine dials nniManagerIp
+
+
 # ---- a crash: resume and clean -------------------------------------------------------------------
 
 
-def _run_until_both_platforms_hold_a_trial(tmp_path: Path, lab: Lab) -> tuple[subprocess.Popen[bytes], Path]:
-    # The local agent is up well before the machine is set up (SSH, probe, upload): local,
-    # preferred, takes the first trial; the second finds it full and goes to the machine.
-    data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote()], hold=True)
+def _run_until(tmp_path: Path, data: dict[str, Any], ready: Callable[[Path], bool], what: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`trialkeeper run` of ``data`` in the background until ``ready(experiment dir)``."""
     config = tmp_path / "config.yml"
     config.write_text(json.dumps(data))
     exp = tmp_path / "exp"
     proc = _cli("run", str(config), "--experiment-dir", str(exp), "--quiet")
-
-    def both_running() -> bool:
-        running = [t for t in stored_rows(exp, "trials") if t["status"] == "RUNNING"]
-        platforms = _platform_of_trials(exp)
-        return len(running) == 2 and {platforms[t["id"]] for t in running} == {"local", "remote"}
-
     try:
-        wait_until(lambda: both_running() or proc.poll() is not None, WAIT_S, message="trials never ran on both platforms")
+        wait_until(lambda: ready(exp) or proc.poll() is not None, WAIT_S, message=what)
         assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
     except BaseException:
         proc.kill()
         proc.wait(timeout=30)
         raise
     return proc, exp
+
+
+def _run_until_both_platforms_hold_a_trial(tmp_path: Path, lab: Lab) -> tuple[subprocess.Popen[bytes], Path]:
+    # The local agent is up well before the machine is set up (SSH, probe, upload): local,
+    # preferred, takes the first trial; the second finds it full and goes to the machine.
+    data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote()], hold=True)
+
+    def both_running(exp: Path) -> bool:
+        running = [t for t in stored_rows(exp, "trials") if t["status"] == "RUNNING"]
+        platforms = _platform_of_trials(exp)
+        return len(running) == 2 and {platforms[t["id"]] for t in running} == {"local", "remote"}
+
+    return _run_until(tmp_path, data, both_running, "trials never ran on both platforms")
 
 
 def _came_back(exp: Path, env_id: str) -> bool:
@@ -306,14 +402,48 @@ def test_kill_9_then_resume_each_platform_takes_back_its_own(tmp_path: Path, lab
         for trial_id, env_id in running.items():
             # The trials running at the crash went on where they were, on both platforms.
             assert by_id[trial_id]["attempts"] == 1 and by_id[trial_id]["environment_id"] == env_id
-        # No environment was replaced: each platform re-adopted its own.
+        # No environment was replaced: each platform re-adopted its own, and stopped it at the end.
         assert {e["id"]: e["platform"] for e in stored_rows(exp, "envs")} == before
+        wait_until(lambda: not lab.machine.processes(), 30.0, message="the adopted agent still runs on the machine")
     finally:
         for proc in (first, resumed):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
         cli.main(["clean", str(exp), "--config", str(tmp_path / "config.yml")])  # after a failure
+
+
+@pytest.mark.slow
+def test_resume_after_the_code_changed_uploads_it_to_the_adopted_machine(tmp_path: Path, lab: Lab) -> None:
+    # One platform (not specific to a mix): every trial after the resume runs on the machine
+    # whose agent the first coordinator started, in a code directory that has changed since.
+    data = _data(tmp_path, lab.remote(), trials=3, together=1, hold=True)
+    first, exp = _run_until(
+        tmp_path, data, lambda exp: any(t["status"] == "RUNNING" for t in stored_rows(exp, "trials")), "no trial ran on the machine"
+    )
+    config = tmp_path / "config.yml"
+    resumed = None
+    try:
+        (env,) = stored_rows(exp, "envs")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        write_script(tmp_path / "code", "trial.py", TRIAL + "\n# changed after the first run\n")
+        (tmp_path / "gate" / "go").write_text("")
+        resumed = _cli("resume", str(exp), "--quiet", "--config", str(config))
+        out, _ = resumed.communicate(timeout=WAIT_S * 2)
+        assert resumed.returncode == 0, out.decode(errors="replace")
+        trials = stored_rows(exp, "trials")
+        assert [t["status"] for t in trials] == ["SUCCEEDED"] * 3, [(t["id"], t["status"], t["reason"]) for t in trials]
+        # All on the adopted environment: none was replaced to get the new code there.
+        assert {t["environment_id"] for t in trials} == {env["id"]}
+        assert [e["id"] for e in stored_rows(exp, "envs")] == [env["id"]]
+        wait_until(lambda: not lab.machine.processes(), 30.0, message="the adopted agent still runs on the machine")
+    finally:
+        for proc in (first, resumed):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        cli.main(["clean", str(exp), "--config", str(config)])
 
 
 @pytest.mark.slow

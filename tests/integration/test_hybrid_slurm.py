@@ -5,13 +5,12 @@ trial is retried wherever there is room, and Slurm replaces its own job."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from conftest import async_wait_until, quickstart_code, run_async, stored_rows, wait_until
 from slurm import SlurmCluster
-from test_hybrid import _data
+from test_hybrid import _data, readme_config
 from test_slurm import (
     _experiment_jobs,
     cluster,  # noqa: F401 - the fixture
@@ -65,30 +64,20 @@ def test_local_first_then_slurm_and_a_cancelled_job_s_trial_is_retried(
     wait_until(lambda: not _experiment_jobs(cluster, experiment_id), WAIT_S, message="Slurm jobs left behind")
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def _readme_hybrid_config() -> dict[str, Any]:
-    text = README.read_text(encoding="utf-8")
-    block = text.split("<!-- hybrid-config -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    data = yaml.safe_load(block)
-    assert isinstance(data, dict)
-    return data
-
-
 @pytest.mark.slow
 def test_the_readme_s_hybrid_config_runs_as_it_is(
     tmp_path: Path, cluster: SlurmCluster, capfd: pytest.CaptureFixture[str],  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     code = quickstart_code(tmp_path)
-    data = _readme_hybrid_config()
+    text = readme_config("hybrid-config")
+    data = yaml.safe_load(text)
     assert isinstance(data["trainingService"], list)  # NNI's list form
-    # Only where experiments are kept differs: not in this user's home.
-    data["experimentWorkingDirectory"] = str(tmp_path / "experiments")
     config = code / "config.yml"
-    config.write_text(yaml.safe_dump(data))
-    exp = tmp_path / "exp"
-    assert cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)]) == 0, capfd.readouterr()
+    config.write_text(text)  # as written: experiments are kept in ~, a home of this test's own
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cli.main(["run", str(config), "--quiet"]) == 0, capfd.readouterr()
+    (exp,) = (tmp_path / "home" / "trialkeeper-experiments").iterdir()
     trials = stored_rows(exp, "trials")
     assert len(trials) == data["maxTrialNumber"]
     assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["id"], t["status"], t["reason"]) for t in trials]

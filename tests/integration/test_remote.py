@@ -5,11 +5,14 @@ Where sshd cannot start these tests skip with the reason; in CI (``CI`` set) the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -361,6 +364,67 @@ async def _start_once(service: RemoteEnvironmentService) -> str:
         return result.error or ""
     finally:
         await service.close()
+
+
+def test_stopping_while_a_machine_is_set_up_leaves_no_unretrieved_error(tmp_path: Path, lab: Lab) -> None:
+    # A Python that answers only once let through: the machine is still being set up (its
+    # probe under way) when the experiment stops, and the setup fails once SSH is closed.
+    started, go = tmp_path / "probe-started", tmp_path / "probe-go"
+    slow = tmp_path / "slow-python"
+    slow.write_text(
+        f"#!/bin/sh\ntouch {started}\ni=0\n"
+        f"while [ ! -e {go} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+        f"exec {sys.executable} \"$@\"\n"
+    )
+    slow.chmod(0o755)
+    _code_dir(tmp_path, script=HANG_OR_PASS)
+    data = _config(tmp_path, lab, [lab.entry(0, pythonPath=str(slow))], trialCommand="python3 trial.py")
+    config = _parse(data, tmp_path)
+
+    async def body() -> list[str]:
+        problems: list[str] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: problems.append(str(ctx.get("message"))))
+        service = service_from_config(RemoteEnvironmentService, config, tmp_path / "exp")
+        async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
+            await c.submit({"x": 1})
+            await async_wait_until(started.exists, WAIT_S, message="the machine's setup never reached its probe")
+        go.touch()
+        setups = [m.setup for m in service.machines if m.setup is not None]
+        assert setups, "no setup was under way"
+        await asyncio.wait(setups, timeout=WAIT_S)
+        assert all(s.done() for s in setups)
+        # An exception nobody retrieved is reported when its task is collected.
+        del setups, service, c
+        gc.collect()
+        return problems
+
+    problems = run_async(body(), timeout=120.0)
+    assert not [p for p in problems if "never retrieved" in p], problems
+
+
+def test_resume_with_a_machine_unreachable_logs_why_and_goes_on(tmp_path: Path, lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
+    # The code cannot be sent to the machine of an adopted environment: said, not raised;
+    # the machine is marked as failing, so starts there wait and try it again.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    service = _service(tmp_path, lab, lab.entry(0, port=port), sshTimeout=2)
+    (m,) = service.machines
+
+    async def body() -> None:
+        await service.prepare()
+        try:
+            service.adopt("env-1", f"{m.label} pid 4242")
+            service.adopt("env-2", "elsewhere:22 pid 1")  # a machine no longer in the config
+            await service.ready_adopted("resumed")
+        finally:
+            await service.close()
+
+    caplog.set_level(logging.WARNING)
+    run_async(body(), timeout=60.0)
+    assert m.error and str(port) in m.error, m.error
+    assert f"{m.label}: could not upload the code for its resumed environments" in caplog.text, caplog.text
+    assert "environment env-2: no machine 'elsewhere:22'" in caplog.text, caplog.text
 
 
 def test_wrong_password_is_a_clear_error(tmp_path: Path, lab: Lab) -> None:

@@ -80,3 +80,17 @@ def test_the_stored_form_parses_back_to_the_same_config(tmp_path: Path) -> None:
 def test_bad_sections_are_named_where_the_user_wrote_them(tmp_path: Path, training_service: Any, expected: str) -> None:
     issues = _issues(tmp_path, training_service)
     assert any(i.startswith(expected) for i in issues), issues
+
+
+def test_nni_manager_ip_is_where_the_coordinator_listens(tmp_path: Path) -> None:
+    # NNI 3.0 needs nniManagerIp with a list of platforms (it cannot guess one for a mix).
+    hybrid = [{"platform": "local"}, {"platform": "slurm"}]
+    cfg = _parse(tmp_path, hybrid, nniManagerIp="10.0.0.5")
+    assert cfg.coordinator.address == "10.0.0.5:0"
+    assert _parse(tmp_path, hybrid, nni_manager_ip="fd00::5").coordinator.address == "[fd00::5]:0"
+    (both,) = _issues(tmp_path, hybrid, nniManagerIp="10.0.0.5", coordinator={"address": "0.0.0.0:7000"})
+    assert both.startswith("nniManagerIp: give nniManagerIp or coordinator.address"), both
+    assert parse_config(config_to_dict(cfg), tmp_path).coordinator == cfg.coordinator
+    for bad in ("10.0.0.5:80", "two words", ""):
+        (issue,) = _issues(tmp_path, hybrid, nniManagerIp=bad)
+        assert issue.startswith("nniManagerIp: expected a host name or IP address") and repr(bad) in issue, issue

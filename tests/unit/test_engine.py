@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import pytest
 from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import Engine, PlatformPolicy, Policy
+from trialkeeper.coordinator.engine import Engine
+from trialkeeper.coordinator.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.restore import restore
 from trialkeeper.coordinator.rows import MetricRow
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus

@@ -9,7 +9,7 @@ from typing import Any
 
 from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import PlatformPolicy
+from trialkeeper.coordinator.policy import PlatformPolicy
 from trialkeeper.coordinator.restore import restore
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
@@ -249,3 +249,44 @@ def test_a_trial_goes_to_the_platform_with_the_gpus_it_needs_whatever_the_prefer
     # Refused only when no platform has enough.
     assert sim.engine.never_fits(4) == ""
     assert "no environment offers more than 4" in sim.engine.never_fits(5)
+
+
+def test_a_trial_submitted_only_for_a_platform_given_up_fails_at_once() -> None:
+    sim = hybrid(local=1, remote=1, trial_concurrency=1)
+    sim.start()
+    answer_starts(sim, failing="remote", error="ssh: connection refused")
+    assert "remote" in sim.engine.platform_errors
+    sim.feed(ev.TrialSubmitted("late", {}, "python trial.py", 0, 0, platforms=("remote",)))
+    assert sim.status("late") is TrialStatus.FAILED
+    assert "connection refused" in sim.engine.trials["late"].reason
+
+
+def test_a_platform_that_could_not_be_prepared_on_resume_keeps_its_trials_but_takes_no_new_one() -> None:
+    sim = hybrid(local=1, remote=1, trial_concurrency=2)
+    envs = ready(sim)
+    sim.submit("t1")
+    sim.submit("t2")
+    (remote,) = envs["remote"]
+    on_remote = next(t.id for t in sim.engine.trials.values() if t.env_id == remote)
+    trial_rows = [_trial_row(t) for t in sim.engine.trials.values()]
+    env_rows = [_env_row(e) for e in sim.engine.envs.values()]
+    # Resumed with the remote platform unusable (say its code directory is over its limit now).
+    platforms = (
+        PlatformPolicy(name="local", reuse=True, environment_count=1, trial_slots=1, working_directory="/here"),
+        PlatformPolicy(name="remote", reuse=True, environment_count=1, trial_slots=2, unusable="code directory too large"),
+    )
+    after = Sim(platforms=platforms, trial_concurrency=3)
+    restore(after.engine, trial_rows, env_rows, now=after.now, wall=after.now)
+    after.engine.started = True
+    after.feed(ev.Ticked())
+    assert after.take(ev.StartEnvironment) == []  # it starts nothing
+    assert "code directory too large" in after.engine.platform_errors["remote"]
+    after.register(remote, instance=sim.engine.envs[remote].instance_id, active=(on_remote,))
+    after.submit("t3")
+    after.feed(ev.Ticked())
+    # The trial running there at the crash goes on; a new one waits for local, with room there.
+    assert after.engine.trials[on_remote].env_id == remote and not after.status(on_remote).terminal
+    assert after.engine.trials["t3"].env_id is None and after.status("t3") is TrialStatus.WAITING
+    after.feed(ev.TrialSubmitted("remote-only", {}, "python trial.py", 0, 0, platforms=("remote",)))
+    assert after.status("remote-only") is TrialStatus.FAILED
+    assert "code directory too large" in after.engine.trials["remote-only"].reason

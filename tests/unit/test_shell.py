@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import Engine, PlatformPolicy, Policy
+from trialkeeper.coordinator.engine import Engine
+from trialkeeper.coordinator.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.shell import Shell
 from trialkeeper.coordinator.states import TrialStatus
 from trialkeeper.coordinator.store import MetricRow, Store

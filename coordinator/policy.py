@@ -1,0 +1,81 @@
+"""What the decision core knows of an experiment's config, as plain values: one
+:class:`PlatformPolicy` per platform section, and the experiment's :class:`Policy`.
+
+``core.py`` builds them from the config and the services; ``engine.py`` and
+``envrules.py`` decide with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+# How long an agent may take to register once its platform runs it (queue time not counted).
+AGENT_START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class PlatformPolicy:
+    """What the core needs to know of one platform's section: each platform starts and
+    replaces its own environments."""
+
+    name: str
+    reuse: bool
+    environment_count: int
+    trial_slots: int  # per environment in reuse mode
+    simulated_gpus: int = 0
+    gpu_indices: tuple[int, ...] | None = None
+    # Agents see the coordinator's file system: streamed logs of its own agents are dropped.
+    shares_filesystem: bool = False
+    working_directory: str = ""  # where trials run, as agents see it
+    # Why the platform could not be prepared (its code not packed, its SDK missing): it
+    # starts nothing, and its environments adopted on resume take no new trial.
+    unusable: str = ""
+    # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
+    gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
+
+    def gpus_offered(self) -> int:
+        """GPUs its agents pretend to have (simulatedGpus), 0 when they report real ones."""
+        if not self.simulated_gpus:
+            return 0
+        return min(self.simulated_gpus, len(self.gpu_indices)) if self.gpu_indices else self.simulated_gpus
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the core needs to know of the experiment's config, as plain values."""
+
+    experiment_id: str
+    trial_concurrency: int
+    # One per platform, in the config's order (one for most experiments).
+    platforms: tuple[PlatformPolicy, ...]
+    # The platforms trials may use, most preferred first; () for every platform in the
+    # order above, and agents of other platforms (started by hand) after them.
+    trial_platforms: tuple[str, ...] = ()
+    max_trial_retries: int = 0
+    retry_failed_trials: bool = False
+    max_trial_duration_s: float = 0.0
+    trial_env: Mapping[str, str] = field(default_factory=dict)
+    trial_gpu_memory: int = 0
+    heartbeat_interval_s: float = 1.0
+    max_heartbeats_per_second: float = 1000.0
+    agent_lost_timeout_s: float = 10.0
+    trial_lost_timeout_s: float = 30.0
+    agent_start_timeout_s: float = AGENT_START_TIMEOUT_S
+    placement: str = "pack"
+
+    def __post_init__(self) -> None:
+        if not self.platforms:
+            raise ValueError("a policy needs at least one platform")
+
+    def section(self, platform: str) -> PlatformPolicy:
+        """The policy of ``platform``; the first platform's for any other (an agent an
+        operator started by hand joins as one of it)."""
+        return next((p for p in self.platforms if p.name == platform), self.platforms[0])
+
+    @property
+    def reuse(self) -> bool:
+        return any(p.reuse for p in self.platforms)
+
+    def preference(self) -> tuple[str, ...]:
+        return self.trial_platforms or tuple(p.name for p in self.platforms)
