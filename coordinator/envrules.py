@@ -48,6 +48,7 @@ class EnvironmentRules:
 
     if TYPE_CHECKING:
         def _schedule(self) -> None: ...
+        def _env_changed(self, env: EnvState) -> None: ...
         def _send_start(self, env: EnvState, t: TrialState) -> None: ...
         def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None: ...
         def _refuse_unfittable(self) -> None: ...
@@ -104,6 +105,7 @@ class EnvironmentRules:
             }))
         env.hostname = reg.hostname
         env.link = reg.link
+        self._env_changed(env)
         self._out.append(ev.UpdateEnvironment(env.id, {"connected": 1}))
         self._linked.add(env.id)
         env.last_seen = self.now
@@ -134,6 +136,7 @@ class EnvironmentRules:
         if env is None or env.link != d.link:
             return
         env.link = None
+        self._env_changed(env)
         self._out.append(ev.UpdateEnvironment(env.id, {"connected": 0}))
         self._linked.discard(env.id)
         log.info("environment %s: agent stream closed", env.id)
@@ -168,6 +171,7 @@ class EnvironmentRules:
             self._gpus_sampled(env, hb.gpus)
         if hb.draining and not env.draining:
             env.draining = True
+            self._env_changed(env)
             if env.status in (EnvStatus.READY, EnvStatus.BUSY):
                 self._env_to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
 
@@ -194,7 +198,11 @@ class EnvironmentRules:
                     foreign.add(uuid)
         env.gpu_seen = seen
         was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
+        # Memory a trial may ask for: only GPUs whose total is known have it to change.
+        had_memory = [g.free_memory() for g in env.gpus if g.memory_total_bytes]
         released = scheduler.gpu_sampled(env.gpus, seen, foreign=foreign, memory_used=memory_used, usage=usage)
+        if released or was_foreign != foreign or had_memory != [g.free_memory() for g in env.gpus if g.memory_total_bytes]:
+            self._env_changed(env)
         for uuid, tid in released:
             log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
         if samples:
@@ -320,6 +328,7 @@ class EnvironmentRules:
         if env.shutdown_sent:
             return
         env.shutdown_sent = True
+        self._env_changed(env)
         if env.link is not None:
             self._out.append(ev.Send(env.link, ev.Shutdown(drain, grace_s, reason)))
         if env.status in (EnvStatus.READY, EnvStatus.BUSY):
@@ -381,6 +390,7 @@ class EnvironmentRules:
         check_env(env.status, new)
         old = env.status
         env.status = new
+        self._env_changed(env)
         env.reason = reason
         self._out.append(ev.UpdateEnvironment(env.id, {
             "status": new.value, "reason": reason, "ended_at": self.wall if new.terminal else None,

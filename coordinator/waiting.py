@@ -129,6 +129,10 @@ class WaitingTrials:
     def shapes(self) -> Iterable[Shape]:
         return self._sizes.keys()
 
+    def all_shapes(self) -> set[Shape]:
+        """The shapes of every waiting trial, deferred ones too."""
+        return set(self._sizes).union(shape_of(self._entries[t][1]) for t in self._deferred_ids)
+
     def head(self, shape: Shape) -> tuple[int, Demand] | None:
         """The first trial of ``shape`` in queue order, with its place."""
         heap = self._shapes.get(shape)
