@@ -17,6 +17,7 @@ from . import scheduler
 from .model import EnvState, TrialState
 from .rows import GpuSampleRow
 from .states import EnvStatus, TrialStatus, check_env
+from .waiting import WaitingTrials
 
 if TYPE_CHECKING:
     from .engine import PlatformPolicy, Policy
@@ -31,7 +32,7 @@ class EnvironmentRules:
     # Kept by Engine; declared here for the type checker.
     policy: Policy
     trials: dict[str, TrialState]
-    queue: list[str]
+    queue: WaitingTrials
     envs: dict[str, EnvState]
     stopping: bool
     started: bool

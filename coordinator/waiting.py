@@ -90,7 +90,7 @@ class WaitingTrials:
         self.fresh.setdefault(shape, []).append(demand.trial_id)
 
     def remove(self, trial_id: str) -> None:
-        place, demand = self._entries.pop(trial_id)
+        _, demand = self._entries.pop(trial_id)
         if trial_id in self._deferred_ids:
             self._deferred_ids.discard(trial_id)
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 
 import pytest
 from trialkeeper.coordinator.scheduler import Demand, EnvCapacity, GpuSlot, place, place_waiting
@@ -79,7 +80,7 @@ def run_scenario(seed: int, steps: int = 250) -> int:
     running: dict[str, str] = {}  # trial -> env id
     now, counter, placed_total = 0.0, 0, 0
 
-    def both(fn) -> None:  # noqa: ANN001 - applies one change to both copies
+    def both(fn: Callable[[dict[str, EnvCapacity]], object]) -> None:  # one change, to both copies
         for side in (plain.envs, envs):
             fn({e.env_id: e for e in side})
 
