@@ -7,6 +7,10 @@ one environment, each with room for another trial (``maxTrialNumberPerGpu``) and
 releases it, which it does only once the agent reports the trial's process tree gone and,
 where NVML shows the GPU's processes, the trial's processes gone from the GPU as well
 (:func:`trial_ended` and :func:`gpu_sampled` keep that ledger).
+
+:func:`place` is the rule written plainly, over the whole queue; the coordinator runs
+:func:`place_waiting`, the same rule over the waiting trials indexed by shape
+(:mod:`.waiting`), which costs what changed since the last pass.
 """
 
 from __future__ import annotations
@@ -241,7 +245,7 @@ def place_waiting(
             failed.add(shape)
             before = waiting.why.get(shape)
             touched = [*changed, *(e for e in placed_on.values() if e.env_id not in changed_ids)]
-            if blocked and isinstance(before, Why):
+            if blocked and before is not None:
                 facts = _why_since(demand, before, touched, all_envs)
             else:
                 facts = _why_facts(demand, all_envs)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .scheduler import Demand
+    from .scheduler import Demand, Why
 
 
 class Shape(NamedTuple):
@@ -54,7 +54,7 @@ class WaitingTrials:
         # Why each shape waits, as last told to its trials, and the facts behind it
         # (scheduler.Why) so that a pass can bring it up to date from what changed.
         self.told: dict[Shape, str] = {}
-        self.why: dict[Shape, object] = {}
+        self.why: dict[Shape, Why] = {}
         # Trials queued since their shape's reason was last told.
         self.fresh: dict[Shape, list[str]] = {}
 
