@@ -499,6 +499,7 @@ class Engine(EnvironmentRules):
         TrialEnded): they stay held until a heartbeat shows them gone. ``processes_gone``:
         the whole environment is gone, release everything."""
         env.holders.discard(t.id)
+        self.queue.capped = False  # one running trial fewer: trialConcurrency may let one more go
         self._env_changed(env)
         scheduler.trial_ended(env.gpus, t.id, {} if processes_gone else {u: {t.id} for u in still_in_use})
         if env.status is EnvStatus.BUSY and not env.holders:

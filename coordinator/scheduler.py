@@ -270,6 +270,7 @@ def place_waiting(
             heapq.heappush(heads, (nxt[0], shape))
     for shape in fitted - reasons.keys():
         waiting.fresh.pop(shape, None)
+    waiting.capped = not complete
     if complete:
         waiting.blocked = {s for s in failed if s in waiting.shapes()}
         waiting.changed_envs = set()

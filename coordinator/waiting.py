@@ -51,6 +51,9 @@ class WaitingTrials:
         self._front = 0
         self.blocked: set[Shape] = set()
         self.changed_envs: set[str] = set()
+        # The last pass stopped at trialConcurrency: until a running trial ends, a pass can
+        # place nothing, only tell new trials why they wait.
+        self.capped = False
         # Why each shape waits, as last told to its trials, and the facts behind it
         # (scheduler.Why) so that a pass can bring it up to date from what changed.
         self.told: dict[Shape, str] = {}
@@ -155,7 +158,11 @@ class WaitingTrials:
         if not self._sizes:
             due = self.next_due()
             return due is not None and due <= now
-        if self.changed_envs or any(self.fresh.values()):
+        if any(self.fresh.values()):
+            return True
+        if self.capped:
+            return False
+        if self.changed_envs:
             return True
         if any(s not in self.blocked for s in self._sizes):
             return True

@@ -106,6 +106,7 @@ def run_scenario(seed: int, steps: int = 250) -> int:
 
             both(release)
             index.changed_envs.add(env_id)
+            index.capped = False
             if kind == "retry":
                 # Lost with its environment: back to the front, after a backoff.
                 d = random_demand(rng, tid)
