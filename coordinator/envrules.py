@@ -199,16 +199,19 @@ class EnvironmentRules:
                     foreign.add(uuid)
         env.gpu_seen = seen
         was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
-        # Memory a trial may ask for: only GPUs whose total is known have it to change.
-        had_memory = [g.free_memory() for g in env.gpus if g.memory_total_bytes]
+        # Free memory matters only to trials that ask for some (trialGpuMemory): looked at
+        # only while one waits, so that a plain heartbeat stays cheap.
+        watch = self.queue.asks_memory()
+        had_memory = [g.free_memory() for g in env.gpus] if watch else None
         released = scheduler.gpu_sampled(env.gpus, seen, foreign=foreign, memory_used=memory_used, usage=usage)
-        if released or was_foreign != foreign or had_memory != [g.free_memory() for g in env.gpus if g.memory_total_bytes]:
+        changed = bool(released) or was_foreign != foreign or (watch and had_memory != [g.free_memory() for g in env.gpus])
+        if changed:
             self._env_changed(env)
         for uuid, tid in released:
             log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
         if samples:
             self._record_gpu_samples(env, samples)
-        if released or was_foreign != foreign:
+        if changed:  # what it changed is all the pass looks at
             self._schedule()
 
     def _record_gpu_samples(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:

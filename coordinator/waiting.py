@@ -132,6 +132,10 @@ class WaitingTrials:
     def shapes(self) -> Iterable[Shape]:
         return self._sizes.keys()
 
+    def asks_memory(self) -> bool:
+        """Whether a trial waiting to be placed asks for GPU memory."""
+        return any(s.gpu_memory_bytes for s in self._sizes)
+
     def all_shapes(self) -> set[Shape]:
         """The shapes of every waiting trial, deferred ones too."""
         return set(self._sizes).union(shape_of(self._entries[t][1]) for t in self._deferred_ids)

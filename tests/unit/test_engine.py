@@ -459,3 +459,28 @@ def test_a_pass_is_wanted_only_when_something_changed() -> None:
     sim.feed(ev.Ticked())
     assert list(sim.starts()) == ["t2"]
     assert [t for t in sim.engine.queue] == ["t3", "t4"]
+
+
+def test_gpu_memory_freed_by_another_program_places_a_trial_that_asks_for_it() -> None:
+    sim = Sim(environment_count=1, trial_slots=2)
+    sim.start()
+    (env_id,) = sim.started_envs()
+    sim.register(env_id, gpus=1)  # 16 GiB
+    uuid = f"GPU-{env_id}-0"
+    link = sim.links[env_id]
+    # Another program (useActiveGpu is on for this one: its memory is what counts) holds 12 GiB.
+    sim.engine.envs[env_id].use_active_gpu = True
+    sim.engine._env_changed(sim.engine.envs[env_id])
+    busy = ev.GpuSample(uuid, 50.0, 12 << 30, (ev.GpuProcess("", 12 << 30),))
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (busy,)))
+    sim.feed(ev.TrialSubmitted("big", {}, "python trial.py", 1, 8 << 30))
+    sim.feed(ev.Ticked())
+    assert not sim.starts()
+    assert "8.0 GiB free memory" in sim.engine.trials["big"].waiting_reason
+    # The same sample again changes nothing: no pass is wanted.
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (busy,)))
+    assert not sim.engine.wants_pass()
+    # The program lets go of most of its memory (it still runs there): that heartbeat alone
+    # places the trial.
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(uuid, 10.0, 2 << 30, (ev.GpuProcess("", 2 << 30),)),)))
+    assert list(sim.starts()) == ["big"]
