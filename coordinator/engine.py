@@ -23,6 +23,7 @@ from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
 from .policy import Policy
 from .rows import MetricRow
 from .states import EnvStatus, TrialStatus, check_trial
+from .waiting import WaitingTrials
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,13 @@ class Engine(EnvironmentRules):
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.trials: dict[str, TrialState] = {}
-        self.queue: list[str] = []
+        # The waiting trials, by what they need; placed trials leave it.
+        self.queue = WaitingTrials()
+        # What the scheduler sees of each environment, kept between passes and brought up to
+        # date for the environments that changed.
+        self._views: dict[str, scheduler.EnvCapacity] = {}
+        # Something a pass or reconcile may act on happened since the last tick.
+        self._dirty = True
         self.envs: dict[str, EnvState] = {}
         self.stopping = False
         self.started = False
@@ -87,6 +94,7 @@ class Engine(EnvironmentRules):
             case ev.EnvironmentsPolled():
                 self._polled(event.observations)
             case ev.Ticked():
+                self._dirty = False
                 self._schedule()
                 self._reconcile()
                 if self._gpu_rows:
@@ -111,6 +119,12 @@ class Engine(EnvironmentRules):
     @property
     def heartbeat_interval(self) -> float:
         return self.policy.heartbeat_interval_s * self.beat_scale
+
+    def wants_pass(self) -> bool:
+        """Whether a scheduling pass could do anything now: place a trial, tell one why it
+        waits, or start or replace an environment. Not after a metric, a log line or a
+        heartbeat that changed no capacity."""
+        return not self.stopping and (self._dirty or self.queue.pending(self.now))
 
     def all_done(self) -> bool:
         return all(t.status.terminal for t in self.trials.values())
@@ -163,7 +177,8 @@ class Engine(EnvironmentRules):
             **({"platforms_json": json.dumps(list(t.platforms))} if t.platforms else {}),
         }))
         self.trials[t.id] = t
-        self.queue.append(t.id)
+        self.queue.append(self._demand(t))
+        self._dirty = True
         self._out.append(ev.Publish(StatusEvent(t.info(), TrialStatus.WAITING)))
         self._fail_trials_no_platform_takes()  # one that may use only platforms given up on
 
@@ -173,6 +188,7 @@ class Engine(EnvironmentRules):
             return
         if not t.placed:
             self.queue.remove(trial_id)
+            self._dirty = True
             self._trial_to(t, status, reason)
             return
         t.cancel_status = status
@@ -335,37 +351,40 @@ class Engine(EnvironmentRules):
 
     # ---- placing trials ----------------------------------------------------------------------
 
-    def _capacity_views(self) -> list[scheduler.EnvCapacity]:
-        return [
-            scheduler.EnvCapacity(
-                env_id=env.id,
-                platform=env.platform,
-                trial_slots=env.trial_slots,
-                holders=env.holders,
-                gpus=env.gpus,
-                use_active_gpu=env.use_active_gpu,
-                accepting=(
-                    env.status in (EnvStatus.READY, EnvStatus.BUSY)
-                    and env.link is not None
-                    and not env.draining
-                    and not env.shutdown_sent
-                    and not (env.single_use and env.used)
-                    and env.platform not in self._unprepared  # trials there would find no code
-                ),
+    def _env_changed(self, env: EnvState) -> None:
+        """What ``env`` can take may have changed (a slot or GPU freed, its agent came or
+        went, its status moved): the next pass looks at it."""
+        self.queue.changed_envs.add(env.id)
+        self._dirty = True
+
+    def _sync_views(self) -> None:
+        views = self._views
+        if len(views) != len(self.envs):
+            for env in self.envs.values():
+                if env.id not in views:
+                    views[env.id] = scheduler.EnvCapacity(env.id, env.trial_slots, env.holders, platform=env.platform)
+                    self.queue.changed_envs.add(env.id)
+        for env_id in self.queue.changed_envs:
+            env, view = self.envs[env_id], views[env_id]
+            view.holders, view.gpus, view.use_active_gpu = env.holders, env.gpus, env.use_active_gpu
+            view.accepting = (
+                env.status in (EnvStatus.READY, EnvStatus.BUSY)
+                and env.link is not None
+                and not env.draining
+                and not env.shutdown_sent
+                and not (env.single_use and env.used)
+                and env.platform not in self._unprepared  # trials there would find no code
             )
-            for env in self.envs.values()
-        ]
 
     def _schedule(self) -> None:
-        if not self.queue or self.stopping:
+        if self.stopping or not self.queue.pending(self.now):
             return
+        self._sync_views()
         running = sum(len(e.holders) for e in self.envs.values())
-        demands = [self._demand(self.trials[tid]) for tid in self.queue if self.trials[tid].not_before <= self.now]
-        decision = scheduler.place(
-            demands, self._capacity_views(), max_running=self.policy.trial_concurrency, running=running,
+        decision = scheduler.place_waiting(
+            self.queue, self._views, now=self.now, max_running=self.policy.trial_concurrency, running=running,
             policy=self.policy.placement,
         )
-        placed = set()
         changed: dict[str, str] = {}  # waiting reasons to store
         for p in decision.placements:
             t = self.trials[p.trial_id]
@@ -374,7 +393,6 @@ class Engine(EnvironmentRules):
             t.lost_on = ""
             t.attempts += 1
             t.waiting_reason = changed[t.id] = f"starting on {env.id}"
-            placed.add(t.id)
             if env.single_use:
                 env.used = True
             self._out.append(ev.UpdateTrial(t.id, {
@@ -384,8 +402,6 @@ class Engine(EnvironmentRules):
             if env.status is EnvStatus.READY:
                 self._env_to(env, EnvStatus.BUSY, f"trial {t.id} placed")
             self._send_start(env, t)
-        if placed:
-            self.queue = [tid for tid in self.queue if tid not in placed]
         for tid, reason in decision.waiting.items():
             t = self.trials[tid]
             if t.waiting_reason != reason:
@@ -422,6 +438,8 @@ class Engine(EnvironmentRules):
         TrialEnded): they stay held until a heartbeat shows them gone. ``processes_gone``:
         the whole environment is gone, release everything."""
         env.holders.discard(t.id)
+        self.queue.capped = False  # one running trial fewer: trialConcurrency may let one more go
+        self._env_changed(env)
         scheduler.trial_ended(env.gpus, t.id, {} if processes_gone else {u: {t.id} for u in still_in_use})
         if env.status is EnvStatus.BUSY and not env.holders:
             self._env_to(env, EnvStatus.READY, f"trial {t.id} ended")
@@ -432,12 +450,18 @@ class Engine(EnvironmentRules):
             return  # nothing to refuse: skip the walk over every environment (one per agent joining)
         if any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self.envs.values()):
             return
+        # Asked once per shape: most registrations find every shape fits and walk no trial.
+        refused = {(s.gpus, s.gpu_memory_bytes): "" for s in self.queue.all_shapes()}
+        for gpus, memory in refused:
+            refused[gpus, memory] = self.never_fits(gpus, memory)
+        if not any(refused.values()):
+            return
         for tid in list(self.queue):
-            t = self.trials[tid]
-            why = self.never_fits(t.gpu_number, t.gpu_memory)
+            d = self.queue.demand(tid)
+            why = refused[d.gpus, d.gpu_memory_bytes]
             if why:
                 self.queue.remove(tid)
-                self._trial_to(t, TrialStatus.FAILED, f"refused: {why}")
+                self._trial_to(self.trials[tid], TrialStatus.FAILED, f"refused: {why}")
 
     def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None:
         """The trials placed on ``env`` are gone with it: retry or fail each."""
@@ -464,7 +488,8 @@ class Engine(EnvironmentRules):
         self._out.append(ev.StoreWaitingReasons({t.id: t.waiting_reason}))
         if t.status is TrialStatus.RUNNING:
             self._trial_to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {retries} in {delay:g} s")
-        self.queue.insert(0, t.id)
+        self.queue.push_front(self._demand(t), t.not_before)
+        self._dirty = True
 
     # ---- state changes -----------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from .model import EnvState, TrialState
 from .policy import PlatformPolicy, Policy
 from .rows import GpuSampleRow
 from .states import EnvStatus, TrialStatus, check_env
+from .waiting import WaitingTrials
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class EnvironmentRules:
     # Kept by Engine; declared here for the type checker.
     policy: Policy
     trials: dict[str, TrialState]
-    queue: list[str]
+    queue: WaitingTrials
     envs: dict[str, EnvState]
     stopping: bool
     started: bool
@@ -46,6 +47,7 @@ class EnvironmentRules:
 
     if TYPE_CHECKING:
         def _schedule(self) -> None: ...
+        def _env_changed(self, env: EnvState) -> None: ...
         def _send_start(self, env: EnvState, t: TrialState) -> None: ...
         def _lose_trials(self, env: EnvState, reason: str, keep: set[str]) -> None: ...
         def _refuse_unfittable(self) -> None: ...
@@ -102,6 +104,7 @@ class EnvironmentRules:
             }))
         env.hostname = reg.hostname
         env.link = reg.link
+        self._env_changed(env)
         self._out.append(ev.UpdateEnvironment(env.id, {"connected": 1}))
         self._linked.add(env.id)
         env.last_seen = self.now
@@ -132,6 +135,7 @@ class EnvironmentRules:
         if env is None or env.link != d.link:
             return
         env.link = None
+        self._env_changed(env)
         self._out.append(ev.UpdateEnvironment(env.id, {"connected": 0}))
         self._linked.discard(env.id)
         log.info("environment %s: agent stream closed", env.id)
@@ -166,6 +170,7 @@ class EnvironmentRules:
             self._gpus_sampled(env, hb.gpus)
         if hb.draining and not env.draining:
             env.draining = True
+            self._env_changed(env)
             if env.status in (EnvStatus.READY, EnvStatus.BUSY):
                 self._env_to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
 
@@ -192,12 +197,19 @@ class EnvironmentRules:
                     foreign.add(uuid)
         env.gpu_seen = seen
         was_foreign = {g.uuid for g in env.gpus if g.foreign_busy}
+        # Free memory matters only to trials that ask for some (trialGpuMemory): looked at
+        # only while one waits, so that a plain heartbeat stays cheap.
+        watch = self.queue.asks_memory()
+        had_memory = [g.free_memory() for g in env.gpus] if watch else None
         released = scheduler.gpu_sampled(env.gpus, seen, foreign=foreign, memory_used=memory_used, usage=usage)
+        changed = bool(released) or was_foreign != foreign or (watch and had_memory != [g.free_memory() for g in env.gpus])
+        if changed:
+            self._env_changed(env)
         for uuid, tid in released:
             log.info("environment %s: GPU %s released by ended trial %s (its processes left the GPU)", env.id, uuid, tid)
         if samples:
             self._record_gpu_samples(env, samples)
-        if released or was_foreign != foreign:
+        if changed:  # what it changed is all the pass looks at
             self._schedule()
 
     def _record_gpu_samples(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:
@@ -326,6 +338,7 @@ class EnvironmentRules:
         if env.shutdown_sent:
             return
         env.shutdown_sent = True
+        self._env_changed(env)
         if env.link is not None:
             self._out.append(ev.Send(env.link, ev.Shutdown(drain, grace_s, reason)))
         if env.status in (EnvStatus.READY, EnvStatus.BUSY):
@@ -387,6 +400,7 @@ class EnvironmentRules:
         check_env(env.status, new)
         old = env.status
         env.status = new
+        self._env_changed(env)
         env.reason = reason
         self._out.append(ev.UpdateEnvironment(env.id, {
             "status": new.value, "reason": reason, "ended_at": self.wall if new.terminal else None,

@@ -34,6 +34,7 @@ def restore(
     out: list[ev.Instruction] = []
     engine._out = out
     policy = engine.policy
+    requeued: list[TrialState] = []  # waiting, back to the queue in submission order
     for r in trial_rows:
         status = _status(TrialStatus, r["status"], None)
         parameters = _json(r["parameters_json"], None)
@@ -60,7 +61,7 @@ def restore(
             out.append(ev.RecordTransition("trial", t.id, str(r["status"]), t.status.value, t.reason))
             log.warning("trial %s: %s", t.id, t.reason)
         if not t.status.terminal and t.env_id is None:
-            engine.queue.append(t.id)
+            requeued.append(t)
         engine.trials[t.id] = t
         engine._next_seq = max(engine._next_seq, t.seq + 1)
     for r in env_rows:
@@ -108,7 +109,7 @@ def restore(
             # Placed on an environment that is gone: back to the queue, or lost.
             t.env_id, t.gpu_indices = None, ()
             if t.status is TrialStatus.WAITING:
-                engine.queue.append(t.id)
+                requeued.append(t)
             else:
                 engine._trial_to(t, TrialStatus.FAILED, "environment lost: it ended while the coordinator was down")
             continue
@@ -120,7 +121,8 @@ def restore(
         for g in host.gpus:
             if g.uuid in t.gpu_uuids:
                 g.take(t.id)
-    engine.queue.sort(key=lambda tid: engine.trials[tid].seq)
+    for t in sorted(requeued, key=lambda t: t.seq):
+        engine.queue.append(engine._demand(t))
     log.info(
         "experiment %s resumed: %d trials (%d not finished), %d environments waiting for their agents",
         policy.experiment_id, len(engine.trials), sum(1 for t in engine.trials.values() if not t.status.terminal),

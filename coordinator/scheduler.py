@@ -7,12 +7,19 @@ one environment, each with room for another trial (``maxTrialNumberPerGpu``) and
 releases it, which it does only once the agent reports the trial's process tree gone and,
 where NVML shows the GPU's processes, the trial's processes gone from the GPU as well
 (:func:`trial_ended` and :func:`gpu_sampled` keep that ledger).
+
+:func:`place` is the rule written plainly, over the whole queue; the coordinator runs
+:func:`place_waiting`, the same rule over the waiting trials indexed by shape
+(:mod:`.waiting`), which costs what changed since the last pass.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from .waiting import Shape, WaitingTrials
 
 
 @dataclass
@@ -170,6 +177,110 @@ def place(
     return Decision(placements, reasons)
 
 
+@dataclass
+class WaitingDecision:
+    placements: list[Placement]
+    # Trials whose reason to wait changed (only those), in words a user reads.
+    waiting: dict[str, str]
+    # Whether every shape was walked (not cut short by trialConcurrency).
+    complete: bool = True
+
+
+def place_waiting(
+    waiting: WaitingTrials,
+    envs: Mapping[str, EnvCapacity],
+    *,
+    now: float = 0.0,
+    max_running: int | None = None,
+    running: int = 0,
+    policy: str = "pack",
+) -> WaitingDecision:
+    """:func:`place` over the index: the same placements, in the same order, at the cost of
+    what changed since the last pass. Removes the trials it places from ``waiting``;
+    ``envs`` (in order) must be the environments the index's ``changed_envs`` speak of.
+
+    The order is the queue's: the next trial tried is the first in queue order among the
+    heads of the shapes not yet found not to fit in this pass, exactly the next one that
+    :func:`place` would try. A shape found not to fit at the last pass is tried only on the
+    environments that changed since (the others could not take it then and have not grown);
+    any other shape on every open environment."""
+    waiting.release_due(now)
+    placements: list[Placement] = []
+    reasons: dict[Shape, str] = {}
+    if not waiting.pending(now):
+        return WaitingDecision(placements, {})
+    all_envs = list(envs.values())
+    changed_ids = waiting.changed_envs
+    changed = [e for e in all_envs if e.env_id in changed_ids] if changed_ids else []
+    changed_open = [e for e in changed if e.accepting]
+    open_envs: list[EnvCapacity] | None = None  # made when a shape not blocked is tried
+    placed_on: dict[str, EnvCapacity] = {}
+    budget = None if max_running is None else max_running - running
+    offers = _Offers()
+    heads: list[tuple[int, Shape]] = []
+    for shape in waiting.shapes():
+        head = waiting.head(shape)
+        if head is not None:
+            heads.append((head[0], shape))
+    heapq.heapify(heads)
+    failed: set[Shape] = set()
+    fitted: set[Shape] = set()
+    complete = True
+    while heads:
+        if budget is not None and budget <= 0:
+            complete = False
+            for _, shape in heads:
+                reasons[shape] = f"waiting: {max_running} trials are running (trialConcurrency)"
+            break
+        _, shape = heapq.heappop(heads)
+        head = waiting.head(shape)
+        if head is None:
+            continue
+        demand = head[1]
+        blocked = shape in waiting.blocked
+        if not blocked and open_envs is None:
+            open_envs = [e for e in all_envs if e.accepting]
+        found = _choose(demand, changed_open if blocked else open_envs, policy, offers)  # type: ignore[arg-type]
+        if found is None:
+            failed.add(shape)
+            before = waiting.why.get(shape)
+            touched = [*changed, *(e for e in placed_on.values() if e.env_id not in changed_ids)]
+            if blocked and before is not None:
+                facts = _why_since(demand, before, touched, all_envs)
+            else:
+                facts = _why_facts(demand, all_envs)
+            waiting.why[shape] = facts
+            reasons[shape] = _why_text(demand, facts)
+            continue
+        env, gpus = found
+        fitted.add(shape)
+        waiting.remove(demand.trial_id)
+        env.holders.add(demand.trial_id)
+        for g in gpus:
+            g.take(demand.trial_id, demand.gpu_memory_bytes)
+        offers.changed(env)
+        placed_on[env.env_id] = env
+        placements.append(
+            Placement(demand.trial_id, env.env_id, tuple(g.uuid for g in gpus), tuple(g.index for g in gpus))
+        )
+        if budget is not None:
+            budget -= 1
+        nxt = waiting.head(shape)
+        if nxt is not None:
+            heapq.heappush(heads, (nxt[0], shape))
+    for shape in fitted - reasons.keys():
+        waiting.fresh.pop(shape, None)
+    waiting.capped = not complete
+    if complete:
+        waiting.blocked = {s for s in failed if s in waiting.shapes()}
+        waiting.changed_envs = set()
+    else:
+        waiting.blocked = (waiting.blocked - fitted) | failed
+    # The environments placed on hold less now: the reasons that name them are redone next time.
+    waiting.changed_envs |= placed_on.keys()
+    return WaitingDecision(placements, waiting.tell(reasons), complete)
+
+
 class _Offers:
     """What each environment can offer, computed once per call and again only for an
     environment a placement changed: a placement then costs one cheap look per
@@ -223,9 +334,64 @@ def _choose(
 
 
 def _why_not(demand: Demand, envs: Sequence[EnvCapacity]) -> str:
-    accepting = [e for e in envs if e.accepting and demand.rank(e.platform) is not None]
-    if not accepting:
-        if demand.only_these and any(e.accepting for e in envs):
+    return _why_text(demand, _why_facts(demand, envs))
+
+
+@dataclass(frozen=True)
+class Why:
+    """The facts behind a waiting reason: an environment open at all, one open to this
+    trial's platforms, and the one with room that has the most usable GPUs (the first such
+    in order). Each is a witness: while it does not change, neither does the fact."""
+
+    any_open: EnvCapacity | None
+    open_for_it: EnvCapacity | None
+    best: EnvCapacity | None
+    best_free: int = 0
+
+
+def _why_facts(demand: Demand, envs: Sequence[EnvCapacity]) -> Why:
+    any_open = next((e for e in envs if e.accepting), None)
+    open_for_it = next((e for e in envs if e.accepting and demand.rank(e.platform) is not None), None)
+    best, best_free = None, -1
+    if open_for_it is not None and demand.gpus:
+        for e in envs:
+            if e.accepting and e.free_slots() > 0 and demand.rank(e.platform) is not None:
+                free = len(e.usable_gpus(demand.gpu_memory_bytes))
+                if free > best_free:
+                    best, best_free = e, free
+    return Why(any_open, open_for_it, best, max(best_free, 0))
+
+
+def _why_since(demand: Demand, before: Why, changed: Sequence[EnvCapacity], all_envs: Sequence[EnvCapacity]) -> Why:
+    """``before`` brought up to date when only the ``changed`` environments (in order) may
+    differ: a walk over them, or over every environment when a witness itself changed."""
+    touched = {id(e) for e in changed}
+    if any(w is not None and id(w) in touched for w in (before.any_open, before.open_for_it, before.best)):
+        return _why_facts(demand, all_envs)
+    any_open = before.any_open or next((e for e in changed if e.accepting), None)
+    open_for_it = before.open_for_it or next(
+        (e for e in changed if e.accepting and demand.rank(e.platform) is not None), None
+    )
+    best, best_free = before.best, before.best_free if before.best is not None else -1
+    if open_for_it is not None and demand.gpus:
+        order: dict[int, int] | None = None
+        for e in changed:
+            if e.accepting and e.free_slots() > 0 and demand.rank(e.platform) is not None:
+                free = len(e.usable_gpus(demand.gpu_memory_bytes))
+                if free > best_free:
+                    best, best_free = e, free
+                elif free == best_free and best is not None:
+                    # A tie goes to the environment first in order, as a full walk finds it.
+                    if order is None:
+                        order = {id(x): i for i, x in enumerate(all_envs)}
+                    if order[id(e)] < order[id(best)]:
+                        best = e
+    return Why(any_open, open_for_it, best, max(best_free, 0))
+
+
+def _why_text(demand: Demand, why: Why) -> str:
+    if why.open_for_it is None:
+        if demand.only_these and why.any_open is not None:
             return f"waiting: no environment of {', '.join(demand.platforms)} is ready yet"
         return "waiting: no environment is ready yet"
     if demand.gpus == 0:
@@ -234,18 +400,16 @@ def _why_not(demand: Demand, envs: Sequence[EnvCapacity]) -> str:
     need = f"{n} free GPU{'s' if n != 1 else ''}"
     if demand.gpu_memory_bytes:
         need += f" with {_gib(demand.gpu_memory_bytes)} free memory"
-    with_room = [e for e in accepting if e.free_slots() > 0]
-    if not with_room:
+    best = why.best
+    if best is None:
         return f"waiting: no environment has {need}; every environment is running as many trials as it takes"
-    best = max(with_room, key=lambda e: len(e.usable_gpus(demand.gpu_memory_bytes)))
-    free = len(best.usable_gpus(demand.gpu_memory_bytes))
-    why = f"waiting: no environment has {need}; {best.env_id} has {free} free"
+    why_text = f"waiting: no environment has {need}; {best.env_id} has {why.best_free} free"
     stopping = sum(1 for g in best.gpus if g.lingering)
     if stopping:
-        why += f" ({stopping} held by ended trials whose processes are still on the GPU)"
+        why_text += f" ({stopping} held by ended trials whose processes are still on the GPU)"
     elif not best.use_active_gpu and any(g.foreign_busy for g in best.gpus):
-        why += f" ({sum(1 for g in best.gpus if g.foreign_busy)} in use by other programs; useActiveGpu is off)"
-    return why
+        why_text += f" ({sum(1 for g in best.gpus if g.foreign_busy)} in use by other programs; useActiveGpu is off)"
+    return why_text
 
 
 def _gib(n: int) -> str:

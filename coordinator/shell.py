@@ -255,7 +255,9 @@ class Shell:
                 log.exception("environment %s: a message could not be handled; ending its stream", event.env_id)
                 link.fail("the coordinator could not handle a message; see its log")
         self.apply(out)
-        if reported:  # a heartbeat that frees GPUs places trials itself
+        # Only when the messages changed something a pass acts on (a trial ended, an agent
+        # left): a metric or a log line does not. A heartbeat that frees GPUs places trials itself.
+        if reported and self.engine.wants_pass():
             self.pass_soon()
 
     def agent_note(self, env_id: str, trial_id: str, text: str) -> None:

@@ -505,7 +505,7 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         t = me.cpu_times()
         return t.user + t.system
 
-    counters = {"heartbeats": 0, "running": 0, "placed": 0, "lost": 0}
+    counters = {"heartbeats": 0, "running": 0, "placed": 0, "lost": 0, "passes_idle": 0}
     if a.bare:
         _server, address, token_file, env_count = await _bare_server(d, counters)
         c = None
@@ -541,9 +541,12 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
 
         def timed_schedule() -> None:
             before, placed0 = len(engine.queue), counters["placed"]
+            ran = bool(before) and engine.queue.pending(engine.now)
+            if before and not ran:
+                counters["passes_idle"] += 1  # nothing changed since the last: returns at once
             t = time.perf_counter()
             schedule()
-            if before:
+            if ran:
                 passes.append((time.perf_counter() - t, before, counters["placed"] - placed0))
 
         engine._schedule = timed_schedule  # type: ignore[method-assign]
@@ -737,6 +740,7 @@ def stage_schedbench(a: argparse.Namespace) -> dict[str, Any]:
     ``envs`` environments taken but one: the pass that runs when one trial ends. Beside
     it, an indexed reference picker doing the same job (the floor)."""
     from trialkeeper.coordinator import scheduler as s
+    from trialkeeper.coordinator.waiting import WaitingTrials
 
     def views() -> list[s.EnvCapacity]:
         out = []
@@ -749,13 +753,36 @@ def stage_schedbench(a: argparse.Namespace) -> dict[str, Any]:
         return out
 
     demands = [s.Demand(f"t{i}", 1) for i in range(a.waiting)]
-    real = []
+    plain = []
     for _ in range(a.repeats):
         v = views()
         t = time.perf_counter()
         decision = s.place(demands, v, max_running=None, policy="pack")
+        plain.append(time.perf_counter() - t)
+        assert len(decision.placements) == 1, len(decision.placements)
+    # What the coordinator runs: the waiting trials indexed as they were submitted, the
+    # environments' views kept between passes; one pass found nothing fits (every GPU is
+    # taken), then a trial ends on the last environment and frees one GPU.
+    index = WaitingTrials()
+    for d in demands:
+        index.append(d)
+    envs = {e.env_id: e for e in views()}
+    last = envs[f"e{a.envs - 1}"]
+    last.gpus[0].holders.add(f"r{a.envs - 1}-0")
+    last.holders.add(f"r{a.envs - 1}-0")
+    assert not s.place_waiting(index, envs, policy="pack").placements
+    s.place_waiting(index, envs, policy="pack")
+    real = []
+    holder = f"r{a.envs - 1}-0"
+    for _ in range(a.repeats):
+        last.gpus[0].release(holder)
+        last.holders.discard(holder)
+        index.changed_envs.add(last.env_id)
+        t = time.perf_counter()
+        decision = s.place_waiting(index, envs, policy="pack")
         real.append(time.perf_counter() - t)
         assert len(decision.placements) == 1, len(decision.placements)
+        holder = decision.placements[0].trial_id
     ref = []
     for _ in range(a.repeats):
         v = views()
@@ -763,7 +790,7 @@ def stage_schedbench(a: argparse.Namespace) -> dict[str, Any]:
         placed = _reference_place(demands, v)
         ref.append(time.perf_counter() - t)
         assert placed == 1, placed
-    return {"envs": a.envs, "waiting": a.waiting, "pass_s": real, "reference_pass_s": ref}
+    return {"envs": a.envs, "waiting": a.waiting, "pass_s": real, "plain_pass_s": plain, "reference_pass_s": ref}
 
 
 def _reference_place(demands: list[Any], envs: list[Any]) -> int:

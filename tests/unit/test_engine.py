@@ -433,3 +433,55 @@ def test_a_message_that_cannot_be_applied_still_tells_the_status_changes_it_made
     assert [e.trial.status for e in published if hasattr(e, "trial")] == [TrialStatus.RUNNING]
     assert not sim.take(ev.UpdateTrial) and not sim.take(ev.RecordTransition)  # its writes dropped
     assert [a.seq for a in sim.take(ev.Ack)] == [1]  # skipped, loudly, not replayed forever
+
+
+def test_a_pass_is_wanted_only_when_something_changed() -> None:
+    sim = ready_sim(trial_concurrency=10)
+    for i in range(5):
+        sim.submit(f"t{i}")
+    placed = [t for t in sim.starts()]
+    assert placed == ["t0", "t1"]  # two environments, one slot each
+    env_id = sim.engine.trials["t0"].env_id
+    assert env_id is not None
+    sim.run(env_id, "t0")
+    sim.feed(ev.Ticked())
+    assert not sim.engine.wants_pass()
+    # A metric, a log line, a heartbeat without GPUs: nothing a pass could act on.
+    sim.report(env_id, ev.MetricsReported((MetricRow("t0", 0, "intermediate", 0.5, "0.5", 0.0),)))
+    sim.report(env_id, ev.LogReported("t0", "stdout", 0, b"hello\n"))
+    sim.feed(ev.HeartbeatReceived(env_id, sim.links[env_id], False))
+    assert not sim.engine.wants_pass()
+    sim.out.clear()
+    sim.feed(ev.Ticked())
+    assert not sim.take(ev.StoreWaitingReasons) and not sim.starts()
+    # Its trial ends: the slot it frees is worth a pass, which places the next in line.
+    sim.end(env_id, "t0", ev.Outcome.SUCCEEDED)
+    assert sim.engine.wants_pass()
+    sim.feed(ev.Ticked())
+    assert list(sim.starts()) == ["t2"]
+    assert [t for t in sim.engine.queue] == ["t3", "t4"]
+
+
+def test_gpu_memory_freed_by_another_program_places_a_trial_that_asks_for_it() -> None:
+    sim = Sim(environment_count=1, trial_slots=2)
+    sim.start()
+    (env_id,) = sim.started_envs()
+    sim.register(env_id, gpus=1)  # 16 GiB
+    uuid = f"GPU-{env_id}-0"
+    link = sim.links[env_id]
+    # Another program (useActiveGpu is on for this one: its memory is what counts) holds 12 GiB.
+    sim.engine.envs[env_id].use_active_gpu = True
+    sim.engine._env_changed(sim.engine.envs[env_id])
+    busy = ev.GpuSample(uuid, 50.0, 12 << 30, (ev.GpuProcess("", 12 << 30),))
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (busy,)))
+    sim.feed(ev.TrialSubmitted("big", {}, "python trial.py", 1, 8 << 30))
+    sim.feed(ev.Ticked())
+    assert not sim.starts()
+    assert "8.0 GiB free memory" in sim.engine.trials["big"].waiting_reason
+    # The same sample again changes nothing: no pass is wanted.
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (busy,)))
+    assert not sim.engine.wants_pass()
+    # The program lets go of most of its memory (it still runs there): that heartbeat alone
+    # places the trial.
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(uuid, 10.0, 2 << 30, (ev.GpuProcess("", 2 << 30),)),)))
+    assert list(sim.starts()) == ["big"]

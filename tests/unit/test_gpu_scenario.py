@@ -4,8 +4,9 @@ Virtual time, no network, no sleeps. Trials need 0-4 GPUs and run for random dur
 some are canceled while waiting or running; an ended trial's processes stay on its GPUs
 for a random while after its process tree is gone (as NVML shows them); foreign programs
 come and go on random GPUs. The scenario drives the scheduler exactly as the coordinator
-does (``place``, ``trial_ended`` at the end of a tree, ``gpu_sampled`` at each heartbeat)
-and checks the promises after every event:
+does (``place``, ``trial_ended`` at the end of a tree, ``gpu_sampled`` at each heartbeat;
+or, as the coordinator does now, ``place_waiting`` over the index of waiting trials, told
+which environments changed) and checks the promises after every event:
 
 * no GPU ever holds more than ``maxTrialNumberPerGpu`` trials, counting the processes
   really on it;
@@ -28,8 +29,10 @@ from trialkeeper.coordinator.scheduler import (
     GpuSlot,
     gpu_sampled,
     place,
+    place_waiting,
     trial_ended,
 )
+from trialkeeper.coordinator.waiting import WaitingTrials
 
 ENVS, GPUS_PER_ENV, TRIALS = 3, 4, 300
 HEARTBEAT = 1.0
@@ -45,7 +48,7 @@ class _Event:
 
 
 class Scenario:
-    def __init__(self, seed: int, per_gpu: int) -> None:
+    def __init__(self, seed: int, per_gpu: int, indexed: bool = False) -> None:
         self.rng = random.Random(seed)
         self.per_gpu = per_gpu
         self.envs = [
@@ -63,6 +66,11 @@ class Scenario:
         self.foreign: set[str] = set()
         self.need = {f"t{i:03d}": self.rng.choice([0, 0, 1, 1, 1, 2, 2, 3, 4]) for i in range(TRIALS)}
         self.queue: list[str] = list(self.need)
+        self.index: WaitingTrials | None = None
+        if indexed:
+            self.index = WaitingTrials()
+            for t in self.queue:
+                self.index.append(Demand(t, self.need[t]))
         self.where: dict[str, tuple[EnvCapacity, tuple[str, ...]]] = {}
         self.status = dict.fromkeys(self.need, "WAITING")
         self.events: list[_Event] = []
@@ -80,12 +88,21 @@ class Scenario:
         return {g.uuid: set(self.on_gpu[g.uuid]) for g in env.gpus}
 
     def heartbeat(self, env: EnvCapacity) -> None:
-        gpu_sampled(env.gpus, self.seen(env), foreign=[g.uuid for g in env.gpus if g.uuid in self.foreign])
+        was_foreign = [g.foreign_busy for g in env.gpus]
+        released = gpu_sampled(env.gpus, self.seen(env), foreign=[g.uuid for g in env.gpus if g.uuid in self.foreign])
+        if released or was_foreign != [g.foreign_busy for g in env.gpus]:
+            self.changed(env)
+
+    def changed(self, env: EnvCapacity) -> None:
+        if self.index is not None:
+            self.index.changed_envs.add(env.env_id)
 
     def schedule(self) -> None:
-        demands = [Demand(t, self.need[t]) for t in self.queue]
-        decision = place(demands, self.envs)
-        for p in decision.placements:
+        if self.index is not None:
+            placements = place_waiting(self.index, {e.env_id: e for e in self.envs}).placements
+        else:
+            placements = place([Demand(t, self.need[t]) for t in self.queue], self.envs).placements
+        for p in placements:
             env = next(e for e in self.envs if e.env_id == p.env_id)
             for uuid in p.gpu_uuids:
                 # The promise: a GPU is handed out only with room for one more process on
@@ -112,6 +129,7 @@ class Scenario:
         # TrialEnded carries the GPUs NVML still lists the trial's processes on.
         trial_ended(env.gpus, tid, self.seen(env))
         env.holders.discard(tid)
+        self.changed(env)
         self.status[tid] = outcome
         for uuid in uuids:
             self.at(self.rng.choice([0.0, 0.0, self.rng.uniform(0.1, 6.0)]), "gpu_process_gone", tid, uuid)
@@ -164,6 +182,8 @@ class Scenario:
             elif ev.kind == "cancel":
                 if self.status[ev.subject] == "WAITING":
                     self.queue.remove(ev.subject)
+                    if self.index is not None:
+                        self.index.remove(ev.subject)
                     self.status[ev.subject] = "USER_CANCELED"
                 elif self.status[ev.subject] == "RUNNING":
                     # SIGTERM now, the tree is gone after a grace period.
@@ -182,8 +202,9 @@ class Scenario:
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("per_gpu", [1, 2])
-def test_randomized_three_environments_four_gpus(seed: int, per_gpu: int) -> None:
-    s = Scenario(seed, per_gpu)
+@pytest.mark.parametrize("indexed", [False, True], ids=["plain", "indexed"])
+def test_randomized_three_environments_four_gpus(seed: int, per_gpu: int, indexed: bool) -> None:
+    s = Scenario(seed, per_gpu, indexed)
     s.run()
     assert all(v in ("SUCCEEDED", "USER_CANCELED") for v in s.status.values()), {
         k: v for k, v in s.status.items() if v not in ("SUCCEEDED", "USER_CANCELED")
