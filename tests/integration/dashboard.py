@@ -12,7 +12,7 @@ import textwrap
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +52,14 @@ def http(method: str, url: str, *, token: str | None = None, body: Any = None, t
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
+
+
+def tk_bare(*args: str | Path, timeout: float = HTTP_TIMEOUT_S * 3) -> subprocess.CompletedProcess[str]:
+    """``trialkeeper ARGS`` with no PATH (so no tensorboard, whatever this machine has) and no
+    dashboard token from the caller's environment."""
+    env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
+    env["PATH"] = os.devnull
+    return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
 def get_json(url: str, **kw: Any) -> Any:
@@ -100,11 +108,9 @@ def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path) -> P
     return config
 
 
-def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str] | None = None) -> Served:
-    proc = subprocess.Popen(
-        [_script(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-        stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
+def first_line(proc: subprocess.Popen[str], pick: Callable[[str], str | None], timeout: float = START_TIMEOUT_S) -> tuple[str, list[str]]:
+    """Follow ``proc``'s output from a thread until ``pick`` finds something in a line; returns
+    that ("" when the output ended or ``timeout`` passed first) and the lines so far (still growing)."""
     lines: list[str] = []
     found: queue.Queue[str] = queue.Queue()
 
@@ -112,15 +118,24 @@ def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str]
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("dashboard: "):
-                found.put(line.removeprefix("dashboard: ").strip())
+            picked = pick(line)
+            if picked:
+                found.put(picked)
         found.put("")
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        url = found.get(timeout=START_TIMEOUT_S)
+        return found.get(timeout=timeout), lines
     except queue.Empty:
-        url = ""
+        return "", lines
+
+
+def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str] | None = None) -> Served:
+    proc = subprocess.Popen(
+        [_script(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    url, lines = first_line(proc, lambda line: line.removeprefix("dashboard: ").strip() if line.startswith("dashboard: ") else None)
     if not url:
         proc.kill()
         proc.wait(STOP_TIMEOUT_S)

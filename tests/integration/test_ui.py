@@ -1,21 +1,25 @@
 """The dashboard's server and JSON API against real experiments: `trialkeeper run --ui` with
 real agents and trials, and `trialkeeper ui` over a stored one; the token, /metrics parsed by
-prometheus-client, and `trialkeeper tensorboard`'s log directory."""
+prometheus-client."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import wait_until
-from dashboard import gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
+from dashboard import (
+    gated_config,
+    get_json,
+    http,
+    live_experiment,
+    many_trials,
+    stored_dashboard,
+    tk_bare,
+)
 from prometheus_client.parser import text_string_to_metric_families
-from test_cli import _script
-from trialkeeper.coordinator.store import Store
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
@@ -171,59 +175,21 @@ def test_beyond_loopback_every_read_needs_the_token(tmp_path: Path) -> None:
         assert http("GET", url + "/api/experiment", token="another-token")[0] == 200
 
 
-def _tk(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
-    env["PATH"] = os.path.dirname(_script())  # no tensorboard on it, whatever this machine has
-    return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=30, env=env, check=False)
-
-
 def test_run_refuses_a_bad_dashboard_address_before_it_starts(tmp_path: Path) -> None:
-    proc = _tk("run", tmp_path / "missing.yml", "--ui", "127.0.0.1:99999")
+    proc = tk_bare("run", tmp_path / "missing.yml", "--ui", "127.0.0.1:99999")
     assert proc.returncode == 2 and "missing.yml" in proc.stderr  # the config is read first
     config = gated_config(tmp_path, trials=1, concurrency=1, gates=tmp_path / "gates")
-    proc = _tk("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", "127.0.0.1:99999")
+    proc = tk_bare("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", "127.0.0.1:99999")
     assert proc.returncode == 2 and "--ui: port 99999 is not between 0 and 65535" in proc.stderr
     assert not (tmp_path / "exp" / "trials").exists()  # no trial ran
 
 
 def test_ui_refuses_bad_input(tmp_path: Path) -> None:
-    proc = _tk("ui", tmp_path)
+    proc = tk_bare("ui", tmp_path)
     assert proc.returncode == 1 and f"no experiment in {tmp_path}" in proc.stderr
     many_trials(tmp_path / "exp", 3)
-    proc = _tk("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
+    proc = tk_bare("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
     assert proc.returncode == 1 and "is not HOST:PORT" in proc.stderr
     (tmp_path / "exp" / ".token").unlink()
-    proc = _tk("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
+    proc = tk_bare("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
     assert proc.returncode == 1 and "only with a token" in proc.stderr and "TRIALKEEPER_UI_TOKEN" in proc.stderr
-
-
-def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: Path) -> None:
-    exp = tmp_path / "exp"
-    many_trials(exp, 4)
-    store = Store.in_dir(exp)
-    store.update_env("env-0", platform="local")
-    store.update_env("env-1", hostname="gpu-box-7")  # a remote one
-    store.update_trial("tr00001", environment_id="env-1")
-    store.update_trial("tr00000", environment_id="env-0")
-    store.update_trial("tr00002", environment_id="env-0")
-    store.update_trial("tr00003", environment_id="env-0")
-    store.close()
-    for tid in ("tr00000", "tr00002"):
-        (exp / "trials" / tid / "output").mkdir(parents=True)
-        (exp / "trials" / tid / "output" / "events.out.tfevents.1").write_bytes(b"")
-
-    proc = _tk("tensorboard", exp)
-    assert proc.returncode == 1, proc.stderr
-    logdir = exp / "tensorboard"
-    runs = sorted(p.name for p in logdir.iterdir())
-    assert len(runs) == 2 and runs[0].startswith("tr00000_layers=") and "lr=" in runs[0] and "opt=" in runs[0]
-    assert all((logdir / r).is_symlink() and (logdir / r / "events.out.tfevents.1").exists() for r in runs)
-    assert "trial tr00001: output not on this machine" in proc.stdout and "gpu-box-7" in proc.stdout
-    assert "trial tr00003: no output directory yet" in proc.stdout
-    assert "tensorboard is not installed: pip install tensorboard" in proc.stdout and f"--logdir {logdir}" in proc.stdout
-
-    # Again, for chosen trials, into another directory: only those runs.
-    proc = _tk("tensorboard", exp, "tr00002", "--logdir", tmp_path / "tb")
-    assert [p.name.split("_")[0] for p in (tmp_path / "tb").iterdir()] == ["tr00002"]
-    proc = _tk("tensorboard", exp, "nope")
-    assert proc.returncode == 1 and "no trial nope" in proc.stderr
