@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -317,31 +318,44 @@ def check_bind(host: str, token: str) -> None:
         )
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start serving ``app``; returns its runner and the URL it answers on."""
+def bind(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket, bound now: a port already taken is told before anything
+    else starts (``run --ui`` binds it before the coordinator launches a single agent)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio does: a restart reuses the port at once
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
+    return sock
+
+
+async def serve(app: web.Application, sock: socket.socket) -> tuple[web.AppRunner, str]:
+    """Start serving ``app`` on ``sock`` (from :func:`bind`); returns its runner and the URL it answers on."""
     # Open live streams never end by themselves: shutting down waits for them only briefly.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as e:
-        await runner.cleanup()
-        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
-    server = site._server  # the bound port, when 0 asked for any
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    host, port = sock.getsockname()[:2]
+    await web.SockSite(runner, sock).start()
     shown = f"[{host}]" if ":" in host else host
-    return runner, f"http://{shown}:{bound}/"
+    return runner, f"http://{shown}:{port}/"
 
 
 class DashboardThread:
-    """The dashboard served from a thread of its own, beside a running experiment."""
+    """The dashboard served from a thread of its own, beside a running experiment, on a
+    socket :func:`bind` made (the thread owns it from here on, and closes it)."""
 
-    def __init__(self, experiment_dir: Path, host: str, port: int, controls: Controls | None = None) -> None:
+    def __init__(self, experiment_dir: Path, sock: socket.socket, controls: Controls | None = None) -> None:
+        host = sock.getsockname()[0]
         self.token = read_token(experiment_dir)
         check_bind(host, self.token)
-        self._args = (experiment_dir, host, port, controls)
+        self._args = (experiment_dir, host, sock, controls)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -365,11 +379,11 @@ class DashboardThread:
             self._ready.set()
 
     async def _main(self) -> None:
-        experiment_dir, host, port, controls = self._args
+        experiment_dir, host, sock, controls = self._args
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         app = build_app(experiment_dir, token=self.token, open_reads=is_loopback(host), controls=controls)
-        runner, self.url = await serve(app, host, port)
+        runner, self.url = await serve(app, sock)
         self._ready.set()
         try:
             await self._stopped.wait()
@@ -387,7 +401,7 @@ async def serve_forever(experiment_dir: Path, host: str, port: int, on_url: Call
     token = read_token(experiment_dir)
     check_bind(host, token)
     app = build_app(experiment_dir, token=token, open_reads=is_loopback(host))
-    runner, url = await serve(app, host, port)
+    runner, url = await serve(app, bind(host, port))
     on_url(url)
     try:
         await asyncio.Event().wait()

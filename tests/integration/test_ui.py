@@ -5,6 +5,7 @@ prometheus-client."""
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -181,7 +182,15 @@ def test_run_refuses_a_bad_dashboard_address_before_it_starts(tmp_path: Path) ->
     config = gated_config(tmp_path, trials=1, concurrency=1, gates=tmp_path / "gates")
     proc = tk_bare("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", "127.0.0.1:99999")
     assert proc.returncode == 2 and "--ui: port 99999 is not between 0 and 65535" in proc.stderr
-    assert not (tmp_path / "exp" / "trials").exists()  # no trial ran
+    assert not (tmp_path / "exp").exists()  # nothing started
+
+    # A port another program listens on: told before any agent or trial starts.
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = tk_bare("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert not (tmp_path / "exp").exists()
 
 
 def test_ui_refuses_bad_input(tmp_path: Path) -> None:
