@@ -8,7 +8,6 @@ import os
 import queue
 import random
 import subprocess
-import textwrap
 import threading
 import urllib.error
 import urllib.request
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from conftest import write_script
 from test_cli import _script
 from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
@@ -68,6 +68,40 @@ def get_json(url: str, **kw: Any) -> Any:
     return json.loads(body)
 
 
+def first_event(url: str, token: str | None = None) -> dict[str, Any]:
+    """The first `change` event of the dashboard's live stream."""
+    request = urllib.request.Request(url + "/api/events")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as stream:
+        event = ""
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "change":
+                return dict(json.loads(line.removeprefix("data: ")))
+    raise AssertionError("the live stream ended without an event")
+
+
+def every_answer(url: str, token: str | None = None) -> dict[str, bytes]:
+    """Every page and answer the dashboard at ``url`` gives, by path: its pages and scripts, the
+    experiment, every trial (its detail and both logs), comparison, every environment (and its
+    GPUs), /metrics and the live stream's first event."""
+    paths = ["/", "/static/app.js", "/static/app.css", "/api/experiment", "/api/trials?limit=1000", "/api/compare",
+             "/api/environments", "/metrics"]
+    for t in get_json(url + "/api/trials?limit=1000", token=token)["trials"]:
+        paths += [f"/api/trials/{t['id']}", f"/api/trials/{t['id']}/log?stream=stdout", f"/api/trials/{t['id']}/log?stream=stderr"]
+    paths += [f"/api/environments/{e['id']}/gpus" for e in get_json(url + "/api/environments", token=token)["environments"]]
+    answers = {}
+    for path in paths:
+        status, _, body = http("GET", url + path, token=token)
+        assert status == 200, (path, status, body[:300])
+        answers[path] = body
+    answers["/api/events"] = json.dumps(first_event(url, token)).encode()
+    return answers
+
+
 # A trial that prints, reports three intermediate results, then waits (90 s at most) until the
 # directory $GATES holds a file named by its sequence id, or one named "all", and reports x.
 GATED_TRIAL = """
@@ -87,24 +121,23 @@ trial.report_final_result(float(p["x"]))
 """
 
 
-def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path) -> Path:
-    """A config whose trials wait to be let through one by one (see GATED_TRIAL)."""
+def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path, **overrides: Any) -> Path:
+    """A config whose trials wait to be let through one by one (see GATED_TRIAL); ``overrides``
+    replace its top-level fields (another ``trainingService``, ``trialEnv`` entries of one's own)."""
     gates.mkdir(parents=True, exist_ok=True)
     write_script(root, "trial.py", GATED_TRIAL)
+    data: dict[str, Any] = {
+        "experimentName": "dashboard", "trialCommand": "python3 trial.py", "trialCodeDirectory": str(root),
+        "trialConcurrency": concurrency, "maxTrialNumber": trials,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2, 3, 4, 5, 6]}},
+        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 5}},
+        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 20, "trialLostTimeout": 40},
+        "trainingService": {"platform": "local"},
+        **overrides,
+    }
+    data["trialEnv"] = {"GATES": str(gates), **overrides.get("trialEnv", {})}
     config = root / "config.yml"
-    config.write_text(textwrap.dedent(f"""
-        experimentName: dashboard
-        trialCommand: python3 trial.py
-        trialCodeDirectory: .
-        trialConcurrency: {concurrency}
-        maxTrialNumber: {trials}
-        trialEnv: {{GATES: "{gates}"}}
-        searchSpace:
-          x: {{_type: choice, _value: [1, 2, 3, 4, 5, 6]}}
-        tuner: {{name: random, classArgs: {{optimize_mode: maximize, seed: 5}}}}
-        coordinator: {{heartbeatInterval: 0.5, agentLostTimeout: 20, trialLostTimeout: 40}}
-        trainingService: {{platform: local}}
-        """).lstrip())
+    config.write_text(yaml.safe_dump(data))
     return config
 
 
@@ -165,11 +198,14 @@ class Gates:
 
 
 @contextmanager
-def live_experiment(root: Path, *, trials: int = 6, concurrency: int = 2, address: str = "127.0.0.1:0") -> Iterator[tuple[Served, Gates]]:
-    """`trialkeeper run --ui` of a gated experiment; yields it and its gates. Its trials are
-    let through and it is ended (SIGTERM) when the block leaves."""
+def live_experiment(
+    root: Path, *, trials: int = 6, concurrency: int = 2, address: str = "127.0.0.1:0", **overrides: Any,
+) -> Iterator[tuple[Served, Gates]]:
+    """`trialkeeper run --ui` of a gated experiment (``overrides`` as :func:`gated_config`
+    takes them); yields it and its gates. Its trials are let through and it is ended (SIGTERM)
+    when the block leaves."""
     gates = Gates(root / "gates")
-    config = gated_config(root, trials=trials, concurrency=concurrency, gates=gates.directory)
+    config = gated_config(root, trials=trials, concurrency=concurrency, gates=gates.directory, **overrides)
     exp = root / "exp"
     served = _start(["run", str(config), "--experiment-dir", str(exp), "--quiet", "--ui", address], exp, root)
     try:

@@ -4,14 +4,14 @@ prometheus-client."""
 
 from __future__ import annotations
 
-import json
 import socket
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import wait_until
 from dashboard import (
+    every_answer,
+    first_event,
     gated_config,
     get_json,
     http,
@@ -35,19 +35,6 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def _first_event(url: str) -> dict:
-    """The first `change` event of the live stream."""
-    with urllib.request.urlopen(url + "/api/events", timeout=10) as stream:
-        event = ""
-        for raw in stream:
-            line = raw.decode().rstrip("\n")
-            if line.startswith("event: "):
-                event = line.removeprefix("event: ")
-            elif line.startswith("data: ") and event == "change":
-                return json.loads(line.removeprefix("data: "))
-    raise AssertionError("the live stream ended without an event")
-
-
 @pytest.mark.slow
 def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
     with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
@@ -58,7 +45,7 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
             timeout=WAIT_S, message="two trials running",
         )
         assert running["status"] == "RUNNING" and running["max_trials"] == 6 and running["name"] == "dashboard"
-        assert _first_event(url)["trials"].get("RUNNING") == 2
+        assert first_event(url)["trials"].get("RUNNING") == 2
 
         page = get_json(url + "/api/trials?status=RUNNING&sort=sequence&order=desc")
         assert page["total"] == 2 and page["parameters"] == ["x"]
@@ -113,10 +100,7 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert ("trialkeeper_queue_length", ()) in samples
 
         # No secret in any page or answer.
-        answers = [http("GET", url + path)[2] for path in (
-            "/", "/static/app.js", "/api/experiment", "/api/trials", f"/api/trials/{first['id']}", "/api/compare",
-            "/api/environments", "/metrics",
-        )]
+        answers = every_answer(url).values()
         assert all(token.encode() not in a for a in answers)
         assert all(b"coordinator_address" not in a for a in answers)
         headers = http("GET", url + "/")[1]
@@ -150,6 +134,15 @@ def test_a_stored_experiment_pages_sorts_and_filters(tmp_path: Path) -> None:
         assert compare["sampled"] and 0 < len(compare["trials"]) <= 2000 and compare["curves"]
         envs = get_json(url + "/api/environments")
         assert envs["waiting_total"] == 0
+
+        # Each GPU's latest sample, per environment, in Prometheus's terms.
+        samples = _samples(http("GET", url + "/metrics")[2].decode())
+        gpu = (("environment", "env-0"), ("gpu", "0"), ("uuid", "GPU-0000"))
+        assert samples[("trialkeeper_gpu_utilization_percent", gpu)] == 50.0
+        assert samples[("trialkeeper_gpu_memory_used_bytes", gpu)] == 5 * 2**30
+        assert samples[("trialkeeper_gpu_memory_total_bytes", gpu)] == 80 * 2**30
+        assert samples[("trialkeeper_environments", (("state", "STOPPED"),))] == 7
+        assert samples[("trialkeeper_trials", (("status", "SUCCEEDED"),))] == overview["trials"]["SUCCEEDED"]
 
         # Read from the store: no experiment in this process to act on.
         status, _, body = http("POST", url + "/api/experiment/stop", token=served.token)

@@ -138,6 +138,10 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
             browser.get(url + page)
             assert token not in browser.page_source
         assert console_errors(browser) == []
+        # Offline: everything the pages loaded came from the dashboard itself (no CDN).
+        loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
+        assert f"{url}/static/vendor/echarts.min.js" in loaded and f"{url}/static/app.js" in loaded
+        assert [u for u in loaded if not u.startswith(url + "/")] == []
 
         # Stop the experiment from the overview (the token is still in this tab).
         browser.get(url + "/")
