@@ -103,7 +103,8 @@ def every_answer(url: str, token: str | None = None) -> dict[str, bytes]:
 
 
 # A trial that prints, reports three intermediate results, then waits (90 s at most) until the
-# directory $GATES holds a file named by its sequence id, or one named "all", and reports x.
+# directory $GATES holds a file named by its sequence id, or one named "all", prints that it was
+# let through and reports x.
 GATED_TRIAL = """
 import os, pathlib, time
 from trialkeeper.agent import trial
@@ -117,6 +118,7 @@ mine, every = gates / os.environ["TRIALKEEPER_SEQUENCE_ID"], gates / "all"
 deadline = time.monotonic() + 90
 while not (mine.exists() or every.exists()) and time.monotonic() < deadline:
     time.sleep(0.02)
+print("let through", flush=True)
 trial.report_final_result(float(p["x"]))
 """
 

@@ -134,6 +134,20 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         wait_until(lambda: text(browser, "#trial-total") == f"{on_env} trials", timeout=WAIT_S, message="an environment's trials")
         assert env_id in text(browser, "#env-filter")
 
+        # A running trial's output is followed: what it prints next shows up without a reload.
+        later = wait_until(
+            lambda: (r := get_json(url + "/api/trials?status=RUNNING&sort=sequence&limit=1")["trials"]) and r[0],
+            timeout=WAIT_S, message="another trial running",
+        )
+        browser.get(f"{url}/#/trial/{later['id']}")
+        wait_until(lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="its output so far")
+        assert "let through" not in text(browser, "#stdout")
+        browser.execute_script("window.notReloaded = true;")
+        gates.release(later["sequence_id"])
+        wait_until(lambda: "let through" in text(browser, "#stdout"), timeout=WAIT_S, message="its next output, followed")
+        wait_until(lambda: "SUCCEEDED" in text(browser, "#trial-status"), timeout=WAIT_S, message="its end, live")
+        assert browser.execute_script("return window.notReloaded === true;")
+
         for page in ("/", "/#/trials", "/#/compare", "/#/environments"):
             browser.get(url + page)
             assert token not in browser.page_source
