@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -37,6 +37,7 @@ from . import views
 from .metrics import metrics_text
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 UI_TOKEN_ENV = "TRIALKEEPER_UI_TOKEN"
@@ -108,7 +109,7 @@ def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: C
     need no token (a loopback bind)."""
     state = _State(experiment_dir, token, open_reads, controls)
     app = web.Application(middlewares=[state.guard])
-    app["state"] = state
+    app[STATE] = state
     app.router.add_get("/", state.index)
     app.router.add_get("/static/{path:.+}", state.static)
     app.router.add_post("/api/login", state.login)
@@ -135,16 +136,27 @@ class _State:
         self.open_reads = open_reads
         self.controls = controls
         self._model: ReadModel | None = None
+        # Reads run on one thread of their own: a slow one (a parameter sort over 100,000
+        # trials) never holds up the server's loop, so pages, live streams and actions keep
+        # answering; one thread, because a SQLite connection stays on the thread that opened it.
+        self._reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-reads")
 
-    def model(self) -> ReadModel:
-        # Opened on first use, on the server's own loop (a SQLite connection stays on its thread).
-        if self._model is None:
+    def _model_here(self) -> ReadModel:
+        if self._model is None:  # opened on first use, on the reading thread
             self._model = ReadModel.open(self.experiment_dir)
         return self._model
 
+    async def read(self, fn: Callable[[ReadModel], T]) -> T:
+        """``fn`` of the read model, run on the reading thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, lambda: fn(self._model_here()))
+
     async def close(self, app: web.Application) -> None:
-        if self._model is not None:
-            self._model.close()
+        def close_model() -> None:
+            if self._model is not None:
+                self._model.close()
+
+        await asyncio.get_running_loop().run_in_executor(self._reader, close_model)
+        self._reader.shutdown(wait=False)
 
     # -- who may
 
@@ -208,7 +220,7 @@ class _State:
     def view(self, view: Callable[[ReadModel, web.Request], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
             try:
-                return web.json_response(view(self.model(), request), dumps=_dumps)
+                return web.json_response(await self.read(lambda m: view(m, request)), dumps=_dumps)
             except views.NotFound as e:
                 return _error(404, str(e))
             except (PageError, ValueError) as e:
@@ -229,7 +241,7 @@ class _State:
         try:
             while True:
                 try:
-                    marker = views.change_marker(self.model())
+                    marker = await self.read(views.change_marker)
                 except StoreError as e:
                     marker = {"error": str(e)}
                 if marker != last:
@@ -267,7 +279,7 @@ class _State:
             return refused
         assert self.controls is not None
         trial_id = request.match_info["id"]
-        trial = self.model().trial(trial_id)
+        trial = await self.read(lambda m: m.trial(trial_id))
         if trial is None:
             return _error(404, f"no trial {trial_id!r}")
         if not trial.active:
@@ -293,10 +305,14 @@ class _State:
     async def metrics(self, request: web.Request) -> web.Response:
         scheduling = self.controls.scheduling if self.controls is not None else None
         try:
-            body, kind = metrics_text(self.model(), scheduling() if scheduling else None)
+            passes = scheduling() if scheduling else None
+            body, kind = await self.read(lambda m: metrics_text(m, passes))
         except StoreError as e:
             return _error(503, str(e))
         return web.Response(body=body, headers={"Content-Type": kind})
+
+
+STATE = web.AppKey("state", _State)  # the app's own state, for whoever holds the app
 
 
 def _dumps(value: Any) -> str:

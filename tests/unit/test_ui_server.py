@@ -1,0 +1,62 @@
+"""The dashboard's server in this process: its socket is taken before it serves, and a slow
+read of the store never holds up the rest of the server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
+
+from aiohttp.test_utils import TestClient, TestServer
+from conftest import async_wait_until, run_async
+from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.ui.server import STATE, DashboardError, bind, build_app
+
+HELD_S = 20.0  # how long the slow read may wait to be let go (it is let go at once when all is well)
+
+
+def test_a_taken_port_is_refused_by_bind_with_its_address() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(DashboardError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            bind("127.0.0.1", port)
+    with pytest.raises(DashboardError, match="cannot listen on no-such-host.invalid:0"):
+        bind("no-such-host.invalid", 0)
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.getsockname()[1] > 0
+    finally:
+        sock.close()
+
+
+def test_a_slow_read_does_not_hold_up_pages_or_other_answers(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "slow", {})
+    store.close()
+    app = build_app(tmp_path, token="t0ken", open_reads=True)
+    state = app[STATE]
+    reading, let_go = threading.Event(), threading.Event()
+
+    def slow(model: object) -> bool:
+        reading.set()
+        return let_go.wait(HELD_S)  # False if the server's loop was held up waiting for it
+
+    async def body() -> None:
+        async with TestClient(TestServer(app)) as client:
+            held = asyncio.ensure_future(state.read(slow))
+            await async_wait_until(reading.is_set, message="the slow read started")
+            page = await client.get("/")
+            assert page.status == 200 and "trialkeeper" in await page.text()
+            refused = await client.post("/api/experiment/stop")
+            assert refused.status == 403  # an action's answer does not wait on reads either
+            let_go.set()
+            assert await held, "the server's loop waited on the read"
+            answer = await client.get("/api/experiment")
+            assert answer.status == 200 and (await answer.json())["name"] == "slow"
+
+    run_async(body)
