@@ -81,6 +81,15 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
             timeout=WAIT_S, message="the first trial finished",
         )
         assert done["best"]["id"] == first["id"] and done["best"]["final_metric"] == x
+
+        # `trialkeeper ui` beside the running experiment serves the same, read from its store.
+        with stored_dashboard(served.experiment_dir) as beside:
+            wait_until(
+                lambda: get_json(beside.url + "/api/experiment")["trials"] == get_json(url + "/api/experiment")["trials"],
+                timeout=WAIT_S, message="the same counts from the store",
+            )
+            assert get_json(beside.url + "/api/experiment")["best"]["id"] == first["id"]
+            assert http("POST", beside.url + "/api/experiment/stop", token=token)[0] == 409  # only run --ui acts
         output = get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout")
         assert f"trial output for x = {x}" in output["text"] and output["following"] is False
         assert get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout&offset={output['next_offset']}")["text"] == ""
