@@ -81,7 +81,8 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):  # names a browser keeps on this machine
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -172,6 +173,10 @@ class _State:
     @web.middleware
     async def guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         public = request.path == "/" or request.path.startswith("/static/") or request.path == "/api/login"
+        if self.open_reads and not is_loopback(_host_name(request.host)):
+            # Open reads are for this machine: a page of another site that has its name point
+            # at 127.0.0.1 (DNS rebinding) still sends its own name, and is refused.
+            return _error(403, f"this dashboard answers only to a loopback address or localhost, not {request.host!r}")
         if not (self.open_reads or public or self._valid(self._presented(request, cookie=True))):
             return _error(401, "this dashboard needs the experiment's token (log in on the page, or send Authorization: Bearer TOKEN)")
         response = await handler(request)
@@ -313,6 +318,13 @@ class _State:
 
 
 STATE = web.AppKey("state", _State)  # the app's own state, for whoever holds the app
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8080`` -> ``::1``."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _dumps(value: Any) -> str:

@@ -1,5 +1,6 @@
-"""The dashboard's server in this process: its socket is taken before it serves, and a slow
-read of the store never holds up the rest of the server."""
+"""The dashboard's server in this process: its socket is taken before it serves, a slow read
+of the store never holds up the rest of the server, and open reads answer only to this
+machine's names."""
 
 from __future__ import annotations
 
@@ -58,5 +59,27 @@ def test_a_slow_read_does_not_hold_up_pages_or_other_answers(tmp_path: Path) -> 
             assert await held, "the server's loop waited on the read"
             answer = await client.get("/api/experiment")
             assert answer.status == 200 and (await answer.json())["name"] == "slow"
+
+    run_async(body)
+
+
+def test_open_reads_answer_only_to_a_loopback_host_name(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "hosts", {})
+    store.close()
+
+    async def body() -> None:
+        async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=True))) as client:
+            for host in ("127.0.0.1:8080", "localhost:8080", "[::1]:8080", "app.localhost", "localhost"):
+                answer = await client.get("/api/experiment", headers={"Host": host})
+                assert answer.status == 200, host
+            # DNS rebinding: another site's name pointed at 127.0.0.1.
+            for path in ("/api/experiment", "/metrics", "/"):
+                refused = await client.get(path, headers={"Host": "attacker.example:8080"})
+                assert refused.status == 403 and "not 'attacker.example:8080'" in (await refused.json())["error"], path
+        # Beyond loopback the token is the rule, whatever name the page was reached by.
+        async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=False))) as client:
+            answer = await client.get("/api/experiment", headers={"Host": "dash.example", "Authorization": "Bearer t0ken"})
+            assert answer.status == 200
 
     run_async(body)
