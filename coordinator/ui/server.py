@@ -34,6 +34,7 @@ from ..readmodel import ReadModel
 from ..readpages import PageError
 from ..store import StoreError
 from . import views
+from .live import LiveChanges
 from .metrics import metrics_text
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class _State:
         # trials) never holds up the server's loop, so pages, live streams and actions keep
         # answering; one thread, because a SQLite connection stays on the thread that opened it.
         self._reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-reads")
+        self.live = LiveChanges(self._change_marker, LIVE_INTERVAL_S)
 
     def _model_here(self) -> ReadModel:
         if self._model is None:  # opened on first use, on the reading thread
@@ -151,7 +153,14 @@ class _State:
         """``fn`` of the read model, run on the reading thread."""
         return await asyncio.get_running_loop().run_in_executor(self._reader, lambda: fn(self._model_here()))
 
+    async def _change_marker(self) -> dict[str, Any]:
+        try:
+            return await self.read(views.change_marker)
+        except StoreError as e:
+            return {"error": str(e)}
+
     async def close(self, app: web.Application) -> None:
+        await self.live.close()
         def close_model() -> None:
             if self._model is not None:
                 self._model.close()
@@ -241,25 +250,16 @@ class _State:
         proxies from closing the stream."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         await response.prepare(request)
-        last: dict[str, Any] | None = None
-        quiet = 0.0
         try:
-            while True:
-                try:
-                    marker = await self.read(views.change_marker)
-                except StoreError as e:
-                    marker = {"error": str(e)}
-                if marker != last:
-                    last = marker
-                    await response.write(f"event: change\ndata: {_dumps(marker)}\n\n".encode())
-                    quiet = 0.0
-                elif quiet >= KEEPALIVE_S:
-                    await response.write(b": keepalive\n\n")
-                    quiet = 0.0
-                await asyncio.sleep(LIVE_INTERVAL_S)  # polling the store: a reader has nothing to wait on
-                quiet += LIVE_INTERVAL_S
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
+            async with self.live.follow() as next_change:
+                while True:
+                    marker = await next_change(KEEPALIVE_S)
+                    if marker is None:
+                        await response.write(b": keepalive\n\n")
+                    else:
+                        await response.write(f"event: change\ndata: {_dumps(marker)}\n\n".encode())
+        except ConnectionResetError:
+            pass  # the page went away
         return response
 
     # -- actions

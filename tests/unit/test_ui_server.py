@@ -1,6 +1,6 @@
 """The dashboard's server in this process: its socket is taken before it serves, a slow read
-of the store never holds up the rest of the server, and open reads answer only to this
-machine's names."""
+of the store never holds up the rest of the server, open reads answer only to this machine's
+names, and every live stream shares one look at the store."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip ins
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import async_wait_until, run_async
 from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.ui.live import LiveChanges
 from trialkeeper.coordinator.ui.server import STATE, DashboardError, bind, build_app
 
 HELD_S = 20.0  # how long the slow read may wait to be let go (it is let go at once when all is well)
@@ -81,5 +82,37 @@ def test_open_reads_answer_only_to_a_loopback_host_name(tmp_path: Path) -> None:
         async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=False))) as client:
             answer = await client.get("/api/experiment", headers={"Host": "dash.example", "Authorization": "Bearer t0ken"})
             assert answer.status == 200
+
+    run_async(body)
+
+
+def test_every_live_stream_shares_one_look_at_the_store() -> None:
+    async def body() -> None:
+        state = {"n": 0}
+        lookers: set[object] = set()
+
+        async def look() -> dict[str, int]:
+            lookers.add(asyncio.current_task())
+            if state["n"] < 0:
+                raise RuntimeError("the store went away")
+            return dict(state)
+
+        live = LiveChanges(look, interval_s=0.01)
+        assert not live.polling
+        async with live.follow() as first, live.follow() as second:
+            assert await first(10) == {"n": 0} and await second(10) == {"n": 0}
+            assert await first(0.05) is None  # nothing changed: nothing within the time given
+            state["n"] = 1
+            assert await first(10) == {"n": 1} and await second(10) == {"n": 1}
+            state["n"] = -1
+            failed = await first(10)
+            assert failed is not None and "the store went away" in failed["error"]
+            state["n"] = 2
+            assert await first(10) == {"n": 2}  # and it goes on looking
+            async with live.follow() as late:
+                assert await late(10) == {"n": 2}  # a stream that joins gets the latest at once
+        assert len(lookers) == 1  # one poller for all three streams
+        await async_wait_until(lambda: not live.polling, message="no stream left: no more looking")
+        await live.close()
 
     run_async(body)
