@@ -201,6 +201,10 @@ def test_ui_refuses_bad_input(tmp_path: Path) -> None:
     many_trials(tmp_path / "exp", 3)
     proc = tk_bare("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
     assert proc.returncode == 1 and "is not HOST:PORT" in proc.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = tk_bare("ui", tmp_path / "exp", "--address", f"127.0.0.1:{port}")
+    assert proc.returncode == 1 and proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
     (tmp_path / "exp" / ".token").unlink()
     proc = tk_bare("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
     assert proc.returncode == 1 and "only with a token" in proc.stderr and "TRIALKEEPER_UI_TOKEN" in proc.stderr
