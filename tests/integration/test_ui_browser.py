@@ -99,7 +99,8 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         wait_until(lambda: series_points(browser, "curve-chart") == 3, timeout=WAIT_S, message="the curve drawn")
         wait_until(lambda: painted(browser, "curve-chart"), timeout=WAIT_S, message="the curve's canvas painted")
         wait_until(lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="stdout shown")
-        assert "SUCCEEDED" in text(browser, "#trial-status") and "x" in text(browser, "#params")
+        assert "SUCCEEDED" in text(browser, "#trial-status")
+        assert text(browser, "#params tr:first-child").split() == ["x", str(first["parameters"]["x"])]
 
         # Cancel a running trial: nothing happens without the token, it is canceled with it.
         running = get_json(url + "/api/trials?status=RUNNING&sort=sequence&limit=1")["trials"][0]
