@@ -54,16 +54,18 @@ def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: C
     if getattr(args, "ui", None) is None:
         return None, lambda: None
     try:
-        from .server import Controls, DashboardThread, parse_address
+        from .server import Controls, DashboardThread, bind, parse_address
     except ImportError:
         raise SystemExit(f"trialkeeper: {INSTALL_HINT}") from None
-    host, port = parse_address(args.ui)
+    # Bound now, before the coordinator starts anything: a port already taken stops the run
+    # here, with no agent launched and no trial started.
+    sock = bind(*parse_address(args.ui))
     started: list[Any] = []
 
     def on_start(coordinator: Any) -> None:
         loop = asyncio.get_running_loop()
         controls = Controls(loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes)
-        thread = DashboardThread(coordinator.experiment_dir, host, port, controls)
+        thread = DashboardThread(coordinator.experiment_dir, sock, controls)
         url = thread.start()
         started.append(thread)
         say(f"dashboard: {url}")
@@ -71,6 +73,7 @@ def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: C
     def stop_dashboard() -> None:
         for thread in started:
             thread.stop()
+        sock.close()  # never served (the run ended before it started), or already closed with its server
 
     return on_start, stop_dashboard
 

@@ -20,12 +20,13 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -33,9 +34,11 @@ from ..readmodel import ReadModel
 from ..readpages import PageError
 from ..store import StoreError
 from . import views
+from .live import LiveChanges
 from .metrics import metrics_text
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 UI_TOKEN_ENV = "TRIALKEEPER_UI_TOKEN"
@@ -79,7 +82,8 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):  # names a browser keeps on this machine
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -107,7 +111,7 @@ def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: C
     need no token (a loopback bind)."""
     state = _State(experiment_dir, token, open_reads, controls)
     app = web.Application(middlewares=[state.guard])
-    app["state"] = state
+    app[STATE] = state
     app.router.add_get("/", state.index)
     app.router.add_get("/static/{path:.+}", state.static)
     app.router.add_post("/api/login", state.login)
@@ -134,16 +138,35 @@ class _State:
         self.open_reads = open_reads
         self.controls = controls
         self._model: ReadModel | None = None
+        # Reads run on one thread of their own: a slow one (a parameter sort over 100,000
+        # trials) never holds up the server's loop, so pages, live streams and actions keep
+        # answering; one thread, because a SQLite connection stays on the thread that opened it.
+        self._reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dashboard-reads")
+        self.live = LiveChanges(self._change_marker, LIVE_INTERVAL_S)
 
-    def model(self) -> ReadModel:
-        # Opened on first use, on the server's own loop (a SQLite connection stays on its thread).
-        if self._model is None:
+    def _model_here(self) -> ReadModel:
+        if self._model is None:  # opened on first use, on the reading thread
             self._model = ReadModel.open(self.experiment_dir)
         return self._model
 
+    async def read(self, fn: Callable[[ReadModel], T]) -> T:
+        """``fn`` of the read model, run on the reading thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, lambda: fn(self._model_here()))
+
+    async def _change_marker(self) -> dict[str, Any]:
+        try:
+            return await self.read(views.change_marker)
+        except StoreError as e:
+            return {"error": str(e)}
+
     async def close(self, app: web.Application) -> None:
-        if self._model is not None:
-            self._model.close()
+        await self.live.close()
+        def close_model() -> None:
+            if self._model is not None:
+                self._model.close()
+
+        await asyncio.get_running_loop().run_in_executor(self._reader, close_model)
+        self._reader.shutdown(wait=False)
 
     # -- who may
 
@@ -159,6 +182,10 @@ class _State:
     @web.middleware
     async def guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         public = request.path == "/" or request.path.startswith("/static/") or request.path == "/api/login"
+        if self.open_reads and not is_loopback(_host_name(request.host)):
+            # Open reads are for this machine: a page of another site that has its name point
+            # at 127.0.0.1 (DNS rebinding) still sends its own name, and is refused.
+            return _error(403, f"this dashboard answers only to a loopback address or localhost, not {request.host!r}")
         if not (self.open_reads or public or self._valid(self._presented(request, cookie=True))):
             return _error(401, "this dashboard needs the experiment's token (log in on the page, or send Authorization: Bearer TOKEN)")
         response = await handler(request)
@@ -207,7 +234,7 @@ class _State:
     def view(self, view: Callable[[ReadModel, web.Request], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(request: web.Request) -> web.Response:
             try:
-                return web.json_response(view(self.model(), request), dumps=_dumps)
+                return web.json_response(await self.read(lambda m: view(m, request)), dumps=_dumps)
             except views.NotFound as e:
                 return _error(404, str(e))
             except (PageError, ValueError) as e:
@@ -223,25 +250,16 @@ class _State:
         proxies from closing the stream."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         await response.prepare(request)
-        last: dict[str, Any] | None = None
-        quiet = 0.0
         try:
-            while True:
-                try:
-                    marker = views.change_marker(self.model())
-                except StoreError as e:
-                    marker = {"error": str(e)}
-                if marker != last:
-                    last = marker
-                    await response.write(f"event: change\ndata: {_dumps(marker)}\n\n".encode())
-                    quiet = 0.0
-                elif quiet >= KEEPALIVE_S:
-                    await response.write(b": keepalive\n\n")
-                    quiet = 0.0
-                await asyncio.sleep(LIVE_INTERVAL_S)  # polling the store: a reader has nothing to wait on
-                quiet += LIVE_INTERVAL_S
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
+            async with self.live.follow() as next_change:
+                while True:
+                    marker = await next_change(KEEPALIVE_S)
+                    if marker is None:
+                        await response.write(b": keepalive\n\n")
+                    else:
+                        await response.write(f"event: change\ndata: {_dumps(marker)}\n\n".encode())
+        except ConnectionResetError:
+            pass  # the page went away
         return response
 
     # -- actions
@@ -266,7 +284,7 @@ class _State:
             return refused
         assert self.controls is not None
         trial_id = request.match_info["id"]
-        trial = self.model().trial(trial_id)
+        trial = await self.read(lambda m: m.trial(trial_id))
         if trial is None:
             return _error(404, f"no trial {trial_id!r}")
         if not trial.active:
@@ -292,10 +310,21 @@ class _State:
     async def metrics(self, request: web.Request) -> web.Response:
         scheduling = self.controls.scheduling if self.controls is not None else None
         try:
-            body, kind = metrics_text(self.model(), scheduling() if scheduling else None)
+            passes = scheduling() if scheduling else None
+            body, kind = await self.read(lambda m: metrics_text(m, passes))
         except StoreError as e:
             return _error(503, str(e))
         return web.Response(body=body, headers={"Content-Type": kind})
+
+
+STATE = web.AppKey("state", _State)  # the app's own state, for whoever holds the app
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8080`` -> ``::1``."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def _dumps(value: Any) -> str:
@@ -317,31 +346,44 @@ def check_bind(host: str, token: str) -> None:
         )
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start serving ``app``; returns its runner and the URL it answers on."""
+def bind(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket, bound now: a port already taken is told before anything
+    else starts (``run --ui`` binds it before the coordinator launches a single agent)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio does: a restart reuses the port at once
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
+    return sock
+
+
+async def serve(app: web.Application, sock: socket.socket) -> tuple[web.AppRunner, str]:
+    """Start serving ``app`` on ``sock`` (from :func:`bind`); returns its runner and the URL it answers on."""
     # Open live streams never end by themselves: shutting down waits for them only briefly.
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except OSError as e:
-        await runner.cleanup()
-        raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
-    server = site._server  # the bound port, when 0 asked for any
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    host, port = sock.getsockname()[:2]
+    await web.SockSite(runner, sock).start()
     shown = f"[{host}]" if ":" in host else host
-    return runner, f"http://{shown}:{bound}/"
+    return runner, f"http://{shown}:{port}/"
 
 
 class DashboardThread:
-    """The dashboard served from a thread of its own, beside a running experiment."""
+    """The dashboard served from a thread of its own, beside a running experiment, on a
+    socket :func:`bind` made (the thread owns it from here on, and closes it)."""
 
-    def __init__(self, experiment_dir: Path, host: str, port: int, controls: Controls | None = None) -> None:
+    def __init__(self, experiment_dir: Path, sock: socket.socket, controls: Controls | None = None) -> None:
+        host = sock.getsockname()[0]
         self.token = read_token(experiment_dir)
         check_bind(host, self.token)
-        self._args = (experiment_dir, host, port, controls)
+        self._args = (experiment_dir, host, sock, controls)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -365,11 +407,11 @@ class DashboardThread:
             self._ready.set()
 
     async def _main(self) -> None:
-        experiment_dir, host, port, controls = self._args
+        experiment_dir, host, sock, controls = self._args
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         app = build_app(experiment_dir, token=self.token, open_reads=is_loopback(host), controls=controls)
-        runner, self.url = await serve(app, host, port)
+        runner, self.url = await serve(app, sock)
         self._ready.set()
         try:
             await self._stopped.wait()
@@ -387,7 +429,7 @@ async def serve_forever(experiment_dir: Path, host: str, port: int, on_url: Call
     token = read_token(experiment_dir)
     check_bind(host, token)
     app = build_app(experiment_dir, token=token, open_reads=is_loopback(host))
-    runner, url = await serve(app, host, port)
+    runner, url = await serve(app, bind(host, port))
     on_url(url)
     try:
         await asyncio.Event().wait()

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import shutil
-import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,13 +115,14 @@ def build_logdir(experiment_dir: Path, trial_ids: list[str], logdir: Path | None
 
 
 def launch(plan: LogdirPlan, port: int) -> int:
-    """Run TensorBoard on the log directory until it exits (Ctrl-C); or say how to get it."""
+    """Become TensorBoard on the log directory (so Ctrl-C or a signal stops TensorBoard
+    itself, never leaving it behind); or say how to get it and return 1."""
     exe = shutil.which("tensorboard")
     if exe is None:
         print(f"tensorboard is not installed: {INSTALL}, then run: tensorboard --logdir {plan.logdir} --port {port}")
         return 1
-    print(f"starting: {exe} --logdir {plan.logdir} --port {port}", flush=True)
-    try:
-        return subprocess.call([exe, "--logdir", str(plan.logdir), "--port", str(port)])
-    except KeyboardInterrupt:
-        return 130
+    argv = [exe, "--logdir", str(plan.logdir), "--port", str(port)]
+    print(f"starting: {' '.join(argv)}", flush=True)
+    sys.stderr.flush()
+    os.execv(exe, argv)
+    return 0  # not reached: execv replaces this process

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -184,9 +185,10 @@ def environments(model: ReadModel) -> dict[str, Any]:
     waiting = pages.trial_page(model, status=TrialStatus.WAITING.value, limit=WAITING_SHOWN)
     envs = []
     for e in model.environments():
-        data = to_json(e)
+        # The latest trials only (the trials page lists them all): a thousand environments
+        # hold every trial between them, too many to convert for one answer.
+        data = to_json(replace(e, trials=e.trials[-ENV_TRIALS_SHOWN:]))
         data["trial_count"] = len(e.trials)
-        data["trials"] = list(e.trials[-ENV_TRIALS_SHOWN:])  # the latest; the trials page lists them all
         envs.append(data)
     return {
         "environments": envs,

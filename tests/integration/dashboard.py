@@ -8,16 +8,16 @@ import os
 import queue
 import random
 import subprocess
-import textwrap
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from conftest import write_script
 from test_cli import _script
 from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
@@ -54,14 +54,57 @@ def http(method: str, url: str, *, token: str | None = None, body: Any = None, t
         return e.code, dict(e.headers), e.read()
 
 
+def tk_bare(*args: str | Path, timeout: float = HTTP_TIMEOUT_S * 3) -> subprocess.CompletedProcess[str]:
+    """``trialkeeper ARGS`` with no PATH (so no tensorboard, whatever this machine has) and no
+    dashboard token from the caller's environment."""
+    env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
+    env["PATH"] = os.devnull
+    return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
 def get_json(url: str, **kw: Any) -> Any:
     status, _, body = http("GET", url, **kw)
     assert status == 200, (url, status, body[:500])
     return json.loads(body)
 
 
+def first_event(url: str, token: str | None = None) -> dict[str, Any]:
+    """The first `change` event of the dashboard's live stream."""
+    request = urllib.request.Request(url + "/api/events")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as stream:
+        event = ""
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "change":
+                return dict(json.loads(line.removeprefix("data: ")))
+    raise AssertionError("the live stream ended without an event")
+
+
+def every_answer(url: str, token: str | None = None) -> dict[str, bytes]:
+    """Every page and answer the dashboard at ``url`` gives, by path: its pages and scripts, the
+    experiment, every trial (its detail and both logs), comparison, every environment (and its
+    GPUs), /metrics and the live stream's first event."""
+    paths = ["/", "/static/app.js", "/static/app.css", "/api/experiment", "/api/trials?limit=1000", "/api/compare",
+             "/api/environments", "/metrics"]
+    for t in get_json(url + "/api/trials?limit=1000", token=token)["trials"]:
+        paths += [f"/api/trials/{t['id']}", f"/api/trials/{t['id']}/log?stream=stdout", f"/api/trials/{t['id']}/log?stream=stderr"]
+    paths += [f"/api/environments/{e['id']}/gpus" for e in get_json(url + "/api/environments", token=token)["environments"]]
+    answers = {}
+    for path in paths:
+        status, _, body = http("GET", url + path, token=token)
+        assert status == 200, (path, status, body[:300])
+        answers[path] = body
+    answers["/api/events"] = json.dumps(first_event(url, token)).encode()
+    return answers
+
+
 # A trial that prints, reports three intermediate results, then waits (90 s at most) until the
-# directory $GATES holds a file named by its sequence id, or one named "all", and reports x.
+# directory $GATES holds a file named by its sequence id, or one named "all", prints that it was
+# let through and reports x.
 GATED_TRIAL = """
 import os, pathlib, time
 from trialkeeper.agent import trial
@@ -75,36 +118,34 @@ mine, every = gates / os.environ["TRIALKEEPER_SEQUENCE_ID"], gates / "all"
 deadline = time.monotonic() + 90
 while not (mine.exists() or every.exists()) and time.monotonic() < deadline:
     time.sleep(0.02)
+print("let through", flush=True)
 trial.report_final_result(float(p["x"]))
 """
 
 
-def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path) -> Path:
-    """A config whose trials wait to be let through one by one (see GATED_TRIAL)."""
+def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path, **overrides: Any) -> Path:
+    """A config whose trials wait to be let through one by one (see GATED_TRIAL); ``overrides``
+    replace its top-level fields (another ``trainingService``, ``trialEnv`` entries of one's own)."""
     gates.mkdir(parents=True, exist_ok=True)
     write_script(root, "trial.py", GATED_TRIAL)
+    data: dict[str, Any] = {
+        "experimentName": "dashboard", "trialCommand": "python3 trial.py", "trialCodeDirectory": str(root),
+        "trialConcurrency": concurrency, "maxTrialNumber": trials,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2, 3, 4, 5, 6]}},
+        "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 5}},
+        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 20, "trialLostTimeout": 40},
+        "trainingService": {"platform": "local"},
+        **overrides,
+    }
+    data["trialEnv"] = {"GATES": str(gates), **overrides.get("trialEnv", {})}
     config = root / "config.yml"
-    config.write_text(textwrap.dedent(f"""
-        experimentName: dashboard
-        trialCommand: python3 trial.py
-        trialCodeDirectory: .
-        trialConcurrency: {concurrency}
-        maxTrialNumber: {trials}
-        trialEnv: {{GATES: "{gates}"}}
-        searchSpace:
-          x: {{_type: choice, _value: [1, 2, 3, 4, 5, 6]}}
-        tuner: {{name: random, classArgs: {{optimize_mode: maximize, seed: 5}}}}
-        coordinator: {{heartbeatInterval: 0.5, agentLostTimeout: 20, trialLostTimeout: 40}}
-        trainingService: {{platform: local}}
-        """).lstrip())
+    config.write_text(yaml.safe_dump(data))
     return config
 
 
-def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str] | None = None) -> Served:
-    proc = subprocess.Popen(
-        [_script(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-        stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )
+def first_line(proc: subprocess.Popen[str], pick: Callable[[str], str | None], timeout: float = START_TIMEOUT_S) -> tuple[str, list[str]]:
+    """Follow ``proc``'s output from a thread until ``pick`` finds something in a line; returns
+    that ("" when the output ended or ``timeout`` passed first) and the lines so far (still growing)."""
     lines: list[str] = []
     found: queue.Queue[str] = queue.Queue()
 
@@ -112,15 +153,24 @@ def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str]
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("dashboard: "):
-                found.put(line.removeprefix("dashboard: ").strip())
+            picked = pick(line)
+            if picked:
+                found.put(picked)
         found.put("")
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        url = found.get(timeout=START_TIMEOUT_S)
+        return found.get(timeout=timeout), lines
     except queue.Empty:
-        url = ""
+        return "", lines
+
+
+def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str] | None = None) -> Served:
+    proc = subprocess.Popen(
+        [_script(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+    url, lines = first_line(proc, lambda line: line.removeprefix("dashboard: ").strip() if line.startswith("dashboard: ") else None)
     if not url:
         proc.kill()
         proc.wait(STOP_TIMEOUT_S)
@@ -150,11 +200,14 @@ class Gates:
 
 
 @contextmanager
-def live_experiment(root: Path, *, trials: int = 6, concurrency: int = 2, address: str = "127.0.0.1:0") -> Iterator[tuple[Served, Gates]]:
-    """`trialkeeper run --ui` of a gated experiment; yields it and its gates. Its trials are
-    let through and it is ended (SIGTERM) when the block leaves."""
+def live_experiment(
+    root: Path, *, trials: int = 6, concurrency: int = 2, address: str = "127.0.0.1:0", **overrides: Any,
+) -> Iterator[tuple[Served, Gates]]:
+    """`trialkeeper run --ui` of a gated experiment (``overrides`` as :func:`gated_config`
+    takes them); yields it and its gates. Its trials are let through and it is ended (SIGTERM)
+    when the block leaves."""
     gates = Gates(root / "gates")
-    config = gated_config(root, trials=trials, concurrency=concurrency, gates=gates.directory)
+    config = gated_config(root, trials=trials, concurrency=concurrency, gates=gates.directory, **overrides)
     exp = root / "exp"
     served = _start(["run", str(config), "--experiment-dir", str(exp), "--quiet", "--ui", address], exp, root)
     try:

@@ -1,21 +1,26 @@
 """The dashboard's server and JSON API against real experiments: `trialkeeper run --ui` with
 real agents and trials, and `trialkeeper ui` over a stored one; the token, /metrics parsed by
-prometheus-client, and `trialkeeper tensorboard`'s log directory."""
+prometheus-client."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import urllib.request
+import socket
 from pathlib import Path
 
 import pytest
 from conftest import wait_until
-from dashboard import gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
+from dashboard import (
+    every_answer,
+    first_event,
+    gated_config,
+    get_json,
+    http,
+    live_experiment,
+    many_trials,
+    stored_dashboard,
+    tk_bare,
+)
 from prometheus_client.parser import text_string_to_metric_families
-from test_cli import _script
-from trialkeeper.coordinator.store import Store
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
@@ -30,19 +35,6 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def _first_event(url: str) -> dict:
-    """The first `change` event of the live stream."""
-    with urllib.request.urlopen(url + "/api/events", timeout=10) as stream:
-        event = ""
-        for raw in stream:
-            line = raw.decode().rstrip("\n")
-            if line.startswith("event: "):
-                event = line.removeprefix("event: ")
-            elif line.startswith("data: ") and event == "change":
-                return json.loads(line.removeprefix("data: "))
-    raise AssertionError("the live stream ended without an event")
-
-
 @pytest.mark.slow
 def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
     with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
@@ -53,7 +45,7 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
             timeout=WAIT_S, message="two trials running",
         )
         assert running["status"] == "RUNNING" and running["max_trials"] == 6 and running["name"] == "dashboard"
-        assert _first_event(url)["trials"].get("RUNNING") == 2
+        assert first_event(url)["trials"].get("RUNNING") == 2
 
         page = get_json(url + "/api/trials?status=RUNNING&sort=sequence&order=desc")
         assert page["total"] == 2 and page["parameters"] == ["x"]
@@ -89,6 +81,15 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
             timeout=WAIT_S, message="the first trial finished",
         )
         assert done["best"]["id"] == first["id"] and done["best"]["final_metric"] == x
+
+        # `trialkeeper ui` beside the running experiment serves the same, read from its store.
+        with stored_dashboard(served.experiment_dir) as beside:
+            wait_until(
+                lambda: get_json(beside.url + "/api/experiment")["trials"] == get_json(url + "/api/experiment")["trials"],
+                timeout=WAIT_S, message="the same counts from the store",
+            )
+            assert get_json(beside.url + "/api/experiment")["best"]["id"] == first["id"]
+            assert http("POST", beside.url + "/api/experiment/stop", token=token)[0] == 409  # only run --ui acts
         output = get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout")
         assert f"trial output for x = {x}" in output["text"] and output["following"] is False
         assert get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout&offset={output['next_offset']}")["text"] == ""
@@ -108,10 +109,7 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert ("trialkeeper_queue_length", ()) in samples
 
         # No secret in any page or answer.
-        answers = [http("GET", url + path)[2] for path in (
-            "/", "/static/app.js", "/api/experiment", "/api/trials", f"/api/trials/{first['id']}", "/api/compare",
-            "/api/environments", "/metrics",
-        )]
+        answers = every_answer(url).values()
         assert all(token.encode() not in a for a in answers)
         assert all(b"coordinator_address" not in a for a in answers)
         headers = http("GET", url + "/")[1]
@@ -146,6 +144,15 @@ def test_a_stored_experiment_pages_sorts_and_filters(tmp_path: Path) -> None:
         envs = get_json(url + "/api/environments")
         assert envs["waiting_total"] == 0
 
+        # Each GPU's latest sample, per environment, in Prometheus's terms.
+        samples = _samples(http("GET", url + "/metrics")[2].decode())
+        gpu = (("environment", "env-0"), ("gpu", "0"), ("uuid", "GPU-0000"))
+        assert samples[("trialkeeper_gpu_utilization_percent", gpu)] == 50.0
+        assert samples[("trialkeeper_gpu_memory_used_bytes", gpu)] == 5 * 2**30
+        assert samples[("trialkeeper_gpu_memory_total_bytes", gpu)] == 80 * 2**30
+        assert samples[("trialkeeper_environments", (("state", "STOPPED"),))] == 7
+        assert samples[("trialkeeper_trials", (("status", "SUCCEEDED"),))] == overview["trials"]["SUCCEEDED"]
+
         # Read from the store: no experiment in this process to act on.
         status, _, body = http("POST", url + "/api/experiment/stop", token=served.token)
         assert status == 409 and b"trialkeeper run --ui" in body
@@ -171,59 +178,33 @@ def test_beyond_loopback_every_read_needs_the_token(tmp_path: Path) -> None:
         assert http("GET", url + "/api/experiment", token="another-token")[0] == 200
 
 
-def _tk(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
-    env["PATH"] = os.path.dirname(_script())  # no tensorboard on it, whatever this machine has
-    return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=30, env=env, check=False)
-
-
 def test_run_refuses_a_bad_dashboard_address_before_it_starts(tmp_path: Path) -> None:
-    proc = _tk("run", tmp_path / "missing.yml", "--ui", "127.0.0.1:99999")
+    proc = tk_bare("run", tmp_path / "missing.yml", "--ui", "127.0.0.1:99999")
     assert proc.returncode == 2 and "missing.yml" in proc.stderr  # the config is read first
     config = gated_config(tmp_path, trials=1, concurrency=1, gates=tmp_path / "gates")
-    proc = _tk("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", "127.0.0.1:99999")
+    proc = tk_bare("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", "127.0.0.1:99999")
     assert proc.returncode == 2 and "--ui: port 99999 is not between 0 and 65535" in proc.stderr
-    assert not (tmp_path / "exp" / "trials").exists()  # no trial ran
+    assert not (tmp_path / "exp").exists()  # nothing started
+
+    # A port another program listens on: told before any agent or trial starts.
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = tk_bare("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert not (tmp_path / "exp").exists()
 
 
 def test_ui_refuses_bad_input(tmp_path: Path) -> None:
-    proc = _tk("ui", tmp_path)
+    proc = tk_bare("ui", tmp_path)
     assert proc.returncode == 1 and f"no experiment in {tmp_path}" in proc.stderr
     many_trials(tmp_path / "exp", 3)
-    proc = _tk("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
+    proc = tk_bare("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
     assert proc.returncode == 1 and "is not HOST:PORT" in proc.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = tk_bare("ui", tmp_path / "exp", "--address", f"127.0.0.1:{port}")
+    assert proc.returncode == 1 and proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
     (tmp_path / "exp" / ".token").unlink()
-    proc = _tk("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
+    proc = tk_bare("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
     assert proc.returncode == 1 and "only with a token" in proc.stderr and "TRIALKEEPER_UI_TOKEN" in proc.stderr
-
-
-def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: Path) -> None:
-    exp = tmp_path / "exp"
-    many_trials(exp, 4)
-    store = Store.in_dir(exp)
-    store.update_env("env-0", platform="local")
-    store.update_env("env-1", hostname="gpu-box-7")  # a remote one
-    store.update_trial("tr00001", environment_id="env-1")
-    store.update_trial("tr00000", environment_id="env-0")
-    store.update_trial("tr00002", environment_id="env-0")
-    store.update_trial("tr00003", environment_id="env-0")
-    store.close()
-    for tid in ("tr00000", "tr00002"):
-        (exp / "trials" / tid / "output").mkdir(parents=True)
-        (exp / "trials" / tid / "output" / "events.out.tfevents.1").write_bytes(b"")
-
-    proc = _tk("tensorboard", exp)
-    assert proc.returncode == 1, proc.stderr
-    logdir = exp / "tensorboard"
-    runs = sorted(p.name for p in logdir.iterdir())
-    assert len(runs) == 2 and runs[0].startswith("tr00000_layers=") and "lr=" in runs[0] and "opt=" in runs[0]
-    assert all((logdir / r).is_symlink() and (logdir / r / "events.out.tfevents.1").exists() for r in runs)
-    assert "trial tr00001: output not on this machine" in proc.stdout and "gpu-box-7" in proc.stdout
-    assert "trial tr00003: no output directory yet" in proc.stdout
-    assert "tensorboard is not installed: pip install tensorboard" in proc.stdout and f"--logdir {logdir}" in proc.stdout
-
-    # Again, for chosen trials, into another directory: only those runs.
-    proc = _tk("tensorboard", exp, "tr00002", "--logdir", tmp_path / "tb")
-    assert [p.name.split("_")[0] for p in (tmp_path / "tb").iterdir()] == ["tr00002"]
-    proc = _tk("tensorboard", exp, "nope")
-    assert proc.returncode == 1 and "no trial nope" in proc.stderr

@@ -99,7 +99,8 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         wait_until(lambda: series_points(browser, "curve-chart") == 3, timeout=WAIT_S, message="the curve drawn")
         wait_until(lambda: painted(browser, "curve-chart"), timeout=WAIT_S, message="the curve's canvas painted")
         wait_until(lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="stdout shown")
-        assert "SUCCEEDED" in text(browser, "#trial-status") and "x" in text(browser, "#params")
+        assert "SUCCEEDED" in text(browser, "#trial-status")
+        assert text(browser, "#params tr:first-child").split() == ["x", str(first["parameters"]["x"])]
 
         # Cancel a running trial: nothing happens without the token, it is canceled with it.
         running = get_json(url + "/api/trials?status=RUNNING&sort=sequence&limit=1")["trials"][0]
@@ -134,10 +135,28 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         wait_until(lambda: text(browser, "#trial-total") == f"{on_env} trials", timeout=WAIT_S, message="an environment's trials")
         assert env_id in text(browser, "#env-filter")
 
+        # A running trial's output is followed: what it prints next shows up without a reload.
+        later = wait_until(
+            lambda: (r := get_json(url + "/api/trials?status=RUNNING&sort=sequence&limit=1")["trials"]) and r[0],
+            timeout=WAIT_S, message="another trial running",
+        )
+        browser.get(f"{url}/#/trial/{later['id']}")
+        wait_until(lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="its output so far")
+        assert "let through" not in text(browser, "#stdout")
+        browser.execute_script("window.notReloaded = true;")
+        gates.release(later["sequence_id"])
+        wait_until(lambda: "let through" in text(browser, "#stdout"), timeout=WAIT_S, message="its next output, followed")
+        wait_until(lambda: "SUCCEEDED" in text(browser, "#trial-status"), timeout=WAIT_S, message="its end, live")
+        assert browser.execute_script("return window.notReloaded === true;")
+
         for page in ("/", "/#/trials", "/#/compare", "/#/environments"):
             browser.get(url + page)
             assert token not in browser.page_source
         assert console_errors(browser) == []
+        # Offline: everything the pages loaded came from the dashboard itself (no CDN).
+        loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
+        assert f"{url}/static/vendor/echarts.min.js" in loaded and f"{url}/static/app.js" in loaded
+        assert [u for u in loaded if not u.startswith(url + "/")] == []
 
         # Stop the experiment from the overview (the token is still in this tab).
         browser.get(url + "/")
