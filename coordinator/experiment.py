@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .algorithms import create_assessor, create_tuner
+from . import experimentlog
 from .config import ExperimentConfig
 from .core import Coordinator
 from .model import MetricEvent, StatusEvent, TrialInfo
@@ -22,8 +23,7 @@ from .tuners import PastTrial, Tuner, TunerError
 
 log = logging.getLogger(__name__)
 
-#: The experiment's own log, in its directory: warnings and errors, tracebacks included.
-LOG_FILENAME = "experiment.log"
+LOG_FILENAME = experimentlog.LOG_FILENAME
 
 
 @dataclass
@@ -97,6 +97,23 @@ async def _drive(
     stop: asyncio.Event | None,
     on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
+    # Everything this experiment's tasks log is its own (several may share a process).
+    scope = experimentlog.enter(coordinator.experiment_id)
+    try:
+        return await _drive_in_scope(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s,
+                                     stop=stop, on_start=on_start)
+    finally:
+        experimentlog.leave(scope)
+
+
+async def _drive_in_scope(
+    coordinator: Coordinator,
+    *,
+    on_progress: Callable[[Progress], None] | None,
+    progress_interval_s: float,
+    stop: asyncio.Event | None,
+    on_start: Callable[[Coordinator], None] | None,
+) -> ExperimentResult:
     config = coordinator.config
     search = _search(config, coordinator.experiment_id)
     mode = optimize_mode_of(config)
@@ -122,7 +139,7 @@ async def _drive(
     reason = ""
     ok = True
     await coordinator.start()
-    log_file = _log_to(coordinator.experiment_dir / LOG_FILENAME)
+    log_file = experimentlog.open_log(coordinator.experiment_id, coordinator.experiment_dir)
     try:
         if on_start is not None:  # e.g. the dashboard, once there is a store to read
             on_start(coordinator)
@@ -189,7 +206,7 @@ async def _drive(
         try:
             await coordinator.stop(status=status, reason=reason)
         finally:
-            _close_log(log_file)
+            experimentlog.close_log(coordinator.experiment_id, log_file)
     trials = coordinator.trials()
     if on_progress:
         on_progress(_progress(coordinator, trials, len(trials), config, mode, time.monotonic() - started))
@@ -242,21 +259,6 @@ def _resume(search: Search, coordinator: Coordinator) -> int:
         for t in trials
     ])
     return len(trials)
-
-
-def _log_to(path: Path) -> logging.Handler:
-    """Warnings and errors (tracebacks of a tuner that raised, say) also go to the
-    experiment's own log file, which outlives the terminal that started it."""
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("trialkeeper").addHandler(handler)
-    return handler
-
-
-def _close_log(handler: logging.Handler) -> None:
-    logging.getLogger("trialkeeper").removeHandler(handler)
-    handler.close()
 
 
 def _env_detail(e: EnvSnapshot) -> str:

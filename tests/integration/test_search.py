@@ -3,6 +3,7 @@ tuner and an assessor (built-in and Optuna's), a tuner that raises, and resume."
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,26 @@ def test_a_tuner_that_raises_ends_the_experiment_cleanly_with_its_traceback_logg
         assert len(store.metrics()) == 2 * 3
     finally:
         store.close()
+
+
+def test_two_experiments_in_one_process_keep_their_own_logs(tmp_path: Path) -> None:
+    write_script(tmp_path, "flaky_tuner.py", BROKEN_TUNER)
+    broken = _config(
+        tmp_path, steps=2, pause=0.0, trialConcurrency=1, maxTrialNumber=5,
+        tuner={"className": "flaky_tuner:Flaky", "codeDirectory": str(tmp_path)},
+    )
+    healthy = _config(
+        tmp_path, steps=2, pause=0.0, trialConcurrency=1,
+        searchSpace={"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}}, tuner={"name": "grid"},
+    )
+
+    async def both() -> Any:
+        return await asyncio.gather(run_experiment(broken), run_experiment(healthy))
+
+    failed, fine = run_async(both, timeout=90)
+    assert not failed.ok and fine.ok, fine.reason
+    assert "lost its model" in (failed.experiment_dir / LOG_FILENAME).read_text()
+    assert "lost its model" not in (fine.experiment_dir / LOG_FILENAME).read_text()
 
 
 UNSENDABLE_TUNER = """
