@@ -223,6 +223,10 @@ class ExperimentConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     assessor: AssessorConfig | None = None
     advisor: AdvisorConfig | None = None
+    # An Optuna storage URL the experiment is mirrored into as an Optuna study, whatever
+    # the tuner (optuna-dashboard and Optuna's analysis functions read it).
+    optuna_storage: str | None = field(default=None, metadata=NON_EMPTY_STR)
+    optuna_study_name: str | None = field(default=None, metadata=NON_EMPTY_STR)
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)

@@ -17,9 +17,10 @@ from .core import Coordinator
 from .model import MetricEvent, StatusEvent, TrialInfo
 from .readmodel import EnvSnapshot, best_trial, optimize_mode
 from .readmodel import ranked as _ranked
-from .search import IntermediateStored, Search, StopTrial, TrialEnded
+from .search import IntermediateStored, Mirror, Search, StopTrial, TrialEnded
 from .search import TrialSubmitted as SearchTrialSubmitted
-from .tuners import PastTrial, Tuner, TunerError
+from .searchspace import is_batch_tuner
+from .tuners import PastTrial, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +227,16 @@ def _search(config: ExperimentConfig, experiment_id: str) -> Search:
     if config.advisor is not None:
         if config.advisor.class_name is not None or config.advisor.name is None:
             raise TunerError("advisor: only NNI's Hyperband and BOHB are supported, by name")
-        return Search(create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {}))
+        advisor = create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {})
+        return Search(advisor, None, _mirror(config, experiment_id))
+    class_args = dict(t.class_args)
+    own_study = t.name is not None and normalized(t.name) == "optuna"
+    if own_study and config.optuna_storage is not None:
+        # An Optuna tuner keeps its study there itself: the mirror is the tuner's own study.
+        class_args.setdefault("storage", config.optuna_storage)
+        class_args.setdefault("study_name", config.optuna_study_name or _study_name(experiment_id))
     tuner: Tuner = create_tuner(
-        t.name, t.class_name, dict(t.class_args), config.search_space or {},
+        t.name, t.class_name, class_args, config.search_space or {},
         str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id,
     )
     assessor = None
@@ -236,7 +244,24 @@ def _search(config: ExperimentConfig, experiment_id: str) -> Search:
         assessor = create_assessor(
             a.name, a.class_name, dict(a.class_args), str(a.code_directory) if a.code_directory else None, tuner=tuner
         )
-    return Search(tuner, assessor)
+    return Search(tuner, assessor, None if own_study else _mirror(config, experiment_id))
+
+
+def _study_name(experiment_id: str) -> str:
+    return f"trialkeeper-{experiment_id}"
+
+
+def _mirror(config: ExperimentConfig, experiment_id: str) -> Mirror | None:
+    """The Optuna study ``optunaStorage`` names, kept as a copy of the experiment."""
+    if config.optuna_storage is None:
+        return None
+    from .optunasearch import create_optuna_mirror
+
+    t = config.tuner
+    return create_optuna_mirror(
+        config.optuna_storage, config.optuna_study_name or _study_name(experiment_id), config.search_space or {},
+        optimize_mode_of(config), batch=config.advisor is None and is_batch_tuner(t.name, t.class_name),
+    )
 
 
 def _resume(search: Search, coordinator: Coordinator) -> int:

@@ -187,6 +187,22 @@ def create_optuna_tuner(args: dict[str, Any], search_space: dict[str, Any], expe
                        **{k: v for k, v in args.items() if k != "study_name"})
 
 
+def create_optuna_mirror(storage: str, study_name: str, search_space: dict[str, Any], optimize_mode: str,
+                         *, batch: bool = False) -> OptunaTuner:
+    """An Optuna study at ``storage`` kept as a copy of an experiment whatever its tuner
+    (``optunaStorage``): each trial enters it with the parameters the tuner proposed."""
+    if batch:
+        raise TunerError("optunaStorage: NNI's Batch tuner's search space has no Optuna distributions; leave optunaStorage out")
+    try:
+        # Random: the sampler is never consulted, every trial is enqueued with its parameters.
+        return OptunaTuner(search_space, sampler="random", optimize_mode=optimize_mode, storage=storage, study_name=study_name)
+    except SearchSpaceError as e:
+        issues = [(f"optunaStorage: {where}", why) for where, why in e.issues]
+        raise SearchSpaceError(issues) from e
+    except TunerError as e:
+        raise TunerError(str(e).replace("classArgs.storage", "optunaStorage", 1)) from e
+
+
 def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaAssessor:
     """The Optuna pruner for ``assessor: {name: optuna, classArgs: args}``; it shares the
     study of an Optuna tuner, else keeps a study of its own for the intermediate results."""
@@ -233,6 +249,12 @@ class OptunaTuner(Tuner):
         self._trials[parameter_id] = trial
         return suggest(trial, self.search_space)
 
+    def adopt(self, parameter_id: int, parameters: dict[str, Any]) -> None:
+        """Start an Optuna trial with ``parameters`` (NNI's form) that were proposed
+        elsewhere: by another tuner, or before a resume."""
+        self.study.enqueue_trial(flatten(self.search_space, parameters), skip_if_exists=False)
+        self.generate_parameters(parameter_id)
+
     def trial(self, parameter_id: int) -> Any | None:
         """The Optuna trial of ``parameter_id`` (None once it is told)."""
         return self._trials.get(parameter_id)
@@ -271,8 +293,7 @@ class OptunaTuner(Tuner):
                     if t.status is not None:
                         self._end(t)
                 continue
-            self.study.enqueue_trial(flatten(self.search_space, t.parameters), skip_if_exists=False)
-            self.generate_parameters(t.parameter_id)
+            self.adopt(t.parameter_id, t.parameters)
             self._report_missing(t)
             if t.status is not None:
                 self._end(t)

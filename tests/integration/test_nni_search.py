@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from conftest import write_script
 from nnienv import nni_python
@@ -143,6 +144,7 @@ def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
         "trialConcurrency": 1, "maxTrialNumber": 8, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
         "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 1}},
+        "optunaStorage": f"sqlite:///{tmp_path / 'mirror.db'}", "optunaStudyName": "nni-tpe",
     }, output)
     # NNI's TPE logs "Using random seed 7" at INFO: not printed over the live view, nor at
     # the default --log-level WARNING.
@@ -152,6 +154,14 @@ def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     for t in trials:
         n = sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
         assert n == 10 if t["status"] == "SUCCEEDED" else 1 <= n < 10
+    # The experiment is mirrored into an Optuna study whatever the tuner: NNI's TPE here.
+    study = optuna.load_study(study_name="nni-tpe", storage=f"sqlite:///{tmp_path / 'mirror.db'}")
+    expected = {"SUCCEEDED": "COMPLETE", "EARLY_STOPPED": "PRUNED"}
+    assert [ot.state.name for ot in study.trials] == [expected[t["status"]] for t in trials]
+    for t, ot in zip(trials, study.trials):
+        assert ot.params == json.loads(t["parameters_json"])
+        assert len(ot.intermediate_values) == sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
+    assert study.best_value == max(t["final_metric"] for t in trials if t["status"] == "SUCCEEDED")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")

@@ -96,6 +96,37 @@ def test_optuna_tpe_with_successive_halving_mirrors_into_an_optuna_study(tmp_pat
             assert ot.value == t.final_metric
 
 
+@pytest.mark.slow
+def test_optuna_storage_mirrors_an_experiment_with_a_builtin_tuner_into_an_optuna_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'mirror.db'}"
+    config = _config(
+        tmp_path, steps=5, pause=0.02, trialConcurrency=1, maxTrialNumber=8,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2, 3]}},
+        tuner={"name": "random", "classArgs": {"seed": 4}}, assessor={"name": "median"},
+        optunaStorage=url, optunaStudyName="watched",
+    )
+    result = run_async(run_experiment(config), timeout=120)
+    assert result.ok, result.reason
+    study = optuna.load_study(study_name="watched", storage=url)
+    counts = _metric_counts(result.experiment_dir)
+    by_pid = {t.user_attrs["trialkeeper_parameter_id"]: t for t in study.trials}
+    assert sorted(by_pid) == sorted(t.sequence_id for t in result.trials)
+    expected = {TrialStatus.SUCCEEDED: "COMPLETE", TrialStatus.EARLY_STOPPED: "PRUNED"}
+    for t in result.trials:
+        ot = by_pid[t.sequence_id]
+        assert ot.state.name == expected[t.status]
+        assert ot.params == t.parameters
+        assert len(ot.intermediate_values) == counts[t.id]
+        assert list(ot.intermediate_values.values())[0] == pytest.approx(t.parameters["x"])
+        if t.status is TrialStatus.SUCCEEDED:
+            assert ot.value == t.final_metric
+    # Optuna's own analysis reads it: the score is x, so x is what matters.
+    best = max((t for t in result.trials if t.status is TrialStatus.SUCCEEDED), key=lambda t: t.final_metric or 0.0)
+    assert study.best_trial.user_attrs["trialkeeper_parameter_id"] == best.sequence_id
+    importance = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+    assert max(importance, key=importance.__getitem__) == "x", importance
+
+
 BROKEN_TUNER = """
 from trialkeeper.coordinator.tuners import Tuner
 
