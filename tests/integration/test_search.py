@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import build_config, run_async, write_script
+from conftest import build_config, pid_gone, run_async, wait_until, write_script
 from trialkeeper.coordinator.experiment import LOG_FILENAME, resume_experiment, run_experiment
 from trialkeeper.coordinator.states import TrialStatus
 from trialkeeper.coordinator.store import Store
@@ -68,6 +68,41 @@ def test_the_median_assessor_stops_hopeless_trials_and_their_slot_takes_the_next
             assert "stopped early by the assessor" in t.reason
     # The stopped trial's slot was given to the next trial before the stopped one had ended.
     assert trials[3].submitted_at < trials[2].ended_at  # type: ignore[operator]
+
+
+# A bad trial (x < 0.5) starts a grandchild that would outlive it, then reports slowly.
+SPAWNING = """
+import os, subprocess, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+if p["x"] < 0.5:
+    child = subprocess.Popen(["sleep", "300"])
+    path = os.path.join(os.environ["TRIALKEEPER_TRIAL_DIR"], "grandchild.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.replace(path + ".tmp", path)
+for step in range(300 if p["x"] < 0.5 else 3):
+    time.sleep(0.1)
+    trial.report_intermediate_result(p["x"])
+trial.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.slow
+def test_an_assessors_stop_signals_the_trials_whole_process_tree(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", SPAWNING)
+    config = build_config(
+        tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=1,
+        searchSpace={"x": {"_type": "choice", "_value": [0.9, 0.1]}}, tuner={"name": "grid"},
+        assessor={"name": "median", "classArgs": {"start_step": 2}},
+    )
+    result = run_async(run_experiment(config), timeout=90)
+    assert result.ok, result.reason
+    assert [t.status for t in result.trials] == [TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED]
+    stopped = result.trials[1]
+    grandchild = int((result.experiment_dir / "trials" / stopped.id / "grandchild.pid").read_text())
+    wait_until(lambda: pid_gone(grandchild), 15.0, message=f"grandchild {grandchild} survived the early stop")
 
 
 @pytest.mark.slow
