@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .algorithms import create_assessor, create_tuner
 from . import experimentlog
+from .algorithms import create_assessor, create_tuner
 from .config import ExperimentConfig
 from .core import Coordinator
 from .model import MetricEvent, StatusEvent, TrialInfo

@@ -152,7 +152,7 @@ def test_optuna_storage_mirrors_an_experiment_with_a_builtin_tuner_into_an_optun
         assert ot.state.name == expected[t.status]
         assert ot.params == t.parameters
         assert len(ot.intermediate_values) == counts[t.id]
-        assert list(ot.intermediate_values.values())[0] == pytest.approx(t.parameters["x"])
+        assert next(iter(ot.intermediate_values.values())) == pytest.approx(t.parameters["x"])
         if t.status is TrialStatus.SUCCEEDED:
             assert ot.value == t.final_metric
     # Optuna's own analysis reads it: the score is x, so x is what matters.

@@ -8,6 +8,8 @@ from typing import Any
 import optuna
 import pytest
 from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.experiment import _search
 from trialkeeper.coordinator.optunasearch import create_optuna_mirror, flatten, optuna_space_issues
 from trialkeeper.coordinator.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
 from trialkeeper.coordinator.searchspace import SearchSpaceError, validate_search_space
@@ -237,3 +239,19 @@ def test_a_mirror_names_its_field_for_a_space_optuna_cannot_hold() -> None:
         create_optuna_mirror("sqlite://", "m", {"n": {"_type": "normal", "_value": [0, 1]}}, "maximize")
     with pytest.raises(TunerError, match=r"optunaStorage: NNI's Batch tuner"):
         create_optuna_mirror("sqlite://", "m", {"c": {"_type": "choice", "_value": [{"a": 1}]}}, "maximize", batch=True)
+
+
+@pytest.mark.parametrize("tuner", [{"name": "optuna", "classArgs": {"seed": 1}}, {"name": "random", "classArgs": {"seed": 1}}])
+def test_optuna_storage_is_an_optuna_tuners_own_study_and_a_mirror_for_any_other(tmp_path: Path, tuner: dict[str, Any]) -> None:
+    url = f"sqlite:///{tmp_path / 'exp.db'}"
+    config = parse_config({"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"},
+                           "searchSpace": SPACE, "tuner": tuner, "optunaStorage": url}, tmp_path)
+    search = _search(config, "e7")
+    # One study either way, named after the experiment: never a second copy of the trials.
+    assert (search.mirror is None) == (tuner["name"] == "optuna")
+    p = search.propose(0)
+    assert p is not None
+    search.handle(TrialSubmitted("t0", 0, p))
+    search.handle(TrialEnded("t0", TrialStatus.SUCCEEDED, 0.7))
+    study = optuna.load_study(study_name="trialkeeper-e7", storage=url)
+    assert [t.value for t in study.trials] == [0.7]

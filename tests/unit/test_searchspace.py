@@ -325,10 +325,10 @@ def test_every_error_is_reported_with_its_path() -> None:
         "act._value": ["choice needs a non-empty list of options"],
         "optimizer._value[0].momentum._value": ["uniform needs low < high, got [1, 0]"],
         "optimizer._value[1]._name": ["duplicate _name 'sgd' in this choice"],
-        "optimizer._value[2]": [
-                "a dict option is a nested space and needs a '_name' key (a choice of whole parameter sets "
-                "is the format of NNI's Batch tuner: give tuner: {name: Batch} to use it)"
-            ],
+        "optimizer._value[2]": [(
+            "a dict option is a nested space and needs a '_name' key (a choice of whole parameter sets "
+            "is the format of NNI's Batch tuner: give tuner: {name: Batch} to use it)"
+        )],
         "bare": ['a parameter is {"_type": ..., "_value": [...]}, got float'],
         "nothing._type": ["missing; valid: " + ", ".join(TYPES)],
         "nothing._value": ["missing; it is a list whose meaning depends on _type"],
