@@ -255,3 +255,10 @@ def test_optuna_storage_is_an_optuna_tuners_own_study_and_a_mirror_for_any_other
     search.handle(TrialEnded("t0", TrialStatus.SUCCEEDED, 0.7))
     study = optuna.load_study(study_name="trialkeeper-e7", storage=url)
     assert [t.value for t in study.trials] == [0.7]
+
+
+def test_a_storage_that_cannot_be_opened_is_named_without_its_password() -> None:
+    with pytest.raises(TunerError) as e:
+        create_tuner("optuna", None, {"storage": "mysql://ann:hunter2@127.0.0.1:9/db"}, SPACE)
+    assert "classArgs.storage 'mysql://ann:***@127.0.0.1:9/db': cannot open the study" in str(e.value)
+    assert "hunter2" not in str(e.value)
