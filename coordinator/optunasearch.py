@@ -262,6 +262,9 @@ class OptunaTuner(Tuner):
         elsewhere: by another tuner, or before a resume."""
         self.study.enqueue_trial(flatten(self.search_space, parameters), skip_if_exists=False)
         self.generate_parameters(parameter_id)
+        trial = self._trials[parameter_id]
+        for name in sorted(parameters.keys() - self.search_space.keys()):  # an advisor's TRIAL_BUDGET
+            trial.set_user_attr(name, parameters[name])
 
     def trial(self, parameter_id: int) -> Any | None:
         """The Optuna trial of ``parameter_id`` (None once it is told)."""

@@ -262,3 +262,12 @@ def test_a_storage_that_cannot_be_opened_is_named_without_its_password() -> None
         create_tuner("optuna", None, {"storage": "mysql://ann:hunter2@127.0.0.1:9/db"}, SPACE)
     assert "classArgs.storage 'mysql://ann:***@127.0.0.1:9/db': cannot open the study" in str(e.value)
     assert "hunter2" not in str(e.value)
+
+
+def test_a_mirror_keeps_parameters_outside_the_space_as_user_attributes() -> None:
+    mirror = create_optuna_mirror("sqlite://", "m", SPACE, "maximize")
+    p = create_tuner("random", None, {"seed": 3}, SPACE).generate_parameters(0)
+    mirror.adopt(0, {**p, "TRIAL_BUDGET": 9})  # Hyperband and BOHB add the budget they chose
+    (trial,) = mirror.study.trials
+    assert trial.user_attrs["TRIAL_BUDGET"] == 9 and "TRIAL_BUDGET" not in trial.params
+    assert same_params(flatten(SPACE, p), trial.params)
