@@ -193,12 +193,12 @@ trial.report_final_result(p["x"])
 """
 
 
-def run_advisor(tmp_path: Path, trials: int, advisor: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+def run_advisor(tmp_path: Path, trials: int, advisor: dict[str, Any], **more: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
     """`trialkeeper run` of BUDGETED with ``advisor``, 2 at a time: trials, their parameters, metrics."""
     write_script(tmp_path, "trial.py", BUDGETED)
     stored, metrics = run_cli(nni_python(), tmp_path, {
         "trialConcurrency": 2, "maxTrialNumber": trials, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "advisor": advisor,
+        "advisor": advisor, **more,
     })
     return stored, [json.loads(t["parameters_json"]) for t in stored], metrics
 
@@ -259,12 +259,17 @@ def test_anneal_proposes_points_of_the_space_with_hyperopt_installed(report: dic
 
 @pytest.mark.slow
 def test_trialkeeper_run_with_nni_bohb_as_advisor(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bohb.db'}"
     trials, params, metrics = run_advisor(tmp_path, 6, {"name": "BOHB", "classArgs": {
-        "optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}})
+        "optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}}, optunaStorage=url, optunaStudyName="bohb")
     assert len(trials) == 6 and {t["status"] for t in trials} == {"SUCCEEDED"}
     # Its first bracket runs 3 configurations for budget 1 and the best of them for 3; the
     # next bracket starts at budget 3.
     assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3, 3, 3]
     assert params[3]["x"] == max(p["x"] for p in params[:3])
+    # Mirrored into an Optuna study, the budget each trial had as a user attribute.
+    study = optuna.load_study(study_name="bohb", storage=url)
+    assert [(ot.params["x"], ot.user_attrs["TRIAL_BUDGET"], ot.state.name) for ot in study.trials] == [
+        (p["x"], p["TRIAL_BUDGET"], "COMPLETE") for p in params]
     for t, p in zip(trials, params):  # each trial ran the budget BOHB gave it
         assert sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate") == int(p["TRIAL_BUDGET"])
