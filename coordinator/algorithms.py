@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from .assessors import BUILTIN_ASSESSORS, Assessor, AssessorError, construct
-from .searchspace import SearchSpaceError, validate_search_space
+from .searchspace import SearchSpaceError, is_batch_tuner, validate_search_space
 from .tuners import (
     BUILTIN_TUNERS,
     TUNER_ALIASES,
@@ -49,7 +49,7 @@ def create_tuner(
     Raises SearchSpaceError for an invalid space (checked first) and TunerError for
     anything else that prevents creating the tuner.
     """
-    validate_search_space(search_space)
+    validate_search_space(search_space, batch=is_batch_tuner(name, class_name))
     if (name is None) == (class_name is None):
         which = "both" if name is not None else "neither"
         raise TunerError(

@@ -224,6 +224,10 @@ class ExperimentConfig:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     assessor: AssessorConfig | None = None
     advisor: AdvisorConfig | None = None
+    # An Optuna storage URL the experiment is mirrored into as an Optuna study, whatever
+    # the tuner (optuna-dashboard and Optuna's analysis functions read it).
+    optuna_storage: str | None = field(default=None, metadata=NON_EMPTY_STR)
+    optuna_study_name: str | None = field(default=None, metadata=NON_EMPTY_STR)
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
@@ -245,7 +249,8 @@ class ExperimentConfig:
             values["search_space"] = {}
         space = values.get("search_space")
         if space and not issues:
-            issues += _search_space_issues(space)
+            tuner = values.get("tuner")
+            issues += _search_space_issues(space, getattr(tuner, "name", None), getattr(tuner, "class_name", None))
         service, gpus = values.get("training_service"), values.get("trial_gpu_number")
         if isinstance(service, TrainingServiceConfig) and isinstance(gpus, int) and gpus > 0:
             shortfall = service.gpu_shortfall(gpus)
@@ -278,7 +283,7 @@ def _load_search_space(file: Path) -> dict[str, Any]:
     return typing.cast(dict[str, Any], space)
 
 
-def _search_space_issues(space: dict[str, Any]) -> Issues:
+def _search_space_issues(space: dict[str, Any], tuner_name: object, tuner_class: object) -> Issues:
     # The search-space module is optional here: without it, the tuner checks the space.
     try:
         module = importlib.import_module(_SEARCHSPACE_MODULE)
@@ -288,8 +293,12 @@ def _search_space_issues(space: dict[str, Any]) -> Issues:
     error_type = getattr(module, "SearchSpaceError", None)
     if validate is None or not (isinstance(error_type, type) and issubclass(error_type, Exception)):
         return []
+    is_batch = getattr(module, "is_batch_tuner", None)
     try:
-        validate(space)
+        if is_batch is not None and is_batch(tuner_name, tuner_class):
+            validate(space, batch=True)
+        else:
+            validate(space)
     except error_type as e:
         return [
             (_subpath("search_space", where), str(message))

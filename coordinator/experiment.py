@@ -10,20 +10,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import experimentlog
 from .algorithms import create_assessor, create_tuner
 from .config import ExperimentConfig
 from .core import Coordinator
 from .model import MetricEvent, StatusEvent, TrialInfo
 from .readmodel import EnvSnapshot, best_trial, optimize_mode
 from .readmodel import ranked as _ranked
-from .search import IntermediateStored, Search, StopTrial, TrialEnded
+from .search import IntermediateStored, Mirror, Search, StopTrial, TrialEnded
 from .search import TrialSubmitted as SearchTrialSubmitted
-from .tuners import PastTrial, Tuner, TunerError
+from .searchspace import is_batch_tuner
+from .tuners import PastTrial, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)
 
-#: The experiment's own log, in its directory: warnings and errors, tracebacks included.
-LOG_FILENAME = "experiment.log"
+LOG_FILENAME = experimentlog.LOG_FILENAME
 
 
 @dataclass
@@ -97,6 +98,23 @@ async def _drive(
     stop: asyncio.Event | None,
     on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
+    # Everything this experiment's tasks log is its own (several may share a process).
+    scope = experimentlog.enter(coordinator.experiment_id)
+    try:
+        return await _drive_in_scope(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s,
+                                     stop=stop, on_start=on_start)
+    finally:
+        experimentlog.leave(scope)
+
+
+async def _drive_in_scope(
+    coordinator: Coordinator,
+    *,
+    on_progress: Callable[[Progress], None] | None,
+    progress_interval_s: float,
+    stop: asyncio.Event | None,
+    on_start: Callable[[Coordinator], None] | None,
+) -> ExperimentResult:
     config = coordinator.config
     search = _search(config, coordinator.experiment_id)
     mode = optimize_mode_of(config)
@@ -122,7 +140,7 @@ async def _drive(
     reason = ""
     ok = True
     await coordinator.start()
-    log_file = _log_to(coordinator.experiment_dir / LOG_FILENAME)
+    log_file = experimentlog.open_log(coordinator.experiment_id, coordinator.experiment_dir)
     try:
         if on_start is not None:  # e.g. the dashboard, once there is a store to read
             on_start(coordinator)
@@ -189,7 +207,7 @@ async def _drive(
         try:
             await coordinator.stop(status=status, reason=reason)
         finally:
-            _close_log(log_file)
+            experimentlog.close_log(coordinator.experiment_id, log_file)
     trials = coordinator.trials()
     if on_progress:
         on_progress(_progress(coordinator, trials, len(trials), config, mode, time.monotonic() - started))
@@ -209,9 +227,16 @@ def _search(config: ExperimentConfig, experiment_id: str) -> Search:
     if config.advisor is not None:
         if config.advisor.class_name is not None or config.advisor.name is None:
             raise TunerError("advisor: only NNI's Hyperband and BOHB are supported, by name")
-        return Search(create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {}))
+        advisor = create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {})
+        return Search(advisor, None, _mirror(config, experiment_id))
+    class_args = dict(t.class_args)
+    own_study = t.name is not None and normalized(t.name) == "optuna"
+    if own_study and config.optuna_storage is not None:
+        # An Optuna tuner keeps its study there itself: the mirror is the tuner's own study.
+        class_args.setdefault("storage", config.optuna_storage)
+        class_args.setdefault("study_name", config.optuna_study_name or _study_name(experiment_id))
     tuner: Tuner = create_tuner(
-        t.name, t.class_name, dict(t.class_args), config.search_space or {},
+        t.name, t.class_name, class_args, config.search_space or {},
         str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id,
     )
     assessor = None
@@ -219,7 +244,24 @@ def _search(config: ExperimentConfig, experiment_id: str) -> Search:
         assessor = create_assessor(
             a.name, a.class_name, dict(a.class_args), str(a.code_directory) if a.code_directory else None, tuner=tuner
         )
-    return Search(tuner, assessor)
+    return Search(tuner, assessor, None if own_study else _mirror(config, experiment_id))
+
+
+def _study_name(experiment_id: str) -> str:
+    return f"trialkeeper-{experiment_id}"
+
+
+def _mirror(config: ExperimentConfig, experiment_id: str) -> Mirror | None:
+    """The Optuna study ``optunaStorage`` names, kept as a copy of the experiment."""
+    if config.optuna_storage is None:
+        return None
+    from .optunasearch import create_optuna_mirror
+
+    t = config.tuner
+    return create_optuna_mirror(
+        config.optuna_storage, config.optuna_study_name or _study_name(experiment_id), config.search_space or {},
+        optimize_mode_of(config), batch=config.advisor is None and is_batch_tuner(t.name, t.class_name),
+    )
 
 
 def _resume(search: Search, coordinator: Coordinator) -> int:
@@ -242,21 +284,6 @@ def _resume(search: Search, coordinator: Coordinator) -> int:
         for t in trials
     ])
     return len(trials)
-
-
-def _log_to(path: Path) -> logging.Handler:
-    """Warnings and errors (tracebacks of a tuner that raised, say) also go to the
-    experiment's own log file, which outlives the terminal that started it."""
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("trialkeeper").addHandler(handler)
-    return handler
-
-
-def _close_log(handler: logging.Handler) -> None:
-    logging.getLogger("trialkeeper").removeHandler(handler)
-    handler.close()
 
 
 def _env_detail(e: EnvSnapshot) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .assessors import Assessor, AssessorError
+from .searchspace import is_batch_tuner
 from .tuners import NoMoreTrials, PastTrial, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,21 @@ def _nni(what: str) -> Any:
             f"{what} is one of NNI's algorithms, and NNI is not installed in the interpreter that runs "
             f"the coordinator ({sys.executable}): install it with pip install 'trialkeeper[nni]'"
         ) from e
+    _quiet_nni()
     return nni
+
+
+def _quiet_nni() -> None:
+    """NNI prints its log lines to stdout from the moment it is imported, over the live
+    view: take its stdout handler away and let its records flow into the logging system
+    like ours (the console at the chosen --log-level, the experiment's log file)."""
+    from nni.runtime import log as nni_log
+
+    silence = getattr(nni_log, "silence_stdout", None)
+    if silence is not None:
+        silence()
+    # NNI sets its logger to INFO; the level the user chose for the process decides instead.
+    logging.getLogger("nni").setLevel(logging.NOTSET)
 
 
 def _build(name: str, args: dict[str, Any], algo_type: str, error: type[TunerError], *, validate_only: bool = False) -> Any:
@@ -141,6 +156,7 @@ def _custom(class_name: str, cls: Any, args: dict[str, Any], kind: str, error: t
         import nni.tuner
     except ImportError:
         raise error(f"{kind} {class_name!r} is not a subclass of {ours} (and NNI, whose classes work too, is not installed)") from None
+    _quiet_nni()
     base = nni.tuner.Tuner if kind == "tuner" else nni.assessor.Assessor
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise error(f"{kind} {class_name!r} is not a subclass of {ours} nor of NNI's {base.__module__}.{base.__name__}")
@@ -167,6 +183,7 @@ class NniTuner(Tuner):
 
     def __init__(self, tuner: Any, search_space: dict[str, Any], class_args: dict[str, Any], label: str) -> None:
         mode = class_args.get("optimize_mode", "maximize")
+        self.batch_space = is_batch_tuner(label, type(tuner).__name__)
         super().__init__(search_space, optimize_mode=mode if mode in ("maximize", "minimize") else "maximize")
         self.nni_tuner, self.label = tuner, label
         self._no_more: type[BaseException] = _nni(label).NoMoreTrialError

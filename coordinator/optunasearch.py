@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -171,6 +172,11 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
         raise error(f"classArgs.{kind}_args for {cls.__name__}: {' '.join(str(e).split())}") from e
 
 
+def _without_password(url: str) -> str:
+    """A storage URL as it may be shown: a database password is a secret."""
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
 def _direction(mode: object, error: type[TunerError]) -> str:
     if mode not in ("maximize", "minimize"):
         raise error(f"classArgs.optimize_mode must be 'maximize' or 'minimize', got {mode!r}")
@@ -185,6 +191,22 @@ def create_optuna_tuner(args: dict[str, Any], search_space: dict[str, Any], expe
         raise TunerError(f"unexpected classArgs {', '.join(map(repr, unexpected))} for tuner 'optuna'; accepted: {', '.join(sorted(allowed))}")
     return OptunaTuner(search_space, study_name=args.get("study_name") or f"trialkeeper-{experiment_id or 'experiment'}",
                        **{k: v for k, v in args.items() if k != "study_name"})
+
+
+def create_optuna_mirror(storage: str, study_name: str, search_space: dict[str, Any], optimize_mode: str,
+                         *, batch: bool = False) -> OptunaTuner:
+    """An Optuna study at ``storage`` kept as a copy of an experiment whatever its tuner
+    (``optunaStorage``): each trial enters it with the parameters the tuner proposed."""
+    if batch:
+        raise TunerError("optunaStorage: NNI's Batch tuner's search space has no Optuna distributions; leave optunaStorage out")
+    try:
+        # Random: the sampler is never consulted, every trial is enqueued with its parameters.
+        return OptunaTuner(search_space, sampler="random", optimize_mode=optimize_mode, storage=storage, study_name=study_name)
+    except SearchSpaceError as e:
+        issues = [(f"optunaStorage: {where}", why) for where, why in e.issues]
+        raise SearchSpaceError(issues) from e
+    except TunerError as e:
+        raise TunerError(str(e).replace("classArgs.storage", "optunaStorage", 1)) from e
 
 
 def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaAssessor:
@@ -223,7 +245,9 @@ class OptunaTuner(Tuner):
             self.study = optuna.create_study(storage=storage, study_name=study_name, direction=optimize_mode,
                                              sampler=made, load_if_exists=True)
         except Exception as e:  # a bad URL, an unreachable database, another study's direction
-            raise TunerError(f"classArgs.storage {storage!r}: cannot open the study: {type(e).__name__}: {e}") from e
+            shown = _without_password(str(storage))
+            why = str(e).replace(str(storage), shown) if storage else str(e)
+            raise TunerError(f"classArgs.storage {shown!r}: cannot open the study: {type(e).__name__}: {why}") from e
         self._trials: dict[int, Any] = {}
         self._finals: dict[int, float] = {}
 
@@ -232,6 +256,15 @@ class OptunaTuner(Tuner):
         trial.set_user_attr(_PID_ATTR, parameter_id)
         self._trials[parameter_id] = trial
         return suggest(trial, self.search_space)
+
+    def adopt(self, parameter_id: int, parameters: dict[str, Any]) -> None:
+        """Start an Optuna trial with ``parameters`` (NNI's form) that were proposed
+        elsewhere: by another tuner, or before a resume."""
+        self.study.enqueue_trial(flatten(self.search_space, parameters), skip_if_exists=False)
+        self.generate_parameters(parameter_id)
+        trial = self._trials[parameter_id]
+        for name in sorted(parameters.keys() - self.search_space.keys()):  # an advisor's TRIAL_BUDGET
+            trial.set_user_attr(name, parameters[name])
 
     def trial(self, parameter_id: int) -> Any | None:
         """The Optuna trial of ``parameter_id`` (None once it is told)."""
@@ -271,8 +304,7 @@ class OptunaTuner(Tuner):
                     if t.status is not None:
                         self._end(t)
                 continue
-            self.study.enqueue_trial(flatten(self.search_space, t.parameters), skip_if_exists=False)
-            self.generate_parameters(t.parameter_id)
+            self.adopt(t.parameter_id, t.parameters)
             self._report_missing(t)
             if t.status is not None:
                 self._end(t)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .assessors import Assessor
 from .states import TrialStatus
@@ -55,6 +55,17 @@ class StopTrial:
     reason: str
 
 
+class Mirror(Protocol):
+    """Keeps a copy of the search elsewhere (an Optuna study): told each trial as the
+    tuner proposed it, its intermediate results and its end."""
+
+    def adopt(self, parameter_id: int, parameters: dict[str, Any]) -> None: ...
+    def receive_intermediate_result(self, parameter_id: int, step: int, value: float) -> None: ...
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None: ...
+    def trial_end(self, parameter_id: int, success: bool) -> None: ...
+    def resume(self, history: Sequence[PastTrial]) -> None: ...
+
+
 @dataclass
 class _Running:
     parameter_id: int
@@ -66,9 +77,10 @@ class _Running:
 class Search:
     """Drives one tuner and an optional assessor from the experiment's events."""
 
-    def __init__(self, tuner: Tuner, assessor: Assessor | None = None) -> None:
+    def __init__(self, tuner: Tuner, assessor: Assessor | None = None, mirror: Mirror | None = None) -> None:
         self.tuner = tuner
         self.assessor = assessor
+        self.mirror = mirror
         self.exhausted = False
         #: Why the search cannot go on (a tuner raised), or ''.
         self.failure = ""
@@ -101,6 +113,7 @@ class Search:
         if isinstance(event, TrialSubmitted):
             self._running[event.trial_id] = _Running(event.parameter_id, event.parameters)
             self._assessor_call("trial_started", event.trial_id, event.parameter_id, event.parameters)
+            self._mirror_call("adopt", event.parameter_id, event.parameters)
             return []
         t = self._running.get(event.trial_id)
         if t is None:
@@ -112,13 +125,16 @@ class Search:
         past = PastTrial(event.trial_id, t.parameter_id, t.parameters, tuple(t.history), event.final, event.status)
         if past.result is not None:
             self._tuner_call("receive_trial_result", t.parameter_id, t.parameters, past.result)
+            self._mirror_call("receive_trial_result", t.parameter_id, t.parameters, past.result)
         self._tuner_call("trial_end", t.parameter_id, success)
+        self._mirror_call("trial_end", t.parameter_id, success)
         self._assessor_call("trial_end", event.trial_id, success)
         return []
 
     def _intermediate(self, event: IntermediateStored, t: _Running) -> list[StopTrial]:
         t.history.append(event.value)
         self._tuner_call("receive_intermediate_result", t.parameter_id, len(t.history) - 1, event.value)
+        self._mirror_call("receive_intermediate_result", t.parameter_id, len(t.history) - 1, event.value)
         if t.stopping or self.assessor is None:
             return []
         keep = self._assessor_call("assess_trial", event.trial_id, list(t.history))
@@ -131,9 +147,8 @@ class Search:
     def resume(self, history: Sequence[PastTrial]) -> None:
         """Tell the tuner and the assessor what an earlier run did; track what still runs."""
         self._guarded("tuner", "resume", lambda: self.tuner.resume(history))
-        if self.assessor is not None:
-            assessor = self.assessor
-            self._guarded("assessor", "resume", lambda: assessor.resume(history))
+        self._assessor_call("resume", history)
+        self._mirror_call("resume", history)
         for t in history:
             if t.status is None:
                 self._running[t.trial_id] = _Running(t.parameter_id, t.parameters, list(t.intermediate))
@@ -148,16 +163,24 @@ class Search:
         assessor = self.assessor
         return self._guarded("assessor", method, lambda: getattr(assessor, method)(*args))
 
+    def _mirror_call(self, method: str, *args: Any) -> None:
+        if self.mirror is not None:
+            mirror = self.mirror
+            self._guarded("mirror", method, lambda: getattr(mirror, method)(*args))
+
     def _guarded(self, who: str, method: str, call: Any) -> Any:
         try:
             return call()
         except Exception as e:  # an algorithm's error must not kill the loop
             if who == "tuner":
                 self._fail(who, method, e)
-            else:
+            elif who == "assessor":
                 # Without its assessor the experiment still finds good trials: go on, say so.
                 log.exception("the assessor raised in %s; trials now run to their end", method)
                 self.assessor = None
+            else:  # the experiment's own store keeps everything: the copy is what stops
+                log.exception("the Optuna study mirroring the experiment raised in %s; it is no longer updated", method)
+                self.mirror = None
             return None
 
     def _fail(self, who: str, method: str, e: Exception) -> None:

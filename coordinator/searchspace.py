@@ -35,6 +35,7 @@ __all__ = [
     "SearchSpaceError",
     "grid",
     "grid_size",
+    "is_batch_tuner",
     "is_discrete",
     "sample",
     "validate_search_space",
@@ -72,16 +73,40 @@ class SearchSpaceError(ValueError):
         super().__init__(f"search space has {len(issues)} problem(s):\n{lines}")
 
 
-def validate_search_space(space: object) -> None:
-    """Raise SearchSpaceError listing every problem in ``space``; return if there is none."""
+def is_batch_tuner(name: object, class_name: object = None) -> bool:
+    """Whether a tuner is NNI's Batch tuner, which reads a search space of its own format:
+    one ``choice`` whose options are whole parameter sets, handed out in order."""
+    key = "".join(c for c in str(name).lower() if c.isalnum()) if name is not None else ""
+    return key in ("batch", "batchtuner") or (isinstance(class_name, str) and class_name.endswith("BatchTuner"))
+
+
+def validate_search_space(space: object, *, batch: bool = False) -> None:
+    """Raise SearchSpaceError listing every problem in ``space``; return if there is none.
+    ``batch``: the space is for NNI's Batch tuner (see is_batch_tuner)."""
     issues: list[tuple[str, str]] = []
     if not isinstance(space, dict):
         got = type(space).__name__
         issues.append(("<root>", f"a search space is a JSON object of name -> {_SPEC}, got {got}"))
+    elif batch:
+        _check_batch(space, issues)
     else:
         _check_space(space, "", issues)
     if issues:
         raise SearchSpaceError(issues)
+
+
+def _check_batch(space: dict[Any, Any], issues: list[tuple[str, str]]) -> None:
+    shape = 'NNI\'s Batch tuner takes one parameter, {"combine_params": {"_type": "choice", "_value": [{name: value, ...}, ...]}}'
+    if len(space) != 1:
+        issues.append(("<root>", f"{shape}; got {len(space)} parameters"))
+        return
+    (name, spec), = space.items()
+    if not isinstance(spec, dict) or spec.get("_type") != "choice" or not isinstance(spec.get("_value"), list) or not spec["_value"]:
+        issues.append((str(name), f"{shape}: a choice with a non-empty list of parameter sets"))
+        return
+    for i, item in enumerate(spec["_value"]):
+        if not (isinstance(item, dict) and item and all(isinstance(k, str) for k in item)):
+            issues.append((f"{name}._value[{i}]", f"{shape}: each option is a non-empty mapping of parameter name -> value"))
 
 
 def _check_space(space: dict[Any, Any], prefix: str, issues: list[tuple[str, str]]) -> None:
@@ -127,7 +152,9 @@ def _check_choice(items: list[Any], vpath: str, issues: list[tuple[str, str]]) -
             continue
         ipath = f"{vpath}[{i}]"
         if "_name" not in item:
-            issues.append((ipath, "a dict option is a nested space and needs a '_name' key"))
+            issues.append((ipath, (
+                "a dict option is a nested space and needs a '_name' key (a choice of whole parameter sets "
+                "is the format of NNI's Batch tuner: give tuner: {name: Batch} to use it)")))
             continue
         name = item["_name"]
         if not isinstance(name, (str, int, float)):

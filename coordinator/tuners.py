@@ -101,6 +101,9 @@ class Tuner(abc.ABC):
     arguments, and should call ``super().__init__``.
     """
 
+    #: The search space is in the format of NNI's Batch tuner (a choice of parameter sets).
+    batch_space: bool = False
+
     def __init__(
         self,
         search_space: dict[str, Any],
@@ -108,7 +111,7 @@ class Tuner(abc.ABC):
         optimize_mode: str = "maximize",
         seed: int | None = None,
     ) -> None:
-        validate_search_space(search_space)
+        validate_search_space(search_space, batch=self.batch_space)
         if optimize_mode not in ("maximize", "minimize"):
             raise TunerError(
                 f"optimize_mode must be 'maximize' or 'minimize', got {optimize_mode!r}"

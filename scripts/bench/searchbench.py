@@ -168,6 +168,22 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def profiled(path: Path, run: Any) -> dict[str, Any]:
+    """``run()`` under cProfile: its result plus the coordinator's CPU seconds (this process;
+    the trials are processes of their own), with the top functions printed to stderr."""
+    import cProfile
+    import pstats
+
+    cpu0 = time.process_time()
+    profile = cProfile.Profile()
+    out: dict[str, Any] = profile.runcall(run)
+    out["coordinator_cpu_s"] = time.process_time() - cpu0
+    profile.dump_stats(path)
+    stats = pstats.Stats(str(path), stream=sys.stderr)
+    stats.sort_stats("tottime").print_stats(15)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
@@ -178,9 +194,16 @@ def main() -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""))
     ap.add_argument("--json", type=Path, default=Path("search-bench.json"))
+    ap.add_argument("--profile", type=Path, help="with --one (a trialkeeper method): profile the coordinator's process, "
+                    "print where its CPU time goes and write the pstats file here")
     a = ap.parse_args()
     if a.one:
-        out = run_ray(a.seed, a.trials, a.concurrency) if a.one == "ray-optuna+asha" else run_trialkeeper(a.one, a.seed, a.trials, a.concurrency)
+        if a.one == "ray-optuna+asha":
+            out = run_ray(a.seed, a.trials, a.concurrency)
+        elif a.profile:
+            out = profiled(a.profile, lambda: run_trialkeeper(a.one, a.seed, a.trials, a.concurrency))
+        else:
+            out = run_trialkeeper(a.one, a.seed, a.trials, a.concurrency)
         print(json.dumps(out), flush=True)
         return 0
     runs = []

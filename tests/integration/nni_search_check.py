@@ -36,6 +36,8 @@ TUNERS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "NetworkMorphism": ({"optimize_mode": "maximize"}, MIXED),
 }
 
+BATCH_SETS = [{"x": 0.2, "opt": "adam"}, {"x": 0.4, "opt": "sgd"}, {"x": 0.9, "opt": "adam"}]
+
 USER_TUNER = '''
 from nni.tuner import Tuner
 
@@ -125,6 +127,9 @@ def main() -> None:
     fresh = Search(create_tuner("TPE", None, {"optimize_mode": "maximize", "seed": 3}, space))
     report["tpe_resume"] = {"resumed": [p["x"] for p in drive(tpe, 10, 40)], "fresh": [p["x"] for p in drive(fresh, 10)]}
     report["hyperband"] = hyperband()
+    # NNI's Batch tuner, in its own search-space format: the parameter sets, in order, then exhausted.
+    batch = Search(create_tuner("Batch", None, {}, {"combine_params": {"_type": "choice", "_value": BATCH_SETS}}))
+    report["batch"] = {"points": drive(batch, 5), "exhausted": batch.exhausted, "failure": batch.failure}
     Path(sys.argv[1]).write_text(json.dumps(report))
 
 

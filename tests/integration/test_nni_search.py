@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from conftest import write_script
 from nnienv import nni_python
@@ -100,8 +101,9 @@ def test_resumed_nni_tuners_go_on_from_the_history(report: dict[str, Any]) -> No
     assert near >= 8 and near > sum(abs(x - 0.8) < 0.1 for x in tpe["fresh"])
 
 
-def run_cli(python: str, tmp_path: Path, config: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
-    """`trialkeeper run` in the NNI interpreter; the stored trials (in order) and metrics."""
+def run_cli(python: str, tmp_path: Path, config: dict[str, Any], output: list[str] | None = None) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`trialkeeper run` in the NNI interpreter; the stored trials (in order) and metrics.
+    ``output`` receives what it printed (stdout, then stderr)."""
     (tmp_path / "config.yml").write_text(json.dumps({
         "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path),
         "trainingService": {"platform": "local"}, **config,
@@ -112,6 +114,8 @@ def run_cli(python: str, tmp_path: Path, config: dict[str, Any]) -> tuple[list[d
         check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    if output is not None:
+        output += [proc.stdout, proc.stderr]
     store = Store.in_dir(exp, readonly=True)
     try:
         return sorted(store.trials(), key=lambda t: t["seq"]), store.metrics()
@@ -135,16 +139,29 @@ trial.report_final_result(p["x"])
 def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     python = nni_python()
     write_script(tmp_path, "trial.py", CURVE)
+    output: list[str] = []
     trials, metrics = run_cli(python, tmp_path, {
         "trialConcurrency": 1, "maxTrialNumber": 8, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
         "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 1}},
-    })
+        "optunaStorage": f"sqlite:///{tmp_path / 'mirror.db'}", "optunaStudyName": "nni-tpe",
+    }, output)
+    # NNI's TPE logs "Using random seed 7" at INFO: not printed over the live view, nor at
+    # the default --log-level WARNING.
+    assert not any("Using random seed" in text for text in output), output
     statuses = [TrialStatus(t["status"]) for t in trials]
     assert len(trials) == 8 and set(statuses) == {TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED}, statuses
     for t in trials:
         n = sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
         assert n == 10 if t["status"] == "SUCCEEDED" else 1 <= n < 10
+    # The experiment is mirrored into an Optuna study whatever the tuner: NNI's TPE here.
+    study = optuna.load_study(study_name="nni-tpe", storage=f"sqlite:///{tmp_path / 'mirror.db'}")
+    expected = {"SUCCEEDED": "COMPLETE", "EARLY_STOPPED": "PRUNED"}
+    assert [ot.state.name for ot in study.trials] == [expected[t["status"]] for t in trials]
+    for t, ot in zip(trials, study.trials):
+        assert ot.params == json.loads(t["parameters_json"])
+        assert len(ot.intermediate_values) == sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
+    assert study.best_value == max(t["final_metric"] for t in trials if t["status"] == "SUCCEEDED")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")
@@ -176,15 +193,20 @@ trial.report_final_result(p["x"])
 """
 
 
+def run_advisor(tmp_path: Path, trials: int, advisor: dict[str, Any], **more: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+    """`trialkeeper run` of BUDGETED with ``advisor``, 2 at a time: trials, their parameters, metrics."""
+    write_script(tmp_path, "trial.py", BUDGETED)
+    stored, metrics = run_cli(nni_python(), tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": trials, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "advisor": advisor, **more,
+    })
+    return stored, [json.loads(t["parameters_json"]) for t in stored], metrics
+
+
 @pytest.mark.slow
 def test_trialkeeper_run_with_nni_hyperband_as_advisor(tmp_path: Path) -> None:
-    python = nni_python()
-    write_script(tmp_path, "trial.py", BUDGETED)
-    trials, _ = run_cli(python, tmp_path, {
-        "trialConcurrency": 2, "maxTrialNumber": 4, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3, "exec_mode": "serial"}},
-    })
-    params = [json.loads(t["parameters_json"]) for t in trials]
+    trials, params, _ = run_advisor(tmp_path, 4, {"name": "Hyperband", "classArgs": {
+        "optimize_mode": "maximize", "R": 3, "eta": 3, "exec_mode": "serial"}})
     assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3]
     assert params[3]["x"] == max(p["x"] for p in params[:3])  # the best of the round, promoted
     assert {t["status"] for t in trials} == {"SUCCEEDED"}
@@ -218,3 +240,36 @@ def test_trialkeeper_resume_goes_on_with_nnis_grid_search_where_it_was(tmp_path:
     # The resumed grid search was told the first three points: it proposes the other three.
     assert xs[:3] == [json.loads(t["parameters_json"])["x"] for t in first]
     assert sorted(xs) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+
+
+@pytest.mark.slow
+def test_nnis_batch_tuner_takes_its_own_search_space_format(report: dict[str, Any]) -> None:
+    batch = report["batch"]
+    assert batch["failure"] == "" and batch["exhausted"]
+    assert batch["points"] == [{"x": 0.2, "opt": "adam"}, {"x": 0.4, "opt": "sgd"}, {"x": 0.9, "opt": "adam"}]
+
+
+@pytest.mark.slow
+def test_anneal_proposes_points_of_the_space_with_hyperopt_installed(report: dict[str, Any]) -> None:
+    # The interpreters CI builds carry hyperopt, so Anneal must work there, not only name its package.
+    seen = report["tuners"]["Anneal"]
+    assert "error" not in seen, seen["error"]
+    assert seen["failure"] == "" and len(seen["points"]) == 8 and all(in_space(p) for p in seen["points"])
+
+
+@pytest.mark.slow
+def test_trialkeeper_run_with_nni_bohb_as_advisor(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bohb.db'}"
+    trials, params, metrics = run_advisor(tmp_path, 6, {"name": "BOHB", "classArgs": {
+        "optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}}, optunaStorage=url, optunaStudyName="bohb")
+    assert len(trials) == 6 and {t["status"] for t in trials} == {"SUCCEEDED"}
+    # Its first bracket runs 3 configurations for budget 1 and the best of them for 3; the
+    # next bracket starts at budget 3.
+    assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3, 3, 3]
+    assert params[3]["x"] == max(p["x"] for p in params[:3])
+    # Mirrored into an Optuna study, the budget each trial had as a user attribute.
+    study = optuna.load_study(study_name="bohb", storage=url)
+    assert [(ot.params["x"], ot.user_attrs["TRIAL_BUDGET"], ot.state.name) for ot in study.trials] == [
+        (p["x"], p["TRIAL_BUDGET"], "COMPLETE") for p in params]
+    for t, p in zip(trials, params):  # each trial ran the budget BOHB gave it
+        assert sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate") == int(p["TRIAL_BUDGET"])

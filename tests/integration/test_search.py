@@ -3,13 +3,14 @@ tuner and an assessor (built-in and Optuna's), a tuner that raises, and resume."
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
-from conftest import build_config, run_async, write_script
+from conftest import build_config, pid_gone, run_async, wait_until, write_script
 from trialkeeper.coordinator.experiment import LOG_FILENAME, resume_experiment, run_experiment
 from trialkeeper.coordinator.states import TrialStatus
 from trialkeeper.coordinator.store import Store
@@ -69,6 +70,41 @@ def test_the_median_assessor_stops_hopeless_trials_and_their_slot_takes_the_next
     assert trials[3].submitted_at < trials[2].ended_at  # type: ignore[operator]
 
 
+# A bad trial (x < 0.5) starts a grandchild that would outlive it, then reports slowly.
+SPAWNING = """
+import os, subprocess, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+if p["x"] < 0.5:
+    child = subprocess.Popen(["sleep", "300"])
+    path = os.path.join(os.environ["TRIALKEEPER_TRIAL_DIR"], "grandchild.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.replace(path + ".tmp", path)
+for step in range(300 if p["x"] < 0.5 else 3):
+    time.sleep(0.1)
+    trial.report_intermediate_result(p["x"])
+trial.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.slow
+def test_an_assessors_stop_signals_the_trials_whole_process_tree(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", SPAWNING)
+    config = build_config(
+        tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=1,
+        searchSpace={"x": {"_type": "choice", "_value": [0.9, 0.1]}}, tuner={"name": "grid"},
+        assessor={"name": "median", "classArgs": {"start_step": 2}},
+    )
+    result = run_async(run_experiment(config), timeout=90)
+    assert result.ok, result.reason
+    assert [t.status for t in result.trials] == [TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED]
+    stopped = result.trials[1]
+    grandchild = int((result.experiment_dir / "trials" / stopped.id / "grandchild.pid").read_text())
+    wait_until(lambda: pid_gone(grandchild), 15.0, message=f"grandchild {grandchild} survived the early stop")
+
+
 @pytest.mark.slow
 def test_optuna_tpe_with_successive_halving_mirrors_into_an_optuna_study(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -93,6 +129,37 @@ def test_optuna_tpe_with_successive_halving_mirrors_into_an_optuna_study(tmp_pat
         assert ot.params["x"] == t.parameters["x"]
         if t.status is TrialStatus.SUCCEEDED:
             assert ot.value == t.final_metric
+
+
+@pytest.mark.slow
+def test_optuna_storage_mirrors_an_experiment_with_a_builtin_tuner_into_an_optuna_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'mirror.db'}"
+    config = _config(
+        tmp_path, steps=5, pause=0.02, trialConcurrency=1, maxTrialNumber=8,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2, 3]}},
+        tuner={"name": "random", "classArgs": {"seed": 4}}, assessor={"name": "median"},
+        optunaStorage=url, optunaStudyName="watched",
+    )
+    result = run_async(run_experiment(config), timeout=120)
+    assert result.ok, result.reason
+    study = optuna.load_study(study_name="watched", storage=url)
+    counts = _metric_counts(result.experiment_dir)
+    by_pid = {t.user_attrs["trialkeeper_parameter_id"]: t for t in study.trials}
+    assert sorted(by_pid) == sorted(t.sequence_id for t in result.trials)
+    expected = {TrialStatus.SUCCEEDED: "COMPLETE", TrialStatus.EARLY_STOPPED: "PRUNED"}
+    for t in result.trials:
+        ot = by_pid[t.sequence_id]
+        assert ot.state.name == expected[t.status]
+        assert ot.params == t.parameters
+        assert len(ot.intermediate_values) == counts[t.id]
+        assert next(iter(ot.intermediate_values.values())) == pytest.approx(t.parameters["x"])
+        if t.status is TrialStatus.SUCCEEDED:
+            assert ot.value == t.final_metric
+    # Optuna's own analysis reads it: the score is x, so x is what matters.
+    best = max((t for t in result.trials if t.status is TrialStatus.SUCCEEDED), key=lambda t: t.final_metric or 0.0)
+    assert study.best_trial.user_attrs["trialkeeper_parameter_id"] == best.sequence_id
+    importance = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+    assert max(importance, key=importance.__getitem__) == "x", importance
 
 
 BROKEN_TUNER = """
@@ -128,6 +195,26 @@ def test_a_tuner_that_raises_ends_the_experiment_cleanly_with_its_traceback_logg
         assert len(store.metrics()) == 2 * 3
     finally:
         store.close()
+
+
+def test_two_experiments_in_one_process_keep_their_own_logs(tmp_path: Path) -> None:
+    write_script(tmp_path, "flaky_tuner.py", BROKEN_TUNER)
+    broken = _config(
+        tmp_path, steps=2, pause=0.0, trialConcurrency=1, maxTrialNumber=5,
+        tuner={"className": "flaky_tuner:Flaky", "codeDirectory": str(tmp_path)},
+    )
+    healthy = _config(
+        tmp_path, steps=2, pause=0.0, trialConcurrency=1,
+        searchSpace={"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]}}, tuner={"name": "grid"},
+    )
+
+    async def both() -> Any:
+        return await asyncio.gather(run_experiment(broken), run_experiment(healthy))
+
+    failed, fine = run_async(both, timeout=90)
+    assert not failed.ok and fine.ok, fine.reason
+    assert "lost its model" in (failed.experiment_dir / LOG_FILENAME).read_text()
+    assert "lost its model" not in (fine.experiment_dir / LOG_FILENAME).read_text()
 
 
 UNSENDABLE_TUNER = """

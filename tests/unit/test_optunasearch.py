@@ -8,7 +8,9 @@ from typing import Any
 import optuna
 import pytest
 from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
-from trialkeeper.coordinator.optunasearch import flatten, optuna_space_issues
+from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.experiment import _search
+from trialkeeper.coordinator.optunasearch import create_optuna_mirror, flatten, optuna_space_issues
 from trialkeeper.coordinator.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
 from trialkeeper.coordinator.searchspace import SearchSpaceError, validate_search_space
 from trialkeeper.coordinator.states import TrialStatus
@@ -187,3 +189,85 @@ def test_the_gp_sampler_works_or_names_what_to_install() -> None:
     else:
         tuner = create_tuner("optuna", None, {"sampler": "GP", "seed": 0}, SPACE)
         check_in_space(tuner.generate_parameters(0))
+
+
+def test_a_mirror_copies_a_builtin_tuners_trials_into_a_study_and_resumes_without_duplicates(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'mirror.db'}"
+    search = Search(create_tuner("random", None, {"seed": 1}, SPACE), mirror=create_optuna_mirror(url, "m", SPACE, "minimize"))
+    history = []
+    for pid in range(4):
+        p = search.propose(pid)
+        assert p is not None
+        search.handle(TrialSubmitted(f"t{pid}", pid, p))
+        search.handle(IntermediateStored(f"t{pid}", 0.5))
+        if pid < 3:
+            search.handle(TrialEnded(f"t{pid}", TrialStatus.SUCCEEDED, p["dropout"]))
+        history.append(PastTrial(f"t{pid}", pid, p, (0.5,), p["dropout"] if pid < 3 else None,
+                                 TrialStatus.SUCCEEDED if pid < 3 else None))
+    study = optuna.load_study(study_name="m", storage=url)
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3 + ["RUNNING"]
+    assert all(same_params(flatten(SPACE, h.parameters), t.params) for h, t in zip(history, study.trials))
+    assert study.best_value == min(h.final for h in history if h.final is not None)
+
+    # After a resume the study is taken as it is: the running trial ends, a new one joins.
+    resumed = Search(create_tuner("random", None, {"seed": 1}, SPACE), mirror=create_optuna_mirror(url, "m", SPACE, "minimize"))
+    resumed.resume(history)
+    resumed.handle(TrialEnded("t3", TrialStatus.EARLY_STOPPED, None))
+    p = resumed.propose(4)
+    assert p is not None
+    resumed.handle(TrialSubmitted("t4", 4, p))
+    study = optuna.load_study(study_name="m", storage=url)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3 + ["PRUNED", "RUNNING"]
+    assert study.trials[3].intermediate_values == {0: 0.5}
+
+
+def test_a_mirror_that_fails_is_dropped_and_the_search_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    url = f"sqlite:///{tmp_path / 'gone.db'}"
+    mirror = create_optuna_mirror(url, "m", SPACE, "maximize")
+    search = Search(create_tuner("random", None, {"seed": 1}, SPACE), mirror=mirror)
+    optuna.delete_study(study_name="m", storage=url)  # someone deletes the study under it
+    p = search.propose(0)
+    assert p is not None
+    search.handle(TrialSubmitted("t0", 0, p))
+    assert search.mirror is None and search.failure == "" and search.propose(1) is not None
+    assert "the Optuna study mirroring the experiment raised in adopt" in caplog.text
+
+
+def test_a_mirror_names_its_field_for_a_space_optuna_cannot_hold() -> None:
+    with pytest.raises(SearchSpaceError, match=r"optunaStorage: search_space.n: normal cannot be given to Optuna"):
+        create_optuna_mirror("sqlite://", "m", {"n": {"_type": "normal", "_value": [0, 1]}}, "maximize")
+    with pytest.raises(TunerError, match=r"optunaStorage: NNI's Batch tuner"):
+        create_optuna_mirror("sqlite://", "m", {"c": {"_type": "choice", "_value": [{"a": 1}]}}, "maximize", batch=True)
+
+
+@pytest.mark.parametrize("tuner", [{"name": "optuna", "classArgs": {"seed": 1}}, {"name": "random", "classArgs": {"seed": 1}}])
+def test_optuna_storage_is_an_optuna_tuners_own_study_and_a_mirror_for_any_other(tmp_path: Path, tuner: dict[str, Any]) -> None:
+    url = f"sqlite:///{tmp_path / 'exp.db'}"
+    config = parse_config({"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"},
+                           "searchSpace": SPACE, "tuner": tuner, "optunaStorage": url}, tmp_path)
+    search = _search(config, "e7")
+    # One study either way, named after the experiment: never a second copy of the trials.
+    assert (search.mirror is None) == (tuner["name"] == "optuna")
+    p = search.propose(0)
+    assert p is not None
+    search.handle(TrialSubmitted("t0", 0, p))
+    search.handle(TrialEnded("t0", TrialStatus.SUCCEEDED, 0.7))
+    study = optuna.load_study(study_name="trialkeeper-e7", storage=url)
+    assert [t.value for t in study.trials] == [0.7]
+
+
+def test_a_storage_that_cannot_be_opened_is_named_without_its_password() -> None:
+    with pytest.raises(TunerError) as e:
+        create_tuner("optuna", None, {"storage": "mysql://ann:hunter2@127.0.0.1:9/db"}, SPACE)
+    assert "classArgs.storage 'mysql://ann:***@127.0.0.1:9/db': cannot open the study" in str(e.value)
+    assert "hunter2" not in str(e.value)
+
+
+def test_a_mirror_keeps_parameters_outside_the_space_as_user_attributes() -> None:
+    mirror = create_optuna_mirror("sqlite://", "m", SPACE, "maximize")
+    p = create_tuner("random", None, {"seed": 3}, SPACE).generate_parameters(0)
+    mirror.adopt(0, {**p, "TRIAL_BUDGET": 9})  # Hyperband and BOHB add the budget they chose
+    (trial,) = mirror.study.trials
+    assert trial.user_attrs["TRIAL_BUDGET"] == 9 and "TRIAL_BUDGET" not in trial.params
+    assert same_params(flatten(SPACE, p), trial.params)

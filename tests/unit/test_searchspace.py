@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.searchspace import (
     TYPES,
     SearchSpaceError,
@@ -324,7 +325,10 @@ def test_every_error_is_reported_with_its_path() -> None:
         "act._value": ["choice needs a non-empty list of options"],
         "optimizer._value[0].momentum._value": ["uniform needs low < high, got [1, 0]"],
         "optimizer._value[1]._name": ["duplicate _name 'sgd' in this choice"],
-        "optimizer._value[2]": ["a dict option is a nested space and needs a '_name' key"],
+        "optimizer._value[2]": [(
+            "a dict option is a nested space and needs a '_name' key (a choice of whole parameter sets "
+            "is the format of NNI's Batch tuner: give tuner: {name: Batch} to use it)"
+        )],
         "bare": ['a parameter is {"_type": ..., "_value": [...]}, got float'],
         "nothing._type": ["missing; valid: " + ", ".join(TYPES)],
         "nothing._value": ["missing; it is a list whose meaning depends on _type"],
@@ -365,3 +369,40 @@ def test_the_quickstart_example_space_is_valid() -> None:
     space = json.loads(path.read_text())
     validate_search_space(space)
     assert set(sample(space, random.Random(0))) == {"lr", "batch_size", "epochs", "l2"}
+
+
+BATCH_SPACE = {"combine_params": {"_type": "choice", "_value": [{"lr": 0.1, "opt": "adam"}, {"lr": 0.01, "opt": "sgd"}]}}
+
+
+def test_nnis_batch_format_is_accepted_for_the_batch_tuner_only() -> None:
+    validate_search_space(BATCH_SPACE, batch=True)
+    with pytest.raises(SearchSpaceError, match=r"give tuner: \{name: Batch\}"):
+        validate_search_space(BATCH_SPACE)
+
+
+@pytest.mark.parametrize(
+    ("space", "where"),
+    [
+        ({**BATCH_SPACE, "x": {"_type": "uniform", "_value": [0, 1]}}, "<root>"),
+        ({"combine_params": {"_type": "uniform", "_value": [0, 1]}}, "combine_params"),
+        ({"combine_params": {"_type": "choice", "_value": [{"lr": 0.1}, 3]}}, "combine_params._value[1]"),
+    ],
+)
+def test_a_batch_space_of_another_shape_says_what_batch_takes(space: dict[str, Any], where: str) -> None:
+    with pytest.raises(SearchSpaceError) as e:
+        validate_search_space(space, batch=True)
+    assert [path for path, _ in e.value.issues] == [where]
+    assert 'NNI\'s Batch tuner takes one parameter, {"combine_params": {"_type": "choice"' in str(e.value)
+
+
+@pytest.mark.parametrize(("tuner", "ok"), [({"name": "Batch"}, True), ({"name": "batch_tuner"}, True),
+                                           ({"className": "nni.algorithms.hpo.batch_tuner.BatchTuner"}, True),
+                                           ({"name": "grid"}, False)])
+def test_a_config_with_the_batch_format_loads_when_its_tuner_is_batch(tuner: dict[str, Any], ok: bool) -> None:
+    data = {"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"},
+            "searchSpace": BATCH_SPACE, "tuner": tuner}
+    if ok:
+        assert parse_config(data, '.').search_space == BATCH_SPACE
+    else:
+        with pytest.raises(ConfigError, match=r"searchSpace.combine_params._value\[0\].*give tuner: \{name: Batch\}"):
+            parse_config(data, '.')
