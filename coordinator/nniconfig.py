@@ -197,8 +197,8 @@ def _lift(top: dict[Any, Any], given: list[dict[str, tuple[str, object]]], issue
             if chosen is None:
                 chosen = used
             elif used[1] != chosen[1]:
-                issues.append((used[0], f"differs from {chosen[0]} ({show(chosen[1])}): every platform runs the "
-                               f"experiment's one {name} here; give it once, at the top level"))
+                why = f"every platform runs the experiment's one {name} here; give it once, at the top level"
+                issues.append((used[0], f"differs from {chosen[0]} ({show(chosen[1])}): {why}"))
         if chosen is not None and chosen is not fallback:
             _take(top, name)
             top[name] = chosen[1]

@@ -175,12 +175,14 @@ import json, sys
 def line(kind, value):
     message = {"parameter_id": 0, "trial_job_id": "x", "type": kind, "sequence": 0, "value": json.dumps(value)}
     print("NNISDK_MEb'" + json.dumps(message) + "'", flush=True)
+print("before", flush=True)
 print("NNISDK_MEb'{not json'", flush=True)
 print("NNISDK_MEb'" + "x" * 1_100_000, flush=True)
 line("PERIODICAL", "not a number")
 line("PERIODICAL", 0.25)
 line("FINAL", 0.5)
 line("FINAL", 0.75)
+print("after", flush=True)
 """
 
 
@@ -199,6 +201,12 @@ def test_malformed_and_oversized_lines_become_notes_and_the_trial_goes_on(tmp_pa
     assert len(notes) == 4, notes
     assert "not JSON" in notes[0] and "longer than 1000000 bytes" in notes[1]
     assert "intermediate result refused" in notes[2] and "already reported" in notes[3]
+    # `trialkeeper logs` leaves the result lines out unless asked for them.
+    script = Path(sys.executable).parent / "trialkeeper"
+    shown = subprocess.run([str(script), "logs", str(exp), trial["id"]], capture_output=True, timeout=60, check=True).stdout
+    assert shown == b"before\nafter\n", shown[:300]
+    everything = subprocess.run([str(script), "logs", str(exp), trial["id"], "--nni-results"], capture_output=True, timeout=60, check=True).stdout
+    assert everything == (exp / "trials" / trial["id"] / "stdout.log").read_bytes() and everything.count(b"NNISDK_MEb") == 6
 
 
 # ---- remote over a real sshd --------------------------------------------------------------
