@@ -66,8 +66,8 @@ _EXPAND = (
 )
 FIELDS: tuple[NniField, ...] = (
     *_f("", "experimentName searchSpaceFile searchSpace trialCommand trialCodeDirectory trialConcurrency "
-        "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory "
-        "sharedStorage", "same"),
+        "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory", "same"),
+    *_f("", "sharedStorage", "same", "mounted by openpai and dlts environments; refused with a platform that would not use it"),
     *_f("", "experimentType", "translated", "'hpo' (the default) is accepted; 'nas' is refused: NAS experiments need NNI's own nni.nas"),
     *_f("", "nniManagerIp", "translated", "the address agents dial: the coordinator listens there (coordinator.address ip:0) and remote agents dial it"),
     *_f("", "useAnnotation", "translated", "false is accepted; true is refused: " + _EXPAND),

@@ -154,6 +154,14 @@ def test_services_of_a_hybrid_config_that_differ_in_trial_settings_are_refused(t
     assert "NNI's openpaiConfigFile is not supported" in refused["trainingService[1].openpaiConfigFile"], refused
 
 
+def test_shared_storage_with_a_platform_that_would_not_mount_it_is_refused(tmp_path: Path) -> None:
+    shared = {"storageType": "NFS", "localMountPoint": str(tmp_path), "remoteMountPoint": "/mnt/r",
+              "localMounted": "usermount", "nfsServer": "10.0.0.5", "exportedDirectory": "/exports/tk"}
+    for service in ({"platform": "local"}, NNI_HYBRID_SERVICES):
+        errors = _errors(NNI_LOCAL | {"trainingService": service, "sharedStorage": shared}, tmp_path)
+        assert "do not mount it here" in errors["sharedStorage"] and "remove sharedStorage" in errors["sharedStorage"], errors
+
+
 def test_nni_manager_ip_is_where_agents_dial(tmp_path: Path) -> None:
     data = NNI_LOCAL | {
         "nniManagerIp": "127.0.0.1",
