@@ -16,8 +16,9 @@ from typing import Any
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from trialkeeper.agent import nnicompat
 
-from .cli_views import add_commands, no_trial, without_nni_results
+from .cli_views import add_commands, no_trial
 from .cli_views import console as _console
 from .readmodel import ReadModel
 from .store import Store, StoreError
@@ -366,7 +367,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         return no_trial(model, args)
     path = args.experiment_dir / "trials" / args.trial_id / ("stderr.log" if args.stderr else "stdout.log")
     offset = 0
-    pending = b""  # the unfinished last line, held back while following
+    pending = b""  # an unfinished result line, held back while following
     out = sys.stdout.buffer
     while True:
         try:
@@ -377,7 +378,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
             data = b""
         offset += len(data)
         if not args.nni_results and not args.stderr:
-            data, pending = without_nni_results(pending + data, final=not args.follow)
+            data, pending = nnicompat.without_results(pending + data, final=not args.follow)
         if data:
             out.write(data)
             out.flush()

@@ -12,7 +12,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from trialkeeper.agent.nnicompat import MARK, MAX_LINE_BYTES
 
 from .readmodel import EnvSnapshot, GpuSnapshot, ReadModel, TrialSnapshot, list_experiments, to_json
 
@@ -249,16 +248,3 @@ def add_commands(sub: Any) -> None:
     trial.add_argument("--json", action="store_true")
     trial.set_defaults(func=cmd_trial)
 
-
-def without_nni_results(data: bytes, *, final: bool) -> tuple[bytes, bytes]:
-    """`data` less the lines NNI trials report results with (they are stored as metrics),
-    and the unfinished last line to hold back until it is complete (none when `final`)."""
-    cut = len(data) if final else data.rfind(b"\n") + 1
-    done, rest = data[:cut], data[cut:]
-    if len(rest) > MAX_LINE_BYTES:  # no result line is that long: print it as it comes
-        done, rest = data, b""
-    if MARK in done:
-        parts = done.split(b"\n")  # each but the last ended with a newline
-        kept = [part + b"\n" for part in parts[:-1] if MARK not in part]
-        done = b"".join(kept) + (b"" if MARK in parts[-1] else parts[-1])
-    return done, rest
