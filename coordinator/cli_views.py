@@ -247,4 +247,3 @@ def add_commands(sub: Any) -> None:
     trial.add_argument("trial_id", metavar="TRIAL_ID")
     trial.add_argument("--json", action="store_true")
     trial.set_defaults(func=cmd_trial)
-
