@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NniLine", "NniStdoutScanner", "nni_environment", "write_parameter_cfg"]
+__all__ = ["NniLine", "NniStdoutScanner", "nni_environment", "without_results", "write_parameter_cfg"]
 
 PARAMETER_FILE = "parameter.cfg"
 MARK = b"NNISDK_MEb'"
@@ -163,3 +163,18 @@ class NniStdoutScanner:
             else:
                 found.append(parse_line(line))
         return found
+
+
+def without_results(data: bytes, *, final: bool) -> tuple[bytes, bytes]:
+    """Output to show: ``data`` less its result lines (stored as metrics), and an unfinished
+    last line holding ``MARK`` to hold back until it is complete (none when ``final``).
+    Any other unfinished line is shown as it comes, so progress output is not delayed."""
+    cut = data.rfind(b"\n") + 1
+    done, rest = data[:cut], data[cut:]
+    if final or MARK not in rest or len(rest) > MAX_LINE_BYTES:
+        done, rest = data, b""
+    if MARK in done:
+        parts = done.split(b"\n")  # each but the last ended with a newline
+        kept = [part + b"\n" for part in parts[:-1] if MARK not in part]
+        done = b"".join(kept) + (b"" if MARK in parts[-1] else parts[-1])
+    return done, rest

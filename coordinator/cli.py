@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from trialkeeper.agent import nnicompat
 
 from .cli_views import add_commands, no_trial
 from .cli_views import console as _console
@@ -106,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("trial_id", metavar="TRIAL_ID")
     logs.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the trial ends")
+    logs.add_argument(
+        "--nni-results", action="store_true",
+        help="also print the NNISDK_MEb lines NNI trials report results with (hidden by default: they are stored as metrics)",
+    )
     logs.set_defaults(func=_cmd_logs)
     return p
 
@@ -362,6 +367,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         return no_trial(model, args)
     path = args.experiment_dir / "trials" / args.trial_id / ("stderr.log" if args.stderr else "stdout.log")
     offset = 0
+    pending = b""  # an unfinished result line, held back while following
     out = sys.stdout.buffer
     while True:
         try:
@@ -370,10 +376,12 @@ def _cmd_logs(args: argparse.Namespace) -> int:
                 data = f.read()
         except FileNotFoundError:
             data = b""
+        offset += len(data)
+        if not args.nni_results and not args.stderr:
+            data, pending = nnicompat.without_results(pending + data, final=not args.follow)
         if data:
             out.write(data)
             out.flush()
-            offset += len(data)
         if not args.follow:
             return 0
         trial = model.trial(args.trial_id)

@@ -256,6 +256,13 @@ class ExperimentConfig:
             shortfall = service.gpu_shortfall(gpus)
             if shortfall is not None:
                 issues.append((f"training_service.{shortfall[0]}", shortfall[1]))
+        if values.get("shared_storage") is not None and isinstance(service, TrainingServiceConfig):
+            ignored = [s.platform for s in service.sections() if not s.MOUNTS_SHARED_STORAGE]
+            if ignored:
+                issues.append(("shared_storage", (
+                    f"environments on {', '.join(ignored)} do not mount it here (openpai and dlts ones do); "
+                    "remove sharedStorage: the trial code reaches them without it"
+                )))
         code = values.get("trial_code_directory")
         if code is not None and not is_dir(code):
             problem = "is not a directory" if exists(code) else "does not exist"

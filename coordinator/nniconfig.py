@@ -66,8 +66,8 @@ _EXPAND = (
 )
 FIELDS: tuple[NniField, ...] = (
     *_f("", "experimentName searchSpaceFile searchSpace trialCommand trialCodeDirectory trialConcurrency "
-        "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory "
-        "sharedStorage", "same"),
+        "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory", "same"),
+    *_f("", "sharedStorage", "same", "mounted by openpai and dlts environments; refused with a platform that would not use it"),
     *_f("", "experimentType", "translated", "'hpo' (the default) is accepted; 'nas' is refused: NAS experiments need NNI's own nni.nas"),
     *_f("", "nniManagerIp", "translated", "the address agents dial: the coordinator listens there (coordinator.address ip:0) and remote agents dial it"),
     *_f("", "useAnnotation", "translated", "false is accepted; true is refused: " + _EXPAND),
@@ -78,7 +78,7 @@ FIELDS: tuple[NniField, ...] = (
     *_f("", "trainingService", "same", "a list (hybrid mode) follows its own rules"),
     *_f("trainingService", "platform", "same"),
     *_f("trainingService", "trialCommand trialCodeDirectory trialGpuNumber nniManagerIp debug", "translated",
-        "lifted to the top level, where it overrides the top-level value as NNI does"),
+        "lifted to the top level, where it overrides the top-level value as NNI does; in a list (hybrid) each service's value, its own or the top level's, must be the same"),
     *_f("local", "useActiveGpu maxTrialNumberPerGpu gpuIndices", "same"),
     *_f("local", "reuseMode", "same", "defaults to true here (NNI: false)"),
     *_f("remote", "machineList", "same"),
@@ -135,13 +135,73 @@ def translate(data: object) -> tuple[object, Issues]:
     top = dict(data)  # only copies of the sections changed are written to
     _refuse_fields(top, "", "", issues)
     service_key = _key(top, "trainingService")
-    if service_key is not None and isinstance(top[service_key], Mapping):
-        top[service_key] = _service(top, dict(top[service_key]), service_key, issues)
+    services = _services(top, service_key, issues)
     _experiment_type(top, issues)
     _annotation(top, issues)
     _log_level(top, issues)
-    _manager_ip(top, service_key, issues)
+    _manager_ip(top, services, issues)
     return top, issues
+
+
+# NNI's fields of every training service that are the experiment's trial settings here.
+_LIFTED = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
+
+
+def _services(top: dict[Any, Any], service_key: Any, issues: Issues) -> list[dict[Any, Any]]:
+    """Translate the one service section, or each of a list (NNI's hybrid mode, or this
+    project's `platform: hybrid` with `platforms`), in place; the sections translated."""
+    if service_key is None:
+        return []
+    container: Any = top[service_key]
+    path = service_key
+    if isinstance(container, Mapping):
+        service = dict(container)
+        top[service_key] = service
+        platforms_key = _key(service, "platforms")
+        if service.get(_key(service, "platform")) != "hybrid" or platforms_key is None:
+            _lift(top, [_service(top, service, service_key, issues)], issues)
+            return [service]
+        container, path = service[platforms_key], join_path(service_key, platforms_key)
+        if isinstance(container, list):
+            service[platforms_key] = container = list(container)
+    elif isinstance(container, list):
+        top[service_key] = container = list(container)
+    if not isinstance(container, list):
+        return []  # the walker names what is wrong with it
+    sections: list[dict[Any, Any]] = []
+    lifted: list[dict[str, tuple[str, object]]] = []
+    for i, section in enumerate(container):
+        if isinstance(section, Mapping):
+            container[i] = dict(section)
+            sections.append(container[i])
+            lifted.append(_service(top, container[i], f"{path}[{i}]", issues))
+    _lift(top, lifted, issues)
+    return sections
+
+
+def _lift(top: dict[Any, Any], given: list[dict[str, tuple[str, object]]], issues: Issues) -> None:
+    """The trial settings the services gave, as the experiment's.
+
+    In NNI a service's own value overrides the top-level one for that service's trials.
+    Here every platform runs the experiment's one trial command (and code, GPUs, ...), so
+    the value each service would use must be the same; a service that differs is refused.
+    """
+    for name in _LIFTED:
+        top_key = _key(top, name)
+        fallback = (top_key, top[top_key]) if top_key is not None else None
+        chosen: tuple[str, object] | None = None
+        for service in given:
+            used = service.get(name, fallback)
+            if used is None:
+                continue
+            if chosen is None:
+                chosen = used
+            elif used[1] != chosen[1]:
+                why = f"every platform runs the experiment's one {name} here; give it once, at the top level"
+                issues.append((used[0], f"differs from {chosen[0]} ({show(chosen[1])}): {why}"))
+        if chosen is not None and chosen is not fallback:
+            _take(top, name)
+            top[name] = chosen[1]
 
 
 def _refuse_fields(section: dict[Any, Any], scope: str, path: str, issues: Issues) -> None:
@@ -152,19 +212,20 @@ def _refuse_fields(section: dict[Any, Any], scope: str, path: str, issues: Issue
                 issues.append((join_path(path, key), f"NNI's {f.name} is not supported here: {f.note}"))
 
 
-def _service(top: dict[Any, Any], service: dict[Any, Any], path: str, issues: Issues) -> dict[Any, Any]:
+def _service(top: dict[Any, Any], service: dict[Any, Any], path: str, issues: Issues) -> dict[str, tuple[str, object]]:
+    """Translate one service section in place; the trial settings it gave (name -> (where, value)),
+    which `_lift` makes the experiment's."""
     tag = _key(service, "platform")
     if tag is not None and tag != "platform":
         service["platform"] = service.pop(tag)
     platform = service.get("platform")
     scope = platform if isinstance(platform, str) else ""
-    # NNI lets each service carry the trial's settings; with one service they are the experiment's.
-    for name in ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug"):
+    given: dict[str, tuple[str, object]] = {}
+    for name in _LIFTED:
         if not _platform_has(scope, name):
-            _, value = _take(service, name)
+            key, value = _take(service, name)
             if value is not None:
-                _take(top, name)
-                top[name] = value
+                given[name] = (join_path(path, key), value)
     _refuse_fields(service, scope, path, issues)
     size_key = _key(service, "trialMemorySize") if scope == "openpai" else None
     if size_key is not None:
@@ -174,7 +235,7 @@ def _service(top: dict[Any, Any], service: dict[Any, Any], path: str, issues: Is
         role_key = _key(service, "worker" if scope == "kubeflow" else "taskRoles")
         if role_key is not None:
             _k8s_role(top, service, service.pop(role_key), join_path(path, role_key), issues)
-    return service
+    return given
 
 
 # NNI's role fields -> this project's trainingService fields.
@@ -291,7 +352,7 @@ def _is_manager_host(value: object) -> bool:
     return True
 
 
-def _manager_ip(top: dict[Any, Any], service_key: Any, issues: Issues) -> None:
+def _manager_ip(top: dict[Any, Any], services: list[dict[Any, Any]], issues: Issues) -> None:
     ip = _pop(top, "nniManagerIp", _is_manager_host, "a host name or IP address of this machine, without a port", issues)
     if not isinstance(ip, str):
         return
@@ -307,7 +368,6 @@ def _manager_ip(top: dict[Any, Any], service_key: Any, issues: Issues) -> None:
     # Listening there on any free port makes it the address agents are told to dial.
     settings["address"] = f"[{ip}]:0" if ":" in ip else f"{ip}:0"
     top[coordinator_key] = settings
-    service = top.get(service_key) if service_key is not None else None
-    for section in service if isinstance(service, list) else [service]:  # a list: NNI's hybrid mode
-        if isinstance(section, dict) and section.get("platform") == "remote" and _key(section, "coordinatorAddress") is None:
-            section["coordinatorAddress"] = ip
+    for service in services:
+        if service.get("platform") == "remote" and _key(service, "coordinatorAddress") is None:
+            service["coordinatorAddress"] = ip

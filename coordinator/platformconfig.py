@@ -34,6 +34,9 @@ class TrainingServiceConfig:
     """
 
     PLATFORM: ClassVar[str] = ""
+    # Whether this platform's environments mount the top-level `sharedStorage`; a config
+    # giving it for a platform that would not use it is refused rather than ignored.
+    MOUNTS_SHARED_STORAGE: ClassVar[bool] = False
     platform: str = field(default="", init=False)
     reuse_mode: bool = True
 

@@ -25,6 +25,7 @@ class DltsConfig(EnvironmentPoolConfig):
     """`platform: dlts`: every environment is one DLTS (DLWorkspace) job running one agent."""
 
     PLATFORM: ClassVar[str] = "dlts"
+    MOUNTS_SHARED_STORAGE: ClassVar[bool] = True
     dashboard: str = field(metadata=_URL)
     cluster: str = field(default=".default", metadata=NON_EMPTY_STR)
     team: str = field(metadata=NON_EMPTY_STR)

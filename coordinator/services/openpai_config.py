@@ -52,6 +52,7 @@ class OpenPaiConfig(EnvironmentPoolConfig):
     """`platform: openpai`: every environment is one OpenPAI job (one task role, one instance)."""
 
     PLATFORM: ClassVar[str] = "openpai"
+    MOUNTS_SHARED_STORAGE: ClassVar[bool] = True
     host: str = field(metadata=_HOST)
     username: str = field(metadata=_JOB_NAME_PART)
     token: str = field(repr=False, metadata=SECRET)

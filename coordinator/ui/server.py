@@ -119,7 +119,8 @@ def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: C
     app.router.add_get("/api/trials", state.view(lambda m, r: views.trials(m, r.query)))
     app.router.add_get("/api/trials/{id}", state.view(lambda m, r: views.trial(m, r.match_info["id"])))
     app.router.add_get("/api/trials/{id}/log", state.view(lambda m, r: views.log(
-        m, r.match_info["id"], r.query.get("stream", "stdout"), views.int_arg(r.query, "offset", 0))))
+        m, r.match_info["id"], r.query.get("stream", "stdout"), views.int_arg(r.query, "offset", 0),
+        r.query.get("nni_results") == "1")))
     app.router.add_get("/api/compare", state.view(lambda m, r: views.compare(m)))
     app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
     app.router.add_get("/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"])))

@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trialkeeper.agent import nnicompat
+
 from .. import readpages as pages
 from ..readmodel import ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..readpages import GpuPoint
@@ -134,8 +136,9 @@ def gpu_series(points: Sequence[GpuPoint]) -> list[dict[str, Any]]:
     ]
 
 
-def log(model: ReadModel, trial_id: str, stream: str, offset: int) -> dict[str, Any]:
-    """The trial's output from ``offset`` on (a chunk at most), and whether more may come."""
+def log(model: ReadModel, trial_id: str, stream: str, offset: int, nni_results: bool = False) -> dict[str, Any]:
+    """The trial's output from ``offset`` on (a chunk at most), and whether more may come.
+    The lines NNI trials report results with are left out unless ``nni_results``."""
     if stream not in ("stdout", "stderr"):
         raise ValueError(f"stream: {stream!r} is not stdout or stderr")
     t = model.trial(trial_id)
@@ -152,8 +155,15 @@ def log(model: ReadModel, trial_id: str, stream: str, offset: int) -> dict[str, 
     except FileNotFoundError:
         pass
     start = max(0, min(offset, size))
+    consumed = len(data)
+    if stream == "stdout" and not nni_results:
+        data, held = nnicompat.without_results(data, final=not t.active and start + len(data) >= size)
+        if len(held) < LOG_CHUNK:  # a result line the chunk cut is asked for again, whole
+            consumed -= len(held)
+        else:
+            data += held
     return {
-        "offset": start, "next_offset": start + len(data), "size": size,
+        "offset": start, "next_offset": start + consumed, "size": size,
         "text": data.decode("utf-8", "replace"), "following": t.active,
     }
 

@@ -175,12 +175,14 @@ import json, sys
 def line(kind, value):
     message = {"parameter_id": 0, "trial_job_id": "x", "type": kind, "sequence": 0, "value": json.dumps(value)}
     print("NNISDK_MEb'" + json.dumps(message) + "'", flush=True)
+print("before", flush=True)
 print("NNISDK_MEb'{not json'", flush=True)
 print("NNISDK_MEb'" + "x" * 1_100_000, flush=True)
 line("PERIODICAL", "not a number")
 line("PERIODICAL", 0.25)
 line("FINAL", 0.5)
 line("FINAL", 0.75)
+print("after", flush=True)
 """
 
 
@@ -199,6 +201,12 @@ def test_malformed_and_oversized_lines_become_notes_and_the_trial_goes_on(tmp_pa
     assert len(notes) == 4, notes
     assert "not JSON" in notes[0] and "longer than 1000000 bytes" in notes[1]
     assert "intermediate result refused" in notes[2] and "already reported" in notes[3]
+    # `trialkeeper logs` leaves the result lines out unless asked for them.
+    script = Path(sys.executable).parent / "trialkeeper"
+    shown = subprocess.run([str(script), "logs", str(exp), trial["id"]], capture_output=True, timeout=60, check=True).stdout
+    assert shown == b"before\nafter\n", shown[:300]
+    everything = subprocess.run([str(script), "logs", str(exp), trial["id"], "--nni-results"], capture_output=True, timeout=60, check=True).stdout
+    assert everything == (exp / "trials" / trial["id"] / "stdout.log").read_bytes() and everything.count(b"NNISDK_MEb") == 6
 
 
 # ---- remote over a real sshd --------------------------------------------------------------
@@ -234,6 +242,43 @@ def test_sklearn_trial_on_remote_with_nnis_python_path(
     rc = cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)])
     out = capfd.readouterr()
     _check_sklearn(exp, subprocess.CompletedProcess([], rc, out.out, out.err))
+    wait_until(lambda: not m.processes(), timeout=15.0, message="processes left on the machine")
+
+
+@pytest.mark.slow
+def test_an_nni_hybrid_config_runs_on_local_and_remote(
+    tmp_path: Path, machine: tuple[Machine, Credentials, Path], capfd: pytest.CaptureFixture[str]
+) -> None:
+    m, creds, known_hosts = machine
+    python = nni_python()
+    # NNI's hybrid mode as its docs write it: a list of services, each carrying NNI's
+    # per-service fields (the trial's command, nniManagerIp, GPU settings, reuseMode).
+    per_service = {"trialCommand": f"{python} trial.py", "trialGpuNumber": 0, "nniManagerIp": "127.0.0.1"}
+    entry = {"host": m.host, "port": m.port, "user": creds.user, "sshKeyFile": str(creds.key_file),
+             "sshPassphrase": creds.passphrase, "pythonPath": str(python.parent), "useActiveGpu": False}
+    services = [
+        {"platform": "remote", "reuseMode": True, "knownHostsFile": str(known_hosts), "machineList": [entry], **per_service},
+        {"platform": "local", "reuseMode": True, "useActiveGpu": False, "maxTrialNumberPerGpu": 1,
+         "environmentCount": 1, **per_service},
+    ]
+    data = _nni_config(tmp_path / "code", "unused", services, maxTrialNumber=4)
+    del data["trialCommand"]
+    config = _write(tmp_path / "code", SKLEARN_TRIAL, data)
+    exp = tmp_path / "exp"
+    rc = cli.main(["run", str(config), "--quiet", "--experiment-dir", str(exp)])
+    out = capfd.readouterr()
+    assert rc == 0, (out.out, out.err)
+    exp_id, trials, metrics = _stored(exp)
+    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["status"], t["reason"]) for t in trials]
+    db = sqlite3.connect(f"file:{exp / 'trialkeeper.db'}?mode=ro", uri=True)
+    with db:
+        platforms = dict(db.execute("SELECT id, platform FROM environments").fetchall())
+    db.close()
+    assert {platforms[t["environment_id"]] for t in trials} == {"local", "remote"}, platforms
+    for t in trials:
+        _check_ids((exp / "trials" / t["id"] / "stdout.log").read_text(), t, exp_id)
+        [final] = metrics[t["id"]]
+        assert final["kind"] == "final" and json.loads(final["value_json"])["train_size"] == 1347
     wait_until(lambda: not m.processes(), timeout=15.0, message="processes left on the machine")
 
 

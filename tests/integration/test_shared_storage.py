@@ -111,6 +111,10 @@ def _blob(tmp_path: Path, **extra: Any) -> dict[str, Any]:
 WRITTEN = "written-by-the-trial.txt"
 
 
+# A section of a platform that mounts the shared storage, for checks that parse configs only.
+DLTS_SECTION = {"platform": "dlts", "dashboard": "https://dlts.example/", "team": "t", "email": "a@example.com", "password": "pw", "image": "img"}
+
+
 def _data(tmp_path: Path, ts: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
     code = tmp_path / "code"
     if not code.exists():
@@ -144,8 +148,8 @@ async def _until_ended(service: EnvironmentService, env_id: str) -> Observation:
 
 
 def test_mount_steps_say_what_they_mount_and_never_hold_the_key(tmp_path: Path) -> None:
-    nfs = parse_config(_data(tmp_path, {"platform": "local"}, _nfs(tmp_path)), tmp_path / "code").shared_storage
-    blob = parse_config(_data(tmp_path, {"platform": "local"}, _blob(tmp_path)), tmp_path / "code").shared_storage
+    nfs = parse_config(_data(tmp_path, DLTS_SECTION, _nfs(tmp_path)), tmp_path / "code").shared_storage
+    blob = parse_config(_data(tmp_path, DLTS_SECTION, _blob(tmp_path)), tmp_path / "code").shared_storage
     assert nfs is not None and blob is not None
     step = storage.mount_step(nfs, "/mnt/share")
     assert f"mount -t nfs 10.0.0.5:{tmp_path / 'export'} /mnt/share" in step
@@ -158,11 +162,11 @@ def test_mount_steps_say_what_they_mount_and_never_hold_the_key(tmp_path: Path) 
 
 
 def test_config_checks_and_redacts_the_key(tmp_path: Path) -> None:
-    config = parse_config(_data(tmp_path, {"platform": "local"}, _blob(tmp_path)), tmp_path / "code")
+    config = parse_config(_data(tmp_path, DLTS_SECTION, _blob(tmp_path)), tmp_path / "code")
     assert config_to_dict(config, redact=True)["sharedStorage"]["storageAccountKey"] == "***"
     assert KEY not in repr(config)
     with pytest.raises(ConfigError) as raised:
-        parse_config(_data(tmp_path, {"platform": "local"}, _nfs(tmp_path, nfsServer=None, localMounted="nomount")), tmp_path / "code")
+        parse_config(_data(tmp_path, DLTS_SECTION, _nfs(tmp_path, nfsServer=None, localMounted="nomount")), tmp_path / "code")
     text = str(raised.value)
     assert "sharedStorage.nfsServer: required with storageType NFS" in text
     assert "sharedStorage.localMounted: nomount is not supported" in text
@@ -175,14 +179,14 @@ def test_nnimount_mounts_here_and_reports_a_failure_redacted(tmp_path: Path, mon
     export.mkdir()
     (export / "hello.txt").write_text("hi")
     shared = _nfs(tmp_path, localMountPoint=str(tmp_path / "here"), localMounted="nnimount")
-    config = parse_config(_data(tmp_path, {"platform": "local"}, shared), tmp_path / "code").shared_storage
+    config = parse_config(_data(tmp_path, DLTS_SECTION, shared), tmp_path / "code").shared_storage
     assert config is not None
     storage.ensure_local(config)
     assert (tmp_path / "here" / "hello.txt").read_text() == "hi"
 
     bad = _bin(tmp_path / "bad-bin", blobfuse=BAD_BLOBFUSE)
     monkeypatch.setenv("PATH", f"{bad}{os.pathsep}{os.environ['PATH']}")
-    blob = parse_config(_data(tmp_path, {"platform": "local"}, _blob(tmp_path, localMounted="nnimount")), tmp_path / "code")
+    blob = parse_config(_data(tmp_path, DLTS_SECTION, _blob(tmp_path, localMounted="nnimount")), tmp_path / "code")
     assert blob.shared_storage is not None
     with pytest.raises(storage.SharedStorageError) as raised:
         storage.ensure_local(blob.shared_storage)

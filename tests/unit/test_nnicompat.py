@@ -98,3 +98,13 @@ def test_scanner_reads_a_large_log_in_chunks(tmp_path: Path) -> None:
     scanner = NniStdoutScanner(log)
     assert scanner.scan(final=True) == [NniLine("intermediate", 1), NniLine("final", 2)]
     assert scanner.offset == log.stat().st_size
+
+
+def test_result_lines_are_left_out_of_the_output_shown() -> None:
+    result = b"NNISDK_MEb'{\"type\": \"FINAL\"}'"
+    data = b"one\n" + result + b"\ntwo\r\n" + result[:15]
+    # While more may come, an unfinished result line is held back; other output is not.
+    assert nnicompat.without_results(data, final=False) == (b"one\ntwo\r\n", result[:15])
+    assert nnicompat.without_results(data, final=True) == (b"one\ntwo\r\n", b"")
+    assert nnicompat.without_results(b"one\n50%", final=False) == (b"one\n50%", b"")
+    assert nnicompat.without_results(b"a\n" + result, final=True) == (b"a\n", b"")

@@ -118,6 +118,50 @@ def test_trial_settings_in_the_training_service_are_the_experiments(tmp_path: Pa
     assert config.coordinator.address == "127.0.0.1:0"
 
 
+# NNI's hybrid mode as NNI's docs write it: each service with NNI's per-service fields.
+NNI_HYBRID_SERVICES = [
+    {"platform": "local", "trialCommand": "python3 trial.py", "nniManagerIp": "127.0.0.1", "useActiveGpu": False,
+     "maxTrialNumberPerGpu": 2, "gpuIndices": "0,1", "reuseMode": True, "trialGpuNumber": 0},
+    {"Platform": "remote", "trial_command": "python3 trial.py", "nniManagerIp": "127.0.0.1", "reuseMode": False,
+     "machineList": [{"host": "h", "user": "u", "password": "p", "pythonPath": "/opt/venv/bin", "gpuIndices": 1}]},
+]
+
+
+def test_an_nni_hybrid_config_with_per_service_fields(tmp_path: Path) -> None:
+    data = {k: v for k, v in NNI_LOCAL.items() if k not in ("trialCommand", "trialGpuNumber")}
+    config = _parse(data | {"trainingService": NNI_HYBRID_SERVICES}, tmp_path)
+    assert config.trial_command == "python3 trial.py" and config.trial_gpu_number == 0
+    assert config.coordinator.address == "127.0.0.1:0"
+    local, remote = config.training_service.platforms
+    assert (local.gpu_indices, local.max_trial_number_per_gpu, local.reuse_mode) == ([0, 1], 2, True)
+    assert remote.reuse_mode is False and remote.coordinator_address == "127.0.0.1"
+    assert remote.machine_list[0].gpu_indices == [1] and remote.machine_list[0].python_path == "/opt/venv/bin"
+    # This project's own form of a mix takes NNI's per-service fields the same way.
+    mine = _parse(data | {"trainingService": {"platform": "hybrid", "platforms": NNI_HYBRID_SERVICES}}, tmp_path)
+    assert mine.training_service == config.training_service and mine.trial_command == "python3 trial.py"
+
+
+def test_services_of_a_hybrid_config_that_differ_in_trial_settings_are_refused(tmp_path: Path) -> None:
+    first, second = NNI_HYBRID_SERVICES
+    data = NNI_LOCAL | {"trainingService": [first | {"trialCommand": "python3 a.py"}, {k: v for k, v in second.items() if k != "trial_command"}]}
+    errors = _errors(data, tmp_path)
+    # The remote service would run the top level's command, the local one its own.
+    assert "every platform runs the experiment's one trialCommand" in errors["trialCommand"], errors
+    assert "trainingService[0].trialCommand" in errors["trialCommand"]
+    gpus = _errors(NNI_LOCAL | {"trainingService": [first, second | {"trialGpuNumber": 1}]}, tmp_path)
+    assert "trialGpuNumber" in gpus["trainingService[1].trialGpuNumber"], gpus
+    refused = _errors(NNI_LOCAL | {"trainingService": [first, {"platform": "openpai", "openpaiConfigFile": "x.yml"}]}, tmp_path)
+    assert "NNI's openpaiConfigFile is not supported" in refused["trainingService[1].openpaiConfigFile"], refused
+
+
+def test_shared_storage_with_a_platform_that_would_not_mount_it_is_refused(tmp_path: Path) -> None:
+    shared = {"storageType": "NFS", "localMountPoint": str(tmp_path), "remoteMountPoint": "/mnt/r",
+              "localMounted": "usermount", "nfsServer": "10.0.0.5", "exportedDirectory": "/exports/tk"}
+    for service in ({"platform": "local"}, NNI_HYBRID_SERVICES):
+        errors = _errors(NNI_LOCAL | {"trainingService": service, "sharedStorage": shared}, tmp_path)
+        assert "do not mount it here" in errors["sharedStorage"] and "remove sharedStorage" in errors["sharedStorage"], errors
+
+
 def test_nni_manager_ip_is_where_agents_dial(tmp_path: Path) -> None:
     data = NNI_LOCAL | {
         "nniManagerIp": "127.0.0.1",

@@ -17,6 +17,8 @@ from trialkeeper.coordinator.ui import views
 from trialkeeper.coordinator.ui.server import DashboardError, check_bind, is_loopback, parse_address
 from trialkeeper.coordinator.ui.tensorboard import run_name
 
+RESULT_LINE = b"""[2026] NNISDK_MEb'{"type": "FINAL", "sequence": 0, "value": "0.5"}'\n"""
+
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("127.0.0.1:9000", ("127.0.0.1", 9000)),
@@ -64,7 +66,10 @@ def _store(exp: Path) -> None:
     store.add_metrics([MetricRow("t2", i, "intermediate", float(i), str(float(i)), 1.0) for i in range(5)])
     store.close()
     (exp / "trials" / "t2").mkdir(parents=True)
-    (exp / "trials" / "t2" / "stdout.log").write_bytes("héllo\n".encode() * 3)
+    # NNI's result lines among the output, the last one still being written.
+    (exp / "trials" / "t2" / "stdout.log").write_bytes(
+        "héllo\n".encode() + RESULT_LINE + "héllo\n".encode() * 2 + RESULT_LINE[:20]
+    )
 
 
 def test_answers_from_a_store(tmp_path: Path) -> None:
@@ -93,7 +98,10 @@ def test_answers_from_a_store(tmp_path: Path) -> None:
             views.trial(model, "nope")
 
         first = views.log(model, "t2", "stdout", 0)
-        assert first["text"] == "héllo\n" * 3 and first["following"] is True and first["next_offset"] == first["size"]
+        assert first["text"] == "héllo\n" * 3 and first["following"] is True
+        assert first["next_offset"] == first["size"] - 20  # the unfinished result line is asked for again
+        raw = views.log(model, "t2", "stdout", 0, nni_results=True)
+        assert raw["text"].count("NNISDK_MEb") == 2 and raw["next_offset"] == raw["size"]
         assert views.log(model, "t2", "stdout", 10**9)["text"] == ""
         assert views.log(model, "t2", "stderr", 0)["text"] == ""  # none written yet
         with pytest.raises(ValueError, match="stream: '../x' is not stdout or stderr"):

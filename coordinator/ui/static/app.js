@@ -255,9 +255,10 @@ function trialPage(id) {
     for (let i = 0; i < 50; i++) { // a chunk at a time, up to a bounded amount per refresh
       const part = await api(`/api/trials/${encodeURIComponent(id)}/log?stream=${stream}&offset=${offsets[stream]}`);
       if (part.text) document.getElementById(stream).append(document.createTextNode(part.text));
+      const moved = part.next_offset > offsets[stream];
       offsets[stream] = part.next_offset;
       following = part.following;
-      if (part.next_offset >= part.size) break;
+      if (part.next_offset >= part.size || !moved) break; // not moved: a result line not yet complete
     }
   }
   async function refresh() {
