@@ -31,7 +31,7 @@ from conftest import (
     write_script,
 )
 from dashboard import get_json, stored_dashboard
-from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
+from sshd import Credentials, Machine, one_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import parse_config
 from trialkeeper.coordinator.core import Coordinator
@@ -80,20 +80,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    base = tmp_path_factory.mktemp("sshd")
-    try:
-        creds = make_credentials(base / "credentials")
-        machine = start_machine("m1", base, creds)
-    except SshdUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"the hybrid tests with a remote platform need sshd and could not start it: {e}")
-        pytest.skip(f"sshd cannot run here: {e}")
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(machine.known_hosts_line + "\n")
-    try:
+    with one_machine(tmp_path_factory.mktemp("sshd"), "the hybrid tests with a remote platform") as (machine, creds, known_hosts):
         yield Lab(machine, creds, known_hosts)
-    finally:
-        machine.stop()
 
 
 def _data(tmp_path: Path, training_service: Any, *, trials: int = 4, together: int = 2, hold: bool = False) -> dict[str, Any]:
