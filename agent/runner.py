@@ -318,6 +318,8 @@ class TrialRunner:
             return
         finally:
             self._spawning -= 1
+        if self._warm is not None and self._warm.refused:
+            _note(t, f"started cold: {self._warm.refused}")
         self.events.trial_started(spec.trial_id, t.proc.pid, time.time())
         log.info("trial %s started (pid %d, gpus %r)", spec.trial_id, t.proc.pid, spec.gpu_indices)
         timer = None

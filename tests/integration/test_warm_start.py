@@ -63,6 +63,12 @@ if mode == "raise":
     raise ValueError("probe raised")
 if mode == "signal":
     os.kill(os.getpid(), signal.SIGUSR1)
+if mode == "gate":
+    import pathlib, time
+    deadline = time.monotonic() + 60
+    while not pathlib.Path(p["gate"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.exit(3)
 if mode == "block":
     import subprocess
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -194,9 +200,37 @@ def test_template_rebuilt_after_kill_and_non_python_runs_cold(tmp_path: Path) ->
                 # after it is forked from a new template.
                 await probe(1)
                 assert await probe(2)
-                assert _template(agent).pid != first.pid
+                second = _template(agent)
+                assert second.pid != first.pid
+                # A trial running when its template dies is the agent's to wait for now.
+                out, gate = tmp_path / "gated.json", tmp_path / "gate"
+                h = await c.submit({"mode": "gate", "out": str(out), "gate": str(gate)})
+                await async_wait_until(out.exists, WAIT_S)
+                assert json.loads(out.read_text())["warm"]
+                second.kill()
+                second.wait(10.0)
+                gate.touch()
+                info = await h.wait(WAIT_S)
+                assert (info.status, info.exit_code) == (TrialStatus.FAILED, 3), info.reason
 
     run_async(body, timeout=180.0)
+
+
+@pytest.mark.slow
+def test_a_template_that_cannot_import_leaves_trials_cold(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", PROBE)
+    config = build_config(tmp_path, trialPreload=["json", "no_such_module_here"], trialConcurrency=1)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            out = tmp_path / "seen.json"
+            info = await (await c.submit({"mode": "ok", "out": str(out)})).wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, info.reason
+            assert not json.loads(out.read_text())["warm"]
+            stderr = (Path(json.loads(out.read_text())["env"]["TRIALKEEPER_TRIAL_DIR"]) / "stderr.log").read_text()
+            assert "importing no_such_module_here failed" in stderr and "started cold" in stderr
+
+    run_async(body, timeout=120.0)
 
 
 def test_trial_preload_names_modules(tmp_path: Path) -> None:
