@@ -181,24 +181,30 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
 
 
 def _run(request: dict[str, Any]) -> None:
+    import builtins
+    import importlib.machinery
     import runpy
     import types
 
+    # A fresh __main__: the template's own globals are no trial's.
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__annotations__ = {}  # as the interpreter's own __main__ starts
+    sys.modules["__main__"] = main
     if request["module"]:
         runpy._run_module_as_main(request["module"], alter_argv=True)  # type: ignore[attr-defined]  # what -m runs
         return
     path = os.path.abspath(sys.argv[0])
-    main = types.ModuleType("__main__")
     main.__file__ = path
     main.__cached__ = None  # type: ignore[attr-defined]
-    sys.modules["__main__"] = main
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
     try:
-        exec(code, main.__dict__)
+        exec(code, main.__dict__)  # noqa: S102 - running the trial's script is the point
     except (SystemExit, KeyboardInterrupt):
         raise
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - printed and turned into exit status 1, as Python does
         # As the interpreter prints it for a cold start: from the trial's own frames on.
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == _run.__code__.co_filename:
@@ -261,6 +267,7 @@ class WarmStarter:
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._running: dict[int, WarmProcess] = {}
         self._next_id = 0
+        self._closing = False
 
     @property
     def template_pid(self) -> int | None:
@@ -375,7 +382,7 @@ class WarmStarter:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ConnectionError("the trial template ended"))
-        if self._ready is not None and self._ready.done() and not self.refused:
+        if self._ready is not None and self._ready.done() and not self.refused and not self._closing:
             log.warning("the trial template ended; it is rebuilt for the next trial")
             self._ready = None
         proc = self._proc
@@ -389,6 +396,7 @@ class WarmStarter:
         proc._exited(await asyncio.to_thread(_wait_orphan, proc.pid))
 
     async def close(self) -> None:
+        self._closing = True
         if self._sock is not None:
             self._sock.shutdown(socket.SHUT_RDWR)  # the template sees the end and exits
         if self._proc is not None:

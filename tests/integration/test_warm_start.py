@@ -22,6 +22,8 @@ PRELOAD = ["json", "decimal"]
 
 PROBE = r'''
 import json, os, signal, sys
+own_globals = sorted(globals())
+loader = type(__loader__).__name__
 seen_modules = "decimal" in sys.modules   # before the probe imports anything of its own
 p = json.load(open(os.environ["TRIALKEEPER_PARAMETER_FILE"]))
 mode = p["mode"]
@@ -38,7 +40,7 @@ except OSError:
     parent = []
 seen = {
     "argv": sys.argv, "orig_argv": sys.orig_argv, "executable": sys.executable,
-    "name": __name__, "file": __file__, "path": sys.path, "cwd": os.getcwd(),
+    "name": __name__, "file": __file__, "globals": own_globals, "loader": loader, "path": sys.path, "cwd": os.getcwd(),
     "env": dict(os.environ), "pid": os.getpid(),
     "own_group": os.getpgid(0) == os.getpid(), "own_session": os.getsid(0) == os.getpid(),
     "stdin": os.readlink("/proc/self/fd/0"), "stdout": os.readlink("/proc/self/fd/1"),
@@ -102,14 +104,16 @@ def _normalized(seen: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def _run_modes(tmp_path: Path, name: str, preload: list[str]) -> dict[str, Any]:
-    config = build_config(tmp_path, trialPreload=preload, trialConcurrency=1,
+async def _run_modes(
+    tmp_path: Path, name: str, preload: list[str], command: str = "python trial.py", modes: list[str] | None = None
+) -> dict[str, Any]:
+    config = build_config(tmp_path, trialPreload=preload, trialConcurrency=1, trialCommand=command,
                           experimentWorkingDirectory=str(tmp_path / name))
     results: dict[str, Any] = {}
     out_dir = tmp_path / f"{name}-seen"
     out_dir.mkdir()
     async with Coordinator(config, experiment_dir=tmp_path / name / "exp") as c:
-        for mode in [*MODES, "leak-set", "leak-check"]:
+        for mode in modes or [*MODES, "leak-set", "leak-check"]:
             out = out_dir / f"{mode}.json"
             info = await (await c.submit({"mode": mode, "out": str(out)})).wait(WAIT_S)
             seen = json.loads(out.read_text())
@@ -118,6 +122,8 @@ async def _run_modes(tmp_path: Path, name: str, preload: list[str]) -> dict[str,
                 "seen": seen, "status": info.status, "exit_code": info.exit_code, "signal": info.signal,
                 "stdout": (trial_dir / "stdout.log").read_text(), "stderr": (trial_dir / "stderr.log").read_text(),
             }
+        if modes is not None:
+            return results
         # Cancel ends the trial and what it started.
         out = out_dir / "block.json"
         h = await c.submit({"mode": "block", "out": str(out)})
@@ -166,6 +172,26 @@ def test_a_warm_trial_observes_what_a_cold_one_does(tmp_path: Path) -> None:
     assert warm["block"]["warm"]
 
 
+@pytest.mark.slow
+def test_a_warm_module_trial_observes_what_a_cold_one_does(tmp_path: Path) -> None:
+    write_script(tmp_path, "probe_module.py", PROBE)
+    modes = ["ok", "raise"]
+
+    async def body() -> tuple[dict[str, Any], dict[str, Any]]:
+        command = "python -m probe_module"
+        return (await _run_modes(tmp_path, "cold", [], command, modes),
+                await _run_modes(tmp_path, "warm", PRELOAD, command, modes))
+
+    cold, warm = run_async(body, timeout=120.0)
+    for mode in modes:
+        assert warm[mode]["seen"]["warm"] and not cold[mode]["seen"]["warm"]
+        assert _normalized(warm[mode]["seen"]) == _normalized(cold[mode]["seen"]), mode
+        for key in ("status", "exit_code", "stdout"):
+            assert warm[mode][key] == cold[mode][key], (mode, key)
+    assert warm["ok"]["seen"]["name"] == "__main__" and warm["ok"]["seen"]["path"][0] == str(tmp_path)
+    assert warm["ok"]["seen"]["argv"][0] == str(tmp_path / "probe_module.py")
+
+
 def _template(agent_pid: int) -> psutil.Process:
     found = [p for p in psutil.Process(agent_pid).children() if any("warm.py" in a for a in p.cmdline())]
     assert len(found) == 1, found
@@ -182,7 +208,7 @@ def test_template_rebuilt_after_kill_and_non_python_runs_cold(tmp_path: Path) ->
                                   experimentWorkingDirectory=str(tmp_path / f"exp-{warm}"))
             async with Coordinator(config, experiment_dir=tmp_path / f"exp-{warm}" / "exp") as c:
 
-                async def probe(round_: int) -> bool:
+                async def probe(round_: int, warm: bool = warm) -> bool:
                     out = tmp_path / f"seen-{warm}-{round_}.json"
                     info = await (await c.submit({"mode": "ok", "out": str(out)})).wait(WAIT_S)
                     assert info.status is TrialStatus.SUCCEEDED, info.reason
