@@ -264,7 +264,7 @@ class WarmStarter:
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._ready: asyncio.Future[bool] | None = None
-        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._pending: dict[int, asyncio.Future[WarmProcess]] = {}
         self._running: dict[int, WarmProcess] = {}
         self._next_id = 0
         self._closing = False
@@ -293,19 +293,16 @@ class WarmStarter:
         data = json.dumps(request).encode()
         if len(data) > MAX_MESSAGE_BYTES:
             return None
-        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[WarmProcess] = asyncio.get_running_loop().create_future()
         self._pending[rid] = answer
         try:
             socket.send_fds(self._sock, [data], [stdout, stderr])
-            pid = await answer
+            return await answer
         except (OSError, ConnectionError) as e:
             log.warning("the trial template could not start a trial, starting it cold: %s", e)
             return None
         finally:
             self._pending.pop(rid, None)
-        proc = WarmProcess(pid)
-        self._running[pid] = proc
-        return proc
 
     def prime(self) -> None:
         """Start building the template now rather than for the first trial."""
@@ -360,13 +357,15 @@ class WarmStarter:
                 return
             message = json.loads(data)
             if "started" in message:
+                # Known before this loop reads on: its end may be the very next message.
+                proc = self._running[message["pid"]] = WarmProcess(message["pid"])
                 future = self._pending.get(message["started"])
                 if future is not None and not future.done():
-                    future.set_result(message["pid"])
+                    future.set_result(proc)
             elif "exited" in message:
-                proc = self._running.pop(message["exited"], None)
-                if proc is not None:
-                    proc._exited(message["returncode"])
+                ended = self._running.pop(message["exited"], None)
+                if ended is not None:
+                    ended._exited(message["returncode"])
             elif not self._first.done():
                 self._first.set_result(message)
 
