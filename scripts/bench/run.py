@@ -183,7 +183,7 @@ def run_nni(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
         R["nni"]["nni"].append(run_json_child([nni_python, str(HERE / "nni_bench.py"), "nni", *args], 600))
 
 
-def run_warm(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
+def run_warm(p: dict[str, Any], R: dict[str, Any], nni_python: str, ray_python: str) -> None:
     """10. Warm trial starts (trialPreload): submit -> a trial's first line after its imports."""
     starts = p["warm_starts"]
     log(f"10. warm starts: numpy + scikit-learn trial, {starts} cold and {starts} warm")
@@ -195,6 +195,10 @@ def run_warm(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
                                            "--starts", str(starts)], 600)
     else:
         R["warm"]["nni"] = {"error": "no interpreter with nni: give --nni-python or set TRIALKEEPER_NNI_PYTHON"}
+    if ray_python and Path(ray_python).is_file():
+        log(f"10. warm starts: the same trial under Ray Tune, {starts} with and without reuse_actors")
+        R["warm"]["ray"] = run_json_child([os.path.abspath(ray_python), str(HERE / "peer_ray_warm.py"),
+                                           "--starts", str(starts)], 600)
 
 
 def warm_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
@@ -209,6 +213,13 @@ def warm_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
             fmt(r["cold_s"]["median"] / r["floor_s"]["median"], "×", 2), note="floor: Popen of the trial", digits=3)
         row(rows, f"10. {label} trial: submit → first own line, trialPreload (s)", r["warm_s"], None,
             fmt(r["cold_over_warm"], "×", 0) + " sooner than cold", target, digits=3)
+    ray = R.get("warm", {}).get("ray")
+    if ray is not None and not ok(ray):
+        row(rows, "10. Ray Tune, same trial", f"failed: {ray.get('error', 'no result')}")
+    elif ray is not None:
+        for key, label in (("new_worker_per_trial", "a new worker per trial"), ("reuse_actors", "reuse_actors=True")):
+            row(rows, f"10. Ray Tune, {label}: one trial's end → next one's first own line (s)", ray[f"{key}_gap_s"],
+                note="numpy + scikit-learn trial, one at a time", digits=3)
 
 
 def nni_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
@@ -474,6 +485,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni,warm")
     ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""),
                     help="an interpreter with nni installed, for the nni stage (default: $TRIALKEEPER_NNI_PYTHON)")
+    ap.add_argument("--ray-python", default="", help="an interpreter with ray[tune] and scikit-learn, for the "
+                    "warm stage's Ray Tune comparison (default: the peers' Ray virtualenv, where it exists)")
     ap.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs go")
@@ -513,7 +526,9 @@ def main() -> int:
     if "nni" in only:
         run_nni(p, R, a.nni_python)
     if "warm" in only:
-        run_warm(p, R, a.nni_python)
+        import peers
+
+        run_warm(p, R, a.nni_python, a.ray_python or str(peers.venv_python(a.cache or peers.DEFAULT_CACHE, "ray")))
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {
