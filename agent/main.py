@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logs-shared", action="store_true",
                         help="the coordinator reads the trials' log files where the agent writes them "
                         "(an environment on its file system): do not stream them")
+    parser.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                        help="keep a template process that imported MODULE (repeatable) and fork each "
+                        "Python trial from it (the experiment's trialPreload)")
     parser.add_argument("--gpu-indices", metavar="LIST", help="expose only these GPUs, e.g. 0,2")
     parser.add_argument("--simulated-gpus", type=int, default=0, metavar="N",
                         help="report N simulated GPUs instead of real ones (tests and benchmarks only)")
@@ -129,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         tls_server_name=args.tls_server_name,
         tls_fingerprint=tls_fingerprint,
         stream_logs=not args.logs_shared,
+        preload=tuple(args.preload),
     )
     return asyncio.run(_main(options))
 

@@ -31,6 +31,7 @@ from . import nnicompat, processes
 from . import trial as sdk
 from .codecopy import copy_tree, prune_copy
 from .metric_socket import MetricSocket
+from .warm import WarmProcess, WarmStarter
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,8 @@ class _Trial:
     def __init__(self, spec: TrialSpec, directory: Path) -> None:
         self.spec = spec
         self.dir = directory
-        self.proc: asyncio.subprocess.Process | None = None
+        # Started cold (a child of the agent) or forked by the warm template: one interface.
+        self.proc: asyncio.subprocess.Process | WarmProcess | None = None
         self.exited: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.cancel_reason: str | None = None
         self.outcome_if_canceled = "canceled"
@@ -144,6 +146,7 @@ class TrialRunner:
         base_env: dict[str, str] | None = None,
         copy_working_directory: bool = False,
         stream_logs: bool = True,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
         # False where the coordinator reads the trials' log files in place (--logs-shared).
@@ -168,6 +171,9 @@ class TrialRunner:
         # Whether orphans of the trials are reparented to the agent (see _end_strays).
         self.subreaper = False
         self._spawning = 0  # trials being started, whose root's pid is not known yet
+        # Python trials are forked from a template that imported these (trialPreload).
+        self.preload = tuple(preload)
+        self._warm: WarmStarter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -182,10 +188,15 @@ class TrialRunner:
         self._sock = sock
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
         self._log_task = asyncio.create_task(self._tail_logs_forever())
+        if self.preload:
+            self._warm = WarmStarter(list(self.preload), self._template_env(), str(self.workdir / "warm-template.log"))
+            self._warm.prime()  # imported before the first trial arrives
 
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
         await self._end_strays(None)
+        if self._warm is not None:
+            await self._warm.close()
         for task in (self._log_task, self._reap_task):
             if task:
                 task.cancel()
@@ -270,10 +281,7 @@ class TrialRunner:
         env.pop(sdk.ENV_STANDALONE, None)
         # Trials find the agent's own Python first (and so the trial SDK), as NNI's
         # pythonPath does, even when the agent was started from an unactivated venv.
-        bindir = os.path.dirname(sys.executable)
-        path = env.get("PATH", os.defpath)
-        if bindir and bindir not in path.split(os.pathsep):
-            env["PATH"] = bindir + os.pathsep + path
+        _with_agent_python(env)
         return env, cwd
 
     async def _run(self, t: _Trial) -> None:
@@ -298,15 +306,7 @@ class TrialRunner:
         self._spawning += 1
         try:
             with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:  # noqa: ASYNC230 - local files, opened once per trial
-                t.proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                )
+                t.proc = await self._spawn(argv, cwd, env, out.fileno(), err.fileno())
         except FileNotFoundError:
             self._end(t, "failed", None, 0, f"command not found: {argv[0]}", False)
             return
@@ -318,6 +318,8 @@ class TrialRunner:
             return
         finally:
             self._spawning -= 1
+        if self._warm is not None and self._warm.refused:
+            _note(t, f"started cold: {self._warm.refused}")
         self.events.trial_started(spec.trial_id, t.proc.pid, time.time())
         log.info("trial %s started (pid %d, gpus %r)", spec.trial_id, t.proc.pid, spec.gpu_indices)
         timer = None
@@ -364,6 +366,25 @@ class TrialRunner:
                 log.warning("trial %s: could not prune its copy of the code: %s", spec.trial_id, e)
         self._finish(t, returncode)
 
+    async def _spawn(
+        self, argv: list[str], cwd: str, env: dict[str, str], out: int, err: int
+    ) -> asyncio.subprocess.Process | WarmProcess:
+        """Fork the trial from the warm template where it can be, else start it cold."""
+        if self._warm is not None:
+            proc = await self._warm.start(argv, cwd, env, out, err)
+            if proc is not None:
+                return proc
+        return await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+        )
+
+    def _template_env(self) -> dict[str, str]:
+        """The template's environment: the agent's as a trial sees it, PATH included."""
+        env = dict(self.base_env)
+        env.pop(sdk.ENV_STANDALONE, None)
+        _with_agent_python(env)
+        return env
+
     async def _end_strays(self, trial_id: str | None) -> None:
         """End the processes of ``trial_id`` (None: of every trial) that escaped its process
         group, say a daemon that double-forked and called setsid: with the agent as their
@@ -382,7 +403,13 @@ class TrialRunner:
             log.info("trial %s: ended %d process(es) it left outside its process group", trial_id or "(any)", count)
 
     def _own_children(self) -> set[int] | None:
-        return None if self._spawning else set(self.running_pids())
+        if self._spawning:
+            return None
+        own = set(self.running_pids())
+        template = self._warm.template_pid if self._warm is not None else None
+        if template is not None:
+            own.add(template)  # the agent's child, but no stray: never ended nor reaped as one
+        return own
 
     def _time_out(self, trial_id: str) -> None:
         t = self._trials.get(trial_id)
@@ -557,6 +584,13 @@ class TrialRunner:
 # these run for every metric a trial reports.
 _decode = json.JSONDecoder().decode
 _encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _with_agent_python(env: dict[str, str]) -> None:
+    bindir = os.path.dirname(sys.executable)
+    path = env.get("PATH", os.defpath)
+    if bindir and bindir not in path.split(os.pathsep):
+        env["PATH"] = bindir + os.pathsep + path
 
 
 def _note(t: _Trial, message: str) -> None:

@@ -83,6 +83,8 @@ class AgentOptions:
     tls_fingerprint: str | None = None
     # False where the coordinator reads the trials' log files in place (--logs-shared).
     stream_logs: bool = True
+    # Modules the warm trial template imports (trialPreload); empty: every trial starts cold.
+    preload: tuple[str, ...] = ()
 
 
 class AgentSession(RunnerEvents):
@@ -113,6 +115,7 @@ class AgentSession(RunnerEvents):
             socket_name=socket_name(options.workdir, options.environment_id),
             copy_working_directory=options.copy_working_directory,
             stream_logs=options.stream_logs,
+            preload=options.preload,
         )
         self._inventory = options.probe.inventory()
         self._mig_uuids = frozenset(g.uuid for g in self._inventory.gpus if g.mig)

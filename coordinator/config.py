@@ -230,6 +230,8 @@ class ExperimentConfig:
     optuna_study_name: str | None = field(default=None, metadata=NON_EMPTY_STR)
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
+    # Modules a template process imports once per agent, forking each Python trial from it.
+    trial_preload: list[str] = field(default_factory=list)
     coordinator: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     shared_storage: SharedStorageConfig | None = None
     # NNI's logLevel (and debug): the coordinator's when `trialkeeper run` is given none.
@@ -267,9 +269,15 @@ class ExperimentConfig:
         if code is not None and not is_dir(code):
             problem = "is not a directory" if exists(code) else "does not exist"
             issues.append(("trial_code_directory", f"{code} {problem}"))
+        for i, module in enumerate(values.get("trial_preload") or []):
+            if not (isinstance(module, str) and _MODULE_NAME.fullmatch(module)):
+                issues.append((f"trial_preload[{i}]", f"expected a module name like numpy or sklearn.svm, got {module!r}"))
         # NNI's rule: an advisor replaces both the tuner and the assessor.
         issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         return issues
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def _load_search_space(file: Path) -> dict[str, Any]:

@@ -217,6 +217,8 @@ class Coordinator:
         if ts.simulated_gpus:
             args += ["--simulated-gpus", str(ts.simulated_gpus)]
         args += ["--reconnect-window", str(self.config.coordinator.reconnect_window)]
+        for module in self.config.trial_preload:
+            args += ["--preload", module]
         if self.tls_fingerprint:
             args += ["--tls-fingerprint", self.tls_fingerprint]  # not a secret: argv is fine
         return EnvironmentRequest(

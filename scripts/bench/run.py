@@ -31,21 +31,21 @@ PROFILES: dict[str, dict[str, Any]] = {
         "ingest": (4, 25_000), "ingest_repeats": 3,
         "footprint_s": 3.0, "failure_repeats": 3, "lease": True,
         "scale": (100, 1000, 5000), "bare": (100, 1000, 5000), "burst": 10_000, "burst_timeout": 40,
-        "sched": (100, 1000, 5000), "waiting": 10_000, "peer_n": 40, "window": 3.0, "nni": (40, 5, 2),
+        "sched": (100, 1000, 5000), "waiting": 10_000, "peer_n": 40, "window": 3.0, "nni": (40, 5, 2), "warm_starts": 10,
     },
     "quick": {
         "n": 50, "ks": (1, 2), "repeats": 2, "sequential": 6,
         "ingest": (4, 5_000), "ingest_repeats": 2,
         "footprint_s": 2.0, "failure_repeats": 2, "lease": False,
         "scale": (100, 500), "bare": (500,), "burst": 2_000, "burst_timeout": 15,
-        "sched": (100, 1000), "waiting": 10_000, "peer_n": 10, "window": 2.0, "nni": (10, 3, 1),
+        "sched": (100, 1000), "waiting": 10_000, "peer_n": 10, "window": 2.0, "nni": (10, 3, 1), "warm_starts": 5,
     },
     "smoke": {
         "n": 6, "ks": (1, 2), "repeats": 1, "sequential": 2,
         "ingest": (2, 200), "ingest_repeats": 1,
         "footprint_s": 0.5, "failure_repeats": 1, "lease": False,
         "scale": (5,), "bare": (5,), "burst": 60, "burst_timeout": 15,
-        "sched": (10,), "waiting": 100, "peer_n": 4, "window": 0.5, "nni": (4, 1, 1),
+        "sched": (10,), "waiting": 100, "peer_n": 4, "window": 0.5, "nni": (4, 1, 1), "warm_starts": 1,
     },
 }
 
@@ -181,6 +181,45 @@ def run_nni(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
         R["nni"]["trialkeeper"].append(run_json_child([PYTHON, str(HERE / "nni_bench.py"), "trialkeeper", "--nni-python", nni_python, *args], 600))
         log(f"9. NNI trials, round {i + 1}/{rounds}: {n}, 2 at a time, under NNI's local training service")
         R["nni"]["nni"].append(run_json_child([nni_python, str(HERE / "nni_bench.py"), "nni", *args], 600))
+
+
+def run_warm(p: dict[str, Any], R: dict[str, Any], nni_python: str, ray_python: str) -> None:
+    """10. Warm trial starts (trialPreload): submit -> a trial's first line after its imports."""
+    starts = p["warm_starts"]
+    log(f"10. warm starts: numpy + scikit-learn trial, {starts} cold and {starts} warm")
+    R["warm"] = {"sklearn": run_json_child([PYTHON, str(HERE / "warmbench.py"), "--trial", "sklearn",
+                                            "--starts", str(starts)], 600)}
+    if nni_python and Path(nni_python).is_file():
+        log(f"10. warm starts: `import nni` trial, {starts} cold and {starts} warm")
+        R["warm"]["nni"] = run_json_child([os.path.abspath(nni_python), str(HERE / "warmbench.py"), "--trial", "nni",
+                                           "--starts", str(starts)], 600)
+    else:
+        R["warm"]["nni"] = {"error": "no interpreter with nni: give --nni-python or set TRIALKEEPER_NNI_PYTHON"}
+    if ray_python and Path(ray_python).is_file():
+        log(f"10. warm starts: the same trial under Ray Tune, {starts} with and without reuse_actors")
+        R["warm"]["ray"] = run_json_child([os.path.abspath(ray_python), str(HERE / "peer_ray_warm.py"),
+                                           "--starts", str(starts)], 600)
+
+
+def warm_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
+    for key, label, target in (("sklearn", "numpy + scikit-learn", "≥ 10×"), ("nni", "import nni", "≥ 20×")):
+        r = R.get("warm", {}).get(key)
+        if r is None:
+            continue
+        if not ok(r):
+            row(rows, f"10. warm start, {label}", f"skipped: {r.get('error', 'no result')}")
+            continue
+        row(rows, f"10. {label} trial: submit → first own line, cold (s)", r["cold_s"], r["floor_s"],
+            fmt(r["cold_s"]["median"] / r["floor_s"]["median"], "×", 2), note="floor: Popen of the trial", digits=3)
+        row(rows, f"10. {label} trial: submit → first own line, trialPreload (s)", r["warm_s"], None,
+            fmt(r["cold_over_warm"], "×", 0) + " sooner than cold", target, digits=3)
+    ray = R.get("warm", {}).get("ray")
+    if ray is not None and not ok(ray):
+        row(rows, "10. Ray Tune, same trial", f"failed: {ray.get('error', 'no result')}")
+    elif ray is not None:
+        for key, label in (("new_worker_per_trial", "a new worker per trial"), ("reuse_actors", "reuse_actors=True")):
+            row(rows, f"10. Ray Tune, {label}: one trial's end → next one's first own line (s)", ray[f"{key}_gap_s"],
+                note="numpy + scikit-learn trial, one at a time", digits=3)
 
 
 def nni_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
@@ -408,6 +447,7 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
             else:
                 row(rows, f"7. {label}", f"skipped: {r.get('error', 'no result')}")
     nni_rows(rows, R)
+    warm_rows(rows, R)
     return rows
 
 
@@ -442,9 +482,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about 2 minutes)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
     ap.add_argument("--peers", action="store_true", help="also run Ray Tune and NNI (installs them once)")
-    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni")
+    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni,warm")
     ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""),
                     help="an interpreter with nni installed, for the nni stage (default: $TRIALKEEPER_NNI_PYTHON)")
+    ap.add_argument("--ray-python", default="", help="an interpreter with ray[tune] and scikit-learn, for the "
+                    "warm stage's Ray Tune comparison (default: the peers' Ray virtualenv, where it exists)")
     ap.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
     ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs go")
@@ -483,6 +525,10 @@ def main() -> int:
 
     if "nni" in only:
         run_nni(p, R, a.nni_python)
+    if "warm" in only:
+        import peers
+
+        run_warm(p, R, a.nni_python, a.ray_python or str(peers.venv_python(a.cache or peers.DEFAULT_CACHE, "ray")))
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {
