@@ -20,7 +20,9 @@ HOLD = """
 import os, pathlib, time
 from trialkeeper.agent import trial
 p = trial.get_next_parameter()
-(pathlib.Path(os.environ["TRIALKEEPER_OUTPUT_DIR"]) / "started").write_text(str(os.getpid()))
+out = pathlib.Path(os.environ["TRIALKEEPER_OUTPUT_DIR"])
+(out / "started.tmp").write_text(str(os.getpid()))
+(out / "started.tmp").replace(out / "started")  # whole: the test reads the pid once it exists
 deadline = time.monotonic() + 60
 while not pathlib.Path(p["go"]).exists() and time.monotonic() < deadline:
     time.sleep(0.02)

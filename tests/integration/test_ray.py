@@ -407,14 +407,14 @@ def _ray_config(tmp_path: Path, **section: Any) -> Any:
 def test_config_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         _ray_config(
-            tmp_path, address="ray://head:0", numCpus=-1, numGPUs=1, resources={"GPU": 1},
+            tmp_path, address="ray://head:0", numCpus=-1, numGpuz=1, resources={"GPU": 1},
             memory="lots", environmentCount=0, rayTimeout="soon",
         )
     text = str(caught.value)
     for expected in (
         "trainingService.address: expected 'auto', 'ray://HOST:PORT'",
         "trainingService.numCpus: expected a non-negative number",
-        "trainingService.numGPUs: unknown key; did you mean 'numGpus'?",
+        "trainingService.numGpuz: unknown key; did you mean 'numGpus'?",
         "trainingService.resources: give GPU through numCpus, numGpus and memory instead",
         "trainingService.memory: ",
         "trainingService.environmentCount: expected a positive integer",
