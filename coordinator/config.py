@@ -454,12 +454,29 @@ def _is_secret(name: str) -> bool:
     )
 
 
+# A password in a URL's user part (``postgresql://user:pass@host/db``, an ``optunaStorage``
+# or a tuner's ``classArgs.storage``): redacting only the password keeps the rest readable.
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]*@")
+_URL_PASSWORD_REDACTED = re.compile(r"://[^/:@\s]*:\*\*\*@")
+
+
+def without_url_password(text: str) -> str:
+    """``text`` with the password of each URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def has_redacted_url_password(text: str) -> bool:
+    """Whether ``text`` holds a URL whose password ``without_url_password`` replaced."""
+    return _URL_PASSWORD_REDACTED.search(text) is not None
+
+
 def config_to_dict(cfg: ExperimentConfig, *, redact: bool = False) -> dict[str, Any]:
     """The config as JSON-serialisable data with camelCase keys, fit to store and re-parse.
 
     The search space is stored inline (its file is left out), so the record does not
     change when the file does. With `redact`, secret-looking fields, and string values
-    of secret-looking keys in user mappings (trialEnv, classArgs), read "***".
+    of secret-looking keys in user mappings (trialEnv, classArgs), read "***", and so
+    does the password of a URL anywhere (``optunaStorage``).
     """
     data = typing.cast(dict[str, Any], _to_plain(cfg, redact))
     data.pop("searchSpaceFile", None)
@@ -487,6 +504,8 @@ def _to_plain(value: Any, redact: bool) -> Any:
         }
     if isinstance(value, (list, tuple)):
         return [_to_plain(v, redact) for v in value]
+    if redact and isinstance(value, str):
+        return without_url_password(value)
     return value
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from .assessors import Assessor, AssessorError
+from .config import without_url_password
 from .searchspace import SearchSpaceError, validate_search_space
 from .states import TrialStatus
 from .tuners import PastTrial, Tuner, TunerError, normalized
@@ -172,11 +172,6 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
         raise error(f"classArgs.{kind}_args for {cls.__name__}: {' '.join(str(e).split())}") from e
 
 
-def _without_password(url: str) -> str:
-    """A storage URL as it may be shown: a database password is a secret."""
-    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
-
-
 def _direction(mode: object, error: type[TunerError]) -> str:
     if mode not in ("maximize", "minimize"):
         raise error(f"classArgs.optimize_mode must be 'maximize' or 'minimize', got {mode!r}")
@@ -245,7 +240,7 @@ class OptunaTuner(Tuner):
             self.study = optuna.create_study(storage=storage, study_name=study_name, direction=optimize_mode,
                                              sampler=made, load_if_exists=True)
         except Exception as e:  # a bad URL, an unreachable database, another study's direction
-            shown = _without_password(str(storage))
+            shown = without_url_password(str(storage))
             why = str(e).replace(str(storage), shown) if storage else str(e)
             raise TunerError(f"classArgs.storage {shown!r}: cannot open the study: {type(e).__name__}: {why}") from e
         self._trials: dict[int, Any] = {}

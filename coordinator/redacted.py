@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The rule config_to_dict redacts by: the two must agree on what is a secret.
-from .config import _is_secret
+from .config import _is_secret, has_redacted_url_password
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ def find_redacted(data: object) -> list[RedactedValue]:
     """Every redacted value in ``data`` (a stored config, as plain data), in document order.
 
     A ``***`` under a key that does not look secret is a value the user wrote, not a
-    redaction, and is left alone.
+    redaction, and is left alone; a URL whose password reads ``***`` (``optunaStorage``)
+    is a redaction wherever it stands.
     """
     found: list[RedactedValue] = []
 
@@ -87,6 +88,8 @@ def find_redacted(data: object) -> list[RedactedValue]:
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 walk(item, (*path, i))
+        elif isinstance(value, str) and path and has_redacted_url_password(value):
+            found.append(RedactedValue(path))
 
     walk(data, ())
     return found

@@ -159,3 +159,23 @@ def test_coordinator_resume_fills_or_refuses(tmp_path: Path, monkeypatch: pytest
     # A config given replaces the stored one, and the environment is not consulted.
     monkeypatch.delenv("WANDB_API_KEY")
     assert Coordinator.resume(exp, config=cfg).config.trial_env == {"WANDB_API_KEY": WANDB}
+
+
+def test_a_database_password_in_a_storage_url_is_stored_redacted_and_named_on_resume(tmp_path: Path) -> None:
+    _, stored = _stored(
+        tmp_path,
+        trainingService=LOCAL,
+        optunaStorage="postgresql+psycopg2://tk:db-pw-123@db.example:5432/studies",
+        tuner={"name": "optuna", "classArgs": {"storage": "mysql://root:root-pw@localhost/optuna"}},
+    )
+    assert stored["optunaStorage"] == "postgresql+psycopg2://tk:***@db.example:5432/studies"
+    assert stored["tuner"]["classArgs"]["storage"] == "mysql://root:***@localhost/optuna"
+    assert "db-pw-123" not in json.dumps(stored) and "root-pw" not in json.dumps(stored)
+    assert [item.where for item in find_redacted(stored)] == ["tuner.classArgs.storage", "optunaStorage"]
+    with pytest.raises(SecretsMissing, match=r"tuner\.classArgs\.storage, optunaStorage: pass the config file"):
+        restore_redacted(stored, {})
+    # A URL without a password is no secret: it is stored as written and resumes as it is.
+    cfg, plain = _stored(tmp_path, trainingService=LOCAL, optunaStorage=f"sqlite:///{tmp_path / 'o.db'}")
+    assert plain["optunaStorage"] == f"sqlite:///{tmp_path / 'o.db'}"
+    assert find_redacted(plain) == []
+    assert parse_config(restore_redacted(plain, {}), tmp_path).optuna_storage == cfg.optuna_storage
