@@ -134,7 +134,8 @@ async def _drive_in_scope(
             search.handle(TrialEnded(t.id, t.status, t.final_metric))
         changed.set()
 
-    coordinator.on_metric(on_metric)
+    if search.hears_intermediate:  # otherwise no metric is published: nothing per metric
+        coordinator.on_metric(on_metric)
     coordinator.on_status(on_status)
     started = time.monotonic()
     reason = ""

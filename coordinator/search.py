@@ -86,6 +86,13 @@ class Search:
         self.failure = ""
         self._running: dict[str, _Running] = {}
 
+    @property
+    def hears_intermediate(self) -> bool:
+        """Whether anything in this search uses intermediate results: without an assessor,
+        a mirror or a tuner that learns from them, the loop need not be told each metric."""
+        learns = type(self.tuner).receive_intermediate_result is not Tuner.receive_intermediate_result
+        return self.assessor is not None or self.mirror is not None or learns
+
     def propose(self, parameter_id: int) -> dict[str, Any] | None:
         """The next trial's parameters; None when the tuner is exhausted or failed."""
         if self.exhausted or self.failure:

@@ -261,3 +261,17 @@ def test_after_resume_the_search_goes_on_from_its_history(tmp_path: Path, tuner:
         assert [t.number for t in study.trials] == list(range(6))
         assert [t.params["x"] for t in study.trials] == xs
         assert [t.value for t in study.trials] == [t.final_metric for t in resumed.trials]
+
+
+@pytest.mark.slow
+def test_without_an_assessor_metrics_are_stored_and_not_published_to_the_loop(tmp_path: Path) -> None:
+    config = _config(tmp_path, steps=3, pause=0, trialConcurrency=2, maxTrialNumber=2,
+                     searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}, tuner={"name": "random"})
+    published: list[bool] = []
+    result = run_async(run_experiment(
+        config, on_start=lambda c: published.append(c._engine.publish_metrics)),  # type: ignore[union-attr]
+        timeout=120)
+    assert result.ok, result.reason
+    assert published == [False]  # no per-metric event is built when nothing hears it
+    assert _metric_counts(result.experiment_dir) == {t.id: 3 for t in result.trials}
+    assert all(t.final_metric == t.parameters["x"] for t in result.trials)

@@ -155,3 +155,10 @@ def test_an_advisor_replaces_the_tuner_and_the_assessor(tmp_path: Any) -> None:
             parse_config({**base, "advisor": {"name": "BOHB"}, **other}, tmp_path)
     with pytest.raises(ConfigError, match="advisor.name: an advisor needs name"):
         parse_config({**base, "advisor": {}}, tmp_path)
+
+
+def test_only_a_search_that_uses_intermediate_results_is_told_them() -> None:
+    # The experiment loop publishes each metric to the search only when this is true.
+    assert not Search(RandomTuner(SPACE, seed=1)).hears_intermediate
+    assert Search(Recording({})).hears_intermediate  # the tuner learns from them
+    assert Search(RandomTuner(SPACE, seed=1), MedianStopAssessor(optimize_mode="maximize")).hears_intermediate
