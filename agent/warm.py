@@ -268,6 +268,9 @@ class WarmStarter:
         self._running: dict[int, WarmProcess] = {}
         self._next_id = 0
         self._closing = False
+        # The loop keeps only weak references to tasks: an orphan's wait, dropped, would
+        # leave its trial never ending.
+        self._tasks: set[asyncio.Future[Any]] = set()
 
     @property
     def template_pid(self) -> int | None:
@@ -323,13 +326,18 @@ class WarmStarter:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE_BYTES)
-        with open(self.log_path, "ab") as out:  # noqa: ASYNC230 - opened once per template
-            self._proc = await asyncio.create_subprocess_exec(
-                self.python, os.path.abspath(__file__), str(theirs.fileno()), *self.modules,
-                env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                pass_fds=(theirs.fileno(),), start_new_session=True,
-            )
-        theirs.close()
+        try:
+            with open(self.log_path, "ab") as out:  # noqa: ASYNC230 - opened once per template
+                self._proc = await asyncio.create_subprocess_exec(
+                    self.python, os.path.abspath(__file__), str(theirs.fileno()), *self.modules,
+                    env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                    pass_fds=(theirs.fileno(),), start_new_session=True,
+                )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         ours.setblocking(False)
         self._sock = ours
         first: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -386,10 +394,15 @@ class WarmStarter:
             self._ready = None
         proc = self._proc
         if proc is not None:
-            asyncio.ensure_future(proc.wait())
+            self._background(proc.wait())
         for orphan in list(self._running.values()):
-            asyncio.ensure_future(self._adopt(orphan))
+            self._background(self._adopt(orphan))
         self._running.clear()
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _adopt(self, proc: WarmProcess) -> None:
         proc._exited(await asyncio.to_thread(_wait_orphan, proc.pid))
