@@ -274,7 +274,8 @@ def _resume(search: Search, coordinator: Coordinator) -> int:
         return 0
     assert coordinator.store is not None
     intermediate: dict[str, list[float]] = {}
-    for row in coordinator.store.metrics():
+    # Every stored metric is read only for a search that uses intermediate results.
+    for row in coordinator.store.metrics() if search.hears_intermediate else ():
         if row.kind == "intermediate":
             intermediate.setdefault(row.trial_id, []).append(row.value)
     search.resume([
