@@ -240,8 +240,8 @@ class OptunaTuner(Tuner):
             self.study = optuna.create_study(storage=storage, study_name=study_name, direction=optimize_mode,
                                              sampler=made, load_if_exists=True)
         except Exception as e:  # a bad URL, an unreachable database, another study's direction
-            shown = without_url_password(str(storage))
-            why = str(e).replace(str(storage), shown) if storage else str(e)
+            # Any URL in the error, however the driver wrote it back, loses its password.
+            shown, why = without_url_password(str(storage)), without_url_password(str(e))
             raise TunerError(f"classArgs.storage {shown!r}: cannot open the study: {type(e).__name__}: {why}") from e
         self._trials: dict[int, Any] = {}
         self._finals: dict[int, float] = {}
