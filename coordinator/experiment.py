@@ -149,6 +149,9 @@ async def _drive_in_scope(
         submitted = _resume(search, coordinator)
         last_progress = 0.0
         while True:
+            # Cleared before the state is read, not after: a change that comes while this
+            # pass awaits (a submit, an early stop) wakes the next pass at once.
+            changed.clear()
             while to_stop:
                 order = to_stop.pop(0)
                 if not coordinator.trial(order.trial_id).status.terminal:
@@ -194,7 +197,6 @@ async def _drive_in_scope(
             if on_progress and now - last_progress >= progress_interval_s:
                 last_progress = now
                 on_progress(_progress(coordinator, trials, submitted, config, mode, elapsed))
-            changed.clear()
             try:
                 await asyncio.wait_for(changed.wait(), progress_interval_s)
             except asyncio.TimeoutError:
