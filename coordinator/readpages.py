@@ -65,6 +65,7 @@ TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
     "environment": "environment_id",
 })
 PARAMETER_SORT = "param:"  # followed by a parameter's name
+MAX_PAGE = 1000  # the most trials one page holds
 
 
 def trial_page(
@@ -106,7 +107,7 @@ def trial_page(
         key = TRIAL_SORTS[sort]
     else:
         raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
-    offset, limit = max(0, int(offset)), max(0, min(int(limit), 1000))
+    offset, limit = max(0, int(offset)), max(0, min(int(limit), MAX_PAGE))
     total, rows = model._read("trials", lambda: model.store.trials_page(
         where=" AND ".join(where), args=args, key=key, key_args=key_args, descending=descending,
         offset=offset, limit=limit,
