@@ -277,6 +277,7 @@ def test_a_store_made_before_the_metric_count_and_indexes_gets_them_when_opened_
     db.execute("DELETE FROM meta WHERE key = 'metric_count'")
     db.execute("DROP INDEX trials_status")
     db.execute("DROP INDEX trials_final_metric")
+    db.execute("DROP INDEX trials_ended")
     db.commit()
     db.close()
     old = Store.in_dir(tmp_path / "exp", readonly=True)
@@ -288,7 +289,7 @@ def test_a_store_made_before_the_metric_count_and_indexes_gets_them_when_opened_
     store.add_metrics([_metric("t1", 5, 0.5)])
     assert store.metric_count() == 6
     indexes = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert {"trials_status", "trials_final_metric"} <= indexes
+    assert {"trials_status", "trials_final_metric", "trials_ended"} <= indexes
     store.close()
 
 
@@ -301,6 +302,8 @@ def test_counts_by_status_and_the_best_trial_are_read_from_indexes(tmp_path: Pat
         "SELECT count(*) FROM trials WHERE status = 'FAILED'": "INDEX trials_status",
         "SELECT * FROM trials WHERE final_metric BETWEEN -1e999 AND 1e999 ORDER BY final_metric DESC, seq LIMIT 1":
             "INDEX trials_final_metric",
+        "SELECT ended_at, row_number() OVER w FROM trials WHERE ended_at BETWEEN -1e999 AND 1e999"
+        " WINDOW w AS (ORDER BY ended_at, seq ROWS UNBOUNDED PRECEDING)": "COVERING INDEX trials_ended",
     }
     for sql, index in plans.items():
         plan = " ".join(str(r[-1]) for r in store._db.execute("EXPLAIN QUERY PLAN " + sql))
@@ -320,4 +323,14 @@ def test_the_best_trial_is_the_best_number_whatever_else_final_metric_holds(tmp_
     store.update_trial("t4", final_metric=0.1)
     assert store.best_trial(descending=True)["id"] == "t0"  # the first submitted of the equals
     assert store.best_trial(descending=False)["id"] == "t4"
+    store.close()
+
+
+def test_the_ended_series_counts_only_trials_with_a_numeric_end(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    ends: list[object] = [5.0, None, "soon", 1.0, 3, float("inf")]
+    for seq, end in enumerate(ends):
+        _trial(store, f"t{seq}", seq, ended_at=end, final_metric=float(seq))
+    assert store.ended_series(maximize=True, points=10) == [(1.0, 1, 3.0), (3.0, 2, 4.0), (5.0, 3, 4.0), (float("inf"), 4, 5.0)]
+    assert store.ended_series(maximize=False, points=2) == [(3.0, 2, 3.0), (float("inf"), 4, 0.0)]
     store.close()
