@@ -19,7 +19,6 @@ import json
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +30,10 @@ from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.store import MetricRow, Store
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import summary  # beside this script
+
 STATUSES = ("SUCCEEDED",) * 17 + ("FAILED",) * 2 + ("EARLY_STOPPED",)  # 10 % failed
 CHUNK = 50_000  # trials per batch of metric rows
 
@@ -107,9 +110,8 @@ def in_process(argv: list[str]) -> float:
     return took
 
 
-def repeat(fn: Any, repeats: int) -> dict[str, float]:
-    times = [fn() for _ in range(repeats)]
-    return {"median": statistics.median(times), "min": min(times), "max": max(times)}
+def repeat(fn: Any, repeats: int) -> dict[str, float] | None:
+    return summary([fn() for _ in range(repeats)])
 
 
 def fresh_process(tk: list[str], argv: list[str]) -> float:
@@ -145,7 +147,8 @@ def main() -> int:
     R: dict[str, Any] = {"trials": a.trials, "metrics": a.trials * a.metrics_per_trial, "open_for_writing_s": time.perf_counter() - began}
     R.update(built)
     R["bytes"] = _size(exp)
-    R["bytes_per_trial"] = built["trials_bytes"] / a.trials
+    # A trial's row, its indexes' entries and its two status events; a metric's row.
+    R["bytes_per_trial"] = (R["bytes"] - built["metrics_bytes"]) / a.trials
     R["bytes_per_metric"] = built["metrics_bytes"] / (a.trials * a.metrics_per_trial)
     # The CLI's module rather than the `trialkeeper` script: the same code, and it follows
     # PYTHONPATH, so one checkout can be timed against another.
