@@ -125,7 +125,8 @@ def sample(model: ReadModel, n: int) -> tuple[TrialSnapshot, ...]:
 
 def ended_series(model: ReadModel, mode: str, points: int = 400) -> tuple[EndedPoint, ...]:
     """How many trials had ended, and the best final metric so far, as trials ended:
-    about ``points`` of them, evenly spread, the last always kept."""
+    about ``points`` of them spread evenly over the time trials ended in (every end when fewer),
+    each exact at its moment, the last always kept."""
     return tuple(
         EndedPoint(float(at), int(n), float(best) if best is not None else None)
         for at, n, best in model._read("trials", lambda: model.store.ended_series(mode == "maximize", points))
