@@ -3,11 +3,28 @@
     from trialkeeper.coordinator import Coordinator, load_config
 """
 
-from .config import ConfigError, ExperimentConfig, load_config, parse_config
-from .core import Coordinator, CoordinatorError, TrialHandle, TrialRefused
-from .model import MetricEvent, StatusEvent, TrialInfo
-from .states import TrialStatus
-from .sync import SyncCoordinator, SyncTrialHandle
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import ConfigError, ExperimentConfig, load_config, parse_config
+    from .core import Coordinator, CoordinatorError, TrialHandle, TrialRefused
+    from .model import MetricEvent, StatusEvent, TrialInfo
+    from .states import TrialStatus
+    from .sync import SyncCoordinator, SyncTrialHandle
+
+# Each name and the module it comes from, imported when first used: the CLI's reading
+# commands import this package, and need none of the coordinator's engine (a quarter of a
+# second of imports before `trialkeeper status` could answer).
+_FROM = {
+    "ConfigError": "config", "ExperimentConfig": "config", "load_config": "config", "parse_config": "config",
+    "Coordinator": "core", "CoordinatorError": "core", "TrialHandle": "core", "TrialRefused": "core",
+    "MetricEvent": "model", "StatusEvent": "model", "TrialInfo": "model",
+    "TrialStatus": "states",
+    "SyncCoordinator": "sync", "SyncTrialHandle": "sync",
+}
 
 __all__ = [
     "ConfigError",
@@ -25,3 +42,16 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_FROM])

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .readmodel import EnvSnapshot, GpuSnapshot, ReadModel, TrialSnapshot, list_experiments, to_json
+from .readpages import MAX_PAGE, PageError, trial_page
 
 
 class _Console(Console):
@@ -106,11 +107,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_trials(args: argparse.Namespace) -> int:
+    wanted = args.status.upper() if args.status else None
+    if args.limit < 0 or args.offset < 0:
+        print("trialkeeper: --limit and --offset take a whole number of 0 or more (--limit 0: every trial)", file=sys.stderr)
+        return 2
     with ReadModel.open(args.experiment_dir) as model:
-        trials = model.trials()
-    if args.status:
-        wanted = args.status.upper()
-        trials = tuple(t for t in trials if (t.status.value if t.status else "UNREADABLE") == wanted)
+        try:
+            total, trials = _trials_shown(model, wanted, args.offset, args.limit)
+        except PageError as e:
+            print(f"trialkeeper: --{e}", file=sys.stderr)
+            return 2
     if args.json:
         _print_json(trials)
         return 0
@@ -124,7 +130,28 @@ def cmd_trials(args: argparse.Namespace) -> int:
             _params(t.parameters), _why(t),
         )
     console().print(table)
+    shown_to = args.offset + len(trials)
+    if shown_to < total:
+        # On stderr, so that what is piped on stays the table.
+        print(f"trials {args.offset + 1}-{shown_to} of {total}; --offset {shown_to} for the next ones, --limit 0 for all",
+              file=sys.stderr)
     return 0
+
+
+def _trials_shown(model: ReadModel, status: str | None, offset: int, limit: int) -> tuple[int, tuple[TrialSnapshot, ...]]:
+    """How many trials have ``status`` (any when None), and those from ``offset`` on in
+    submission order, ``limit`` of them (all when 0): paged in the store."""
+    if status == "UNREADABLE":
+        # A status this version cannot read is no value to page on: filter every trial.
+        found = tuple(t for t in model.trials() if t.status is None)
+        return len(found), found[offset:offset + limit] if limit else found[offset:]
+    trials: list[TrialSnapshot] = []
+    while True:
+        size = MAX_PAGE if limit == 0 else min(MAX_PAGE, limit - len(trials))
+        page = trial_page(model, status=status, offset=offset + len(trials), limit=size)
+        trials += page.trials
+        if len(page.trials) < size or (limit and len(trials) >= limit):
+            return page.total, tuple(trials)
 
 
 def _gpu_line(g: GpuSnapshot) -> str:
@@ -230,6 +257,8 @@ def add_commands(sub: Any) -> None:
     trials.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     trials.add_argument("--json", action="store_true", help="print a JSON list")
     trials.add_argument("--status", help="only trials with this status (e.g. FAILED)")
+    trials.add_argument("--limit", type=int, default=100, help="show this many trials at most (default 100; 0: all)")
+    trials.add_argument("--offset", type=int, default=0, help="skip this many trials first (default 0)")
     trials.set_defaults(func=cmd_trials)
 
     status = sub.add_parser("status", help="an experiment's state in a few lines", description="Show an experiment's status, counts and best trial.")

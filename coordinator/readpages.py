@@ -65,6 +65,7 @@ TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
     "environment": "environment_id",
 })
 PARAMETER_SORT = "param:"  # followed by a parameter's name
+MAX_PAGE = 1000  # the most trials one page holds
 
 
 def trial_page(
@@ -106,7 +107,7 @@ def trial_page(
         key = TRIAL_SORTS[sort]
     else:
         raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
-    offset, limit = max(0, int(offset)), max(0, min(int(limit), 1000))
+    offset, limit = max(0, int(offset)), max(0, min(int(limit), MAX_PAGE))
     total, rows = model._read("trials", lambda: model.store.trials_page(
         where=" AND ".join(where), args=args, key=key, key_args=key_args, descending=descending,
         offset=offset, limit=limit,
@@ -124,7 +125,8 @@ def sample(model: ReadModel, n: int) -> tuple[TrialSnapshot, ...]:
 
 def ended_series(model: ReadModel, mode: str, points: int = 400) -> tuple[EndedPoint, ...]:
     """How many trials had ended, and the best final metric so far, as trials ended:
-    about ``points`` of them, evenly spread, the last always kept."""
+    about ``points`` of them spread evenly over the time trials ended in (every end when fewer),
+    each exact at its moment, the last always kept."""
     return tuple(
         EndedPoint(float(at), int(n), float(best) if best is not None else None)
         for at, n, best in model._read("trials", lambda: model.store.ended_series(mode == "maximize", points))

@@ -83,6 +83,13 @@ CREATE TABLE IF NOT EXISTS events (
     reason TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_entity ON events (entity_id);
+-- A page of the trials of one status, their counts by status and the best final metric are
+-- read from these, not from a scan of every trial (a store may hold a million). Being in
+-- this script, a store made before them gets them when it is opened for writing.
+CREATE INDEX IF NOT EXISTS trials_status ON trials (status, seq);
+CREATE INDEX IF NOT EXISTS trials_final_metric ON trials (final_metric);
+-- The charts over time read the ended trials in order from this index alone (no sort).
+CREATE INDEX IF NOT EXISTS trials_ended ON trials (ended_at, seq, final_metric);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     id INTEGER PRIMARY KEY,
     at REAL NOT NULL,
@@ -161,6 +168,8 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         for name, definition in columns.items():
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+    # The metrics stored, kept by add_metrics: counting ten million rows takes seconds.
+    db.execute("INSERT OR IGNORE INTO meta SELECT 'metric_count', count(*) FROM metrics")
     # Opened for writing by a coordinator that starts (or resumes): no agent is connected to
     # it yet, whatever a crashed predecessor last stored.
     db.execute("UPDATE environments SET connected = 0 WHERE connected != 0")
@@ -301,8 +310,11 @@ class Store:
     def best_trial(self, descending: bool) -> dict[str, Any] | None:
         """The trial with the highest (or lowest) numeric final metric; the first submitted
         among equals."""
+        # The range holds every number, infinities too, and neither NULL nor text (which SQLite
+        # orders after numbers): the same rows as typeof() in ('real', 'integer'), read from the
+        # index on final_metric rather than from every trial.
         row = self._db.execute(
-            "SELECT * FROM trials WHERE typeof(final_metric) IN ('real', 'integer')"
+            "SELECT * FROM trials WHERE final_metric BETWEEN -1e999 AND 1e999"
             f" ORDER BY final_metric {'DESC' if descending else 'ASC'}, seq LIMIT 1"
         ).fetchone()
         return dict(row) if row else None
@@ -333,20 +345,46 @@ class Store:
         )]
 
     def ended_series(self, maximize: bool, points: int) -> list[tuple[Any, Any, Any]]:
-        """(ended at, trials ended so far, best numeric final metric so far) as trials ended,
-        thinned in the store to about ``points`` rows (the last one always kept)."""
+        """(ended at, trials ended so far, best numeric final metric so far) as trials ended:
+        every trial's end when there are ``points`` or fewer, else about ``points`` of them
+        spread evenly over the time trials ended in, each exact at its moment (the last end
+        always kept)."""
         best = "max" if maximize else "min"
-        return [tuple(r) for r in self._db.execute(
-            "WITH e AS (SELECT ended_at,"
-            " row_number() OVER w AS n,"
-            f" {best}(CASE WHEN typeof(final_metric) IN ('real', 'integer') THEN final_metric END) OVER w AS best"
-            " FROM trials WHERE typeof(ended_at) IN ('real', 'integer')"
-            " WINDOW w AS (ORDER BY ended_at, seq ROWS UNBOUNDED PRECEDING)),"
-            " t AS (SELECT count(*) AS total FROM e)"
-            " SELECT ended_at, n, best FROM e, t"
-            " WHERE n % max(1, (t.total + ? - 1) / ?) = 0 OR n = t.total ORDER BY n",
-            (points, max(1, points)),
-        )]
+        # A range that holds every number and neither NULL nor text (as typeof() in ('real',
+        # 'integer') would), so that the ended trials are read in order from trials_ended.
+        numeric = "BETWEEN -1e999 AND 1e999"
+        metric = f"{best}(CASE WHEN final_metric {numeric} THEN final_metric END)"
+        (total,) = self._db.execute(f"SELECT count(*) FROM trials WHERE ended_at {numeric}").fetchone()
+        if total <= max(1, points):
+            return [tuple(r) for r in self._db.execute(
+                f"SELECT ended_at, row_number() OVER w, {metric} OVER w FROM trials WHERE ended_at {numeric}"
+                " WINDOW w AS (ORDER BY ended_at, seq ROWS UNBOUNDED PRECEDING) ORDER BY ended_at, seq"
+            )]
+        # One aggregate a slice of time, each reading its slice of the index: a million ended
+        # trials in 0.2 s, where a window over every one of them took 0.6 s.
+        (hi,) = self._db.execute(f"SELECT max(ended_at) FROM trials WHERE ended_at {numeric}").fetchone()
+        finite_lo, finite_hi = self._db.execute(
+            "SELECT min(ended_at), max(ended_at) FROM trials WHERE ended_at > -1e999 AND ended_at < 1e999"
+        ).fetchone()
+        edges = [hi]
+        if finite_lo is not None and finite_hi > finite_lo:
+            span = finite_hi - finite_lo
+            edges = [finite_lo + span * k / points for k in range(1, points)] + [finite_hi, hi]
+        series: list[tuple[Any, Any, Any]] = []
+        ended, best_so_far, after = 0, None, None
+        pick = max if maximize else min
+        for edge in edges:
+            lower = "ended_at >= -1e999" if after is None else "ended_at > ?"
+            n, at, best_here = self._db.execute(
+                f"SELECT count(*), max(ended_at), {metric} FROM trials WHERE {lower} AND ended_at <= ?",
+                (edge,) if after is None else (after, edge),
+            ).fetchone()
+            after = edge
+            if n:
+                ended += n
+                best_so_far = best_here if best_so_far is None else best_so_far if best_here is None else pick(best_so_far, best_here)
+                series.append((at, ended, best_so_far))
+        return series
 
     def parameter_names(self, sample: int) -> list[str]:
         """The parameter names of the last ``sample`` trials submitted."""
@@ -366,7 +404,9 @@ class Store:
     def add_metrics(self, rows: Sequence[MetricRow]) -> None:
         # OR IGNORE: a replayed metric (same trial, same index) is stored once.
         with self.transaction():
-            self._db.executemany("INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?, ?)", rows)
+            added = self._db.executemany("INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?, ?)", rows).rowcount
+            if added > 0:
+                self._db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (added,))
 
     def metrics(self, trial_id: str | None = None) -> list[MetricRow]:
         if trial_id is None:
@@ -390,6 +430,11 @@ class Store:
         return int(n)
 
     def metric_count(self) -> int:
+        """How many metrics are stored: the count add_metrics keeps, or, in a store no
+        version that keeps it has written, a count of the rows."""
+        kept = self.meta("metric_count")
+        if kept is not None and kept.isdigit():
+            return int(kept)
         return int(self._db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0])
 
     # ---- environments ------------------------------------------------------------------

@@ -32,6 +32,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "footprint_s": 3.0, "failure_repeats": 3, "lease": True,
         "scale": (100, 1000, 5000), "bare": (100, 1000, 5000), "burst": 10_000, "burst_timeout": 40,
         "sched": (100, 1000, 5000), "waiting": 10_000, "peer_n": 40, "window": 3.0, "nni": (40, 5, 2), "warm_starts": 10,
+        "store": (1_000_000, 5),
     },
     "quick": {
         "n": 50, "ks": (1, 2), "repeats": 2, "sequential": 6,
@@ -39,6 +40,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "footprint_s": 2.0, "failure_repeats": 2, "lease": False,
         "scale": (100, 500), "bare": (500,), "burst": 2_000, "burst_timeout": 15,
         "sched": (100, 1000), "waiting": 10_000, "peer_n": 10, "window": 2.0, "nni": (10, 3, 1), "warm_starts": 5,
+        "store": (100_000, 3),
     },
     "smoke": {
         "n": 6, "ks": (1, 2), "repeats": 1, "sequential": 2,
@@ -46,6 +48,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "footprint_s": 0.5, "failure_repeats": 1, "lease": False,
         "scale": (5,), "bare": (5,), "burst": 60, "burst_timeout": 15,
         "sched": (10,), "waiting": 100, "peer_n": 4, "window": 0.5, "nni": (4, 1, 1), "warm_starts": 1,
+        "store": (2_000, 1),
     },
 }
 
@@ -199,6 +202,31 @@ def run_warm(p: dict[str, Any], R: dict[str, Any], nni_python: str, ray_python: 
         log(f"10. warm starts: the same trial under Ray Tune, {starts} with and without reuse_actors")
         R["warm"]["ray"] = run_json_child([os.path.abspath(ray_python), str(HERE / "peer_ray_warm.py"),
                                            "--starts", str(starts)], 600)
+
+
+def run_store(p: dict[str, Any], R: dict[str, Any], cache: Path) -> None:
+    """11. An experiment's store at scale: the CLI and the dashboard over it (storebench.py)."""
+    trials, repeats = p["store"]
+    log(f"11. store at scale: {trials} trials, {trials * 10} metrics (built once under {cache})")
+    R["store"] = run_json_child([PYTHON, str(HERE / "storebench.py"), "--trials", str(trials),
+                                 "--repeats", str(repeats), "--cache", str(cache)], 1200)
+
+
+def store_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
+    r = R.get("store")
+    if r is None:
+        return
+    if not ok(r):
+        row(rows, "11. store at scale", f"failed: {r.get('error', 'no result')}")
+        return
+    size = f"{r['trials']:,} trials, {r['metrics']:,} metrics"
+    for name, s in r["cli"].items():
+        row(rows, f"11. trialkeeper {name.replace(', fresh process', '')} ({size}){' as a new process' if 'fresh' in name else ''} (s)",
+            s, target="≤ 0.5 s", digits=3, note="" if "fresh" in name else "the CLI's code in the bench's process")
+    for path, s in r["ui"].items():
+        row(rows, f"11. dashboard {path} ({size}) (s)", s, target="≤ 0.5 s", digits=3)
+    row(rows, "11. store size per trial (bytes)", fmt(r["bytes_per_trial"], digits=0), note="row, indexes and 2 status events")
+    row(rows, "11. store size per metric (bytes)", fmt(r["bytes_per_metric"], digits=0))
 
 
 def warm_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
@@ -448,6 +476,7 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
                 row(rows, f"7. {label}", f"skipped: {r.get('error', 'no result')}")
     nni_rows(rows, R)
     warm_rows(rows, R)
+    store_rows(rows, R)
     return rows
 
 
@@ -482,14 +511,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about 2 minutes)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
     ap.add_argument("--peers", action="store_true", help="also run Ray Tune and NNI (installs them once)")
-    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni,warm")
+    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni,warm,store")
     ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""),
                     help="an interpreter with nni installed, for the nni stage (default: $TRIALKEEPER_NNI_PYTHON)")
     ap.add_argument("--ray-python", default="", help="an interpreter with ray[tune] and scikit-learn, for the "
                     "warm stage's Ray Tune comparison (default: the peers' Ray virtualenv, where it exists)")
     ap.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
-    ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs go")
+    ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs and the store stage's store go")
     a = ap.parse_args()
     profile = "smoke" if a.smoke else "quick" if a.quick else "full"
     p = PROFILES[profile]
@@ -529,6 +558,10 @@ def main() -> int:
         import peers
 
         run_warm(p, R, a.nni_python, a.ray_python or str(peers.venv_python(a.cache or peers.DEFAULT_CACHE, "ray")))
+    if "store" in only:
+        import peers
+
+        run_store(p, R, a.cache or peers.DEFAULT_CACHE)
     rows = build_table(p, R)
     elapsed = time.monotonic() - t0
     meta = {

@@ -252,3 +252,86 @@ def test_a_store_made_before_a_column_was_added_gets_it_when_opened_for_writing(
     assert store.trials()[0]["gpu_uuids_json"] == '["MIG-1"]'
     store.close()
     Store.in_dir(tmp_path / "exp").close()  # opening again adds nothing twice
+
+
+def test_the_metric_count_is_kept_as_metrics_are_stored_and_replays_count_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.add_metrics([_metric("t1", 0, 0.1), _metric("t1", 1, 0.2)])
+    store.add_metrics([_metric("t1", 1, 0.2), _metric("t2", 0, 0.5)])  # one replayed
+    store.add_metrics([])
+    assert store.metric_count() == 3 == len(store.metrics())
+    assert store.meta("metric_count") == "3"  # kept, not counted
+    store.close()
+    reader = Store.in_dir(tmp_path / "exp", readonly=True)
+    assert reader.metric_count() == 3
+    reader.close()
+
+
+def test_a_store_made_before_the_metric_count_and_indexes_gets_them_when_opened_for_writing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _trial(store, "t1", 0)
+    store.add_metrics([_metric("t1", i, i / 10) for i in range(5)])
+    store.close()
+    # Take them away, as in a store an earlier version made.
+    db = sqlite3.connect(tmp_path / "exp" / Store.FILENAME)
+    db.execute("DELETE FROM meta WHERE key = 'metric_count'")
+    db.execute("DROP INDEX trials_status")
+    db.execute("DROP INDEX trials_final_metric")
+    db.execute("DROP INDEX trials_ended")
+    db.commit()
+    db.close()
+    old = Store.in_dir(tmp_path / "exp", readonly=True)
+    assert old.meta("metric_count") is None and old.metric_count() == 5  # counted instead
+    old.close()
+
+    store = Store.in_dir(tmp_path / "exp")
+    assert store.meta("metric_count") == "5"
+    store.add_metrics([_metric("t1", 5, 0.5)])
+    assert store.metric_count() == 6
+    indexes = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"trials_status", "trials_final_metric", "trials_ended"} <= indexes
+    store.close()
+
+
+def test_counts_by_status_and_the_best_trial_are_read_from_indexes(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _trial(store, "t1", 0)
+    # The statements Store runs, as SQLite would plan them: each names the index it reads.
+    plans = {
+        "SELECT status, count(*) FROM trials GROUP BY status": "INDEX trials_status",
+        "SELECT count(*) FROM trials WHERE status = 'FAILED'": "INDEX trials_status",
+        "SELECT * FROM trials WHERE final_metric BETWEEN -1e999 AND 1e999 ORDER BY final_metric DESC, seq LIMIT 1":
+            "INDEX trials_final_metric",
+        "SELECT ended_at, row_number() OVER w FROM trials WHERE ended_at BETWEEN -1e999 AND 1e999"
+        " WINDOW w AS (ORDER BY ended_at, seq ROWS UNBOUNDED PRECEDING)": "COVERING INDEX trials_ended",
+    }
+    for sql, index in plans.items():
+        plan = " ".join(str(r[-1]) for r in store._db.execute("EXPLAIN QUERY PLAN " + sql))
+        assert index in plan, (sql, plan)
+    store.close()
+
+
+def test_the_best_trial_is_the_best_number_whatever_else_final_metric_holds(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    values: list[object] = [0.5, "not a number", None, float("inf"), -3, float("-inf"), 0.5, b"\x00", "9e9e9"]
+    for seq, value in enumerate(values):
+        _trial(store, f"t{seq}", seq, final_metric=value)
+    assert store.best_trial(descending=True)["id"] == "t3"  # +inf; text and blobs are no numbers
+    assert store.best_trial(descending=False)["id"] == "t5"  # -inf
+    store.update_trial("t3", final_metric=0.5)
+    store.update_trial("t5", final_metric=0.5)
+    store.update_trial("t4", final_metric=0.1)
+    assert store.best_trial(descending=True)["id"] == "t0"  # the first submitted of the equals
+    assert store.best_trial(descending=False)["id"] == "t4"
+    store.close()
+
+
+def test_the_ended_series_counts_only_trials_with_a_numeric_end(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    ends: list[object] = [5.0, None, "soon", 1.0, 3, float("inf")]
+    for seq, end in enumerate(ends):
+        _trial(store, f"t{seq}", seq, ended_at=end, final_metric=float(seq))
+    assert store.ended_series(maximize=True, points=10) == [(1.0, 1, 3.0), (3.0, 2, 4.0), (5.0, 3, 4.0), (float("inf"), 4, 5.0)]
+    # Thinned: slices of the finite span (1 to 5) and the infinite end after them.
+    assert store.ended_series(maximize=False, points=2) == [(3.0, 2, 3.0), (5.0, 3, 0.0), (float("inf"), 4, 0.0)]
+    store.close()
