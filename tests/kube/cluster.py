@@ -109,7 +109,8 @@ class KubeCluster:
         query = f"?labelSelector={selector}" if selector else ""
         status, answer = self.request("GET", f"{base}/{plural}{query}")
         assert status == 200, f"listing {plural}: {status} {answer.get('message')}"
-        return list(answer.get("items", []))
+        kind = str(answer.get("kind", "")).removesuffix("List")  # a list's items do not say their kind
+        return [{"kind": kind, **item} for item in answer.get("items", [])]
 
     def created(self) -> list[dict[str, Any]]:
         """Every object created so far, as its request carried it (from the audit log), so
