@@ -56,6 +56,15 @@ def _delete(cluster: KubeCluster, name: str, grace_s: int = 0) -> None:
     wait_until(lambda: _get_pod(cluster, name) is None, WAIT_S, message=f"pod {name} was never removed")
 
 
+def test_the_node_is_ready_untainted_with_its_cpus_and_gpus(kube_cluster: KubeCluster) -> None:
+    status, node = kube_cluster.request("GET", f"/api/v1/nodes/{kube_cluster.node.name}")
+    assert status == 200, node
+    assert not (node.get("spec") or {}).get("taints"), node["spec"]  # the not-ready taint is lifted
+    assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == kube_cluster.node.capacity["nvidia.com/gpu"]
+    assert node["status"]["allocatable"]["cpu"] == kube_cluster.node.capacity["cpu"]
+
+
 def test_a_pod_runs_with_its_command_env_working_dir_and_volumes(kube_cluster: KubeCluster, tmp_path: Path) -> None:
     name = _name("env")
     _create(kube_cluster, f"/api/v1/namespaces/{NS}/secrets",
