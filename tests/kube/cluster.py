@@ -128,10 +128,12 @@ class KubeCluster:
                 out.append(obj)
         return out
 
-    def delete_pod(self, namespace: str, name: str, grace_s: int = 0) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_s: int = 0) -> dict[str, Any]:
+        """Delete a pod as a user would; the answer is the pod as the deletion left it."""
         status, answer = self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
                                       {"gracePeriodSeconds": grace_s})
         assert status in (200, 202), f"deleting pod {name}: {status} {answer.get('message')}"
+        return answer
 
 
 def section(cluster: KubeCluster, platform: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
