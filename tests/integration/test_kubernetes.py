@@ -379,6 +379,37 @@ def test_an_environment_failing_to_start_is_removed_at_once(kube_cluster: KubeCl
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
+def test_long_and_odd_ids_still_make_names_and_labels_the_server_takes(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
+    # RFC 1123 names (lowercase, at most 63 with what controllers append) and label values
+    # (at most 63, alphanumeric at both ends): the server refuses anything else.
+    quickstart_code(tmp_path)
+    data = _config_data(kube_cluster, tmp_path, platform, **extra)
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    experiment_id = f"An_Experiment.Named-{platform}-{extra}-" + "x" * 80
+    env_id = "Env_" + "y" * 70 + "."
+    request = EnvironmentRequest(env_id, experiment_id, "127.0.0.1:9", "t0ken")
+
+    async def body() -> None:
+        started = await service.start(request)
+        assert started.error is None, started.error
+        assert started.platform_id is not None and len(started.platform_id) <= 63
+        await async_wait_until(lambda: kube_cluster.objects("pods", selector=selector(experiment_id, env_id)), WAIT_S,
+                               message="no pod carries the environment's labels")
+        pod = kube_cluster.objects("pods", selector=selector(experiment_id, env_id))[0]
+        # The exact ids are kept beside the labels, which had to be shortened.
+        notes = pod["metadata"]["annotations"]
+        assert (notes["trialkeeper/experiment-id"], notes["trialkeeper/environment-id"]) == (experiment_id, env_id), notes
+        await service.stop(env_id, 0.0)
+        await service.close()
+
+    run_async(body)
+    assert _ours(kube_cluster, experiment_id) == []
+
+
+@pytest.mark.slow
 def test_pod_placement_fields_reach_the_scheduler(kube_cluster: KubeCluster, tmp_path: Path) -> None:
     quickstart_code(tmp_path)
     gpus = int(kube_cluster.node.capacity["nvidia.com/gpu"]) + 1  # more than the node has
