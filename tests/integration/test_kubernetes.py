@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from conftest import (
     wait_until,
 )
 from kube.cluster import NO_SUCH_IMAGE, KubeCluster, section
+from netproxy import CuttingProxy
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
@@ -353,6 +355,43 @@ def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_t
 
     run_async(body)
     assert _ours(kube_cluster, request.experiment_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
+def test_an_api_server_out_of_reach_keeps_what_was_seen_last_and_says_so(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
+    # The API server unreachable is no news about the workload: the service reports what it
+    # saw last, says why it cannot tell more, and carries on once the server answers again.
+    quickstart_code(tmp_path)
+    experiment_id = f"unreach-{platform}-{secrets.token_hex(3)}"
+
+    async def body() -> None:
+        proxy = await CuttingProxy().start()
+        proxy.target = ("127.0.0.1", kube_cluster.plane.port)
+        kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig-proxy", server=f"https://127.0.0.1:{proxy.port}")
+        data = _config_data(kube_cluster, tmp_path, platform, kubeconfig=str(kubeconfig), apiTimeout="3s", **extra)
+        service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
+        request = EnvironmentRequest("env-1", experiment_id, "127.0.0.1:9", "t0ken")
+        try:
+            assert (await service.start(request)).error is None
+            before = await _poll_until(service, "env-1", "running")
+            proxy.target = None  # new connections are refused...
+            proxy.cut()  # ...and the open ones broken
+            seen = (await service.poll(["env-1"]))["env-1"]
+            assert seen.state == before.state and "cannot ask the API server" in seen.detail, seen
+            assert seen.platform_id == before.platform_id
+            proxy.target = ("127.0.0.1", kube_cluster.plane.port)
+            seen = (await service.poll(["env-1"]))["env-1"]
+            assert "cannot ask" not in seen.detail and seen.state in ("running", "exited", "failed"), seen
+            await service.stop("env-1", 0.0)
+            await service.close()
+        finally:
+            await proxy.close()
+
+    run_async(body)
+    assert _ours(kube_cluster, experiment_id) == []
 
 
 @pytest.mark.slow
