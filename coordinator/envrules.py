@@ -37,6 +37,7 @@ class EnvironmentRules:
     env_error: str
     platform_errors: dict[str, str]
     beat_scale: float
+    _env_generation: int
     now: float
     wall: float
     _failed_starts: dict[str, int]
@@ -91,6 +92,7 @@ class EnvironmentRules:
             if env.instance_id:
                 self._lose_trials(env, "its agent restarted", keep=set())
             env.instance_id = reg.instance_id
+            self._env_generation += 1
             env.last_seq = 0
             per_gpu, env.use_active_gpu = self.policy.section(env.platform).gpu_policy(env.id)
             env.gpus = [scheduler.GpuSlot(g.uuid, g.index, per_gpu, memory_total_bytes=g.memory_total_bytes) for g in reg.gpus]
@@ -120,7 +122,9 @@ class EnvironmentRules:
             tid for tid in active
             if tid not in self.trials or self.trials[tid].env_id != env.id or self.trials[tid].cancel_status is not None
         ))
-        self._out.append(ev.Send(reg.link, ev.Welcome(self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted)))
+        self._out.append(ev.Send(reg.link, ev.Welcome(
+            self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, GPU_SAMPLE_INTERVAL_S
+        )))
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
         for tid in sorted(env.holders - active, key=lambda i: self.trials[i].seq):
             t = self.trials[tid]
@@ -166,7 +170,9 @@ class EnvironmentRules:
         env = self._current(hb.env_id, hb.link)
         if env is None:
             return
-        if hb.gpus or env.gpus:
+        # An agent that says its GPUs are unchanged sent them earlier on this stream (its
+        # first heartbeat carries them): nothing to look at, only that it is alive.
+        if not hb.gpus_unchanged and (hb.gpus or env.gpus):
             self._gpus_sampled(env, hb.gpus)
         if hb.draining and not env.draining:
             env.draining = True
@@ -400,6 +406,7 @@ class EnvironmentRules:
         check_env(env.status, new)
         old = env.status
         env.status = new
+        self._env_generation += 1
         self._env_changed(env)
         env.reason = reason
         self._out.append(ev.UpdateEnvironment(env.id, {

@@ -1,9 +1,12 @@
 """Simulated agents: light clients that speak the real protocol and run no processes.
 
 Each registers with simulated GPUs, heartbeats at the interval the coordinator's Welcome
-gives, and answers StartTrial with TrialStarted (and TrialEnded after ``--hold`` seconds;
-a negative hold keeps the trial "running" until it is canceled). Every agent has its own
-channel (its own TCP connection), as real agents do.
+gives (leaving out GPU samples that did not change, as the real agent does: agent/beats.py),
+and answers StartTrial with TrialStarted (and TrialEnded after ``--hold`` seconds; a negative
+hold keeps the trial "running" until it is canceled). Every agent has its own stream; by
+default its own channel (its own TCP connection) too, as real agents do, or with
+``--per-channel K`` K agents share one (HTTP/2 streams over one connection), which lets two
+processes on two cores play 10,000 agents.
 
     python simagents.py --coordinator HOST:PORT --token-file F --count N --first-id-index 0
 """
@@ -21,6 +24,7 @@ import uuid
 from pathlib import Path
 
 import grpc
+from trialkeeper.agent.beats import GpuReport
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -47,6 +51,7 @@ class SimAgent:
         self.seq = 0
         self.running: set[str] = set()
         self.lock = asyncio.Lock()
+        self.report = GpuReport()
         self.gpus = [
             pb.GpuInfo(index=g, uuid=f"GPU-{env_id}-{g}", name="Simulated A100", memory_total_bytes=80 << 30, simulated=True)
             for g in range(args.gpus)
@@ -61,9 +66,7 @@ class SimAgent:
             self.seq += 1
             await call.write(pb.AgentMessage(seq=self.seq, **body))
 
-    async def run(self, sem: asyncio.Semaphore) -> None:
-        opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000), ("grpc.enable_retries", 0)]
-        channel = grpc.aio.insecure_channel(self.a.coordinator, options=opts)
+    async def run(self, sem: asyncio.Semaphore, channel: grpc.aio.Channel) -> None:
         try:
             call = pb_grpc.CoordinatorStub(channel).Session(metadata=((TOKEN_KEY, self.token),))
             async with sem:
@@ -89,6 +92,7 @@ class SimAgent:
                 return
             self.stats.connected += 1
             self.interval = first.welcome.heartbeat_interval_s or 1.0
+            self.report.new_stream(first.welcome.gpu_sample_interval_s)
             beat = asyncio.create_task(self.heartbeats(call))
             try:
                 await self.read(call)
@@ -98,8 +102,6 @@ class SimAgent:
             self.stats.failed += 1
             if len(self.stats.errors) < 5:
                 self.stats.errors.append(f"{self.env_id}: {type(e).__name__}: {str(e)[:200]}")
-        finally:
-            await channel.close(None)
 
     async def heartbeats(self, call: grpc.aio.StreamStreamCall) -> None:
         await asyncio.sleep(random.uniform(0, self.interval))  # spread agents over the interval
@@ -108,7 +110,7 @@ class SimAgent:
                 pb.GpuSample(uuid=g.uuid, utilization_percent=random.uniform(0, 100), memory_used_bytes=1 << 30)
                 for g in self.gpus
             ]
-            hb = pb.Heartbeat(memory_used_bytes=8 << 30, gpus=samples)
+            hb = self.report.outgoing(pb.Heartbeat(memory_used_bytes=8 << 30, gpus=samples), time.monotonic())
             await self.write(call, pb.AgentMessage(heartbeat=hb))
             self.stats.heartbeats += 1
             await asyncio.sleep(self.interval)
@@ -157,7 +159,14 @@ async def main(args: argparse.Namespace) -> None:
         for i in range(args.first_id_index, args.first_id_index + args.count)
     ]
     agents = [SimAgent(i, args, token, stats) for i in ids]
-    tasks = [asyncio.create_task(a.run(sem)) for a in agents]
+    opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000), ("grpc.enable_retries", 0)]
+    # A channel option no other channel has: each group gets a connection of its own
+    # (channels with the same target and options would share one subchannel).
+    channels = [
+        grpc.aio.insecure_channel(args.coordinator, options=[*opts, ("trialkeeper.sim.group", g)])
+        for g in range(-(-len(agents) // args.per_channel))
+    ]
+    tasks = [asyncio.create_task(a.run(sem, channels[i // args.per_channel])) for i, a in enumerate(agents)]
     t0 = time.monotonic()
     while not all(t.done() for t in tasks):
         await asyncio.sleep(args.report_s)
@@ -178,6 +187,7 @@ if __name__ == "__main__":
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--hold", type=float, default=-1.0, help="seconds a trial 'runs'; <0: until canceled")
     p.add_argument("--connect-parallel", type=int, default=100)
+    p.add_argument("--per-channel", type=int, default=1, help="agents sharing one channel (TCP connection)")
     p.add_argument("--report-s", type=float, default=1.0)
     try:
         asyncio.run(main(p.parse_args()))

@@ -569,7 +569,8 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
     for p in range(a.sim_procs):
         count = min(per, a.agents - p * per)
         argv = [PY, str(HERE / "simagents.py"), "--coordinator", address, "--token-file", str(token_file),
-                "--count", str(count), "--first-id-index", str(p * per), "--gpus", str(a.gpus), "--hold", "-1"]
+                "--count", str(count), "--first-id-index", str(p * per), "--gpus", str(a.gpus), "--hold", "-1",
+                "--per-channel", str(a.per_channel)]
         if p == 0 and not a.bare:
             argv.append("--claim-env-1")
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # noqa: ASYNC220
@@ -858,6 +859,7 @@ def main() -> None:
     sc.add_argument("--gpus", type=int, default=8)
     sc.add_argument("--bare", action="store_true")
     sc.add_argument("--sim-procs", type=int, default=1)
+    sc.add_argument("--per-channel", type=int, default=1, help="simulated agents sharing one TCP connection")
     sc.add_argument("--window", type=float, default=3.0)
     sc.add_argument("--windows", type=int, default=3)
     sc.add_argument("--settle", type=float, default=2.0)
