@@ -485,6 +485,8 @@ class AgentSession(RunnerEvents):
                 if msg.settings.heartbeat_interval_s > 0:
                     log.info("heartbeat interval now %.3g s", msg.settings.heartbeat_interval_s)
                     self._heartbeat_s = msg.settings.heartbeat_interval_s
+                if msg.settings.gpu_sample_interval_s > 0:
+                    self._gpu_report.interval_s = msg.settings.gpu_sample_interval_s
             elif kind == "shutdown":
                 # Handled aside: acks must still be read while the trials wind down.
                 asyncio.get_running_loop().create_task(self._on_shutdown(msg.shutdown))

@@ -22,8 +22,19 @@ from .waiting import WaitingTrials
 
 log = logging.getLogger(__name__)
 
-# How often a GPU sample of each environment is kept (and on every change of holders).
+# How often a GPU sample of each environment is kept (and on every change of holders), and
+# sent at least; longer for a fleet whose heartbeats are stretched (gpu_sample_interval).
 GPU_SAMPLE_INTERVAL_S = 5.0
+
+
+def heartbeat_scale(scale: float, connected: int, interval_s: float, max_per_s: float) -> float | None:
+    """How much longer than ``interval_s`` agents should heartbeat with ``connected`` of them
+    so that at most ``max_per_s`` heartbeats a second arrive, or None to keep ``scale``: with
+    headroom, so that a growing fleet changes it a few times, not on every join."""
+    needed = max(1.0, connected / (interval_s * max_per_s))
+    if scale >= needed and (scale <= 1.0 or needed * 2 > scale):
+        return None
+    return 1.0 if needed <= 1.0 else needed * 1.25
 
 
 class EnvironmentRules:
@@ -58,6 +69,12 @@ class EnvironmentRules:
         def _saw_env_id(self, env_id: str) -> None: ...
         @property
         def heartbeat_interval(self) -> float: ...
+
+    @property
+    def gpu_sample_interval(self) -> float:
+        """How often GPU samples are kept, and sent at least (agent/beats.py): stretched with
+        the heartbeats, so that a fleet of any size sends and stores as many per second."""
+        return GPU_SAMPLE_INTERVAL_S * self.beat_scale
 
     def live_envs(self) -> list[EnvState]:
         return [e for e in self.envs.values() if not e.status.terminal]
@@ -123,7 +140,7 @@ class EnvironmentRules:
             if tid not in self.trials or self.trials[tid].env_id != env.id or self.trials[tid].cancel_status is not None
         ))
         self._out.append(ev.Send(reg.link, ev.Welcome(
-            self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, GPU_SAMPLE_INTERVAL_S
+            self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval
         )))
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
         for tid in sorted(env.holders - active, key=lambda i: self.trials[i].seq):
@@ -156,12 +173,12 @@ class EnvironmentRules:
         connected agents are told at once."""
         policy = self.policy
         connected = len(self._linked)
-        needed = max(1.0, connected / (policy.heartbeat_interval_s * policy.max_heartbeats_per_second))
-        if self.beat_scale >= needed and (self.beat_scale <= 1.0 or needed * 2 > self.beat_scale):
+        scale = heartbeat_scale(self.beat_scale, connected, policy.heartbeat_interval_s, policy.max_heartbeats_per_second)
+        if scale is None:
             return
-        self.beat_scale = 1.0 if needed <= 1.0 else needed * 1.25
+        self.beat_scale = scale
         self._out.append(ev.HeartbeatsRescaled(self.heartbeat_interval, connected))
-        message = ev.Settings(self.heartbeat_interval)
+        message = ev.Settings(self.heartbeat_interval, self.gpu_sample_interval)
         for e in self.envs.values():
             if e.link is not None and e.link not in self._closing:
                 self._out.append(ev.Send(e.link, message))
@@ -219,10 +236,10 @@ class EnvironmentRules:
             self._schedule()
 
     def _record_gpu_samples(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:
-        """Keep a GPU sample of ``env`` every GPU_SAMPLE_INTERVAL_S, and whenever the set of
+        """Keep a GPU sample of ``env`` every gpu_sample_interval, and whenever the set of
         trials on its GPUs changed, so short trials have samples too."""
         holders_now = [g.holders for g in env.gpus]
-        if self.now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and holders_now == env.gpu_recorded_holders:
+        if self.now - env.gpu_recorded_at < self.gpu_sample_interval and holders_now == env.gpu_recorded_holders:
             return
         env.gpu_recorded_at, env.gpu_recorded_holders = self.now, [set(h) for h in holders_now]
         holders = {g.uuid: g.holders for g in env.gpus}

@@ -240,6 +240,7 @@ class Shutdown:
 @dataclass(frozen=True)
 class Settings:
     heartbeat_interval_s: float
+    gpu_sample_interval_s: float = 0.0
 
 
 ToAgent = Welcome | StartTrial | CancelTrial | Shutdown | Settings

@@ -202,7 +202,10 @@ class Shell:
         if refusal is not None:
             del self.links[link.id]
         self.apply(instructions)
-        self.pass_soon()
+        # No pass of its own: the registration already placed what the agent can take, and
+        # what else a join may change (environments to start or replace) waits for the
+        # monitor's next tick. A pass walks every environment: one per join made a storm of
+        # 10,000 joins quadratic.
         return refusal
 
     def agent_event(self, event: ev.AgentReported | ev.HeartbeatReceived, link: Link) -> None:

@@ -176,5 +176,7 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
                 drain=message.drain, grace_s=message.grace_s, reason=message.reason
             ))
         case ev.Settings():
-            return pb.CoordinatorMessage(settings=pb.Settings(heartbeat_interval_s=message.heartbeat_interval_s))
+            return pb.CoordinatorMessage(settings=pb.Settings(
+                heartbeat_interval_s=message.heartbeat_interval_s, gpu_sample_interval_s=message.gpu_sample_interval_s
+            ))
     raise TypeError(f"not a message to an agent: {message!r}")

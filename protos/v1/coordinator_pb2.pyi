@@ -227,10 +227,12 @@ class CoordinatorMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("heartbeat_interval_s",)
+    __slots__ = ("heartbeat_interval_s", "gpu_sample_interval_s")
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
-    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    gpu_sample_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., gpu_sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids", "gpu_sample_interval_s")

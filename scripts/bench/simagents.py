@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -29,12 +30,18 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
 TOKEN_KEY = "x-trialkeeper-token"
+CONNECT_TIMEOUT_S = 10.0  # the real agent's default (AgentOptions.connect_timeout_s)
 
 
 class Stats:
     def __init__(self) -> None:
         self.connected = 0
         self.failed = 0
+        self.retries = 0
+        self.writing = 0  # Register being written
+        self.waiting = 0  # Register written, no Welcome yet
+        self.ended = 0  # streams the coordinator ended
+        self.refusals: list[str] = []
         self.heartbeats = 0
         self.starts = 0
         self.acks = 0
@@ -51,6 +58,7 @@ class SimAgent:
         self.seq = 0
         self.running: set[str] = set()
         self.lock = asyncio.Lock()
+        self.instance_id = uuid.uuid4().hex
         self.report = GpuReport()
         self.gpus = [
             pb.GpuInfo(index=g, uuid=f"GPU-{env_id}-{g}", name="Simulated A100", memory_total_bytes=80 << 30, simulated=True)
@@ -66,29 +74,44 @@ class SimAgent:
             self.seq += 1
             await call.write(pb.AgentMessage(seq=self.seq, **body))
 
-    async def run(self, sem: asyncio.Semaphore, channel: grpc.aio.Channel) -> None:
-        try:
+    async def dial(self, channel: grpc.aio.Channel) -> tuple[grpc.aio.StreamStreamCall, pb.CoordinatorMessage]:
+        """Register; as the real agent does (agent/session.py), a stream with no Welcome
+        within the connect timeout is given up and dialled again after a jittered, growing
+        pause."""
+        register = pb.AgentMessage(
+            register=pb.Register(
+                protocol_version=1, environment_id=self.env_id, agent_instance_id=self.instance_id,
+                hostname=f"sim-{self.env_id}", pid=os.getpid(), cpu_count=32, memory_total_bytes=256 << 30,
+                gpus=self.gpus, agent_version="sim", platform="sim",
+            )
+        )
+        attempt = 0
+        while True:
             call = pb_grpc.CoordinatorStub(channel).Session(metadata=((TOKEN_KEY, self.token),))
-            async with sem:
-                await call.write(
-                    pb.AgentMessage(
-                        register=pb.Register(
-                            protocol_version=1,
-                            environment_id=self.env_id,
-                            agent_instance_id=uuid.uuid4().hex,
-                            hostname=f"sim-{self.env_id}",
-                            pid=os.getpid(),
-                            cpu_count=32,
-                            memory_total_bytes=256 << 30,
-                            gpus=self.gpus,
-                            agent_version="sim",
-                            platform="sim",
-                        )
-                    )
-                )
-                first = await asyncio.wait_for(call.read(), 60.0)
+            try:
+                self.stats.writing += 1
+                try:
+                    await asyncio.wait_for(call.write(register), CONNECT_TIMEOUT_S)
+                finally:
+                    self.stats.writing -= 1
+                self.stats.waiting += 1
+                try:
+                    first = await asyncio.wait_for(call.read(), CONNECT_TIMEOUT_S)
+                finally:
+                    self.stats.waiting -= 1
+                return call, first
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError, grpc.aio.UsageError) as e:
+                call.cancel()
+                self.stats.retries += 1
+                self.note(e)
+                await asyncio.sleep(min(5.0, 0.05 * 2 ** min(attempt, 7)) * random.uniform(0.5, 1.0))
+                attempt += 1
+
+    async def live(self, call: grpc.aio.StreamStreamCall, first: pb.CoordinatorMessage) -> None:
+        try:
             if first is grpc.aio.EOF or not first.HasField("welcome"):
                 self.stats.failed += 1
+                self.stats.refusals.append(f"{self.env_id}: {call.code()} {call.details()}"[:300])
                 return
             self.stats.connected += 1
             self.interval = first.welcome.heartbeat_interval_s or 1.0
@@ -98,10 +121,15 @@ class SimAgent:
                 await self.read(call)
             finally:
                 beat.cancel()
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, grpc.aio.UsageError) as e:
+            self.stats.ended += 1
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, grpc.aio.UsageError, asyncio.CancelledError) as e:
+            # A cancelled gRPC call raises CancelledError: counted too, never silently lost.
             self.stats.failed += 1
-            if len(self.stats.errors) < 5:
-                self.stats.errors.append(f"{self.env_id}: {type(e).__name__}: {str(e)[:200]}")
+            self.note(e)
+
+    def note(self, e: BaseException) -> None:
+        if len(self.stats.errors) < 5:
+            self.stats.errors.append(f"{self.env_id}: {type(e).__name__}: {str(e)[:200]}")
 
     async def heartbeats(self, call: grpc.aio.StreamStreamCall) -> None:
         await asyncio.sleep(random.uniform(0, self.interval))  # spread agents over the interval
@@ -134,6 +162,8 @@ class SimAgent:
                     )
             elif kind == "settings":
                 self.interval = msg.settings.heartbeat_interval_s or self.interval
+                if msg.settings.gpu_sample_interval_s > 0:
+                    self.report.interval_s = msg.settings.gpu_sample_interval_s
             elif kind == "cancel_trial":
                 await self.end(call, msg.cancel_trial.trial_id, pb.TRIAL_OUTCOME_CANCELED)
             elif kind == "shutdown":
@@ -153,7 +183,6 @@ class SimAgent:
 async def main(args: argparse.Namespace) -> None:
     token = Path(args.token_file).read_text().strip()
     stats = Stats()
-    sem = asyncio.Semaphore(args.connect_parallel)
     ids = [
         "env-1" if (i == 0 and args.claim_env_1) else f"sim-{i:05d}"
         for i in range(args.first_id_index, args.first_id_index + args.count)
@@ -166,12 +195,24 @@ async def main(args: argparse.Namespace) -> None:
         grpc.aio.insecure_channel(args.coordinator, options=[*opts, ("trialkeeper.sim.group", g)])
         for g in range(-(-len(agents) // args.per_channel))
     ]
-    tasks = [asyncio.create_task(a.run(sem, channels[i // args.per_channel])) for i, a in enumerate(agents)]
+    tasks: list[asyncio.Task[None]] = []
+    queue = collections.deque(enumerate(agents))
+
+    async def dialer() -> None:
+        # --connect-parallel of these dial agents in turn (a worker pool rather than a
+        # semaphore: every agent waits its turn, none is passed over).
+        while queue:
+            i, agent = queue.popleft()
+            call, first = await agent.dial(channels[i // args.per_channel])
+            tasks.append(asyncio.create_task(agent.live(call, first)))
+
+    dialers = [asyncio.create_task(dialer()) for _ in range(args.connect_parallel)]
     t0 = time.monotonic()
-    while not all(t.done() for t in tasks):
+    while not all(t.done() for t in dialers) or not all(t.done() for t in tasks):
         await asyncio.sleep(args.report_s)
         line = {
-            "t": round(time.monotonic() - t0, 2), "connected": stats.connected, "failed": stats.failed,
+            "t": round(time.monotonic() - t0, 2), "connected": stats.connected, "failed": stats.failed, "retries": stats.retries,
+            "writing": stats.writing, "waiting": stats.waiting, "ended": stats.ended, "refusals": stats.refusals[:3],
             "heartbeats": stats.heartbeats, "starts": stats.starts, "acks": stats.acks, "errors": stats.errors,
         }
         print(json.dumps(line), flush=True)

@@ -576,14 +576,20 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # noqa: ASYNC220
     R["sim_pids"] = [p.pid for p in procs]
     try:
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), cpu()
         all_connected = True
         try:
-            await until(lambda: env_count() >= a.agents, a.connect_timeout, "agents connected", interval=0.05)
+            # Each look walks every environment: not so often that the looking costs the join.
+            await until(lambda: env_count() >= a.agents, a.connect_timeout, "agents connected", interval=0.05 if a.agents < 2000 else 0.25)
             R["connect_s"] = time.monotonic() - t0
         except TimeoutError:
             all_connected = False
             R["connect_error"] = f"{env_count()} of {a.agents} ready after {time.monotonic() - t0:.0f} s"
+        # CPU seconds the join took: the coordinator's, and the simulated agents' (on a shared
+        # machine the wall time says more about the neighbours than about either).
+        R["connect_cpu_s"] = cpu() - cpu0
+        R["connect_sim_cpu_s"] = sum(_cpu_of(p.pid) for p in procs)
+        R["connect_load"] = os.getloadavg()[0]
         if c is not None:
             R["env_status_counts"] = _status_counts(c)
         await asyncio.sleep(a.settle)
@@ -626,8 +632,18 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
         log.close()
-        lines = [ln for ln in (d / "sim.log").read_text(errors="replace").splitlines() if ln.startswith("{")]
+        text = (d / "sim.log").read_text(errors="replace")
+        Path(a.out).with_suffix(".sim.log").write_text(text)  # beside the figures, to read how the join went
+        lines = [ln for ln in text.splitlines() if ln.startswith("{")]
         R["sim_last"] = lines[-a.sim_procs:]
+
+
+def _cpu_of(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system
 
 
 def _live_state(c: Coordinator) -> list[Any]:
@@ -642,31 +658,54 @@ def _status_counts(c: Coordinator) -> dict[str, int]:
     return counts
 
 
-async def _bare_server(d: Path, counters: dict[str, int]) -> tuple[Any, str, Path, Callable[[], int]]:
+async def _bare_server(
+    d: Path, counters: dict[str, int], max_heartbeats_per_second: float = 2000.0
+) -> tuple[Any, str, Path, Callable[[], int]]:
     """The floor for a connected agent: a gRPC server that answers Register with Welcome,
     acks what carries a sequence number, and does nothing else."""
     import grpc
+    from trialkeeper.coordinator.envrules import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
     from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
     connected = {"n": 0}
+    # The generator must face the same asks as the coordinator's: GPU samples only when
+    # changed, and a fleet over maxHeartbeatsPerSecond heartbeating less often (the same
+    # rule; each stream is told at its next message, as writes are its own task's).
+    beats = {"scale": 1.0, "generation": 0}
+
+    def rescale() -> None:
+        scale = heartbeat_scale(beats["scale"], connected["n"], 1.0, max_heartbeats_per_second)
+        if scale is not None:
+            beats["scale"], beats["generation"] = scale, beats["generation"] + 1
 
     class Bare(pb_grpc.CoordinatorServicer):
         async def Session(self, request_iterator: Any, context: Any) -> None:
             first = await context.read()
-            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(experiment_id="bare", heartbeat_interval_s=1.0, protocol_version=1)))
+            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+                experiment_id="bare", heartbeat_interval_s=beats["scale"], protocol_version=1,
+                gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"],
+            )))
+            told = beats["generation"]
             connected["n"] += 1
+            rescale()
             try:
                 while True:
                     msg = await context.read()
                     if msg is grpc.aio.EOF:
                         return
+                    if told != beats["generation"]:
+                        told = beats["generation"]
+                        await context.write(pb.CoordinatorMessage(settings=pb.Settings(
+                            heartbeat_interval_s=beats["scale"], gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"]
+                        )))
                     if msg.HasField("heartbeat"):
                         counters["heartbeats"] += 1
                     elif msg.seq:
                         await context.write(pb.CoordinatorMessage(ack=pb.Ack(seq=msg.seq)))
             finally:
                 connected["n"] -= 1
+                rescale()
             del first
 
     server = grpc.aio.server()
