@@ -616,6 +616,16 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
             await c.submit({"i": i})
         B["submit_s"] = time.monotonic() - t0
         rec.flush()
+        curve: list[tuple[float, int, int]] = []  # (s since the last submit, placed, running)
+        B["curve"] = curve
+        t_last = time.monotonic()
+
+        async def sample() -> None:
+            while True:
+                curve.append((round(time.monotonic() - t_last, 3), counters["placed"], counters["running"]))
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.ensure_future(sample())
         try:
             await until(lambda: counters["placed"] >= target, a.burst_timeout, "placed", interval=0.01)
             B["placed_s"] = time.monotonic() - t0
@@ -623,6 +633,8 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
             B["running_s"] = time.monotonic() - t0
         except TimeoutError as e:
             B["error"] = str(e)
+        finally:
+            sampler.cancel()
         B["placed"] = counters["placed"]
         B["running"] = counters["running"]
         B["lost_envs"] = sum(1 for e in _live_state(c) if e.status is EnvStatus.LOST)
