@@ -629,8 +629,11 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         try:
             await until(lambda: counters["placed"] >= target, a.burst_timeout, "placed", interval=0.01)
             B["placed_s"] = time.monotonic() - t0
+            placed_cpu = (cpu(), sum(_cpu_of(p.pid) for p in procs))
             await until(lambda: counters["running"] >= target, max(1.0, a.burst_timeout - (time.monotonic() - t0)), "running", interval=0.01)
             B["running_s"] = time.monotonic() - t0
+            # Which side the starts wait on: CPU seconds from placed to all running.
+            B["start_cpu_s"] = {"coordinator": cpu() - placed_cpu[0], "agents": sum(_cpu_of(p.pid) for p in procs) - placed_cpu[1]}
         except TimeoutError as e:
             B["error"] = str(e)
         finally:
