@@ -344,9 +344,12 @@ class Shell:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._monitor
 
-    async def _monitor_loop(self, interval: float) -> None:
+    async def _monitor_loop(self, base_interval: float) -> None:
         checked_at = 0.0
         while True:
+            # A fleet told to heartbeat less often is looked over less often too: each tick
+            # walks every environment, and the lost timeouts it checks stretch alike.
+            interval = base_interval * self.engine.beat_scale
             # Not asyncio.wait_for: before Python 3.12 it swallows a cancel that arrives as the
             # event is set (stop() does both), and stop() would wait on this loop forever.
             woken = asyncio.ensure_future(self._monitor_wake.wait())
