@@ -536,3 +536,23 @@ def test_a_fleet_told_to_heartbeat_less_often_is_told_to_sample_its_gpus_less_of
     sim.register(envs[3])
     welcome = next(s.message for s in sim.take(ev.Send) if isinstance(s.message, ev.Welcome))
     assert welcome.gpu_sample_interval_s == pytest.approx(5.0 * 1.875)
+
+
+def test_an_agent_joining_is_given_waiting_trials_by_its_registration_alone() -> None:
+    # The shell runs no scheduling pass for a join (one per join made a storm of joins
+    # quadratic): the registration itself must place what the new agent can take.
+    sim = Sim(environment_count=1, trial_slots=2, trial_concurrency=4)
+    sim.start()
+    (env_id,) = sim.started_envs()
+    sim.submit("a")
+    sim.submit("b")
+    sim.submit("c")
+    assert not sim.starts()
+    got = sim.feed(ev.AgentRegistered(
+        env_id=env_id, link=7, instance_id="i-1", hostname="host", pid=1, platform="", gpus=(),
+        gpu_unavailable_reason="", active_trial_ids=frozenset(), info={},
+    ))
+    started = [i.message.trial_id for i in got if isinstance(i, ev.Send) and isinstance(i.message, ev.StartTrial)]
+    assert started == ["a", "b"]  # in queue order, as many as it has slots
+    kinds = [type(i.message).__name__ for i in got if isinstance(i, ev.Send)]
+    assert kinds[0] == "Welcome"  # the Welcome goes first on the stream
