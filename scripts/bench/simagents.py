@@ -5,8 +5,9 @@ gives (leaving out GPU samples that did not change, as the real agent does: agen
 and answers StartTrial with TrialStarted (and TrialEnded after ``--hold`` seconds; a negative
 hold keeps the trial "running" until it is canceled). Every agent has its own stream; by
 default its own channel (its own TCP connection) too, as real agents do, or with
-``--per-channel K`` K agents share one (HTTP/2 streams over one connection), which lets two
-processes on two cores play 10,000 agents.
+``--per-channel K`` K agents share one (HTTP/2 streams over one connection: cheaper for the
+floor as for the coordinator, but here some streams of a shared connection were seen never
+to start during a join of thousands, so the stages use one connection per agent).
 
     python simagents.py --coordinator HOST:PORT --token-file F --count N --first-id-index 0
 """
