@@ -28,6 +28,7 @@ from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
 from . import __version__
+from .beats import GpuReport
 from .gpu import GpuProbe, cuda_visible_devices
 from .metric_socket import socket_name
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
@@ -101,6 +102,7 @@ class AgentSession(RunnerEvents):
         self._sent = 0  # how many of _unacked went out on the current stream
         self._heartbeat_s = options.heartbeat_interval_s
         self._heartbeat_due: pb.Heartbeat | None = None
+        self._gpu_report = GpuReport()
         self._stop_requested = False
         self._draining = False
         self._acked_all = asyncio.Event()
@@ -393,6 +395,7 @@ class AgentSession(RunnerEvents):
     def _on_welcome(self, welcome: pb.Welcome) -> None:
         if welcome.heartbeat_interval_s > 0:
             self._heartbeat_s = welcome.heartbeat_interval_s
+        self._gpu_report.new_stream(welcome.gpu_sample_interval_s)
         self._on_ack(welcome.acked_seq)
         self._sent = 0
         for trial_id in welcome.cancel_trial_ids:
@@ -410,7 +413,8 @@ class AgentSession(RunnerEvents):
             self._wakeup.clear()
             if self._heartbeat_due is not None:
                 hb, self._heartbeat_due = self._heartbeat_due, None
-                await call.write(pb.AgentMessage(heartbeat=hb))
+                # Decided here, by the stream's one writer: a new stream's first carries the GPUs.
+                await call.write(pb.AgentMessage(heartbeat=self._gpu_report.outgoing(hb, time.monotonic())))
             self._flush_metrics()
             while self._sent < len(self._unacked):
                 msg = self._unacked[self._sent]
@@ -481,6 +485,8 @@ class AgentSession(RunnerEvents):
                 if msg.settings.heartbeat_interval_s > 0:
                     log.info("heartbeat interval now %.3g s", msg.settings.heartbeat_interval_s)
                     self._heartbeat_s = msg.settings.heartbeat_interval_s
+                if msg.settings.gpu_sample_interval_s > 0:
+                    self._gpu_report.interval_s = msg.settings.gpu_sample_interval_s
             elif kind == "shutdown":
                 # Handled aside: acks must still be read while the trials wind down.
                 asyncio.get_running_loop().create_task(self._on_shutdown(msg.shutdown))

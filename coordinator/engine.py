@@ -64,6 +64,11 @@ class Engine(EnvironmentRules):
         self._failed_starts: dict[str, int] = {}  # by platform, since its last agent registered
         self._next_seq = 0
         self._linked: set[str] = set()
+        # Bumped when an environment's status or agent changes: what _gpus_offered() answered
+        # holds until then (every submit asks it; a walk over 10,000 environments each time
+        # made a burst of submits quadratic).
+        self._env_generation = 0
+        self._offered: tuple[tuple[int, int], int | None] | None = None
         self._closing: set[int] = set()  # links the core closed, not yet reported disconnected
         self._gpu_rows: list[Any] = []
         self._out: list[ev.Instruction] = []
@@ -152,6 +157,12 @@ class Engine(EnvironmentRules):
         return ""
 
     def _gpus_offered(self) -> int | None:
+        stamp = (len(self.envs), self._env_generation)
+        if self._offered is None or self._offered[0] != stamp:
+            self._offered = (stamp, self._count_gpus_offered())
+        return self._offered[1]
+
+    def _count_gpus_offered(self) -> int | None:
         registered = [len(e.gpus) for e in self.envs.values() if e.instance_id and not e.status.terminal]
         if registered:
             return max(registered)

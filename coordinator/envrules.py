@@ -22,8 +22,19 @@ from .waiting import WaitingTrials
 
 log = logging.getLogger(__name__)
 
-# How often a GPU sample of each environment is kept (and on every change of holders).
+# How often a GPU sample of each environment is kept (and on every change of holders), and
+# sent at least; longer for a fleet whose heartbeats are stretched (gpu_sample_interval).
 GPU_SAMPLE_INTERVAL_S = 5.0
+
+
+def heartbeat_scale(scale: float, connected: int, interval_s: float, max_per_s: float) -> float | None:
+    """How much longer than ``interval_s`` agents should heartbeat with ``connected`` of them
+    so that at most ``max_per_s`` heartbeats a second arrive, or None to keep ``scale``: with
+    headroom, so that a growing fleet changes it a few times, not on every join."""
+    needed = max(1.0, connected / (interval_s * max_per_s))
+    if scale >= needed and (scale <= 1.0 or needed * 2 > scale):
+        return None
+    return 1.0 if needed <= 1.0 else needed * 1.25
 
 
 class EnvironmentRules:
@@ -37,6 +48,7 @@ class EnvironmentRules:
     env_error: str
     platform_errors: dict[str, str]
     beat_scale: float
+    _env_generation: int
     now: float
     wall: float
     _failed_starts: dict[str, int]
@@ -57,6 +69,12 @@ class EnvironmentRules:
         def _saw_env_id(self, env_id: str) -> None: ...
         @property
         def heartbeat_interval(self) -> float: ...
+
+    @property
+    def gpu_sample_interval(self) -> float:
+        """How often GPU samples are kept, and sent at least (agent/beats.py): stretched with
+        the heartbeats, so that a fleet of any size sends and stores as many per second."""
+        return GPU_SAMPLE_INTERVAL_S * self.beat_scale
 
     def live_envs(self) -> list[EnvState]:
         return [e for e in self.envs.values() if not e.status.terminal]
@@ -91,6 +109,7 @@ class EnvironmentRules:
             if env.instance_id:
                 self._lose_trials(env, "its agent restarted", keep=set())
             env.instance_id = reg.instance_id
+            self._env_generation += 1
             env.last_seq = 0
             per_gpu, env.use_active_gpu = self.policy.section(env.platform).gpu_policy(env.id)
             env.gpus = [scheduler.GpuSlot(g.uuid, g.index, per_gpu, memory_total_bytes=g.memory_total_bytes) for g in reg.gpus]
@@ -120,7 +139,9 @@ class EnvironmentRules:
             tid for tid in active
             if tid not in self.trials or self.trials[tid].env_id != env.id or self.trials[tid].cancel_status is not None
         ))
-        self._out.append(ev.Send(reg.link, ev.Welcome(self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted)))
+        self._out.append(ev.Send(reg.link, ev.Welcome(
+            self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval
+        )))
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
         for tid in sorted(env.holders - active, key=lambda i: self.trials[i].seq):
             t = self.trials[tid]
@@ -152,12 +173,12 @@ class EnvironmentRules:
         connected agents are told at once."""
         policy = self.policy
         connected = len(self._linked)
-        needed = max(1.0, connected / (policy.heartbeat_interval_s * policy.max_heartbeats_per_second))
-        if self.beat_scale >= needed and (self.beat_scale <= 1.0 or needed * 2 > self.beat_scale):
+        scale = heartbeat_scale(self.beat_scale, connected, policy.heartbeat_interval_s, policy.max_heartbeats_per_second)
+        if scale is None:
             return
-        self.beat_scale = 1.0 if needed <= 1.0 else needed * 1.25
+        self.beat_scale = scale
         self._out.append(ev.HeartbeatsRescaled(self.heartbeat_interval, connected))
-        message = ev.Settings(self.heartbeat_interval)
+        message = ev.Settings(self.heartbeat_interval, self.gpu_sample_interval)
         for e in self.envs.values():
             if e.link is not None and e.link not in self._closing:
                 self._out.append(ev.Send(e.link, message))
@@ -166,7 +187,9 @@ class EnvironmentRules:
         env = self._current(hb.env_id, hb.link)
         if env is None:
             return
-        if hb.gpus or env.gpus:
+        # An agent that says its GPUs are unchanged sent them earlier on this stream (its
+        # first heartbeat carries them): nothing to look at, only that it is alive.
+        if not hb.gpus_unchanged and (hb.gpus or env.gpus):
             self._gpus_sampled(env, hb.gpus)
         if hb.draining and not env.draining:
             env.draining = True
@@ -213,10 +236,10 @@ class EnvironmentRules:
             self._schedule()
 
     def _record_gpu_samples(self, env: EnvState, samples: tuple[ev.GpuSample, ...]) -> None:
-        """Keep a GPU sample of ``env`` every GPU_SAMPLE_INTERVAL_S, and whenever the set of
+        """Keep a GPU sample of ``env`` every gpu_sample_interval, and whenever the set of
         trials on its GPUs changed, so short trials have samples too."""
         holders_now = [g.holders for g in env.gpus]
-        if self.now - env.gpu_recorded_at < GPU_SAMPLE_INTERVAL_S and holders_now == env.gpu_recorded_holders:
+        if self.now - env.gpu_recorded_at < self.gpu_sample_interval and holders_now == env.gpu_recorded_holders:
             return
         env.gpu_recorded_at, env.gpu_recorded_holders = self.now, [set(h) for h in holders_now]
         holders = {g.uuid: g.holders for g in env.gpus}
@@ -400,6 +423,7 @@ class EnvironmentRules:
         check_env(env.status, new)
         old = env.status
         env.status = new
+        self._env_generation += 1
         self._env_changed(env)
         env.reason = reason
         self._out.append(ev.UpdateEnvironment(env.id, {

@@ -125,6 +125,8 @@ class HeartbeatReceived:
     link: int
     draining: bool
     gpus: tuple[GpuSample, ...] = ()
+    # The agent left its GPU samples out: they are as in the last it sent on this stream.
+    gpus_unchanged: bool = False
 
 
 # ---- what the shell and the embedding API say ----------------------------------------------
@@ -200,6 +202,8 @@ class Welcome:
     acked_seq: int
     heartbeat_interval_s: float
     cancel_trial_ids: tuple[str, ...]
+    # Heartbeats may leave unchanged GPU samples out for up to this long (0: never).
+    gpu_sample_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,7 @@ class Shutdown:
 @dataclass(frozen=True)
 class Settings:
     heartbeat_interval_s: float
+    gpu_sample_interval_s: float = 0.0
 
 
 ToAgent = Welcome | StartTrial | CancelTrial | Shutdown | Settings

@@ -78,7 +78,7 @@ class TrialState:
             gpu_indices=self.gpu_indices,
             final_metric=self.final_metric,
             # A value an older version stored unchecked may not parse: shown as None.
-            final_metric_value=loads_or_none(self.final_metric_json),
+            final_metric_value=None if self.final_metric_json is None else loads_or_none(self.final_metric_json),
             exit_code=self.exit_code,
             signal=self.signal,
             reason=self.reason or (self.waiting_reason if self.status is TrialStatus.WAITING else ""),

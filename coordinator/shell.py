@@ -75,6 +75,10 @@ class Shell:
         self.subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
         self.done: dict[str, asyncio.Event] = {}
         self.changed = asyncio.Event()
+        # Wakes the monitor before its tick: a stream closed (poll the platform now) or the
+        # experiment failed. Not every change: a tick walks every environment, and a burst of
+        # trials starting would run one per loop turn.
+        self._monitor_wake = asyncio.Event()
         #: Why the experiment cannot go on (a background task failed), or ''.
         self.failure = ""
         self.on_failure: Callable[[str], None] | None = None
@@ -106,15 +110,27 @@ class Shell:
         The engine has moved on when its instructions arrive here and cannot be taken back:
         a store that refuses them ends the experiment, and nothing of theirs is sent (an
         agent must not drop a message the store does not have)."""
-        writes: list[ev.Instruction] = []
+        writes: list[ev.Instruction | None] = []
         rest: list[ev.Instruction] = []
+        last_seq_at: dict[str, int] = {}
         for i in instructions:
-            (writes if isinstance(i, _WRITES) else rest).append(i)
+            if not isinstance(i, _WRITES):
+                rest.append(i)
+                continue
+            if type(i) is ev.UpdateEnvironment and i.fields.keys() == {"last_seq"}:
+                # Each numbered message moves its agent's last sequence number: in one
+                # transaction only the batch's last counts (one UPDATE per agent, not per message).
+                j = last_seq_at.get(i.env_id)
+                if j is not None:
+                    writes[j] = None
+                last_seq_at[i.env_id] = len(writes)
+            writes.append(i)
         if writes:  # most heartbeats write nothing: no empty transaction for them
             try:
                 with self.store.transaction():
-                    for i in writes:
-                        self._write(i)
+                    for w in writes:
+                        if w is not None:
+                            self._write(w)
             except (sqlite3.Error, OSError) as e:
                 self.fail(f"the store refused a write: {type(e).__name__}: {e}", exc=e)
                 return
@@ -172,6 +188,7 @@ class Shell:
                 case ev.PollSoon():
                     self._check_now = True
                     self.changed.set()
+                    self._monitor_wake.set()
                 case ev.StoreGpuSamples():
                     try:
                         self.store.add_gpu_samples(i.rows)
@@ -202,7 +219,10 @@ class Shell:
         if refusal is not None:
             del self.links[link.id]
         self.apply(instructions)
-        self.pass_soon()
+        # No pass of its own: the registration already placed what the agent can take, and
+        # what else a join may change (environments to start or replace) waits for the
+        # monitor's next tick. A pass walks every environment: one per join made a storm of
+        # 10,000 joins quadratic.
         return refusal
 
     def agent_event(self, event: ev.AgentReported | ev.HeartbeatReceived, link: Link) -> None:
@@ -324,17 +344,20 @@ class Shell:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._monitor
 
-    async def _monitor_loop(self, interval: float) -> None:
+    async def _monitor_loop(self, base_interval: float) -> None:
         checked_at = 0.0
         while True:
+            # A fleet told to heartbeat less often is looked over less often too: each tick
+            # walks every environment, and the lost timeouts it checks stretch alike.
+            interval = base_interval * self.engine.beat_scale
             # Not asyncio.wait_for: before Python 3.12 it swallows a cancel that arrives as the
             # event is set (stop() does both), and stop() would wait on this loop forever.
-            changed = asyncio.ensure_future(self.changed.wait())
+            woken = asyncio.ensure_future(self._monitor_wake.wait())
             try:
-                await asyncio.wait({changed}, timeout=interval)
+                await asyncio.wait({woken}, timeout=interval)
             finally:
-                changed.cancel()
-            self.changed.clear()
+                woken.cancel()
+            self._monitor_wake.clear()
             # A poll asks the platform about every environment: once per tick, or at once when
             # an agent's stream closed, not on every change.
             if self._check_now or time.monotonic() - checked_at >= interval:
@@ -395,6 +418,7 @@ class Shell:
         for event in self.done.values():
             event.set()
         self.changed.set()
+        self._monitor_wake.set()
         if self.on_failure is not None:
             self.on_failure(reason)
 

@@ -117,7 +117,8 @@ def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived 
         return "Heartbeat.memory_used_bytes is out of range"
     gpus = hb.gpus
     if not gpus:
-        return ev.HeartbeatReceived(env_id, link, hb.draining)
+        # Samples, when given, are what counts; "unchanged" only without them.
+        return ev.HeartbeatReceived(env_id, link, hb.draining, (), hb.gpus_unchanged)
     if len(gpus) > MAX_GPUS:
         return limits.over("Heartbeat.gpus", len(gpus), "MAX_GPUS")
     samples = []
@@ -164,6 +165,7 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
                 experiment_id=message.experiment_id, acked_seq=message.acked_seq,
                 heartbeat_interval_s=message.heartbeat_interval_s, protocol_version=PROTOCOL_VERSION,
                 cancel_trial_ids=list(message.cancel_trial_ids),
+                gpu_sample_interval_s=message.gpu_sample_interval_s,
             ))
         case ev.CancelTrial():
             return pb.CoordinatorMessage(cancel_trial=pb.CancelTrial(
@@ -174,5 +176,7 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
                 drain=message.drain, grace_s=message.grace_s, reason=message.reason
             ))
         case ev.Settings():
-            return pb.CoordinatorMessage(settings=pb.Settings(heartbeat_interval_s=message.heartbeat_interval_s))
+            return pb.CoordinatorMessage(settings=pb.Settings(
+                heartbeat_interval_s=message.heartbeat_interval_s, gpu_sample_interval_s=message.gpu_sample_interval_s
+            ))
     raise TypeError(f"not a message to an agent: {message!r}")

@@ -109,14 +109,16 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., simulated: _Optional[bool] = ..., mig: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("memory_used_bytes", "gpus", "draining")
+    __slots__ = ("memory_used_bytes", "gpus", "draining", "gpus_unchanged")
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    GPUS_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     memory_used_bytes: int
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
     draining: bool
-    def __init__(self, memory_used_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
+    gpus_unchanged: bool
+    def __init__(self, memory_used_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., draining: _Optional[bool] = ..., gpus_unchanged: _Optional[bool] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("uuid", "utilization_percent", "memory_used_bytes", "processes")
@@ -225,24 +227,28 @@ class CoordinatorMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ...) -> None: ...
 
 class Settings(_message.Message):
-    __slots__ = ("heartbeat_interval_s",)
+    __slots__ = ("heartbeat_interval_s", "gpu_sample_interval_s")
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
-    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    gpu_sample_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., gpu_sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids")
+    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids", "gpu_sample_interval_s")
     EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_TRIAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     experiment_id: str
     acked_seq: int
     heartbeat_interval_s: float
     protocol_version: int
     cancel_trial_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    gpu_sample_interval_s: float
+    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ..., gpu_sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class StartTrial(_message.Message):
     __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids")

@@ -569,20 +569,27 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
     for p in range(a.sim_procs):
         count = min(per, a.agents - p * per)
         argv = [PY, str(HERE / "simagents.py"), "--coordinator", address, "--token-file", str(token_file),
-                "--count", str(count), "--first-id-index", str(p * per), "--gpus", str(a.gpus), "--hold", "-1"]
+                "--count", str(count), "--first-id-index", str(p * per), "--gpus", str(a.gpus), "--hold", "-1",
+                "--per-channel", str(a.per_channel)]
         if p == 0 and not a.bare:
             argv.append("--claim-env-1")
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # noqa: ASYNC220
     R["sim_pids"] = [p.pid for p in procs]
     try:
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), cpu()
         all_connected = True
         try:
-            await until(lambda: env_count() >= a.agents, a.connect_timeout, "agents connected", interval=0.05)
+            # Each look walks every environment: not so often that the looking costs the join.
+            await until(lambda: env_count() >= a.agents, a.connect_timeout, "agents connected", interval=0.05 if a.agents < 2000 else 0.25)
             R["connect_s"] = time.monotonic() - t0
         except TimeoutError:
             all_connected = False
             R["connect_error"] = f"{env_count()} of {a.agents} ready after {time.monotonic() - t0:.0f} s"
+        # CPU seconds the join took: the coordinator's, and the simulated agents' (on a shared
+        # machine the wall time says more about the neighbours than about either).
+        R["connect_cpu_s"] = cpu() - cpu0
+        R["connect_sim_cpu_s"] = sum(_cpu_of(p.pid) for p in procs)
+        R["connect_load"] = os.getloadavg()[0]
         if c is not None:
             R["env_status_counts"] = _status_counts(c)
         await asyncio.sleep(a.settle)
@@ -609,13 +616,28 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
             await c.submit({"i": i})
         B["submit_s"] = time.monotonic() - t0
         rec.flush()
+        curve: list[tuple[float, int, int]] = []  # (s since the last submit, placed, running)
+        B["curve"] = curve
+        t_last = time.monotonic()
+
+        async def sample() -> None:
+            while True:
+                curve.append((round(time.monotonic() - t_last, 3), counters["placed"], counters["running"]))
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.ensure_future(sample())
         try:
             await until(lambda: counters["placed"] >= target, a.burst_timeout, "placed", interval=0.01)
             B["placed_s"] = time.monotonic() - t0
+            placed_cpu = (cpu(), sum(_cpu_of(p.pid) for p in procs))
             await until(lambda: counters["running"] >= target, max(1.0, a.burst_timeout - (time.monotonic() - t0)), "running", interval=0.01)
             B["running_s"] = time.monotonic() - t0
+            # Which side the starts wait on: CPU seconds from placed to all running.
+            B["start_cpu_s"] = {"coordinator": cpu() - placed_cpu[0], "agents": sum(_cpu_of(p.pid) for p in procs) - placed_cpu[1]}
         except TimeoutError as e:
             B["error"] = str(e)
+        finally:
+            sampler.cancel()
         B["placed"] = counters["placed"]
         B["running"] = counters["running"]
         B["lost_envs"] = sum(1 for e in _live_state(c) if e.status is EnvStatus.LOST)
@@ -625,8 +647,18 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
         log.close()
-        lines = [ln for ln in (d / "sim.log").read_text(errors="replace").splitlines() if ln.startswith("{")]
+        text = (d / "sim.log").read_text(errors="replace")
+        Path(a.out).with_suffix(".sim.log").write_text(text)  # beside the figures, to read how the join went
+        lines = [ln for ln in text.splitlines() if ln.startswith("{")]
         R["sim_last"] = lines[-a.sim_procs:]
+
+
+def _cpu_of(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system
 
 
 def _live_state(c: Coordinator) -> list[Any]:
@@ -641,31 +673,54 @@ def _status_counts(c: Coordinator) -> dict[str, int]:
     return counts
 
 
-async def _bare_server(d: Path, counters: dict[str, int]) -> tuple[Any, str, Path, Callable[[], int]]:
+async def _bare_server(
+    d: Path, counters: dict[str, int], max_heartbeats_per_second: float = 2000.0
+) -> tuple[Any, str, Path, Callable[[], int]]:
     """The floor for a connected agent: a gRPC server that answers Register with Welcome,
     acks what carries a sequence number, and does nothing else."""
     import grpc
+    from trialkeeper.coordinator.envrules import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
     from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 
     connected = {"n": 0}
+    # The generator must face the same asks as the coordinator's: GPU samples only when
+    # changed, and a fleet over maxHeartbeatsPerSecond heartbeating less often (the same
+    # rule; each stream is told at its next message, as writes are its own task's).
+    beats = {"scale": 1.0, "generation": 0}
+
+    def rescale() -> None:
+        scale = heartbeat_scale(beats["scale"], connected["n"], 1.0, max_heartbeats_per_second)
+        if scale is not None:
+            beats["scale"], beats["generation"] = scale, beats["generation"] + 1
 
     class Bare(pb_grpc.CoordinatorServicer):
         async def Session(self, request_iterator: Any, context: Any) -> None:
             first = await context.read()
-            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(experiment_id="bare", heartbeat_interval_s=1.0, protocol_version=1)))
+            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
+                experiment_id="bare", heartbeat_interval_s=beats["scale"], protocol_version=1,
+                gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"],
+            )))
+            told = beats["generation"]
             connected["n"] += 1
+            rescale()
             try:
                 while True:
                     msg = await context.read()
                     if msg is grpc.aio.EOF:
                         return
+                    if told != beats["generation"]:
+                        told = beats["generation"]
+                        await context.write(pb.CoordinatorMessage(settings=pb.Settings(
+                            heartbeat_interval_s=beats["scale"], gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"]
+                        )))
                     if msg.HasField("heartbeat"):
                         counters["heartbeats"] += 1
                     elif msg.seq:
                         await context.write(pb.CoordinatorMessage(ack=pb.Ack(seq=msg.seq)))
             finally:
                 connected["n"] -= 1
+                rescale()
             del first
 
     server = grpc.aio.server()
@@ -858,6 +913,7 @@ def main() -> None:
     sc.add_argument("--gpus", type=int, default=8)
     sc.add_argument("--bare", action="store_true")
     sc.add_argument("--sim-procs", type=int, default=1)
+    sc.add_argument("--per-channel", type=int, default=1, help="simulated agents sharing one TCP connection")
     sc.add_argument("--window", type=float, default=3.0)
     sc.add_argument("--windows", type=int, default=3)
     sc.add_argument("--settle", type=float, default=2.0)

@@ -485,3 +485,74 @@ def test_gpu_memory_freed_by_another_program_places_a_trial_that_asks_for_it() -
     # places the trial.
     sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(uuid, 10.0, 2 << 30, (ev.GpuProcess("", 2 << 30),)),)))
     assert list(sim.starts()) == ["big"]
+
+
+def test_a_heartbeat_with_unchanged_gpus_keeps_the_agent_alive_and_holds_what_the_last_samples_showed() -> None:
+    sim = Sim(trial_concurrency=2, environment_count=1, trial_slots=2, agent_lost_timeout_s=3.0)
+    sim.start()
+    (env_id,) = sim.started_envs()
+    link = sim.register(env_id, gpus=1)
+    welcome = next(s.message for s in sim.take(ev.Send) if isinstance(s.message, ev.Welcome))
+    assert welcome.gpu_sample_interval_s == 5.0  # the agent may leave unchanged samples out
+    gpu = sim.engine.envs[env_id].gpus[0].uuid
+    sim.submit("a", gpus=1)
+    sim.submit("b", gpus=1)
+    assert set(sim.starts()) == {"a"}
+    sim.run(env_id, "a")
+    # The agent saw a's process on the GPU (its last samples): the GPU stays held after a ends.
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(gpu, 90.0, 4 << 30, (ev.GpuProcess("a", 4 << 30),)),)))
+    sim.end(env_id, "a", ev.Outcome.SUCCEEDED, gpus_in_use=(gpu,))
+    # Heartbeats without samples ("as before") for longer than agentLostTimeout: the agent is
+    # alive, and nothing is released or placed on their word.
+    for _ in range(5):
+        sim.advance(1.0)
+        sim.feed(ev.HeartbeatReceived(env_id, link, False, (), gpus_unchanged=True))
+        sim.feed(ev.EnvironmentsPolled({}))
+        sim.feed(ev.Ticked())
+    assert sim.engine.envs[env_id].status is EnvStatus.READY  # a's slot is free, its GPU is not
+    assert not sim.starts()
+    assert sim.engine.envs[env_id].gpu_usage[gpu][0] == 90.0
+    # Samples that show the process gone free the GPU at once.
+    sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(gpu, 0.0, 0),)))
+    assert set(sim.starts()) == {"b"}
+    # And silence is still silence: no heartbeat of any kind for agentLostTimeout, lost.
+    sim.advance(3.5)
+    sim.feed(ev.EnvironmentsPolled({}))
+    assert sim.engine.envs[env_id].status is EnvStatus.LOST
+
+
+def test_a_fleet_told_to_heartbeat_less_often_is_told_to_sample_its_gpus_less_often_too() -> None:
+    sim = Sim(environment_count=4, heartbeat_interval_s=1.0, max_heartbeats_per_second=2.0)
+    sim.start()
+    envs = sim.started_envs()
+    for env_id in envs[:2]:
+        sim.register(env_id)
+    assert not [s for s in sim.take(ev.Send) if isinstance(s.message, ev.Settings)]
+    sim.register(envs[2])  # 3 agents at 1 s would send 3 a second: stretched to 1.5 × 1.25
+    told = [s.message for s in sim.take(ev.Send) if isinstance(s.message, ev.Settings)]
+    assert len(told) == 3
+    assert told[0].heartbeat_interval_s == pytest.approx(1.875)
+    assert told[0].gpu_sample_interval_s == pytest.approx(5.0 * 1.875)
+    sim.register(envs[3])
+    welcome = next(s.message for s in sim.take(ev.Send) if isinstance(s.message, ev.Welcome))
+    assert welcome.gpu_sample_interval_s == pytest.approx(5.0 * 1.875)
+
+
+def test_an_agent_joining_is_given_waiting_trials_by_its_registration_alone() -> None:
+    # The shell runs no scheduling pass for a join (one per join made a storm of joins
+    # quadratic): the registration itself must place what the new agent can take.
+    sim = Sim(environment_count=1, trial_slots=2, trial_concurrency=4)
+    sim.start()
+    (env_id,) = sim.started_envs()
+    sim.submit("a")
+    sim.submit("b")
+    sim.submit("c")
+    assert not sim.starts()
+    got = sim.feed(ev.AgentRegistered(
+        env_id=env_id, link=7, instance_id="i-1", hostname="host", pid=1, platform="", gpus=(),
+        gpu_unavailable_reason="", active_trial_ids=frozenset(), info={},
+    ))
+    started = [i.message.trial_id for i in got if isinstance(i, ev.Send) and isinstance(i.message, ev.StartTrial)]
+    assert started == ["a", "b"]  # in queue order, as many as it has slots
+    kinds = [type(i.message).__name__ for i in got if isinstance(i, ev.Send)]
+    assert kinds[0] == "Welcome"  # the Welcome goes first on the stream

@@ -229,3 +229,57 @@ def test_a_trial_restricted_to_platforms_waits_for_them_and_does_not_block_the_o
     # Same shape, other platforms: what did not fit the first is not taken as not fitting.
     assert where(d.placements) == {"any": "local"}
     assert d.waiting["only-slurm"] == "waiting: no environment of slurm is ready yet"
+
+
+def _linear_place(demands: list[Demand], envs: list[EnvCapacity], policy: str) -> list[Placement]:
+    """Placement as it was written before environments were kept in heaps: every trial
+    walks every environment. The heaps must choose exactly as this does."""
+    sign = 1 if policy != "spread" else -1
+    placed = []
+    for d in demands:
+        best, best_key = None, None
+        for e in envs:
+            rank = d.rank(e.platform)
+            if rank is None or not e.accepting or e.free_slots() <= 0:
+                continue
+            if d.gpus and len(e.usable_gpus(d.gpu_memory_bytes)) < d.gpus:
+                continue
+            key = (rank, sign * e.free_slots(), sign * len(e.usable_gpus(0)))
+            if best_key is None or key < best_key:
+                best, best_key = e, key
+        if best is None:
+            continue
+        chosen = sorted(best.usable_gpus(d.gpu_memory_bytes), key=lambda g: (g.free() if policy == "pack" else -g.free(), g.index))[: d.gpus]
+        best.holders.add(d.trial_id)
+        for g in chosen:
+            g.take(d.trial_id, d.gpu_memory_bytes)
+        placed.append(Placement(d.trial_id, best.env_id, tuple(g.uuid for g in chosen), tuple(g.index for g in chosen)))
+    return placed
+
+
+def test_the_heaps_place_exactly_as_a_walk_over_every_environment() -> None:
+    import copy
+    import random
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        envs = []
+        for i in range(rng.randint(1, 30)):
+            e = EnvCapacity(
+                env_id=f"e{i}", trial_slots=rng.randint(1, 6),
+                gpus=[GpuSlot(f"e{i}-g{k}", k, rng.randint(1, 2), memory_total_bytes=rng.choice([0, 16 * GIB]))
+                      for k in range(rng.randint(0, 4))],
+                accepting=rng.random() > 0.1, platform=rng.choice(["a", "b"]),
+            )
+            for k in range(rng.randint(0, 2)):  # some already hold trials
+                e.holders.add(f"old-{i}-{k}")
+            envs.append(e)
+        demands = [
+            Demand(f"t{j}", gpus=rng.choice([0, 1, 1, 2]), gpu_memory_bytes=rng.choice([0, 0, 8 * GIB]),
+                   platforms=rng.choice([(), ("a",), ("b", "a")]), only_these=rng.random() < 0.3)
+            for j in range(rng.randint(1, 80))
+        ]
+        policy = rng.choice(["pack", "spread"])
+        expected = _linear_place(demands, copy.deepcopy(envs), policy)
+        got = place(demands, envs, policy=policy).placements
+        assert got == expected, seed

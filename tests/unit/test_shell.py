@@ -115,3 +115,28 @@ def test_a_stream_that_ends_after_the_store_closed_touches_nothing(tmp_path: Pat
         assert refusal is not None and refusal.why is ev.Refusal.NOT_NOW
 
     _run(body)
+
+
+def test_a_batch_of_messages_writes_its_agents_last_sequence_number_once_and_right(tmp_path: Path) -> None:
+    async def body() -> None:
+        shell, link, env_id = _shell(tmp_path)
+        statements: list[str] = []
+        shell.store._db.set_trace_callback(statements.append)
+        batch = [
+            ev.TrialStartReported("t1", 42, 0.0),
+            ev.LogReported("t1", "stdout", 0, b"one\n"),
+            ev.LogReported("t1", "stdout", 4, b"two\n"),
+        ]
+        for seq, report in enumerate(batch, start=1):
+            shell.agent_event(ev.AgentReported(env_id, link.id, seq, report), link)
+        shell.drain_inbox()
+        shell.store._db.set_trace_callback(None)
+        assert max(link.acks) == 3
+        # Three numbered messages in one transaction: the agent's row is written once, with
+        # the last of them (what a replay after a crash must resume from).
+        assert sum("last_seq" in s and s.lstrip().upper().startswith("UPDATE") for s in statements) == 1
+        (row,) = [e for e in shell.store.envs() if e["id"] == env_id]
+        assert row["last_seq"] == 3
+        assert (tmp_path / "trials" / "t1" / "stdout.log").read_bytes() == b"one\ntwo\n"
+
+    _run(body)
