@@ -13,7 +13,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from . import events as ev
@@ -33,6 +34,7 @@ RETRY_BACKOFF_MAX_S = 60.0
 CANCEL_GRACE_S = 5.0
 
 _STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
+_TRIAL_OF, _KIND_OF, _VALUE_OF = itemgetter(0), itemgetter(2), itemgetter(3)  # of a MetricRow
 
 
 class Engine(EnvironmentRules):
@@ -281,23 +283,21 @@ class Engine(EnvironmentRules):
         self._out.append(ev.UpdateTrial(t.id, {"started_at": t.started_at}))
         self._trial_to(t, TrialStatus.RUNNING, f"running on {env.id} (pid {m.pid})")
 
-    def _metrics(self, env: EnvState, metrics: Iterable[MetricRow]) -> None:
-        rows: list[MetricRow] = []
-        finals: dict[str, MetricRow] = {}
-        owned: dict[str, TrialState | None] = {}
-        for row in metrics:  # every metric a trial reports passes here: kept lean
-            trial_id = row.trial_id
-            t = owned[trial_id] if trial_id in owned else owned.setdefault(trial_id, self._own_trial(env, trial_id, "a metric"))
-            if t is None or not math.isfinite(row.value):
-                continue
-            rows.append(row)
-            if row.kind == "final":
-                finals[trial_id] = row
+    def _metrics(self, env: EnvState, metrics: Sequence[MetricRow]) -> None:
+        # Every metric a trial reports passes here: the common case, a batch of one trial's
+        # finite intermediate results, is found a column at a time (in C) and stored as it is.
+        trial_ids = set(map(_TRIAL_OF, metrics))
+        owned = {trial_id: self._own_trial(env, trial_id, "a metric") for trial_id in trial_ids}
+        rows: Sequence[MetricRow] = metrics
+        if None in owned.values() or not _all_finite(map(_VALUE_OF, metrics)):
+            rows = [r for r in metrics if owned[r.trial_id] is not None and math.isfinite(r.value)]
         self._out.append(ev.StoreMetrics(tuple(rows)))
-        for trial_id, row in finals.items():
-            t = self.trials[trial_id]
-            t.final_metric, t.final_metric_json = row.value, row.value_json
-            self._out.append(ev.UpdateTrial(trial_id, {"final_metric": row.value, "final_metric_json": row.value_json}))
+        if "final" in map(_KIND_OF, rows):
+            finals = {r.trial_id: r for r in rows if r.kind == "final"}
+            for trial_id, row in finals.items():
+                t = self.trials[trial_id]
+                t.final_metric, t.final_metric_json = row.value, row.value_json
+                self._out.append(ev.UpdateTrial(trial_id, {"final_metric": row.value, "final_metric_json": row.value_json}))
         if self.publish_metrics:
             for r in rows:
                 self._out.append(ev.Publish(MetricEvent(r.trial_id, r.kind, r.index, r.value, _loads(r.value_json))))
@@ -522,6 +522,15 @@ class Engine(EnvironmentRules):
         m = _STARTED_ENV_ID.fullmatch(env_id)
         if m:
             self._env_counter = max(self._env_counter, int(m.group(1)))
+
+
+def _all_finite(numbers: Iterable[float]) -> bool:
+    """Whether every number is finite, found in C: a sum of finite numbers is finite
+    unless it overflows, and then the numbers are looked at one by one."""
+    try:
+        return math.isfinite(math.fsum(numbers))
+    except OverflowError:
+        return False
 
 
 def _loads(raw: str) -> Any:

@@ -3,8 +3,11 @@ agents become protobuf. Only this module and ``server.py`` touch generated code.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Iterable
+from itertools import repeat
 
 from trialkeeper.protos import limits
 from trialkeeper.protos.limits import (
@@ -87,7 +90,7 @@ def metrics_reported(
     """The event for a metric batch and the metrics refused from it (each noted in its
     trial's log), or why the whole message is refused (a limit of protos/limits.py). Checked
     as it is converted, each field read once: every metric a trial reports passes here."""
-    metrics = batch.metrics
+    metrics, runs = batch.metrics, batch.runs
     if len(metrics) > MAX_METRICS_PER_BATCH:
         return limits.over("MetricBatch.metrics", len(metrics), "MAX_METRICS_PER_BATCH")
     rows: list[MetricRow] = []
@@ -98,15 +101,73 @@ def metrics_reported(
         if len(trial_id) > MAX_ID_CHARS or len(value_json) > MAX_VALUE_JSON_CHARS:
             return checks.metric_over_limit(i, m)
         value, kind, index, at = m.value, kinds.get(m.kind), m.index, m.reported_at
-        # What every agent of ours sends, a finite number whose JSON is its repr, is valid
-        # as it is; anything else is looked at closely.
+        # What agents of protocol version 1 sent, a finite number whose JSON is its repr, is
+        # valid as it is; anything else is looked at closely.
         if not (kind and isfinite(value) and value_json == repr(value) and index <= MAX_SEQ and isfinite(at)):
             refusal = checks.metric_refusal(i, m)
             if refusal is not None:
                 refused.append(refusal)
                 continue
         rows.append(_new(MetricRow, (trial_id, index, kind, value, value_json, at)))
+    if runs:
+        if len(runs) > MAX_METRICS_PER_BATCH:
+            return limits.over("MetricBatch.runs", len(runs), "MAX_METRICS_PER_BATCH")
+        done = len(metrics)
+        for r, run in enumerate(runs):
+            problem = _run_rows(run, f"MetricBatch.runs[{r}]", done, rows, refused)
+            if problem:
+                return problem
+            done += len(run.values)
+            if done > MAX_METRICS_PER_BATCH:
+                return f"MetricBatch holds more than {MAX_METRICS_PER_BATCH:,} results in its metrics and runs (MAX_METRICS_PER_BATCH)"
     return ev.AgentReported(env_id, link, seq, ev.MetricsReported(tuple(rows))), refused
+
+
+def _run_rows(run: pb.MetricRun, path: str, done: int, rows: list[MetricRow], refused: list[checks.Refusal]) -> str:
+    """Add a run's rows to ``rows`` and its refused results to ``refused`` (``done``: the
+    results of the batch before it); or why the message is refused. What every agent of ours
+    sends, finite numbers whose JSON is their repr, is checked a column at a time, in C."""
+    trial_id, values, ats, jsons = run.trial_id, run.values, run.reported_at, run.value_json
+    n = len(values)
+    if len(trial_id) > MAX_ID_CHARS:
+        return limits.over(f"{path}.trial_id", len(trial_id), "MAX_ID_CHARS")
+    for name, field in (("values", values), ("value_json", jsons), ("reported_at", ats)):
+        if len(field) > MAX_METRICS_PER_BATCH:
+            return limits.over(f"{path}.{name}", len(field), "MAX_METRICS_PER_BATCH")
+    if len(ats) != n:
+        return f"{path}.reported_at has {len(ats)} entries for {n} values (one per value)"
+    if jsons:
+        if len(jsons) != n:
+            return f"{path}.value_json has {len(jsons)} entries for {n} values (one per value, or none)"
+        longest = max(map(len, jsons))
+        if longest > MAX_VALUE_JSON_CHARS:
+            i = next(i for i, j in enumerate(jsons) if len(j) == longest)
+            return limits.over(f"{path}.value_json[{i}]", longest, "MAX_VALUE_JSON_CHARS")
+    kind, first = _KIND_NAMES.get(run.kind), run.first_index
+    if not n:
+        return ""
+    try:
+        plain = not jsons and kind is not None and first + n - 1 <= MAX_SEQ and _finite(values) and _finite(ats)
+    except OverflowError:  # finite numbers whose sum is not
+        plain = False
+    if plain:
+        rows.extend(map(_row, zip(repeat(trial_id, n), range(first, first + n), repeat(kind, n), values, map(repr, values), ats)))
+        return ""
+    for k in range(n):  # the slow way, one result at a time, for what is not plain
+        value, at, index = values[k], ats[k], first + k
+        value_json = jsons[k] if jsons else ""
+        refusal = checks.result_refusal(done + k, trial_id, run.kind, index, value, value_json, at)
+        if refusal is not None:
+            refused.append(refusal)
+        else:
+            rows.append(_new(MetricRow, (trial_id, index, kind, value, value_json or repr(value), at)))
+    return ""
+
+
+def _finite(numbers: Iterable[float]) -> bool:
+    """Whether every number is finite, found in C (raises OverflowError where their sum
+    overflows)."""
+    return math.isfinite(math.fsum(numbers))
 
 
 def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived | str:
@@ -146,6 +207,7 @@ def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived 
 
 # NamedTuple's own constructor is a Python function; this is the same tuple, made in C.
 _new = tuple.__new__
+_row = functools.partial(tuple.__new__, MetricRow)
 
 
 def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:

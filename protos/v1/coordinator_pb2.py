@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'trialkeeper/protos/v1/coordinator.proto\x12\x15trialkeeper.protos.v1\"\xee\x02\n\x0c\x41gentMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x33\n\x08register\x18\n \x01(\x0b\x32\x1f.trialkeeper.protos.v1.RegisterH\x00\x12\x35\n\theartbeat\x18\x0b \x01(\x0b\x32 .trialkeeper.protos.v1.HeartbeatH\x00\x12<\n\rtrial_started\x18\x0c \x01(\x0b\x32#.trialkeeper.protos.v1.TrialStartedH\x00\x12\x35\n\x07metrics\x18\r \x01(\x0b\x32\".trialkeeper.protos.v1.MetricBatchH\x00\x12.\n\x03log\x18\x0e \x01(\x0b\x32\x1f.trialkeeper.protos.v1.LogChunkH\x00\x12\x38\n\x0btrial_ended\x18\x0f \x01(\x0b\x32!.trialkeeper.protos.v1.TrialEndedH\x00\x42\x06\n\x04\x62ody\"\xf6\x02\n\x08Register\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\x12\x19\n\x11\x61gent_instance_id\x18\x03 \x01(\t\x12\x10\n\x08hostname\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\r\x12\x11\n\tcpu_count\x18\x06 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x07 \x01(\x04\x12,\n\x04gpus\x18\x08 \x03(\x0b\x32\x1e.trialkeeper.protos.v1.GpuInfo\x12\x1e\n\x16gpu_unavailable_reason\x18\t \x01(\t\x12\x16\n\x0e\x64river_version\x18\n \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x0b \x01(\t\x12\x15\n\ragent_version\x18\x0c \x01(\t\x12\x18\n\x10\x61\x63tive_trial_ids\x18\r \x03(\t\x12\x10\n\x08last_seq\x18\x0e \x01(\x04\x12\x10\n\x08platform\x18\x0f \x01(\t\"p\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x11\n\tsimulated\x18\x05 \x01(\x08\x12\x0b\n\x03mig\x18\x06 \x01(\x08\"\x94\x01\n\tHeartbeat\x12\x19\n\x11memory_used_bytes\x18\x02 \x01(\x04\x12.\n\x04gpus\x18\x03 \x03(\x0b\x32 .trialkeeper.protos.v1.GpuSample\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08J\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\x0b\x63pu_percentR\x11running_trial_ids\"\x87\x01\n\tGpuSample\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x1b\n\x13utilization_percent\x18\x02 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x34\n\tprocesses\x18\x04 \x03(\x0b\x32!.trialkeeper.protos.v1.GpuProcess\"F\n\nGpuProcess\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x19\n\x11used_memory_bytes\x18\x02 \x01(\x04\x12\x10\n\x08trial_id\x18\x03 \x01(\t\"A\n\x0cTrialStarted\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x12\n\nstarted_at\x18\x03 \x01(\x01\"\x92\x01\n\x06Metric\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12/\n\x04kind\x18\x02 \x01(\x0e\x32!.trialkeeper.protos.v1.MetricKind\x12\r\n\x05index\x18\x03 \x01(\x04\x12\r\n\x05value\x18\x04 \x01(\x01\x12\x12\n\nvalue_json\x18\x05 \x01(\t\x12\x13\n\x0breported_at\x18\x06 \x01(\x01\"=\n\x0bMetricBatch\x12.\n\x07metrics\x18\x01 \x03(\x0b\x32\x1d.trialkeeper.protos.v1.Metric\"l\n\x08LogChunk\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x30\n\x06stream\x18\x02 \x01(\x0e\x32 .trialkeeper.protos.v1.LogStream\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xf1\x01\n\nTrialEnded\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x34\n\x07outcome\x18\x02 \x01(\x0e\x32#.trialkeeper.protos.v1.TrialOutcome\x12\x15\n\rhas_exit_code\x18\x03 \x01(\x08\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0bstderr_tail\x18\x07 \x01(\t\x12\x10\n\x08\x65nded_at\x18\x08 \x01(\x01\x12\x0f\n\x07started\x18\t \x01(\x08\x12\x19\n\x11gpus_still_in_use\x18\n \x03(\t\"\xda\x02\n\x12\x43oordinatorMessage\x12\x31\n\x07welcome\x18\n \x01(\x0b\x32\x1e.trialkeeper.protos.v1.WelcomeH\x00\x12\x38\n\x0bstart_trial\x18\x0b \x01(\x0b\x32!.trialkeeper.protos.v1.StartTrialH\x00\x12:\n\x0c\x63\x61ncel_trial\x18\x0c \x01(\x0b\x32\".trialkeeper.protos.v1.CancelTrialH\x00\x12\x33\n\x08shutdown\x18\r \x01(\x0b\x32\x1f.trialkeeper.protos.v1.ShutdownH\x00\x12)\n\x03\x61\x63k\x18\x0e \x01(\x0b\x32\x1a.trialkeeper.protos.v1.AckH\x00\x12\x33\n\x08settings\x18\x0f \x01(\x0b\x32\x1f.trialkeeper.protos.v1.SettingsH\x00\x42\x06\n\x04\x62ody\"(\n\x08Settings\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"\x85\x01\n\x07Welcome\x12\x15\n\rexperiment_id\x18\x01 \x01(\t\x12\x11\n\tacked_seq\x18\x02 \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x18\n\x10\x63\x61ncel_trial_ids\x18\x05 \x03(\t\"\xe1\x02\n\nStartTrial\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_id\x18\x02 \x01(\x04\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x17\n\x0fparameters_json\x18\x04 \x01(\t\x12\x37\n\x03\x65nv\x18\x05 \x03(\x0b\x32*.trialkeeper.protos.v1.StartTrial.EnvEntry\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\r\x12\x19\n\x11working_directory\x18\x07 \x01(\t\x12\x16\n\x0emax_duration_s\x18\x08 \x01(\x01\x12\x15\n\rexperiment_id\x18\t \x01(\t\x12\x0f\n\x07\x61ttempt\x18\n \x01(\r\x12\x1a\n\x12\x66irst_metric_index\x18\x0b \x01(\x04\x12\x11\n\tgpu_uuids\x18\x0c \x03(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x0b\x43\x61ncelTrial\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\":\n\x08Shutdown\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04*^\n\nMetricKind\x12\x1b\n\x17METRIC_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18METRIC_KIND_INTERMEDIATE\x10\x01\x12\x15\n\x11METRIC_KIND_FINAL\x10\x02*U\n\tLogStream\x12\x1a\n\x16LOG_STREAM_UNSPECIFIED\x10\x00\x12\x15\n\x11LOG_STREAM_STDOUT\x10\x01\x12\x15\n\x11LOG_STREAM_STDERR\x10\x02*\xb5\x01\n\x0cTrialOutcome\x12\x1d\n\x19TRIAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17TRIAL_OUTCOME_SUCCEEDED\x10\x01\x12\x18\n\x14TRIAL_OUTCOME_FAILED\x10\x02\x12\x1a\n\x16TRIAL_OUTCOME_CANCELED\x10\x03\x12\x1b\n\x17TRIAL_OUTCOME_TIMED_OUT\x10\x04\x12\x16\n\x12TRIAL_OUTCOME_LOST\x10\x05\x32l\n\x0b\x43oordinator\x12]\n\x07Session\x12#.trialkeeper.protos.v1.AgentMessage\x1a).trialkeeper.protos.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'trialkeeper/protos/v1/coordinator.proto\x12\x15trialkeeper.protos.v1\"\xee\x02\n\x0c\x41gentMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x33\n\x08register\x18\n \x01(\x0b\x32\x1f.trialkeeper.protos.v1.RegisterH\x00\x12\x35\n\theartbeat\x18\x0b \x01(\x0b\x32 .trialkeeper.protos.v1.HeartbeatH\x00\x12<\n\rtrial_started\x18\x0c \x01(\x0b\x32#.trialkeeper.protos.v1.TrialStartedH\x00\x12\x35\n\x07metrics\x18\r \x01(\x0b\x32\".trialkeeper.protos.v1.MetricBatchH\x00\x12.\n\x03log\x18\x0e \x01(\x0b\x32\x1f.trialkeeper.protos.v1.LogChunkH\x00\x12\x38\n\x0btrial_ended\x18\x0f \x01(\x0b\x32!.trialkeeper.protos.v1.TrialEndedH\x00\x42\x06\n\x04\x62ody\"\xf6\x02\n\x08Register\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x16\n\x0e\x65nvironment_id\x18\x02 \x01(\t\x12\x19\n\x11\x61gent_instance_id\x18\x03 \x01(\t\x12\x10\n\x08hostname\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\r\x12\x11\n\tcpu_count\x18\x06 \x01(\r\x12\x1a\n\x12memory_total_bytes\x18\x07 \x01(\x04\x12,\n\x04gpus\x18\x08 \x03(\x0b\x32\x1e.trialkeeper.protos.v1.GpuInfo\x12\x1e\n\x16gpu_unavailable_reason\x18\t \x01(\t\x12\x16\n\x0e\x64river_version\x18\n \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x0b \x01(\t\x12\x15\n\ragent_version\x18\x0c \x01(\t\x12\x18\n\x10\x61\x63tive_trial_ids\x18\r \x03(\t\x12\x10\n\x08last_seq\x18\x0e \x01(\x04\x12\x10\n\x08platform\x18\x0f \x01(\t\"p\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x11\n\tsimulated\x18\x05 \x01(\x08\x12\x0b\n\x03mig\x18\x06 \x01(\x08\"\x94\x01\n\tHeartbeat\x12\x19\n\x11memory_used_bytes\x18\x02 \x01(\x04\x12.\n\x04gpus\x18\x03 \x03(\x0b\x32 .trialkeeper.protos.v1.GpuSample\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08J\x04\x08\x01\x10\x02J\x04\x08\x04\x10\x05R\x0b\x63pu_percentR\x11running_trial_ids\"\x87\x01\n\tGpuSample\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x1b\n\x13utilization_percent\x18\x02 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x34\n\tprocesses\x18\x04 \x03(\x0b\x32!.trialkeeper.protos.v1.GpuProcess\"F\n\nGpuProcess\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x19\n\x11used_memory_bytes\x18\x02 \x01(\x04\x12\x10\n\x08trial_id\x18\x03 \x01(\t\"A\n\x0cTrialStarted\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x12\n\nstarted_at\x18\x03 \x01(\x01\"\x92\x01\n\x06Metric\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12/\n\x04kind\x18\x02 \x01(\x0e\x32!.trialkeeper.protos.v1.MetricKind\x12\r\n\x05index\x18\x03 \x01(\x04\x12\r\n\x05value\x18\x04 \x01(\x01\x12\x12\n\nvalue_json\x18\x05 \x01(\t\x12\x13\n\x0breported_at\x18\x06 \x01(\x01\"\x9c\x01\n\tMetricRun\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12/\n\x04kind\x18\x02 \x01(\x0e\x32!.trialkeeper.protos.v1.MetricKind\x12\x13\n\x0b\x66irst_index\x18\x03 \x01(\x04\x12\x0e\n\x06values\x18\x04 \x03(\x01\x12\x12\n\nvalue_json\x18\x05 \x03(\t\x12\x13\n\x0breported_at\x18\x06 \x03(\x01\"m\n\x0bMetricBatch\x12.\n\x07metrics\x18\x01 \x03(\x0b\x32\x1d.trialkeeper.protos.v1.Metric\x12.\n\x04runs\x18\x02 \x03(\x0b\x32 .trialkeeper.protos.v1.MetricRun\"l\n\x08LogChunk\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x30\n\x06stream\x18\x02 \x01(\x0e\x32 .trialkeeper.protos.v1.LogStream\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xf1\x01\n\nTrialEnded\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x34\n\x07outcome\x18\x02 \x01(\x0e\x32#.trialkeeper.protos.v1.TrialOutcome\x12\x15\n\rhas_exit_code\x18\x03 \x01(\x08\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06signal\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0bstderr_tail\x18\x07 \x01(\t\x12\x10\n\x08\x65nded_at\x18\x08 \x01(\x01\x12\x0f\n\x07started\x18\t \x01(\x08\x12\x19\n\x11gpus_still_in_use\x18\n \x03(\t\"\xda\x02\n\x12\x43oordinatorMessage\x12\x31\n\x07welcome\x18\n \x01(\x0b\x32\x1e.trialkeeper.protos.v1.WelcomeH\x00\x12\x38\n\x0bstart_trial\x18\x0b \x01(\x0b\x32!.trialkeeper.protos.v1.StartTrialH\x00\x12:\n\x0c\x63\x61ncel_trial\x18\x0c \x01(\x0b\x32\".trialkeeper.protos.v1.CancelTrialH\x00\x12\x33\n\x08shutdown\x18\r \x01(\x0b\x32\x1f.trialkeeper.protos.v1.ShutdownH\x00\x12)\n\x03\x61\x63k\x18\x0e \x01(\x0b\x32\x1a.trialkeeper.protos.v1.AckH\x00\x12\x33\n\x08settings\x18\x0f \x01(\x0b\x32\x1f.trialkeeper.protos.v1.SettingsH\x00\x42\x06\n\x04\x62ody\"(\n\x08Settings\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"\x85\x01\n\x07Welcome\x12\x15\n\rexperiment_id\x18\x01 \x01(\t\x12\x11\n\tacked_seq\x18\x02 \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x18\n\x10protocol_version\x18\x04 \x01(\r\x12\x18\n\x10\x63\x61ncel_trial_ids\x18\x05 \x03(\t\"\xe1\x02\n\nStartTrial\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x13\n\x0bsequence_id\x18\x02 \x01(\x04\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x17\n\x0fparameters_json\x18\x04 \x01(\t\x12\x37\n\x03\x65nv\x18\x05 \x03(\x0b\x32*.trialkeeper.protos.v1.StartTrial.EnvEntry\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\r\x12\x19\n\x11working_directory\x18\x07 \x01(\t\x12\x16\n\x0emax_duration_s\x18\x08 \x01(\x01\x12\x15\n\rexperiment_id\x18\t \x01(\t\x12\x0f\n\x07\x61ttempt\x18\n \x01(\r\x12\x1a\n\x12\x66irst_metric_index\x18\x0b \x01(\x04\x12\x11\n\tgpu_uuids\x18\x0c \x03(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x0b\x43\x61ncelTrial\x12\x10\n\x08trial_id\x18\x01 \x01(\t\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\":\n\x08Shutdown\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\x12\x0f\n\x07grace_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x12\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04*^\n\nMetricKind\x12\x1b\n\x17METRIC_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18METRIC_KIND_INTERMEDIATE\x10\x01\x12\x15\n\x11METRIC_KIND_FINAL\x10\x02*U\n\tLogStream\x12\x1a\n\x16LOG_STREAM_UNSPECIFIED\x10\x00\x12\x15\n\x11LOG_STREAM_STDOUT\x10\x01\x12\x15\n\x11LOG_STREAM_STDERR\x10\x02*\xb5\x01\n\x0cTrialOutcome\x12\x1d\n\x19TRIAL_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17TRIAL_OUTCOME_SUCCEEDED\x10\x01\x12\x18\n\x14TRIAL_OUTCOME_FAILED\x10\x02\x12\x1a\n\x16TRIAL_OUTCOME_CANCELED\x10\x03\x12\x1b\n\x17TRIAL_OUTCOME_TIMED_OUT\x10\x04\x12\x16\n\x12TRIAL_OUTCOME_LOST\x10\x05\x32l\n\x0b\x43oordinator\x12]\n\x07Session\x12#.trialkeeper.protos.v1.AgentMessage\x1a).trialkeeper.protos.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STARTTRIAL_ENVENTRY']._loaded_options = None
   _globals['_STARTTRIAL_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_METRICKIND']._serialized_start=2949
-  _globals['_METRICKIND']._serialized_end=3043
-  _globals['_LOGSTREAM']._serialized_start=3045
-  _globals['_LOGSTREAM']._serialized_end=3130
-  _globals['_TRIALOUTCOME']._serialized_start=3133
-  _globals['_TRIALOUTCOME']._serialized_end=3314
+  _globals['_METRICKIND']._serialized_start=3156
+  _globals['_METRICKIND']._serialized_end=3250
+  _globals['_LOGSTREAM']._serialized_start=3252
+  _globals['_LOGSTREAM']._serialized_end=3337
+  _globals['_TRIALOUTCOME']._serialized_start=3340
+  _globals['_TRIALOUTCOME']._serialized_end=3521
   _globals['_AGENTMESSAGE']._serialized_start=67
   _globals['_AGENTMESSAGE']._serialized_end=433
   _globals['_REGISTER']._serialized_start=436
@@ -55,28 +55,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRIALSTARTED']._serialized_end=1352
   _globals['_METRIC']._serialized_start=1355
   _globals['_METRIC']._serialized_end=1501
-  _globals['_METRICBATCH']._serialized_start=1503
-  _globals['_METRICBATCH']._serialized_end=1564
-  _globals['_LOGCHUNK']._serialized_start=1566
-  _globals['_LOGCHUNK']._serialized_end=1674
-  _globals['_TRIALENDED']._serialized_start=1677
-  _globals['_TRIALENDED']._serialized_end=1918
-  _globals['_COORDINATORMESSAGE']._serialized_start=1921
-  _globals['_COORDINATORMESSAGE']._serialized_end=2267
-  _globals['_SETTINGS']._serialized_start=2269
-  _globals['_SETTINGS']._serialized_end=2309
-  _globals['_WELCOME']._serialized_start=2312
-  _globals['_WELCOME']._serialized_end=2445
-  _globals['_STARTTRIAL']._serialized_start=2448
-  _globals['_STARTTRIAL']._serialized_end=2801
-  _globals['_STARTTRIAL_ENVENTRY']._serialized_start=2759
-  _globals['_STARTTRIAL_ENVENTRY']._serialized_end=2801
-  _globals['_CANCELTRIAL']._serialized_start=2803
-  _globals['_CANCELTRIAL']._serialized_end=2867
-  _globals['_SHUTDOWN']._serialized_start=2869
-  _globals['_SHUTDOWN']._serialized_end=2927
-  _globals['_ACK']._serialized_start=2929
-  _globals['_ACK']._serialized_end=2947
-  _globals['_COORDINATOR']._serialized_start=3316
-  _globals['_COORDINATOR']._serialized_end=3424
+  _globals['_METRICRUN']._serialized_start=1504
+  _globals['_METRICRUN']._serialized_end=1660
+  _globals['_METRICBATCH']._serialized_start=1662
+  _globals['_METRICBATCH']._serialized_end=1771
+  _globals['_LOGCHUNK']._serialized_start=1773
+  _globals['_LOGCHUNK']._serialized_end=1881
+  _globals['_TRIALENDED']._serialized_start=1884
+  _globals['_TRIALENDED']._serialized_end=2125
+  _globals['_COORDINATORMESSAGE']._serialized_start=2128
+  _globals['_COORDINATORMESSAGE']._serialized_end=2474
+  _globals['_SETTINGS']._serialized_start=2476
+  _globals['_SETTINGS']._serialized_end=2516
+  _globals['_WELCOME']._serialized_start=2519
+  _globals['_WELCOME']._serialized_end=2652
+  _globals['_STARTTRIAL']._serialized_start=2655
+  _globals['_STARTTRIAL']._serialized_end=3008
+  _globals['_STARTTRIAL_ENVENTRY']._serialized_start=2966
+  _globals['_STARTTRIAL_ENVENTRY']._serialized_end=3008
+  _globals['_CANCELTRIAL']._serialized_start=3010
+  _globals['_CANCELTRIAL']._serialized_end=3074
+  _globals['_SHUTDOWN']._serialized_start=3076
+  _globals['_SHUTDOWN']._serialized_end=3134
+  _globals['_ACK']._serialized_start=3136
+  _globals['_ACK']._serialized_end=3154
+  _globals['_COORDINATOR']._serialized_start=3523
+  _globals['_COORDINATOR']._serialized_end=3631
 # @@protoc_insertion_point(module_scope)

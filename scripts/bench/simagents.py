@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 TOKEN_KEY = "x-trialkeeper-token"
 
@@ -70,7 +71,7 @@ class SimAgent:
                 await call.write(
                     pb.AgentMessage(
                         register=pb.Register(
-                            protocol_version=1,
+                            protocol_version=PROTOCOL_VERSION,
                             environment_id=self.env_id,
                             agent_instance_id=uuid.uuid4().hex,
                             hostname=f"sim-{self.env_id}",

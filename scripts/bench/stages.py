@@ -244,7 +244,8 @@ def stage_ingest(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
-    """The same flood trials reporting into a bare Unix datagram socket that only counts."""
+    """The same flood trials reporting into a bare Unix datagram socket that only parses and
+    counts what it receives."""
     with workdir() as d:
         path = d / "floor.sock"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -273,8 +274,10 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
                     data = sock.recv(65536)
                 except TimeoutError:
                     continue
-                json.loads(data)  # the agent parses every datagram; so does the floor
-                count += 1
+                # The agent parses every datagram; so does the floor. A trial reporting in a
+                # tight loop sends several results per datagram.
+                msg = json.loads(data)
+                count += len(msg["values"]) if "values" in msg else 1
             done_at = time.time()
         finally:
             for p in procs:
@@ -647,13 +650,14 @@ async def _bare_server(d: Path, counters: dict[str, int]) -> tuple[Any, str, Pat
     import grpc
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
     from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+    from trialkeeper.protos.wire import PROTOCOL_VERSION
 
     connected = {"n": 0}
 
     class Bare(pb_grpc.CoordinatorServicer):
         async def Session(self, request_iterator: Any, context: Any) -> None:
             first = await context.read()
-            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(experiment_id="bare", heartbeat_interval_s=1.0, protocol_version=1)))
+            await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(experiment_id="bare", heartbeat_interval_s=1.0, protocol_version=PROTOCOL_VERSION)))
             connected["n"] += 1
             try:
                 while True:
