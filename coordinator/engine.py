@@ -14,7 +14,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
+from itertools import chain
 from typing import Any
 
 from . import events as ev
@@ -22,7 +22,7 @@ from . import scheduler
 from .envrules import EnvironmentRules
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
 from .policy import Policy
-from .rows import MetricRow
+from .rows import MetricRun
 from .states import EnvStatus, TrialStatus, check_trial
 from .waiting import WaitingTrials
 
@@ -34,7 +34,6 @@ RETRY_BACKOFF_MAX_S = 60.0
 CANCEL_GRACE_S = 5.0
 
 _STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
-_TRIAL_OF, _KIND_OF, _VALUE_OF = itemgetter(0), itemgetter(2), itemgetter(3)  # of a MetricRow
 
 
 class Engine(EnvironmentRules):
@@ -246,7 +245,7 @@ class Engine(EnvironmentRules):
         try:
             report = m.report
             if isinstance(report, ev.MetricsReported):
-                self._metrics(env, report.rows)
+                self._metrics(env, report.runs)
             elif isinstance(report, ev.TrialStartReported):
                 self._trial_started(env, report)
             elif isinstance(report, ev.TrialEndReported):
@@ -283,24 +282,26 @@ class Engine(EnvironmentRules):
         self._out.append(ev.UpdateTrial(t.id, {"started_at": t.started_at}))
         self._trial_to(t, TrialStatus.RUNNING, f"running on {env.id} (pid {m.pid})")
 
-    def _metrics(self, env: EnvState, metrics: Sequence[MetricRow]) -> None:
-        # Every metric a trial reports passes here: the common case, a batch of one trial's
-        # finite intermediate results, is found a column at a time (in C) and stored as it is.
-        trial_ids = set(map(_TRIAL_OF, metrics))
-        owned = {trial_id: self._own_trial(env, trial_id, "a metric") for trial_id in trial_ids}
-        rows: Sequence[MetricRow] = metrics
-        if None in owned.values() or not _all_finite(map(_VALUE_OF, metrics)):
-            rows = [r for r in metrics if owned[r.trial_id] is not None and math.isfinite(r.value)]
-        self._out.append(ev.StoreMetrics(tuple(rows)))
-        if "final" in map(_KIND_OF, rows):
-            finals = {r.trial_id: r for r in rows if r.kind == "final"}
-            for trial_id, row in finals.items():
-                t = self.trials[trial_id]
-                t.final_metric, t.final_metric_json = row.value, row.value_json
-                self._out.append(ev.UpdateTrial(trial_id, {"final_metric": row.value, "final_metric_json": row.value_json}))
+    def _metrics(self, env: EnvState, runs: Sequence[MetricRun]) -> None:
+        # Every metric a trial reports passes here, a run at a time: the edge sends only
+        # finite numbers, which the check below finds in C.
+        owned = {trial_id: self._own_trial(env, trial_id, "a metric") for trial_id in dict.fromkeys(r.trial_id for r in runs)}
+        if None in owned.values() or not _all_finite(chain.from_iterable(r.values for r in runs)):
+            runs = [
+                r._replace(first_index=row.index, values=(row.value,), value_jsons=(row.value_json,), reported_at=(row.reported_at,))
+                for r in runs if owned[r.trial_id] is not None
+                for row in r.rows() if math.isfinite(row.value)
+            ]
+        self._out.append(ev.StoreMetrics(tuple(runs)))
+        for r in runs:
+            if r.kind == "final" and r.values:
+                t = self.trials[r.trial_id]
+                t.final_metric, t.final_metric_json = r.values[-1], r.json_of(len(r.values) - 1)
+                self._out.append(ev.UpdateTrial(t.id, {"final_metric": t.final_metric, "final_metric_json": t.final_metric_json}))
         if self.publish_metrics:
-            for r in rows:
-                self._out.append(ev.Publish(MetricEvent(r.trial_id, r.kind, r.index, r.value, _loads(r.value_json))))
+            for r in runs:
+                for row in r.rows():
+                    self._out.append(ev.Publish(MetricEvent(row.trial_id, row.kind, row.index, row.value, _loads(row.value_json))))
 
     def _log(self, env: EnvState, chunk: ev.LogReported) -> None:
         if self.policy.section(env.platform).shares_filesystem and env.started_here:

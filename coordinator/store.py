@@ -7,18 +7,16 @@ processes (the CLI) read concurrently.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import functools
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
-from itertools import chain
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .rows import GpuSampleRow, MetricRow
+from . import metricstore
+from .rows import GpuSampleRow, MetricRow, MetricRun
 
 SCHEMA_VERSION = 1
 
@@ -121,28 +119,6 @@ ENV_COLUMNS = (
 
 __all__ = ["GpuSampleRow", "MetricRow", "Store", "StoreError"]
 
-# A batch of metrics is inserted by one statement with room for a few more rows than it has
-# (SQLite compiles each statement once and keeps it; a statement per batch size would be
-# compiled again and again): about a quarter of its rows at most are left unbound, far
-# cheaper than the statement per row of an executemany. The largest stays well within
-# SQLite's 32,766 bound parameters.
-_METRICS_PER_STATEMENT = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-_METRIC_COLUMNS = len(MetricRow._fields)
-_NULLS = (None,) * (_METRICS_PER_STATEMENT[-1] * _METRIC_COLUMNS)
-
-
-def _metric_insert(n: int) -> tuple[str, int]:
-    """The statement that inserts ``n`` metrics, and how many rows it has room for."""
-    size = _METRICS_PER_STATEMENT[bisect.bisect_left(_METRICS_PER_STATEMENT, n)]
-    return _metric_insert_sql(size), size
-
-
-@functools.cache
-def _metric_insert_sql(size: int) -> str:
-    row = "(" + ", ".join("?" * _METRIC_COLUMNS) + ")"
-    return f"INSERT OR IGNORE INTO metrics SELECT * FROM (VALUES {', '.join([row] * size)}) LIMIT ?"
-
-
 class StoreError(RuntimeError):
     """The store cannot be opened or is not a trialkeeper store."""
 
@@ -193,7 +169,10 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
     # The metrics stored, kept by add_metrics: counting ten million rows takes seconds.
-    db.execute("INSERT OR IGNORE INTO meta SELECT 'metric_count', count(*) FROM metrics")
+    db.execute(
+        "INSERT OR IGNORE INTO meta SELECT 'metric_count',"
+        " (SELECT count(*) FROM metrics) + (SELECT coalesce(sum(n), 0) FROM metric_runs)"
+    )
     # Opened for writing by a coordinator that starts (or resumes): no agent is connected to
     # it yet, whatever a crashed predecessor last stored.
     db.execute("UPDATE environments SET connected = 0 WHERE connected != 0")
@@ -226,7 +205,7 @@ class Store:
                 self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(_SCHEMA + metricstore.SCHEMA)
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -236,6 +215,10 @@ class Store:
                 self._db.close()
             raise StoreError(f"cannot open the experiment store {path}: {e}") from e
         self._db.row_factory = sqlite3.Row
+        # A store written before metrics were kept in runs has none to read.
+        self._has_runs = bool(
+            self._db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'metric_runs'").fetchone()[0]
+        )
         self._depth = 0
         self._transaction = _Transaction(self)
         self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
@@ -425,54 +408,40 @@ class Store:
 
     # ---- metrics -----------------------------------------------------------------------
 
-    def add_metrics(self, rows: Sequence[MetricRow]) -> None:
-        """Store a batch of metrics in one statement (one per ``_METRICS_PER_STATEMENT[-1]``
-        of them); a replayed metric (same trial, same index) is stored once."""
-        if not rows:
+    def add_metrics(self, rows: Iterable[MetricRow]) -> None:
+        """Store metrics given one by one (as runs of consecutive ones)."""
+        self.add_runs(MetricRun.of_rows(rows))
+
+    def add_runs(self, runs: Sequence[MetricRun]) -> None:
+        """Store runs of metrics, one row each; a replayed one is stored once."""
+        if not runs:
             return
-        added = 0
-        db = self._db
         with self.transaction():
-            for start in range(0, len(rows), _METRICS_PER_STATEMENT[-1]):
-                chunk = rows[start:start + _METRICS_PER_STATEMENT[-1]]
-                sql, size = _metric_insert(len(chunk))
-                params = list(chain.from_iterable(chunk))
-                # The statement has room for `size` rows; LIMIT takes the `len(chunk)` bound
-                # ones and never looks at the NULLs that fill the rest.
-                params.extend(_NULLS[: (size - len(chunk)) * _METRIC_COLUMNS])
-                params.append(len(chunk))
-                added += db.execute(sql, params).rowcount
+            added = metricstore.insert(self._db, runs)
             if added > 0:
-                db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (added,))
+                self._db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (added,))
 
     def metrics(self, trial_id: str | None = None) -> list[MetricRow]:
         if trial_id is None:
-            cur = self._db.execute("SELECT * FROM metrics ORDER BY trial_id, idx")
-        else:
-            cur = self._db.execute("SELECT * FROM metrics WHERE trial_id = ? ORDER BY idx", (trial_id,))
-        return [
-            MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"])
-            for r in cur
-        ]
+            return metricstore.read(self._db, "", (), has_runs=self._has_runs)
+        return metricstore.read(self._db, "WHERE trial_id = ?", (trial_id,), has_runs=self._has_runs)
 
     def metrics_of(self, trial_ids: Sequence[str]) -> list[MetricRow]:
         """The metrics of these trials, by trial and index."""
         marks = ",".join("?" * len(trial_ids))
-        cur = self._db.execute(f"SELECT * FROM metrics WHERE trial_id IN ({marks}) ORDER BY trial_id, idx", list(trial_ids))
-        return [MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"]) for r in cur]
+        return metricstore.read(self._db, f"WHERE trial_id IN ({marks})", list(trial_ids), has_runs=self._has_runs)
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""
-        (n,) = self._db.execute("SELECT coalesce(max(idx) + 1, 0) FROM metrics WHERE trial_id = ?", (trial_id,)).fetchone()
-        return int(n)
+        return metricstore.next_index(self._db, trial_id, has_runs=self._has_runs)
 
     def metric_count(self) -> int:
-        """How many metrics are stored: the count add_metrics keeps, or, in a store no
+        """How many metrics are stored: the count add_runs keeps, or, in a store no
         version that keeps it has written, a count of the rows."""
         kept = self.meta("metric_count")
         if kept is not None and kept.isdigit():
             return int(kept)
-        return int(self._db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0])
+        return metricstore.count(self._db, has_runs=self._has_runs)
 
     # ---- environments ------------------------------------------------------------------
 
