@@ -198,6 +198,18 @@ async def _ingest(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         cpu_before = _tree_cpu(c)
         ended_at: dict[str, float] = {}
         c.on_status(lambda e: ended_at.setdefault(e.trial.id, time.time()) if e.trial.status.terminal else None)
+        # When the last metric was stored: its transaction commits right after this returns
+        # (a clock read per agent message, not per metric), and its ack goes out after that.
+        stored_at = [0.0]
+        add_runs = c.store.add_runs if c.store else None
+
+        def timed_add_runs(runs: Any) -> None:
+            assert add_runs is not None
+            add_runs(runs)
+            stored_at[0] = time.time()
+
+        if c.store:
+            c.store.add_runs = timed_add_runs  # type: ignore[method-assign]
         # Ready the whole batch in one go: all trials start on the same monitor tick.
         handles = [await c.submit({"i": i}) for i in range(a.trials)]
         infos = await c.wait_all(a.timeout)
@@ -214,9 +226,15 @@ async def _ingest(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             "stored": stored,
             "expected": a.trials * a.metrics,
             "succeeded": sum(1 for i in infos if i.status is TrialStatus.SUCCEEDED),
-            "rate_per_s": stored / (last_committed - first),
+            # To the last metric stored; and, as before, to the last trial's end (its exit,
+            # its reaping and its end stored come after its last metric).
+            "rate_per_s": stored / (stored_at[0] - first),
+            "rate_to_end_per_s": stored / (last_committed - first),
             "trial_send_rate_per_s": stored / (last_sent - first),
-            "drain_after_last_send_ms": (last_committed - last_sent) * 1000,
+            "drain_after_last_send_ms": (stored_at[0] - last_sent) * 1000,
+            "end_after_last_send_ms": (last_committed - last_sent) * 1000,
+            # Each trial's first line and last report, in ms from the first trial's first line.
+            "trial_spans_ms": sorted([(t[0] - first) * 1000, (t[1] - first) * 1000] for t in times.values()),
             "rss_before_mib": rss_before / 2**20,
             "pid": os.getpid(),
         }
@@ -287,7 +305,10 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
             sock.close()
         times = read_times(times_file)
     first = min(t[0] for t in times.values())
-    return {"received": count, "expected": expected, "rate_per_s": count / (done_at - first)}
+    return {
+        "received": count, "expected": expected, "rate_per_s": count / (done_at - first),
+        "trial_spans_ms": sorted([(t[0] - first) * 1000, (t[1] - first) * 1000] for t in times.values()),
+    }
 
 
 # ---- 5: agent footprint -----------------------------------------------------------------
