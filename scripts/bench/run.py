@@ -372,6 +372,15 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
         if any(to_end):
             row(rows, "   the same, to the last trial's end stored (metrics/s)", summary(to_end), summary(fl),
                 ratio_summary(to_end, fl), "", "the trial's exit, reaping and end come after its last metric", digits=0)
+        # The same per CPU-second of every process involved (trials and what receives them):
+        # what the rate would be on a machine of its own, where the others' load on a shared
+        # one moves both rates.
+        per_cpu = [r["stored"] / sum(r["cpu_s"].values()) if ok(r) and r.get("cpu_s") else None for r in ing["trialkeeper"]]
+        fper_cpu = [r["received"] / sum(r["cpu_s"].values()) if ok(r) and r.get("cpu_s") else None for r in ing["floor"]]
+        if any(per_cpu) and any(fper_cpu):
+            row(rows, "   the same, metrics per CPU-second of trials + agents + coordinator", summary(per_cpu),
+                summary(fper_cpu), ratio_summary(per_cpu, fper_cpu), "",
+                "floor: per CPU-second of the trials + the bare socket's reader", digits=0)
         peak = [r["peak_rss_mib"] for r in ing["trialkeeper"] if ok(r) and "peak_rss_mib" in r]
         base = [r["rss_before_mib"] for r in ing["trialkeeper"] if ok(r)]
         row(rows, "3. coordinator RSS during ingest, peak (MiB)", summary(peak), summary(base),

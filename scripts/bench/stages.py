@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -286,6 +287,8 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
         expected = a.trials * a.metrics
         count = 0
         deadline = time.monotonic() + a.timeout
+        me = psutil.Process()
+        cpu_before = me.cpu_times()
         try:
             while count < expected and time.monotonic() < deadline:
                 try:
@@ -297,6 +300,11 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
                 msg = json.loads(data)
                 count += len(msg["values"]) if "values" in msg else 1
             done_at = time.time()
+            cpu_after = me.cpu_times()
+            # The trials write their times after their last report: let them end first.
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(max(0.1, deadline - time.monotonic()))
         finally:
             for p in procs:
                 with contextlib.suppress(ProcessLookupError):
@@ -305,9 +313,15 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
             sock.close()
         times = read_times(times_file)
     first = min(t[0] for t in times.values())
+    trials_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "received": count, "expected": expected, "rate_per_s": count / (done_at - first),
         "trial_spans_ms": sorted([(t[0] - first) * 1000, (t[1] - first) * 1000] for t in times.values()),
+        # CPU seconds of the receiver while it received, and of the trials (reaped children).
+        "cpu_s": {
+            "receiver": (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system),
+            "trials": trials_cpu.ru_utime + trials_cpu.ru_stime,
+        },
     }
 
 
