@@ -11,9 +11,9 @@ from typing import Any
 from trialkeeper.coordinator import events as ev
 from trialkeeper.coordinator.engine import Engine
 from trialkeeper.coordinator.policy import PlatformPolicy, Policy
+from trialkeeper.coordinator.rows import MetricRun
 from trialkeeper.coordinator.shell import Shell
 from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.rows import MetricRun
 from trialkeeper.coordinator.store import Store
 
 
