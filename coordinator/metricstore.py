@@ -50,13 +50,28 @@ def _unpack(data: bytes) -> array[float]:
     return numbers
 
 
-def insert(db: sqlite3.Connection, runs: Iterable[MetricRun]) -> int:
+# Per trial, the end of the last run this process stored, up to this many trials: a run that
+# starts there or later (a trial's next results, the common case) overlaps nothing stored.
+MAX_KNOWN_ENDS = 100_000
+
+
+def insert(db: sqlite3.Connection, runs: Iterable[MetricRun], known_ends: dict[str, int]) -> int:
     """Store ``runs``, one row each, less any result stored before (a replay: the first
-    write of a trial's index wins, and runs never overlap). Returns how many were added."""
+    write of a trial's index wins, and runs never overlap). ``known_ends``: the end of each
+    trial's last run stored by this process, kept up to date here. Returns how many results
+    were added."""
     added = 0
     for r in runs:
         start, end = r.first_index, r.first_index + len(r.values)
         if start == end:
+            continue
+        known = known_ends.get(r.trial_id)
+        if len(known_ends) >= MAX_KNOWN_ENDS and known is None:
+            known_ends.clear()
+        known_ends[r.trial_id] = max(end, known or 0)
+        if known is not None and start >= known:
+            _insert(db, r)
+            added += end - start
             continue
         covered = [
             (idx, idx + n)

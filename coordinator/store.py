@@ -220,6 +220,7 @@ class Store:
             self._db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'metric_runs'").fetchone()[0]
         )
         self._depth = 0
+        self._metric_ends: dict[str, int] = {}  # see metricstore.insert
         self._transaction = _Transaction(self)
         self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
         self._waiting_reasons: dict[str, str] = {}  # as last written, to write only changes
@@ -417,7 +418,7 @@ class Store:
         if not runs:
             return
         with self.transaction():
-            added = metricstore.insert(self._db, runs)
+            added = metricstore.insert(self._db, runs, self._metric_ends)
             if added > 0:
                 self._db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (added,))
 

@@ -216,6 +216,8 @@ async def _ingest(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         infos = await c.wait_all(a.timeout)
         times = read_times(times_file)
         stored = c.store.metric_count() if c.store else 0
+        # Numbered messages the agents sent (metric batches, a trial's start and end, logs).
+        messages = sum(int(e["last_seq"]) for e in c.store.envs()) if c.store else 0
         first = min(t[0] for t in times.values())
         last_sent = max(t[1] for t in times.values())
         last_committed = max(ended_at.values())
@@ -226,6 +228,7 @@ async def _ingest(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             "metrics_per_trial": a.metrics,
             "stored": stored,
             "expected": a.trials * a.metrics,
+            "agent_messages": messages,
             "succeeded": sum(1 for i in infos if i.status is TrialStatus.SUCCEEDED),
             # To the last metric stored; and, as before, to the last trial's end (its exit,
             # its reaping and its end stored come after its last metric).
