@@ -96,7 +96,8 @@ class AgentSession(RunnerEvents):
         self.instance_id = uuid.uuid4().hex
         self._seq = 0
         self._unacked: deque[pb.AgentMessage] = deque()
-        self._pending_metrics: list[pb.Metric] = []
+        self._pending_runs: list[pb.MetricRun] = []
+        self._pending_count = 0  # results in _pending_runs
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
         self._sent = 0  # how many of _unacked went out on the current stream
@@ -128,19 +129,36 @@ class AgentSession(RunnerEvents):
     def trial_started(self, trial_id: str, pid: int, started_at: float) -> None:
         self._enqueue(pb.AgentMessage(trial_started=pb.TrialStarted(trial_id=trial_id, pid=pid, started_at=started_at)))
 
-    def metric(self, trial_id: str, kind: str, index: int, value: float, value_json: str) -> None:
-        self._pending_metrics.append(
-            pb.Metric(
-                trial_id=trial_id,
-                kind=_KINDS[kind],
-                index=index,
-                value=value,
-                value_json=value_json,
-                reported_at=time.time(),
-            )
-        )
-        self._pending_bytes += len(value_json) + len(trial_id) + 32
-        if len(self._pending_metrics) >= MAX_METRICS_PER_BATCH or self._pending_bytes >= MAX_BATCH_BYTES:
+    def metrics(
+        self, trial_id: str, kind: str, first_index: int, values: list[float], value_jsons: list[str] | None
+    ) -> None:
+        # Results that follow the last run's (same trial, same kind, next index) extend it:
+        # a flood of them becomes a few long runs, copied a column at a time.
+        now = time.time()
+        while values:
+            room = MAX_METRICS_PER_BATCH - self._pending_count
+            if room <= 0 or self._pending_bytes >= MAX_BATCH_BYTES:
+                self._flush_metrics()
+                continue
+            part, values = values[:room], values[room:]
+            jsons, value_jsons = (value_jsons[:room], value_jsons[room:]) if value_jsons is not None else (None, None)
+            run = self._pending_runs[-1] if self._pending_runs else None
+            if run is None or run.trial_id != trial_id or run.kind != _KINDS[kind] or run.first_index + len(run.values) != first_index:
+                run = pb.MetricRun(trial_id=trial_id, kind=_KINDS[kind], first_index=first_index)
+                self._pending_runs.append(run)
+                self._pending_bytes += len(trial_id) + 16
+            if jsons is not None or run.value_json:
+                # One JSON per value from here on: "" where it is the number's repr.
+                if not run.value_json:
+                    run.value_json.extend([""] * len(run.values))
+                run.value_json.extend(jsons if jsons is not None else [""] * len(part))
+                self._pending_bytes += sum(map(len, jsons)) if jsons is not None else 0
+            run.values.extend(part)
+            run.reported_at.extend([now] * len(part))
+            self._pending_count += len(part)
+            self._pending_bytes += 20 * len(part)
+            first_index += len(part)
+        if self._pending_count >= MAX_METRICS_PER_BATCH or self._pending_bytes >= MAX_BATCH_BYTES:
             self._flush_metrics()
         self._wakeup.set()
 
@@ -179,10 +197,10 @@ class AgentSession(RunnerEvents):
         return self._seq
 
     def _flush_metrics(self) -> None:
-        if self._pending_metrics:
-            batch, self._pending_metrics = self._pending_metrics, []
-            self._pending_bytes = 0
-            self._unacked.append(pb.AgentMessage(seq=self._next_seq(), metrics=pb.MetricBatch(metrics=batch)))
+        if self._pending_runs:
+            runs, self._pending_runs = self._pending_runs, []
+            self._pending_bytes = self._pending_count = 0
+            self._unacked.append(pb.AgentMessage(seq=self._next_seq(), metrics=pb.MetricBatch(runs=runs)))
             self._acked_all.clear()
 
     def _enqueue(self, msg: pb.AgentMessage) -> None:
@@ -197,7 +215,7 @@ class AgentSession(RunnerEvents):
         while self._unacked and self._unacked[0].seq <= seq:
             self._log_ranges.pop(self._unacked.popleft().seq, None)
             self._sent = max(0, self._sent - 1)
-        if not self._unacked and not self._pending_metrics:
+        if not self._unacked and not self._pending_runs:
             self._acked_all.set()
 
     # ---- the session -----------------------------------------------------------------
@@ -406,7 +424,7 @@ class AgentSession(RunnerEvents):
         # The only task that writes on the stream: gRPC allows one write at a time.
         while True:
             await self._wakeup.wait()
-            if self._sent == len(self._unacked) and 0 < len(self._pending_metrics) < MAX_METRICS_PER_BATCH:
+            if self._sent == len(self._unacked) and 0 < self._pending_count < MAX_METRICS_PER_BATCH:
                 # Only metrics to send: let a flood of them gather into one message (one
                 # gRPC write, one store transaction) rather than send each on its own.
                 await asyncio.sleep(METRIC_LINGER_S)
@@ -420,7 +438,7 @@ class AgentSession(RunnerEvents):
                 msg = self._unacked[self._sent]
                 self._sent += 1
                 await call.write(self._with_log_data(msg))
-                if self._pending_metrics and self._sent == len(self._unacked):
+                if self._pending_runs and self._sent == len(self._unacked):
                     self._flush_metrics()
 
     def _with_log_data(self, msg: pb.AgentMessage) -> pb.AgentMessage:

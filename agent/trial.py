@@ -20,11 +20,14 @@ optionally ``TRIALKEEPER_PARAMETERS='{"lr": 0.1}'``; results are then printed to
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
 from trialkeeper.protos.limits import metric_value_problem
@@ -34,6 +37,7 @@ from trialkeeper.protos.wire import EXPERIMENT_ENV as ENV_EXPERIMENT_ID
 
 __all__ = [
     "TrialSdkError",
+    "flush",
     "get_experiment_id",
     "get_next_parameter",
     "get_output_dir",
@@ -121,24 +125,133 @@ def check_metric(value: object) -> str | None:
 
 
 MAX_REPORT_BYTES = 60 * 1024
+# Intermediate results reported closer together than this share a datagram: a trial
+# reporting in a tight loop sends hundreds per datagram (one system call, one wakeup of the
+# agent), one reporting now and then sends each at once. Far below what anyone watching notices.
+BATCH_LINGER_S = 0.002
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # made once: reports can come fast
 
 
 class _Channel:
-    """A datagram socket per process to the agent, opened on first use."""
+    """A datagram socket per process to the agent, opened on first use.
+
+    A report is sent at once when the last datagram went out at least ``BATCH_LINGER_S``
+    ago; otherwise it waits, at most that long, for the reports behind it, and they go out
+    together as ``{"trial", "kind": "intermediate", "values": [...]}``. What waits is sent
+    before a final result, at exit (sys.exit and uncaught exceptions included), before a
+    fork, and by a helper thread when the trial stops reporting. (``os._exit``, ``exec`` and
+    a fatal signal skip the last of these: at most the last ``BATCH_LINGER_S`` of a burst.)
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._pid = -1
+        self._reset_batch()
+
+    def _reset_batch(self) -> None:
+        self._wake = threading.Condition(self._lock)
+        self._pending: list[str] = []  # JSON of each intermediate result waiting
+        self._pending_bytes = 0
+        self._pending_since = 0.0
+        self._prefix = b""
+        self._trial = ""
+        self._last_sent = -BATCH_LINGER_S
+        self._flusher: threading.Thread | None = None
+        self._flusher_idle = False
 
     def send(self, line: bytes) -> None:
+        """Send one datagram now, after whatever waits (which it must follow)."""
         with self._lock:
-            # A forked child must not share the parent's connection: lines would interleave.
-            if self._sock is None or self._pid != os.getpid():
-                self._connect()
-            assert self._sock is not None
-            self._sock.send(line)
+            if self._pending:
+                self._flush()
+            self._send(line)
+
+    def add(self, trial_id: str, value_json: str) -> None:
+        """An intermediate result, as JSON: sent now, or with those reported right after it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._pending and (
+                trial_id != self._trial or self._pending_bytes + len(value_json) + 1 > MAX_REPORT_BYTES
+            ):
+                self._flush()
+            if not self._pending:
+                if now - self._last_sent >= BATCH_LINGER_S:
+                    self._send(_single(trial_id, "intermediate", value_json))
+                    return
+                self._trial = trial_id
+                self._prefix = b'{"trial":%s,"kind":"intermediate","values":[' % _encode(trial_id).encode()
+                self._pending_since = now
+                self._pending_bytes = len(self._prefix) + 1  # and "]}", less the first comma
+                self._later()
+            self._pending.append(value_json)
+            self._pending_bytes += len(value_json) + 1
+            if now - self._pending_since >= BATCH_LINGER_S:
+                self._flush()
+
+    def flush(self) -> None:
+        """Send whatever waits."""
+        with self._lock:
+            if self._pending:
+                self._flush()
+
+    def _flush(self) -> None:
+        # Called with the lock held and something pending.
+        pending, self._pending = self._pending, []
+        if len(pending) == 1:
+            self._send(_single(self._trial, "intermediate", pending[0]))
+        else:
+            self._send(self._prefix + ",".join(pending).encode() + b"]}")
+
+    def _send(self, line: bytes) -> None:
+        # A forked child must not share the parent's connection: lines would interleave.
+        if self._sock is None or self._pid != os.getpid():
+            self._connect()
+        assert self._sock is not None
+        self._sock.send(line)
+        self._last_sent = time.monotonic()
+
+    def _later(self) -> None:
+        """Make sure the helper thread sends what waits if the trial stops reporting."""
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_when_due, name="trialkeeper-reports", daemon=True)
+            self._flusher.start()
+        elif self._flusher_idle:
+            self._wake.notify()
+
+    def _flush_when_due(self) -> None:
+        with self._lock:
+            while True:
+                if not self._pending:
+                    self._flusher_idle = True
+                    self._wake.wait()
+                    self._flusher_idle = False
+                    continue
+                left = self._pending_since + BATCH_LINGER_S - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                count = len(self._pending)
+                try:
+                    self._flush()
+                except (OSError, TrialSdkError) as e:  # the agent is gone: nothing to send them to
+                    _say(f"{count} intermediate results could not be sent: {e}")
+
+    def before_fork(self) -> None:
+        # Sent by the parent, so that the child neither loses them nor sends them again;
+        # the lock is held across the fork so that no other thread holds it in the child.
+        self._lock.acquire()
+        if self._pending:
+            with contextlib.suppress(OSError, TrialSdkError):
+                self._flush()
+
+    def after_fork_in_parent(self) -> None:
+        self._lock.release()
+
+    def after_fork_in_child(self) -> None:
+        # The child has none of the parent's threads: its own lock, and a helper when needed.
+        self._lock = threading.Lock()
+        self._reset_batch()
 
     def _connect(self) -> None:
         path = os.environ.get(ENV_SOCKET)
@@ -153,6 +266,22 @@ class _Channel:
 
 
 _channel = _Channel()
+
+
+def _flush_at_exit() -> None:
+    try:
+        _channel.flush()
+    except (OSError, TrialSdkError) as e:
+        _say(f"the last intermediate results could not be sent at exit: {e}")
+
+
+atexit.register(_flush_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_channel.before_fork,
+        after_in_parent=_channel.after_fork_in_parent,
+        after_in_child=_channel.after_fork_in_child,
+    )
 
 
 def _say(message: str) -> None:
@@ -172,12 +301,33 @@ def _report(kind: str, value: object) -> bool:
         _say(f"{kind} result: {json.dumps(value)}")
         return True
     trial_id = _require_agent()
-    line = _encode({"trial": trial_id, "kind": kind, "value": value}).encode()
-    if len(line) > MAX_REPORT_BYTES:
+    # A number's JSON is its repr (bool, NaN and infinities were refused above).
+    raw = repr(value) if type(value) is float or type(value) is int else _encode(value)
+    # Measured as sent on its own; in a batch it takes fewer bytes than that.
+    if len(raw) + len(trial_id) + _SINGLE_OVERHEAD > MAX_REPORT_BYTES and len(_single(trial_id, kind, raw)) > MAX_REPORT_BYTES:
         _say(f"{kind} result refused: larger than {MAX_REPORT_BYTES} bytes")
         return False
-    _channel.send(line)
+    if kind == "intermediate":
+        _channel.add(trial_id, raw)
+    else:
+        _channel.send(_single(trial_id, kind, raw))
     return True
+
+
+def _single(trial_id: str, kind: str, value_json: str) -> bytes:
+    return b'{"trial":%s,"kind":"%s","value":%s}' % (_encode(trial_id).encode(), kind.encode(), value_json.encode())
+
+
+# What _single adds to the value's JSON and the trial id, at least (the id may grow as JSON).
+_SINGLE_OVERHEAD = len(_single("", "final", ""))
+
+
+def flush() -> None:
+    """Send the intermediate results that wait for others to share their datagram (at most
+    ``BATCH_LINGER_S``). Done by itself before a final result, at exit and before a fork;
+    call it before ``os._exit`` or ``exec``."""
+    if not _standalone():
+        _channel.flush()
 
 
 def report_intermediate_result(value: float | dict[str, Any]) -> bool:

@@ -90,18 +90,28 @@ def metric_refusal(i: int, m: pb.Metric) -> Refusal | None:
     metric (see limits.metric_value_problem) or disagrees with its JSON, an unknown kind,
     an index or time SQLite cannot hold. (``wire.metrics_reported`` lets what every agent of
     ours sends, a finite number whose JSON is its repr, through without asking.)"""
-    words = _KIND_WORDS.get(m.kind)
+    return result_refusal(i, m.trial_id, m.kind, m.index, m.value, m.value_json, m.reported_at)
+
+
+def result_refusal(
+    i: int, trial_id: str, kind: int, index: int, value: float, value_json: str, reported_at: float
+) -> Refusal | None:
+    """:func:`metric_refusal` of one result however it came (a Metric, or an entry of a
+    MetricRun, whose JSON is "" where it is the repr of its number)."""
+    words = _KIND_WORDS.get(kind)
     if words is None:
-        problem: str | None = f"its kind {m.kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
-    elif m.index > MAX_SEQ:
-        problem = f"its index {m.index} is beyond {MAX_SEQ}"
-    elif not math.isfinite(m.reported_at):
-        problem = f"its reported_at {m.reported_at} is not a finite time"
+        problem: str | None = f"its kind {kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
+    elif index > MAX_SEQ:
+        problem = f"its index {index} is beyond {MAX_SEQ}"
+    elif not math.isfinite(reported_at):
+        problem = f"its reported_at {reported_at} is not a finite time"
+    elif value_json:
+        problem = limits.metric_json_problem(value_json, value)
     else:
-        problem = limits.metric_json_problem(m.value_json, m.value)
+        problem = limits.metric_value_problem(value)
     if problem is None:
         return None
-    return Refusal(i, m.trial_id, f"refused {words or 'a'} result from the agent (index {m.index}): {problem}")
+    return Refusal(i, trial_id, f"refused {words or 'a'} result from the agent (index {index}): {problem}")
 
 
 def metric_over_limit(i: int, m: pb.Metric) -> str:

@@ -13,7 +13,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 from . import events as ev
@@ -21,7 +22,7 @@ from . import scheduler
 from .envrules import EnvironmentRules
 from .model import EnvState, MetricEvent, StatusEvent, TrialInfo, TrialState
 from .policy import Policy
-from .rows import MetricRow
+from .rows import MetricRun
 from .states import EnvStatus, TrialStatus, check_trial
 from .waiting import WaitingTrials
 
@@ -255,7 +256,7 @@ class Engine(EnvironmentRules):
         try:
             report = m.report
             if isinstance(report, ev.MetricsReported):
-                self._metrics(env, report.rows)
+                self._metrics(env, report.runs)
             elif isinstance(report, ev.TrialStartReported):
                 self._trial_started(env, report)
             elif isinstance(report, ev.TrialEndReported):
@@ -292,26 +293,26 @@ class Engine(EnvironmentRules):
         self._out.append(ev.UpdateTrial(t.id, {"started_at": t.started_at}))
         self._trial_to(t, TrialStatus.RUNNING, f"running on {env.id} (pid {m.pid})")
 
-    def _metrics(self, env: EnvState, metrics: Iterable[MetricRow]) -> None:
-        rows: list[MetricRow] = []
-        finals: dict[str, MetricRow] = {}
-        owned: dict[str, TrialState | None] = {}
-        for row in metrics:  # every metric a trial reports passes here: kept lean
-            trial_id = row.trial_id
-            t = owned[trial_id] if trial_id in owned else owned.setdefault(trial_id, self._own_trial(env, trial_id, "a metric"))
-            if t is None or not math.isfinite(row.value):
-                continue
-            rows.append(row)
-            if row.kind == "final":
-                finals[trial_id] = row
-        self._out.append(ev.StoreMetrics(tuple(rows)))
-        for trial_id, row in finals.items():
-            t = self.trials[trial_id]
-            t.final_metric, t.final_metric_json = row.value, row.value_json
-            self._out.append(ev.UpdateTrial(trial_id, {"final_metric": row.value, "final_metric_json": row.value_json}))
+    def _metrics(self, env: EnvState, runs: Sequence[MetricRun]) -> None:
+        # Every metric a trial reports passes here, a run at a time: the edge sends only
+        # finite numbers, which the check below finds in C.
+        owned = {trial_id: self._own_trial(env, trial_id, "a metric") for trial_id in dict.fromkeys(r.trial_id for r in runs)}
+        if None in owned.values() or not _all_finite(chain.from_iterable(r.values for r in runs)):
+            runs = [
+                r._replace(first_index=row.index, values=(row.value,), value_jsons=(row.value_json,), reported_at=(row.reported_at,))
+                for r in runs if owned[r.trial_id] is not None
+                for row in r.rows() if math.isfinite(row.value)
+            ]
+        self._out.append(ev.StoreMetrics(tuple(runs)))
+        for r in runs:
+            if r.kind == "final" and r.values:
+                t = self.trials[r.trial_id]
+                t.final_metric, t.final_metric_json = r.values[-1], r.json_of(len(r.values) - 1)
+                self._out.append(ev.UpdateTrial(t.id, {"final_metric": t.final_metric, "final_metric_json": t.final_metric_json}))
         if self.publish_metrics:
-            for r in rows:
-                self._out.append(ev.Publish(MetricEvent(r.trial_id, r.kind, r.index, r.value, _loads(r.value_json))))
+            for r in runs:
+                for row in r.rows():
+                    self._out.append(ev.Publish(MetricEvent(row.trial_id, row.kind, row.index, row.value, _loads(row.value_json))))
 
     def _log(self, env: EnvState, chunk: ev.LogReported) -> None:
         if self.policy.section(env.platform).shares_filesystem and env.started_here:
@@ -533,6 +534,15 @@ class Engine(EnvironmentRules):
         m = _STARTED_ENV_ID.fullmatch(env_id)
         if m:
             self._env_counter = max(self._env_counter, int(m.group(1)))
+
+
+def _all_finite(numbers: Iterable[float]) -> bool:
+    """Whether every number is finite, found in C: a sum of finite numbers is finite
+    unless it overflows, and then the numbers are looked at one by one."""
+    try:
+        return math.isfinite(math.fsum(numbers))
+    except OverflowError:
+        return False
 
 
 def _loads(raw: str) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .model import MetricEvent, StatusEvent
-from .rows import GpuSampleRow, MetricRow
+from .rows import GpuSampleRow, MetricRun
 from .services.base import Observation  # what a platform says of an environment: plain data
 from .states import TrialStatus
 
@@ -64,7 +64,7 @@ class TrialStartReported:
 
 @dataclass(frozen=True)
 class MetricsReported:
-    rows: tuple[MetricRow, ...]  # kinds already named; entries the edge refused are not here
+    runs: tuple[MetricRun, ...]  # kinds already named; results the edge refused are not here
 
 
 @dataclass(frozen=True)
@@ -338,7 +338,7 @@ class RecordTransition:
 
 @dataclass(frozen=True)
 class StoreMetrics:
-    rows: tuple[MetricRow, ...]
+    runs: tuple[MetricRun, ...]
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,8 @@ class Shell:
             case ev.UpdateTrial():
                 store.update_trial(i.trial_id, **i.fields)
             case ev.StoreMetrics():
-                if i.rows:
-                    store.add_metrics(i.rows)
+                if i.runs:
+                    store.add_runs(i.runs)
             case ev.UpdateEnvironment():
                 store.update_env(i.env_id, **i.fields)
             case ev.RecordTransition():

@@ -11,11 +11,12 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .rows import GpuSampleRow, MetricRow
+from . import metricstore
+from .rows import GpuSampleRow, MetricRow, MetricRun
 
 SCHEMA_VERSION = 1
 
@@ -118,7 +119,6 @@ ENV_COLUMNS = (
 
 __all__ = ["GpuSampleRow", "MetricRow", "Store", "StoreError"]
 
-
 class StoreError(RuntimeError):
     """The store cannot be opened or is not a trialkeeper store."""
 
@@ -169,7 +169,10 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
     # The metrics stored, kept by add_metrics: counting ten million rows takes seconds.
-    db.execute("INSERT OR IGNORE INTO meta SELECT 'metric_count', count(*) FROM metrics")
+    db.execute(
+        "INSERT OR IGNORE INTO meta SELECT 'metric_count',"
+        " (SELECT count(*) FROM metrics) + (SELECT coalesce(sum(n), 0) FROM metric_runs)"
+    )
     # Opened for writing by a coordinator that starts (or resumes): no agent is connected to
     # it yet, whatever a crashed predecessor last stored.
     db.execute("UPDATE environments SET connected = 0 WHERE connected != 0")
@@ -202,7 +205,7 @@ class Store:
                 self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(_SCHEMA + metricstore.SCHEMA)
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -212,7 +215,12 @@ class Store:
                 self._db.close()
             raise StoreError(f"cannot open the experiment store {path}: {e}") from e
         self._db.row_factory = sqlite3.Row
+        # A store written before metrics were kept in runs has none to read.
+        self._has_runs = bool(
+            self._db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'metric_runs'").fetchone()[0]
+        )
         self._depth = 0
+        self._metric_ends: dict[str, int] = {}  # see metricstore.insert
         self._transaction = _Transaction(self)
         self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
         self._waiting_reasons: dict[str, str] = {}  # as last written, to write only changes
@@ -401,41 +409,40 @@ class Store:
 
     # ---- metrics -----------------------------------------------------------------------
 
-    def add_metrics(self, rows: Sequence[MetricRow]) -> None:
-        # OR IGNORE: a replayed metric (same trial, same index) is stored once.
+    def add_metrics(self, rows: Iterable[MetricRow]) -> None:
+        """Store metrics given one by one (as runs of consecutive ones)."""
+        self.add_runs(MetricRun.of_rows(rows))
+
+    def add_runs(self, runs: Sequence[MetricRun]) -> None:
+        """Store runs of metrics, one row each; a replayed one is stored once."""
+        if not runs:
+            return
         with self.transaction():
-            added = self._db.executemany("INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?, ?)", rows).rowcount
+            added = metricstore.insert(self._db, runs, self._metric_ends)
             if added > 0:
                 self._db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (added,))
 
     def metrics(self, trial_id: str | None = None) -> list[MetricRow]:
         if trial_id is None:
-            cur = self._db.execute("SELECT * FROM metrics ORDER BY trial_id, idx")
-        else:
-            cur = self._db.execute("SELECT * FROM metrics WHERE trial_id = ? ORDER BY idx", (trial_id,))
-        return [
-            MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"])
-            for r in cur
-        ]
+            return metricstore.read(self._db, "", (), has_runs=self._has_runs)
+        return metricstore.read(self._db, "WHERE trial_id = ?", (trial_id,), has_runs=self._has_runs)
 
     def metrics_of(self, trial_ids: Sequence[str]) -> list[MetricRow]:
         """The metrics of these trials, by trial and index."""
         marks = ",".join("?" * len(trial_ids))
-        cur = self._db.execute(f"SELECT * FROM metrics WHERE trial_id IN ({marks}) ORDER BY trial_id, idx", list(trial_ids))
-        return [MetricRow(r["trial_id"], r["idx"], r["kind"], r["value"], r["value_json"], r["reported_at"]) for r in cur]
+        return metricstore.read(self._db, f"WHERE trial_id IN ({marks})", list(trial_ids), has_runs=self._has_runs)
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""
-        (n,) = self._db.execute("SELECT coalesce(max(idx) + 1, 0) FROM metrics WHERE trial_id = ?", (trial_id,)).fetchone()
-        return int(n)
+        return metricstore.next_index(self._db, trial_id, has_runs=self._has_runs)
 
     def metric_count(self) -> int:
-        """How many metrics are stored: the count add_metrics keeps, or, in a store no
+        """How many metrics are stored: the count add_runs keeps, or, in a store no
         version that keeps it has written, a count of the rows."""
         kept = self.meta("metric_count")
         if kept is not None and kept.isdigit():
             return int(kept)
-        return int(self._db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0])
+        return metricstore.count(self._db, has_runs=self._has_runs)
 
     # ---- environments ------------------------------------------------------------------
 

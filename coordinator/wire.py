@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 
 from trialkeeper.protos import limits
 from trialkeeper.protos.limits import (
@@ -20,7 +21,7 @@ from trialkeeper.protos.wire import PROTOCOL_VERSION
 from . import checks
 from . import events as ev
 from .checks import MAX_SEQ
-from .rows import MetricRow
+from .rows import MetricRun
 
 _KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
 _STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}
@@ -87,26 +88,94 @@ def metrics_reported(
     """The event for a metric batch and the metrics refused from it (each noted in its
     trial's log), or why the whole message is refused (a limit of protos/limits.py). Checked
     as it is converted, each field read once: every metric a trial reports passes here."""
-    metrics = batch.metrics
+    metrics, runs = batch.metrics, batch.runs
     if len(metrics) > MAX_METRICS_PER_BATCH:
         return limits.over("MetricBatch.metrics", len(metrics), "MAX_METRICS_PER_BATCH")
-    rows: list[MetricRow] = []
+    out: list[MetricRun] = []
     refused: list[checks.Refusal] = []
     isfinite, kinds = math.isfinite, _KIND_NAMES
-    for i, m in enumerate(metrics):
+    for i, m in enumerate(metrics):  # as agents of protocol version 1 sent them
         trial_id, value_json = m.trial_id, m.value_json
         if len(trial_id) > MAX_ID_CHARS or len(value_json) > MAX_VALUE_JSON_CHARS:
             return checks.metric_over_limit(i, m)
         value, kind, index, at = m.value, kinds.get(m.kind), m.index, m.reported_at
-        # What every agent of ours sends, a finite number whose JSON is its repr, is valid
-        # as it is; anything else is looked at closely.
-        if not (kind and isfinite(value) and value_json == repr(value) and index <= MAX_SEQ and isfinite(at)):
+        plain = value_json == repr(value)
+        # A finite number whose JSON is its repr is valid as it is; anything else is looked
+        # at closely.
+        if not (kind and isfinite(value) and plain and index <= MAX_SEQ and isfinite(at)):
             refusal = checks.metric_refusal(i, m)
             if refusal is not None:
                 refused.append(refusal)
                 continue
-        rows.append(_new(MetricRow, (trial_id, index, kind, value, value_json, at)))
-    return ev.AgentReported(env_id, link, seq, ev.MetricsReported(tuple(rows))), refused
+        out.append(_new(MetricRun, (trial_id, kind, index, (value,), None if plain else (value_json,), (at,))))
+    if runs:
+        if len(runs) > MAX_METRICS_PER_BATCH:
+            return limits.over("MetricBatch.runs", len(runs), "MAX_METRICS_PER_BATCH")
+        done = len(metrics)
+        for r, run in enumerate(runs):
+            problem = _run(run, f"MetricBatch.runs[{r}]", done, out, refused)
+            if problem:
+                return problem
+            done += len(run.values)
+            if done > MAX_METRICS_PER_BATCH:
+                return f"MetricBatch holds more than {MAX_METRICS_PER_BATCH:,} results in its metrics and runs (MAX_METRICS_PER_BATCH)"
+    return ev.AgentReported(env_id, link, seq, ev.MetricsReported(tuple(out))), refused
+
+
+def _run(run: pb.MetricRun, path: str, done: int, out: list[MetricRun], refused: list[checks.Refusal]) -> str:
+    """Add a run to ``out`` (less its refused results, which go to ``refused``; ``done``: the
+    results of the batch before it), or say why the message is refused. What every agent of
+    ours sends, finite numbers whose JSON is their repr, is checked a column at a time, in C."""
+    trial_id, values, ats, jsons = run.trial_id, run.values, run.reported_at, run.value_json
+    n = len(values)
+    if len(trial_id) > MAX_ID_CHARS:
+        return limits.over(f"{path}.trial_id", len(trial_id), "MAX_ID_CHARS")
+    for name, field in (("values", values), ("value_json", jsons), ("reported_at", ats)):
+        if len(field) > MAX_METRICS_PER_BATCH:
+            return limits.over(f"{path}.{name}", len(field), "MAX_METRICS_PER_BATCH")
+    if len(ats) != n:
+        return f"{path}.reported_at has {len(ats)} entries for {n} values (one per value)"
+    if jsons:
+        if len(jsons) != n:
+            return f"{path}.value_json has {len(jsons)} entries for {n} values (one per value, or none)"
+        longest = max(map(len, jsons))
+        if longest > MAX_VALUE_JSON_CHARS:
+            i = next(i for i, j in enumerate(jsons) if len(j) == longest)
+            return limits.over(f"{path}.value_json[{i}]", longest, "MAX_VALUE_JSON_CHARS")
+    if not n:
+        return ""
+    kind, first = _KIND_NAMES.get(run.kind), run.first_index
+    try:
+        plain = not jsons and kind is not None and first + n - 1 <= MAX_SEQ and _finite(values) and _finite(ats)
+    except OverflowError:  # finite numbers whose sum is not
+        plain = False
+    if plain:
+        out.append(_new(MetricRun, (trial_id, kind, first, list(values), None, list(ats))))
+        return ""
+    # The slow way, one result at a time, for what is not plain; what is left of the run is
+    # kept in stretches of consecutive results.
+    kept: list[tuple[float, str, float]] = []
+    start = first
+    for k in range(n + 1):
+        refusal = None
+        if k < n:
+            refusal = checks.result_refusal(done + k, trial_id, run.kind, first + k, values[k], jsons[k] if jsons else "", ats[k])
+            if refusal is None:
+                kept.append((values[k], jsons[k] if jsons else "", ats[k]))
+                continue
+            refused.append(refusal)
+        if kept:
+            given = [j for _, j, _ in kept]
+            out.append(MetricRun(trial_id, str(kind), start, [v for v, _, _ in kept], given if any(given) else None, [a for _, _, a in kept]))
+            kept = []
+        start = first + k + 1
+    return ""
+
+
+def _finite(numbers: Iterable[float]) -> bool:
+    """Whether every number is finite, found in C (raises OverflowError where their sum
+    overflows)."""
+    return math.isfinite(math.fsum(numbers))
 
 
 def heartbeat(env_id: str, link: int, hb: pb.Heartbeat) -> ev.HeartbeatReceived | str:

@@ -66,6 +66,13 @@ FIELD_LIMITS: dict[str, str] = {
     "MetricBatch.metrics": "MAX_METRICS_PER_BATCH",
     "Metric.trial_id": "MAX_ID_CHARS",
     "Metric.value_json": "MAX_VALUE_JSON_CHARS",
+    # A batch's runs and their values together are within MAX_METRICS_PER_BATCH too.
+    "MetricBatch.runs": "MAX_METRICS_PER_BATCH",
+    "MetricRun.trial_id": "MAX_ID_CHARS",
+    "MetricRun.values": "MAX_METRICS_PER_BATCH",
+    "MetricRun.value_json": "MAX_METRICS_PER_BATCH",
+    "MetricRun.value_json[]": "MAX_VALUE_JSON_CHARS",
+    "MetricRun.reported_at": "MAX_METRICS_PER_BATCH",
     "LogChunk.trial_id": "MAX_ID_CHARS",
     "LogChunk.data": "MAX_LOG_CHUNK_BYTES",
     "TrialEnded.trial_id": "MAX_ID_CHARS",

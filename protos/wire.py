@@ -8,7 +8,7 @@ needs no gRPC.
 from __future__ import annotations
 
 #: The version of the agent <-> coordinator protocol; both ends must speak the same.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: The environment variable that carries the experiment token to an agent (never argv).
 TOKEN_ENV = "TRIALKEEPER_TOKEN"
 #: The gRPC metadata key under which an agent presents the experiment token.

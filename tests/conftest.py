@@ -270,6 +270,22 @@ def stored_rows(exp: Path, table: str) -> list[dict[str, Any]]:
         store.close()
 
 
+def stored_metrics(exp: Path, trial_id: str) -> list[dict[str, Any]]:
+    """A trial's stored metrics as dicts with the columns of a row per metric (idx, kind,
+    value, value_json, reported_at), read from a finished experiment's store."""
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        return [{**r._asdict(), "idx": r.index} for r in store.metrics(trial_id)]
+    finally:
+        store.close()
+
+
+def counted_metrics(db: sqlite3.Connection) -> int:
+    """The metrics in a store, counted in its tables (a row per metric, or per run of them)."""
+    (n,) = db.execute("SELECT (SELECT count(*) FROM metrics) + (SELECT coalesce(sum(n), 0) FROM metric_runs)").fetchone()
+    return int(n)
+
+
 def environment(c: Any, env_id: str) -> Any:
     """A fresh snapshot of one environment of a coordinator (snapshots never change: a test
     that waits on an environment reads it anew each time)."""

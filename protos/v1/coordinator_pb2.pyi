@@ -168,11 +168,29 @@ class Metric(_message.Message):
     reported_at: float
     def __init__(self, trial_id: _Optional[str] = ..., kind: _Optional[_Union[MetricKind, str]] = ..., index: _Optional[int] = ..., value: _Optional[float] = ..., value_json: _Optional[str] = ..., reported_at: _Optional[float] = ...) -> None: ...
 
+class MetricRun(_message.Message):
+    __slots__ = ("trial_id", "kind", "first_index", "values", "value_json", "reported_at")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    kind: MetricKind
+    first_index: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    value_json: _containers.RepeatedScalarFieldContainer[str]
+    reported_at: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, trial_id: _Optional[str] = ..., kind: _Optional[_Union[MetricKind, str]] = ..., first_index: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ..., value_json: _Optional[_Iterable[str]] = ..., reported_at: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class MetricBatch(_message.Message):
-    __slots__ = ("metrics",)
+    __slots__ = ("metrics", "runs")
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.RepeatedCompositeFieldContainer[Metric]
-    def __init__(self, metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[MetricRun]
+    def __init__(self, metrics: _Optional[_Iterable[_Union[Metric, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[MetricRun, _Mapping]]] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("trial_id", "stream", "offset", "data")

@@ -1,4 +1,5 @@
-"""A client that floods one coordinator stream with MetricBatch messages, as fast as
+"""A client that floods one coordinator stream with MetricBatch messages (one run each, as
+an agent sends them), as fast as
 gRPC lets it, and reports when the last one is acknowledged. It registers, waits for a
 StartTrial (the caller submits one trial), then sends ``--messages`` batches of
 ``--batch`` metrics each for that trial.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -18,13 +20,14 @@ from pathlib import Path
 import grpc
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 
 async def main(a: argparse.Namespace) -> None:
     token = Path(a.token_file).read_text().strip()
     async with grpc.aio.insecure_channel(a.coordinator) as channel:
         call = pb_grpc.CoordinatorStub(channel).Session(metadata=(("x-trialkeeper-token", token),))
-        await call.write(pb.AgentMessage(register=pb.Register(protocol_version=1, environment_id=a.env_id, agent_instance_id=uuid.uuid4().hex, hostname="edge")))
+        await call.write(pb.AgentMessage(register=pb.Register(protocol_version=PROTOCOL_VERSION, environment_id=a.env_id, agent_instance_id=uuid.uuid4().hex, hostname="edge")))
         welcome = await asyncio.wait_for(call.read(), 30)
         assert welcome.HasField("welcome"), welcome
         trial_id = "bare"
@@ -55,11 +58,11 @@ async def main(a: argparse.Namespace) -> None:
         index = 0
         for _ in range(a.messages):
             seq += 1
-            batch = []
-            for _ in range(a.batch):
-                batch.append(pb.Metric(trial_id=trial_id, kind=pb.METRIC_KIND_INTERMEDIATE, index=index, value=0.5, value_json="0.5", reported_at=time.time()))
-                index += 1
-            msgs.append(pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(metrics=batch)))
+            # As an agent sends them: one run of the trial's results, one after another.
+            run = pb.MetricRun(trial_id=trial_id, kind=pb.METRIC_KIND_INTERMEDIATE, first_index=index,
+                               values=[0.5] * a.batch, reported_at=[time.time()] * a.batch)
+            index += a.batch
+            msgs.append(pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(runs=[run])))
         t0 = time.perf_counter()
         for m in msgs:
             await call.write(m)
@@ -71,7 +74,9 @@ async def main(a: argparse.Namespace) -> None:
             "send_s": sent - t0, "acked_s": end - t0,
             "messages_per_s": a.messages / (end - t0), "metrics_per_s": a.messages * a.batch / (end - t0),
         }), flush=True)
-        await call.done_writing()
+        # The bare server ends the call as soon as it has acked the last message.
+        with contextlib.suppress(Exception):
+            await call.done_writing()
 
 
 if __name__ == "__main__":

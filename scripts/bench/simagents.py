@@ -29,6 +29,7 @@ import grpc
 from trialkeeper.agent.beats import GpuReport
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+from trialkeeper.protos.wire import PROTOCOL_VERSION
 
 TOKEN_KEY = "x-trialkeeper-token"
 CONNECT_TIMEOUT_S = 10.0  # the real agent's default (AgentOptions.connect_timeout_s)
@@ -81,7 +82,7 @@ class SimAgent:
         pause."""
         register = pb.AgentMessage(
             register=pb.Register(
-                protocol_version=1, environment_id=self.env_id, agent_instance_id=self.instance_id,
+                protocol_version=PROTOCOL_VERSION, environment_id=self.env_id, agent_instance_id=self.instance_id,
                 hostname=f"sim-{self.env_id}", pid=os.getpid(), cpu_count=32, memory_total_bytes=256 << 30,
                 gpus=self.gpus, agent_version="sim", platform="sim",
             )

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -198,11 +199,25 @@ async def _ingest(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         cpu_before = _tree_cpu(c)
         ended_at: dict[str, float] = {}
         c.on_status(lambda e: ended_at.setdefault(e.trial.id, time.time()) if e.trial.status.terminal else None)
+        # When the last metric was stored: its transaction commits right after this returns
+        # (a clock read per agent message, not per metric), and its ack goes out after that.
+        stored_at = [0.0]
+        add_runs = c.store.add_runs if c.store else None
+
+        def timed_add_runs(runs: Any) -> None:
+            assert add_runs is not None
+            add_runs(runs)
+            stored_at[0] = time.time()
+
+        if c.store:
+            c.store.add_runs = timed_add_runs  # type: ignore[method-assign]
         # Ready the whole batch in one go: all trials start on the same monitor tick.
         handles = [await c.submit({"i": i}) for i in range(a.trials)]
         infos = await c.wait_all(a.timeout)
         times = read_times(times_file)
         stored = c.store.metric_count() if c.store else 0
+        # Numbered messages the agents sent (metric batches, a trial's start and end, logs).
+        messages = sum(int(e["last_seq"]) for e in c.store.envs()) if c.store else 0
         first = min(t[0] for t in times.values())
         last_sent = max(t[1] for t in times.values())
         last_committed = max(ended_at.values())
@@ -213,10 +228,17 @@ async def _ingest(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             "metrics_per_trial": a.metrics,
             "stored": stored,
             "expected": a.trials * a.metrics,
+            "agent_messages": messages,
             "succeeded": sum(1 for i in infos if i.status is TrialStatus.SUCCEEDED),
-            "rate_per_s": stored / (last_committed - first),
+            # To the last metric stored; and, as before, to the last trial's end (its exit,
+            # its reaping and its end stored come after its last metric).
+            "rate_per_s": stored / (stored_at[0] - first),
+            "rate_to_end_per_s": stored / (last_committed - first),
             "trial_send_rate_per_s": stored / (last_sent - first),
-            "drain_after_last_send_ms": (last_committed - last_sent) * 1000,
+            "drain_after_last_send_ms": (stored_at[0] - last_sent) * 1000,
+            "end_after_last_send_ms": (last_committed - last_sent) * 1000,
+            # Each trial's first line and last report, in ms from the first trial's first line.
+            "trial_spans_ms": sorted([(t[0] - first) * 1000, (t[1] - first) * 1000] for t in times.values()),
             "rss_before_mib": rss_before / 2**20,
             "pid": os.getpid(),
         }
@@ -244,7 +266,8 @@ def stage_ingest(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
-    """The same flood trials reporting into a bare Unix datagram socket that only counts."""
+    """The same flood trials reporting into a bare Unix datagram socket that only parses and
+    counts what it receives."""
     with workdir() as d:
         path = d / "floor.sock"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -267,15 +290,24 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
         expected = a.trials * a.metrics
         count = 0
         deadline = time.monotonic() + a.timeout
+        me = psutil.Process()
+        cpu_before = me.cpu_times()
         try:
             while count < expected and time.monotonic() < deadline:
                 try:
                     data = sock.recv(65536)
                 except TimeoutError:
                     continue
-                json.loads(data)  # the agent parses every datagram; so does the floor
-                count += 1
+                # The agent parses every datagram; so does the floor. A trial reporting in a
+                # tight loop sends several results per datagram.
+                msg = json.loads(data)
+                count += len(msg["values"]) if "values" in msg else 1
             done_at = time.time()
+            cpu_after = me.cpu_times()
+            # The trials write their times after their last report: let them end first.
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(max(0.1, deadline - time.monotonic()))
         finally:
             for p in procs:
                 with contextlib.suppress(ProcessLookupError):
@@ -284,7 +316,16 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
             sock.close()
         times = read_times(times_file)
     first = min(t[0] for t in times.values())
-    return {"received": count, "expected": expected, "rate_per_s": count / (done_at - first)}
+    trials_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "received": count, "expected": expected, "rate_per_s": count / (done_at - first),
+        "trial_spans_ms": sorted([(t[0] - first) * 1000, (t[1] - first) * 1000] for t in times.values()),
+        # CPU seconds of the receiver while it received, and of the trials (reaped children).
+        "cpu_s": {
+            "receiver": (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system),
+            "trials": trials_cpu.ru_utime + trials_cpu.ru_stime,
+        },
+    }
 
 
 # ---- 5: agent footprint -----------------------------------------------------------------
@@ -682,6 +723,7 @@ async def _bare_server(
     from trialkeeper.coordinator.envrules import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
     from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
+    from trialkeeper.protos.wire import PROTOCOL_VERSION
 
     connected = {"n": 0}
     # The generator must face the same asks as the coordinator's: GPU samples only when
@@ -698,7 +740,7 @@ async def _bare_server(
         async def Session(self, request_iterator: Any, context: Any) -> None:
             first = await context.read()
             await context.write(pb.CoordinatorMessage(welcome=pb.Welcome(
-                experiment_id="bare", heartbeat_interval_s=beats["scale"], protocol_version=1,
+                experiment_id="bare", heartbeat_interval_s=beats["scale"], protocol_version=PROTOCOL_VERSION,
                 gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"],
             )))
             told = beats["generation"]

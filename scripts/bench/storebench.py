@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trialkeeper.coordinator import cli
+from trialkeeper.coordinator.rows import MetricRun
 from trialkeeper.coordinator.store import MetricRow, Store
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +39,7 @@ STATUSES = ("SUCCEEDED",) * 17 + ("FAILED",) * 2 + ("EARLY_STOPPED",)  # 10 % fa
 CHUNK = 50_000  # trials per batch of metric rows
 
 
-def build(exp: Path, trials: int, per_trial: int) -> dict[str, Any]:
+def build(exp: Path, trials: int, per_trial: int, shape: str) -> dict[str, Any]:
     """The store, written in large transactions; returns build time and table sizes."""
     began = time.perf_counter()
     rng = random.Random(0)
@@ -75,7 +76,16 @@ def build(exp: Path, trials: int, per_trial: int) -> dict[str, Any]:
             for i in range(per_trial):
                 v = (seq % 997) / 997 + i / per_trial
                 rows.append(MetricRow(tid, i, "final" if i == per_trial - 1 else "intermediate", v, json.dumps(v), 1_700_000_000.0 + seq + i))
-        store.add_metrics(rows)
+        if shape == "rows":
+            # As versions before runs wrote them: a row per metric, in `metrics`.
+            with store.transaction():
+                store._db.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)", rows)
+                store._db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (len(rows),))
+        else:
+            # Each metric a run of its own: what a trial reporting once an epoch leaves (one
+            # reporting in a tight loop leaves one row for hundreds of them).
+            with store.transaction():
+                store.add_runs([MetricRun(r.trial_id, r.kind, r.index, (r.value,), None, (r.reported_at,)) for r in rows])
     store.close()
     return {
         "build_s": time.perf_counter() - began, "trials_build_s": trials_at - began,
@@ -87,15 +97,15 @@ def _size(exp: Path) -> int:
     return sum(p.stat().st_size for p in exp.iterdir() if p.name.startswith(Store.FILENAME))
 
 
-def cached_store(cache: Path, trials: int, per_trial: int, log: Any) -> tuple[Path, dict[str, Any]]:
+def cached_store(cache: Path, trials: int, per_trial: int, shape: str, log: Any) -> tuple[Path, dict[str, Any]]:
     """The built store under ``cache`` (built there first when missing)."""
-    exp = cache / f"store-{trials}x{per_trial}"
+    exp = cache / f"store-{trials}x{per_trial}{'' if shape == 'rows' else '-' + shape}"
     done = exp / "built.json"
     if not done.exists():
         shutil.rmtree(exp, ignore_errors=True)
         exp.mkdir(parents=True)
         log(f"building a store of {trials} trials and {trials * per_trial} metrics in {exp}")
-        done.write_text(json.dumps(build(exp, trials, per_trial)))
+        done.write_text(json.dumps(build(exp, trials, per_trial, shape)))
     return exp, json.loads(done.read_text())
 
 
@@ -134,17 +144,20 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
         "TRIALKEEPER_BENCH_CACHE", Path.home() / ".cache" / "trialkeeper-bench")))
     ap.add_argument("--repeats", type=int, default=5, help="times each figure is taken (median, min, max)")
+    ap.add_argument("--shape", choices=("runs", "rows"), default="runs",
+                    help="metrics as this version stores them (runs), or a row each as versions before it did (rows)")
     a = ap.parse_args()
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    exp, built = cached_store(a.cache, a.trials, a.metrics_per_trial, log)
+    exp, built = cached_store(a.cache, a.trials, a.metrics_per_trial, a.shape, log)
     # Opened for writing once, as a coordinator resuming it would: a store built by an older
     # version gets what the schema added since (its indexes) here, and this is timed.
     began = time.perf_counter()
     Store.in_dir(exp).close()
-    R: dict[str, Any] = {"trials": a.trials, "metrics": a.trials * a.metrics_per_trial, "open_for_writing_s": time.perf_counter() - began}
+    R: dict[str, Any] = {"trials": a.trials, "metrics": a.trials * a.metrics_per_trial, "shape": a.shape,
+                         "open_for_writing_s": time.perf_counter() - began}
     R.update(built)
     R["bytes"] = _size(exp)
     # A trial's row, its indexes' entries and its two status events; a metric's row.

@@ -12,9 +12,10 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import _describe, _leftovers, wait_until
+from conftest import _describe, _leftovers, counted_metrics, stored_metrics, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -86,9 +87,8 @@ class Run:
         with self.db() as db:
             return db.execute("SELECT * FROM trials ORDER BY seq").fetchall()
 
-    def metrics(self, trial_id: str) -> list[sqlite3.Row]:
-        with self.db() as db:
-            return db.execute("SELECT * FROM metrics WHERE trial_id = ? ORDER BY idx", (trial_id,)).fetchall()
+    def metrics(self, trial_id: str) -> list[dict[str, Any]]:
+        return stored_metrics(self.exp, trial_id)
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_the_store_holds_every_metric_the_trials_reported(quickstart: Run) -> No
         times = [m["reported_at"] for m in metrics]
         assert times == sorted(times)
     with quickstart.db() as db:
-        assert db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0] == total
+        assert counted_metrics(db) == total
 
 
 # ---- reading an experiment -----------------------------------------------------------------
@@ -240,7 +240,7 @@ def test_status(quickstart: Run) -> None:
     best = max((r for r in rows if r["final_metric"] is not None), key=lambda r: r["final_metric"])
     with quickstart.db() as db:
         exp_id = db.execute("SELECT id FROM experiment").fetchone()[0]
-        metric_count = db.execute("SELECT COUNT(*) FROM metrics").fetchone()[0]
+        metric_count = counted_metrics(db)
 
     text = tk("status", quickstart.exp)
     assert text.returncode == 0, text.stderr

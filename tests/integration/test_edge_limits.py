@@ -166,6 +166,7 @@ HOLDERS: dict[str, Callable[[pb.AgentMessage], Message]] = {
     "TrialStarted": lambda m: m.trial_started,
     "MetricBatch": lambda m: m.metrics,
     "Metric": lambda m: m.metrics.metrics.add(),
+    "MetricRun": lambda m: m.metrics.runs.add(),
     "LogChunk": lambda m: m.log,
     "TrialEnded": lambda m: m.trial_ended,
 }
@@ -180,7 +181,14 @@ def message_at(key: str, size: int, env_id: str) -> pb.AgentMessage:
         msg = _register(env_id, instance=f"{env_id}-1")
     holder = HOLDERS[type_name](msg)
     f = holder.DESCRIPTOR.fields_by_name[name]
-    if key.endswith("[]"):
+    if type_name == "MetricRun" and name != "trial_id":
+        # A run of valid results, one JSON and one time per value; the field named has
+        # `size` entries (or characters, for one JSON), the others are within their limit.
+        n = 1 if key.endswith("[]") else min(size, limits.MAX_METRICS_PER_BATCH)
+        holder.values.extend([1.0] * (size if name == "values" else n))
+        holder.reported_at.extend([1.0] * (size if name == "reported_at" else n))
+        holder.value_json.extend(["1" + " " * (size - 1)] if key.endswith("[]") else ["1"] * (size if name == "value_json" else n))
+    elif key.endswith("[]"):
         getattr(holder, name).append("t" * size)
     elif f.type == f.TYPE_MESSAGE:
         for _ in range(size):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import wait_until
+from conftest import stored_metrics, wait_until
 from nni_python import nni_python
 from sshd import Credentials, Machine, one_machine
 from trialkeeper.coordinator import cli
@@ -103,14 +103,14 @@ def _run(config_file: Path, exp: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _stored(exp: Path) -> tuple[str, list[sqlite3.Row], dict[str, list[sqlite3.Row]]]:
+def _stored(exp: Path) -> tuple[str, list[sqlite3.Row], dict[str, list[dict[str, Any]]]]:
     db = sqlite3.connect(f"file:{exp / 'trialkeeper.db'}?mode=ro", uri=True)
     db.row_factory = sqlite3.Row
     with db:
         exp_id = db.execute("SELECT id FROM experiment").fetchone()["id"]
         trials = db.execute("SELECT * FROM trials ORDER BY seq").fetchall()
-        metrics = {t["id"]: db.execute("SELECT * FROM metrics WHERE trial_id = ? ORDER BY idx", (t["id"],)).fetchall() for t in trials}
     db.close()
+    metrics = {t["id"]: stored_metrics(exp, t["id"]) for t in trials}
     return exp_id, trials, metrics
 
 

@@ -13,7 +13,7 @@ from trialkeeper.coordinator import events as ev
 from trialkeeper.coordinator.engine import Engine
 from trialkeeper.coordinator.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.restore import restore
-from trialkeeper.coordinator.rows import MetricRow
+from trialkeeper.coordinator.rows import MetricRun
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
 I = TypeVar("I")
@@ -114,7 +114,7 @@ def test_every_report_is_stored_before_it_is_acknowledged() -> None:
     assert env_id is not None
     sim.out.clear()
     sim.run(env_id, "t1")
-    sim.report(env_id, ev.MetricsReported((MetricRow("t1", 0, "final", 0.5, "0.5", 0.0),)))
+    sim.report(env_id, ev.MetricsReported((MetricRun("t1", "final", 0, [0.5], None, [0.0]),)))
     kinds = [type(i).__name__ for i in sim.out]
     # Each message: its writes, its last_seq, then its ack.
     assert kinds.index("StoreMetrics") < kinds.index("Ack", kinds.index("StoreMetrics"))
@@ -447,7 +447,7 @@ def test_a_pass_is_wanted_only_when_something_changed() -> None:
     sim.feed(ev.Ticked())
     assert not sim.engine.wants_pass()
     # A metric, a log line, a heartbeat without GPUs: nothing a pass could act on.
-    sim.report(env_id, ev.MetricsReported((MetricRow("t0", 0, "intermediate", 0.5, "0.5", 0.0),)))
+    sim.report(env_id, ev.MetricsReported((MetricRun("t0", "intermediate", 0, [0.5], None, [0.0]),)))
     sim.report(env_id, ev.LogReported("t0", "stdout", 0, b"hello\n"))
     sim.feed(ev.HeartbeatReceived(env_id, sim.links[env_id], False))
     assert not sim.engine.wants_pass()

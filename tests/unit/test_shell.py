@@ -11,9 +11,10 @@ from typing import Any
 from trialkeeper.coordinator import events as ev
 from trialkeeper.coordinator.engine import Engine
 from trialkeeper.coordinator.policy import PlatformPolicy, Policy
+from trialkeeper.coordinator.rows import MetricRun
 from trialkeeper.coordinator.shell import Shell
 from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import MetricRow, Store
+from trialkeeper.coordinator.store import Store
 
 
 class Link:
@@ -90,10 +91,10 @@ def test_a_store_that_refuses_a_write_ends_the_experiment_and_nothing_is_acknowl
         def refuse(rows: object) -> None:
             raise sqlite3.OperationalError("database or disk is full")
 
-        shell.store.add_metrics = refuse  # type: ignore[method-assign]
+        shell.store.add_runs = refuse  # type: ignore[method-assign]
         shell.agent_event(ev.AgentReported(env_id, link.id, 1, ev.TrialStartReported("t1", 42, 0.0)), link)
         shell.agent_event(
-            ev.AgentReported(env_id, link.id, 2, ev.MetricsReported((MetricRow("t1", 0, "final", 0.5, "0.5", 0.0),))), link
+            ev.AgentReported(env_id, link.id, 2, ev.MetricsReported((MetricRun("t1", "final", 0, [0.5], None, [0.0]),))), link
         )
         shell.drain_inbox()
         assert link.acks == []  # the agent keeps both and replays them to a resumed coordinator

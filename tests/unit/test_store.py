@@ -335,3 +335,64 @@ def test_the_ended_series_counts_only_trials_with_a_numeric_end(tmp_path: Path) 
     # Thinned: slices of the finite span (1 to 5) and the infinite end after them.
     assert store.ended_series(maximize=False, points=2) == [(3.0, 2, 3.0), (5.0, 3, 0.0), (float("inf"), 4, 0.0)]
     store.close()
+
+
+def test_a_store_written_before_metric_runs_is_read_and_written_with_both_shapes(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _trial(store, "t1", 0)
+    store.close()
+    # As an earlier version left it: one row per metric in `metrics`, no `metric_runs`.
+    db = sqlite3.connect(tmp_path / "exp" / Store.FILENAME)
+    db.execute("DROP TABLE metric_runs")
+    db.executemany(
+        "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+        [("t1", i, "intermediate", i / 4, json.dumps(i / 4), 100.0 + i) for i in range(3)]
+        + [("t1", 3, "final", 2.0, '{"default":2.0,"loss":0.5}', 110.0)],
+    )
+    db.execute("DELETE FROM meta WHERE key = 'metric_count'")
+    db.commit()
+    db.close()
+    old = [MetricRow("t1", i, "intermediate", i / 4, json.dumps(i / 4), 100.0 + i) for i in range(3)]
+    old.append(MetricRow("t1", 3, "final", 2.0, '{"default":2.0,"loss":0.5}', 110.0))
+
+    reader = Store.in_dir(tmp_path / "exp", readonly=True)
+    assert reader.metrics("t1") == old == reader.metrics() == reader.metrics_of(["t1", "t2"])
+    assert reader.metric_count() == 4 and reader.next_metric_index("t1") == 4
+    reader.close()
+
+    # Resumed by this version: new metrics go in runs, the old ones are still read.
+    store = Store.in_dir(tmp_path / "exp")
+    assert store.meta("metric_count") == "4"
+    store.add_metrics([MetricRow("t1", 4, "intermediate", 5.0, "5.0", 120.0), MetricRow("t1", 5, "intermediate", 6.0, "6", 121.0)])
+    store.add_metrics([MetricRow("t1", 3, "final", 9.0, "9.0", 130.0)])  # a replay of one in the old table
+    rows = store.metrics("t1")
+    assert rows == [*old, MetricRow("t1", 4, "intermediate", 5.0, "5.0", 120.0), MetricRow("t1", 5, "intermediate", 6.0, "6", 121.0)]
+    assert store.next_metric_index("t1") == 6
+    # The replayed one is read once (the first write wins) but counted as added: a write does
+    # not look in the old table, which only a store resumed by this version has.
+    assert store.metric_count() == 7
+    store.close()
+
+
+def test_a_run_is_one_row_and_reads_back_as_its_metrics(tmp_path: Path) -> None:
+    from trialkeeper.coordinator.rows import MetricRun
+
+    store = _store(tmp_path)
+    store.add_runs([
+        MetricRun("t1", "intermediate", 0, [0.5 * i for i in range(1000)], None, [1.0] * 1000),
+        MetricRun("t1", "intermediate", 1000, [1.0, 2.0], ['{"default":1.0}', ""], [2.0, 3.0]),
+        MetricRun("t2", "final", 7, [1e308], None, [4.0]),
+    ])
+    assert store._db.execute("SELECT count(*) FROM metric_runs").fetchone()[0] == 3
+    rows = store.metrics("t1")
+    assert [r.index for r in rows] == list(range(1002))
+    assert rows[3] == MetricRow("t1", 3, "intermediate", 1.5, "1.5", 1.0)
+    assert rows[-2:] == [MetricRow("t1", 1000, "intermediate", 1.0, '{"default":1.0}', 2.0), MetricRow("t1", 1001, "intermediate", 2.0, "2.0", 3.0)]
+    assert store.metrics("t2") == [MetricRow("t2", 7, "final", 1e308, "1e+308", 4.0)]
+    assert store.next_metric_index("t1") == 1002 and store.next_metric_index("t2") == 8
+    # A replay split otherwise: only what was not stored is added, the first write wins.
+    store.add_runs([MetricRun("t1", "intermediate", 998, [9.0] * 6, None, [5.0] * 6)])
+    rows = store.metrics("t1")
+    assert [r.index for r in rows] == list(range(1004))
+    assert [r.value for r in rows[996:]] == [498.0, 498.5, 499.0, 499.5, 1.0, 2.0, 9.0, 9.0]
+    assert store.metric_count() == 1003 + 2

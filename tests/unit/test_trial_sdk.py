@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,104 @@ def test_refusals_are_written_as_whole_lines(monkeypatch: pytest.MonkeyPatch) ->
     assert trial.report_final_result(2.0) is True
     assert len(writes.calls) == 2, writes.calls
     assert all(c.startswith("trialkeeper: ") and c.endswith("\n") and c.count("\n") == 1 for c in writes.calls), writes.calls
+
+
+class _Clock:
+    """time.monotonic for the SDK, moved by the test: when reports come is what decides
+    whether they share a datagram."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def agent_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    sock_path = tmp_path / "a.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(sock_path))
+    server.setblocking(False)
+    monkeypatch.setenv("TRIALKEEPER_TRIAL_ID", "t1")
+    monkeypatch.setenv("TRIALKEEPER_SOCKET", str(sock_path))
+    monkeypatch.setattr(trial, "_channel", trial._Channel())
+    clock = _Clock()
+    monkeypatch.setattr(trial, "time", clock)
+    yield server, clock
+    server.close()
+
+
+def _queued(server: socket.socket) -> list[dict[str, object]]:
+    """The datagrams already in the agent's queue (sent datagrams are there once send returns)."""
+    out = []
+    while True:
+        try:
+            out.append(json.loads(server.recv(65536)))
+        except BlockingIOError:
+            return out
+
+
+def test_a_trial_reporting_slowly_sends_each_result_at_once(agent_socket) -> None:  # type: ignore[no-untyped-def]
+    server, clock = agent_socket
+    for i in range(5):
+        clock.now += 2 * trial.BATCH_LINGER_S  # the last datagram went out this long ago
+        assert trial.report_intermediate_result(float(i))
+        assert _queued(server) == [{"trial": "t1", "kind": "intermediate", "value": float(i)}]
+
+
+def test_a_tight_loop_shares_datagrams_in_order_and_a_final_result_sends_what_waits(agent_socket) -> None:  # type: ignore[no-untyped-def]
+    server, clock = agent_socket
+    for i in range(1000):
+        assert trial.report_intermediate_result(float(i) if i % 3 else {"default": i, "loss": 0.5})
+    # The first goes at once; the rest wait for the ones behind them.
+    assert _queued(server) == [{"trial": "t1", "kind": "intermediate", "value": {"default": 0, "loss": 0.5}}]
+    clock.now += 2 * trial.BATCH_LINGER_S  # the batch is due: the next report sends it with itself
+    assert trial.report_intermediate_result(1000.0)
+    batch = _queued(server)
+    assert len(batch) == 1 and batch[0]["kind"] == "intermediate" and batch[0]["trial"] == "t1"
+    values = batch[0]["values"]
+    assert isinstance(values, list) and len(values) == 1000
+    assert values[:3] == [1.0, 2.0, {"default": 3, "loss": 0.5}] and values[-1] == 1000.0
+    for i in range(1001, 1010):
+        assert trial.report_intermediate_result(float(i))
+    assert _queued(server) == []
+    assert trial.report_final_result(0.75)
+    sent = _queued(server)
+    assert sent == [
+        {"trial": "t1", "kind": "intermediate", "values": [float(i) for i in range(1001, 1010)]},
+        {"trial": "t1", "kind": "final", "value": 0.75},
+    ]
+
+
+def test_a_batch_never_outgrows_a_datagram(agent_socket) -> None:  # type: ignore[no-untyped-def]
+    server, _ = agent_socket
+    server.settimeout(10.0)
+    sent: list[dict[str, object]] = []
+
+    def read() -> None:  # as the agent does, so that the socket's queue never fills
+        while sum(len(d["values"]) if "values" in d else 1 for d in sent) < 20:  # type: ignore[arg-type]
+            sent.append(json.loads(server.recv(65536)))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    big = {"default": 1.0, **{f"k{j}": j for j in range(1500)}}  # about 17 KB as JSON
+    for _ in range(20):
+        assert trial.report_intermediate_result(big)
+    trial.flush()
+    reader.join(30.0)
+    assert not reader.is_alive()
+    sizes = [len(json.dumps(d, separators=(",", ":"))) for d in sent]
+    assert max(sizes) <= trial.MAX_REPORT_BYTES, sizes
+    # The first at once, then as many as fit in a datagram: three.
+    assert [len(d["values"]) if "values" in d else 1 for d in sent] == [1, 3, 3, 3, 3, 3, 3, 1]
+
+
+def test_what_waits_is_sent_by_the_helper_thread_when_the_trial_stops_reporting(agent_socket) -> None:  # type: ignore[no-untyped-def]
+    server, clock = agent_socket
+    for i in range(3):
+        trial.report_intermediate_result(float(i))
+    assert len(_queued(server)) == 1
+    clock.now += 2 * trial.BATCH_LINGER_S  # due now; the thread wakes within the linger and sends
+    server.settimeout(10.0)
+    assert json.loads(server.recv(65536)) == {"trial": "t1", "kind": "intermediate", "values": [1.0, 2.0]}
