@@ -62,6 +62,15 @@ class RunningOperator:
             return ""
 
 
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(STOP_TIMEOUT_S)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,12 +172,7 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
         finally:
             with contextlib.suppress(Exception):
                 admission.delete_validating_webhook_configuration(WEBHOOK_CONFIGURATION, _request_timeout=30)
-            process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(STOP_TIMEOUT_S)
+            _stop(process)
     finally:
         api.close()
 
@@ -264,12 +268,7 @@ def adaptdl_scheduler(kubeconfig: Path, workdir: Path, namespace: str = "default
                   "waiting for AdaptDL's scheduler", running)
             yield running
         finally:
-            process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(STOP_TIMEOUT_S)
+            _stop(process)
     finally:
         api.close()
 
