@@ -158,7 +158,7 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
         log_path = workdir / "training-operator.log"
         with open(log_path, "wb") as out:
             process = subprocess.Popen(
-                [str(kube_operators.binary(op)), f"--kubeconfig={kubeconfig}", f"--schemes={','.join(SCHEMES)}",
+                [str(kube_operators.binary(op)), f"--kubeconfig={kubeconfig}", *(f"--enable-scheme={s}" for s in SCHEMES),
                  f"--webhook-port={port}", f"--webhook-cert-dir={workdir / 'webhook-certs'}"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(kubeconfig)},
             )

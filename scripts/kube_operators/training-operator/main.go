@@ -12,7 +12,6 @@ package main
 import (
 	"flag"
 	"os"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -43,10 +42,10 @@ func init() {
 }
 
 func main() {
-	var schemes string
+	var schemes controllerv1.EnabledSchemes
 	var webhookPort int
 	var certDir string
-	flag.StringVar(&schemes, "schemes", "tfjob,pytorchjob", "comma-separated job kinds to run")
+	flag.Var(&schemes, "enable-scheme", "a job kind to run, as --enable-scheme=tfjob --enable-scheme=pytorchjob (case insensitive)")
 	flag.IntVar(&webhookPort, "webhook-port", 0, "loopback port of the validating webhook server (0: no webhooks)")
 	flag.StringVar(&certDir, "webhook-cert-dir", "", "directory holding tls.crt and tls.key for the webhook server")
 	opts := zap.Options{Development: true}
@@ -70,19 +69,18 @@ func main() {
 		setupLog.Error(err, "unable to create manager")
 		os.Exit(1)
 	}
-	for _, name := range strings.Split(schemes, ",") {
-		setup, ok := controllerv1.SupportedSchemeReconciler[strings.ToLower(name)]
-		if !ok {
-			setupLog.Info("unknown scheme", "scheme", name)
-			os.Exit(2)
-		}
-		if err := setup(mgr, common.GenNonGangSchedulerSetupFunc(), 1); err != nil {
-			setupLog.Error(err, "unable to create controller", "scheme", name)
+	if schemes.Empty() {
+		setupLog.Info("no --enable-scheme given")
+		os.Exit(2)
+	}
+	for _, kind := range schemes {
+		if err := controllerv1.SupportedSchemeReconciler[kind](mgr, common.GenNonGangSchedulerSetupFunc(), 1); err != nil {
+			setupLog.Error(err, "unable to create controller", "scheme", kind)
 			os.Exit(1)
 		}
 		if webhookPort != 0 {
-			if err := webhooks.SupportedSchemeWebhook[strings.ToLower(name)](mgr); err != nil {
-				setupLog.Error(err, "unable to register webhook", "scheme", name)
+			if err := webhooks.SupportedSchemeWebhook[kind](mgr); err != nil {
+				setupLog.Error(err, "unable to register webhook", "scheme", kind)
 				os.Exit(1)
 			}
 		}
