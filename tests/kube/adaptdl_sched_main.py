@@ -14,6 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("adaptdl_sched_main")
+RESTART_DELAY_S = 1.0
+
+
+async def restarted(name: str, run: Callable[[], Awaitable[None]]) -> None:
+    """``run`` again whenever it fails, as the kubelet restarts a container of upstream's pod:
+    its watches end with an exception on any error event (a CRD's storage still starting)."""
+    while True:
+        try:
+            await run()
+        except Exception:  # noqa: BLE001 - logged, then restarted like a crashed container
+            log.exception("%s failed; restarting it in %.0f s", name, RESTART_DELAY_S)
+        await asyncio.sleep(RESTART_DELAY_S)
 
 
 async def main(kubeconfig: str) -> None:
@@ -26,7 +41,9 @@ async def main(kubeconfig: str) -> None:
 
     expander = ClusterExpander()
     print("adaptdl scheduler: running", flush=True)
-    await asyncio.gather(AdaptDLController().run(), AdaptDLAllocator(expander).run(), expander.run())
+    await asyncio.gather(restarted("controller", lambda: AdaptDLController().run()),
+                         restarted("allocator", lambda: AdaptDLAllocator(expander).run()),
+                         restarted("cluster expander", expander.run))
 
 
 if __name__ == "__main__":
