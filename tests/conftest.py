@@ -274,3 +274,31 @@ def environment(c: Any, env_id: str) -> Any:
     """A fresh snapshot of one environment of a coordinator (snapshots never change: a test
     that waits on an environment reads it anew each time)."""
     return next(e for e in c.environments() if e.id == env_id)
+
+
+# ---- a real Kubernetes control plane ---------------------------------------------------------
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the Kubernetes cluster run last: in CI its binaries may still be building in
+    the background (.ci/run starts that first), and everything else can run meanwhile. The
+    first of them starts the cluster (and may wait for that build): it gets the time for it."""
+    def on_cluster(item: pytest.Item) -> bool:
+        return "kube_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("kube") is not None
+
+    items.sort(key=on_cluster)
+    first = next((item for item in items if on_cluster(item)), None)
+    if first is not None:
+        from kube.cluster import BUILD_WAIT_S, START_TIMEOUT_S
+
+        first.add_marker(pytest.mark.timeout(BUILD_WAIT_S + START_TIMEOUT_S + 120))
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """etcd, kube-apiserver and kube-controller-manager on 127.0.0.1 with a stand-in kubelet as
+    the one node (tests/kube); fails in CI and skips elsewhere when they cannot start."""
+    from kube.cluster import session_cluster
+
+    yield from session_cluster(tmp_path_factory)

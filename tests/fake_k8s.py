@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
+from kube.kubelet import path_rewriter
 
 POD_MARKER = "FAKE_K8S_POD_UID"
 MAX_GRACE_S = 5.0  # a fake need not wait 30 s for a pod that ignores SIGTERM
@@ -485,7 +486,7 @@ class FakeKubernetes:
                 run.error, run.reason = f'Back-off pulling image "{image}"', "ImagePullBackOff"
                 return
             mounts = self._mounts(meta["namespace"], spec, container)
-            rewrite = _rewriter(mounts)
+            rewrite = path_rewriter(mounts)
             argv = [rewrite(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
             if not argv:
                 raise ApiError(422, "Invalid", "the fake runs only containers with a command")
@@ -703,18 +704,6 @@ _CONTROLLER_STATUS: dict[str, Callable[[Obj, str], None]] = {
     "jobs": _job_status, "pytorchjobs": _kubeflow_status, "tfjobs": _kubeflow_status,
     "frameworks": _framework_status, "adaptdljobs": _adl_status,
 }
-
-
-def _rewriter(mounts: dict[str, str]) -> Callable[[str], str]:
-    order = sorted(mounts, key=len, reverse=True)
-
-    def rewrite(text: str) -> str:
-        for mount in order:
-            if mounts[mount] != mount and (text == mount or text.startswith(mount + "/")):
-                return mounts[mount] + text[len(mount):]
-        return text
-
-    return rewrite
 
 
 def _proc(pid: int) -> psutil.Process | None:

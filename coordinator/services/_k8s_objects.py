@@ -232,6 +232,9 @@ def workload(kind: Kind, config: KubernetesPlatformConfig, request: EnvironmentR
 
 # ---- what the platform says ------------------------------------------------------------
 
+_JOB_ENDED: dict[str, ObservedState] = {"Complete": "exited", "SuccessCriteriaMet": "exited",
+                                        "Failed": "failed", "FailureTarget": "failed"}
+
 
 def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
     """The state of one environment from its object's status."""
@@ -239,11 +242,13 @@ def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
     if kind is POD:
         return pod_state(status)
     if kind is JOB:
+        # The Job controller says FailureTarget/SuccessCriteriaMet as soon as it decides, and
+        # Failed/Complete only once the pod is gone; ``active`` counts pods that are still
+        # pulling their image, ``ready`` only those whose container runs.
         for c in status.get("conditions") or []:
-            if c.get("status") == "True" and c.get("type") in ("Complete", "Failed"):
-                done: ObservedState = "exited" if c["type"] == "Complete" else "failed"
-                return done, c.get("message") or c.get("reason") or c["type"]
-        return ("running" if status.get("active") else "starting"), ""
+            if c.get("status") == "True" and c.get("type") in _JOB_ENDED:
+                return _JOB_ENDED[c["type"]], c.get("message") or c.get("reason") or c["type"]
+        return ("running" if status.get("ready") else "starting"), ""
     if kind.plural in ("pytorchjobs", "tfjobs"):
         true = [c for c in status.get("conditions") or [] if c.get("status") == "True"]
         last = true[-1] if true else {}

@@ -1,33 +1,24 @@
-"""Contract harness for the Kubernetes platforms, against the fake API server of tests/fake_k8s.py.
-
-One fake serves the whole session; it runs each pod's container command as a local process
-with this interpreter first on PATH, so the agents are real and dial the test's endpoint.
-"""
+"""Contract harness for plain Kubernetes pods: a real API server and controller manager, with
+the stand-in kubelet of tests/kube running each pod's container command as a local process,
+this interpreter first on PATH, so the agents are real and dial the test's endpoint."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_k8s import running, section
+from kube.cluster import KubeCluster, section
 
-PLATFORMS: tuple[str, ...] = ("kubernetes", "kubeflow", "frameworkcontroller", "adl")
+PLATFORMS: tuple[str, ...] = ("kubernetes",)
+MARKS = (pytest.mark.kube,)
 
 
 @pytest.fixture(scope="session")
-def kubernetes_training_service(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Callable[[str, Path], dict[str, Any]]]:
-    """Starts the fake API server once per session; every pod it runs is killed at the end."""
-    if importlib.util.find_spec("kubernetes") is None:
-        pytest.skip("the kubernetes client is not installed (pip install 'trialkeeper[k8s]')")
-    with running(tmp_path_factory.mktemp("contract-k8s")) as fake:
+def kubernetes_training_service(kube_cluster: KubeCluster) -> Iterator[Callable[[str, Path], dict[str, Any]]]:
+    def make(platform: str, tmp_path: Path) -> dict[str, Any]:
+        assert platform in PLATFORMS, platform
+        return {"reuseMode": True, **section(kube_cluster, platform, tmp_path)}
 
-        def make(platform: str, tmp_path: Path) -> dict[str, Any]:
-            assert platform in PLATFORMS, platform
-            return {"reuseMode": True, **section(fake, platform, tmp_path)}
-
-        yield make
+    yield make

@@ -80,7 +80,8 @@ def _discover() -> tuple[list[Any], dict[str, str]]:
         for attr, value in vars(module).items():
             if _is_fixture(value) and attr not in globals():
                 globals()[attr] = value
-        params += [pytest.param(name, p, id=p if p == name else f"{name}-{p}") for p in platforms]
+        marks = tuple(getattr(module, "MARKS", ()))  # e.g. pytest.mark.kube: run after the rest
+        params += [pytest.param(name, p, id=p if p == name else f"{name}-{p}", marks=marks) for p in platforms]
     return params, broken
 
 
