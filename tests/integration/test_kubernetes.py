@@ -6,8 +6,10 @@ accounts); its one node is the stand-in kubelet, which runs each pod's container
 local process, so the agents are real and dial back to a real coordinator.
 
 The tests take a flavour, (platform, trainingService fields), from the lists below: plain Pods
-and Jobs now; an operator's flavours join once the operator runs on this cluster (until then
-they run against the fake in test_kubernetes_operators.py). The config tests need no cluster.
+and Jobs, Kubeflow's PyTorchJob and TFJob run by the real training operator, and AdaptDLJobs
+run by AdaptDL's real scheduler (tests/kube/operators.py; a flavour's operator is started for
+the session when a test first takes it). FrameworkController alone still runs on the fake, in
+test_kubernetes_operators.py. The config tests need no cluster.
 """
 
 from __future__ import annotations
@@ -56,14 +58,34 @@ NS = "default"
 FLAVOURS = [
     pytest.param("kubernetes", {"workload": "pod"}, id="pod"),
     pytest.param("kubernetes", {"workload": "job"}, id="job"),
+    pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
+    pytest.param("kubeflow", {"operator": "tfjob"}, id="tfjob"),
+    pytest.param("adl", {"adaptive": True}, id="adl"),
 ]
+# The session fixture that runs each operator platform's operator.
+OPERATORS = {"kubeflow": "kubeflow_operator", "adl": "adaptdl_scheduler"}
+# Where a flavour's workload replaces a deleted pod, as its operator does.
+REPLACES_PODS = ("kubeflow", "adl")
 # The quickstart on each, with and without reuse.
 QUICKSTARTS = [
     pytest.param("kubernetes", {}, id="pod-reuse"),
     pytest.param("kubernetes", {"reuseMode": False, "workload": "job"}, id="job-no-reuse"),
+    pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
+    pytest.param("kubeflow", {"operator": "tfjob", "reuseMode": False}, id="tfjob-no-reuse"),
+    pytest.param("adl", {"adaptive": True}, id="adl"),
 ]
-# What an experiment may leave on the cluster: (plural, API group); an operator's kind joins.
-LEFT_BEHIND = [("pods", ""), ("secrets", ""), ("persistentvolumeclaims", ""), ("jobs", "batch")]
+# What an experiment may leave on the cluster: (plural, API group/version); operators' kinds
+# are asked for only once their CRDs are there.
+LEFT_BEHIND = [("pods", ""), ("secrets", ""), ("persistentvolumeclaims", ""), ("jobs", "batch"),
+               ("pytorchjobs", "kubeflow.org"), ("tfjobs", "kubeflow.org"), ("adaptdljobs", "adaptdl.petuum.com")]
+
+
+@pytest.fixture(autouse=True)
+def _operator(request: pytest.FixtureRequest) -> None:
+    """The operator of the test's flavour, running before the test starts."""
+    platform = getattr(request.node, "callspec", None) and request.node.callspec.params.get("platform")
+    if platform in OPERATORS:
+        request.getfixturevalue(OPERATORS[platform])
 
 
 def _config_data(cluster: KubeCluster, tmp_path: Path, platform: str = "kubernetes", **ts: Any) -> dict[str, Any]:
@@ -73,7 +95,9 @@ def _config_data(cluster: KubeCluster, tmp_path: Path, platform: str = "kubernet
 def _ours(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:
     """The objects of one experiment the cluster still holds."""
     mine = selector(experiment_id)
-    return [o for plural, group in LEFT_BEHIND for o in cluster.objects(plural, group=group, selector=mine)]
+    served = [(plural, group) for plural, group in LEFT_BEHIND
+              if not group or cluster.request("GET", f"/apis/{group}/v1")[0] == 200]
+    return [o for plural, group in served for o in cluster.objects(plural, group=group, selector=mine)]
 
 
 def _created(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:

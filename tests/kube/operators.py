@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -52,7 +53,7 @@ def missing() -> str:
 @dataclass
 class RunningOperator:
     name: str
-    process: subprocess.Popen[bytes]
+    process: psutil.Process  # started detached: no child of the tests' process
     log_path: Path
 
     def log_tail(self, lines: int = 40) -> str:
@@ -62,13 +63,27 @@ class RunningOperator:
             return ""
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
+def _start(name: str, argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> RunningOperator:
+    from kube.cluster import kube_env
+
+    return RunningOperator(name, kube_env.spawn_detached(argv, log_path, env, cwd), log_path)
+
+
+def _exited(process: psutil.Process) -> bool:
     try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(STOP_TIMEOUT_S)
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _stop(process: psutil.Process) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except psutil.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
 
 
 def _free_port() -> int:
@@ -92,8 +107,8 @@ def _wait(predicate: Any, timeout: float, what: str, operator: RunningOperator |
     deadline = time.monotonic() + timeout
     delay = 0.05
     while not predicate():
-        if operator is not None and operator.process.poll() is not None:
-            raise RuntimeError(f"{operator.name} exited with {operator.process.returncode} while {what}:\n{operator.log_tail()}")
+        if operator is not None and _exited(operator.process):
+            raise RuntimeError(f"{operator.name} exited while {what}:\n{operator.log_tail()}")
         if time.monotonic() >= deadline:
             tail = f":\n{operator.log_tail()}" if operator is not None else ""
             raise RuntimeError(f"timed out after {timeout:.0f} s {what}{tail}")
@@ -111,6 +126,39 @@ def apply_crds(api: Any, bodies: list[dict[str, Any]]) -> None:
     names = [b["metadata"]["name"] for b in bodies]
     _wait(lambda: all(_crd_established(api, n) for n in names), START_TIMEOUT_S,
           f"waiting for CRDs {', '.join(names)} to be established")
+    for body in bodies:
+        _wait_collected(api, body)
+
+
+def _wait_collected(api: Any, crd: dict[str, Any]) -> None:
+    """Wait until the garbage collector handles the CRD's kind as an owner.
+
+    It learns of new kinds by polling discovery every 30 s; until then the pods of a deleted
+    job stay (an operator is installed long before its first job on a real cluster). Probe:
+    a ConfigMap owned by an object of the kind that does not exist is collected once the
+    collector knows the kind."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api)
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("storage"))
+    name = f"gc-probe-{spec['names']['plural']}"
+    owner = {"apiVersion": f"{spec['group']}/{version}", "kind": spec["names"]["kind"], "name": name,
+             "uid": "00000000-0000-0000-0000-000000000000"}
+    _create_quietly(core.create_namespaced_config_map, "default",
+                    {"metadata": {"name": name, "ownerReferences": [owner]}, "data": {"probe": "gc"}})
+
+    def collected() -> bool:
+        try:
+            core.read_namespaced_config_map(name, "default", _request_timeout=10)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
+
+    _wait(collected, START_TIMEOUT_S, f"waiting for the garbage collector to know {spec['names']['kind']}")
 
 
 def _webhook_configuration(ca: bytes, port: int) -> dict[str, Any]:
@@ -156,13 +204,10 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
         ca = _certificate(workdir / "webhook-certs")
         port = _free_port()
         log_path = workdir / "training-operator.log"
-        with open(log_path, "wb") as out:
-            process = subprocess.Popen(
-                [str(kube_operators.binary(op)), f"--kubeconfig={kubeconfig}", *(f"--enable-scheme={s}" for s in SCHEMES),
-                 f"--webhook-port={port}", f"--webhook-cert-dir={workdir / 'webhook-certs'}"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-            )
-        running = RunningOperator(op.name, process, log_path)
+        running = _start(op.name, [str(kube_operators.binary(op)), f"--kubeconfig={kubeconfig}",
+                                   *(f"--enable-scheme={s}" for s in SCHEMES), f"--webhook-port={port}",
+                                   f"--webhook-cert-dir={workdir / 'webhook-certs'}"],
+                         log_path, {**os.environ, "KUBECONFIG": str(kubeconfig)}, workdir)
         try:
             _wait(lambda: _answers_tls(port, workdir / "webhook-certs" / "tls.crt"), START_TIMEOUT_S,
                   "waiting for the training operator's webhook server", running)
@@ -172,7 +217,7 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
         finally:
             with contextlib.suppress(Exception):
                 admission.delete_validating_webhook_configuration(WEBHOOK_CONFIGURATION, _request_timeout=30)
-            _stop(process)
+            _stop(running.process)
     finally:
         api.close()
 
@@ -257,19 +302,15 @@ def adaptdl_scheduler(kubeconfig: Path, workdir: Path, namespace: str = "default
         env = {**os.environ, "ADAPTDL_SCHED_VERSION": ADAPTDL_SCHED.version, "ADAPTDL_SCHED_DEPLOYMENT": ADAPTDL_DEPLOYMENT,
                # Only AdaptDL's training library calls the supervisor; the agent never does.
                "ADAPTDL_SUPERVISOR_URL": "http://127.0.0.1:9/", "PYTHONUNBUFFERED": "1"}
-        with open(log_path, "wb") as out:
-            process = subprocess.Popen(
-                [str(kube_operators.scheduler_python(ADAPTDL_SCHED)), str(Path(__file__).with_name("adaptdl_sched_main.py")),
-                 str(kubeconfig)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=workdir,
-            )
-        running = RunningOperator(ADAPTDL_SCHED.name, process, log_path)
+        running = _start(ADAPTDL_SCHED.name, [str(kube_operators.scheduler_python(ADAPTDL_SCHED)),
+                                              str(Path(__file__).with_name("adaptdl_sched_main.py")), str(kubeconfig)],
+                         log_path, env, workdir)
         try:
             _wait(lambda: "adaptdl scheduler: running" in log_path.read_text(errors="replace"), START_TIMEOUT_S,
                   "waiting for AdaptDL's scheduler", running)
             yield running
         finally:
-            _stop(process)
+            _stop(running.process)
     finally:
         api.close()
 
@@ -296,3 +337,46 @@ def _crd_established(api: Any, name: str) -> bool:
 
     crd = api.sanitize_for_serialization(client.ApiextensionsV1Api(api).read_custom_resource_definition(name, _request_timeout=10))
     return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
+
+
+# ---- session fixtures' bodies -------------------------------------------------------------
+
+
+def _ensure(why: str, build: Any) -> None:
+    """Built or reused; in CI (or with TRIALKEEPER_KUBE_BUILD=1) built here, waiting for a build
+    already under way (the build holds a lock); elsewhere the test is skipped with the command."""
+    from kube.cluster import _unavailable
+
+    if not why:
+        return
+    if not (os.environ.get("CI") or os.environ.get("TRIALKEEPER_KUBE_BUILD")):
+        _unavailable(f"{why}   (or set TRIALKEEPER_KUBE_BUILD=1)")
+    try:
+        build()
+    except SystemExit as e:  # the build script's way of saying what failed
+        _unavailable(str(e))
+
+
+def _session(why: str, build: Any, start: Any) -> Iterator[RunningOperator]:
+    from kube.cluster import _unavailable
+
+    _ensure(why, build)
+    stack = contextlib.ExitStack()
+    try:
+        running = stack.enter_context(start())
+    except RuntimeError as e:  # it exited or never answered: in CI a failure, else a skip
+        _unavailable(str(e))
+    with stack:
+        yield running
+
+
+def session_training_operator(cluster: Any, tmp_path_factory: Any) -> Iterator[RunningOperator]:
+    """The body of the session fixture ``kubeflow_operator``: one operator for the session."""
+    yield from _session(missing(), lambda: kube_operators.build(TRAINING_OPERATOR),
+                        lambda: training_operator(cluster.kubeconfig, tmp_path_factory.mktemp("training-operator")))
+
+
+def session_adaptdl_scheduler(cluster: Any, tmp_path_factory: Any) -> Iterator[RunningOperator]:
+    """The body of the session fixture ``adaptdl_scheduler``."""
+    yield from _session(adaptdl_missing(), lambda: kube_operators.build_scheduler(ADAPTDL_SCHED),
+                        lambda: adaptdl_scheduler(cluster.kubeconfig, tmp_path_factory.mktemp("adaptdl-sched")))
