@@ -472,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dir", type=Path, help="their folder (default: a temporary one)")
     args = parser.parse_args(argv)
     if args.command == "run":
+        # Waited for with sigwait; a shell starting us in the background ignores SIGINT, which
+        # would discard it rather than leave it pending.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         if args.command == "build":

@@ -1,5 +1,8 @@
 """A fake Kubernetes API server on 127.0.0.1 that really runs the containers as local processes.
 
+Plain pods and Jobs no longer run on it: they run on the real API server and controller
+manager of tests/kube. It remains for the operator flavours whose operator does not run there.
+
 It speaks the REST endpoints the official client calls for the kinds trialkeeper uses:
 core/v1 pods, secrets and persistentvolumeclaims, batch/v1 jobs, and the custom resources
 of the operators (kubeflow.org PyTorchJob/TFJob, frameworkcontroller.microsoft.com

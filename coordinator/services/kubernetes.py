@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
-_NO_DEFAULT_ACCOUNT = 'serviceaccount "default" not found'
 STOP_WAIT_S = 20.0  # after the grace period: how long stop() waits for the pods to go
 
 
@@ -304,29 +303,19 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
         # Strict: a field the server does not know (a misspelt toleration key, say) is refused
         # with its name, where the server's default would drop it with a mere warning.
         strict = {"field_validation": "Strict"}
-        deadline = time.monotonic() + self.config.api_timeout
-        delay = 0.1
-        while True:
-            try:
-                if kind.custom:
-                    await self._call(self._custom.create_namespaced_custom_object, kind.group, kind.version, ns,
-                                     kind.plural, body, **strict)
-                else:
-                    create: dict[str, Callable[..., Any]] = {
-                        "pods": self._core.create_namespaced_pod, "secrets": self._core.create_namespaced_secret,
-                        "persistentvolumeclaims": self._core.create_namespaced_persistent_volume_claim,
-                        "jobs": self._batch.create_namespaced_job}
-                    await self._call(create[kind.plural], ns, body, **strict)
-                return
-            except _ApiFailure as e:
-                if exists_ok and e.status == 409:
-                    return
-                # A namespace gets its `default` ServiceAccount from the controller manager a
-                # moment after it is created; until then the server refuses its pods.
-                if not (_NO_DEFAULT_ACCOUNT in str(e) and time.monotonic() + delay < deadline):
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        try:
+            if kind.custom:
+                await self._call(self._custom.create_namespaced_custom_object, kind.group, kind.version, ns,
+                                 kind.plural, body, **strict)
+            else:
+                create: dict[str, Callable[..., Any]] = {
+                    "pods": self._core.create_namespaced_pod, "secrets": self._core.create_namespaced_secret,
+                    "persistentvolumeclaims": self._core.create_namespaced_persistent_volume_claim,
+                    "jobs": self._batch.create_namespaced_job}
+                await self._call(create[kind.plural], ns, body, **strict)
+        except _ApiFailure as e:
+            if not (exists_ok and e.status == 409):
+                raise
 
     async def _list(self, kind: Kind, label_selector: str) -> list[dict[str, Any]]:
         ns = self.config.namespace

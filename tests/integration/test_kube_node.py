@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,15 @@ def _waiting_reason(cluster: KubeCluster, name: str) -> str:
 def _delete(cluster: KubeCluster, name: str, grace_s: int = 0) -> None:
     cluster.delete_pod(NS, name, grace_s)
     wait_until(lambda: _get_pod(cluster, name) is None, WAIT_S, message=f"pod {name} was never removed")
+
+
+def test_the_node_is_ready_untainted_with_its_cpus_and_gpus(kube_cluster: KubeCluster) -> None:
+    status, node = kube_cluster.request("GET", f"/api/v1/nodes/{kube_cluster.node.name}")
+    assert status == 200, node
+    assert not (node.get("spec") or {}).get("taints"), node["spec"]  # the not-ready taint is lifted
+    assert [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == kube_cluster.node.capacity["nvidia.com/gpu"]
+    assert node["status"]["allocatable"]["cpu"] == kube_cluster.node.capacity["cpu"]
 
 
 def test_a_pod_runs_with_its_command_env_working_dir_and_volumes(kube_cluster: KubeCluster, tmp_path: Path) -> None:
@@ -110,17 +120,22 @@ def test_deleting_a_running_pod_honours_its_grace_period(kube_cluster: KubeClust
     marker = tmp_path / "term"
     handler = "signal.SIG_IGN" if ignores_term else f"lambda *_: (open({str(marker)!r}, 'w').close(), sys.exit(0))"
     script = f"import signal, sys, time\nsignal.signal(signal.SIGTERM, {handler})\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"
-    _create(kube_cluster, f"/api/v1/namespaces/{NS}/pods", _pod(name, [sys.executable, "-c", script], terminationGracePeriodSeconds=2))
+    _create(kube_cluster, f"/api/v1/namespaces/{NS}/pods", _pod(name, [sys.executable, "-c", script]))
     wait_until(lambda: "up" in kube_cluster.node.container_log(NS, name), WAIT_S, message=f"pod {name} never ran")
     assert _phase(kube_cluster, name) == "Running"
     pids = kube_cluster.node.pod_pids(NS, name)
     assert pids
-    kube_cluster.delete_pod(NS, name, grace_s=2 if not ignores_term else 1)
-    # The object stays while its processes run: the API server waits for the node.
-    assert _get_pod(kube_cluster, name) is not None
+    grace = 1 if ignores_term else 5
+    began = time.monotonic()
+    answer = kube_cluster.delete_pod(NS, name, grace_s=grace)
+    # The object stays, marked, while its processes run: the API server waits for the node.
+    assert answer["metadata"].get("deletionTimestamp") and answer["metadata"]["deletionGracePeriodSeconds"] == grace
     wait_until(lambda: _get_pod(kube_cluster, name) is None, WAIT_S, message=f"pod {name} was never removed")
     assert all(pid_gone(p) for p in pids)
-    assert marker.exists() is not ignores_term
+    if ignores_term:  # killed once the grace period was over, not before
+        assert not marker.exists() and time.monotonic() - began >= grace
+    else:  # it stopped on SIGTERM, well within its grace period
+        assert marker.exists()
 
 
 def test_a_pod_that_does_not_fit_waits_unschedulable(kube_cluster: KubeCluster) -> None:
@@ -146,8 +161,12 @@ def test_an_unpullable_image_backs_off(kube_cluster: KubeCluster) -> None:
     name = _name("pull")
     _create(kube_cluster, f"/api/v1/namespaces/{NS}/pods",
             _pod(name, ["true"], container={"image": f"registry.example/{NO_SUCH_IMAGE}:1"}))
-    wait_until(lambda: _waiting_reason(kube_cluster, name) == "ErrImagePull", WAIT_S, message="never ErrImagePull")
+    # ErrImagePull after the failed pull, then ImagePullBackOff while it waits to try again.
+    wait_until(lambda: _waiting_reason(kube_cluster, name) in ("ErrImagePull", "ImagePullBackOff"), WAIT_S,
+               message="the pull never failed")
     wait_until(lambda: _waiting_reason(kube_cluster, name) == "ImagePullBackOff", WAIT_S, message="never backed off")
+    status = (_get_pod(kube_cluster, name) or {})["status"]["containerStatuses"][0]
+    assert NO_SUCH_IMAGE in status["state"]["waiting"]["message"] and not status["ready"], status
     assert _phase(kube_cluster, name) == "Pending"
     _delete(kube_cluster, name, grace_s=30)  # nothing runs: the node lets it go at once
 

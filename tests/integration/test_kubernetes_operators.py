@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,17 +21,14 @@ from typing import Any
 import pytest
 import yaml
 from conftest import (
-    GATED_TRIAL,
     quickstart_code,
     quickstart_data,
     run_async,
     service_from_config,
-    wait_until,
 )
 from fake_k8s import NO_SUCH_IMAGE, FakeKubernetes, running, section
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import parse_config
-from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest, Observation
 from trialkeeper.coordinator.services.kubernetes import (
     KubernetesEnvironmentService,
@@ -128,102 +122,6 @@ def test_quickstart_end_to_end(
     # Nothing of the experiment is left on the cluster, and the token was only ever in its Secret.
     assert _ours(fake, experiment_id) == []
     _assert_token_only_in_its_secret(fake, experiment_id, (exp_dir / ".token").read_text().strip())
-
-
-# ---- the coordinator dies -----------------------------------------------------------------
-
-
-def _rows(exp: Path, table: str) -> list[dict[str, Any]]:
-    if not (exp / Store.FILENAME).exists():
-        return []
-    try:
-        store = Store.in_dir(exp, readonly=True)
-    except Exception:  # noqa: BLE001 - created but not yet initialised
-        return []
-    try:
-        return store.trials() if table == "trials" else store.envs()
-    except Exception:  # noqa: BLE001 - the schema is still being written
-        return []
-    finally:
-        store.close()
-
-
-def _reconnected(exp: Path, env_ids: set[str]) -> bool:
-    """Every environment went from LOST (the coordinator restarted) back to work."""
-    try:
-        store = Store.in_dir(exp, readonly=True)
-    except Exception:  # noqa: BLE001 - being written
-        return False
-    try:
-        events = store.events()
-    finally:
-        store.close()
-    back = {str(e["entity_id"]) for e in events if e["old"] == "LOST" and e["new"] in ("READY", "BUSY")}
-    return env_ids <= back
-
-
-def _cli(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "trialkeeper.coordinator.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(fake: FakeKubernetes, tmp_path: Path) -> None:
-    quickstart_code(tmp_path, GATED_TRIAL)
-    gate = tmp_path / "gate"
-    data = _config_data(fake, tmp_path, "kubeflow", operator="tfjob")
-    data.update(
-        trialCommand="python3 trial.py", trialEnv={"GATE": str(gate)}, tuner={"name": "grid"},
-        searchSpace={"x": {"_type": "choice", "_value": [1, 2, 3, 4]}, "wait": {"_type": "choice", "_value": [True]}},
-    )
-    del data["searchSpaceFile"]
-    config_file = tmp_path / "config.yml"
-    config_file.write_text(json.dumps(data))
-    exp = tmp_path / "exp"
-    first = _cli("run", str(config_file), "--experiment-dir", str(exp), "--quiet")
-    resumed = None
-    try:
-        wait_until(lambda: sum(t["status"] == "RUNNING" for t in _rows(exp, "trials")) == 2 or first.poll() is not None,
-                   WAIT_S, message="two trials never ran")
-        assert first.poll() is None, first.communicate()[0].decode(errors="replace")
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-        experiment_id = Store.in_dir(exp, readonly=True).experiment()["id"]
-        known = {str(e["id"]) for e in _rows(exp, "envs")}
-        # An environment the dead coordinator asked for but never recorded: a stray.
-        config = parse_config(data, tmp_path / "code")
-        stray_service = create_service(config, exp)
-        token = (exp / ".token").read_text().strip()
-
-        async def start_stray_then_sweep() -> list[str]:
-            await stray_service.prepare()
-            started = await stray_service.start(EnvironmentRequest("env-99", experiment_id, "127.0.0.1:9", token, ("--reconnect-window", "60")))
-            assert started.error is None, started.error
-            fresh = create_service(config, exp)  # knows nothing: works from the labels alone
-            try:
-                return await fresh.sweep(experiment_id, keep=known)
-            finally:
-                await fresh.close()
-                await stray_service.close()
-
-        assert run_async(start_stray_then_sweep) == ["env-99"]
-        names = {o["metadata"]["name"] for o in _ours(fake, experiment_id) if o["kind"] == "TFJob"}
-        assert len(names) == 2, names
-
-        resumed = _cli("resume", str(exp), "--quiet")
-        wait_until(lambda: _reconnected(exp, known) or resumed.poll() is not None, WAIT_S, message="the agents did not come back")
-        gate.write_text("")
-        out, _ = resumed.communicate(timeout=WAIT_S)
-        assert resumed.returncode == 0, out.decode(errors="replace")
-        trials = _rows(exp, "trials")
-        assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
-        # The agents from before the crash finished the trials: adopted, not replaced.
-        assert {str(e["id"]) for e in _rows(exp, "envs")} == known
-        assert _ours(fake, experiment_id) == []
-    finally:
-        for proc in (first, resumed):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
 
 
 # ---- errors are data; config -------------------------------------------------------------

@@ -109,7 +109,8 @@ class KubeCluster:
         query = f"?labelSelector={selector}" if selector else ""
         status, answer = self.request("GET", f"{base}/{plural}{query}")
         assert status == 200, f"listing {plural}: {status} {answer.get('message')}"
-        return list(answer.get("items", []))
+        kind = str(answer.get("kind", "")).removesuffix("List")  # a list's items do not say their kind
+        return [{"kind": kind, **item} for item in answer.get("items", [])]
 
     def created(self) -> list[dict[str, Any]]:
         """Every object created so far, as its request carried it (from the audit log), so
@@ -127,10 +128,12 @@ class KubeCluster:
                 out.append(obj)
         return out
 
-    def delete_pod(self, namespace: str, name: str, grace_s: int = 0) -> None:
+    def delete_pod(self, namespace: str, name: str, grace_s: int = 0) -> dict[str, Any]:
+        """Delete a pod as a user would; the answer is the pod as the deletion left it."""
         status, answer = self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
                                       {"gracePeriodSeconds": grace_s})
         assert status in (200, 202), f"deleting pod {name}: {status} {answer.get('message')}"
+        return answer
 
 
 def section(cluster: KubeCluster, platform: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:

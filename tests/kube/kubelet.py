@@ -139,6 +139,13 @@ class StandInKubelet:
                          "containerRuntimeVersion": "local-process://1", "kernelVersion": "", "osImage": "",
                          "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
         }})
+        # The API server taints a new Node not-ready; the node lifecycle controller (not run
+        # here) lifts that once the node reports Ready, and schedulers that honour taints wait.
+        status, answer = self.cluster.request("GET", f"/api/v1/nodes/{self.name}")
+        taints = (answer.get("spec") or {}).get("taints") or [] if status == 200 else []
+        kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
+        if kept != taints:
+            self._call("PATCH", f"/api/v1/nodes/{self.name}", {"spec": {"taints": kept or None}})
         threading.Thread(target=self._watch, name="kubelet-watch", daemon=True).start()
         self._worker = threading.Thread(target=self._work, name="kubelet-work", daemon=True)
         self._worker.start()

@@ -297,7 +297,6 @@ def adaptdl_scheduler(kubeconfig: Path, workdir: Path, namespace: str = "default
             }},
         }
         _create_quietly(client.AppsV1Api(api).create_namespaced_deployment, namespace, deployment)
-        _clear_not_ready_taints(api)
         log_path = workdir / "adaptdl-sched.log"
         env = {**os.environ, "ADAPTDL_SCHED_VERSION": ADAPTDL_SCHED.version, "ADAPTDL_SCHED_DEPLOYMENT": ADAPTDL_DEPLOYMENT,
                # Only AdaptDL's training library calls the supervisor; the agent never does.
@@ -313,23 +312,6 @@ def adaptdl_scheduler(kubeconfig: Path, workdir: Path, namespace: str = "default
             _stop(running.process)
     finally:
         api.close()
-
-
-def _clear_not_ready_taints(api: Any) -> None:
-    """Lift the ``not-ready`` taint the API server puts on a new Node from the nodes that are
-    Ready, as the controller manager's node lifecycle controller does (the test cluster does
-    not run that one). AdaptDL's allocator places pods only on untainted nodes."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    for node in api.sanitize_for_serialization(core.list_node(_request_timeout=30))["items"]:
-        conditions = (node.get("status") or {}).get("conditions") or []
-        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            continue
-        taints = (node.get("spec") or {}).get("taints") or []
-        kept = [t for t in taints if t["key"] != "node.kubernetes.io/not-ready"]
-        if kept != taints:
-            core.patch_node(node["metadata"]["name"], {"spec": {"taints": kept}}, _request_timeout=30)
 
 
 def _crd_established(api: Any, name: str) -> bool:
