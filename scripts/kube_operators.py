@@ -81,8 +81,9 @@ class PythonScheduler:
         return [f"{self.name}=={self.version}", *self.extra]
 
 
-# adaptdl-sched asks for pymoo>=0.5.0, but imports a module pymoo 0.6 removed.
-ADAPTDL_SCHED = PythonScheduler(name="adaptdl-sched", version="0.2.11", extra=("pymoo==0.5.0",))
+# adaptdl-sched asks for pymoo>=0.5.0 and numpy>=1.17, but imports a module pymoo 0.6 removed
+# and (in its allocator's policy) uses numpy.int, which numpy 1.24 removed.
+ADAPTDL_SCHED = PythonScheduler(name="adaptdl-sched", version="0.2.11", extra=("pymoo==0.5.0", "numpy<1.24"))
 
 
 def cache_root() -> Path:
@@ -145,7 +146,7 @@ def _go(args: list[str], cwd: Path) -> str:
     if go is None:
         raise SystemExit("the operators are built with Go (https://go.dev/dl/): `go` is not on PATH")
     env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-    done = subprocess.run([go, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run([go, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"`go {' '.join(args)}` failed in {cwd}:\n{done.stderr[-4000:]}")
     return done.stdout
@@ -197,7 +198,7 @@ def build_scheduler(sched: PythonScheduler) -> Path:
         # The same interpreter as the tests' own: its packages' wheels match it.
         subprocess.run([sys.executable, "-m", "venv", str(staged)], check=True, timeout=300)
         done = subprocess.run([str(staged / "bin" / "python"), "-m", "pip", "install", "-q", *sched.requirements],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800, check=False)
         if done.returncode != 0:
             raise SystemExit(f"pip install {' '.join(sched.requirements)} failed:\n{done.stdout[-4000:]}")
         (staged / "requirements.txt").write_text(wanted)

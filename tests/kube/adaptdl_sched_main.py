@@ -26,7 +26,7 @@ async def restarted(name: str, run: Callable[[], Awaitable[None]]) -> None:
     while True:
         try:
             await run()
-        except Exception:  # noqa: BLE001 - logged, then restarted like a crashed container
+        except Exception:  # logged, then restarted like a crashed container
             log.exception("%s failed; restarting it in %.0f s", name, RESTART_DELAY_S)
         await asyncio.sleep(RESTART_DELAY_S)
 

@@ -27,7 +27,7 @@ import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import kube_operators  # noqa: E402 - the build script is the one place that knows the versions
+import kube_operators  # the build script is the one place that knows the versions
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,8 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
         try:
             _wait(lambda: _answers_tls(port, workdir / "webhook-certs" / "tls.crt"), START_TIMEOUT_S,
                   "waiting for the training operator's webhook server", running)
-            admission.create_validating_webhook_configuration(_webhook_configuration(ca, port), _request_timeout=30)
+            webhooks: Any = _webhook_configuration(ca, port)  # the client takes plain JSON as well as its models
+            admission.create_validating_webhook_configuration(webhooks, _request_timeout=30)
             log.info("training operator %s up in %.1f s (webhooks on 127.0.0.1:%d)", op.version, time.monotonic() - began, port)
             yield running
         finally:
