@@ -355,13 +355,14 @@ class ControlPlane:
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.procs[name] = spawn_detached(argv, self.log_file(name))
 
-    def write_kubeconfig(self, path: Path, *, namespace: str = "default") -> Path:
+    def write_kubeconfig(self, path: Path, *, namespace: str = "default", server: str = "") -> Path:
+        """A kubeconfig for the admin token; ``server`` (a proxy's URL, say) instead of ours."""
         path.write_text(textwrap.dedent(f"""\
             apiVersion: v1
             kind: Config
             clusters:
             - name: trialkeeper-test
-              cluster: {{server: "{self.url}", certificate-authority: "{self.ca_file}"}}
+              cluster: {{server: "{server or self.url}", certificate-authority: "{self.ca_file}"}}
             users:
             - name: admin
               user: {{token: "{self.token}"}}

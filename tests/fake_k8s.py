@@ -52,7 +52,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
-from kube.kubelet import path_rewriter
+from kube.podenv import path_rewriter
 
 POD_MARKER = "FAKE_K8S_POD_UID"
 MAX_GRACE_S = 5.0  # a fake need not wait 30 s for a pod that ignores SIGTERM

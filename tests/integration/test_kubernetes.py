@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from conftest import (
     wait_until,
 )
 from kube.cluster import NO_SUCH_IMAGE, KubeCluster, section
+from netproxy import CuttingProxy
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
@@ -386,6 +388,43 @@ def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_t
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
+def test_an_api_server_out_of_reach_keeps_what_was_seen_last_and_says_so(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
+    # The API server unreachable is no news about the workload: the service reports what it
+    # saw last, says why it cannot tell more, and carries on once the server answers again.
+    quickstart_code(tmp_path)
+    experiment_id = f"unreach-{platform}-{secrets.token_hex(3)}"
+
+    async def body() -> None:
+        proxy = await CuttingProxy().start()
+        proxy.target = ("127.0.0.1", kube_cluster.plane.port)
+        kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig-proxy", server=f"https://127.0.0.1:{proxy.port}")
+        data = _config_data(kube_cluster, tmp_path, platform, kubeconfig=str(kubeconfig), apiTimeout="3s", **extra)
+        service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
+        request = EnvironmentRequest("env-1", experiment_id, "127.0.0.1:9", "t0ken")
+        try:
+            assert (await service.start(request)).error is None
+            before = await _poll_until(service, "env-1", "running")
+            proxy.target = None  # new connections are refused...
+            proxy.cut()  # ...and the open ones broken
+            seen = (await service.poll(["env-1"]))["env-1"]
+            assert seen.state == before.state and "cannot ask the API server" in seen.detail, seen
+            assert seen.platform_id == before.platform_id
+            proxy.target = ("127.0.0.1", kube_cluster.plane.port)
+            seen = (await service.poll(["env-1"]))["env-1"]
+            assert "cannot ask" not in seen.detail and seen.state in ("running", "exited", "failed"), seen
+            await service.stop("env-1", 0.0)
+            await service.close()
+        finally:
+            await proxy.close()
+
+    run_async(body)
+    assert _ours(kube_cluster, experiment_id) == []
+
+
+@pytest.mark.slow
 def test_an_environment_failing_to_start_is_removed_at_once(kube_cluster: KubeCluster, tmp_path: Path) -> None:
     quickstart_code(tmp_path)
     data = _config_data(kube_cluster, tmp_path, image=f"registry.example/{NO_SUCH_IMAGE}:1", imagePullTimeout="1s")
@@ -406,6 +445,37 @@ def test_an_environment_failing_to_start_is_removed_at_once(kube_cluster: KubeCl
             )
 
     run_async(body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
+def test_long_and_odd_ids_still_make_names_and_labels_the_server_takes(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
+    # RFC 1123 names (lowercase, at most 63 with what controllers append) and label values
+    # (at most 63, alphanumeric at both ends): the server refuses anything else.
+    quickstart_code(tmp_path)
+    data = _config_data(kube_cluster, tmp_path, platform, **extra)
+    service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
+    experiment_id = f"An_Experiment.Named-{platform}-{extra}-" + "x" * 80
+    env_id = "Env_" + "y" * 70 + "."
+    request = EnvironmentRequest(env_id, experiment_id, "127.0.0.1:9", "t0ken")
+
+    async def body() -> None:
+        started = await service.start(request)
+        assert started.error is None, started.error
+        assert started.platform_id is not None and len(started.platform_id) <= 63
+        await async_wait_until(lambda: kube_cluster.objects("pods", selector=selector(experiment_id, env_id)), WAIT_S,
+                               message="no pod carries the environment's labels")
+        pod = kube_cluster.objects("pods", selector=selector(experiment_id, env_id))[0]
+        # The exact ids are kept beside the labels, which had to be shortened.
+        notes = pod["metadata"]["annotations"]
+        assert (notes["trialkeeper/experiment-id"], notes["trialkeeper/environment-id"]) == (experiment_id, env_id), notes
+        await service.stop(env_id, 0.0)
+        await service.close()
+
+    run_async(body)
+    assert _ours(kube_cluster, experiment_id) == []
 
 
 @pytest.mark.slow

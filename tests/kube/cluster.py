@@ -100,8 +100,8 @@ class KubeCluster:
         """One REST call as the admin: (HTTP status, decoded answer)."""
         return self.plane.request(method, path, body, **kwargs)  # type: ignore[no-any-return]
 
-    def write_kubeconfig(self, path: Path, *, namespace: str = "default") -> Path:
-        return Path(self.plane.write_kubeconfig(path, namespace=namespace))
+    def write_kubeconfig(self, path: Path, *, namespace: str = "default", server: str = "") -> Path:
+        return Path(self.plane.write_kubeconfig(path, namespace=namespace, server=server))
 
     def objects(self, plural: str, *, group: str = "", version: str = "v1", selector: str = "") -> list[dict[str, Any]]:
         """The objects of a kind in every namespace, now (``group`` "" is the core API)."""

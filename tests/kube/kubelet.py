@@ -4,15 +4,8 @@ There is no kube-scheduler and no container runtime here. The stand-in registers
 (CPUs, memory and ``nvidia.com/gpu`` of its own), watches every pod, binds the ones that
 fit to itself through the ``binding`` subresource (a pod that does not fit gets the
 scheduler's ``Unschedulable`` condition instead), and runs each container of a bound pod as
-a local process: its command and args, its env (values, ``$(VAR)`` references, secret and
-ConfigMap keys, ``envFrom``, the downward API's ``fieldRef``), its workingDir and volumes.
-
-A process cannot mount, so a volume is a local folder and paths under its mountPath are
-rewritten to that folder in command, args, env and workingDir: ``nfs`` is the folder named by
-its path (the tests export a local folder), ``hostPath`` is itself, ``emptyDir`` and
-PersistentVolumeClaims are folders the stand-in keeps, and ``configMap``, ``secret``,
-``downwardAPI`` and ``projected`` volumes (the service-account token among them, from the
-TokenRequest API) are written out as files. The "image" is this interpreter's environment:
+a local process: its command and args, its env, workingDir and volumes, as far as a local
+process can have them (see ``podenv``). The "image" is this interpreter's environment:
 PATH is led by its bin folder. An image whose name contains one of ``unpullable`` cannot be
 pulled: its container waits in ErrImagePull, then ImagePullBackOff, like a real kubelet's.
 
@@ -40,12 +33,13 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from base64 import b64decode
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from kube.podenv import PodView, Waiting, expander, path_rewriter
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +48,6 @@ MARKER = "TRIALKEEPER_STAND_IN_CONTAINER"  # "<pod uid>/<container>" in each pro
 NO_SUCH_IMAGE = "no-such-image"
 TICK_S = 0.1  # how often processes are checked between watch events
 _UNITS = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-class Waiting(Exception):
-    """The container cannot start yet; ``reason`` and the message go into its waiting state."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def quantity(text: str | float) -> float:
@@ -122,6 +108,7 @@ class StandInKubelet:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None
+        self._view = PodView(cluster, name, root / "claims")
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -339,10 +326,10 @@ class StandInKubelet:
                                       "startedAt": _now(), "finishedAt": _now()}}
 
     def _launch(self, pod: Obj, run: _Pod, container: Obj, c: _Container) -> None:
-        mounts = self._volumes(pod, run, container)
-        env = self._environment(pod, container)
+        mounts = self._view.volumes(pod, run.sandbox, container)
+        env = self._view.environment(pod, container)
         rewrite = path_rewriter(mounts)
-        expand = _expander(env)
+        expand = expander(env)
         argv = [rewrite(expand(a)) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         if not argv:
             raise Waiting("CreateContainerError", "the stand-in has no image entrypoint: give the container a command")
@@ -360,126 +347,6 @@ class StandInKubelet:
             c.proc = subprocess.Popen(argv, env={**base, **env}, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, start_new_session=True)
         c.state = {"running": {"startedAt": _now()}}
-
-    # ---- what a container sees -------------------------------------------------------
-
-    def _object(self, kind: str, namespace: str, name: str) -> Obj | None:
-        status, answer = self.cluster.request("GET", f"/api/v1/namespaces/{namespace}/{kind}/{name}")
-        return answer if status == 200 else None
-
-    def _keys(self, kind: str, namespace: str, name: str, optional: bool) -> dict[str, str]:
-        """The decoded data of a Secret or ConfigMap ({} when optional and missing)."""
-        obj = self._object(kind, namespace, name)
-        if obj is None:
-            if optional:
-                return {}
-            raise Waiting("CreateContainerConfigError", f'{kind[:-1]} "{name}" not found')
-        if kind == "secrets":
-            return {k: b64decode(v).decode(errors="replace") for k, v in (obj.get("data") or {}).items()}
-        return dict(obj.get("data") or {})
-
-    def _field(self, pod: Obj, path: str) -> str:
-        match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
-        if match:
-            return str((pod["metadata"].get(match.group(1)) or {}).get(match.group(2), ""))
-        values = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": pod["metadata"]["namespace"],
-                  "metadata.uid": pod["metadata"]["uid"], "spec.nodeName": self.name,
-                  "spec.serviceAccountName": pod["spec"].get("serviceAccountName", ""),
-                  "status.hostIP": "127.0.0.1", "status.podIP": "127.0.0.1", "status.podIPs": "127.0.0.1"}
-        if path not in values:
-            raise Waiting("CreateContainerConfigError", f"fieldRef {path} is not supported by the stand-in")
-        return values[path]
-
-    def _environment(self, pod: Obj, container: Obj) -> dict[str, str]:
-        ns = pod["metadata"]["namespace"]
-        env: dict[str, str] = {}
-        for source in container.get("envFrom") or []:
-            for kind, key in (("configmaps", "configMapRef"), ("secrets", "secretRef")):
-                if key in source:
-                    ref = source[key]
-                    data = self._keys(kind, ns, ref["name"], bool(ref.get("optional")))
-                    env.update({source.get("prefix", "") + k: v for k, v in data.items()})
-        for var in container.get("env") or []:
-            if "valueFrom" not in var:
-                env[var["name"]] = _expander(env)(str(var.get("value", "")))
-                continue
-            source = var["valueFrom"]
-            if "fieldRef" in source:
-                env[var["name"]] = self._field(pod, source["fieldRef"]["fieldPath"])
-                continue
-            for kind, key in (("secrets", "secretKeyRef"), ("configmaps", "configMapKeyRef")):
-                if key in source:
-                    ref = source[key]
-                    data = self._keys(kind, ns, ref["name"], bool(ref.get("optional")))
-                    if ref["key"] not in data and not ref.get("optional"):
-                        raise Waiting("CreateContainerConfigError", f'couldn\'t find key {ref["key"]} in {kind[:-1]} {ns}/{ref["name"]}')
-                    if ref["key"] in data:
-                        env[var["name"]] = data[ref["key"]]
-            if "resourceFieldRef" in source:
-                raise Waiting("CreateContainerConfigError", "resourceFieldRef is not supported by the stand-in")
-        return env
-
-    def _volumes(self, pod: Obj, run: _Pod, container: Obj) -> dict[str, str]:
-        """mountPath -> the local folder standing for its volume (written out where it has files)."""
-        ns = pod["metadata"]["namespace"]
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
-        out: dict[str, str] = {}
-        for mount in container.get("volumeMounts") or []:
-            volume = volumes[mount["name"]]
-            local = run.sandbox / "volumes" / mount["name"]
-            if "nfs" in volume:
-                local = Path(volume["nfs"]["path"])
-            elif "hostPath" in volume:
-                local = Path(volume["hostPath"]["path"])
-            elif "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                if self._object("persistentvolumeclaims", ns, claim) is None:
-                    raise Waiting("ContainerCreating", f'persistentvolumeclaim "{claim}" not found')
-                local = self.root / "claims" / ns / claim
-            elif "emptyDir" not in volume:
-                self._write_files(pod, volume, local)
-            if mount.get("subPath"):
-                local = local / mount["subPath"]
-            local.mkdir(parents=True, exist_ok=True)
-            out[mount["mountPath"].rstrip("/") or "/"] = str(local)
-        return out
-
-    def _write_files(self, pod: Obj, volume: Obj, folder: Path) -> None:
-        ns = pod["metadata"]["namespace"]
-        files: dict[str, str] = {}
-        sources = volume["projected"]["sources"] if "projected" in volume else [volume]
-        for source in sources:
-            for kind, key, name_key in (("secrets", "secret", "secretName"), ("configmaps", "configMap", "name")):
-                if key in source:
-                    ref = source[key]
-                    name = ref.get(name_key) or ref.get("name")
-                    data = self._keys(kind, ns, name, bool(ref.get("optional")))
-                    items = ref.get("items") or [{"key": k, "path": k} for k in data]
-                    files.update({i["path"]: data[i["key"]] for i in items if i["key"] in data})
-            if "downwardAPI" in source:
-                for item in source["downwardAPI"].get("items") or []:
-                    if "fieldRef" in item:
-                        files[item["path"]] = self._field(pod, item["fieldRef"]["fieldPath"])
-            if "serviceAccountToken" in source:
-                files[source["serviceAccountToken"]["path"]] = self._token(pod, source["serviceAccountToken"])
-        if not files and not any(k in volume for k in ("secret", "configMap", "downwardAPI", "projected")):
-            raise Waiting("CreateContainerConfigError", f"volume {volume['name']}: the stand-in cannot provide {sorted(volume)}")
-        for path, text in files.items():
-            target = folder / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-
-    def _token(self, pod: Obj, source: Obj) -> str:
-        account = pod["spec"].get("serviceAccountName") or "default"
-        meta = pod["metadata"]
-        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
-            "audiences": [source["audience"]] if source.get("audience") else [],
-            "expirationSeconds": source.get("expirationSeconds", 3600),
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}}}
-        status, answer = self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token", request)
-        if status != 201:
-            raise Waiting("CreateContainerConfigError", f"service account token: {status} {answer.get('message')}")
-        return str(answer["status"]["token"])
 
     # ---- status and ending ---------------------------------------------------------------
 
@@ -578,25 +445,3 @@ def _processes(uid: str, container: str | None = None) -> list[psutil.Process]:
         except (psutil.Error, OSError):
             continue
     return out
-
-
-def path_rewriter(mounts: dict[str, str]) -> Any:
-    """Rewrites a path under a mountPath to the local folder standing for that volume."""
-    order = sorted(mounts, key=len, reverse=True)
-
-    def rewrite(text: str) -> str:
-        for mount in order:
-            if mounts[mount] != mount and (text == mount or text.startswith(mount + "/")):
-                return mounts[mount] + text[len(mount):]
-        return text
-
-    return rewrite
-
-
-def _expander(env: dict[str, str]) -> Any:
-    """Kubernetes' $(VAR) references: replaced when VAR is defined, $$ escapes."""
-    def expand(text: str) -> str:
-        return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
-                      lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
-
-    return expand
