@@ -42,6 +42,7 @@ from ._k8s_objects import (
     pull_failure,
     secret_name,
     selector,
+    template_pod,
     token_secret,
     workload,
 )
@@ -252,6 +253,8 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
             if isinstance(self.config, AdlConfig) and self.config.checkpoint is not None:
                 await self._create(PVC, checkpoint_claim(self.config, request, env.name), exists_ok=True)
             body = workload(self._kind, self.config, request, env.name, self._agent_argv(request))
+            if not self._kind.checks_template:
+                await self._create(POD, template_pod(body), exists_ok=False, dry_run=True)
             await self._create(self._kind, body, exists_ok=True)
         except _ApiFailure as e:
             env.last = Observation("failed", str(e), env.name)
@@ -298,11 +301,13 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
         except Exception as e:  # noqa: BLE001 - urllib3/socket errors: the server did not answer
             raise _ApiFailure(0, f"{type(e).__name__}: {e}") from None
 
-    async def _create(self, kind: Kind, body: dict[str, Any], *, exists_ok: bool) -> None:
+    async def _create(self, kind: Kind, body: dict[str, Any], *, exists_ok: bool, dry_run: bool = False) -> None:
         ns = self.config.namespace
         # Strict: a field the server does not know (a misspelt toleration key, say) is refused
         # with its name, where the server's default would drop it with a mere warning.
-        strict = {"field_validation": "Strict"}
+        strict: dict[str, str] = {"field_validation": "Strict"}
+        if dry_run:  # checked and admitted, not stored
+            strict["dry_run"] = "All"
         try:
             if kind.custom:
                 await self._call(self._custom.create_namespaced_custom_object, kind.group, kind.version, ns,

@@ -316,16 +316,20 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
 # ---- errors are data ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
 @pytest.mark.slow
-def test_a_refused_object_is_a_start_error_not_an_exception(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+def test_a_refused_object_is_a_start_error_not_an_exception(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
     quickstart_code(tmp_path)
-    data = _config_data(kube_cluster, tmp_path, tolerations=[{"key": "gpu", "operatorr": "Exists"}])
+    data = _config_data(kube_cluster, tmp_path, platform, tolerations=[{"key": "gpu", "operatorr": "Exists"}], **extra)
     service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
-    request = EnvironmentRequest("env-1", "refused1", "127.0.0.1:9", "t0ken")
+    request = EnvironmentRequest("env-1", f"refused{kind_of(service.config).kind.lower()}", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
         result = await service.start(request)
-        # The server refuses the unknown field (it would drop it silently if not asked to be strict).
+        # The server refuses the unknown field (it would drop it silently if not asked to be
+        # strict), in an operator's object too: its CRD's schema has the pod template's fields.
         assert result.error is not None and "operatorr" in result.error, result.error
         assert (await service.poll(["env-1"]))["env-1"].state == "failed"
         await service.stop("env-1")
@@ -333,7 +337,7 @@ def test_a_refused_object_is_a_start_error_not_an_exception(kube_cluster: KubeCl
         await service.close()
 
     run_async(body)
-    assert _ours(kube_cluster, "refused1") == []
+    assert _ours(kube_cluster, request.experiment_id) == []
 
 
 @pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
