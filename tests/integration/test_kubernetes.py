@@ -316,6 +316,20 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
 # ---- errors are data ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
+def test_the_training_operators_own_webhook_refuses_a_job_it_cannot_run(kube_cluster: KubeCluster, kubeflow_operator: Any) -> None:
+    # Its validating webhook is live: the operator itself, not a schema of ours, refuses a
+    # PyTorchJob whose Master has no container named "pytorch" or more than one replica.
+    template = {"spec": {"containers": [{"name": "main", "image": "registry.example/tk:1"}]}}
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "tk-webhook-probe"},
+           "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 2, "restartPolicy": "Never", "template": template}}}}
+    status, answer = kube_cluster.request("POST", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", job)
+    message = answer.get("message", "")
+    assert status == 403 and "denied the request" in message, (status, message)
+    assert "pytorch" in message and "must be 1" in message, message
+    assert kube_cluster.request("GET", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/tk-webhook-probe")[0] == 404
+
+
 @pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
 @pytest.mark.slow
 def test_a_refused_object_is_a_start_error_not_an_exception(
