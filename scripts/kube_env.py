@@ -59,8 +59,11 @@ _MAINS = {
 }
 # Jobs, foreground and cascading deletes, each namespace's `default` ServiceAccount (pods are
 # refused without it) and its kube-root-ca.crt ConfigMap (the service-account volume reads it).
+# persistentvolumeclaim-protection-controller releases a deleted claim once no pod uses it
+# (the API server gives every claim its finalizer): AdaptDL's checkpoint claims need it.
 CONTROLLERS = ("job-controller", "garbage-collector-controller", "namespace-controller",
-               "serviceaccount-controller", "root-ca-certificate-publisher-controller")
+               "serviceaccount-controller", "root-ca-certificate-publisher-controller",
+               "persistentvolumeclaim-protection-controller")
 GO_PROXY_MOD = "https://proxy.golang.org/k8s.io/kubernetes/@v/{version}.mod"
 BUILD_COMMAND = f"{Path(__file__).resolve()} build"
 ETCD_PACKAGE = "etcd-server"

@@ -80,6 +80,8 @@ QUICKSTARTS = [
     pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
     pytest.param("kubeflow", {"operator": "tfjob", "reuseMode": False}, id="tfjob-no-reuse"),
     pytest.param("adl", {"adaptive": True}, id="adl"),
+    pytest.param("adl", {"adaptive": True, "checkpoint": {"storageClass": "standard", "storageSize": "1Gi"}},
+                 id="adl-checkpoint"),
 ]
 # What an experiment may leave on the cluster: (plural, API group/version); operators' kinds
 # are asked for only once their CRDs are there.
