@@ -1,10 +1,14 @@
-"""Kubeflow's training operator as a local process against the test API server.
+"""The real operators as local processes against the test API server of tests/kube.
 
-The operator is the one ``scripts/kube_operators.py`` builds from its Go module; its CRDs
-and its validating webhooks are its own manifests, applied as they ship. The only change a
-loopback cluster needs is where the API server finds the webhooks: the manifests name a
-Service a real cluster routes to, here they name ``https://127.0.0.1:<port>`` with a
-certificate made for the run.
+Kubeflow's training operator (TFJob, PyTorchJob) is the one ``scripts/kube_operators.py``
+builds from its Go module; its CRDs and its validating webhooks are its own manifests,
+applied as they ship. The only change a loopback cluster needs is where the API server finds
+the webhooks: the manifests name a Service a real cluster routes to, here they name
+``https://127.0.0.1:<port>`` with a certificate made for the run.
+
+AdaptDL's scheduler is its PyPI package in a virtualenv of its own (same script); its CRD
+is ours, since AdaptDL ships it only in a Helm chart. Both start detached from the tests'
+process, once per session (the fixtures ``kubeflow_operator`` and ``adaptdl_scheduler``).
 """
 
 from __future__ import annotations
