@@ -319,7 +319,7 @@ def kubeflow_operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="session")
 def adaptdl_scheduler(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """AdaptDL's scheduler (controller, allocator, cluster expander) against ``kube_cluster``."""
+    """AdaptDL's scheduler (its controller and allocator) against ``kube_cluster``."""
     from kube.operators import session_adaptdl_scheduler
 
     yield from session_adaptdl_scheduler(kube_cluster, tmp_path_factory)

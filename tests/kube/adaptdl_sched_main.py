@@ -1,12 +1,13 @@
 """AdaptDL's scheduler as one local process: ``python adaptdl_sched_main.py KUBECONFIG``.
 
 Runs with the interpreter of the virtual environment ``scripts/kube_operators.py build``
-makes (adaptdl-sched and its pinned kubernetes-asyncio). Upstream runs the controller, the
-allocator and the cluster expander as three processes of one pod, each loading the pod's
-in-cluster credentials; here the three run together and load the test cluster's kubeconfig.
-The supervisor (hints from AdaptDL's training library) and the validating webhook are not
-started: trialkeeper's agent does not call the one, and the other only checks updates of
-a job's spec, which trialkeeper never makes.
+makes (adaptdl-sched and its pinned kubernetes-asyncio). Upstream runs the controller and
+the allocator as processes of one pod, each loading the pod's in-cluster credentials; here
+the two run together and load the test cluster's kubeconfig. Not started: the supervisor
+(hints from AdaptDL's training library, which trialkeeper's agent never calls), the
+validating webhook (it checks updates of a job's spec, which trialkeeper never makes) and
+the cluster expander's loop (placeholder pods that keep an autoscaled node group warm: there
+is no autoscaler here; the allocator still tells it which nodes it wants).
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ async def main(kubeconfig: str) -> None:
     expander = ClusterExpander()
     print("adaptdl scheduler: running", flush=True)
     await asyncio.gather(restarted("controller", lambda: AdaptDLController().run()),
-                         restarted("allocator", lambda: AdaptDLAllocator(expander).run()),
-                         restarted("cluster expander", expander.run))
+                         restarted("allocator", lambda: AdaptDLAllocator(expander).run()))
 
 
 if __name__ == "__main__":

@@ -230,7 +230,6 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
 # ---- AdaptDL -----------------------------------------------------------------------------
 
 ADAPTDL_SCHED = kube_operators.ADAPTDL_SCHED
-ADAPTDL_DEPLOYMENT = "adaptdl-sched"
 # AdaptDL ships its CRD only in a Helm chart, not in the package: this is ours, with the
 # constraints of the chart's (a name short enough for a label value, a pod template, the
 # replica bounds) and the status subresource the scheduler writes through.
@@ -280,9 +279,9 @@ def _create_quietly(create: Any, *args: Any) -> None:
 
 
 @contextlib.contextmanager
-def adaptdl_scheduler(kubeconfig: Path, workdir: Path, namespace: str = "default") -> Iterator[RunningOperator]:
-    """AdaptDL's controller, allocator and cluster expander against the cluster of ``kubeconfig``."""
-    from kubernetes import client, config
+def adaptdl_scheduler(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperator]:
+    """AdaptDL's controller and allocator against the cluster of ``kubeconfig``."""
+    from kubernetes import config
 
     why = adaptdl_missing()
     if why:
@@ -291,19 +290,8 @@ def adaptdl_scheduler(kubeconfig: Path, workdir: Path, namespace: str = "default
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         apply_crds(api, [ADAPTDL_CRD])
-        # The cluster expander's placeholder pods are owned by the scheduler's Deployment, as
-        # in the Helm chart; nothing runs it here (no deployment controller), it is only the owner.
-        labels = {"app": ADAPTDL_DEPLOYMENT}
-        deployment = {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": ADAPTDL_DEPLOYMENT, "labels": labels},
-            "spec": {"replicas": 0, "selector": {"matchLabels": labels}, "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "main", "image": f"adaptdl-sched:{ADAPTDL_SCHED.version}"}]},
-            }},
-        }
-        _create_quietly(client.AppsV1Api(api).create_namespaced_deployment, namespace, deployment)
         log_path = workdir / "adaptdl-sched.log"
-        env = {**os.environ, "ADAPTDL_SCHED_VERSION": ADAPTDL_SCHED.version, "ADAPTDL_SCHED_DEPLOYMENT": ADAPTDL_DEPLOYMENT,
+        env = {**os.environ, "ADAPTDL_SCHED_VERSION": ADAPTDL_SCHED.version,
                # Only AdaptDL's training library calls the supervisor; the agent never does.
                "ADAPTDL_SUPERVISOR_URL": "http://127.0.0.1:9/", "PYTHONUNBUFFERED": "1"}
         running = _start(ADAPTDL_SCHED.name, [str(kube_operators.scheduler_python(ADAPTDL_SCHED)),
