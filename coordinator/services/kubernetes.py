@@ -399,7 +399,8 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
 
     async def _check_image_pulls(self, experiment_id: str, envs: list[_Env], found: dict[str, dict[str, Any]]) -> None:
         """Fail an environment whose pod has been failing to pull its image for longer than
-        imagePullTimeout: a wrong image name or a missing pull secret waits forever."""
+        imagePullTimeout: a wrong image name or a missing pull secret waits forever. An
+        operator's workload that is only "created" says why its pod waits (no node fits it)."""
         starting = [e for e in envs if e.last is not None and e.last.state == "starting"]
         if not starting:
             return
@@ -411,16 +412,22 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
             except _ApiFailure:
                 return
         failures: dict[str, str] = {}
+        waiting: dict[str, str] = {}  # an operator's pod: why it has not started yet
         for pod in pods:
             why = pull_failure(pod)
             env_id = ids_of(pod)[1]
             if why and env_id:
                 failures[env_id] = why
+            state, detail = pod_state(pod.get("status") or {})
+            if self._kind is not POD and env_id and state == "starting" and detail:
+                waiting[env_id] = detail
         now = time.monotonic()
         for env in starting:
             why = failures.get(env.env_id, "")
             if not why:
                 env.pull_failing_since = None
+                if env.env_id in waiting:
+                    env.last = Observation("starting", waiting[env.env_id], env.name)
                 continue
             if env.pull_failing_since is None:
                 env.pull_failing_since = now

@@ -498,8 +498,16 @@ def test_long_and_odd_ids_still_make_names_and_labels_the_server_takes(
     assert _ours(kube_cluster, experiment_id) == []
 
 
+# The flavours whose pod exists while it waits for a node (AdaptDL's allocator creates none
+# until a node fits).
+PLACED_BY_THE_NODE = [p for p in FLAVOURS if p.values[0] != "adl"]
+
+
+@pytest.mark.parametrize(("platform", "extra"), PLACED_BY_THE_NODE)
 @pytest.mark.slow
-def test_pod_placement_fields_reach_the_scheduler(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+def test_pod_placement_fields_reach_the_scheduler(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
     quickstart_code(tmp_path)
     gpus = int(kube_cluster.node.capacity["nvidia.com/gpu"]) + 1  # more than the node has
     status, answer = kube_cluster.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts",
@@ -508,27 +516,27 @@ def test_pod_placement_fields_reach_the_scheduler(kube_cluster: KubeCluster, tmp
     data = _config_data(
         kube_cluster, tmp_path, gpuNumber=gpus, nodeSelector={"kubernetes.io/os": "linux"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        serviceAccountName="trainer", imagePullSecrets=[{"name": "regcred"}],
+        serviceAccountName="trainer", imagePullSecrets=[{"name": "regcred"}], platform=platform, **extra,
     )
     service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
-    request = EnvironmentRequest("env-1", "placement", "127.0.0.1:9", "t0ken")
+    request = EnvironmentRequest("env-1", f"placement{kind_of(service.config).kind.lower()}", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
         assert (await service.start(request)).error is None
         # The node has fewer GPUs: the pod waits, and the service says why.
         seen = await _poll_until(service, "env-1", "starting", "Insufficient nvidia.com/gpu")
-        assert seen.platform_id == "tk-placement-env-1"
+        assert seen.platform_id == f"tk-{request.experiment_id}-env-1"
         await service.stop("env-1", 0.0)
         await service.close()
 
     run_async(body)
-    pod = next(o for o in _created(kube_cluster, "placement") if o["kind"] == "Pod")
+    pod = next(o for o in _created(kube_cluster, request.experiment_id) if o["kind"] == "Pod")
     spec = pod["spec"]
     assert spec["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": str(512 * 2**20), "nvidia.com/gpu": str(gpus)}
     assert "--no-gpu" not in spec["containers"][0]["args"]
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"} and spec["serviceAccountName"] == "trainer"
     assert spec["tolerations"][0]["key"] == "nvidia.com/gpu" and spec["imagePullSecrets"] == [{"name": "regcred"}]
-    assert _ours(kube_cluster, "placement") == []
+    assert _ours(kube_cluster, request.experiment_id) == []
 
 
 @pytest.mark.slow
