@@ -272,7 +272,12 @@ def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
             return ("exited" if ok else "failed"), completion.get("diagnostics", "")
         return ("running" if status.get("state") == "AttemptRunning" else "starting"), ""
     phases: dict[str, ObservedState] = {"Succeeded": "exited", "Failed": "failed", "Running": "running"}
-    return phases.get(status.get("phase", "Pending"), "starting"), status.get("reason", "")
+    phase = status.get("phase", "Pending")
+    if phase == "Pending" and not status.get("allocation"):
+        # AdaptDL's allocator creates no pod until a node has room: nothing else says so.
+        return "starting", "waiting for AdaptDL's scheduler to place it on a node"
+    detail = ": ".join(str(status[k]) for k in ("reason", "message") if status.get(k))
+    return phases.get(phase, "starting"), detail
 
 
 # A container waiting for one of these will not start without someone changing something.

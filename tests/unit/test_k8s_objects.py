@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trialkeeper.coordinator.config import parse_config
-from trialkeeper.coordinator.services._k8s_objects import kind_of, template_pod, workload
+from trialkeeper.coordinator.services._k8s_objects import kind_of, observe, template_pod, workload
 from trialkeeper.coordinator.services.base import EnvironmentRequest
 
 
@@ -33,3 +33,14 @@ def test_the_operators_whose_schemas_check_their_templates_need_no_dry_run(tmp_p
     for platform, fields in (("kubeflow", {"operator": "tfjob"}), ("kubeflow", {}), ("kubernetes", {}),
                              ("frameworkcontroller", {})):
         assert kind_of(_section(tmp_path, platform, **fields)).checks_template, platform  # type: ignore[arg-type]
+
+
+def test_an_adaptdl_job_says_what_it_waits_for_and_why_it_failed(tmp_path: Path) -> None:
+    kind = kind_of(_section(tmp_path, "adl"))  # type: ignore[arg-type]
+    # As AdaptDL's controller and allocator write the status.
+    assert observe(kind, {"status": {"phase": "Pending"}}) == ("starting", "waiting for AdaptDL's scheduler to place it on a node")
+    assert observe(kind, {"status": {"phase": "Starting", "allocation": ["node-1"], "group": 0}})[0] == "starting"
+    assert observe(kind, {"status": {"phase": "Running", "allocation": ["node-1"]}}) == ("running", "")
+    assert observe(kind, {"status": {"phase": "Succeeded", "allocation": None}}) == ("exited", "")
+    failed = {"phase": "Failed", "reason": "PodFailure", "message": "tk-x-env-1-0-0 Failed"}
+    assert observe(kind, {"status": failed}) == ("failed", "PodFailure: tk-x-env-1-0-0 Failed")
