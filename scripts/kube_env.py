@@ -59,8 +59,11 @@ _MAINS = {
 }
 # Jobs, foreground and cascading deletes, each namespace's `default` ServiceAccount (pods are
 # refused without it) and its kube-root-ca.crt ConfigMap (the service-account volume reads it).
+# persistentvolumeclaim-protection-controller releases a deleted claim once no pod uses it
+# (the API server gives every claim its finalizer): AdaptDL's checkpoint claims need it.
 CONTROLLERS = ("job-controller", "garbage-collector-controller", "namespace-controller",
-               "serviceaccount-controller", "root-ca-certificate-publisher-controller")
+               "serviceaccount-controller", "root-ca-certificate-publisher-controller",
+               "persistentvolumeclaim-protection-controller")
 GO_PROXY_MOD = "https://proxy.golang.org/k8s.io/kubernetes/@v/{version}.mod"
 BUILD_COMMAND = f"{Path(__file__).resolve()} build"
 ETCD_PACKAGE = "etcd-server"
@@ -258,6 +261,18 @@ rules:
 """
 
 
+def spawn_detached(argv: list[str], log_file: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> Any:
+    """Start ``argv`` in the background, no child of ours (test processes check that their
+    children are gone at the end of each test), in a session of its own; its psutil.Process."""
+    launched = subprocess.run(
+        ["/bin/sh", "-c", 'setsid "$@" </dev/null >>"$KUBE_ENV_LOG" 2>&1 & echo $!', "sh", *argv],
+        env=dict(env if env is not None else os.environ, KUBE_ENV_LOG=str(log_file)),
+        cwd=cwd, capture_output=True, text=True, timeout=30, check=True)
+    import psutil  # a test dependency; building needs only the standard library
+
+    return psutil.Process(int(launched.stdout.strip()))
+
+
 @dataclass
 class ControlPlane:
     """etcd, kube-apiserver and kube-controller-manager on 127.0.0.1, in ``root``.
@@ -341,15 +356,7 @@ class ControlPlane:
         ])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        """Start ``argv`` in the background, no child of ours (test processes check that
-        their children are gone at the end of each test), in a session of its own."""
-        launched = subprocess.run(
-            ["/bin/sh", "-c", 'setsid "$@" </dev/null >>"$KUBE_ENV_LOG" 2>&1 & echo $!', "sh", *argv],
-            env=dict(os.environ, KUBE_ENV_LOG=str(self.log_file(name))),
-            capture_output=True, text=True, timeout=30, check=True)
-        import psutil  # a test dependency; building needs only the standard library
-
-        self.procs[name] = psutil.Process(int(launched.stdout.strip()))
+        self.procs[name] = spawn_detached(argv, self.log_file(name))
 
     def write_kubeconfig(self, path: Path, *, namespace: str = "default", server: str = "") -> Path:
         """A kubeconfig for the admin token; ``server`` (a proxy's URL, say) instead of ours."""

@@ -1,13 +1,15 @@
 """A fake Kubernetes API server on 127.0.0.1 that really runs the containers as local processes.
 
-Plain pods and Jobs no longer run on it: they run on the real API server and controller
-manager of tests/kube. It remains for the operator flavours whose operator does not run there.
+It remains for one flavour only, FrameworkController, whose operator cannot run here: the
+Go module proxy serves no version of github.com/microsoft/frameworkcontroller (403). Plain
+pods and Jobs, Kubeflow's PyTorchJob and TFJob and AdaptDL's jobs run on the real API
+server and controller manager of tests/kube, with the real training operator and AdaptDL
+scheduler (tests/kube/operators.py).
 
-It speaks the REST endpoints the official client calls for the kinds trialkeeper uses:
-core/v1 pods, secrets and persistentvolumeclaims, batch/v1 jobs, and the custom resources
-of the operators (kubeflow.org PyTorchJob/TFJob, frameworkcontroller.microsoft.com
-Framework, adaptdl.petuum.com AdaptDLJob): create, get, list (with a label selector),
-replace (secrets) and delete. Requests need the bearer token of the kubeconfig it writes.
+It speaks the REST endpoints the official client calls for what a Framework environment
+uses: core/v1 pods, secrets and persistentvolumeclaims, and frameworkcontroller.microsoft.com
+Frameworks: create, get, list (with a label selector), replace (secrets) and delete.
+Requests need the bearer token of the kubeconfig it writes.
 
 Core objects are validated against the schema the client package ships (unknown fields
 and wrong types are refused with a 422 Status, like a real server in strict mode); custom
@@ -24,8 +26,8 @@ path is applied by rewriting that prefix in command, args, env and workingDir. P
 follow the process: Running, then Succeeded or Failed with the exit code. Deleting a pod
 sends SIGTERM, waits out the grace period, then kills every process of the pod (found by
 a marker in their environment, as a container's cgroup would hold them); the object goes
-away once they are gone. Controllers (Job and the operators) create the pod a real one
-would, take their status from it, and fail when their pod is deleted from under them.
+away once they are gone. The Framework controller creates the pod a real one would, takes
+its status from it, and fails when its pod is deleted from under it.
 """
 
 from __future__ import annotations
@@ -86,22 +88,6 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-def _replica_check(specs_key: str, role: str, container: str) -> Callable[[Obj], list[str]]:
-    def check(obj: Obj) -> list[str]:
-        specs = obj.get("spec", {}).get(specs_key)
-        if not isinstance(specs, dict) or role not in specs:
-            return [f"spec.{specs_key}.{role}: required by the operator"]
-        errors = [f"spec.{specs_key}.{k}: unknown replica type" for k in specs if k not in ("Master", "Worker", "PS", "Chief", "Evaluator")]
-        rs = specs[role]
-        if not isinstance(rs.get("replicas", 1), int):
-            errors.append(f"spec.{specs_key}.{role}.replicas: expected an integer")
-        if rs.get("restartPolicy", "Never") not in ("Always", "OnFailure", "Never", "ExitCode"):
-            errors.append(f"spec.{specs_key}.{role}.restartPolicy: unsupported value")
-        return errors + _template_errors(rs.get("template"), f"spec.{specs_key}.{role}.template", container)
-
-    return check
-
-
 def _framework_check(obj: Obj) -> list[str]:
     roles = obj.get("spec", {}).get("taskRoles")
     if not isinstance(roles, list) or not roles:
@@ -115,17 +101,6 @@ def _framework_check(obj: Obj) -> list[str]:
             errors.append(f"{where}.taskNumber: a positive integer is required")
         task = role.get("task", {})
         errors += _template_errors(task.get("pod"), f"{where}.task.pod", None)
-    return errors
-
-
-def _adl_check(obj: Obj) -> list[str]:
-    spec = obj.get("spec", {})
-    errors = _template_errors(spec.get("template"), "spec.template", None)
-    for key in ("minReplicas", "maxReplicas"):
-        if key in spec and not isinstance(spec[key], int):
-            errors.append(f"spec.{key}: expected an integer")
-    if "preemptible" in spec and not isinstance(spec["preemptible"], bool):
-        errors.append("spec.preemptible: expected a boolean")
     return errors
 
 
@@ -143,11 +118,7 @@ RESOURCES = [
     Resource("", "v1", "pods", "Pod", model="V1Pod"),
     Resource("", "v1", "secrets", "Secret", model="V1Secret"),
     Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", model="V1PersistentVolumeClaim"),
-    Resource("batch", "v1", "jobs", "Job", model="V1Job"),
-    Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", check=_replica_check("pytorchReplicaSpecs", "Master", "pytorch")),
-    Resource("kubeflow.org", "v1", "tfjobs", "TFJob", check=_replica_check("tfReplicaSpecs", "Worker", "tensorflow")),
     Resource("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework", check=_framework_check),
-    Resource("adaptdl.petuum.com", "v1", "adaptdljobs", "AdaptDLJob", check=_adl_check),
 ]
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
@@ -416,7 +387,7 @@ class FakeKubernetes:
         self.history.append(copy.deepcopy(obj))
         if res.plural == "pods":
             self._run_pod(obj)
-        elif res.model is None or res.plural == "jobs":
+        elif res.plural == "frameworks":
             self._create_controlled_pod(res, obj)
         return copy.deepcopy(obj)
 
@@ -638,17 +609,8 @@ class FakeKubernetes:
 
     def _create_controlled_pod(self, res: Resource, obj: Obj) -> None:
         name, spec = obj["metadata"]["name"], obj["spec"]
-        if res.plural == "jobs":
-            template, pod_name = spec["template"], f"{name}-{uuid.uuid4().hex[:5]}"
-        elif res.plural == "pytorchjobs":
-            template, pod_name = spec["pytorchReplicaSpecs"]["Master"]["template"], f"{name}-master-0"
-        elif res.plural == "tfjobs":
-            template, pod_name = spec["tfReplicaSpecs"]["Worker"]["template"], f"{name}-worker-0"
-        elif res.plural == "frameworks":
-            role = spec["taskRoles"][0]
-            template, pod_name = role["task"]["pod"], f"{name}-{role['name']}-0"
-        else:
-            template, pod_name = spec["template"], f"{name}-{obj['metadata']['uid'][:8]}-0"
+        role = spec["taskRoles"][0]  # the one kind with a controller here: a Framework
+        template, pod_name = role["task"]["pod"], f"{name}-{role['name']}-0"
         meta = copy.deepcopy(template.get("metadata") or {})
         meta["name"] = pod_name
         meta.setdefault("labels", {})["controller-uid"] = obj["metadata"]["uid"]
@@ -672,22 +634,6 @@ def _container_status(pod: Obj, ready: bool, state: Obj) -> Obj:
             "ready": ready, "state": state}
 
 
-def _job_status(status: Obj, phase: str) -> None:
-    if phase == "Running":
-        status["active"] = 1
-    elif phase == "Succeeded":
-        status.update(active=0, succeeded=1, conditions=[{"type": "Complete", "status": "True"}])
-    elif phase in ("Failed", "Deleted"):
-        message = "the pod was deleted" if phase == "Deleted" else "Job has reached the specified backoff limit"
-        status.update(active=0, failed=1, conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": message}])
-
-
-def _kubeflow_status(status: Obj, phase: str) -> None:
-    kind = {"Pending": "Created", "Running": "Running", "Succeeded": "Succeeded", "Failed": "Failed", "Deleted": "Failed"}[phase]
-    message = "the pod was deleted" if phase == "Deleted" else f"replica is {phase.lower()}"
-    status["conditions"] = [*status.get("conditions", []), {"type": kind, "status": "True", "message": message}]
-
-
 def _framework_status(status: Obj, phase: str) -> None:
     if phase in ("Pending", "Running"):
         status["state"] = "AttemptRunning" if phase == "Running" else "AttemptCreationPending"
@@ -697,16 +643,7 @@ def _framework_status(status: Obj, phase: str) -> None:
     status.update(state="Completed", attemptStatus={"completionStatus": {"type": {"name": name}, "diagnostics": diagnostics}})
 
 
-def _adl_status(status: Obj, phase: str) -> None:
-    status["phase"] = "Failed" if phase == "Deleted" else phase
-    if phase == "Deleted":
-        status["reason"] = "the pod was deleted"
-
-
-_CONTROLLER_STATUS: dict[str, Callable[[Obj, str], None]] = {
-    "jobs": _job_status, "pytorchjobs": _kubeflow_status, "tfjobs": _kubeflow_status,
-    "frameworks": _framework_status, "adaptdljobs": _adl_status,
-}
+_CONTROLLER_STATUS: dict[str, Callable[[Obj, str], None]] = {"frameworks": _framework_status}
 
 
 def _proc(pid: int) -> psutil.Process | None:

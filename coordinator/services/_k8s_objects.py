@@ -46,6 +46,10 @@ class Kind:
     plural: str
     kind: str
     container: str = "agent"  # the name the operator expects for the main container
+    # Whether the server checks the pod template inside the object against the pod schema.
+    # AdaptDL's CRD keeps the template as free-form JSON: a misspelt field there would be
+    # dropped without a word when the scheduler creates the pod, so it is checked first.
+    checks_template: bool = True
 
     @property
     def api_version(self) -> str:
@@ -71,7 +75,7 @@ def kind_of(config: KubernetesPlatformConfig) -> Kind:
     if isinstance(config, FrameworkControllerConfig):
         return Kind("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
     if isinstance(config, AdlConfig):
-        return Kind("adaptdl.petuum.com", "v1", "adaptdljobs", "AdaptDLJob", "main")
+        return Kind("adaptdl.petuum.com", "v1", "adaptdljobs", "AdaptDLJob", "main", checks_template=False)
     if isinstance(config, KubernetesConfig) and config.workload == "job":
         return JOB
     return POD
@@ -230,6 +234,13 @@ def workload(kind: Kind, config: KubernetesPlatformConfig, request: EnvironmentR
     return {**head, "spec": {"preemptible": config.adaptive, "minReplicas": 1, "maxReplicas": 1, "template": template}}
 
 
+def template_pod(body: dict[str, Any]) -> dict[str, Any]:
+    """The pod an AdaptDLJob's template makes, for the server to check (a dry run)."""
+    template = body["spec"]["template"]
+    meta = {**template.get("metadata", {}), "name": body["metadata"]["name"]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+
+
 # ---- what the platform says ------------------------------------------------------------
 
 _JOB_ENDED: dict[str, ObservedState] = {"Complete": "exited", "SuccessCriteriaMet": "exited",
@@ -261,7 +272,12 @@ def observe(kind: Kind, obj: dict[str, Any]) -> tuple[ObservedState, str]:
             return ("exited" if ok else "failed"), completion.get("diagnostics", "")
         return ("running" if status.get("state") == "AttemptRunning" else "starting"), ""
     phases: dict[str, ObservedState] = {"Succeeded": "exited", "Failed": "failed", "Running": "running"}
-    return phases.get(status.get("phase", "Pending"), "starting"), status.get("reason", "")
+    phase = status.get("phase", "Pending")
+    if phase == "Pending" and not status.get("allocation"):
+        # AdaptDL's allocator creates no pod until a node has room: nothing else says so.
+        return "starting", "waiting for AdaptDL's scheduler to place it on a node"
+    detail = ": ".join(str(status[k]) for k in ("reason", "message") if status.get(k))
+    return phases.get(phase, "starting"), detail
 
 
 # A container waiting for one of these will not start without someone changing something.

@@ -42,6 +42,7 @@ from ._k8s_objects import (
     pull_failure,
     secret_name,
     selector,
+    template_pod,
     token_secret,
     workload,
 )
@@ -252,6 +253,8 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
             if isinstance(self.config, AdlConfig) and self.config.checkpoint is not None:
                 await self._create(PVC, checkpoint_claim(self.config, request, env.name), exists_ok=True)
             body = workload(self._kind, self.config, request, env.name, self._agent_argv(request))
+            if not self._kind.checks_template:
+                await self._create(POD, template_pod(body), exists_ok=False, dry_run=True)
             await self._create(self._kind, body, exists_ok=True)
         except _ApiFailure as e:
             env.last = Observation("failed", str(e), env.name)
@@ -298,11 +301,13 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
         except Exception as e:  # noqa: BLE001 - urllib3/socket errors: the server did not answer
             raise _ApiFailure(0, f"{type(e).__name__}: {e}") from None
 
-    async def _create(self, kind: Kind, body: dict[str, Any], *, exists_ok: bool) -> None:
+    async def _create(self, kind: Kind, body: dict[str, Any], *, exists_ok: bool, dry_run: bool = False) -> None:
         ns = self.config.namespace
         # Strict: a field the server does not know (a misspelt toleration key, say) is refused
         # with its name, where the server's default would drop it with a mere warning.
-        strict = {"field_validation": "Strict"}
+        strict: dict[str, str] = {"field_validation": "Strict"}
+        if dry_run:  # checked and admitted, not stored
+            strict["dry_run"] = "All"
         try:
             if kind.custom:
                 await self._call(self._custom.create_namespaced_custom_object, kind.group, kind.version, ns,
@@ -394,7 +399,8 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
 
     async def _check_image_pulls(self, experiment_id: str, envs: list[_Env], found: dict[str, dict[str, Any]]) -> None:
         """Fail an environment whose pod has been failing to pull its image for longer than
-        imagePullTimeout: a wrong image name or a missing pull secret waits forever."""
+        imagePullTimeout: a wrong image name or a missing pull secret waits forever. An
+        operator's workload that is only "created" says why its pod waits (no node fits it)."""
         starting = [e for e in envs if e.last is not None and e.last.state == "starting"]
         if not starting:
             return
@@ -406,16 +412,22 @@ class KubernetesEnvironmentService(EnvironmentService[KubernetesPlatformConfig])
             except _ApiFailure:
                 return
         failures: dict[str, str] = {}
+        waiting: dict[str, str] = {}  # an operator's pod: why it has not started yet
         for pod in pods:
             why = pull_failure(pod)
             env_id = ids_of(pod)[1]
             if why and env_id:
                 failures[env_id] = why
+            state, detail = pod_state(pod.get("status") or {})
+            if self._kind is not POD and env_id and state == "starting" and detail:
+                waiting[env_id] = detail
         now = time.monotonic()
         for env in starting:
             why = failures.get(env.env_id, "")
             if not why:
                 env.pull_failing_since = None
+                if env.env_id in waiting:
+                    env.last = Observation("starting", waiting[env.env_id], env.name)
                 continue
             if env.pull_failing_since is None:
                 env.pull_failing_since = now

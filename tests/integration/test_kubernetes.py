@@ -6,8 +6,10 @@ accounts); its one node is the stand-in kubelet, which runs each pod's container
 local process, so the agents are real and dial back to a real coordinator.
 
 The tests take a flavour, (platform, trainingService fields), from the lists below: plain Pods
-and Jobs now; an operator's flavours join once the operator runs on this cluster (until then
-they run against the fake in test_kubernetes_operators.py). The config tests need no cluster.
+and Jobs, Kubeflow's PyTorchJob and TFJob run by the real training operator, and AdaptDLJobs
+run by AdaptDL's real scheduler (tests/kube/operators.py; a flavour's operator is started for
+the session when a test first takes it). FrameworkController alone still runs on the fake, in
+test_kubernetes_operators.py. The config tests need no cluster.
 """
 
 from __future__ import annotations
@@ -62,14 +64,37 @@ NS = "default"
 FLAVOURS = [
     pytest.param("kubernetes", {"workload": "pod"}, id="pod"),
     pytest.param("kubernetes", {"workload": "job"}, id="job"),
+    pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
+    pytest.param("kubeflow", {"operator": "tfjob"}, id="tfjob"),
+    pytest.param("adl", {"adaptive": True}, id="adl"),
 ]
+# The session fixture that runs each operator platform's operator.
+OPERATORS = {"kubeflow": "kubeflow_operator", "adl": "adaptdl_scheduler"}
+# Where the operator takes a deleted pod for a rescale and starts another in its place
+# (AdaptDL, for a preemptible job); elsewhere (restartPolicy Never) the workload fails.
+REPLACES_PODS = ("adl",)
 # The quickstart on each, with and without reuse.
 QUICKSTARTS = [
     pytest.param("kubernetes", {}, id="pod-reuse"),
     pytest.param("kubernetes", {"reuseMode": False, "workload": "job"}, id="job-no-reuse"),
+    pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
+    pytest.param("kubeflow", {"operator": "tfjob", "reuseMode": False}, id="tfjob-no-reuse"),
+    pytest.param("adl", {"adaptive": True}, id="adl"),
+    pytest.param("adl", {"adaptive": True, "checkpoint": {"storageClass": "standard", "storageSize": "1Gi"}},
+                 id="adl-checkpoint"),
 ]
-# What an experiment may leave on the cluster: (plural, API group); an operator's kind joins.
-LEFT_BEHIND = [("pods", ""), ("secrets", ""), ("persistentvolumeclaims", ""), ("jobs", "batch")]
+# What an experiment may leave on the cluster: (plural, API group/version); operators' kinds
+# are asked for only once their CRDs are there.
+LEFT_BEHIND = [("pods", ""), ("secrets", ""), ("persistentvolumeclaims", ""), ("jobs", "batch"),
+               ("pytorchjobs", "kubeflow.org"), ("tfjobs", "kubeflow.org"), ("adaptdljobs", "adaptdl.petuum.com")]
+
+
+@pytest.fixture(autouse=True)
+def _operator(request: pytest.FixtureRequest) -> None:
+    """The operator of the test's flavour, running before the test starts."""
+    platform = getattr(request.node, "callspec", None) and request.node.callspec.params.get("platform")
+    if platform in OPERATORS:
+        request.getfixturevalue(OPERATORS[platform])
 
 
 def _config_data(cluster: KubeCluster, tmp_path: Path, platform: str = "kubernetes", **ts: Any) -> dict[str, Any]:
@@ -79,7 +104,9 @@ def _config_data(cluster: KubeCluster, tmp_path: Path, platform: str = "kubernet
 def _ours(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:
     """The objects of one experiment the cluster still holds."""
     mine = selector(experiment_id)
-    return [o for plural, group in LEFT_BEHIND for o in cluster.objects(plural, group=group, selector=mine)]
+    served = [(plural, group) for plural, group in LEFT_BEHIND
+              if not group or cluster.request("GET", f"/apis/{group}/v1")[0] == 200]
+    return [o for plural, group in served for o in cluster.objects(plural, group=group, selector=mine)]
 
 
 def _created(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:
@@ -184,13 +211,18 @@ def test_deleting_a_pod_mid_trial_loses_its_environment(
 
             info = await victim.wait(WAIT_S)
             assert info.status is TrialStatus.FAILED and "environment lost" in info.reason, info.reason
-            await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.FAILED, WAIT_S, message=env.id)
+            if platform in REPLACES_PODS:
+                # The operator's new pod runs a new agent of the same environment.
+                await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.READY
+                                       and environment(c, env.id).instance_id != env.instance_id, WAIT_S, message=env.id)
+            else:
+                await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.FAILED, WAIT_S, message=env.id)
             assert all(pid_gone(p) for p in pids)
-            # A replacement environment takes the next trial.
+            # A replacement environment (or the replaced pod's) takes the next trial.
             after = await c.submit({"x": 2})
             done = await after.wait(WAIT_S)
             assert done.status is TrialStatus.SUCCEEDED, done.reason
-            assert done.environment_id != env.id
+            assert platform in REPLACES_PODS or done.environment_id != env.id
             experiment_id = c.experiment_id
         assert _ours(kube_cluster, experiment_id) == []
 
@@ -287,15 +319,33 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
 
 
 @pytest.mark.slow
-def test_a_refused_object_is_a_start_error_not_an_exception(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+def test_the_training_operators_own_webhook_refuses_a_job_it_cannot_run(kube_cluster: KubeCluster, kubeflow_operator: Any) -> None:
+    # Its validating webhook is live: the operator itself, not a schema of ours, refuses a
+    # PyTorchJob whose Master has no container named "pytorch" or more than one replica.
+    template = {"spec": {"containers": [{"name": "main", "image": "registry.example/tk:1"}]}}
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "tk-webhook-probe"},
+           "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 2, "restartPolicy": "Never", "template": template}}}}
+    status, answer = kube_cluster.request("POST", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", job)
+    message = answer.get("message", "")
+    assert status == 403 and "denied the request" in message, (status, message)
+    assert "pytorch" in message and "must be 1" in message, message
+    assert kube_cluster.request("GET", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/tk-webhook-probe")[0] == 404
+
+
+@pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
+@pytest.mark.slow
+def test_a_refused_object_is_a_start_error_not_an_exception(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
     quickstart_code(tmp_path)
-    data = _config_data(kube_cluster, tmp_path, tolerations=[{"key": "gpu", "operatorr": "Exists"}])
+    data = _config_data(kube_cluster, tmp_path, platform, tolerations=[{"key": "gpu", "operatorr": "Exists"}], **extra)
     service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
-    request = EnvironmentRequest("env-1", "refused1", "127.0.0.1:9", "t0ken")
+    request = EnvironmentRequest("env-1", f"refused{kind_of(service.config).kind.lower()}", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
         result = await service.start(request)
-        # The server refuses the unknown field (it would drop it silently if not asked to be strict).
+        # The server refuses the unknown field (it would drop it silently if not asked to be
+        # strict), in an operator's object too: its CRD's schema has the pod template's fields.
         assert result.error is not None and "operatorr" in result.error, result.error
         assert (await service.poll(["env-1"]))["env-1"].state == "failed"
         await service.stop("env-1")
@@ -303,7 +353,7 @@ def test_a_refused_object_is_a_start_error_not_an_exception(kube_cluster: KubeCl
         await service.close()
 
     run_async(body)
-    assert _ours(kube_cluster, "refused1") == []
+    assert _ours(kube_cluster, request.experiment_id) == []
 
 
 @pytest.mark.parametrize(("platform", "extra"), FLAVOURS)
@@ -448,8 +498,16 @@ def test_long_and_odd_ids_still_make_names_and_labels_the_server_takes(
     assert _ours(kube_cluster, experiment_id) == []
 
 
+# The flavours whose pod exists while it waits for a node (AdaptDL's allocator creates none
+# until a node fits).
+PLACED_BY_THE_NODE = [p for p in FLAVOURS if p.values[0] != "adl"]
+
+
+@pytest.mark.parametrize(("platform", "extra"), PLACED_BY_THE_NODE)
 @pytest.mark.slow
-def test_pod_placement_fields_reach_the_scheduler(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+def test_pod_placement_fields_reach_the_scheduler(
+    kube_cluster: KubeCluster, tmp_path: Path, platform: str, extra: dict[str, Any]
+) -> None:
     quickstart_code(tmp_path)
     gpus = int(kube_cluster.node.capacity["nvidia.com/gpu"]) + 1  # more than the node has
     status, answer = kube_cluster.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts",
@@ -458,27 +516,27 @@ def test_pod_placement_fields_reach_the_scheduler(kube_cluster: KubeCluster, tmp
     data = _config_data(
         kube_cluster, tmp_path, gpuNumber=gpus, nodeSelector={"kubernetes.io/os": "linux"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        serviceAccountName="trainer", imagePullSecrets=[{"name": "regcred"}],
+        serviceAccountName="trainer", imagePullSecrets=[{"name": "regcred"}], platform=platform, **extra,
     )
     service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
-    request = EnvironmentRequest("env-1", "placement", "127.0.0.1:9", "t0ken")
+    request = EnvironmentRequest("env-1", f"placement{kind_of(service.config).kind.lower()}", "127.0.0.1:9", "t0ken")
 
     async def body() -> None:
         assert (await service.start(request)).error is None
         # The node has fewer GPUs: the pod waits, and the service says why.
         seen = await _poll_until(service, "env-1", "starting", "Insufficient nvidia.com/gpu")
-        assert seen.platform_id == "tk-placement-env-1"
+        assert seen.platform_id == f"tk-{request.experiment_id}-env-1"
         await service.stop("env-1", 0.0)
         await service.close()
 
     run_async(body)
-    pod = next(o for o in _created(kube_cluster, "placement") if o["kind"] == "Pod")
+    pod = next(o for o in _created(kube_cluster, request.experiment_id) if o["kind"] == "Pod")
     spec = pod["spec"]
     assert spec["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": str(512 * 2**20), "nvidia.com/gpu": str(gpus)}
     assert "--no-gpu" not in spec["containers"][0]["args"]
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"} and spec["serviceAccountName"] == "trainer"
     assert spec["tolerations"][0]["key"] == "nvidia.com/gpu" and spec["imagePullSecrets"] == [{"name": "regcred"}]
-    assert _ours(kube_cluster, "placement") == []
+    assert _ours(kube_cluster, request.experiment_id) == []
 
 
 @pytest.mark.slow

@@ -1,0 +1,46 @@
+"""The bodies of the Kubernetes operator workloads, as the real operators take them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.services._k8s_objects import kind_of, observe, template_pod, workload
+from trialkeeper.coordinator.services.base import EnvironmentRequest
+
+
+def _section(tmp_path: Path, platform: str, **fields: object) -> object:
+    data = {"trialCommand": "x", "trialConcurrency": 1,
+            "trainingService": {"platform": platform, "image": "registry.example/tk:1", **fields}}
+    return parse_config(data, tmp_path).training_service
+
+
+def test_an_adaptdl_template_is_checked_as_the_pod_it_makes(tmp_path: Path) -> None:
+    config = _section(tmp_path, "adl", tolerations=[{"key": "gpu", "operator": "Exists"}])
+    kind = kind_of(config)  # type: ignore[arg-type]
+    # AdaptDL's CRD keeps the template as free-form JSON: the server would not check it.
+    assert not kind.checks_template
+    body = workload(kind, config, EnvironmentRequest("env-1", "exp1", "127.0.0.1:9", "t"), "tk-exp1-env-1",  # type: ignore[arg-type]
+                    ["python", "-m", "trialkeeper.agent"])
+    pod = template_pod(body)
+    assert (pod["kind"], pod["metadata"]["name"]) == ("Pod", "tk-exp1-env-1")
+    assert pod["metadata"]["labels"] == body["spec"]["template"]["metadata"]["labels"]
+    assert pod["spec"] is body["spec"]["template"]["spec"] and pod["spec"]["tolerations"][0]["key"] == "gpu"
+    assert pod["spec"]["containers"][0]["name"] == "main"
+
+
+def test_the_operators_whose_schemas_check_their_templates_need_no_dry_run(tmp_path: Path) -> None:
+    for platform, fields in (("kubeflow", {"operator": "tfjob"}), ("kubeflow", {}), ("kubernetes", {}),
+                             ("frameworkcontroller", {})):
+        assert kind_of(_section(tmp_path, platform, **fields)).checks_template, platform  # type: ignore[arg-type]
+
+
+def test_an_adaptdl_job_says_what_it_waits_for_and_why_it_failed(tmp_path: Path) -> None:
+    kind = kind_of(_section(tmp_path, "adl"))  # type: ignore[arg-type]
+    # As AdaptDL's controller and allocator write the status.
+    assert observe(kind, {"status": {"phase": "Pending"}}) == ("starting", "waiting for AdaptDL's scheduler to place it on a node")
+    assert observe(kind, {"status": {"phase": "Starting", "allocation": ["node-1"], "group": 0}})[0] == "starting"
+    assert observe(kind, {"status": {"phase": "Running", "allocation": ["node-1"]}}) == ("running", "")
+    assert observe(kind, {"status": {"phase": "Succeeded", "allocation": None}}) == ("exited", "")
+    failed = {"phase": "Failed", "reason": "PodFailure", "message": "tk-x-env-1-0-0 Failed"}
+    assert observe(kind, {"status": failed}) == ("failed", "PodFailure: tk-x-env-1-0-0 Failed")
