@@ -115,7 +115,7 @@ class KubeCluster:
     def created(self) -> list[dict[str, Any]]:
         """Every object created so far, as its request carried it (from the audit log), so
         that what was sent can be checked after the objects are gone."""
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.plane.audit_log.exists():
             return out
         for line in self.plane.audit_log.read_text().splitlines():
