@@ -40,9 +40,11 @@ MAX_METRICS_PER_BATCH = 5000  # within limits.MAX_METRICS_PER_BATCH (a test chec
 # Metric values may be up to 64 KiB each: batches are cut by size too, far below the
 # 16 MiB message limit, or one batch of large values would be refused and replayed forever.
 MAX_BATCH_BYTES = 4 * 1024 * 1024
-# How long metrics may wait for others to share their message: far below what a user
-# watching a live table notices, long enough for a trial reporting in a tight loop.
-METRIC_LINGER_S = 0.005
+# How long metrics may wait for others to share their message while trials report in a
+# tight loop (again within this long of the last metrics message): far below what a user
+# watching a live table notices, and each message saved is a gRPC write, an ack and a
+# store transaction. A metric after a quiet spell goes at once.
+METRIC_LINGER_S = 0.02
 _OUTCOMES = {
     "succeeded": pb.TRIAL_OUTCOME_SUCCEEDED,
     "failed": pb.TRIAL_OUTCOME_FAILED,
@@ -88,6 +90,15 @@ class AgentOptions:
     preload: tuple[str, ...] = ()
 
 
+def metrics_may_wait(now: float, last_batch_at: float, pending: int, other_waiting: bool) -> bool:
+    """Whether the ``pending`` metrics may wait up to METRIC_LINGER_S for more to share their
+    message: only when nothing else waits to be sent, their batch is not full, and the last
+    batch was made less than METRIC_LINGER_S ago (trials are reporting in a tight loop). A
+    metric after a quiet spell goes at once, so a trial reporting once an epoch sees no
+    added latency."""
+    return not other_waiting and 0 < pending < MAX_METRICS_PER_BATCH and now - last_batch_at < METRIC_LINGER_S
+
+
 class AgentSession(RunnerEvents):
     """One agent process's connection to its coordinator, across reconnects."""
 
@@ -100,6 +111,9 @@ class AgentSession(RunnerEvents):
         self._pending_count = 0  # results in _pending_runs
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
+        # Cuts a linger short: something other than metrics to send, or a full batch.
+        self._urgent = asyncio.Event()
+        self._metrics_flushed_at = -METRIC_LINGER_S  # time.monotonic() of the last MetricBatch made
         self._sent = 0  # how many of _unacked went out on the current stream
         self._heartbeat_s = options.heartbeat_interval_s
         self._heartbeat_due: pb.Heartbeat | None = None
@@ -160,6 +174,10 @@ class AgentSession(RunnerEvents):
             first_index += len(part)
         if self._pending_count >= MAX_METRICS_PER_BATCH or self._pending_bytes >= MAX_BATCH_BYTES:
             self._flush_metrics()
+        if kind == "final" or self._sent < len(self._unacked):
+            # A full batch waits for nothing, nor does a final result: the trial's last,
+            # which the tuner waits on.
+            self._urgent.set()
         self._wakeup.set()
 
     def log(self, trial_id: str, stream: str, path: Path, offset: int, length: int) -> None:
@@ -202,6 +220,7 @@ class AgentSession(RunnerEvents):
             self._pending_bytes = self._pending_count = 0
             self._unacked.append(pb.AgentMessage(seq=self._next_seq(), metrics=pb.MetricBatch(runs=runs)))
             self._acked_all.clear()
+            self._metrics_flushed_at = time.monotonic()
 
     def _enqueue(self, msg: pb.AgentMessage) -> None:
         # Metrics reported before this message must reach the coordinator before it.
@@ -210,6 +229,7 @@ class AgentSession(RunnerEvents):
         self._unacked.append(msg)
         self._acked_all.clear()
         self._wakeup.set()
+        self._urgent.set()
 
     def _on_ack(self, seq: int) -> None:
         while self._unacked and self._unacked[0].seq <= seq:
@@ -424,11 +444,19 @@ class AgentSession(RunnerEvents):
         # The only task that writes on the stream: gRPC allows one write at a time.
         while True:
             await self._wakeup.wait()
-            if self._sent == len(self._unacked) and 0 < self._pending_count < MAX_METRICS_PER_BATCH:
-                # Only metrics to send: let a flood of them gather into one message (one
-                # gRPC write, one store transaction) rather than send each on its own.
-                await asyncio.sleep(METRIC_LINGER_S)
+            if metrics_may_wait(
+                time.monotonic(),
+                self._metrics_flushed_at,
+                self._pending_count,
+                other_waiting=self._sent < len(self._unacked) or self._heartbeat_due is not None,
+            ):
+                # Only metrics to send, and more were sent moments ago: let the flood gather
+                # into one message (one gRPC write, one ack, one store transaction) rather
+                # than send each on its own; anything else to send cuts the wait short.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), METRIC_LINGER_S)
             self._wakeup.clear()
+            self._urgent.clear()  # all that waits goes now
             if self._heartbeat_due is not None:
                 hb, self._heartbeat_due = self._heartbeat_due, None
                 # Decided here, by the stream's one writer: a new stream's first carries the GPUs.
@@ -437,9 +465,8 @@ class AgentSession(RunnerEvents):
             while self._sent < len(self._unacked):
                 msg = self._unacked[self._sent]
                 self._sent += 1
+                # Metrics reported meanwhile come round again, to go at once or gather more.
                 await call.write(self._with_log_data(msg))
-                if self._pending_runs and self._sent == len(self._unacked):
-                    self._flush_metrics()
 
     def _with_log_data(self, msg: pb.AgentMessage) -> pb.AgentMessage:
         """``msg`` as sent: a LogChunk gets its bytes from the trial's log file, in a copy
