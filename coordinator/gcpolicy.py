@@ -6,7 +6,7 @@ looks at the whole heap in a full collection, and with its default thresholds it
 every 70,000 objects kept (ten collections of the middle generation), whenever the objects
 kept since the last one exceed a quarter of the heap. While 10,000 agents joined, that made
 19 full collections over a heap growing to 1.3 million objects: 10.5 of the coordinator's
-32 CPU seconds for the join (measured with ``gc.callbacks``), about half of what it spent
+32 CPU seconds for the join (measured with ``gc.callbacks``), most of what it spent
 beyond a bare gRPC server.
 
 Letting the oldest generation wait for 100 middle collections (700,000 objects kept) instead
