@@ -140,6 +140,8 @@ def test_agents_joining_together_share_a_commit_and_each_welcome_follows_its_com
                 stored_at_welcome.append(row == (1, name))
 
             try:
+                # Connected first, so that the registrations arrive together.
+                await asyncio.wait_for(asyncio.gather(*(s._channel.channel_ready() for s in sessions)), WAIT_S)
                 before = commits["n"]
                 await asyncio.gather(*(join(i, s) for i, s in enumerate(sessions)))
                 used = commits["n"] - before
