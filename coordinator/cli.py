@@ -133,11 +133,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         resume_experiment,
         run_experiment,
     )
+    from .gcpolicy import tune_for_fleets
     from .searchspace import SearchSpaceError
     from .states import TrialStatus
     from .tuners import TunerError
 
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_for_fleets()  # this process is the coordinator's own: see gcpolicy
     try:
         config = load_config(args.config) if args.config is not None else None
         if config is not None and config.log_level and args.log_level is None:

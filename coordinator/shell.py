@@ -85,6 +85,8 @@ class Shell:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
         self._inbox_pending = False
+        # What joins decided, applied with the next batch (see agent_connected).
+        self._joined: list[ev.Instruction] = []
         self.closed = False  # the store is closed: nothing more is applied
         self._drained_at = 0.0
         self._pass_pending = False
@@ -109,7 +111,12 @@ class Shell:
 
         The engine has moved on when its instructions arrive here and cannot be taken back:
         a store that refuses them ends the experiment, and nothing of theirs is sent (an
-        agent must not drop a message the store does not have)."""
+        agent must not drop a message the store does not have).
+
+        The joins waiting for their commit go first: everything is carried out in the order
+        the engine decided it."""
+        if self._joined:
+            instructions, self._joined = [*self._joined, *instructions], []
         writes: list[ev.Instruction | None] = []
         rest: list[ev.Instruction] = []
         last_seq_at: dict[str, int] = {}
@@ -212,13 +219,20 @@ class Shell:
     def agent_connected(self, registered: ev.AgentRegistered, link: Link) -> ev.RefuseAgent | None:
         if self.closed:
             return ev.RefuseAgent(registered.env_id, ev.Refusal.NOT_NOW, "the experiment has ended")
-        self.drain_inbox()  # what the agent's old stream said comes first
+        if self._inbox:
+            self.drain_inbox()  # what the agent's old stream said comes first
         self.links[link.id] = link
         instructions = self.engine.handle(registered, now=time.monotonic(), wall=time.time())
         refusal = next((i for i in instructions if isinstance(i, ev.RefuseAgent)), None)
         if refusal is not None:
             del self.links[link.id]
-        self.apply(instructions)
+            self.apply(instructions)
+            return refusal
+        # Joins arriving together share a commit, as agent messages do (a storm of joins paid
+        # a commit each): what the join decided is applied with the next batch, its Welcome
+        # and what follows it sent after the commit that records it.
+        self._joined += instructions
+        self._drain_soon()
         # No pass of its own: the registration already placed what the agent can take, and
         # what else a join may change (environments to start or replace) waits for the
         # monitor's next tick. A pass walks every environment: one per join made a storm of
@@ -232,7 +246,7 @@ class Shell:
         applied moments ago) the queue lingers for INBOX_LINGER_S so that the messages of
         every stream arriving meanwhile share one commit: one transaction per message would
         cap ingest at what SQLite commits per second."""
-        if not self._inbox and type(event) is ev.HeartbeatReceived and not self.closed:
+        if not self._inbox and not self._joined and type(event) is ev.HeartbeatReceived and not self.closed:
             # Nothing queued ahead of it, and it writes next to nothing: at once, without a
             # turn of the loop of its own (a thousand agents send one a second).
             try:
@@ -242,6 +256,9 @@ class Shell:
                 link.fail("the coordinator could not handle a message; see its log")
             return
         self._inbox.append((link, event))
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
         if not self._inbox_pending:
             self._inbox_pending = True
             loop = asyncio.get_running_loop()
@@ -259,9 +276,12 @@ class Shell:
 
     def drain_inbox(self) -> None:
         self._inbox_pending = False
-        if not self._inbox or self.closed:
+        if self.closed or not (self._inbox or self._joined):
             return
         self._drained_at = asyncio.get_running_loop().time()
+        if not self._inbox:
+            self.apply(())  # joins only
+            return
         inbox, self._inbox = self._inbox, []
         now, wall = time.monotonic(), time.time()
         out: list[ev.Instruction] = []
@@ -426,6 +446,7 @@ class Shell:
         """Cancel what runs in the background; apply nothing from now on."""
         self.closed = True
         self._inbox.clear()
+        self._joined.clear()
         for task in list(self._tasks):
             task.cancel()
 

@@ -417,6 +417,10 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
             f"CPU: coordinator {fmt(data['connect_cpu_s'])} s, simulated agents {fmt(data.get('connect_sim_cpu_s'))} s; {load}"
             if data.get("connect_cpu_s") is not None else ""
         )
+        if data.get("connect_gc_cpu_s") is not None:
+            bgc = f" (floor {fmt(bare['connect_gc_cpu_s'])} s)" if bare.get("connect_gc_cpu_s") is not None else ""
+            cpu_note += (f"; in the garbage collector {fmt(data['connect_gc_cpu_s'])} s{bgc}, "
+                         f"{data['connect_full_collections']} full collections, thresholds {data.get('gc_thresholds')}")
         if "connect_s" not in data:
             row(rows, f"4. N={nag}: agents connected", data.get("connect_error") or data.get("stage_error") or "failed",
                 None, None, "10,000 in ≤ 30 s" if nag >= 10_000 else "", cpu_note)

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import itertools
 import json
 import os
@@ -29,6 +30,7 @@ import psutil
 from common import read_times
 from trialkeeper.coordinator.config import parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.gcpolicy import tune_for_fleets
 from trialkeeper.coordinator.services.base import EnvironmentService, Observation, StartResult
 from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
@@ -537,9 +539,27 @@ class _Recorder:
         self.flush()
 
 
+class _GcClock:
+    """CPU seconds this process spent in the garbage collector, and its full collections."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.full = 0
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+            return
+        self.cpu_s += time.process_time() - self._began
+        self.full += info["generation"] == 2
+
+
 async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
     me = psutil.Process()
     R = rec.data
+    gc_clock = _GcClock()
     R.update({"agents": a.agents, "gpus_per_agent": a.gpus, "bare": a.bare})
 
     def cpu() -> float:
@@ -618,6 +638,7 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
     R["sim_pids"] = [p.pid for p in procs]
     try:
         t0, cpu0 = time.monotonic(), cpu()
+        gc0, full0 = gc_clock.cpu_s, gc_clock.full
         all_connected = True
         try:
             # Each look walks every environment: not so often that the looking costs the join.
@@ -629,6 +650,7 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         # CPU seconds the join took: the coordinator's, and the simulated agents' (on a shared
         # machine the wall time says more about the neighbours than about either).
         R["connect_cpu_s"] = cpu() - cpu0
+        R["connect_gc_cpu_s"], R["connect_full_collections"] = gc_clock.cpu_s - gc0, gc_clock.full - full0
         R["connect_sim_cpu_s"] = sum(_cpu_of(p.pid) for p in procs)
         R["connect_load"] = os.getloadavg()[0]
         if c is not None:
@@ -775,8 +797,12 @@ async def _bare_server(
 
 
 def stage_scale(a: argparse.Namespace) -> dict[str, Any]:
+    # The collector's thresholds `trialkeeper run` sets for its process (the floor's
+    # process gets them too: it holds the same gRPC objects per stream).
+    gc_thresholds = tune_for_fleets()
     with workdir() as d:
         rec = _Recorder(Path(a.out))
+        rec.data["gc_thresholds"] = list(gc_thresholds)
         try:
             asyncio.run(_scale(a, d, rec))
         finally:

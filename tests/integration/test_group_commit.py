@@ -1,5 +1,6 @@
 """Numbered messages that arrive together are stored in one transaction, and each is
-acknowledged only once it is stored (real gRPC, a raw client playing two agents)."""
+acknowledged only once it is stored; agents joining together share commits too, and each
+is welcomed only once its join is stored (real gRPC, a raw client playing the agents)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,24 @@ WAIT_S = 30.0
 MESSAGES = 400
 
 
+def _count_commits(store: Store) -> dict[str, int]:
+    """Count the store's outermost transactions from now on (in ``["n"]``)."""
+    commits = {"n": 0}
+    transaction = store.transaction
+
+    class Counting:
+        def __enter__(self) -> None:
+            if store._depth == 0:
+                commits["n"] += 1
+            transaction().__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            transaction().__exit__(*exc)
+
+    store.transaction = Counting  # type: ignore[method-assign, assignment]
+    return commits
+
+
 def test_messages_arriving_together_share_a_commit_and_each_ack_follows_its_commit(tmp_path: Path) -> None:
     write_script(tmp_path, "blocker.py", BLOCKER)
     config = build_config(tmp_path, trialConcurrency=3, trainingService={"environmentCount": 1})
@@ -27,19 +46,7 @@ def test_messages_arriving_together_share_a_commit_and_each_ack_follows_its_comm
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             assert c.store is not None
             store = c.store
-            commits = {"n": 0}
-            transaction = store.transaction
-
-            class Counting:
-                def __enter__(self) -> None:
-                    if store._depth == 0:
-                        commits["n"] += 1
-                    transaction().__enter__()
-
-                def __exit__(self, *exc: object) -> None:
-                    transaction().__exit__(*exc)
-
-            store.transaction = Counting  # type: ignore[method-assign, assignment]
+            commits = _count_commits(store)
             reader_db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=10)
 
             sessions: list[RawSession] = []
@@ -103,5 +110,47 @@ def test_messages_arriving_together_share_a_commit_and_each_ack_follows_its_comm
             (tmp_path / "never").write_text("")
             for s in sessions:
                 await s.outcome()
+
+    run_async(body, timeout=120)
+
+
+JOINS = 40
+
+
+def test_agents_joining_together_share_a_commit_and_each_welcome_follows_its_commit(tmp_path: Path) -> None:
+    config = build_config(tmp_path, trialConcurrency=1, trainingService={"environmentCount": 1})
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            assert c.store is not None
+            commits = _count_commits(c.store)
+            reader_db = sqlite3.connect(f"file:{c.store.path}?mode=ro", uri=True, timeout=10)
+            sessions = [RawSession(c.address, _token(c)) for _ in range(JOINS)]
+            stored_at_welcome: list[bool] = []
+
+            async def join(i: int, s: RawSession) -> None:
+                name = f"joiner-{i}"
+                await s.send(_register(name, instance=name))
+                m = await asyncio.wait_for(s.read(), WAIT_S)
+                assert m is not None and m.HasField("welcome")
+                # The join is in the store, as another reader sees it, when its Welcome arrives.
+                row = reader_db.execute(
+                    "SELECT connected, agent_instance_id FROM environments WHERE id = ?", (name,)
+                ).fetchone()
+                stored_at_welcome.append(row == (1, name))
+
+            try:
+                # Connected first, so that the registrations arrive together.
+                await asyncio.wait_for(asyncio.gather(*(s._channel.channel_ready() for s in sessions)), WAIT_S)
+                before = commits["n"]
+                await asyncio.gather(*(join(i, s) for i, s in enumerate(sessions)))
+                used = commits["n"] - before
+            finally:
+                reader_db.close()
+                for s in sessions:
+                    await s.close()
+            assert len(stored_at_welcome) == JOINS and all(stored_at_welcome)
+            # One transaction per join would be JOINS commits at least.
+            assert used < JOINS, used
 
     run_async(body, timeout=120)
