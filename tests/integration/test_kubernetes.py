@@ -15,13 +15,11 @@ test_kubernetes_operators.py. The config tests need no cluster.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from conftest import (
     stored_rows,
     wait_until,
 )
+from kube.checks import assert_token_only_in_its_secret, poll_until
 from kube.cluster import NO_SUCH_IMAGE, KubeCluster, section
 from netproxy import CuttingProxy
 from trialkeeper.coordinator import cli
@@ -47,7 +46,7 @@ from trialkeeper.coordinator.config import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services._k8s_objects import kind_of, selector
-from trialkeeper.coordinator.services.base import EnvironmentRequest, Observation
+from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.kubernetes import (
     KubernetesEnvironmentService,
     KubernetesSetupError,
@@ -114,27 +113,6 @@ def _created(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:
     return [o for o in cluster.created() if (o.get("metadata") or {}).get("labels", {}).get("trialkeeper/experiment") == label]
 
 
-def _assert_token_only_in_its_secret(cluster: KubeCluster, experiment_id: str, token: str) -> None:
-    encoded = base64.b64encode(token.encode()).decode()
-    created = _created(cluster, experiment_id)
-    assert any(o["kind"] == "Pod" for o in created), [o["kind"] for o in created]
-    for obj in created:
-        text = json.dumps(obj)
-        if obj["kind"] == "Secret":
-            continue
-        assert token not in text and encoded not in text, f"the token in {obj['kind']} {obj['metadata']['name']}"
-    for pod in (o for o in created if o["kind"] == "Pod"):
-        env = {e["name"]: e for e in pod["spec"]["containers"][0].get("env", [])}
-        assert "value" not in env["TRIALKEEPER_TOKEN"] and env["TRIALKEEPER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
-
-
-async def _poll_until(service: KubernetesEnvironmentService, env_id: str, state: str, detail: str = "") -> Observation:
-    """Poll until the service reports ``state`` (with ``detail`` in its detail) for ``env_id``."""
-    deadline = time.monotonic() + WAIT_S
-    while not ((seen := (await service.poll([env_id]))[env_id]).state == state and detail in seen.detail):
-        assert time.monotonic() < deadline, f"{env_id} never became {state} ({detail}): {seen}"
-        await asyncio.sleep(0.1)
-    return seen
 
 
 # ---- end to end --------------------------------------------------------------------------
@@ -176,7 +154,7 @@ def test_quickstart_end_to_end(
     assert "held-out accuracy" in capfd.readouterr().out
     # Nothing of the experiment is left on the cluster, and the token was only ever in its Secret.
     assert _ours(kube_cluster, experiment_id) == []
-    _assert_token_only_in_its_secret(kube_cluster, experiment_id, (exp_dir / ".token").read_text().strip())
+    assert_token_only_in_its_secret(_created(kube_cluster, experiment_id), (exp_dir / ".token").read_text().strip())
 
 
 # ---- losing a pod --------------------------------------------------------------------------
@@ -370,7 +348,7 @@ def test_an_image_without_the_python_fails_the_environment_with_the_reason(
 
     async def body() -> None:
         assert (await service.start(request)).error is None
-        seen = await _poll_until(service, "env-1", "failed")
+        seen = await poll_until(service, "env-1", "failed", wait_s=WAIT_S)
         assert "/no/such/python" in seen.detail and "StartError" in seen.detail, seen
         await service.stop("env-1", 0.0)
         await service.close()
@@ -394,10 +372,10 @@ def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_t
         assert (await service.start(request)).error is None
         # A registry may be down for a while: waiting, saying why (the kubelet says
         # ErrImagePull after a failed pull, ImagePullBackOff while it waits to try again)...
-        seen = await _poll_until(service, "env-1", "starting", NO_SUCH_IMAGE)
+        seen = await poll_until(service, "env-1", "starting", NO_SUCH_IMAGE, wait_s=WAIT_S)
         assert "ErrImagePull" in seen.detail or "ImagePullBackOff" in seen.detail, seen
         # ...until imagePullTimeout, then failed with the reason.
-        seen = await _poll_until(service, "env-1", "failed", "could not be pulled")
+        seen = await poll_until(service, "env-1", "failed", "could not be pulled", wait_s=WAIT_S)
         assert NO_SUCH_IMAGE in seen.detail, seen
         assert "ErrImagePull" in seen.detail or "ImagePullBackOff" in seen.detail, seen
         await service.stop("env-1", 0.0)
@@ -426,7 +404,7 @@ def test_an_api_server_out_of_reach_keeps_what_was_seen_last_and_says_so(
         request = EnvironmentRequest("env-1", experiment_id, "127.0.0.1:9", "t0ken")
         try:
             assert (await service.start(request)).error is None
-            before = await _poll_until(service, "env-1", "running")
+            before = await poll_until(service, "env-1", "running", wait_s=WAIT_S)
             proxy.target = None  # new connections are refused...
             proxy.cut()  # ...and the open ones broken
             seen = (await service.poll(["env-1"]))["env-1"]
@@ -524,7 +502,7 @@ def test_pod_placement_fields_reach_the_scheduler(
     async def body() -> None:
         assert (await service.start(request)).error is None
         # The node has fewer GPUs: the pod waits, and the service says why.
-        seen = await _poll_until(service, "env-1", "starting", "Insufficient nvidia.com/gpu")
+        seen = await poll_until(service, "env-1", "starting", "Insufficient nvidia.com/gpu", wait_s=WAIT_S)
         assert seen.platform_id == f"tk-{request.experiment_id}-env-1"
         await service.stop("env-1", 0.0)
         await service.close()

@@ -9,10 +9,7 @@ process, so the agents are real and dial back to a real coordinator.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -32,10 +29,11 @@ from conftest import (
     service_from_config,
 )
 from fake_k8s import NO_SUCH_IMAGE, FakeKubernetes, running, section
+from kube.checks import assert_token_only_in_its_secret, poll_until
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config import parse_config
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.services.base import EnvironmentRequest, Observation
+from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.kubernetes import (
     KubernetesEnvironmentService,
 )
@@ -61,27 +59,6 @@ def _ours(fake: FakeKubernetes, experiment_id: str) -> list[dict[str, Any]]:
     return [o for o in fake.objects() if o["metadata"].get("labels", {}).get("trialkeeper/experiment") == experiment_id]
 
 
-def _assert_token_only_in_its_secret(fake: FakeKubernetes, experiment_id: str, token: str) -> None:
-    encoded = base64.b64encode(token.encode()).decode()
-    created = [o for o in fake.history if o["metadata"].get("labels", {}).get("trialkeeper/experiment") == experiment_id]
-    assert any(o["kind"] == "Pod" for o in created)
-    for obj in created:
-        text = json.dumps(obj)
-        assert token not in text, f"the token in {obj['kind']} {obj['metadata']['name']}"
-        if obj["kind"] != "Secret":
-            assert encoded not in text
-    for pod in (o for o in created if o["kind"] == "Pod"):
-        env = {e["name"]: e for e in pod["spec"]["containers"][0].get("env", [])}
-        assert "value" not in env["TRIALKEEPER_TOKEN"] and env["TRIALKEEPER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
-
-
-async def _poll_until(service: KubernetesEnvironmentService, env_id: str, state: str, detail: str = "") -> Observation:
-    """Poll until the service reports ``state`` (with ``detail`` in its detail) for ``env_id``."""
-    deadline = time.monotonic() + WAIT_S
-    while not ((seen := (await service.poll([env_id]))[env_id]).state == state and detail in seen.detail):
-        assert time.monotonic() < deadline, f"{env_id} never became {state} ({detail}): {seen}"
-        await asyncio.sleep(0.05)
-    return seen
 
 
 # ---- end to end --------------------------------------------------------------------------
@@ -119,7 +96,10 @@ def test_quickstart_end_to_end(fake: FakeKubernetes, tmp_path: Path, capfd: pyte
     assert "held-out accuracy" in capfd.readouterr().out
     # Nothing of the experiment is left on the cluster, and the token was only ever in its Secret.
     assert _ours(fake, experiment_id) == []
-    _assert_token_only_in_its_secret(fake, experiment_id, (exp_dir / ".token").read_text().strip())
+    made = [o for o in fake.history if o["metadata"].get("labels", {}).get("trialkeeper/experiment") == experiment_id]
+    token = (exp_dir / ".token").read_text().strip()
+    assert_token_only_in_its_secret(made, token)
+    assert all(token not in json.dumps(o) for o in made if o["kind"] == "Secret")  # stored encoded
 
 
 # ---- losing a pod --------------------------------------------------------------------------
@@ -172,7 +152,7 @@ def test_an_image_without_the_python_fails_the_environment_with_the_reason(
 
     async def body() -> None:
         assert (await service.start(request)).error is None
-        seen = await _poll_until(service, "env-1", "failed")
+        seen = await poll_until(service, "env-1", "failed", wait_s=WAIT_S)
         assert "/no/such/python" in seen.detail and "StartError" in seen.detail, seen
         await service.stop("env-1", 0.0)
         await service.close()
@@ -192,10 +172,10 @@ def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_t
     async def body() -> None:
         assert (await service.start(request)).error is None
         # A registry may be down for a while: waiting, saying why...
-        seen = await _poll_until(service, "env-1", "starting", "ImagePullBackOff")
+        seen = await poll_until(service, "env-1", "starting", "ImagePullBackOff", wait_s=WAIT_S)
         assert NO_SUCH_IMAGE in seen.detail, seen
         # ...until imagePullTimeout, then failed with the reason.
-        seen = await _poll_until(service, "env-1", "failed", "could not be pulled")
+        seen = await poll_until(service, "env-1", "failed", "could not be pulled", wait_s=WAIT_S)
         assert "ImagePullBackOff" in seen.detail and NO_SUCH_IMAGE in seen.detail, seen
         await service.stop("env-1", 0.0)
         await service.close()
