@@ -8,21 +8,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
+
+_moved.install()
+
 if TYPE_CHECKING:
-    from .config import ConfigError, ExperimentConfig, load_config, parse_config
+    from .config.experiment import ConfigError, ExperimentConfig, load_config, parse_config
     from .core import Coordinator, CoordinatorError, TrialHandle, TrialRefused
-    from .model import MetricEvent, StatusEvent, TrialInfo
-    from .states import TrialStatus
+    from .engine.model import MetricEvent, StatusEvent, TrialInfo
+    from .engine.states import EnvStatus, TrialStatus
+    from .read.model import ReadModel
     from .sync import SyncCoordinator, SyncTrialHandle
 
 # Each name and the module it comes from, imported when first used: the CLI's reading
 # commands import this package, and need none of the coordinator's engine (a quarter of a
 # second of imports before `trialkeeper status` could answer).
 _FROM = {
-    "ConfigError": "config", "ExperimentConfig": "config", "load_config": "config", "parse_config": "config",
+    "ConfigError": "config.experiment", "ExperimentConfig": "config.experiment",
+    "load_config": "config.experiment", "parse_config": "config.experiment",
     "Coordinator": "core", "CoordinatorError": "core", "TrialHandle": "core", "TrialRefused": "core",
-    "MetricEvent": "model", "StatusEvent": "model", "TrialInfo": "model",
-    "TrialStatus": "states",
+    "MetricEvent": "engine.model", "StatusEvent": "engine.model", "TrialInfo": "engine.model",
+    "TrialStatus": "engine.states", "EnvStatus": "engine.states",
+    "ReadModel": "read.model",
     "SyncCoordinator": "sync", "SyncTrialHandle": "sync",
 }
 
@@ -30,8 +37,10 @@ __all__ = [
     "ConfigError",
     "Coordinator",
     "CoordinatorError",
+    "EnvStatus",
     "ExperimentConfig",
     "MetricEvent",
+    "ReadModel",
     "StatusEvent",
     "SyncCoordinator",
     "SyncTrialHandle",

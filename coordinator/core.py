@@ -19,22 +19,22 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from . import tls as tls_identity
-from .config import ExperimentConfig, config_to_dict
-from .engine import CANCEL_GRACE_S, Engine
-from .events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
-from .model import MetricEvent, StatusEvent, TrialInfo
-from .platformconfig import TrainingServiceConfig
-from .policy import PlatformPolicy, Policy
-from .readmodel import EnvSnapshot, ReadModel
-from .restore import restore
-from .server import Servicer, create_server
+from .config.experiment import ExperimentConfig, config_to_dict
+from .config.platform import TrainingServiceConfig
+from .engine.engine import CANCEL_GRACE_S, Engine
+from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
+from .engine.model import MetricEvent, StatusEvent, TrialInfo
+from .engine.policy import PlatformPolicy, Policy
+from .engine.restore import restore
+from .engine.states import TrialStatus
+from .read.model import EnvSnapshot, ReadModel
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
 from .services.hybrid import HybridEnvironmentService
 from .shell import Shell
-from .states import TrialStatus
-from .store import Store
+from .store.store import Store
+from .transport import tls as tls_identity
+from .transport.server import Servicer, create_server
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,8 @@ class Coordinator:
         if exp is None:
             raise CoordinatorError(f"{experiment_dir} holds no experiment to resume")
         if config is None:
-            from .config import ConfigError, parse_config
-            from .redacted import SecretsMissing, restore_redacted
+            from .config.experiment import ConfigError, parse_config
+            from .config.redacted import SecretsMissing, restore_redacted
 
             if stored is None:
                 raise CoordinatorError(f"the stored config of {experiment_dir} is unreadable; pass the config file")

@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import experimentlog
-from .algorithms import create_assessor, create_tuner
-from .config import ExperimentConfig
+from .config.experiment import ExperimentConfig
 from .core import Coordinator
-from .model import MetricEvent, StatusEvent, TrialInfo
-from .readmodel import EnvSnapshot, best_trial, optimize_mode
-from .readmodel import ranked as _ranked
-from .search import IntermediateStored, Mirror, Search, StopTrial, TrialEnded
-from .search import TrialSubmitted as SearchTrialSubmitted
-from .searchspace import is_batch_tuner
-from .tuners import PastTrial, Tuner, TunerError, normalized
+from .engine.model import MetricEvent, StatusEvent, TrialInfo
+from .read.model import EnvSnapshot, best_trial, optimize_mode
+from .read.model import ranked as _ranked
+from .search.algorithms import create_assessor, create_tuner
+from .search.search import IntermediateStored, Mirror, Search, StopTrial, TrialEnded
+from .search.search import TrialSubmitted as SearchTrialSubmitted
+from .search.space import is_batch_tuner
+from .search.tuners import PastTrial, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def _mirror(config: ExperimentConfig, experiment_id: str) -> Mirror | None:
     """The Optuna study ``optunaStorage`` names, kept as a copy of the experiment."""
     if config.optuna_storage is None:
         return None
-    from .optunasearch import create_optuna_mirror
+    from .search.optunasearch import create_optuna_mirror
 
     t = config.tuner
     return create_optuna_mirror(

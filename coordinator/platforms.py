@@ -32,11 +32,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .configwalk import register_variants, specs
-from .platformconfig import TrainingServiceConfig
+from .config.platform import TrainingServiceConfig
+from .config.walk import register_variants, specs
 
 if TYPE_CHECKING:
-    from .config import ExperimentConfig
+    from .config.experiment import ExperimentConfig
     from .services.base import EnvironmentService
 
 __all__ = [
@@ -114,24 +114,24 @@ def _builtin(name: str, config: str, service: str) -> Platform:
     return Platform(name, f"{package}.{config}", f"{package}.{service}")
 
 
-_KUBERNETES = "kubernetes:KubernetesEnvironmentService"  # one service, four operators
+_KUBERNETES = "kubernetes.service:KubernetesEnvironmentService"  # one service, four operators
 
 #: The built-in platforms, each named here once.
 BUILTIN: dict[str, Platform] = {
     p.name: p
     for p in (
         _builtin("local", "local_config:LocalConfig", "local:LocalEnvironmentService"),
-        _builtin("remote", "remote_config:RemoteConfig", "remote:RemoteEnvironmentService"),
+        _builtin("remote", "remote.config:RemoteConfig", "remote.service:RemoteEnvironmentService"),
         _builtin("slurm", "slurm_config:SlurmConfig", "slurm:SlurmEnvironmentService"),
-        _builtin("kubernetes", "kubernetes_config:KubernetesConfig", _KUBERNETES),
-        _builtin("kubeflow", "kubernetes_config:KubeflowConfig", _KUBERNETES),
-        _builtin("frameworkcontroller", "kubernetes_config:FrameworkControllerConfig", _KUBERNETES),
-        _builtin("adl", "kubernetes_config:AdlConfig", _KUBERNETES),
-        _builtin("ray", "ray_config:RayConfig", "ray:RayEnvironmentService"),
+        _builtin("kubernetes", "kubernetes.config:KubernetesConfig", _KUBERNETES),
+        _builtin("kubeflow", "kubernetes.config:KubeflowConfig", _KUBERNETES),
+        _builtin("frameworkcontroller", "kubernetes.config:FrameworkControllerConfig", _KUBERNETES),
+        _builtin("adl", "kubernetes.config:AdlConfig", _KUBERNETES),
+        _builtin("ray", "ray.config:RayConfig", "ray.service:RayEnvironmentService"),
         _builtin("openpai", "openpai_config:OpenPaiConfig", "openpai:OpenPaiEnvironmentService"),
         _builtin("dlts", "dlts_config:DltsConfig", "dlts:DltsEnvironmentService"),
-        _builtin("aml", "aml_config:AmlConfig", "aml:AmlEnvironmentService"),
-        _builtin("dlc", "dlc_config:DlcConfig", "dlc:DlcEnvironmentService"),
+        _builtin("aml", "aml.config:AmlConfig", "aml.service:AmlEnvironmentService"),
+        _builtin("dlc", "dlc.config:DlcConfig", "dlc.service:DlcEnvironmentService"),
         # Several of the above at once: NNI's `trainingService` given as a list.
         _builtin("hybrid", "hybrid_config:HybridConfig", "hybrid:HybridEnvironmentService"),
     )

@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 from trialkeeper.agent.runner import append_note
 
-from . import events as ev
-from .engine import Engine
-from .model import MetricEvent, StatusEvent
+from .engine import events as ev
+from .engine.engine import Engine
+from .engine.model import MetricEvent, StatusEvent
 from .services.base import EnvironmentRequest, EnvironmentService
-from .store import Store
+from .store.store import Store
 
 log = logging.getLogger(__name__)
 

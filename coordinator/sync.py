@@ -14,10 +14,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .config import ExperimentConfig
+from .config.experiment import ExperimentConfig
 from .core import Coordinator, CoordinatorError
-from .model import MetricEvent, StatusEvent, TrialInfo
-from .readmodel import EnvSnapshot
+from .engine.model import MetricEvent, StatusEvent, TrialInfo
+from .read.model import EnvSnapshot
 
 T = TypeVar("T")
 

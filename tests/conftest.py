@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import psutil
 import pytest
-from trialkeeper.coordinator.config import ExperimentConfig, parse_config
+from trialkeeper.coordinator.config.experiment import ExperimentConfig, parse_config
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentService
-from trialkeeper.coordinator.store import Store, StoreError
+from trialkeeper.coordinator.store.store import Store, StoreError
 
 T = TypeVar("T")
 S = TypeVar("S", bound=EnvironmentService[Any])

@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from trialkeeper.coordinator.services import aml, dlc
-from trialkeeper.coordinator.services._aml_sdk import TAG_ENVIRONMENT, TAG_EXPERIMENT, AmlRunSpec
 from trialkeeper.coordinator.services._cloud_jobs import JobView
-from trialkeeper.coordinator.services._dlc_sdk import DlcJobSpec
+from trialkeeper.coordinator.services.aml import service as aml
+from trialkeeper.coordinator.services.aml.sdk import TAG_ENVIRONMENT, TAG_EXPERIMENT, AmlRunSpec
+from trialkeeper.coordinator.services.dlc import service as dlc
+from trialkeeper.coordinator.services.dlc.sdk import DlcJobSpec
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
 JOB_MARKER = "FAKE_CLOUD_JOB_ID"

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import psutil
-from trialkeeper.coordinator.config import ExperimentConfig
-from trialkeeper.coordinator.platformconfig import TrainingServiceConfig
+from trialkeeper.coordinator.config.experiment import ExperimentConfig
+from trialkeeper.coordinator.config.platform import TrainingServiceConfig
 from trialkeeper.coordinator.platforms import Platform
 from trialkeeper.coordinator.services._jobs import (
     Job,

@@ -13,8 +13,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .readmodel import EnvSnapshot, GpuSnapshot, ReadModel, TrialSnapshot, list_experiments, to_json
-from .readpages import MAX_PAGE, PageError, trial_page
+from ..read.model import (
+    EnvSnapshot,
+    GpuSnapshot,
+    ReadModel,
+    TrialSnapshot,
+    list_experiments,
+    to_json,
+)
+from ..read.pages import MAX_PAGE, PageError, trial_page
 
 
 class _Console(Console):
@@ -62,7 +69,7 @@ def _why(t: TrialSnapshot) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .config import _default_working_directory
+    from ..config.experiment import _default_working_directory
 
     directory: Path = args.dir if args.dir is not None else _default_working_directory()
     experiments = list_experiments(directory)

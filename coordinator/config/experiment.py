@@ -25,7 +25,10 @@ from typing import Any, Literal
 
 import yaml
 
-from .configrules import (
+from ..platforms import TRAINING_SERVICES, register_training_service
+from .nni import translate as translate_nni
+from .platform import TrainingServiceConfig
+from .rules import (
     BIND_ADDRESS,
     DIAL_ADDRESS,
     ENV,
@@ -48,10 +51,7 @@ from .configrules import (
     to_camel,
     to_snake,
 )
-from .configwalk import INVALID, Walker, plain_data
-from .nniconfig import translate as translate_nni
-from .platformconfig import TrainingServiceConfig
-from .platforms import TRAINING_SERVICES, register_training_service
+from .walk import INVALID, Walker, plain_data
 
 __all__ = [
     "TRAINING_SERVICES",
@@ -72,7 +72,7 @@ __all__ = [
     "split_address",
 ]
 
-_SEARCHSPACE_MODULE = "trialkeeper.coordinator.searchspace"
+_SEARCHSPACE_MODULE = "trialkeeper.coordinator.search.space"
 
 
 @dataclass(frozen=True, kw_only=True)

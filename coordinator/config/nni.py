@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .configrules import Issues, join_path, show, split_address, to_camel
-from .platforms import config_class
+from ..platforms import config_class
+from .rules import Issues, join_path, show, split_address, to_camel
 
 __all__ = ["FIELDS", "NniField", "NniStatus", "canonical", "translate"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, NamedTuple
 
-from .configrules import POSITIVE_INT
+from .rules import POSITIVE_INT
 
 __all__ = ["EnvironmentPoolConfig", "GpuSharing", "Placement", "TrainingServiceConfig"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The rule config_to_dict redacts by: the two must agree on what is a secret.
-from .config import _is_secret, has_redacted_url_password
+from .experiment import _is_secret, has_redacted_url_password
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from .configrules import ConfigIssue, Issues, Rule, join_path, show, to_camel, to_snake
+from .rules import ConfigIssue, Issues, Rule, join_path, show, to_camel, to_snake
 
 __all__ = ["INVALID", "VARIANTS", "Spec", "Walker", "check_supported", "plain_data", "register_variants", "specs"]
 

@@ -1,7 +1,7 @@
 """The decision core's environment half: agents joining and leaving, heartbeats and GPU
 samples, starting and replacing environments, what the platform observes, drain.
 
-A part of :class:`~trialkeeper.coordinator.engine.Engine` (which mixes it in); like the
+A part of :class:`~trialkeeper.coordinator.engine.engine.Engine` (which mixes it in); like the
 rest of the core it does no I/O and reads no clock.
 """
 

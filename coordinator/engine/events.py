@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..services.base import Observation  # what a platform says of an environment: plain data
 from .model import MetricEvent, StatusEvent
 from .rows import GpuSampleRow, MetricRun
-from .services.base import Observation  # what a platform says of an environment: plain data
 from .states import TrialStatus
 
 # ---- what agents say (the transport's events) ----------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .readmodel import TrialInfo, loads_or_none  # TrialInfo is imported from here too
+from ..read.model import TrialInfo, loads_or_none  # TrialInfo is imported from here too
 from .scheduler import GpuSlot
 from .states import EnvStatus, TrialStatus
 

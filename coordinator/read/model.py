@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from .states import EnvStatus, TrialStatus
-from .store import GpuSampleRow, Store, StoreError
+from ..engine.states import EnvStatus, TrialStatus
+from ..store.store import GpuSampleRow, Store, StoreError
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .readmodel import ReadModel, TrialSnapshot, _sane, trial_snapshot
-from .states import TrialStatus
+from ..engine.states import TrialStatus
+from .model import ReadModel, TrialSnapshot, _sane, trial_snapshot
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from .assessors import BUILTIN_ASSESSORS, Assessor, AssessorError, construct
-from .searchspace import SearchSpaceError, is_batch_tuner, validate_search_space
+from .space import SearchSpaceError, is_batch_tuner, validate_search_space
 from .tuners import (
     BUILTIN_TUNERS,
     TUNER_ALIASES,

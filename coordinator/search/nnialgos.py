@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .assessors import Assessor, AssessorError
-from .searchspace import is_batch_tuner
+from .space import is_batch_tuner
 from .tuners import NoMoreTrials, PastTrial, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def nni_custom_assessor(class_name: str, cls: Any, class_args: dict[str, Any]) -
 
 
 def _custom(class_name: str, cls: Any, args: dict[str, Any], kind: str, error: type[TunerError]) -> Any:
-    ours = f"trialkeeper.coordinator.{kind}s.{kind.capitalize()}"
+    ours = f"trialkeeper.coordinator.search.{kind}s.{kind.capitalize()}"
     try:
         import nni.assessor
         import nni.tuner

@@ -16,10 +16,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..config.experiment import without_url_password
+from ..engine.states import TrialStatus
 from .assessors import Assessor, AssessorError
-from .config import without_url_password
-from .searchspace import SearchSpaceError, validate_search_space
-from .states import TrialStatus
+from .space import SearchSpaceError, validate_search_space
 from .tuners import PastTrial, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..engine.states import TrialStatus
 from .assessors import Assessor
-from .states import TrialStatus
 from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner
 
 log = logging.getLogger(__name__)

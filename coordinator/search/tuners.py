@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trialkeeper.coordinator.searchspace import (
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.search.space import (
     grid,
     grid_size,
     is_discrete,
     sample,
     validate_search_space,
 )
-from trialkeeper.coordinator.states import TrialStatus
 
 __all__ = [
     "BUILTIN_TUNERS",

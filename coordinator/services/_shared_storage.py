@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import SharedStorageConfig
+    from ..config.experiment import SharedStorageConfig
 
 MOUNT_FAILED = 97
 ROOT = "trialkeeper"

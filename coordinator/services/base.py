@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, Literal, TypeVar
 
-from ..platformconfig import TrainingServiceConfig
+from ..config.platform import TrainingServiceConfig
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ..config.experiment import ExperimentConfig
 
 ObservedState = Literal["starting", "running", "exited", "failed", "unknown"]
 

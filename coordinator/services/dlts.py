@@ -40,7 +40,7 @@ from .dlts_config import DltsConfig
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig, SharedStorageConfig
+    from ..config.experiment import ExperimentConfig, SharedStorageConfig
 
 log = logging.getLogger(__name__)
 

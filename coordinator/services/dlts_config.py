@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..configrules import NON_EMPTY_STR, NON_NEGATIVE_INT, POSITIVE_DURATION, SECRET, rule
-from ..platformconfig import EnvironmentPoolConfig
+from ..config.platform import EnvironmentPoolConfig
+from ..config.rules import NON_EMPTY_STR, NON_NEGATIVE_INT, POSITIVE_DURATION, SECRET, rule
 
 __all__ = ["DltsConfig"]
 

@@ -23,7 +23,7 @@ from .hybrid_config import HybridConfig
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ..config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..configrules import Issues
-from ..platformconfig import Placement, TrainingServiceConfig
+from ..config.platform import Placement, TrainingServiceConfig
+from ..config.rules import Issues
 
 __all__ = ["HybridConfig"]
 

@@ -23,7 +23,7 @@ from .local_config import LocalConfig
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ..config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..configrules import GPU_INDICES, NON_NEGATIVE_INT, POSITIVE_INT
-from ..platformconfig import EnvironmentPoolConfig, Placement
+from ..config.platform import EnvironmentPoolConfig, Placement
+from ..config.rules import GPU_INDICES, NON_NEGATIVE_INT, POSITIVE_INT
 
 __all__ = ["LocalConfig"]
 

@@ -41,7 +41,7 @@ from .openpai_config import OpenPaiConfig
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig, SharedStorageConfig
+    from ..config.experiment import ExperimentConfig, SharedStorageConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..configrules import (
+from ..config.platform import EnvironmentPoolConfig
+from ..config.rules import (
     NON_EMPTY_STR,
     NON_NEGATIVE_INT,
     POSITIVE_DURATION,
@@ -24,7 +25,6 @@ from ..configrules import (
     Issues,
     rule,
 )
-from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = ["OpenPaiConfig"]
 

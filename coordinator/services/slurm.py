@@ -52,7 +52,7 @@ from .slurm_config import SlurmConfig
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ..config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 

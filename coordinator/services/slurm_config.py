@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..configrules import (
+from ..config.platform import EnvironmentPoolConfig
+from ..config.rules import (
     NON_NEGATIVE_INT,
     POSITIVE_DURATION,
     POSITIVE_INT,
@@ -22,7 +23,6 @@ from ..configrules import (
     not_both,
     rule,
 )
-from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = ["SlurmConfig"]
 

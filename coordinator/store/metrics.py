@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from itertools import chain, groupby
 from operator import attrgetter
 
-from .rows import MetricRow, MetricRun
+from ..engine.rows import MetricRow, MetricRun
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS metric_runs (

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import metricstore
-from .rows import GpuSampleRow, MetricRow, MetricRun
+from ..engine.rows import GpuSampleRow, MetricRow, MetricRun
+from . import metrics as metricstore
 
 SCHEMA_VERSION = 1
 

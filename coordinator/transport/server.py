@@ -23,7 +23,7 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
-from . import events as ev
+from ..engine import events as ev
 from . import wire
 from .checks import MAX_SEQ, Refusal, over_limit
 

@@ -18,10 +18,10 @@ from trialkeeper.protos.limits import (
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.wire import PROTOCOL_VERSION
 
+from ..engine import events as ev
+from ..engine.rows import MetricRun
 from . import checks
-from . import events as ev
 from .checks import MAX_SEQ
-from .rows import MetricRun
 
 _KIND_NAMES = {pb.METRIC_KIND_INTERMEDIATE: "intermediate", pb.METRIC_KIND_FINAL: "final"}
 _STREAM_NAMES = {pb.LOG_STREAM_STDOUT: "stdout", pb.LOG_STREAM_STDERR: "stderr"}

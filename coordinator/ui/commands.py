@@ -79,7 +79,7 @@ def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: C
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from ..store import Store
+    from ..store.store import Store
 
     try:
         from .server import DashboardError, parse_address, serve_forever

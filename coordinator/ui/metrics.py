@@ -7,8 +7,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from ..readmodel import ReadModel
-from ..states import EnvStatus, TrialStatus
+from ..engine.states import EnvStatus, TrialStatus
+from ..read.model import ReadModel
 
 
 class ExperimentCollector(Collector):

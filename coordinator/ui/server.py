@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from ..readmodel import ReadModel
-from ..readpages import PageError
-from ..store import StoreError
+from ..read.model import ReadModel
+from ..read.pages import PageError
+from ..store.store import StoreError
 from . import views
 from .live import LiveChanges
 from .metrics import metrics_text

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..readmodel import ReadModel, TrialSnapshot
-from ..store import Store
+from ..read.model import ReadModel, TrialSnapshot
+from ..store.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from trialkeeper.agent import nnicompat
 
-from .. import readpages as pages
-from ..readmodel import ReadModel, TrialSnapshot, optimize_mode, to_json
-from ..readpages import GpuPoint
-from ..states import TrialStatus
+from ..engine.states import TrialStatus
+from ..read import pages
+from ..read.model import ReadModel, TrialSnapshot, optimize_mode, to_json
+from ..read.pages import GpuPoint
 
 SERIES_POINTS = 400  # points a time series is thinned to
 CURVES = 100  # trials whose intermediate curves the comparison draws

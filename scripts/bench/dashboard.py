@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
+from trialkeeper.coordinator.store.store import GpuSampleRow, MetricRow, Store
 
 REPEATS = 5
 

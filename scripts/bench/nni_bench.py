@@ -75,9 +75,9 @@ def _floor_wall(python: str, code: Path, times: Path, n: int, width: int) -> flo
 
 
 async def _trialkeeper(a: argparse.Namespace, d: Path) -> dict[str, Any]:
-    from trialkeeper.coordinator.config import parse_config
+    from trialkeeper.coordinator.config.experiment import parse_config
     from trialkeeper.coordinator.core import Coordinator
-    from trialkeeper.coordinator.states import TrialStatus
+    from trialkeeper.coordinator.engine.states import TrialStatus
 
     code = d / "code"
     code.mkdir()

@@ -53,9 +53,9 @@ def _curve(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int) -> dict[str, Any]:
     from digits_trial import SPACE
-    from trialkeeper.coordinator.config import parse_config
+    from trialkeeper.coordinator.config.experiment import parse_config
     from trialkeeper.coordinator.experiment import run_experiment
-    from trialkeeper.coordinator.store import Store
+    from trialkeeper.coordinator.store.store import Store
 
     tuner: dict[str, Any] = {
         "random": {"name": "random", "classArgs": {"seed": seed}},

@@ -28,11 +28,11 @@ from typing import Any
 
 import psutil
 from common import read_times
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.gcpolicy import tune_for_fleets
 from trialkeeper.coordinator.services.base import EnvironmentService, Observation, StartResult
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -742,7 +742,7 @@ async def _bare_server(
     """The floor for a connected agent: a gRPC server that answers Register with Welcome,
     acks what carries a sequence number, and does nothing else."""
     import grpc
-    from trialkeeper.coordinator.envrules import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
+    from trialkeeper.coordinator.engine.envrules import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
     from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
     from trialkeeper.protos.wire import PROTOCOL_VERSION
@@ -862,8 +862,8 @@ def stage_schedbench(a: argparse.Namespace) -> dict[str, Any]:
     """One pass of the real scheduler with ``waiting`` trials queued and every GPU of
     ``envs`` environments taken but one: the pass that runs when one trial ends. Beside
     it, an indexed reference picker doing the same job (the floor)."""
-    from trialkeeper.coordinator import scheduler as s
-    from trialkeeper.coordinator.waiting import WaitingTrials
+    from trialkeeper.coordinator.engine import scheduler as s
+    from trialkeeper.coordinator.engine.waiting import WaitingTrials
 
     def views() -> list[s.EnvCapacity]:
         out = []

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.rows import MetricRun
-from trialkeeper.coordinator.store import MetricRow, Store
+from trialkeeper.coordinator.engine.rows import MetricRun
+from trialkeeper.coordinator.store.store import MetricRow, Store
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.engine.states import TrialStatus
 
 TRIALS = {
     "sklearn": ("import numpy\nimport sklearn\nimport sklearn.svm\n", ["numpy", "sklearn", "sklearn.svm"]),

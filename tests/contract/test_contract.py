@@ -26,11 +26,11 @@ import grpc
 import psutil
 import pytest
 from conftest import async_wait_until, run_async
-from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.config import parse_config
-from trialkeeper.coordinator.server import AgentLink, Servicer, create_server
+from trialkeeper.coordinator.config.experiment import parse_config
+from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest, EnvironmentService
+from trialkeeper.coordinator.transport.server import AgentLink, Servicer, create_server
 
 HERE = Path(__file__).resolve().parent
 HARNESS_ENV = "TRIALKEEPER_CONTRACT_HARNESSES"  # more harness files, os.pathsep-separated

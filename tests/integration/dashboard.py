@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from conftest import write_script
 from test_cli import _script
-from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
+from trialkeeper.coordinator.store.store import GpuSampleRow, MetricRow, Store
 
 HTTP_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 60.0

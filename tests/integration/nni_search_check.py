@@ -11,10 +11,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
-from trialkeeper.coordinator.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.tuners import PastTrial, TunerError
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.search.search import (
+    IntermediateStored,
+    Search,
+    TrialEnded,
+    TrialSubmitted,
+)
+from trialkeeper.coordinator.search.tuners import PastTrial, TunerError
 
 warnings.filterwarnings("ignore")
 MIXED = {"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2, 3]}}

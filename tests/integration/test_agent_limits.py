@@ -15,8 +15,8 @@ import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from netproxy import CuttingProxy
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.events import AgentReported, LogReported
-from trialkeeper.coordinator.model import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine.events import AgentReported, LogReported
+from trialkeeper.coordinator.engine.model import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services.base import (
     EnvironmentRequest,
     EnvironmentService,

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator, TrialHandle
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 WAIT_S = 30.0
 FAST = {"heartbeatInterval": 0.2, "agentLostTimeout": 1.0, "trialLostTimeout": 2.5}

@@ -28,13 +28,13 @@ from conftest import (
 )
 from fake_cloud_sdks import FakeAml, aml_installed, aml_section, argv_holding, files_holding
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, config_to_dict, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
-from trialkeeper.coordinator.services.aml import MISSING_SDK, AmlEnvironmentService
+from trialkeeper.coordinator.services.aml.service import MISSING_SDK, AmlEnvironmentService
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 45.0
 
@@ -186,7 +186,7 @@ def test_without_azureml_core_it_is_one_clear_line(tmp_path: Path) -> None:
     # The import is blocked even where azureml-core is installed.
     program = (
         "import sys; sys.modules['azureml'] = None\n"
-        "from trialkeeper.coordinator.cli import main\n"
+        "from trialkeeper.coordinator.cli.app import main\n"
         f"sys.exit(main(['run', {str(config_file)!r}, '--quiet']))\n"
     )
     done = subprocess.run([sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60)
@@ -198,7 +198,7 @@ def test_without_azureml_core_it_is_one_clear_line(tmp_path: Path) -> None:
 def test_the_service_never_imports_the_sdk_until_used() -> None:
     program = (
         "import sys\n"
-        "from trialkeeper.coordinator.services import aml, _aml_sdk\n"
+        "from trialkeeper.coordinator.services.aml import sdk, service\n"
         "assert not [m for m in sys.modules if m.startswith('azureml')], 'azureml imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60)

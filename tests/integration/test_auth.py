@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 from conftest import build_config, run_async
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.server import PROTOCOL_VERSION, TOKEN_METADATA_KEY
+from trialkeeper.coordinator.transport.server import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 

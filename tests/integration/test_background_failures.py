@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator, CoordinatorError
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.experiment import run_experiment
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 60.0
 

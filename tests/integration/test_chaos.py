@@ -17,7 +17,7 @@ import pytest
 from conftest import build_config, run_async, write_script
 from netproxy import CuttingProxy
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.engine.states import TrialStatus
 
 # Each trial reports N intermediate results in quick bursts, then its final result, and
 # writes down every value it reported (one file per process, so attempts stay apart).

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import pid_gone, wait_until, write_script
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.store import Store, StoreError
+from trialkeeper.coordinator.store.store import Store, StoreError
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
 WAIT_S = 60.0

@@ -29,8 +29,8 @@ from conftest import (
 )
 from test_cli import RUN_TIMEOUT_S, _script, assert_no_leftovers
 from trialkeeper.coordinator import Coordinator
-from trialkeeper.coordinator.readmodel import ReadModel, to_json
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.read.model import ReadModel, to_json
+from trialkeeper.coordinator.store.store import Store
 
 COMMAND_TIMEOUT_S = 30.0
 WAIT_S = 60.0
@@ -267,7 +267,7 @@ EMBEDDED = """
 import asyncio, sys
 from pathlib import Path
 from trialkeeper.coordinator import Coordinator
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
 
 async def main():
     root = Path(sys.argv[1])

@@ -30,15 +30,19 @@ from conftest import (
 )
 from fake_cloud_sdks import DlcSetup, argv_holding, dlc_installed, dlc_section, files_holding
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, config_to_dict, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services._cloud_jobs import CloudSetupError
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.dlc import MISSING_SDK, DlcEnvironmentService, access_key
-from trialkeeper.coordinator.services.dlc_config import ID_ENV, SECRET_ENV, DlcConfig
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.services.dlc.config import ID_ENV, SECRET_ENV, DlcConfig
+from trialkeeper.coordinator.services.dlc.service import (
+    MISSING_SDK,
+    DlcEnvironmentService,
+    access_key,
+)
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 45.0
 
@@ -234,7 +238,7 @@ def test_without_the_sdk_it_is_one_clear_line(setup: DlcSetup, tmp_path: Path) -
     config_file.write_text(yaml.safe_dump(_config_data(setup, tmp_path)))
     program = (
         "import sys; sys.modules['alibabacloud_pai_dlc20201203'] = None\n"
-        "from trialkeeper.coordinator.cli import main\n"
+        "from trialkeeper.coordinator.cli.app import main\n"
         f"sys.exit(main(['run', {str(config_file)!r}, '--quiet']))\n"
     )
     done = subprocess.run([sys.executable, "-c", program], check=False, capture_output=True, text=True, timeout=60)

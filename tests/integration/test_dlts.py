@@ -26,13 +26,13 @@ from conftest import (
 from fake_dlts import FakeDlts, running, section, shell_words
 from fake_openpai import leaks_in_files, leaks_in_processes
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, config_to_dict, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.dlts import DltsEnvironmentService
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 45.0
 

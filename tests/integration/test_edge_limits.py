@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from test_cli import _json, tk
 from test_hostile import BLOCKER, TRIAL, RawSession, _attack, _register, _still_serving, _token
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 

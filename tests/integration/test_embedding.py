@@ -18,7 +18,7 @@ from trialkeeper.coordinator import (
     TrialRefused,
     TrialStatus,
 )
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 30.0
 S = TrialStatus

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import build_config, run_async, write_script
+from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import run_experiment
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 # Runs until the experiment stops it (or 60 s pass).
 FOREVER = """

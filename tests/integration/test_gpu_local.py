@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator, TrialRefused
-from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.engine.states import TrialStatus
 
 WAIT_S = 30.0
 

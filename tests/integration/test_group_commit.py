@@ -12,8 +12,8 @@ from pathlib import Path
 from conftest import async_wait_until, build_config, run_async, write_script
 from test_hostile import BLOCKER, RawSession, _metric, _register, _token
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.store.store import Store
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 WAIT_S = 30.0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.events import HeartbeatReceived
-from trialkeeper.coordinator.states import EnvStatus
+from trialkeeper.coordinator.engine.events import HeartbeatReceived
+from trialkeeper.coordinator.engine.states import EnvStatus
 
 WAIT_S = 30.0
 

@@ -18,8 +18,12 @@ from pathlib import Path
 import grpc
 from conftest import async_wait_until, build_config, environment, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.server import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, TOKEN_METADATA_KEY
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.transport.server import (
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    TOKEN_METADATA_KEY,
+)
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 WAIT_S = 30.0

@@ -33,10 +33,10 @@ from conftest import (
 from dashboard import get_json, stored_dashboard
 from sshd import Credentials, Machine, one_machine
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 60.0
 README = Path(__file__).resolve().parents[2] / "README.md"

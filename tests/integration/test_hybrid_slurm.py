@@ -16,10 +16,10 @@ from test_slurm import (
     cluster,  # noqa: F401 - the fixture
 )
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 60.0
 

@@ -42,19 +42,19 @@ from kube.checks import assert_token_only_in_its_secret, poll_until
 from kube.cluster import NO_SUCH_IMAGE, KubeCluster, section
 from netproxy import CuttingProxy
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
-from trialkeeper.coordinator.services._k8s_objects import kind_of, selector
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.kubernetes import (
+from trialkeeper.coordinator.services.kubernetes.config import AdlConfig, KubeflowConfig
+from trialkeeper.coordinator.services.kubernetes.objects import kind_of, selector
+from trialkeeper.coordinator.services.kubernetes.service import (
     KubernetesEnvironmentService,
     KubernetesSetupError,
     object_name,
 )
-from trialkeeper.coordinator.services.kubernetes_config import AdlConfig, KubeflowConfig
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 60.0
 NS = "default"

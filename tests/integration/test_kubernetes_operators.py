@@ -31,14 +31,12 @@ from conftest import (
 from fake_k8s import NO_SUCH_IMAGE, FakeKubernetes, running, section
 from kube.checks import assert_token_only_in_its_secret, poll_until
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.kubernetes import (
-    KubernetesEnvironmentService,
-)
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.services.kubernetes.service import KubernetesEnvironmentService
+from trialkeeper.coordinator.store.store import Store
 
 pytest.importorskip("kubernetes", reason="the Kubernetes platforms need trialkeeper[k8s]")
 

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from conftest import async_wait_until, build_config, pid_gone, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 WAIT_S = 30.0
 

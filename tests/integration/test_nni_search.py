@@ -13,10 +13,10 @@ import optuna
 import pytest
 from conftest import write_script
 from nnienv import nni_python
-from trialkeeper.coordinator.algorithms import create_tuner
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
-from trialkeeper.coordinator.tuners import TunerError
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.search.algorithms import create_tuner
+from trialkeeper.coordinator.search.tuners import TunerError
+from trialkeeper.coordinator.store.store import Store
 
 HERE = Path(__file__).resolve().parent
 RUN_TIMEOUT_S = 240

@@ -26,14 +26,14 @@ from conftest import (
 )
 from fake_openpai import FakeOpenPai, leaks_in_files, leaks_in_processes, running, section
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, config_to_dict, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services._rest import RestClient, RestError
 from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.openpai import OpenPaiEnvironmentService
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 45.0
 

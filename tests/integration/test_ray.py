@@ -27,13 +27,13 @@ from conftest import (
     wait_until,
     write_script,
 )
-from trialkeeper.coordinator.config import ConfigError, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.ray import RayEnvironmentService
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.services.ray.service import RayEnvironmentService
+from trialkeeper.coordinator.store.store import Store
 
 
 def _harness() -> ModuleType:
@@ -436,7 +436,7 @@ def test_config_defaults_and_environment_counts(tmp_path: Path) -> None:
 def test_missing_extra_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from trialkeeper.coordinator.services import ray as ray_service
+    from trialkeeper.coordinator.services.ray import service as ray_service
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
@@ -445,7 +445,7 @@ def test_missing_extra_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_gpu_options_follow_what_ray_assigned() -> None:
-    from trialkeeper.coordinator.services._ray_node import _gpu_args
+    from trialkeeper.coordinator.services.ray.node import _gpu_args
 
     assert _gpu_args(0, []) == ["--no-gpu"]
     assert _gpu_args(2, ["1", "3"]) == ["--gpu-indices", "1,3"]

@@ -33,13 +33,16 @@ from conftest import (
 )
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ExperimentConfig, parse_config
+from trialkeeper.coordinator.config.experiment import ExperimentConfig, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services._codedir import CodeDirError, pack, scan
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.remote import RemoteEnvironmentService, RemoteSetupError
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.services.remote.service import (
+    RemoteEnvironmentService,
+    RemoteSetupError,
+)
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 45.0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 from conftest import pid_gone, stored_rows, wait_until, write_script
-from trialkeeper.coordinator.store import Store, StoreError
+from trialkeeper.coordinator.store.store import Store, StoreError
 
 WAIT_S = 60.0
 

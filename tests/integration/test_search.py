@@ -11,10 +11,10 @@ from typing import Any
 import optuna
 import pytest
 from conftest import build_config, pid_gone, run_async, wait_until, write_script
+from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import LOG_FILENAME, resume_experiment, run_experiment
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
-from trialkeeper.coordinator.tuners import RandomTuner
+from trialkeeper.coordinator.search.tuners import RandomTuner
+from trialkeeper.coordinator.store.store import Store
 
 # Reports its parameter x as every intermediate result, `steps` times, then as final.
 CURVE = """
@@ -163,7 +163,7 @@ def test_optuna_storage_mirrors_an_experiment_with_a_builtin_tuner_into_an_optun
 
 
 BROKEN_TUNER = """
-from trialkeeper.coordinator.tuners import Tuner
+from trialkeeper.coordinator.search.tuners import Tuner
 
 class Flaky(Tuner):
     def generate_parameters(self, parameter_id):
@@ -218,7 +218,7 @@ def test_two_experiments_in_one_process_keep_their_own_logs(tmp_path: Path) -> N
 
 
 UNSENDABLE_TUNER = """
-from trialkeeper.coordinator.tuners import Tuner
+from trialkeeper.coordinator.search.tuners import Tuner
 
 class Odd(Tuner):
     def generate_parameters(self, parameter_id):

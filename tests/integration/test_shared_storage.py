@@ -29,7 +29,7 @@ from fake_openpai import FakeOpenPai, leaks_in_files, leaks_in_processes
 from fake_openpai import running as running_pai
 from fake_openpai import section as pai_section
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, config_to_dict, parse_config
 from trialkeeper.coordinator.services import _shared_storage as storage
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import (
@@ -37,7 +37,7 @@ from trialkeeper.coordinator.services.base import (
     EnvironmentService,
     Observation,
 )
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 KEY = "c2VjcmV0LXN0b3JhZ2Uta2V5LXZhbHVl+/AbC=="
 WAIT_S = 45.0

@@ -31,13 +31,13 @@ from conftest import (
 )
 from slurm import SlurmCluster, SlurmUnavailable, acquire_cluster, release_cluster
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.config import ConfigError, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.slurm import _GPU_SELECTION, SlurmEnvironmentService
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 45.0
 

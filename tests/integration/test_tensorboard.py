@@ -20,8 +20,8 @@ import pytest
 from conftest import wait_until, write_script
 from dashboard import HTTP_TIMEOUT_S, first_line, many_trials, tk_bare
 from test_cli import RUN_TIMEOUT_S, _script, tk
-from trialkeeper.coordinator.readmodel import ReadModel
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.store.store import Store
 
 START_TIMEOUT_S = 60.0
 LISTED_TIMEOUT_S = 60.0

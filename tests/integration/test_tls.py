@@ -18,10 +18,10 @@ import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from cryptography import x509
 from trialkeeper.agent import tls as agent_tls
-from trialkeeper.coordinator import tls
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.server import PROTOCOL_VERSION, TOKEN_METADATA_KEY
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.transport import tls
+from trialkeeper.coordinator.transport.server import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import async_wait_until, build_config, pid_gone, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator
-from trialkeeper.coordinator.states import TrialStatus
+from trialkeeper.coordinator.engine.states import TrialStatus
 
 WAIT_S = 60.0
 PRELOAD = ["json", "decimal"]
@@ -260,7 +260,7 @@ def test_a_template_that_cannot_import_leaves_trials_cold(tmp_path: Path) -> Non
 
 
 def test_trial_preload_names_modules(tmp_path: Path) -> None:
-    from trialkeeper.coordinator.config import ConfigError
+    from trialkeeper.coordinator.config.experiment import ConfigError
 
     assert build_config(tmp_path).trial_preload == []
     with pytest.raises(ConfigError, match=r"trial_preload\[1\]|trialPreload\[1\]"):

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from trialkeeper.coordinator.services.base import Observation
-from trialkeeper.coordinator.services.kubernetes import KubernetesEnvironmentService
+from trialkeeper.coordinator.services.kubernetes.service import KubernetesEnvironmentService
 
 
 def assert_token_only_in_its_secret(created: list[dict[str, Any]], token: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from trialkeeper.coordinator import cli
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_the_default_page_and_every_trial(exp: Path, capsys: pytest.CaptureFixtu
 
 def test_pages_longer_than_the_read_models_are_read_in_several(exp: Path, capsys: pytest.CaptureFixture[str],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from trialkeeper.coordinator import cli_views
+    from trialkeeper.coordinator.cli import views as cli_views
 
     monkeypatch.setattr(cli_views, "MAX_PAGE", 7)
     assert _ids(capsys, str(exp), "--limit", "20", "--offset", "3")[0] == [f"t{s:02d}" for s in range(3, 23)]

@@ -27,15 +27,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from trialkeeper.coordinator.config import parse_config
-from trialkeeper.coordinator.services import _dlc_sdk
-from trialkeeper.coordinator.services._aml_sdk import AmlRunSpec
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.services._cloud_jobs import JobView
-from trialkeeper.coordinator.services.aml import AmlEnvironmentService
-from trialkeeper.coordinator.services.aml_config import AmlConfig
+from trialkeeper.coordinator.services.aml.config import AmlConfig
+from trialkeeper.coordinator.services.aml.sdk import AmlRunSpec
+from trialkeeper.coordinator.services.aml.service import AmlEnvironmentService
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.dlc import DlcEnvironmentService
-from trialkeeper.coordinator.services.dlc_config import DlcConfig
+from trialkeeper.coordinator.services.dlc import sdk as _dlc_sdk
+from trialkeeper.coordinator.services.dlc.config import DlcConfig
+from trialkeeper.coordinator.services.dlc.service import DlcEnvironmentService
 
 REPO = Path(__file__).resolve().parents[2]
 AML_PYTHON = os.environ.get("TRIALKEEPER_AML_SDK_PYTHON", "/opt/sdkvenv-aml/bin/python")
@@ -69,11 +69,12 @@ _AML_PROGRAM = """
 import json, sys, types
 repo = sys.argv[1]
 for name, path in [("trialkeeper", []), ("trialkeeper.coordinator", [repo + "/coordinator"]),
-                   ("trialkeeper.coordinator.services", [repo + "/coordinator/services"])]:
+                   ("trialkeeper.coordinator.services", [repo + "/coordinator/services"]),
+                   ("trialkeeper.coordinator.services.aml", [repo + "/coordinator/services/aml"])]:
     module = types.ModuleType(name)
     module.__path__ = path
     sys.modules[name] = module
-from trialkeeper.coordinator.services import _aml_sdk
+from trialkeeper.coordinator.services.aml import sdk as _aml_sdk
 from azureml.core.script_run_config import get_run_config_from_script_run
 from azureml.core._serialization_utils import _serialize_to_dict
 
@@ -125,7 +126,7 @@ def test_aml_spec_names_and_tags_the_run_for_sweep(tmp_path: Path) -> None:
 
 
 def test_aml_run_status_is_read_from_the_run() -> None:
-    from trialkeeper.coordinator.services._aml_sdk import _view
+    from trialkeeper.coordinator.services.aml.sdk import _view
 
     class Run:  # what azureml.core.Run answers, for the three calls _view makes
         id = "exp42_1700000000_abcd"

@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trialkeeper.coordinator.config import (
+from trialkeeper.coordinator.config.experiment import (
     TRAINING_SERVICES,
     ConfigError,
     ConfigIssue,
@@ -33,7 +33,7 @@ from trialkeeper.coordinator.config import (
 )
 from trialkeeper.coordinator.services.local_config import LocalConfig
 
-SEARCHSPACE = "trialkeeper.coordinator.searchspace"
+SEARCHSPACE = "trialkeeper.coordinator.search.space"
 
 
 class Mode(enum.Enum):

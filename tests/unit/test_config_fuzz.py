@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trialkeeper.coordinator.config import (
+from trialkeeper.coordinator.config.experiment import (
     TRAINING_SERVICES,
     ConfigError,
     ExperimentConfig,
     load_config,
     parse_config,
 )
-from trialkeeper.coordinator.searchspace import TYPES
+from trialkeeper.coordinator.search.space import TYPES
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

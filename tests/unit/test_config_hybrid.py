@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trialkeeper.coordinator.config import ConfigError, config_to_dict, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, config_to_dict, parse_config
 from trialkeeper.coordinator.services.hybrid_config import HybridConfig
 from trialkeeper.coordinator.services.local_config import LocalConfig
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig

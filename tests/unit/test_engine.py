@@ -9,12 +9,12 @@ import dataclasses
 from typing import Any, TypeVar
 
 import pytest
-from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import Engine
-from trialkeeper.coordinator.policy import PlatformPolicy, Policy
-from trialkeeper.coordinator.restore import restore
-from trialkeeper.coordinator.rows import MetricRun
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.engine import Engine
+from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
+from trialkeeper.coordinator.engine.restore import restore
+from trialkeeper.coordinator.engine.rows import MetricRun
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 I = TypeVar("I")
 _PLATFORM_FIELDS = {f.name for f in dataclasses.fields(PlatformPolicy)} - {"name"}

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from test_engine import Sim, _env_row, _trial_row
-from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.policy import PlatformPolicy
-from trialkeeper.coordinator.restore import restore
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.policy import PlatformPolicy
+from trialkeeper.coordinator.engine.restore import restore
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 
 def hybrid(local: int = 1, remote: int = 1, **policy: Any) -> Sim:

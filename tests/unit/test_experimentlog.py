@@ -16,12 +16,12 @@ def test_each_file_takes_the_records_of_its_own_experiment_and_nnis(tmp_path: Pa
     b = experimentlog.open_log("b", tmp_path / "b")
     try:
         scope = experimentlog.enter("a")
-        logging.getLogger("trialkeeper.coordinator.search").warning("a's tuner raised")
+        logging.getLogger("trialkeeper.coordinator.search.search").warning("a's tuner raised")
         logging.getLogger("nni.tuner.tpe").warning("a's nni warning")
         logging.getLogger("nni.tuner.tpe").info("a's nni chatter")  # below the file's level
         experimentlog.leave(scope)
         scope = experimentlog.enter("b")
-        logging.getLogger("trialkeeper.coordinator.search").error("b's tuner raised")
+        logging.getLogger("trialkeeper.coordinator.search.search").error("b's tuner raised")
         experimentlog.leave(scope)
         # Outside any experiment's context, with two open: it belongs to neither for sure.
         thread = threading.Thread(target=lambda: logging.getLogger("trialkeeper").warning("unowned"))

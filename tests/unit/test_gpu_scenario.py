@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from trialkeeper.coordinator.scheduler import (
+from trialkeeper.coordinator.engine.scheduler import (
     Demand,
     EnvCapacity,
     GpuSlot,
@@ -32,7 +32,7 @@ from trialkeeper.coordinator.scheduler import (
     place_waiting,
     trial_ended,
 )
-from trialkeeper.coordinator.waiting import WaitingTrials
+from trialkeeper.coordinator.engine.waiting import WaitingTrials
 
 ENVS, GPUS_PER_ENV, TRIALS = 3, 4, 300
 HEARTBEAT = 1.0

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trialkeeper.coordinator.services._dlc_sdk import display_name, name_prefix
 from trialkeeper.coordinator.services._jobs import env_of, job_name
 from trialkeeper.coordinator.services.base import env_id_in_name
+from trialkeeper.coordinator.services.dlc.sdk import display_name, name_prefix
 
 
 def test_a_job_name_gives_back_its_environment() -> None:

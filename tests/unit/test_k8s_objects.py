@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trialkeeper.coordinator.config import parse_config
-from trialkeeper.coordinator.services._k8s_objects import kind_of, observe, template_pod, workload
+from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.services.base import EnvironmentRequest
+from trialkeeper.coordinator.services.kubernetes.objects import (
+    kind_of,
+    observe,
+    template_pod,
+    workload,
+)
 
 
 def _section(tmp_path: Path, platform: str, **fields: object) -> object:

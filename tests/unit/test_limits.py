@@ -8,7 +8,7 @@ import math
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from trialkeeper.agent import runner, session
-from trialkeeper.coordinator import server
+from trialkeeper.coordinator.transport import server
 from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from trialkeeper.coordinator import wire
-from trialkeeper.coordinator.rows import MetricRow, MetricRun
+from trialkeeper.coordinator.engine.rows import MetricRow, MetricRun
+from trialkeeper.coordinator.transport import wire
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
 INTERMEDIATE = pb.METRIC_KIND_INTERMEDIATE

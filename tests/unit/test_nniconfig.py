@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from nni_python import nni_python
-from trialkeeper.coordinator.config import ConfigError, parse_config
-from trialkeeper.coordinator.nniconfig import FIELDS, canonical
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
+from trialkeeper.coordinator.config.nni import FIELDS, canonical
 
 REPO = Path(__file__).resolve().parents[2]
 

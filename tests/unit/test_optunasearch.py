@@ -7,14 +7,23 @@ from typing import Any
 
 import optuna
 import pytest
-from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
-from trialkeeper.coordinator.config import parse_config
+from trialkeeper.coordinator.config.experiment import parse_config
+from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import _search
-from trialkeeper.coordinator.optunasearch import create_optuna_mirror, flatten, optuna_space_issues
-from trialkeeper.coordinator.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
-from trialkeeper.coordinator.searchspace import SearchSpaceError, validate_search_space
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.tuners import PastTrial, TunerError
+from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.search.optunasearch import (
+    create_optuna_mirror,
+    flatten,
+    optuna_space_issues,
+)
+from trialkeeper.coordinator.search.search import (
+    IntermediateStored,
+    Search,
+    TrialEnded,
+    TrialSubmitted,
+)
+from trialkeeper.coordinator.search.space import SearchSpaceError, validate_search_space
+from trialkeeper.coordinator.search.tuners import PastTrial, TunerError
 
 SPACE: dict[str, Any] = {
     "lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]},

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from trialkeeper.coordinator.platformconfig import GpuSharing, TrainingServiceConfig
+from trialkeeper.coordinator.config.platform import GpuSharing, TrainingServiceConfig
 from trialkeeper.coordinator.platforms import (
     BUILTIN,
     ENTRY_POINT_GROUP,
@@ -21,7 +21,7 @@ from trialkeeper.coordinator.platforms import (
 )
 from trialkeeper.coordinator.services.base import EnvironmentService
 from trialkeeper.coordinator.services.local_config import LocalConfig
-from trialkeeper.coordinator.services.remote_config import RemoteConfig, RemoteMachineConfig
+from trialkeeper.coordinator.services.remote.config import RemoteConfig, RemoteMachineConfig
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_a_platform_that_names_nothing_is_refused_clearly() -> None:
     with pytest.raises(PlatformLoadError, match="not of the form 'module:attr'"):
         Platform("x", "no_colon", "a:b").config_class()
     with pytest.raises(PlatformLoadError, match="has no 'Nope'"):
-        Platform("x", "trialkeeper.coordinator.platformconfig:Nope", "a:b").config_class()
+        Platform("x", "trialkeeper.coordinator.config.platform:Nope", "a:b").config_class()
     with pytest.raises(PlatformLoadError, match="is not an EnvironmentService"):
         Platform("local", "a:b", "trialkeeper.coordinator.services.local_config:LocalConfig").service_class()
     with pytest.raises(TypeError, match="PLATFORM is 'local', registered as 'x'"):
@@ -82,8 +82,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from trialkeeper.coordinator.configrules import POSITIVE_INT
-from trialkeeper.coordinator.platformconfig import TrainingServiceConfig
+from trialkeeper.coordinator.config.rules import POSITIVE_INT
+from trialkeeper.coordinator.config.platform import TrainingServiceConfig
 from trialkeeper.coordinator.platforms import Platform
 from trialkeeper.coordinator.services.base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 
@@ -126,7 +126,7 @@ _OLD_PLUGIN = '''
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trialkeeper.coordinator.config import TrainingServiceConfig, register_training_service
+from trialkeeper.coordinator.config.experiment import TrainingServiceConfig, register_training_service
 from acme_plugin import AcmeService
 
 
@@ -144,7 +144,7 @@ def create(config, experiment_dir):
 _CHECKS = '''
 import json, sys
 from pathlib import Path
-from trialkeeper.coordinator.config import ConfigError, TRAINING_SERVICES, parse_config
+from trialkeeper.coordinator.config.experiment import ConfigError, TRAINING_SERVICES, parse_config
 from trialkeeper.coordinator.services import create_service
 
 base = Path(sys.argv[1])

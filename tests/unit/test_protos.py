@@ -94,8 +94,8 @@ def _uint64_paths(desc: object, prefix: str = "") -> set[str]:
 def test_the_written_out_heartbeat_check_covers_every_uint64_field() -> None:
     # The edge checks heartbeats as it converts them (wire.heartbeat); a uint64 field added
     # to Heartbeat (or a message in it) must be checked there too.
-    from trialkeeper.coordinator import wire
-    from trialkeeper.coordinator.server import MAX_SEQ, _out_of_range
+    from trialkeeper.coordinator.transport import wire
+    from trialkeeper.coordinator.transport.server import MAX_SEQ, _out_of_range
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
 
     paths = _uint64_paths(pb.Heartbeat.DESCRIPTOR)

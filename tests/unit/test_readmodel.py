@@ -8,9 +8,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from trialkeeper.coordinator.readmodel import ReadModel, list_experiments, to_json
-from trialkeeper.coordinator.states import EnvStatus, TrialStatus
-from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.read.model import ReadModel, list_experiments, to_json
+from trialkeeper.coordinator.store.store import GpuSampleRow, MetricRow, Store
 
 GPU = {"index": 0, "uuid": "GPU-a", "name": "Tesla T4", "memory_total_bytes": 16 * 2**30, "simulated": False, "mig": False}
 

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from trialkeeper.coordinator import readpages as pages
-from trialkeeper.coordinator.readmodel import ReadModel
-from trialkeeper.coordinator.readpages import PageError
-from trialkeeper.coordinator.store import GpuSampleRow, MetricRow, Store
+from trialkeeper.coordinator.read import pages
+from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.read.pages import PageError
+from trialkeeper.coordinator.store.store import GpuSampleRow, MetricRow, Store
 
 
 def _store(exp_dir: Path, n: int = 50) -> None:

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trialkeeper.coordinator.config import ExperimentConfig, config_to_dict, parse_config
-from trialkeeper.coordinator.core import Coordinator, CoordinatorError
-from trialkeeper.coordinator.redacted import (
+from trialkeeper.coordinator.config.experiment import ExperimentConfig, config_to_dict, parse_config
+from trialkeeper.coordinator.config.redacted import (
     SecretsMissing,
     fill_redacted,
     find_redacted,
     restore_redacted,
 )
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.core import Coordinator, CoordinatorError
+from trialkeeper.coordinator.store.store import Store
 
 WANDB = "wandb-0123456789abcdef"
 BASE: dict[str, Any] = {"trialCommand": "python3 t.py", "trialConcurrency": 1}

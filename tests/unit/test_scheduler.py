@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trialkeeper.coordinator.scheduler import (
+from trialkeeper.coordinator.engine.scheduler import (
     Demand,
     EnvCapacity,
     GpuSlot,

@@ -19,8 +19,14 @@ import random
 from collections.abc import Callable
 
 import pytest
-from trialkeeper.coordinator.scheduler import Demand, EnvCapacity, GpuSlot, place, place_waiting
-from trialkeeper.coordinator.waiting import WaitingTrials
+from trialkeeper.coordinator.engine.scheduler import (
+    Demand,
+    EnvCapacity,
+    GpuSlot,
+    place,
+    place_waiting,
+)
+from trialkeeper.coordinator.engine.waiting import WaitingTrials
 
 GIB = 2**30
 PLATFORMS = ("local", "remote", "slurm")

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from trialkeeper.coordinator.algorithms import create_assessor, create_tuner
-from trialkeeper.coordinator.assessors import AssessorError, MedianStopAssessor
-from trialkeeper.coordinator.search import (
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.search.assessors import AssessorError, MedianStopAssessor
+from trialkeeper.coordinator.search.search import (
     IntermediateStored,
     Search,
     StopTrial,
     TrialEnded,
     TrialSubmitted,
 )
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.tuners import PastTrial, RandomTuner, Tuner
+from trialkeeper.coordinator.search.tuners import PastTrial, RandomTuner, Tuner
 
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
 
@@ -142,7 +142,7 @@ def test_assessor_errors_name_what_is_wrong(name: str, args: dict[str, Any], mes
 
 
 def test_an_advisor_replaces_the_tuner_and_the_assessor(tmp_path: Any) -> None:
-    from trialkeeper.coordinator.config import ConfigError, parse_config
+    from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 
     base = {"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"}}
     config = parse_config({**base, "advisor": {"name": "Hyperband", "classArgs": {"R": 9, "optimize_mode": "minimize"}}}, tmp_path)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from trialkeeper.coordinator.config import ConfigError, parse_config
-from trialkeeper.coordinator.searchspace import (
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
+from trialkeeper.coordinator.search.space import (
     TYPES,
     SearchSpaceError,
     grid,

@@ -8,13 +8,13 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from trialkeeper.coordinator import events as ev
-from trialkeeper.coordinator.engine import Engine
-from trialkeeper.coordinator.policy import PlatformPolicy, Policy
-from trialkeeper.coordinator.rows import MetricRun
+from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.engine import Engine
+from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
+from trialkeeper.coordinator.engine.rows import MetricRun
+from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.shell import Shell
-from trialkeeper.coordinator.states import TrialStatus
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 
 
 class Link:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from trialkeeper.coordinator.states import (
+from trialkeeper.coordinator.engine.states import (
     ENV_TRANSITIONS,
     TRIAL_TRANSITIONS,
     EnvStatus,

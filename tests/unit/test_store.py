@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from trialkeeper.coordinator.store import SCHEMA_VERSION, MetricRow, Store, StoreError
+from trialkeeper.coordinator.store.store import SCHEMA_VERSION, MetricRow, Store, StoreError
 
 
 def _store(tmp_path: Path) -> Store:
@@ -375,7 +375,7 @@ def test_a_store_written_before_metric_runs_is_read_and_written_with_both_shapes
 
 
 def test_a_run_is_one_row_and_reads_back_as_its_metrics(tmp_path: Path) -> None:
-    from trialkeeper.coordinator.rows import MetricRun
+    from trialkeeper.coordinator.engine.rows import MetricRun
 
     store = _store(tmp_path)
     store.add_runs([

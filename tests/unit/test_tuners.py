@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trialkeeper.coordinator.algorithms import create_tuner
-from trialkeeper.coordinator.searchspace import SearchSpaceError, grid, grid_size
-from trialkeeper.coordinator.tuners import (
+from trialkeeper.coordinator.search.algorithms import create_tuner
+from trialkeeper.coordinator.search.space import SearchSpaceError, grid, grid_size
+from trialkeeper.coordinator.search.tuners import (
     BUILTIN_TUNERS,
     GridTuner,
     NoMoreTrials,
@@ -174,7 +174,7 @@ def test_create_tuner_validates_the_search_space_first() -> None:
 # -- create_tuner: third-party tuners ---------------------------------------------------
 
 CUSTOM = '''
-from trialkeeper.coordinator.tuners import Tuner
+from trialkeeper.coordinator.search.tuners import Tuner
 
 class CountingTuner(Tuner):
     def __init__(self, search_space, *, start, optimize_mode="maximize"):
@@ -234,7 +234,7 @@ def test_create_tuner_loads_a_third_party_tuner_by_class_name(
     [
         (CUSTOM, "{m}:Missing", {}, "module '{m}' has no 'Missing'"),
         (CUSTOM, "{m}:NotATuner", {}, ("tuner '{m}:NotATuner' is not a subclass of "
-                                       "trialkeeper.coordinator.tuners.Tuner")),
+                                       "trialkeeper.coordinator.search.tuners.Tuner")),
         (CUSTOM, "{m}:Half", {}, "tuner '{m}:Half' does not implement generate_parameters"),
         (CUSTOM, "{m}:CountingTuner", {}, "tuner '{m}:CountingTuner' needs classArgs start"),
         (CUSTOM, "{m}:CountingTuner", {"start": 1, "seed": 2},

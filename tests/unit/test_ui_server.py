@@ -15,7 +15,7 @@ pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip ins
 
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import async_wait_until, run_async
-from trialkeeper.coordinator.store import Store
+from trialkeeper.coordinator.store.store import Store
 from trialkeeper.coordinator.ui.live import LiveChanges
 from trialkeeper.coordinator.ui.server import STATE, DashboardError, bind, build_app
 

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
-from trialkeeper.coordinator.readmodel import ReadModel
-from trialkeeper.coordinator.readpages import PageError
-from trialkeeper.coordinator.store import MetricRow, Store
+from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.read.pages import PageError
+from trialkeeper.coordinator.store.store import MetricRow, Store
 from trialkeeper.coordinator.ui import views
 from trialkeeper.coordinator.ui.server import DashboardError, check_bind, is_loopback, parse_address
 from trialkeeper.coordinator.ui.tensorboard import run_name
@@ -115,7 +115,7 @@ def test_answers_from_a_store(tmp_path: Path) -> None:
 
 
 def test_run_names_carry_id_and_parameters_safely() -> None:
-    from trialkeeper.coordinator.readmodel import trial_snapshot
+    from trialkeeper.coordinator.read.model import trial_snapshot
 
     t = trial_snapshot({"id": "ab12", "status": "SUCCEEDED", "parameters_json": json.dumps({"lr": 0.0123456, "opt": "a/b c", "n": [1, 2]})})
     assert run_name(t) == "ab12_lr=0.01235,n=_1,2_,opt=a_b_c"

@@ -1,0 +1,1 @@
+"""Azure Machine Learning: each environment one run."""

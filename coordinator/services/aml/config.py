@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..configrules import NON_EMPTY_STR, POSITIVE_DURATION, POSITIVE_INT, Issues, exists
-from ..platformconfig import TrainingServiceConfig
+from ...config.platform import TrainingServiceConfig
+from ...config.rules import NON_EMPTY_STR, POSITIVE_DURATION, POSITIVE_INT, Issues, exists
 
 __all__ = ["AmlConfig"]
 

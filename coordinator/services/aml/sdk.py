@@ -18,10 +18,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._cloud_jobs import JobView
+from .._cloud_jobs import JobView
 
 if TYPE_CHECKING:
-    from .aml_config import AmlConfig
+    from .config import AmlConfig
 
 PACKAGE = "azureml-core"
 TAG_EXPERIMENT = "trialkeeper.experiment"

@@ -1,0 +1,1 @@
+"""Alibaba Cloud PAI-DLC: each environment one job."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..configrules import (
+from ...config.platform import TrainingServiceConfig
+from ...config.rules import (
     NON_EMPTY_STR,
     POSITIVE_DURATION,
     POSITIVE_INT,
@@ -27,7 +28,6 @@ from ..configrules import (
     not_both,
     rule,
 )
-from ..platformconfig import TrainingServiceConfig
 
 __all__ = ["ID_ENV", "SECRET_ENV", "DlcConfig"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
-from ._cloud_jobs import JobView
-from .base import env_id_in_name
+from .._cloud_jobs import JobView
+from ..base import env_id_in_name
 
 PACKAGE = "alibabacloud-pai-dlc20201203"
 PAGE_SIZE = 100

@@ -22,17 +22,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from . import _dlc_sdk
-from ._cloud_jobs import CloudJobService, CloudSetupError, JobAdapter
-from ._jobs import JobPhase
-from ._launch import agent_argv, agent_environment, copy_code
-from .base import EnvironmentRequest
-from .dlc_config import ID_ENV, SECRET_ENV, DlcConfig
+from .._cloud_jobs import CloudJobService, CloudSetupError, JobAdapter
+from .._jobs import JobPhase
+from .._launch import agent_argv, agent_environment, copy_code
+from ..base import EnvironmentRequest
+from . import sdk as _dlc_sdk
+from .config import ID_ENV, SECRET_ENV, DlcConfig
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ...config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Kubernetes, plain and through its operators (Kubeflow, FrameworkController, AdaptDL)."""

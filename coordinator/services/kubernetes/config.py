@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ..configrules import (
+from ...config.platform import EnvironmentPoolConfig
+from ...config.rules import (
     NON_EMPTY_STR,
     NON_NEGATIVE_INT,
     POSITIVE_DURATION,
@@ -27,7 +28,6 @@ from ..configrules import (
     parse_size,
     rule,
 )
-from ..platformconfig import EnvironmentPoolConfig
 
 __all__ = [
     "AdlCheckpoint",

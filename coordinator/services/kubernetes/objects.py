@@ -13,16 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from trialkeeper.protos.wire import TOKEN_ENV
 
-from .base import EnvironmentRequest, ObservedState
-from .kubernetes_config import (
-    AdlConfig,
-    FrameworkControllerConfig,
-    KubeflowConfig,
-    KubernetesConfig,
-)
+from ..base import EnvironmentRequest, ObservedState
+from .config import AdlConfig, FrameworkControllerConfig, KubeflowConfig, KubernetesConfig
 
 if TYPE_CHECKING:
-    from .kubernetes_config import KubernetesPlatformConfig
+    from .config import KubernetesPlatformConfig
 
 LABEL_EXPERIMENT = "trialkeeper/experiment"
 LABEL_ENVIRONMENT = "trialkeeper/environment"

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._k8s_objects import (
+from .._launch import agent_argv, copy_code
+from .._record import EnvRecord
+from ..base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .config import AdlConfig, KubernetesPlatformConfig
+from .objects import (
     POD,
     PVC,
     SECRET,
@@ -46,15 +50,11 @@ from ._k8s_objects import (
     token_secret,
     workload,
 )
-from ._launch import agent_argv, copy_code
-from ._record import EnvRecord
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
-from .kubernetes_config import AdlConfig, KubernetesPlatformConfig
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ...config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 

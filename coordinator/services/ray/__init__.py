@@ -1,0 +1,1 @@
+"""Ray: each environment a detached actor of an existing Ray cluster."""

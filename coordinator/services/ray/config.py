@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..configrules import (
+from ...config.platform import EnvironmentPoolConfig
+from ...config.rules import (
     NON_EMPTY_STR,
     POSITIVE_DURATION,
     POSITIVE_INT,
@@ -14,7 +15,6 @@ from ..configrules import (
     rule,
     split_address,
 )
-from ..platformconfig import EnvironmentPoolConfig
 
 _ADDRESS_TEXT = "'auto', 'ray://HOST:PORT' (Ray Client) or 'HOST:PORT' (the head node's GCS)"
 

@@ -3,7 +3,7 @@
 The actor (:class:`AgentHost`) runs in a Ray worker process. It does not run the agent as
 its own child: Ray kills a dying worker's children, which would orphan the agent's trials
 (they run in their own sessions). It starts the launcher instead (this module run as
-``python -m trialkeeper.coordinator.services._ray_node --launch``), which detaches itself,
+``python -m trialkeeper.coordinator.services.ray.node --launch``), which detaches itself,
 becomes the subreaper of the agent's process tree and watches a pipe from the actor. When
 the actor goes away for any reason (``ray.kill``, a crash, its node failing) the pipe reads
 EOF and the launcher kills the agent and every trial: an environment never outlives its
@@ -36,9 +36,9 @@ from typing import Any
 
 from trialkeeper.protos.wire import TOKEN_ENV
 
-from ._launch import agent_argv
+from .._launch import agent_argv
 
-_LAUNCHER_MODULE = "trialkeeper.coordinator.services._ray_node"
+_LAUNCHER_MODULE = "trialkeeper.coordinator.services.ray.node"
 SETTLE_S = 30.0  # how long the launcher may take to report the agent's start or end
 # How long an actor outlives its agent for the coordinator to collect how the agent ended.
 LINGER_S = 120.0
@@ -154,7 +154,7 @@ class AgentHost:
         elif stopped:
             self._finish({"state": "exited", "detail": "stopped", "code": code})
         else:
-            from .local import _exit_detail
+            from ..local import _exit_detail
 
             how = f"agent {_exit_detail(code)}" if code is not None else "the agent launcher died"
             tail = _tail(self._log) if self._log else ""
@@ -205,12 +205,12 @@ def _gpu_args(num_gpus: float, gpu_ids: list[str]) -> list[str]:
 
 
 def _tail(path: Path) -> str:
-    from .local import _tail as tail
+    from ..local import _tail as tail
 
     return tail(path)
 
 
-# ---- the launcher: ``python -m trialkeeper.coordinator.services.ray --launch ...`` ------
+# ---- the launcher: ``python -m trialkeeper.coordinator.services.ray.service --launch ...`` ------
 
 
 def _launch(ctrl_fd: int, status_fd: int, argv: list[str]) -> int:

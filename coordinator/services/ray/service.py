@@ -35,15 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._ray_node import LINGER_S, SETTLE_S, AgentHost, describe_error
-from ._record import EnvRecord
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
-from .ray_config import RayConfig
+from .._record import EnvRecord
+from ..base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .config import RayConfig
+from .node import LINGER_S, SETTLE_S, AgentHost, describe_error
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
+    from ...config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class RayEnvironmentService(EnvironmentService[RayConfig]):
         A resumed experiment runs the code it started with: its adopted agents have that
         unpacked, and the code directory may have changed since.
         """
-        from . import _codedir
+        from .. import _codedir
 
         out = self.experiment_dir / "ray"
         previous = sorted(out.glob("code-*.tar.gz"))

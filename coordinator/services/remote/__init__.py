@@ -1,0 +1,1 @@
+"""The remote platform: agents started over SSH on the machines of ``machineList``."""

@@ -1,4 +1,4 @@
-"""The agent as the remote platform starts it: ``python -m trialkeeper.coordinator.services._remote_agent``.
+"""The agent as the remote platform starts it: ``python -m trialkeeper.coordinator.services.remote.agent_main``.
 
 It is ``trialkeeper agent`` with these differences that the SSH launch needs:
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..configrules import (
+from ...config.platform import TrainingServiceConfig
+from ...config.rules import (
     DIAL_HOST,
     GPU_INDICES,
     NON_EMPTY_STR,
@@ -19,7 +20,6 @@ from ..configrules import (
     exists,
     not_both,
 )
-from ..platformconfig import TrainingServiceConfig
 
 __all__ = ["RemoteConfig", "RemoteMachineConfig"]
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 import zipfile
 
-AGENT_MODULE = "trialkeeper.coordinator.services._remote_agent"
+AGENT_MODULE = "trialkeeper.coordinator.services.remote.agent_main"
 BOOT_MARK = "trialkeeper-remote"  # the code name in the command that runs this file
 
 

@@ -1,6 +1,6 @@
 """One machine of the remote platform's ``machineList``: its SSH link, and getting it ready.
 
-A `Machine` runs `_remote_helper.py` there over SSH (one JSON request in, one JSON answer
+A `Machine` runs `helper.py` there over SSH (one JSON request in, one JSON answer
 out), checks the Python and the trialkeeper there, or installs this coordinator's own
 trialkeeper into a per-experiment virtualenv (``bootstrap``), and uploads and unpacks the
 code archive. Everything that can go wrong on the machine is a `MachineError`, which says
@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .remote_config import RemoteConfig, RemoteMachineConfig
+from .config import RemoteConfig, RemoteMachineConfig
 
 if TYPE_CHECKING:
-    from ._codedir import PackedCode
-    from ._ssh import SshConnection
+    from .._codedir import PackedCode
+    from .ssh import SshConnection
 
 log = logging.getLogger(__name__)
 
 REMOTE_ROOT = "trialkeeper-experiments"
-_HELPER = Path(__file__).with_name("_remote_helper.py")
+_HELPER = Path(__file__).with_name("helper.py")
 _BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'trialkeeper-remote','exec'))"
 _T = TypeVar("_T")
 
@@ -68,7 +68,7 @@ class Machine:
     @classmethod
     def from_config(cls, index: int, m: RemoteMachineConfig, config: RemoteConfig, *,
                     pool: concurrent.futures.Executor, uploads: list[tuple[str, str]]) -> Machine:
-        from ._ssh import SshConnection, SshTarget
+        from .ssh import SshConnection, SshTarget
 
         return cls(
             index=index,
@@ -96,7 +96,7 @@ class Machine:
     async def set_up(self, experiment_id: str, code: PackedCode, wheel: Path | None) -> None:
         """Connect, check the Python and trialkeeper there (or install it from ``wheel``),
         upload and unpack the code."""
-        from ._ssh import SshError
+        from .ssh import SshError
 
         connecting, self.connecting = self.connecting, None
         try:
@@ -181,7 +181,7 @@ class Machine:
             log.warning("%s: trialkeeper %s there, %s here; same protocol, going on", self.label, theirs, __version__)
 
     async def upload(self, local: Path, remote: str) -> None:
-        from ._ssh import SshError
+        from .ssh import SshError
 
         try:
             sent = await self.ssh(self.conn.upload, local, remote)
@@ -200,9 +200,9 @@ class Machine:
 
     async def helper(self, op: str, args: dict[str, Any], *, python: str | None = None,
                      python_cmd: str | None = None, stdin: bytes = b"", timeout: float = 60.0) -> dict[str, Any]:
-        """The answer of `_remote_helper.py`'s ``op`` run there by ``python`` (default: the
+        """The answer of `helper.py`'s ``op`` run there by ``python`` (default: the
         agents' Python) or by the shell command ``python_cmd``."""
-        from ._ssh import SshError
+        from .ssh import SshError
 
         script = _HELPER.read_bytes()
         command = python_cmd or shlex.quote(python or self.python)

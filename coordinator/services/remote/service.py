@@ -32,17 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._launch import agent_argv
-from ._record import EnvRecord
-from ._remote_machine import REMOTE_ROOT, Machine, MachineError, python_command
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
-from .remote_config import RemoteConfig
+from .._launch import agent_argv
+from .._record import EnvRecord
+from ..base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .config import RemoteConfig
+from .machine import REMOTE_ROOT, Machine, MachineError, python_command
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..config import ExperimentConfig
-    from ._codedir import PackedCode
+    from ...config.experiment import ExperimentConfig
+    from .._codedir import PackedCode
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
         return f"code/{self._code.short}"
 
     async def prepare(self) -> None:
-        from . import _codedir
+        from .. import _codedir
 
         await self._check_reachable_coordinator()
         ts = self.config
@@ -486,7 +486,7 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
         """Refuse, before anything is sent, a coordinator that remote agents cannot reach."""
         if self.config.coordinator_address or self.advertise_address:
             return
-        from ..configrules import split_address
+        from ...config.rules import split_address
 
         host = split_address(self.bind_address)[0]
         if not await _is_loopback(host):
@@ -517,7 +517,7 @@ async def _is_loopback(host: str) -> bool:
 
 def _with_port(dial: str, coordinator_address: str) -> str:
     """``dial`` with the coordinator's port when it names only a host."""
-    from ..configrules import split_address
+    from ...config.rules import split_address
 
     try:
         split_address(dial, allow_port_zero=False)

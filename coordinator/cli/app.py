@@ -18,12 +18,12 @@ from rich.live import Live
 from rich.table import Table
 from trialkeeper.agent import nnicompat
 
-from .cli_views import add_commands, no_trial
-from .cli_views import console as _console
-from .readmodel import ReadModel
-from .store import Store, StoreError
-from .ui.commands import add_commands as add_ui_commands
-from .ui.commands import add_ui_option, dashboard_starter
+from ..read.model import ReadModel
+from ..store.store import Store, StoreError
+from ..ui.commands import add_commands as add_ui_commands
+from ..ui.commands import add_ui_option, dashboard_starter
+from .views import add_commands, no_trial
+from .views import console as _console
 
 # The exit status of a command whose output pipe was closed (128 + SIGPIPE), as a shell
 # reports for a program SIGPIPE ended.
@@ -123,9 +123,10 @@ _NNI_LOG_LEVELS = {"fatal": "CRITICAL", "error": "ERROR", "warning": "WARNING", 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .config import ConfigError, load_config
-    from .core import CoordinatorError
-    from .experiment import (
+    from ..config.experiment import ConfigError, load_config
+    from ..core import CoordinatorError
+    from ..engine.states import TrialStatus
+    from ..experiment import (
         ExperimentResult,
         Progress,
         optimize_mode_of,
@@ -133,10 +134,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         resume_experiment,
         run_experiment,
     )
-    from .gcpolicy import tune_for_fleets
-    from .searchspace import SearchSpaceError
-    from .states import TrialStatus
-    from .tuners import TunerError
+    from ..gcpolicy import tune_for_fleets
+    from ..search.space import SearchSpaceError
+    from ..search.tuners import TunerError
 
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_fleets()  # this process is the coordinator's own: see gcpolicy
@@ -148,7 +148,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if not (args.resume_dir / Store.FILENAME).is_file():
                 print(f"trialkeeper: no experiment to resume in {args.resume_dir}", file=sys.stderr)
                 return 1
-            from .core import Coordinator
+            from ..core import Coordinator
 
             config = Coordinator.resume(args.resume_dir).config
     except CoordinatorError as e:
@@ -268,8 +268,13 @@ SWEEP_TIMEOUT_S = 300.0
 
 
 def _cmd_clean(args: argparse.Namespace) -> int:
-    from .config import ConfigError, _default_working_directory, load_config, parse_config
-    from .services import create_service
+    from ..config.experiment import (
+        ConfigError,
+        _default_working_directory,
+        load_config,
+        parse_config,
+    )
+    from ..services import create_service
 
     exp_dir = _experiment_dir(args.target, _default_working_directory())
     if exp_dir is None:
@@ -337,7 +342,7 @@ def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:
     coordinator would be worse than not cleaning."""
     import socket
 
-    from .server import probe_coordinator
+    from ..transport.server import probe_coordinator
 
     host, _, port = bound_address.rpartition(":")
     if host in ("", "0.0.0.0", "[::]"):
