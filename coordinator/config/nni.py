@@ -61,8 +61,10 @@ _K8S_ROLE = (
 )
 _K8S_STORAGE = "storageType nfs becomes nfs: {server, path}; for Azure storage give persistentVolumeClaim instead"
 _EXPAND = (
-    "expand the annotations once with NNI's `nni.tools.annotation.expand_annotations` and point "
-    "trialCodeDirectory at the result"
+    "NNI's annotations ('@nni.variable' comments) are not supported here, nor by nni 3.0: read the "
+    "parameters with `params = nni.get_next_parameter()`, report with "
+    "`nni.report_intermediate_result(...)` and `nni.report_final_result(...)`, and set "
+    "useAnnotation: false (or remove it)"
 )
 FIELDS: tuple[NniField, ...] = (
     *_f("", "experimentName searchSpaceFile searchSpace trialCommand trialCodeDirectory trialConcurrency "
@@ -329,7 +331,7 @@ def _experiment_type(top: dict[str, Any], issues: Issues) -> None:
 
 def _annotation(top: dict[str, Any], issues: Issues) -> None:
     if _pop(top, "useAnnotation", lambda v: isinstance(v, bool), "true or false", issues):
-        issues.append(("useAnnotation", "annotations are not expanded here; " + _EXPAND))
+        issues.append(("useAnnotation", _EXPAND))
 
 
 def _log_level(top: dict[str, Any], issues: Issues) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "create_nni_tuner",
     "nni_custom_assessor",
     "nni_custom_tuner",
+    "tuner_refusal",
 ]
 
 # NNI's registered names and aliases (nni 2.10 and 3.0 agree), as normalized() compares
@@ -50,6 +51,32 @@ _EXTRAS: dict[str, str] = {
     "BOHB": "pip install 'nni[BOHB]'", "DNGO": "pip install 'nni[DNGO]'", "PPO": "pip install 'nni[PPOTuner]'",
     "NetworkMorphism": "pip install torch",
 }
+
+
+# NNI's PBT tuner keeps each trial's checkpoints under classArgs.all_checkpoint_dir, which
+# defaults to $NNI_CHECKPOINT_DIRECTORY: NNI's manager sets it, trialkeeper does not (its own
+# checkpoints, which PBT will use by default, are not there yet).
+_PBT_REFUSAL = (
+    "NNI's PBT tuner keeps the trials' checkpoints in NNI_CHECKPOINT_DIRECTORY, which NNI's "
+    "manager sets and trialkeeper does not (trialkeeper's own checkpoints, which PBT will use, "
+    "are not there yet): give classArgs.all_checkpoint_dir, a directory every trial can read "
+    "and write (shared storage with remote machines or clusters), or choose another tuner"
+)
+
+
+def is_pbt(name: object, class_name: object = None) -> bool:
+    """Whether a tuner is NNI's PBT, by its name or its class."""
+    if isinstance(name, str):
+        return NNI_TUNER_NAMES.get(normalized(name)) == "PBT"
+    return isinstance(class_name, str) and class_name.replace(":", ".").endswith(".PBTTuner")
+
+
+def tuner_refusal(name: object, class_name: object, class_args: object) -> str | None:
+    """Why a tuner the config names cannot run here, or None: checked when the config is read."""
+    if not is_pbt(name, class_name):
+        return None
+    given = class_args.get("all_checkpoint_dir") if isinstance(class_args, dict) else None
+    return None if given else _PBT_REFUSAL
 
 
 def _nni(what: str) -> Any:
@@ -114,6 +141,9 @@ def create_nni_tuner(name: str, class_args: dict[str, Any], search_space: dict[s
     if key in NNI_ADVISOR_NAMES:
         return create_nni_advisor(name, class_args, search_space)
     nni_name = NNI_TUNER_NAMES[key]
+    refusal = tuner_refusal(name, None, class_args)
+    if refusal is not None:
+        raise TunerError(refusal)
     return NniTuner(_build(nni_name, class_args, "tuners", TunerError), search_space, class_args, nni_name)
 
 
@@ -141,6 +171,9 @@ def create_nni_assessor(name: str, class_args: dict[str, Any]) -> Assessor:
 
 def nni_custom_tuner(class_name: str, cls: Any, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
     """A user's own NNI tuner class (``className`` + ``codeDirectory``)."""
+    refusal = tuner_refusal(None, f"{cls.__module__}.{getattr(cls, '__name__', '')}", class_args)
+    if refusal is not None:
+        raise TunerError(refusal)
     return NniTuner(_custom(class_name, cls, class_args, "tuner", TunerError), search_space, class_args, class_name)
 
 

@@ -82,9 +82,13 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             scan = f"ssh-keyscan -p {self.target.port} {self.target.host}"
             raise SshError(
                 f"{self.target.label}: the host key is unknown ({key.get_name()} {fp}); it is not "
-                f"in {self.sources}. Check the fingerprint with the machine's administrator and add "
-                f"the key (for example `{scan} >> ~/.ssh/known_hosts`, or connect once with ssh), "
-                "or set trainingService.acceptUnknownHostKeys: true to trust it unverified",
+                f"in {self.sources}. trialkeeper checks host keys, which NNI did not, so a config "
+                "that worked with NNI needs one of these added under trainingService: "
+                "`acceptUnknownHostKeys: true` (trust unknown keys unverified, as NNI did), or "
+                "`knownHostsFile: <file>` naming a known_hosts file that holds the key. Or check "
+                "the fingerprint with the machine's administrator and add the key to "
+                f"~/.ssh/known_hosts (for example `{scan} >> ~/.ssh/known_hosts`, or connect once "
+                "with ssh)",
                 permanent=True,
             )
         log.warning(

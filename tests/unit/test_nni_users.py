@@ -1,0 +1,70 @@
+"""What NNI users meet when they bring NNI's configs and algorithms unchanged: PBT refused with
+its reason, useAnnotation refused with what to write instead, and an unknown host key refused
+with exactly what to add to the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
+from trialkeeper.coordinator.search.algorithms import create_tuner
+from trialkeeper.coordinator.search.tuners import TunerError
+from trialkeeper.coordinator.services.remote.ssh import SshError, SshTarget, _HostKeyPolicy
+
+BASE: dict[str, Any] = {
+    "trialCommand": "python3 trial.py",
+    "trialConcurrency": 1,
+    "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+    "trainingService": {"platform": "local"},
+}
+
+
+def _errors(data: dict[str, Any], tmp_path: Path) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, tmp_path)
+    return {issue.path: issue.message for issue in info.value.issues}
+
+
+@pytest.mark.parametrize(
+    ("tuner", "where"),
+    [
+        ({"name": "PBT", "classArgs": {"optimize_mode": "maximize"}}, "tuner.name"),
+        ({"name": "PBTTuner"}, "tuner.name"),
+        ({"className": "nni.algorithms.hpo.pbt_tuner.PBTTuner"}, "tuner.className"),
+    ],
+)
+def test_nnis_pbt_without_a_checkpoint_directory_is_refused_when_the_config_is_read(
+    tmp_path: Path, tuner: dict[str, Any], where: str
+) -> None:
+    message = _errors(BASE | {"tuner": tuner}, tmp_path)[where]
+    assert "NNI_CHECKPOINT_DIRECTORY" in message and "all_checkpoint_dir" in message, message
+
+
+def test_nnis_pbt_with_a_checkpoint_directory_is_accepted(tmp_path: Path) -> None:
+    tuner = {"name": "PBT", "classArgs": {"optimize_mode": "maximize", "all_checkpoint_dir": str(tmp_path)}}
+    assert parse_config(BASE | {"tuner": tuner}, tmp_path).tuner.name == "PBT"
+
+
+def test_creating_nnis_pbt_without_a_checkpoint_directory_says_why(tmp_path: Path) -> None:
+    # The embedding API builds tuners without a config: the same reason, not NNI's TypeError.
+    with pytest.raises(TunerError, match="NNI_CHECKPOINT_DIRECTORY"):
+        create_tuner("PBT", None, {"optimize_mode": "maximize"}, BASE["searchSpace"])
+
+
+def test_use_annotation_is_refused_with_what_to_write_instead(tmp_path: Path) -> None:
+    message = _errors(BASE | {"useAnnotation": True}, tmp_path)["useAnnotation"]
+    assert "nni.tools.annotation" not in message and "expand_annotations" not in message
+    assert "nni.get_next_parameter()" in message and "nni.report_final_result" in message
+
+
+def test_an_unknown_host_key_is_refused_saying_what_to_add_and_that_nni_did_not_check() -> None:
+    key = paramiko.ECDSAKey.generate()
+    policy = _HostKeyPolicy(SshTarget("gpu1.example", 22, "alice"), "~/.ssh/known_hosts")
+    with pytest.raises(SshError) as info:
+        policy.missing_host_key(paramiko.SSHClient(), "gpu1.example", key)
+    message = str(info.value)
+    assert "`acceptUnknownHostKeys: true`" in message and "`knownHostsFile: " in message
+    assert "NNI did not" in message and info.value.permanent
