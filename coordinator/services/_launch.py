@@ -15,6 +15,8 @@ from pathlib import Path
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV, TOKEN_ENV
 
 AGENT_MODULE = "trialkeeper.agent"
+#: The coordinator's certificate beside an agent's files, for ``--tls-cert``.
+TLS_CERT_FILE = "coordinator.pem"
 
 
 def agent_argv(
@@ -62,6 +64,27 @@ def agent_environment(token: str, experiment_id: str, env_id: str) -> dict[str, 
 def with_environment(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment with ``extra`` on top, for an agent started from here."""
     return {**os.environ, **extra}
+
+
+def write_tls_cert(directory: Path, cert_pem: bytes | None) -> Path | None:
+    """The coordinator's certificate written as ``directory/coordinator.pem``, for an agent
+    to pin with ``--tls-cert``; None (and nothing written) when TLS is off."""
+    if cert_pem is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    cert = directory / TLS_CERT_FILE
+    cert.write_bytes(cert_pem)
+    return cert
+
+
+def log_tail(path: Path, limit: int = 600) -> str:
+    """The last non-blank line of an agent's log, for a message saying why it ended."""
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def copy_code(source: Path, target: Path, exclude: Collection[Path] = ()) -> None:

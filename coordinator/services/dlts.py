@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _shared_storage as storage
 from ._jobs import Job, JobEnvironmentService, JobPhase, JobState, env_of
-from ._launch import agent_argv, copy_code
+from ._launch import agent_argv, copy_code, write_tls_cert
 from ._rest import RestClient, RestError
 from .base import EnvironmentRequest
 from .dlts_config import DltsConfig
@@ -208,14 +208,10 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
             workdir = self.layout.remote_env(request.env_id)
             steps.append(f"mkdir -p {shlex.quote(workdir)}")
             copy = True
-        tls_cert = None
-        if request.tls_cert_pem is not None:
-            cert = env_dir / "coordinator.pem"
-            cert.write_bytes(request.tls_cert_pem)
-            tls_cert = str(cert)
+        cert = write_tls_cert(env_dir, request.tls_cert_pem)
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform,
                           python=self.config.python_path, workdir=workdir, copy_working_directory=copy,
-                          no_gpu=self.gpus == 0, token_file=str(token_file), tls_cert=tls_cert,
+                          no_gpu=self.gpus == 0, token_file=str(token_file), tls_cert=cert and str(cert),
                           agent_args=request.agent_args)
         steps.append(f"exec {shlex.join(argv)}")
         return "; ".join(steps)

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import psutil
 from trialkeeper.protos.wire import ENVIRONMENT_ENV, EXPERIMENT_ENV
 
-from ._launch import AGENT_MODULE, agent_argv, agent_environment, with_environment
+from ._launch import (
+    AGENT_MODULE,
+    agent_argv,
+    agent_environment,
+    log_tail,
+    with_environment,
+    write_tls_cert,
+)
 from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 from .local_config import LocalConfig
 
@@ -69,15 +76,11 @@ class LocalEnvironmentService(EnvironmentService[LocalConfig]):
     async def _spawn(self, request: EnvironmentRequest) -> StartResult:
         env_dir = self.experiment_dir / "envs" / request.env_id
         env_dir.mkdir(parents=True, exist_ok=True)
-        tls_cert = None
-        if request.tls_cert_pem is not None:
-            cert = env_dir / "coordinator.pem"
-            cert.write_bytes(request.tls_cert_pem)
-            tls_cert = str(cert)
+        cert = write_tls_cert(env_dir, request.tls_cert_pem)
         # The agent writes the trials' logs into the experiment directory, where the
         # coordinator reads them: streaming them too would only cost memory and time.
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), tls_cert=tls_cert,
+                          workdir=str(self.experiment_dir), tls_cert=cert and str(cert),
                           agent_args=(*request.agent_args, "--logs-shared"))
         env = with_environment(agent_environment(request.token, request.experiment_id, request.env_id))
         try:
@@ -111,7 +114,7 @@ class LocalEnvironmentService(EnvironmentService[LocalConfig]):
                 out[env_id] = Observation("exited", "agent exited normally", f"pid {proc.pid}")
             else:
                 detail = _exit_detail(proc.returncode)
-                tail = _tail(self.experiment_dir / "envs" / env_id / "agent.log")
+                tail = log_tail(self.experiment_dir / "envs" / env_id / "agent.log")
                 out[env_id] = Observation("failed", f"agent {detail}{': ' + tail if tail else ''}", f"pid {proc.pid}")
         return out
 
@@ -248,11 +251,3 @@ def _exit_detail(code: int) -> str:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
 
-
-def _tail(path: Path, limit: int = 600) -> str:
-    try:
-        data = path.read_bytes()[-limit:]
-    except OSError:
-        return ""
-    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return lines[-1] if lines else ""

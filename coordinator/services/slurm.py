@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from trialkeeper.protos.wire import TOKEN_ENV
 
 from ._jobs import Job, JobEnvironmentService, JobError, JobState, env_of, job_name
-from ._launch import agent_argv, with_environment
+from ._launch import agent_argv, log_tail, with_environment, write_tls_cert
 from .base import EnvironmentRequest, Observation
 from .slurm_config import SlurmConfig
 
@@ -217,7 +217,7 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         }.get(state.split()[0], f"ended {state}")
         detail = f"Slurm job {job_id} {what}"
         detail += f"; the agent exited with status {code}" if code is not None else "; the agent left no exit status"
-        tail = _tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
+        tail = log_tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
         return Observation("failed", f"{detail}: {tail}" if tail else detail, job.platform_id)
 
     # ---- the job script --------------------------------------------------------------
@@ -236,14 +236,10 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         ]
 
     def _script(self, request: EnvironmentRequest, env_dir: Path) -> str:
-        tls_cert = None
-        if request.tls_cert_pem is not None:
-            cert = env_dir / "coordinator.pem"
-            cert.write_bytes(request.tls_cert_pem)
-            tls_cert = str(cert)
+        cert = write_tls_cert(env_dir, request.tls_cert_pem)
         # A job given no GPUs: its trials must not take any.
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=tls_cert,
+                          workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=cert and str(cert),
                           agent_args=request.agent_args)
         directives = [*self._fixed_options(request, env_dir), *self.directives]
         lines = ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.config.prologue]
@@ -343,14 +339,6 @@ def _quote_directive(option: str) -> str:
     # sbatch splits #SBATCH lines on whitespace unless quoted.
     return option if not any(c.isspace() for c in option) else f'"{option}"'
 
-
-def _tail(path: Path, limit: int = 600) -> str:
-    try:
-        data = path.read_bytes()[-limit:]
-    except OSError:
-        return ""
-    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
 
 
 def _job_id(platform_id: str) -> str:

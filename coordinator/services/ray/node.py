@@ -37,6 +37,7 @@ from typing import Any
 from trialkeeper.protos.wire import TOKEN_ENV
 
 from .._launch import agent_argv
+from .._launch import log_tail as _tail
 
 _LAUNCHER_MODULE = "trialkeeper.coordinator.services.ray.node"
 SETTLE_S = 30.0  # how long the launcher may take to report the agent's start or end
@@ -202,12 +203,6 @@ def _gpu_args(num_gpus: float, gpu_ids: list[str]) -> list[str]:
     if not all(i.isdigit() for i in gpu_ids):
         raise RuntimeError(f"Ray assigned GPUs {gpu_ids}, which are not NVML indices")
     return ["--gpu-indices", ",".join(gpu_ids)]
-
-
-def _tail(path: Path) -> str:
-    from ..local import _tail as tail
-
-    return tail(path)
 
 
 # ---- the launcher: ``python -m trialkeeper.coordinator.services.ray.service --launch ...`` ------

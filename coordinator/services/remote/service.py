@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._launch import agent_argv
+from .._launch import agent_argv, write_tls_cert
 from .._record import EnvRecord
 from ..base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 from .config import RemoteConfig
@@ -404,12 +404,10 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
         if m.config.gpu_indices:
             extra += ["--gpu-indices", ",".join(str(i) for i in m.config.gpu_indices)]
         tls_cert = None
-        if request.tls_cert_pem is not None:
-            cert = self.experiment_dir / "remote" / "coordinator.pem"
-            cert.parent.mkdir(parents=True, exist_ok=True)
-            cert.write_bytes(request.tls_cert_pem)
-            await m.upload(cert, f"{env.dir}/coordinator.pem")
-            tls_cert = f"{env.dir}/coordinator.pem"
+        cert = write_tls_cert(self.experiment_dir / "remote", request.tls_cert_pem)
+        if cert is not None:
+            tls_cert = f"{env.dir}/{cert.name}"
+            await m.upload(cert, tls_cert)
         # The helper there supplies the interpreter; code is uploaded once per machine and
         # each trial runs in its own copy of it.
         argv = agent_argv(_with_port(m.dial, request.coordinator_address), env.env_id, self.platform, python=None,
