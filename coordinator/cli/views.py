@@ -22,6 +22,7 @@ from ..read.model import (
     to_json,
 )
 from ..read.pages import MAX_PAGE, PageError, trial_page
+from ..read.results import result_keys, trial_results
 
 
 class _Console(Console):
@@ -207,8 +208,14 @@ def cmd_trial(args: argparse.Namespace) -> int:
         detail = model.trial_detail(args.trial_id)
         if detail is None:
             return no_trial(model, args)
+        results = trial_results(model, args.trial_id)
+    final = detail.trial.final_metric_value
     if args.json:
-        print(json.dumps(_flat(detail), indent=2))
+        data = _flat(detail)
+        # Every key of dict results (NNI's {"default": ..., "loss": ...}), as reported.
+        data.update(intermediate_results=to_json(results), final_result=to_json(final),
+                    result_keys=result_keys([*results, final]))
+        print(json.dumps(data, indent=2))
         return 0
     t = detail.trial
     print(f"trial {t.id} (#{t.sequence_id}): {_status(t)}{' - ' + _why(t) if _why(t) else ''}")
@@ -223,8 +230,11 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if inter:
         shown = ", ".join(f"{v:.6g}" for v in inter[:10]) + (f", ... ({len(inter)} in all)" if len(inter) > 10 else "")
         print(f"intermediate: {shown}")
+    if any(isinstance(r, dict) for r in results):
+        print(f"last intermediate result: {json.dumps(to_json(results[-1]))}")
     if t.final_metric is not None:
-        print(f"final: {t.final_metric:.6g}")
+        shown = f" {json.dumps(to_json(final))}" if isinstance(final, dict) else ""
+        print(f"final: {t.final_metric:.6g}{shown}")
     gpu = detail.gpu_usage
     if gpu.samples:
         print(

@@ -18,6 +18,7 @@ from ..engine.states import TrialStatus
 from ..read import pages
 from ..read.model import ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..read.pages import GpuPoint
+from ..read.results import result_keys, trial_results
 
 SERIES_POINTS = 400  # points a time series is thinned to
 CURVES = 100  # trials whose intermediate curves the comparison draws
@@ -116,6 +117,13 @@ def trial(model: ReadModel, trial_id: str) -> dict[str, Any]:
     data.pop("stdout")  # paths on the coordinator's machine: the log endpoint serves them
     data.pop("stderr")
     data["intermediate"] = [[i, v] for i, v in thin(list(enumerate(detail.intermediate)), 2000)]
+    # Dict results with every key as reported (NNI's web UI shows them all): a curve per key.
+    results = trial_results(model, trial_id)
+    final = detail.trial.final_metric_value
+    data["result_keys"] = result_keys([*results, final])
+    shown = thin(list(enumerate(results)), 2000) if data["result_keys"] else []
+    data["intermediate_results"] = [[i, to_json(r)] for i, r in shown]
+    data["final_result"] = to_json(final)
     data["gpu_series"] = gpu_series(pages.gpu_series(model, trial_id=trial_id))
     return data
 

@@ -237,6 +237,27 @@ function trialsPage(params) {
 
 // ---- one trial -----------------------------------------------------------------------------
 
+function shownValue(v) { return typeof v === "object" ? JSON.stringify(v) : num(v); }
+// A dict final result (NNI's {"default": ..., "loss": ...}): a row per key, as NNI's web UI shows.
+function resultRows(result) {
+  if (result === null || typeof result !== "object" || Array.isArray(result)) return "";
+  return Object.entries(result).map(([k, v]) =>
+    `<tr><th>final ${esc(k)}</th><td>${esc(shownValue(v))}</td></tr>`
+  ).join("");
+}
+// The intermediate curve, and one more per numeric key of dict results ("default" first).
+function resultCurves(d) {
+  const line = (name, data) => ({type: "line", name, showSymbol: data.length < 60, data});
+  const curves = [line(d.result_keys.length ? "default" : "intermediate", d.intermediate)];
+  for (const key of d.result_keys.filter(k => k !== "default")) {
+    const data = d.intermediate_results
+      .filter(([, r]) => r !== null && typeof r === "object" && typeof r[key] === "number")
+      .map(([i, r]) => [i, r[key]]);
+    if (data.length) curves.push(line(key, data));
+  }
+  return curves;
+}
+
 function trialPage(id) {
   main.innerHTML = `<h1>Trial <span id="trial-id"></span> <span id="trial-status"></span></h1>
     <div class="toolbar"><button class="danger" id="cancel">Cancel trial</button><span id="trial-reason" class="muted"></span></div>
@@ -270,9 +291,12 @@ function trialPage(id) {
     document.getElementById("params").innerHTML = Object.entries(t.parameters || {}).map(([k, v]) =>
       `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
       + `<tr><th>environment</th><td>${esc(t.environment_id || "")}</td></tr><tr><th>duration</th><td>${dur(t.duration_s)}</td></tr>`;
+    document.getElementById("params").innerHTML += resultRows(d.final_result);
     document.getElementById("history").innerHTML = "<tr><th>when</th><th>from</th><th>to</th><th>why</th></tr>" + d.history.map(h =>
       `<tr><td>${esc(when(h.at))}</td><td>${esc(h.old)}</td><td>${esc(h.new)}</td><td>${esc(h.reason)}</td></tr>`).join("");
-    curve.setOption({series: [{type: "line", name: "intermediate", showSymbol: d.intermediate.length < 60, data: d.intermediate}]});
+    const keyed = d.result_keys.length > 1;
+    curve.setOption({legend: keyed ? {top: 6, right: 10, type: "scroll", width: "55%"} : undefined,
+      series: resultCurves(d)}, {replaceMerge: ["series"]});
     gpu.setOption({title: {text: "GPU utilisation (%) and memory (GiB)" + (d.gpu_series.length ? "" : " \u2014 no GPU samples")},
       yAxis: [{type: "value", name: "%", min: 0, max: 100}, {type: "value", name: "GiB", min: 0}],
       series: d.gpu_series.flatMap(g => [
