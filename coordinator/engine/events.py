@@ -11,9 +11,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from ..services.base import Observation  # what a platform says of an environment: plain data
 from .model import MetricEvent, StatusEvent
 from .rows import GpuSampleRow, MetricRun
 from .states import TrialStatus
@@ -161,6 +160,20 @@ class EnvironmentStarted:
 class EnvironmentStartFailed:
     env_id: str
     error: str
+
+
+# ---- what platforms say (the environment services' answers) --------------------------------
+
+ObservedState = Literal["starting", "running", "exited", "failed", "unknown"]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the platform says about one environment."""
+
+    state: ObservedState
+    detail: str = ""
+    platform_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,66 @@
 """The coordinator's in-memory picture of trials and environments, and what it publishes.
 
-``TrialInfo`` lives in the read model; it is imported from here too."""
+:class:`TrialInfo` is the one picture of a trial that leaves the core: the engine makes it
+from its live state, the read side (``read/model.py``) from a stored row, and both give the
+same fields.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..read.model import TrialInfo, loads_or_none  # TrialInfo is imported from here too
 from .scheduler import GpuSlot
 from .states import EnvStatus, TrialStatus
+
+
+@dataclass(frozen=True)
+class TrialInfo:
+    """One trial, as the embedding API, the CLI and the dashboard show it.
+
+    Made from the live state it is whole. Read from a store, a field held in a form this
+    version cannot read is ``None`` (``parameters``, ``status``, ...), and ``unreadable``
+    says which and why.
+    """
+
+    id: str
+    sequence_id: int | None
+    status: TrialStatus | None
+    parameters: dict[str, Any] | None
+    environment_id: str | None
+    gpu_indices: tuple[int, ...]
+    final_metric: float | None
+    final_metric_value: Any
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    stderr_tail: str
+    submitted_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    attempts: int
+    # Canceled, and its processes are being stopped (the status changes once they are gone).
+    stopping: bool = False
+    # Why a waiting trial is not placed yet ("" once it runs).
+    waiting_reason: str = ""
+    unreadable: tuple[str, ...] = ()
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None and self.status.terminal
+
+    @property
+    def active(self) -> bool:
+        """Waiting or running: it still holds (or wants) a place."""
+        return self.status in (TrialStatus.WAITING, TrialStatus.RUNNING)
+
+
+def _loads_or_none(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -78,7 +129,7 @@ class TrialState:
             gpu_indices=self.gpu_indices,
             final_metric=self.final_metric,
             # A value an older version stored unchecked may not parse: shown as None.
-            final_metric_value=None if self.final_metric_json is None else loads_or_none(self.final_metric_json),
+            final_metric_value=None if self.final_metric_json is None else _loads_or_none(self.final_metric_json),
             exit_code=self.exit_code,
             signal=self.signal,
             reason=self.reason or (self.waiting_reason if self.status is TrialStatus.WAITING else ""),

@@ -21,63 +21,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
+from ..engine.model import TrialInfo
 from ..engine.states import EnvStatus, TrialStatus
 from ..store.store import GpuSampleRow, Store, StoreError
 
-
-@dataclass(frozen=True)
-class _Trial:
-    """What every picture of a trial holds, whichever way it was read."""
-
-    id: str
-    environment_id: str | None
-    gpu_indices: tuple[int, ...]
-    final_metric: float | None
-    final_metric_value: Any
-    exit_code: int | None
-    signal: int | None
-    reason: str
-    stderr_tail: str
-    started_at: float | None
-    ended_at: float | None
-    attempts: int
-
-
-@dataclass(frozen=True)
-class TrialInfo(_Trial):
-    """A snapshot of one trial, as the embedding API shows it (built from the live state)."""
-
-    sequence_id: int
-    status: TrialStatus
-    parameters: dict[str, Any]
-    submitted_at: float
-    # Canceled, and its processes are being stopped (the status changes once they are gone).
-    stopping: bool = False
-    # Why a waiting trial is not placed yet ("" once it runs).
-    waiting_reason: str = ""
-
-    @property
-    def done(self) -> bool:
-        return self.status.terminal
-
-
-@dataclass(frozen=True)
-class TrialSnapshot(_Trial):
-    """One trial as its store holds it. A field the store holds in a form this version cannot
-    read is ``None`` (``parameters``, ``status``, ...), and ``unreadable`` says which and why."""
-
-    sequence_id: int | None
-    status: TrialStatus | None
-    parameters: dict[str, Any] | None
-    submitted_at: float | None
-    waiting_reason: str  # only while WAITING
-    stopping: bool  # canceled, its processes being stopped
-    unreadable: tuple[str, ...] = ()
-
-    @property
-    def active(self) -> bool:
-        """Waiting or running: it still holds (or wants) a place."""
-        return self.status in (TrialStatus.WAITING, TrialStatus.RUNNING)
+# One picture of a trial, live or stored: the core's (see engine/model.py).
+TrialSnapshot = TrialInfo
 
 
 @dataclass(frozen=True)

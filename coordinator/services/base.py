@@ -35,16 +35,18 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from ..config.platform import TrainingServiceConfig
+
+# What a platform says of an environment is the core's word (plain data it decides on),
+# handed on here for services and plug-ins.
+from ..engine.events import Observation, ObservedState  # noqa: F401
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ..config.experiment import ExperimentConfig
-
-ObservedState = Literal["starting", "running", "exited", "failed", "unknown"]
 
 
 # The ids the coordinator gives the environments it starts.
@@ -84,15 +86,6 @@ class StartResult:
 
     platform_id: str = ""
     error: str | None = None
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What the platform says about one environment."""
-
-    state: ObservedState
-    detail: str = ""
-    platform_id: str = ""
 
 
 #: The type of a service's `trainingService` section.
