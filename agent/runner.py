@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,10 +27,11 @@ from pathlib import Path
 import psutil
 from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
-from . import nnicompat, processes
+from . import nnicompat, processes, trialfiles
 from . import trial as sdk
 from .codecopy import copy_tree, prune_copy
 from .metric_socket import MetricSocket
+from .trialfiles import TRIAL_CODE_DIR
 from .warm import WarmProcess, WarmStarter
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,6 @@ STDERR_TAIL_BYTES = 4096
 # How long a trial killed by a signal waits for the agent's own stop signal before it is
 # reported as a failure of the trial (see TrialRunner.host_stopping).
 HOST_SIGNAL_GRACE_S = 0.3
-# Where a trial's copy of its working directory goes, under its trial directory.
-TRIAL_CODE_DIR = "code"
 # How long a trial's end waits for its copy of the code to be pruned (see codecopy.prune_copy).
 PRUNE_WAIT_S = 2.0
 # How long what a trial left outside its process group gets between SIGTERM and SIGKILL.
@@ -194,7 +192,7 @@ class TrialRunner:
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
         self._log_task = asyncio.create_task(self._tail_logs_forever())
         if self.preload:
-            self._warm = WarmStarter(list(self.preload), self._template_env(), str(self.workdir / "warm-template.log"))
+            self._warm = WarmStarter(list(self.preload), trialfiles.template_env(self.base_env), str(self.workdir / "warm-template.log"))
             self._warm.prime()  # imported before the first trial arrives
 
     async def close(self, grace_s: float = 5.0) -> None:
@@ -254,45 +252,10 @@ class TrialRunner:
         self.idle.clear()
         t.task = asyncio.create_task(self._run(t), name=f"trial-{spec.trial_id}")
 
-    def _prepare(self, t: _Trial) -> tuple[dict[str, str], str]:
-        spec = t.spec
-        (t.dir / "output").mkdir(parents=True, exist_ok=True)
-        param_file = t.dir / "parameter.json"
-        param_file.write_text(spec.parameters_json, encoding="utf-8")
-        nnicompat.write_parameter_cfg(t.dir, spec.sequence_id, spec.parameters_json)
-        env = dict(self.base_env)
-        env.update(spec.env)
-        cwd = spec.working_directory or str(t.dir)
-        env.update(
-            {
-                sdk.ENV_TRIAL_ID: spec.trial_id,
-                sdk.ENV_SEQUENCE_ID: str(spec.sequence_id),
-                sdk.ENV_EXPERIMENT_ID: spec.experiment_id,
-                sdk.ENV_PARAMETER_FILE: str(param_file),
-                sdk.ENV_OUTPUT_DIR: str(t.dir / "output"),
-                sdk.ENV_SOCKET: self.socket_name,
-                "TRIALKEEPER_TRIAL_DIR": str(t.dir),
-                "CUDA_VISIBLE_DEVICES": spec.visible_devices,
-                # NVML numbers GPUs in PCI bus order; make CUDA agree with the indices given.
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            }
-        )
-        env.update(
-            nnicompat.nni_environment(
-                trial_id=spec.trial_id, sequence_id=spec.sequence_id, experiment_id=spec.experiment_id,
-                sys_dir=t.dir, output_dir=t.dir / "output",
-            )
-        )
-        env.pop(sdk.ENV_STANDALONE, None)
-        # Trials find the agent's own Python first (and so the trial SDK), as NNI's
-        # pythonPath does, even when the agent was started from an unactivated venv.
-        _with_agent_python(env)
-        return env, cwd
-
     async def _run(self, t: _Trial) -> None:
         spec = t.spec
         try:
-            env, cwd = self._prepare(t)
+            env, cwd = trialfiles.prepare(spec, t.dir, self.base_env, self.socket_name)
         except OSError as e:
             self._end(t, "failed", None, 0, f"could not prepare the trial directory: {e}", False)
             return
@@ -383,13 +346,6 @@ class TrialRunner:
             *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
         )
 
-    def _template_env(self) -> dict[str, str]:
-        """The template's environment: the agent's as a trial sees it, PATH included."""
-        env = dict(self.base_env)
-        env.pop(sdk.ENV_STANDALONE, None)
-        _with_agent_python(env)
-        return env
-
     async def _end_strays(self, trial_id: str | None) -> None:
         """End the processes of ``trial_id`` (None: of every trial) that escaped its process
         group, say a daemon that double-forked and called setsid: with the agent as their
@@ -453,7 +409,7 @@ class TrialRunner:
             exit_code=code,
             signal=signum,
             reason=reason,
-            stderr_tail=_tail(t.dir / "stderr.log", STDERR_TAIL_BYTES),
+            stderr_tail=trialfiles.tail(t.dir / "stderr.log", STDERR_TAIL_BYTES),
             started=started,
             ended_at=time.time(),
         )
@@ -615,45 +571,5 @@ def _all_finite(numbers: list[float]) -> bool:
         return False
 
 
-def _with_agent_python(env: dict[str, str]) -> None:
-    bindir = os.path.dirname(sys.executable)
-    path = env.get("PATH", os.defpath)
-    if bindir and bindir not in path.split(os.pathsep):
-        env["PATH"] = bindir + os.pathsep + path
-
-
 def _note(t: _Trial, message: str) -> None:
-    """Write a line into the trial's own stderr log, where its author will look."""
-    try:
-        append_note(t.dir / "stderr.log", message)
-    except OSError:
-        print(f"[trialkeeper] trial {t.spec.trial_id}: {message}", file=sys.stderr)
-
-
-def append_note(path: Path, message: str) -> None:
-    """Append ``[trialkeeper] message`` to a trial's log as a line of its own. The
-    coordinator uses it too, for what it refused from an agent."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as f:
-        # A trial's own output may stop mid-line (a progress bar): start the note on a line of its own.
-        size = f.seek(0, os.SEEK_END)
-        lead = b""
-        if size:
-            f.seek(size - 1)
-            lead = b"" if f.read(1) == b"\n" else b"\n"
-        f.write(lead + f"[trialkeeper] {message}\n".encode())
-
-
-def _tail(path: Path, limit: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            data = f.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    if size > limit:
-        text = text.split("\n", 1)[-1]
-    return text
+    trialfiles.note(t.dir, t.spec.trial_id, message)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from trialkeeper.agent.runner import append_note
+from trialkeeper.agent.trialfiles import append_note
 
 from .engine import events as ev
 from .engine.engine import Engine
