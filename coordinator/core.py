@@ -32,6 +32,7 @@ from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
 from .services.hybrid import HybridEnvironmentService
 from .shell import Shell
+from .store.lock import ExperimentLock
 from .store.store import Store
 from .transport import tls as tls_identity
 from .transport.server import Servicer, create_server
@@ -103,6 +104,7 @@ class Coordinator:
         self._fail_stop: asyncio.Task[None] | None = None
         self._server: Any = None
         self.store: Store | None = None
+        self._lock: ExperimentLock | None = None
         self._engine: Engine | None = None
         self._shell: Shell | None = None
         # Callbacks registered before start() are handed to the shell when it exists.
@@ -230,6 +232,15 @@ class Coordinator:
     async def start(self) -> None:
         """Open the store, start the gRPC server and the first environments."""
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
+        # One coordinator a directory, held until stop() (DirectoryInUse names the other).
+        lock = self._lock = ExperimentLock.acquire(self.experiment_dir)
+        try:
+            await self._start()
+        except BaseException:
+            lock.release()
+            raise
+
+    async def _start(self) -> None:
         self.store = store = Store.in_dir(self.experiment_dir)
         token_file = self.experiment_dir / ".token"
         bind = self.config.coordinator.address
@@ -330,6 +341,8 @@ class Coordinator:
         store.set_experiment_status(status, reason, ended=True)
         self._last_envs = ReadModel(store).environments()
         store.close()
+        if self._lock is not None:
+            self._lock.release()
         self._started = False
 
     async def _sweep_orphans(self) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from trialkeeper.agent import nnicompat
 
 from ..read.model import ReadModel
+from ..store.lock import DirectoryInUse, ExperimentLock
 from ..store.store import Store, StoreError
 from ..ui.commands import add_commands as add_ui_commands
 from ..ui.commands import add_ui_option, dashboard_starter
@@ -312,7 +313,12 @@ def _cmd_clean(args: argparse.Namespace) -> int:
             await service.close()
 
     try:
-        removed = asyncio.run(sweep())
+        # Held while cleaning: a coordinator resumed meanwhile would lose what it adopts.
+        with ExperimentLock.acquire(exp_dir):
+            removed = asyncio.run(sweep())
+    except DirectoryInUse as e:
+        print(f"trialkeeper: refusing to clean experiment {exp.id}: {e}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, asyncio.TimeoutError) as e:
         print(f"trialkeeper: cannot clean experiment {exp.id}: {e}", file=sys.stderr)
         return 1

@@ -66,15 +66,15 @@ def with_environment(extra: Mapping[str, str]) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def write_tls_cert(directory: Path, cert_pem: bytes | None) -> Path | None:
-    """The coordinator's certificate written as ``directory/coordinator.pem``, for an agent
-    to pin with ``--tls-cert``; None (and nothing written) when TLS is off."""
+def write_tls_cert(directory: Path, cert_pem: bytes | None) -> str | None:
+    """The path of the coordinator's certificate written as ``directory/coordinator.pem``,
+    for an agent to pin with ``--tls-cert``; None (and nothing written) when TLS is off."""
     if cert_pem is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     cert = directory / TLS_CERT_FILE
     cert.write_bytes(cert_pem)
-    return cert
+    return str(cert)
 
 
 def log_tail(path: Path, limit: int = 600) -> str:

@@ -211,7 +211,7 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
         cert = write_tls_cert(env_dir, request.tls_cert_pem)
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform,
                           python=self.config.python_path, workdir=workdir, copy_working_directory=copy,
-                          no_gpu=self.gpus == 0, token_file=str(token_file), tls_cert=cert and str(cert),
+                          no_gpu=self.gpus == 0, token_file=str(token_file), tls_cert=cert,
                           agent_args=request.agent_args)
         steps.append(f"exec {shlex.join(argv)}")
         return "; ".join(steps)

@@ -80,7 +80,7 @@ class LocalEnvironmentService(EnvironmentService[LocalConfig]):
         # The agent writes the trials' logs into the experiment directory, where the
         # coordinator reads them: streaming them too would only cost memory and time.
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), tls_cert=cert and str(cert),
+                          workdir=str(self.experiment_dir), tls_cert=cert,
                           agent_args=(*request.agent_args, "--logs-shared"))
         env = with_environment(agent_environment(request.token, request.experiment_id, request.env_id))
         try:

@@ -33,7 +33,7 @@ from trialkeeper.protos.wire import TOKEN_ENV
 
 from . import _shared_storage as storage
 from ._jobs import Job, JobEnvironmentService, JobPhase, JobState, env_of
-from ._launch import agent_argv, copy_code, write_tls_cert
+from ._launch import TLS_CERT_FILE, agent_argv, copy_code, write_tls_cert
 from ._rest import RestClient, RestError
 from .base import EnvironmentRequest
 from .openpai_config import OpenPaiConfig
@@ -209,7 +209,7 @@ class OpenPaiEnvironmentService(JobEnvironmentService[OpenPaiConfig]):
         workdir = self.layout.remote_env(request.env_id)
         # Written into the shared storage, read by the job where it mounts that.
         cert = write_tls_cert(self.layout.local_env(request.env_id), request.tls_cert_pem)
-        tls_cert = f"{workdir}/{cert.name}" if cert is not None else None
+        tls_cert = f"{workdir}/{TLS_CERT_FILE}" if cert is not None else None
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform,
                           python=self.config.python_path, workdir=workdir, copy_working_directory=True,
                           no_gpu=self.resources["gpu"] == 0, tls_cert=tls_cert, agent_args=request.agent_args)

@@ -85,6 +85,7 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
     shares_filesystem = True
     kind = "Slurm job"
     STOP_WAIT_S = STOP_WAIT_S
+    STOP_ON_CLOSE = 0.0  # nobody collects an agent once its coordinator is gone
 
     def __init__(self, config: SlurmConfig, experiment_dir: Path, code_directory: Path, *,
                  trial_gpu_number: int = 0) -> None:
@@ -115,11 +116,6 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
 
     async def prepare(self) -> None:
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
-
-    async def close(self) -> None:
-        live = [env_id for env_id, job in self._jobs.items() if job.observation is None]
-        await asyncio.gather(*(self.stop(env_id, 0.0) for env_id in live), return_exceptions=True)
-        await super().close()
 
     # ---- the four platform calls ---------------------------------------------------
 
@@ -239,7 +235,7 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         cert = write_tls_cert(env_dir, request.tls_cert_pem)
         # A job given no GPUs: its trials must not take any.
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=cert and str(cert),
+                          workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=cert,
                           agent_args=request.agent_args)
         directives = [*self._fixed_options(request, env_dir), *self.directives]
         lines = ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.config.prologue]

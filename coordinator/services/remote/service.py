@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._launch import agent_argv, write_tls_cert
+from .._launch import TLS_CERT_FILE, agent_argv, write_tls_cert
 from .._record import EnvRecord
 from ..base import EnvironmentRequest, EnvironmentService, Observation, StartResult
 from .config import RemoteConfig
@@ -406,8 +406,8 @@ class RemoteEnvironmentService(EnvironmentService[RemoteConfig]):
         tls_cert = None
         cert = write_tls_cert(self.experiment_dir / "remote", request.tls_cert_pem)
         if cert is not None:
-            tls_cert = f"{env.dir}/{cert.name}"
-            await m.upload(cert, tls_cert)
+            tls_cert = f"{env.dir}/{TLS_CERT_FILE}"
+            await m.upload(Path(cert), tls_cert)
         # The helper there supplies the interpreter; code is uploaded once per machine and
         # each trial runs in its own copy of it.
         argv = agent_argv(_with_port(m.dial, request.coordinator_address), env.env_id, self.platform, python=None,
