@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", type=Path, help="experiment config (YAML)")
     run.add_argument("--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)")
     run.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
+    run.add_argument(
+        "--print-config", action="store_true",
+        help="print the config in NNI's v2 format (an NNI v1 file converted), check it, and exit",
+    )
     run.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: the config's logLevel, else WARNING")
     add_ui_option(run)
     run.set_defaults(func=_cmd_run, resume_dir=None)
@@ -139,10 +143,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ..search.space import SearchSpaceError
     from ..search.tuners import TunerError
 
+    if getattr(args, "print_config", False):
+        from .printconfig import print_config
+
+        return print_config(args.config)
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_fleets()  # this process is the coordinator's own: see gcpolicy
     try:
-        config = load_config(args.config) if args.config is not None else None
+        notes: list[str] = []  # said once: an NNI v1 file was converted
+        try:
+            config = load_config(args.config, notes=notes) if args.config is not None else None
+        finally:
+            for note in notes:
+                print(f"trialkeeper: {note}", file=sys.stderr)
         if config is not None and config.log_level and args.log_level is None:
             logging.getLogger().setLevel(_NNI_LOG_LEVELS[config.log_level])
         if config is None:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 
 from ..platforms import TRAINING_SERVICES, register_training_service
+from . import nniv1
 from .nni import translate as translate_nni
 from .platform import TrainingServiceConfig
 from .rules import (
@@ -426,26 +427,42 @@ def _read_data(file: Path) -> Any:
         raise fail(str(file), "nested too deeply") from None
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate an experiment config file (YAML; JSON by a `.json` suffix).
-
-    Relative paths inside are relative to the file's directory. Raises ConfigError with
-    every problem, or with the file's own problem (missing, bad syntax with line:column).
-    """
+def read_config_data(path: str | Path) -> tuple[Path, Any]:
+    """The absolute path of a config file and its data, as `load_config` reads them."""
     file = Path(os.path.abspath(Path(path).expanduser()))
     data = _read_data(file)
     if data is None:
         raise ConfigError([ConfigIssue(str(file), "the file is empty")])
-    return parse_config(data, file.parent)
+    return file, data
 
 
-def parse_config(data: object, base_dir: str | Path) -> ExperimentConfig:
+def load_config(path: str | Path, *, notes: list[str] | None = None) -> ExperimentConfig:
+    """Read and validate an experiment config file (YAML; JSON by a `.json` suffix).
+
+    Relative paths inside are relative to the file's directory. Raises ConfigError with
+    every problem, or with the file's own problem (missing, bad syntax with line:column).
+    ``notes`` receives what the user should hear once (an NNI v1 file was converted).
+    """
+    file, data = read_config_data(path)
+    said: list[str] = []
+    try:
+        return parse_config(data, file.parent, notes=said)
+    finally:  # an invalid v1 file is still said to be one: its problems name v2 keys
+        if notes is not None:
+            notes += [f"{path}: {note}" for note in said]
+
+
+def parse_config(
+    data: object, base_dir: str | Path, *, notes: list[str] | None = None
+) -> ExperimentConfig:
     """Validate plain data (as loaded from YAML) into an ExperimentConfig.
 
-    Keys may be camelCase or snake_case. Relative paths are taken against `base_dir`;
-    the search-space file is loaded. Raises ConfigError listing every problem found.
+    Keys may be camelCase or snake_case; NNI's v1 format is converted to v2 first (see
+    `nniv1`). Relative paths are taken against `base_dir`; the search-space file is
+    loaded. Raises ConfigError listing every problem found.
     """
     walker = Walker(Path(os.path.abspath(Path(base_dir).expanduser())))
+    data = _from_v1(data, walker, notes)
     data, nni_issues = translate_nni(data)  # an NNI config as it is (see nniconfig)
     for where, message in nni_issues:
         walker.report(where, message)
@@ -457,6 +474,21 @@ def parse_config(data: object, base_dir: str | Path) -> ExperimentConfig:
     if walker.issues or config is INVALID:
         raise ConfigError(walker.issues or [ConfigIssue("", "invalid config")])
     return typing.cast(ExperimentConfig, config)
+
+
+def _from_v1(data: object, walker: Walker, notes: list[str] | None) -> object:
+    """NNI's v1 format as v2 (NNI's own names), its refusals reported; other data as it is."""
+    hint = nniv1.v1_hint(data)
+    if hint is not None:
+        walker.report("", hint)
+    if not nniv1.is_v1(data):
+        return data
+    converted = nniv1.to_v2(typing.cast(Mapping[Any, Any], data))
+    for where, message in converted.issues:
+        walker.report(where, message)
+    if notes is not None:
+        notes.append(converted.note())
+    return converted.v2
 
 
 _SECRET_WORDS = frozenset({"password", "passphrase", "token", "secret", "key"})
