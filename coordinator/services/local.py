@@ -8,8 +8,8 @@ import logging
 import os
 import signal
 import sys
-import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,8 @@ from ._launch import (
     with_environment,
     write_tls_cert,
 )
-from .base import EnvironmentRequest, EnvironmentService, Observation, StartResult
+from .base import EnvironmentRequest, Observation
+from .lifecycle import LifecycleService, PlatformError, Record, State
 from .local_config import LocalConfig
 
 if TYPE_CHECKING:
@@ -34,20 +35,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-class LocalEnvironmentService(EnvironmentService[LocalConfig]):
+
+@dataclass
+class _Agent(Record):
+    """An agent process: our child (``proc``), or one a previous coordinator started, or the
+    processes a sweep found (``platform_id`` names their pids: ``pid 12 13``)."""
+
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [int(p) for p in self.platform_id.removeprefix("pid ").split() if p.isdigit()]
+
+
+class LocalEnvironmentService(LifecycleService[LocalConfig, _Agent]):
     """Starts agents as child processes of the coordinator, in their own sessions."""
 
     platform = "local"
     shares_filesystem = True
+    kind = "agent process"
+    record_type = _Agent
+    STOP_WAIT_S = 10.0
+    STOP_POLL_S = 0.05
+    STOP_ON_CLOSE = 5.0
 
-    def __init__(self, experiment_dir: Path, code_directory: Path, *, python: str = sys.executable) -> None:
+    def __init__(self, experiment_dir: Path, code_directory: Path, *,
+                 python: str = sys.executable) -> None:
+        # A process is watched where it runs: every poll looks.
+        super().__init__(poll_interval=0.0)
         self.experiment_dir = experiment_dir
         self.code_directory = code_directory
         self.python = python
-        self._procs: dict[str, asyncio.subprocess.Process] = {}
-        # Agents a previous coordinator started (not our children): env id -> pid.
-        self._adopted: dict[str, int] = {}
-        self._spawning: dict[str, asyncio.Future[StartResult]] = {}
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, platform: LocalConfig, experiment_dir: Path) -> Self:
@@ -55,37 +73,27 @@ class LocalEnvironmentService(EnvironmentService[LocalConfig]):
         return cls(experiment_dir, Path(config.trial_code_directory))
 
     def adopt(self, env_id: str, platform_id: str) -> None:
-        pid = platform_id.removeprefix("pid ")
-        if pid.isdigit() and env_id not in self._procs:
-            self._adopted[env_id] = int(pid)
+        if platform_id.removeprefix("pid ").isdigit():
+            super().adopt(env_id, platform_id)
 
     def working_directory(self) -> str:
         return str(self.code_directory)
 
-    async def start(self, request: EnvironmentRequest) -> StartResult:
-        existing = self._procs.get(request.env_id)
-        if existing is not None:
-            return StartResult(platform_id=f"pid {existing.pid}")
-        # Concurrent starts of one id share one spawn; a failed one may be tried again.
-        spawning = self._spawning.get(request.env_id)
-        if spawning is None:
-            spawning = self._spawning[request.env_id] = asyncio.ensure_future(self._spawn(request))
-            spawning.add_done_callback(lambda _: self._spawning.pop(request.env_id, None))
-        return await asyncio.shield(spawning)
+    # ---- the provider ---------------------------------------------------------------
 
-    async def _spawn(self, request: EnvironmentRequest) -> StartResult:
+    async def launch(self, record: _Agent, request: EnvironmentRequest) -> str:
         env_dir = self.experiment_dir / "envs" / request.env_id
         env_dir.mkdir(parents=True, exist_ok=True)
         cert = write_tls_cert(env_dir, request.tls_cert_pem)
         # The agent writes the trials' logs into the experiment directory, where the
         # coordinator reads them: streaming them too would only cost memory and time.
-        argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), tls_cert=cert,
+        argv = agent_argv(request.coordinator_address, request.env_id, self.platform,
+                          python=self.python, workdir=str(self.experiment_dir), tls_cert=cert,
                           agent_args=(*request.agent_args, "--logs-shared"))
         env = with_environment(agent_environment(request.token, request.experiment_id, request.env_id))
         try:
-            with open(env_dir / "agent.log", "ab") as out:  # noqa: ASYNC230 - a local file, once per agent
-                proc = await asyncio.create_subprocess_exec(
+            with open(env_dir / "agent.log", "ab") as out:  # noqa: ASYNC230 - once per agent
+                record.proc = await asyncio.create_subprocess_exec(
                     *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
@@ -94,62 +102,49 @@ class LocalEnvironmentService(EnvironmentService[LocalConfig]):
                     start_new_session=True,
                 )
         except OSError as e:
-            return StartResult(error=f"could not start the agent with {self.python}: {e}")
-        self._procs[request.env_id] = proc
-        return StartResult(platform_id=f"pid {proc.pid}")
+            raise PlatformError(f"could not start the agent with {self.python}: {e}") from None
+        return f"pid {record.proc.pid}"
 
-    async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
-        out: dict[str, Observation] = {}
-        for env_id in env_ids:
-            proc = self._procs.get(env_id)
-            if proc is None and env_id in self._adopted:
-                pid = self._adopted[env_id]
-                alive = _is_agent(pid)
-                out[env_id] = Observation("running" if alive else "exited", "" if alive else "agent exited", f"pid {pid}")
-            elif proc is None:
-                out[env_id] = Observation("unknown")
-            elif proc.returncode is None:
-                out[env_id] = Observation("running", platform_id=f"pid {proc.pid}")
-            elif proc.returncode == 0:
-                out[env_id] = Observation("exited", "agent exited normally", f"pid {proc.pid}")
-            else:
-                detail = _exit_detail(proc.returncode)
-                tail = log_tail(self.experiment_dir / "envs" / env_id / "agent.log")
-                out[env_id] = Observation("failed", f"agent {detail}{': ' + tail if tail else ''}", f"pid {proc.pid}")
-        return out
+    def launch_error(self, request: EnvironmentRequest, error: PlatformError) -> str:
+        return str(error)
 
-    async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
-        if env_id in self._adopted:
-            pid = self._adopted.pop(env_id)
-            if _is_agent(pid) and not await asyncio.to_thread(_wait_gone, pid, grace_s):
-                await asyncio.to_thread(kill_process_tree, pid, reap_root=True)
+    async def observe(self, records: Sequence[_Agent]) -> dict[str, State]:
+        return {record.env_id: self._state(record) for record in records}
+
+    async def kill(self, record: _Agent) -> None:
+        # The agent and every trial process it left go down hard; our own child is reaped
+        # by its asyncio watcher, an adopted agent here.
+        if record.proc is not None:
+            await asyncio.to_thread(kill_process_tree, record.proc.pid)
+            await asyncio.wait_for(record.proc.wait(), 10.0)
             return
-        proc = self._procs.get(env_id)
-        if proc is None or proc.returncode is not None:
-            return
-        # The coordinator has already asked the agent to shut down over its stream; give it
-        # the grace period, then take the agent and every trial process it left down hard.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), grace_s)
-        if proc.returncode is None:
-            await asyncio.to_thread(kill_process_tree, proc.pid)
-            await asyncio.wait_for(proc.wait(), 10.0)
+        for pid in record.pids:
+            await asyncio.to_thread(kill_process_tree, pid, reap_root=record.adopted)
 
-    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
+    async def list_alive(self, experiment_id: str) -> dict[str, str]:
         found = await asyncio.to_thread(_find_experiment_processes, experiment_id)
-        removed = []
-        for env_id, pids in sorted(found.items()):
-            if env_id in keep:
-                continue
-            log.info("environment %s of experiment %s: removing %d leftover process(es)", env_id, experiment_id, len(pids))
-            if await asyncio.to_thread(_kill_all, pids):
-                removed.append(env_id)
-            else:
-                log.warning("environment %s: some of its processes could not be killed", env_id)
-        return removed
+        return {env_id: "pid " + " ".join(map(str, pids)) for env_id, pids in found.items()}
 
-    async def close(self) -> None:
-        await asyncio.gather(*(self.stop(env_id) for env_id in [*self._procs, *self._adopted]))
+    def ended(self, record: _Agent) -> Observation:
+        if record.proc is None:
+            return Observation("exited", "agent exited", record.platform_id)
+        if record.phase == "succeeded":
+            return Observation("exited", "agent exited normally", record.platform_id)
+        return Observation("failed", record.detail, record.platform_id)
+
+    def _state(self, record: _Agent) -> State:
+        if record.proc is None:
+            # Not our child: an adopted agent (pids are reused: is it still one?), or what a
+            # sweep found, of which a zombie counts as gone (its parent reaps it).
+            alive = _is_agent if record.adopted else _running
+            return State("running" if any(alive(pid) for pid in record.pids) else "succeeded")
+        code = record.proc.returncode
+        if code is None:
+            return State("running")
+        if code == 0:
+            return State("succeeded")
+        tail = log_tail(self.experiment_dir / "envs" / record.env_id / "agent.log")
+        return State("failed", f"agent {exit_detail(code)}{': ' + tail if tail else ''}")
 
 
 def _find_experiment_processes(experiment_id: str) -> dict[str, list[int]]:
@@ -177,24 +172,6 @@ def _find_experiment_processes(experiment_id: str) -> dict[str, list[int]]:
     return found
 
 
-def _kill_all(pids: list[int], timeout: float = 10.0) -> bool:
-    """SIGKILL ``pids``, their descendants and process groups; True once none runs.
-
-    Nobody waits for an orphan's results, so there is no grace period. A process that is
-    our own child (a service of this process started it) is left for its parent to reap:
-    a zombie counts as gone."""
-    for pid in pids:
-        kill_process_tree(pid, reap_root=False)
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [pid for pid in pids if _running(pid)]
-        if not alive:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-
-
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -209,16 +186,6 @@ def _is_agent(pid: int) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE and AGENT_MODULE in " ".join(p.cmdline())
     except psutil.Error:
         return False
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    try:
-        psutil.Process(pid).wait(timeout)
-    except psutil.TimeoutExpired:
-        return False
-    except psutil.Error:
-        pass
-    return True
 
 
 def kill_process_tree(pid: int, *, reap_root: bool = False) -> None:
@@ -243,7 +210,7 @@ def kill_process_tree(pid: int, *, reap_root: bool = False) -> None:
     psutil.wait_procs(procs if reap_root else procs[1:], timeout=10.0)
 
 
-def _exit_detail(code: int) -> str:
+def exit_detail(code: int) -> str:
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

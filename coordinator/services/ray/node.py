@@ -155,7 +155,7 @@ class AgentHost:
         elif stopped:
             self._finish({"state": "exited", "detail": "stopped", "code": code})
         else:
-            from ..local import _exit_detail
+            from ..local import exit_detail as _exit_detail
 
             how = f"agent {_exit_detail(code)}" if code is not None else "the agent launcher died"
             tail = _tail(self._log) if self._log else ""
