@@ -231,6 +231,13 @@ def _describe(p: psutil.Process) -> str:
         return f"pid {p.pid}"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def experiment_index_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Experiments the tests run are recorded in an index of the session's own (see
+    store/index.py), not in the user's ~/.trialkeeper."""
+    os.environ.setdefault("TRIALKEEPER_HOME", str(tmp_path_factory.mktemp("trialkeeper-home")))
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request: pytest.FixtureRequest) -> Any:
     """Integration tests must leave no agent and no trial process behind."""

@@ -19,6 +19,7 @@ from rich.table import Table
 from trialkeeper.agent import nnicompat
 
 from ..read.model import ReadModel
+from ..store.index import record_or_warn
 from ..store.lock import DirectoryInUse, ExperimentLock
 from ..store.store import Store, StoreError
 from ..ui.commands import add_commands as add_ui_commands
@@ -128,6 +129,10 @@ _NNI_LOG_LEVELS = {"fatal": "CRITICAL", "error": "ERROR", "warning": "WARNING", 
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if getattr(args, "print_config", False):  # reads the config only: nothing else is loaded
+        from .printconfig import print_config
+
+        return print_config(args.config)
     from ..config.experiment import ConfigError, load_config
     from ..core import CoordinatorError
     from ..engine.states import TrialStatus
@@ -143,10 +148,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ..search.space import SearchSpaceError
     from ..search.tuners import TunerError
 
-    if getattr(args, "print_config", False):
-        from .printconfig import print_config
-
-        return print_config(args.config)
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_fleets()  # this process is the coordinator's own: see gcpolicy
     try:
@@ -184,6 +185,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     def on_progress(p: Progress) -> None:
         if not state["dir_shown"]:
+            record_or_warn(p.experiment_id, Path(p.experiment_dir))  # for `list`, wherever it is
             console.print(f"experiment [bold]{p.experiment_id}[/bold] in {p.experiment_dir}", highlight=False, soft_wrap=True)
             state["dir_shown"] = True
         if live is not None:

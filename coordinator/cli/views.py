@@ -4,6 +4,7 @@ read model rendered as tables, text or JSON. Nothing here reads the store itself
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -15,14 +16,17 @@ from rich.table import Table
 
 from ..read.model import (
     EnvSnapshot,
+    ExperimentSnapshot,
     GpuSnapshot,
     ReadModel,
     TrialSnapshot,
+    _unreadable_experiment,
     list_experiments,
     to_json,
 )
 from ..read.pages import MAX_PAGE, PageError, trial_page
 from ..read.results import result_keys, trial_results
+from ..store.store import StoreError
 
 
 class _Console(Console):
@@ -73,22 +77,51 @@ def cmd_list(args: argparse.Namespace) -> int:
     from ..config.experiment import _default_working_directory
 
     directory: Path = args.dir if args.dir is not None else _default_working_directory()
-    experiments = list_experiments(directory)
+    experiments = list_experiments(directory) if args.dir is not None else _everywhere(directory)
     if args.json:
         _print_json(experiments)
         return 0
     if not experiments:
-        print(f"no experiments in {directory}")
+        elsewhere = "" if args.dir else " nor in the index of experiments"
+        print(f"no experiments in {directory}{elsewhere}")
         return 0
     table = Table()
-    for col in ("id", "name", "status", "trials", "best", "started"):
+    everywhere = args.dir is None  # then where each one is matters
+    columns = ("id", "name", "status", "trials", "best", "started")
+    for col in (*columns, *(["directory"] if everywhere else [])):
         table.add_column(col, overflow="fold")
     for e in experiments:
         status = e.status + ("; unreadable: " + "; ".join(e.unreadable) if e.unreadable else "")
         best = f"{e.best.final_metric:.6g} ({e.best.id})" if e.best is not None and e.best.final_metric is not None else ""
-        table.add_row(e.id, e.name or "", status, str(e.trial_count), best, _when(e.started_at))
+        where = [e.directory] if everywhere else []
+        shown = (e.id, e.name or "", status, str(e.trial_count), best, _when(e.started_at))
+        table.add_row(*shown, *where)
     console().print(table)
     return 0
+
+
+def _everywhere(directory: Path) -> list[ExperimentSnapshot]:
+    """The experiments in ``directory`` and those the index of this machine's experiments
+    holds (made with --experiment-dir anywhere), each once; gone ones leave the index."""
+    from ..store import index
+
+    found = {Path(e.directory).resolve(): e for e in list_experiments(directory)}
+    with contextlib.suppress(OSError):  # an index that cannot be written still lists
+        index.forget_gone()
+    for entry in index.entries():
+        where = entry.directory.resolve()
+        if where not in found:
+            found[where] = _experiment_at(entry.directory)
+    return sorted(found.values(), key=lambda e: (e.started_at is None, e.started_at or 0.0, e.id))
+
+
+def _experiment_at(directory: Path) -> ExperimentSnapshot:
+    try:
+        with ReadModel.open(directory) as model:
+            snapshot = model.experiment()
+    except StoreError as e:
+        return _unreadable_experiment(directory, str(e))
+    return snapshot or _unreadable_experiment(directory, "the store holds no experiment")
 
 
 # ---- one experiment ------------------------------------------------------------------------
@@ -263,10 +296,17 @@ def no_trial(model: ReadModel, args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     """The reading commands' parsers, on the CLI's subparsers."""
     listing = sub.add_parser(
-        "list", help="list the experiments in a working directory",
-        description="List the experiments under the experiment working directory: id, name, status, trials, best, started.",
+        "list", help="list this machine's experiments",
+        description="List this machine's experiments: those under the default working directory "
+        "and every one run elsewhere (--experiment-dir), from the index in "
+        "~/.trialkeeper/experiments.json ($TRIALKEEPER_HOME): id, name, status, trials, best, "
+        "started, directory.",
     )
-    listing.add_argument("--dir", type=Path, help="the working directory (default: the config's default, ~/trialkeeper-experiments)")
+    listing.add_argument(
+        "--dir", type=Path,
+        help="only the experiments under this working directory (default: all of them; the "
+        "default working directory is ~/trialkeeper-experiments)",
+    )
     listing.add_argument("--json", action="store_true", help="print a JSON list")
     listing.set_defaults(func=cmd_list)
 

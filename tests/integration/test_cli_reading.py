@@ -43,6 +43,7 @@ def tk(*args: str | Path, home: Path | None = None) -> subprocess.CompletedProce
     env["COLUMNS"] = "400"  # wide enough that no reason is folded in a table
     if home is not None:
         env["HOME"] = str(home)
+        env["TRIALKEEPER_HOME"] = str(home / ".trialkeeper")  # its index of experiments too
     return subprocess.run(
         [_script(), *map(str, args)], check=False, capture_output=True, text=True,
         timeout=COMMAND_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL,
