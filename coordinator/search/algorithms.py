@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import sys
 from typing import Any
 
 from .assessors import BUILTIN_ASSESSORS, Assessor, AssessorError, construct
-from .space import SearchSpaceError, is_batch_tuner, validate_search_space
+from .space import SearchSpaceError, is_batch_tuner, is_discrete, validate_search_space
 from .tuners import (
     BUILTIN_TUNERS,
     TUNER_ALIASES,
@@ -68,6 +69,10 @@ def create_tuner(
 
             if key in NNI_TUNER_NAMES or key in NNI_ADVISOR_NAMES:
                 return create_nni_tuner(name, args_in, search_space)
+        if key == "grid" and normalized(name) != "grid":
+            nni_grid = _nni_grid_search(name, args_in, search_space)
+            if nni_grid is not None:
+                return nni_grid
         label = _builtin_name(name)
         cls: type = BUILTIN_TUNERS[label]
     else:
@@ -87,6 +92,29 @@ def create_tuner(
         raise
     except Exception as e:
         raise TunerError(f"tuner {label!r} failed to start: {one_line(e)}") from e
+
+
+def _nni_grid_search(
+    name: str, class_args: dict[str, Any], search_space: dict[str, Any]
+) -> Tuner | None:
+    """NNI's name GridSearch means NNI's algorithm, which also grids continuous and unbounded
+    parameters (the middle first, then ever finer): NNI's class where NNI is installed. Without
+    NNI, a discrete space is searched by the built-in grid, which proposes the same points
+    (None); a continuous one needs NNI."""
+    import importlib.util
+
+    from .nnialgos import create_nni_tuner
+
+    if importlib.util.find_spec("nni") is not None:
+        return create_nni_tuner("GridSearch", class_args, search_space)
+    if is_discrete(search_space):
+        return None
+    raise TunerError(
+        f"tuner {name!r} is NNI's grid search, which grids continuous parameters (uniform, normal, "
+        "...) ever finer, and NNI is not installed in the interpreter that runs the coordinator "
+        f"({sys.executable}): install it with pip install 'trialkeeper[nni]', or give name: grid "
+        "with a discrete space (quniform, choice, randint)"
+    )
 
 
 def _builtin_name(name: str) -> str:

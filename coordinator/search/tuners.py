@@ -223,6 +223,7 @@ class GridTuner(Tuner):
 
 BUILTIN_TUNERS: dict[str, type[Tuner]] = {"random": RandomTuner, "grid": GridTuner}
 # NNI's names for the same tuners, compared after lower-casing and dropping "_", "-", " ".
+# GridSearch is NNI's algorithm where NNI is installed (see algorithms.create_tuner).
 TUNER_ALIASES = {"gridsearch": "grid", "randomsearch": "random"}
 
 

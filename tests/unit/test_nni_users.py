@@ -44,7 +44,8 @@ def test_nnis_pbt_without_a_checkpoint_directory_is_refused_when_the_config_is_r
 
 
 def test_nnis_pbt_with_a_checkpoint_directory_is_accepted(tmp_path: Path) -> None:
-    tuner = {"name": "PBT", "classArgs": {"optimize_mode": "maximize", "all_checkpoint_dir": str(tmp_path)}}
+    args = {"optimize_mode": "maximize", "all_checkpoint_dir": str(tmp_path)}
+    tuner = {"name": "PBT", "classArgs": args}
     assert parse_config(BASE | {"tuner": tuner}, tmp_path).tuner.name == "PBT"
 
 
@@ -68,3 +69,42 @@ def test_an_unknown_host_key_is_refused_saying_what_to_add_and_that_nni_did_not_
     message = str(info.value)
     assert "`acceptUnknownHostKeys: true`" in message and "`knownHostsFile: " in message
     assert "NNI did not" in message and info.value.permanent
+
+
+# NNI's GridSearch, by its name, is NNI's algorithm: it grids a continuous range from its middle
+# on, ever finer, where trialkeeper's own `grid` refuses it.
+GRID_SCRIPT = """
+import json
+from trialkeeper.coordinator.search.algorithms import create_tuner
+from nni.algorithms.hpo.gridsearch_tuner import GridSearchTuner
+space = {"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2]}}
+ours = create_tuner("GridSearch", None, {}, space)
+nni = GridSearchTuner()
+nni.update_search_space(space)
+print(json.dumps({"ours": [ours.generate_parameters(i) for i in range(10)],
+                  "nni": [nni.generate_parameters(i) for i in range(10)]}))
+"""
+MIXED = {"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2]}}
+
+
+def test_nnis_grid_search_by_name_grids_continuous_ranges_as_nni_does() -> None:
+    import json
+    import subprocess
+
+    from nni_python import nni_python
+
+    proc = subprocess.run([str(nni_python()), "-c", GRID_SCRIPT], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["ours"] == seen["nni"]
+    assert seen["ours"][:2] == [{"x": 0.5, "k": 1}, {"x": 0.5, "k": 2}]
+
+
+def test_grid_search_without_nni_says_what_a_continuous_space_needs() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("nni") is not None:
+        pytest.skip("NNI is installed here: GridSearch is NNI's class")
+    with pytest.raises(TunerError, match=r"NNI's grid search.*pip install 'trialkeeper\[nni\]'"):
+        create_tuner("GridSearch", None, {}, MIXED)
