@@ -24,6 +24,7 @@ from ..store.lock import DirectoryInUse, ExperimentLock
 from ..store.store import Store, StoreError
 from ..ui.commands import add_commands as add_ui_commands
 from ..ui.commands import add_ui_option, dashboard_starter
+from .ended import ENDED_EXIT, resume_refusal, stop_note
 from .views import add_commands, no_trial
 from .views import console as _console
 
@@ -178,6 +179,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             for issue in e.issues:
                 print(f"  {issue}", file=sys.stderr)
         return 2
+    if args.resume_dir is not None and (args.resume_dir / Store.FILENAME).is_file():
+        refusal = resume_refusal(args.resume_dir, config, config_given=args.config is not None)
+        if refusal:  # it has ended: no agent is started only to be told so
+            print(f"trialkeeper: {refusal}", file=sys.stderr)
+            return ENDED_EXIT
     console = _console()
     live_view = console.is_terminal and not args.quiet
     mode = optimize_mode_of(config)
@@ -235,7 +241,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print(f"best trial: {result.best.id} final metric {result.best.final_metric:.6g} parameters {json.dumps(result.best.parameters)}", highlight=False, soft_wrap=True)
     console.print(f"experiment directory: {result.experiment_dir}", highlight=False, soft_wrap=True)
     if not result.ok:
-        print(f"trialkeeper: experiment did not complete: {result.reason}", file=sys.stderr)
+        reason = result.reason
+        if reason.startswith("stopped by the user"):
+            reason += f"; {stop_note(result.trials, result.experiment_dir)}"
+        print(f"trialkeeper: experiment did not complete: {reason}", file=sys.stderr)
         return 1
     failed = [t for t in result.trials if t.status is TrialStatus.FAILED]
     if failed:

@@ -84,8 +84,12 @@ class ExperimentLock:
 
 def _command() -> str:
     argv = list(sys.argv)
-    if argv and argv[0]:
-        argv[0] = os.path.basename(argv[0])
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:  # python -m trialkeeper.coordinator.cli ...
+        argv[:1] = ["python", "-m", spec.name.removesuffix(".__main__")]
+    elif argv and argv[0]:
+        argv[0] = os.path.basename(argv[0])  # trialkeeper run ...
     return " ".join(argv)
 
 

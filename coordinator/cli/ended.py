@@ -1,0 +1,90 @@
+"""What ``run`` and ``resume`` say about an experiment's end: a resume of an experiment that
+already ended is refused with how to extend it, and a stop tells what a resume will run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config.experiment import ExperimentConfig
+from ..engine.model import TrialInfo
+from ..engine.states import TrialStatus
+from ..read.model import ReadModel
+from ..store.store import Store
+
+#: The exit status of a ``resume`` refused because the experiment has ended: nothing ran.
+ENDED_EXIT = 3
+# The stored status of an experiment that reached its end (tuner exhausted, a limit reached).
+_ENDED = "DONE"
+
+
+def resume_refusal(experiment_dir: Path, config: ExperimentConfig, config_given: bool) -> str:
+    """Why ``resume`` must start nothing for this experiment, or "".
+
+    One that crashed, was stopped or failed is carried on. One that reached its end is
+    carried on only with a config (``resume --config``) that raises a limit it reached:
+    otherwise it would start agents only to find there is nothing to do."""
+    store = Store.in_dir(experiment_dir, readonly=True)
+    try:
+        exp = store.experiment()
+        counts = store.trial_counts()
+        stored = ReadModel(store).stored_config() or {}
+    finally:
+        store.close()
+    if exp is None or exp.get("status") != _ENDED:
+        return ""
+    submitted = sum(counts.values())
+    limit = config.max_trial_number
+    if config_given and (limit is None or submitted < limit) and _raises_a_limit(config, stored):
+        return ""
+    reason = str(exp.get("reason") or "")
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
+    ended = f"{exp.get('status')}{f' ({reason})' if reason else ''}"
+    if config_given:
+        how = (
+            "the config given raises neither limit above what the experiment reached"
+            if limit is None or submitted < limit
+            else f"its maxTrialNumber ({limit}) counts the {submitted} trials already submitted"
+        )
+        advice = f"nothing to resume: {how}"
+    else:
+        advice = "nothing to resume"
+    return (
+        f"experiment {exp.get('id')} has ended: {ended}, {submitted} trials ({tally}); {advice}. "
+        "To go on, raise maxTrialNumber (which counts the trials already run) or "
+        f"maxExperimentDuration in its config and run `trialkeeper resume {experiment_dir} "
+        "--config FILE`"
+    )
+
+
+def _raises_a_limit(config: ExperimentConfig, stored: dict[str, Any]) -> bool:
+    def raised(new: float | None, old: object) -> bool:
+        if new is None:
+            return old is not None  # no limit any more
+        return isinstance(old, (int, float)) and not isinstance(old, bool) and new > old
+
+    return raised(config.max_trial_number, stored.get("maxTrialNumber")) or raised(
+        config.max_experiment_duration, stored.get("maxExperimentDuration")
+    )
+
+
+def stop_note(trials: Sequence[TrialInfo], experiment_dir: Path) -> str:
+    """What a stop did to the trials, and what ``resume`` will and will not run: added to
+    the reason ``run`` prints when it was stopped (SIGINT, SIGTERM)."""
+    canceled = [
+        t for t in trials
+        if t.status is TrialStatus.SYS_CANCELED and t.reason.startswith("the experiment stopped")
+    ]
+    if not canceled:
+        return f"`trialkeeper resume {experiment_dir}` goes on with the trials not started yet"
+    running = sum(1 for t in canceled if t.started_at is not None)
+    waiting = len(canceled) - running
+    parts = (f"{running} running" if running else "", f"{waiting} waiting" if waiting else "")
+    which = " and ".join(part for part in parts if part)
+    several = len(canceled) > 1
+    return (
+        f"{which} trial{'s' if several else ''} canceled as SYS_CANCELED; "
+        f"`trialkeeper resume {experiment_dir}` does not run {'them' if several else 'it'} "
+        "again: it goes on with the trials not submitted yet"
+    )
