@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,8 +26,7 @@ from .engine.engine import CANCEL_GRACE_S, Engine
 from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
 from .engine.policy import PlatformPolicy, Policy
-from .engine.restore import restore
-from .engine.states import TrialStatus
+from .engine.states import EnvStatus, TrialStatus
 from .read.model import EnvSnapshot, ReadModel
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
@@ -38,6 +38,12 @@ from .transport import tls as tls_identity
 from .transport.server import Servicer, create_server
 
 log = logging.getLogger(__name__)
+
+# The stored statuses of the environments a resume takes back (one asked for but never
+# answered is failed instead).
+_TAKEN_BACK = frozenset(
+    s.value for s in EnvStatus if not s.terminal and s is not EnvStatus.REQUESTED
+)
 
 
 class CoordinatorError(RuntimeError):
@@ -178,10 +184,6 @@ class Coordinator:
         broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
 
         def platform_policy(ts: TrainingServiceConfig, member: EnvironmentService) -> PlatformPolicy:
-            def gpu_policy(env_id: str) -> tuple[int, bool]:
-                sharing = ts.gpu_sharing(member.gpu_policy(env_id))
-                return sharing.max_trials_per_gpu, sharing.use_active_gpu
-
             return PlatformPolicy(
                 # A service handed in may run another platform than the section names.
                 name=member.platform if len(sections) == 1 else ts.platform, reuse=bool(ts.reuse_mode),
@@ -192,7 +194,7 @@ class Coordinator:
                 # A platform that could not be prepared starts nothing, and knows no directory.
                 working_directory="" if ts.platform in broken else member.working_directory(),
                 unusable=broken.get(ts.platform, ""),
-                gpu_policy=gpu_policy,
+                gpu_sharing=tuple(ts.gpu_sharing()),
             )
 
         ts = config.training_service
@@ -207,6 +209,16 @@ class Coordinator:
             agent_lost_timeout_s=settings.agent_lost_timeout, trial_lost_timeout_s=settings.trial_lost_timeout,
             placement=ts.placement,
         )
+
+    def _gpu_sharing(self, env_id: str, platform: str) -> tuple[int, bool]:
+        """(maxTrialNumberPerGpu, useActiveGpu) of one environment of ``platform``: as its
+        platform sets them for it (per machine), else as its section does."""
+        assert self._service is not None
+        for ts, member in self._platforms(self._service):
+            if ts.platform == platform or len(self.config.training_service.sections()) == 1:
+                sharing = ts.gpu_sharing(member.gpu_policy(env_id))
+                return sharing.max_trials_per_gpu, sharing.use_active_gpu
+        return 1, False
 
     def _request_for(self, env_id: str) -> EnvironmentRequest:
         assert self._engine is not None
@@ -228,6 +240,24 @@ class Coordinator:
             agent_args=tuple(args), reuse=bool(ts.reuse_mode),
             platform=platform if len(sections) > 1 else "",
         )
+
+    def _restore(self, engine: Engine, store: Store, service: EnvironmentService) -> None:
+        """The engine as the store left it; each platform takes back its live environments
+        first, so that what it sets for each (GPU sharing per machine) reaches the engine."""
+        trial_rows, env_rows = store.trials(), store.envs()
+        sharing = {}
+        for r in env_rows:
+            if r["status"] not in _TAKEN_BACK:
+                continue
+            platform = str(r.get("platform") or "")
+            if isinstance(service, HybridEnvironmentService):
+                service.assign(r["id"], platform)  # each platform takes back its own
+            if r["platform_id"]:
+                service.adopt(r["id"], r["platform_id"])
+            sharing[r["id"]] = self._gpu_sharing(r["id"], platform)
+        assert self._shell is not None
+        self._shell.apply(engine.restore(trial_rows, env_rows, sharing, now=time.monotonic(), wall=time.time()))
+        store.set_experiment_status("RUNNING", "resumed")
 
     async def start(self) -> None:
         """Open the store, start the gRPC server and the first environments."""
@@ -262,21 +292,17 @@ class Coordinator:
         service = self._service
         await service.prepare()  # before the policy: a service knows its working directory then
         self._engine = engine = Engine(self._policy(service))
-        self._shell = shell = Shell(engine, store, service, self.experiment_dir, self._request_for)
+        self._shell = shell = Shell(
+            engine, store, service, self.experiment_dir, self._request_for,
+            gpu_sharing_for=lambda env_id: self._gpu_sharing(env_id, engine.envs[env_id].platform),
+        )
         shell.metric_callbacks, shell.status_callbacks, shell.subscribers = (
             self._metric_callbacks, self._status_callbacks, self._subscribers
         )
         engine.publish_metrics = bool(self._metric_callbacks or self._subscribers)
         shell.on_failure = self._failed
         if self._resuming:
-            shell.apply(restore(engine, store.trials(), store.envs(), now=time.monotonic(), wall=time.time()))
-            store.set_experiment_status("RUNNING", "resumed")
-        for env in engine.live_envs():
-            if isinstance(service, HybridEnvironmentService):
-                service.assign(env.id, env.platform)  # each platform takes back its own
-            if env.platform_id:
-                service.adopt(env.id, env.platform_id)
-        if self._resuming:
+            self._restore(engine, store, service)
             await service.ready_adopted(self.experiment_id)  # before the server: no trial is placed yet
             await self._sweep_orphans()
         settings = self.config.coordinator
@@ -303,6 +329,7 @@ class Coordinator:
     def _failed(self, reason: str) -> None:
         # A background task died: end the experiment with the reason rather than hang it.
         self._fail_stop = asyncio.get_running_loop().create_task(self.stop(status="FAILED", reason=reason))
+        self._fail_stop.add_done_callback(_log_stop_failure)  # retrieved: said once, not at exit
 
     async def stop(self, grace_s: float = CANCEL_GRACE_S, *, status: str = "DONE", reason: str = "") -> None:
         """Cancel what still runs, stop every environment, close the server and store."""
@@ -338,7 +365,10 @@ class Coordinator:
         if self._server:
             await self._server.stop(1.0)
         await shell.close()
-        store.set_experiment_status(status, reason, ended=True)
+        try:
+            store.set_experiment_status(status, reason, ended=True)
+        except (sqlite3.Error, OSError) as e:  # a full disk: the reason was said when it failed
+            log.error("could not store the experiment's end (%s): %s", status, e)
         self._last_envs = ReadModel(store).environments()
         store.close()
         if self._lock is not None:
@@ -522,6 +552,11 @@ class Coordinator:
         if self._engine is None or trial_id not in self._engine.trials:
             raise KeyError(f"no trial {trial_id!r} in experiment {self.experiment_id}")
         return self._engine.trial_info(trial_id)
+
+
+def _log_stop_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("stopping the experiment failed: %s", task.exception())
 
 
 def _new_id(n: int) -> str:

@@ -63,12 +63,17 @@ class Shell:
         service: EnvironmentService,
         experiment_dir: Path,
         request_for: Callable[[str], EnvironmentRequest],
+        *,
+        gpu_sharing_for: Callable[[str], tuple[int, bool]] | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.service = service
         self.experiment_dir = experiment_dir
         self._request_for = request_for
+        # An environment's GPU sharing, as its platform and section set it, told the engine
+        # with the platform's answer to its start.
+        self._gpu_sharing_for = gpu_sharing_for
         self.links: dict[int, Link] = {}
         self.metric_callbacks: list[Callable[[MetricEvent], Any]] = []
         self.status_callbacks: list[Callable[[StatusEvent], Any]] = []
@@ -81,6 +86,7 @@ class Shell:
         self._monitor_wake = asyncio.Event()
         #: Why the experiment cannot go on (a background task failed), or ''.
         self.failure = ""
+        self._told: set[str] = set()  # the failures logged
         self.on_failure: Callable[[str], None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
@@ -124,7 +130,7 @@ class Shell:
             if not isinstance(i, _WRITES):
                 rest.append(i)
                 continue
-            if type(i) is ev.UpdateEnvironment and i.fields.keys() == {"last_seq"}:
+            if type(i) is ev.AgentMessagesStored:
                 # Each numbered message moves its agent's last sequence number: in one
                 # transaction only the batch's last counts (one UPDATE per agent, not per message).
                 j = last_seq_at.get(i.env_id)
@@ -140,31 +146,23 @@ class Shell:
                             self._write(w)
             except (sqlite3.Error, OSError) as e:
                 self.fail(f"the store refused a write: {type(e).__name__}: {e}", exc=e)
+                # What stops trials and agents still goes out (it loses nothing), so that the
+                # end of the experiment does not wait for their timeouts.
+                self._carry_out([i for i in rest if _stops(i)])
                 return
         self._carry_out(rest)
 
     def _write(self, i: ev.Instruction) -> None:
-        store = self.store
         match i:
-            case ev.UpdateTrial():
-                store.update_trial(i.trial_id, **i.fields)
             case ev.StoreMetrics():
                 if i.runs:
-                    store.add_runs(i.runs)
-            case ev.UpdateEnvironment():
-                store.update_env(i.env_id, **i.fields)
-            case ev.RecordTransition():
-                store.record(i.entity, i.entity_id, i.old, i.new, i.reason)
-            case ev.InsertTrial():
-                store.insert_trial(dict(i.row))
-            case ev.InsertEnvironment():
-                store.insert_env(i.env_id, i.platform, i.status)
+                    self.store.add_runs(i.runs)
             case ev.WriteLog():
                 # Before the commit that records the message: a replay after a crash finds
                 # its chunk written or writes it again, never a hole.
                 self._write_log(i)
-            case ev.StoreWaitingReasons():
-                store.set_waiting_reasons(i.reasons)
+            case _:
+                self.store.keep(i)  # a fact: the store knows its columns
 
     def _carry_out(self, instructions: Iterable[ev.Instruction]) -> None:
         for i in instructions:
@@ -404,7 +402,10 @@ class Shell:
             result = await self.service.start(self._request_for(env_id))
             answer: ev.Event = (
                 ev.EnvironmentStartFailed(env_id, result.error) if result.error
-                else ev.EnvironmentStarted(env_id, result.platform_id)
+                else ev.EnvironmentStarted(
+                    env_id, result.platform_id,
+                    gpu_sharing=self._gpu_sharing_for(env_id) if self._gpu_sharing_for else None,
+                )
             )
         except Exception as e:  # a service must return errors, but one bug must not kill the loop
             log.exception("environment service %s raised on start", self.service.platform)
@@ -430,11 +431,17 @@ class Shell:
 
     def fail(self, reason: str, *, exc: BaseException | None = None) -> None:
         """The experiment cannot go on: say why now, and let its owner end it."""
+        # Each reason once (a full disk fails every write after the first), and a store's or
+        # the disk's without a traceback: its message says it all.
+        if reason in self._told:
+            return
+        self._told.add(reason)
+        exc_info = None if isinstance(exc, (sqlite3.Error, OSError)) else exc
         if self.failure:
-            log.error("also: %s", reason, exc_info=exc)
+            log.error("also: %s", reason, exc_info=exc_info)
             return
         self.failure = reason
-        log.error("the experiment cannot go on: %s", reason, exc_info=exc)
+        log.error("the experiment cannot go on: %s", reason, exc_info=exc_info)
         for event in self.done.values():
             event.set()
         self.changed.set()
@@ -477,6 +484,13 @@ class Shell:
         while not predicate() and not (or_failure and self.failure):
             self.changed.clear()
             await self.changed.wait()
+
+
+def _stops(i: ev.Instruction) -> bool:
+    """Whether an instruction only stops something: safe to carry out unrecorded."""
+    if isinstance(i, ev.Send):
+        return isinstance(i.message, (ev.CancelTrial, ev.Shutdown))
+    return isinstance(i, (ev.CloseLink, ev.StopEnvironment))
 
 
 async def _logged(coro: Any, kind: str) -> None:

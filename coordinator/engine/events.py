@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 from .model import MetricEvent, StatusEvent
 from .rows import GpuSampleRow, MetricRun
-from .states import TrialStatus
+from .states import EnvStatus, TrialStatus
 
 # ---- what agents say (the transport's events) ----------------------------------------------
 
@@ -154,6 +154,9 @@ class CancelRequested:
 class EnvironmentStarted:
     env_id: str
     platform_id: str
+    # (maxTrialNumberPerGpu, useActiveGpu) for this environment, as its platform and section
+    # set them; None: the section's.
+    gpu_sharing: tuple[int, bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -309,44 +312,137 @@ class PollSoon:
     """Ask the platform about the environments at once, not at the next tick."""
 
 
-@dataclass(frozen=True)
-class InsertTrial:
-    row: Mapping[str, Any]
+# ---- facts: what happened, for the store to keep ------------------------------------------
+#
+# The core says what happened, in its own words; which columns and JSON each fact becomes is
+# the store's business (store/facts.py, one table).
 
 
 @dataclass(frozen=True)
-class UpdateTrial:
+class TrialAdded:
     trial_id: str
-    fields: Mapping[str, Any]
+    seq: int
+    status: TrialStatus
+    parameters: Mapping[str, Any]
+    command: str
+    gpu_number: int
+    submitted_at: float
+    platforms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
-class StoreWaitingReasons:
+class TrialStatusChanged:
+    trial_id: str
+    old: str  # the value stored before (a status this version may not know, on a resume)
+    new: TrialStatus
+    reason: str  # what the trial's row says now
+    because: str  # why this change (kept in the trial's history)
+    ended_at: float | None = None  # set with a terminal status
+
+
+@dataclass(frozen=True)
+class TrialPlaced:
+    trial_id: str
+    env_id: str
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class TrialRan:
+    """Its agent started its process."""
+
+    trial_id: str
+    started_at: float
+
+
+@dataclass(frozen=True)
+class TrialStopping:
+    """Canceled while its agent runs it: shown until the agent confirms the end."""
+
+    trial_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TrialExited:
+    trial_id: str
+    exit_code: int | None
+    signal: int | None
+    stderr_tail: str
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class FinalResultSet:
+    trial_id: str
+    value: float
+    value_json: str
+
+
+@dataclass(frozen=True)
+class WaitingReasonsChanged:
     """Why each of these trials waits (only reasons that changed)."""
 
     reasons: Mapping[str, str]
 
 
 @dataclass(frozen=True)
-class InsertEnvironment:
+class EnvironmentAdded:
     env_id: str
     platform: str
-    status: str
+    status: EnvStatus
+    created_at: float
 
 
 @dataclass(frozen=True)
-class UpdateEnvironment:
+class EnvironmentStatusChanged:
     env_id: str
-    fields: Mapping[str, Any]
+    old: str
+    new: EnvStatus
+    reason: str
+    ended_at: float | None = None  # set with a terminal status
 
 
 @dataclass(frozen=True)
-class RecordTransition:
-    entity: str  # "trial" | "environment"
-    entity_id: str
-    old: str
-    new: str
+class EnvironmentLaunched:
+    """The platform took the start: its own id for the environment."""
+
+    env_id: str
+    platform_id: str
+
+
+@dataclass(frozen=True)
+class EnvironmentWaits:
+    """What the platform says a starting environment waits for."""
+
+    env_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class AgentJoined:
+    """A new agent (instance) registered for the environment."""
+
+    env_id: str
+    hostname: str
+    instance_id: str
+    info: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AgentConnected:
+    env_id: str
+    connected: bool
+
+
+@dataclass(frozen=True)
+class AgentMessagesStored:
+    """The agent's numbered messages up to ``last_seq`` are stored."""
+
+    env_id: str
+    last_seq: int
 
 
 @dataclass(frozen=True)
@@ -382,12 +478,22 @@ class HeartbeatsRescaled:
     connected: int
 
 
-STORE_WRITES = (
-    InsertTrial, UpdateTrial, InsertEnvironment, UpdateEnvironment, RecordTransition, StoreMetrics, StoreWaitingReasons,
+Fact = (
+    TrialAdded | TrialStatusChanged | TrialPlaced | TrialRan | TrialStopping | TrialExited
+    | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
+    | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
 )
 
+FACTS = (
+    TrialAdded, TrialStatusChanged, TrialPlaced, TrialRan, TrialStopping, TrialExited,
+    FinalResultSet, WaitingReasonsChanged, EnvironmentAdded, EnvironmentStatusChanged,
+    EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored,
+)
+
+# What the shell writes in one transaction before anything goes out.
+STORE_WRITES = (*FACTS, StoreMetrics)
+
 Instruction = (
-    RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StopEnvironment | PollSoon | InsertTrial
-    | UpdateTrial | InsertEnvironment | UpdateEnvironment | RecordTransition | StoreMetrics
-    | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled | StoreWaitingReasons
+    RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StopEnvironment | PollSoon | Fact
+    | StoreMetrics | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled
 )

@@ -170,8 +170,9 @@ class EnvState:
     gpu_seen: dict[str, set[str]] = field(default_factory=dict)  # uuid -> trials with processes on it
     gpu_recorded_at: float = 0.0  # monotonic, when a GPU sample of this env was last stored
     gpu_recorded_holders: list[set[str]] = field(default_factory=list)  # per GPU, when last recorded
-    ignored_messages: int = 0  # messages about trials not placed here
     use_active_gpu: bool = False
+    # (maxTrialNumberPerGpu, useActiveGpu) its platform set for it; None: its section's.
+    gpu_sharing: tuple[int, bool] | None = None
 
     @property
     def connected(self) -> bool:

@@ -1,13 +1,13 @@
 """What the decision core knows of an experiment's config, as plain values: one
 :class:`PlatformPolicy` per platform section, and the experiment's :class:`Policy`.
 
-``core.py`` builds them from the config and the services; ``engine.py`` and
-``envrules.py`` decide with them.
+``core.py`` builds them from the config and the services; the engine's machines
+(``book.py``, ``fleet.py``) decide with them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # How long an agent may take to register once its platform runs it (queue time not counted).
@@ -31,8 +31,9 @@ class PlatformPolicy:
     # Why the platform could not be prepared (its code not packed, its SDK missing): it
     # starts nothing, and its environments adopted on resume take no new trial.
     unusable: str = ""
-    # (maxTrialNumberPerGpu, useActiveGpu) of one environment.
-    gpu_policy: Callable[[str], tuple[int, bool]] = lambda env_id: (1, False)
+    # The section's (maxTrialNumberPerGpu, useActiveGpu). An environment whose platform sets
+    # its own (one machine of several) brings them when it starts.
+    gpu_sharing: tuple[int, bool] = (1, False)
 
     def gpus_offered(self) -> int:
         """GPUs its agents pretend to have (simulatedGpus), 0 when they report real ones."""

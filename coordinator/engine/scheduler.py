@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .waiting import Shape, WaitingTrials
+from .waiting import Demand, Shape, WaitingTrials
 
 
 @dataclass
@@ -93,26 +93,6 @@ def _memory_fits(g: GpuSlot, memory_bytes: int) -> bool:
         return True
     free = g.free_memory()
     return free is None or free >= memory_bytes
-
-
-@dataclass(frozen=True)
-class Demand:
-    trial_id: str
-    gpus: int = 0
-    # Memory the trial needs on each of its GPUs (0: no request).
-    gpu_memory_bytes: int = 0
-    # Platforms, most preferred first: an environment of an earlier one is taken over any
-    # of a later one. With ``only_these``, environments of other platforms are not used;
-    # without it they come last.
-    platforms: tuple[str, ...] = ()
-    only_these: bool = False
-
-    def rank(self, platform: str) -> int | None:
-        """Where ``platform`` stands in this trial's preference; None: not to be used."""
-        try:
-            return self.platforms.index(platform)
-        except ValueError:
-            return None if self.only_these else len(self.platforms)
 
 
 @dataclass(frozen=True)

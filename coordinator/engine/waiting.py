@@ -18,10 +18,28 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-if TYPE_CHECKING:
-    from .scheduler import Demand, Why
+
+@dataclass(frozen=True)
+class Demand:
+    trial_id: str
+    gpus: int = 0
+    # Memory the trial needs on each of its GPUs (0: no request).
+    gpu_memory_bytes: int = 0
+    # Platforms, most preferred first: an environment of an earlier one is taken over any
+    # of a later one. With ``only_these``, environments of other platforms are not used;
+    # without it they come last.
+    platforms: tuple[str, ...] = ()
+    only_these: bool = False
+
+    def rank(self, platform: str) -> int | None:
+        """Where ``platform`` stands in this trial's preference; None: not to be used."""
+        try:
+            return self.platforms.index(platform)
+        except ValueError:
+            return None if self.only_these else len(self.platforms)
 
 
 class Shape(NamedTuple):
@@ -57,7 +75,7 @@ class WaitingTrials:
         # Why each shape waits, as last told to its trials, and the facts behind it
         # (scheduler.Why) so that a pass can bring it up to date from what changed.
         self.told: dict[Shape, str] = {}
-        self.why: dict[Shape, Why] = {}
+        self.why: dict[Shape, Any] = {}  # scheduler.Why
         # Trials queued since their shape's reason was last told.
         self.fresh: dict[Shape, list[str]] = {}
 

@@ -15,8 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.events import Fact
 from ..engine.rows import GpuSampleRow, MetricRow, MetricRun
 from . import metrics as metricstore
+from .facts import Insert, Transition, Update, WaitingReasons, writes_of
 
 SCHEMA_VERSION = 1
 
@@ -275,6 +277,22 @@ class Store:
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         self._write(f"INSERT INTO trials ({cols}) VALUES ({marks})", tuple(row.values()))
+
+    def keep(self, fact: Fact) -> None:
+        """Write what a fact of the decision core becomes (``facts.py`` says which rows)."""
+        for w in writes_of(fact):
+            match w:
+                case Insert():
+                    cols = ", ".join(w.row)
+                    marks = ", ".join("?" for _ in w.row)
+                    self._write(f"INSERT INTO {w.table} ({cols}) VALUES ({marks})", tuple(w.row.values()))
+                case Update():
+                    columns = TRIAL_COLUMNS if w.table == "trials" else ENV_COLUMNS
+                    self._update(w.table, w.table.rstrip("s"), columns, w.row_id, dict(w.fields))
+                case Transition():
+                    self.record(w.entity, w.entity_id, w.old, w.new, w.reason)
+                case WaitingReasons():
+                    self.set_waiting_reasons(w.reasons)
 
     def update_trial(self, trial_id: str, **fields: Any) -> None:
         self._update("trials", "trial", TRIAL_COLUMNS, trial_id, fields)

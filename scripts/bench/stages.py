@@ -582,20 +582,21 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         address, token_file = c.address, c.experiment_dir / ".token"
         engine = c._engine
         assert engine is not None
-        on_hb = engine._heartbeat
+        fleet, book = engine.fleet, engine.book
+        on_hb = fleet.heartbeat
 
-        def counting_hb(hb: Any) -> None:
+        def counting_hb(hb: Any, **kw: Any) -> bool:
             counters["heartbeats"] += 1
-            on_hb(hb)
+            return on_hb(hb, **kw)
 
-        engine._heartbeat = counting_hb  # type: ignore[method-assign]
-        send_start = engine._send_start
+        fleet.heartbeat = counting_hb  # type: ignore[method-assign]
+        placed = book.placed
 
-        def counting_start(env: Any, t: Any) -> None:
+        def counting_placed(*args: Any) -> None:
             counters["placed"] += 1
-            send_start(env, t)
+            placed(*args)
 
-        engine._send_start = counting_start  # type: ignore[method-assign]
+        book.placed = counting_placed  # type: ignore[method-assign]
         passes: list[tuple[float, int, int]] = []  # (seconds, waiting before, placed)
         R["schedule_passes"] = passes
         schedule = engine._schedule
@@ -742,7 +743,7 @@ async def _bare_server(
     """The floor for a connected agent: a gRPC server that answers Register with Welcome,
     acks what carries a sequence number, and does nothing else."""
     import grpc
-    from trialkeeper.coordinator.engine.envrules import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
+    from trialkeeper.coordinator.engine.environments import GPU_SAMPLE_INTERVAL_S, heartbeat_scale
     from trialkeeper.protos.v1 import coordinator_pb2 as pb
     from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
     from trialkeeper.protos.wire import PROTOCOL_VERSION

@@ -12,7 +12,6 @@ import pytest
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.engine import Engine
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
-from trialkeeper.coordinator.engine.restore import restore
 from trialkeeper.coordinator.engine.rows import MetricRun
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
@@ -230,9 +229,9 @@ def test_coordinator_restarted_while_trials_run_and_agents_reconnect() -> None:
 
     # A fresh core from what the store kept.
     after = Sim()
-    written = restore(after.engine, trial_rows, env_rows, now=after.now, wall=after.now)
+    written = after.engine.restore(trial_rows, env_rows, {}, now=after.now, wall=after.now)
     assert {e.status for e in after.engine.envs.values()} == {EnvStatus.LOST}
-    assert sum(isinstance(w, ev.RecordTransition) for w in written) == 2
+    assert sum(isinstance(w, ev.EnvironmentStatusChanged) for w in written) == 2
     after.engine.started = True
     # t1's agent comes back with the same instance and says it still runs t1.
     env1 = placed["t1"] or ""
@@ -314,7 +313,7 @@ def test_an_agent_started_by_hand_under_a_started_id_never_collides() -> None:
     sim.feed(ev.Ticked())
     new = [s.env_id for s in sim.take(ev.StartEnvironment)]
     assert len(new) == 1 and new[0] not in ("env-1", "env-2", "env-3")
-    inserted = [i.env_id for i in sim.take(ev.InsertEnvironment)]
+    inserted = [i.env_id for i in sim.take(ev.EnvironmentAdded)]
     assert len(inserted) == len(set(inserted))
 
 
@@ -386,12 +385,12 @@ def test_a_trial_whose_stored_row_cannot_be_read_is_failed_on_resume_not_run() -
     rows[1]["parameters_json"] = "}{"
     rows[2]["status"] = "BOGUS"
     after = Sim()
-    written = restore(after.engine, rows, [_env_row(e) for e in sim.engine.envs.values()], now=after.now, wall=after.now)
+    written = after.engine.restore(rows, [_env_row(e) for e in sim.engine.envs.values()], {}, now=after.now, wall=after.now)
     assert after.status("good") is not TrialStatus.FAILED
     for tid, what in (("bad-params", "parameters"), ("bad-status", "status")):
         t = after.engine.trials[tid]
         assert t.status is TrialStatus.FAILED and what in t.reason and tid not in after.engine.queue
-        assert any(isinstance(w, ev.UpdateTrial) and w.trial_id == tid for w in written)
+        assert any(isinstance(w, ev.TrialStatusChanged) and w.trial_id == tid for w in written)
 
 
 def test_an_environment_still_requested_when_the_coordinator_died_is_failed_and_replaced() -> None:
@@ -400,7 +399,7 @@ def test_an_environment_still_requested_when_the_coordinator_died_is_failed_and_
     (requested,) = [s.env_id for s in sim.take(ev.StartEnvironment)]  # never answered: a crash
     rows = [_env_row(e) for e in sim.engine.envs.values()]
     after = Sim(trial_concurrency=1, environment_count=1)
-    restore(after.engine, [], rows, now=after.now, wall=after.now)
+    after.engine.restore([], rows, {}, now=after.now, wall=after.now)
     assert after.engine.envs[requested].status is EnvStatus.FAILED
     after.start()
     assert [s.env_id for s in after.take(ev.StartEnvironment)] == ["env-2"]
@@ -411,7 +410,7 @@ def test_on_resume_only_environments_with_a_platform_id_count_as_started_here() 
     sim.register("by-hand")
     rows = [_env_row(e) for e in sim.engine.envs.values()]
     after = Sim(shares_filesystem=True)
-    restore(after.engine, [], rows, now=after.now, wall=after.now)
+    after.engine.restore([], rows, {}, now=after.now, wall=after.now)
     assert {e.id: e.started_here for e in after.engine.envs.values()} == {"env-1": True, "env-2": True, "by-hand": False}
 
 
@@ -420,18 +419,18 @@ def test_a_message_that_cannot_be_applied_still_tells_the_status_changes_it_made
     sim.submit("t1")
     env_id = sim.engine.trials["t1"].env_id
     assert env_id is not None
-    real = sim.engine._trial_to
+    real = sim.engine.book._to
 
     def then_a_bug(*args: Any) -> None:
         real(*args)
         raise RuntimeError("a bug after the status changed")
 
-    sim.engine._trial_to = then_a_bug  # type: ignore[method-assign]
+    sim.engine.book._to = then_a_bug  # type: ignore[method-assign]
     sim.out.clear()
     sim.run(env_id, "t1")
     published = [p.event for p in sim.take(ev.Publish)]
     assert [e.trial.status for e in published if hasattr(e, "trial")] == [TrialStatus.RUNNING]
-    assert not sim.take(ev.UpdateTrial) and not sim.take(ev.RecordTransition)  # its writes dropped
+    assert not sim.take(ev.TrialRan) and not sim.take(ev.TrialStatusChanged)  # its writes dropped
     assert [a.seq for a in sim.take(ev.Ack)] == [1]  # skipped, loudly, not replayed forever
 
 
@@ -453,7 +452,7 @@ def test_a_pass_is_wanted_only_when_something_changed() -> None:
     assert not sim.engine.wants_pass()
     sim.out.clear()
     sim.feed(ev.Ticked())
-    assert not sim.take(ev.StoreWaitingReasons) and not sim.starts()
+    assert not sim.take(ev.WaitingReasonsChanged) and not sim.starts()
     # Its trial ends: the slot it frees is worth a pass, which places the next in line.
     sim.end(env_id, "t0", ev.Outcome.SUCCEEDED)
     assert sim.engine.wants_pass()
@@ -471,7 +470,7 @@ def test_gpu_memory_freed_by_another_program_places_a_trial_that_asks_for_it() -
     link = sim.links[env_id]
     # Another program (useActiveGpu is on for this one: its memory is what counts) holds 12 GiB.
     sim.engine.envs[env_id].use_active_gpu = True
-    sim.engine._env_changed(sim.engine.envs[env_id])
+    sim.engine.fleet._changed_env(sim.engine.envs[env_id])
     busy = ev.GpuSample(uuid, 50.0, 12 << 30, (ev.GpuProcess("", 12 << 30),))
     sim.feed(ev.HeartbeatReceived(env_id, link, False, (busy,)))
     sim.feed(ev.TrialSubmitted("big", {}, "python trial.py", 1, 8 << 30))

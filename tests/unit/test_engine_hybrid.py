@@ -10,7 +10,6 @@ from typing import Any
 from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.policy import PlatformPolicy
-from trialkeeper.coordinator.engine.restore import restore
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 
@@ -61,7 +60,7 @@ def ready(sim: Sim) -> dict[str, list[str]]:
 def test_each_platform_starts_its_own_count_with_its_own_settings() -> None:
     sim = hybrid(local=2, remote=1, trial_concurrency=4)
     sim.start()
-    inserted = {i.env_id: i.platform for i in sim.take(ev.InsertEnvironment)}
+    inserted = {i.env_id: i.platform for i in sim.take(ev.EnvironmentAdded)}
     assert sorted(inserted.values()) == ["local", "local", "remote"]
     envs = started_by_platform(sim)
     assert {e.trial_slots for e in map(sim.engine.envs.get, envs["remote"]) if e} == {2}
@@ -213,7 +212,7 @@ def test_on_resume_each_environment_keeps_its_platform_and_that_platform_s_setti
     trial_rows = [_trial_row(t) for t in sim.engine.trials.values()]
     env_rows = [_env_row(e) for e in sim.engine.envs.values()]
     after = hybrid(local=1, remote=1, trial_concurrency=2)
-    restore(after.engine, trial_rows, env_rows, now=after.now, wall=after.now)
+    after.engine.restore(trial_rows, env_rows, {}, now=after.now, wall=after.now)
     (remote,) = envs["remote"]
     assert after.engine.envs[remote].platform == "remote" and after.engine.envs[remote].trial_slots == 2
     after.engine.started = True
@@ -276,7 +275,7 @@ def test_a_platform_that_could_not_be_prepared_on_resume_keeps_its_trials_but_ta
         PlatformPolicy(name="remote", reuse=True, environment_count=1, trial_slots=2, unusable="code directory too large"),
     )
     after = Sim(platforms=platforms, trial_concurrency=3)
-    restore(after.engine, trial_rows, env_rows, now=after.now, wall=after.now)
+    after.engine.restore(trial_rows, env_rows, {}, now=after.now, wall=after.now)
     after.engine.started = True
     after.feed(ev.Ticked())
     assert after.take(ev.StartEnvironment) == []  # it starts nothing

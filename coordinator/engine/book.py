@@ -1,0 +1,429 @@
+"""The trials' book: every trial's lifecycle, the queue of those waiting, retries.
+
+One of the engine's two machines (the other is the fleet of environments, ``fleet.py``).
+It knows trials and the environments they are placed on by id only; what an environment
+can take, and which agent link reaches it, is the fleet's. The engine (``engine.py``) hands
+each its part of an event and passes what one returns on to the other. Every method here
+appends its instructions to the book's own list, which the engine takes after each call.
+Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+from . import events as ev
+from .model import MetricEvent, StatusEvent, TrialInfo, TrialState
+from .policy import Policy
+from .rows import MetricRun
+from .states import TrialStatus, check_trial
+from .waiting import Demand, WaitingTrials
+
+log = logging.getLogger(__name__)
+
+# Retries of a trial wait 1, 2, 4, ... seconds, at most RETRY_BACKOFF_MAX_S.
+RETRY_BACKOFF_S = 1.0
+RETRY_BACKOFF_MAX_S = 60.0
+CANCEL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A trial placed on an environment ended there: the fleet frees what it held."""
+
+    trial_id: str
+    env_id: str
+    # GPUs on which its agent still sees its processes: held until they leave.
+    still_in_use: tuple[str, ...] = ()
+    # Gone with its environment's processes: every GPU of it is freed at once.
+    processes_gone: bool = False
+
+
+class TrialBook:
+    """The state of one experiment's trials, and every decision on them."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.trials: dict[str, TrialState] = {}
+        # The waiting trials, by what they need; placed trials leave it.
+        self.queue = WaitingTrials()
+        self.stopping = False
+        # Publish a MetricEvent per stored metric (only while someone listens: it costs).
+        self.publish_metrics = False
+        self._next_seq = 0
+        self._ignored: dict[str, int] = {}  # by environment: messages about trials not there
+        self._out: list[ev.Instruction] = []
+        self.now = 0.0
+        self.wall = 0.0
+
+    def take(self) -> list[ev.Instruction]:
+        """The instructions of the calls since the last take."""
+        out, self._out = self._out, []
+        return out
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    def all_done(self) -> bool:
+        return all(t.status.terminal for t in self.trials.values())
+
+    def info(self, trial_id: str) -> TrialInfo:
+        return self.trials[trial_id].info()
+
+    def placed_on(self, env_id: str) -> list[str]:
+        """The live trials placed on ``env_id``, in submission order."""
+        on = [t for t in self.trials.values() if t.env_id == env_id and not t.status.terminal]
+        return [t.id for t in sorted(on, key=lambda t: t.seq)]
+
+    def unwanted(self, env_id: str, active: Iterable[str]) -> tuple[str, ...]:
+        """Of the trials an agent says it runs, those it should stop: unknown, placed
+        elsewhere, or canceled."""
+        trials = self.trials
+        return tuple(sorted(
+            tid for tid in active
+            if tid not in trials or trials[tid].env_id != env_id or trials[tid].cancel_status is not None
+        ))
+
+    def to_resend(self, env_id: str, held: Iterable[str], active: Iterable[str]) -> list[str]:
+        """Trials placed on ``env_id`` that its agent does not know (a StartTrial lost with
+        a broken stream): to be started again."""
+        missing = [self.trials[tid] for tid in set(held) - set(active)]
+        return [t.id for t in sorted(missing, key=lambda t: t.seq)
+                if not t.status.terminal and t.cancel_status is None and t.env_id == env_id]
+
+    def demand(self, t: TrialState) -> Demand:
+        """What placing ``t`` asks for: its GPUs, and the platforms it may use, most
+        preferred first. A trial whose environment was lost tries the other platforms
+        first: what lost it may well lose it again."""
+        restricted = bool(t.platforms or self.policy.trial_platforms)
+        order = t.platforms or self.policy.preference()
+        if t.lost_on in order and len(order) > 1:
+            order = (*(p for p in order if p != t.lost_on), t.lost_on)
+        return Demand(t.id, t.gpu_number, t.gpu_memory, platforms=order, only_these=restricted)
+
+    def start_message(self, trial_id: str, working_directory: str) -> ev.StartTrial:
+        t = self.trials[trial_id]
+        env_vars = dict(self.policy.trial_env)
+        env_vars.update(t.env_overrides)
+        return ev.StartTrial(
+            trial_id=t.id, sequence_id=t.seq, command=t.command, parameters=t.parameters, env=env_vars,
+            gpu_indices=t.gpu_indices, gpu_uuids=t.gpu_uuids,
+            max_duration_s=self.policy.max_trial_duration_s, attempt=t.attempts,
+            experiment_id=self.policy.experiment_id, working_directory=working_directory,
+            resumes_metrics=t.attempts > 1,
+        )
+
+    # ---- the embedding API -------------------------------------------------------------------
+
+    def submit(self, e: ev.TrialSubmitted) -> None:
+        if e.trial_id in self.trials:
+            raise ValueError(f"trial {e.trial_id} was submitted twice")
+        t = TrialState(
+            id=e.trial_id, seq=self._next_seq, status=TrialStatus.WAITING, parameters=e.parameters,
+            command=e.command, gpu_number=e.gpu_number, gpu_memory=e.gpu_memory if e.gpu_number else 0,
+            submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms),
+        )
+        self._next_seq += 1
+        self._out.append(ev.TrialAdded(
+            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms
+        ))
+        self.trials[t.id] = t
+        self.queue.append(self.demand(t))
+        self._out.append(ev.Publish(StatusEvent(t.info(), TrialStatus.WAITING)))
+
+    def cancel(self, trial_id: str, reason: str, status: TrialStatus) -> str | None:
+        """Cancel a trial. A waiting one ends now; for a placed one, the environment whose
+        agent must stop it is returned (the end comes when the agent confirms)."""
+        t = self.trials[trial_id]
+        if t.status.terminal:
+            return None
+        if not t.placed:
+            self.queue.remove(trial_id)
+            self._to(t, status, reason)
+            return None
+        t.cancel_status = status
+        t.reason = reason
+        # Shown while the agent stops it; the end replaces it with the final reason.
+        self._out.append(ev.TrialStopping(t.id, reason))
+        return t.env_id
+
+    def stop(self) -> list[tuple[str, str]]:
+        """The experiment ends: every trial is canceled. Returns (environment, trial) for
+        those an agent must stop."""
+        self.stopping = True
+        stops = []
+        for t in sorted(self.trials.values(), key=lambda t: t.seq):
+            env_id = self.cancel(t.id, "the experiment stopped", TrialStatus.SYS_CANCELED)
+            if env_id is not None:
+                stops.append((env_id, t.id))
+        return stops
+
+    def stop_completed(self) -> None:
+        for t in sorted(self.trials.values(), key=lambda t: t.seq):
+            if not t.status.terminal:
+                self._to(t, TrialStatus.SYS_CANCELED, "the experiment stopped before the agent confirmed")
+
+    # ---- what agents report ------------------------------------------------------------------
+
+    def _own(self, env_id: str, trial_id: str, what: str) -> TrialState | None:
+        t = self.trials.get(trial_id)
+        if t is None or t.env_id != env_id:
+            n = self._ignored[env_id] = self._ignored.get(env_id, 0) + 1
+            # Logged, but not one line per message: a broken or hostile agent may send many.
+            if n <= 10 or n % 1000 == 0:
+                log.warning(
+                    "environment %s reported %s for trial %r, which is not placed there; ignored (%d so far)",
+                    env_id, what, trial_id, n,
+                )
+            return None
+        return t
+
+    def started(self, env_id: str, m: ev.TrialStartReported) -> None:
+        t = self._own(env_id, m.trial_id, "a start")
+        if t is None or t.status is not TrialStatus.WAITING:
+            return
+        t.started_at = m.started_at or self.wall
+        self._out.append(ev.TrialRan(t.id, t.started_at))
+        self._to(t, TrialStatus.RUNNING, f"running on {env_id} (pid {m.pid})")
+
+    def metrics(self, env_id: str, runs: Sequence[MetricRun]) -> None:
+        # Every metric a trial reports passes here, a run at a time: the edge sends only
+        # finite numbers, which the check below finds in C.
+        ids = dict.fromkeys(r.trial_id for r in runs)
+        owned = {trial_id: self._own(env_id, trial_id, "a metric") for trial_id in ids}
+        if None in owned.values() or not _all_finite(chain.from_iterable(r.values for r in runs)):
+            runs = [
+                r._replace(first_index=row.index, values=(row.value,), value_jsons=(row.value_json,),
+                           reported_at=(row.reported_at,))
+                for r in runs if owned[r.trial_id] is not None
+                for row in r.rows() if math.isfinite(row.value)
+            ]
+        self._out.append(ev.StoreMetrics(tuple(runs)))
+        for r in runs:
+            if r.kind == "final" and r.values:
+                t = self.trials[r.trial_id]
+                t.final_metric, t.final_metric_json = r.values[-1], r.json_of(len(r.values) - 1)
+                self._out.append(ev.FinalResultSet(t.id, t.final_metric, t.final_metric_json))
+        if self.publish_metrics:
+            for r in runs:
+                for row in r.rows():
+                    event = MetricEvent(row.trial_id, row.kind, row.index, row.value, _loads(row.value_json))
+                    self._out.append(ev.Publish(event))
+
+    def log(self, env_id: str, chunk: ev.LogReported) -> None:
+        if self._own(env_id, chunk.trial_id, "log output") is not None:
+            self._out.append(ev.WriteLog(chunk.trial_id, chunk.stream, chunk.offset, chunk.data))
+
+    def ended(self, env_id: str, m: ev.TrialEndReported, *, platform: str) -> Ended | None:
+        """The agent of ``env_id`` (of ``platform``) says a trial's process ended: its
+        status, and what the fleet frees."""
+        t = self._own(env_id, m.trial_id, "an end")
+        if t is None or t.status.terminal:
+            return None
+        t.exit_code, t.signal, t.stderr_tail = m.exit_code, m.signal, m.stderr_tail
+        t.ended_at = m.ended_at or self.wall
+        self._out.append(ev.TrialExited(t.id, t.exit_code, t.signal, t.stderr_tail, t.ended_at))
+        if m.outcome is ev.Outcome.LOST and t.cancel_status is None:
+            # Gone with its environment, like a trial on a lost agent: retried within
+            # maxTrialRetries whether or not failed trials are retried.
+            self.lose([t.id], m.reason or "its environment was stopped", platform=platform)
+            return Ended(t.id, env_id, processes_gone=True)
+        if m.outcome is ev.Outcome.SUCCEEDED:
+            new, reason = TrialStatus.SUCCEEDED, ""
+        elif m.outcome is ev.Outcome.CANCELED and t.cancel_status is not None:
+            new, reason = t.cancel_status, t.reason
+        else:
+            new, reason = TrialStatus.FAILED, m.reason or "the trial failed"
+        if t.status is TrialStatus.WAITING and new not in (
+            TrialStatus.FAILED, TrialStatus.USER_CANCELED, TrialStatus.SYS_CANCELED
+        ):
+            new = TrialStatus.FAILED if new is TrialStatus.SUCCEEDED else TrialStatus.USER_CANCELED
+        policy = self.policy
+        if (
+            new is TrialStatus.FAILED
+            and t.cancel_status is None
+            and policy.retry_failed_trials
+            and t.attempts <= policy.max_trial_retries
+            and not self.stopping
+        ):
+            t.ended_at = None
+            self._retry(t, f"it failed ({reason})")
+        else:
+            self._to(t, new, reason)
+        return Ended(t.id, env_id, still_in_use=m.gpus_still_in_use)
+
+    # ---- placing, losing, retrying -----------------------------------------------------------
+
+    def placed(self, trial_id: str, env_id: str, gpu_uuids: tuple[str, ...], gpu_indices: tuple[int, ...]) -> None:
+        t = self.trials[trial_id]
+        t.env_id, t.gpu_uuids, t.gpu_indices = env_id, gpu_uuids, gpu_indices
+        t.lost_on = ""
+        t.attempts += 1
+        self._out.append(ev.TrialPlaced(t.id, env_id, gpu_indices, gpu_uuids, t.attempts))
+
+    def slot_freed(self) -> None:
+        """A placed trial let go of its environment: trialConcurrency may let one more go."""
+        self.queue.capped = False
+
+    def tell_waiting(self, reasons: Mapping[str, str]) -> None:
+        """Why each of these trials waits, as the pass found it (placed ones included)."""
+        changed = {}
+        for tid, reason in reasons.items():
+            t = self.trials[tid]
+            if t.waiting_reason != reason:
+                t.waiting_reason = changed[tid] = reason
+        if changed:
+            self._out.append(ev.WaitingReasonsChanged(changed))
+
+    def lose(self, trial_ids: Iterable[str], reason: str, *, platform: str) -> None:
+        """These trials are gone with their environment (of ``platform``): retry or fail each."""
+        for tid in sorted(trial_ids, key=lambda i: self.trials[i].seq):
+            t = self.trials[tid]
+            if t.status.terminal:
+                continue
+            t.lost_on = platform
+            if t.cancel_status is not None:
+                self._to(t, t.cancel_status, t.reason)
+            elif t.attempts <= self.policy.max_trial_retries:
+                self._retry(t, f"environment lost ({reason})")
+            else:
+                self._to(t, TrialStatus.FAILED, f"environment lost: {reason}")
+
+    def _retry(self, t: TrialState, why: str) -> None:
+        """Put a trial back at the head of the queue, to be placed after a backoff."""
+        t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
+        delay = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.attempts - 1))
+        t.not_before = self.now + delay
+        retries = self.policy.max_trial_retries
+        t.waiting_reason = f"waiting: retry {t.attempts} of {retries} after {why}"
+        self._out.append(ev.WaitingReasonsChanged({t.id: t.waiting_reason}))
+        if t.status is TrialStatus.RUNNING:
+            self._to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {retries} in {delay:g} s")
+        self.queue.push_front(self.demand(t), t.not_before)
+
+    def refuse(self, why_by_shape: Mapping[tuple[int, int], str]) -> None:
+        """Fail the waiting trials of the shapes (GPUs, memory per GPU) that can never run."""
+        for tid in list(self.queue):
+            d = self.queue.demand(tid)
+            why = why_by_shape.get((d.gpus, d.gpu_memory_bytes), "")
+            if why:
+                self.queue.remove(tid)
+                self._to(self.trials[tid], TrialStatus.FAILED, f"refused: {why}")
+
+    def fail_unplaceable(self, platform_errors: Mapping[str, str], by_hand: bool) -> None:
+        """Fail the waiting trials that may use only platforms given up on (``by_hand``:
+        agents an operator started still serve unrestricted trials)."""
+        if not platform_errors:
+            return
+        names = [p.name for p in self.policy.platforms]
+        for tid in list(self.queue):
+            t = self.trials[tid]
+            demand = self.demand(t)
+            allowed = [n for n in names if demand.rank(n) is not None]
+            if any(n not in platform_errors for n in allowed) or (not demand.only_these and by_hand):
+                continue
+            self.queue.remove(tid)
+            why = "; ".join(f"{n}: {platform_errors[n]}" for n in allowed)
+            self._to(t, TrialStatus.FAILED, f"no environment could be started: {why}")
+
+    def _to(self, t: TrialState, new: TrialStatus, reason: str) -> None:
+        check_trial(t.status, new)
+        old = t.status
+        t.status = new
+        if new.terminal or reason:
+            t.reason = reason
+        if new.terminal:
+            t.ended_at = t.ended_at or self.wall
+        ended_at = t.ended_at if new.terminal else None
+        self._out.append(ev.TrialStatusChanged(t.id, old.value, new, t.reason, reason, ended_at))
+        log.info("trial %s: %s -> %s%s", t.id, old.value, new.value, f" ({reason})" if reason else "")
+        self._out.append(ev.Publish(StatusEvent(t.info(), old)))
+
+    # ---- after a crash -----------------------------------------------------------------------
+
+    def restore(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """The trials as the store kept them. A row an older or broken version wrote badly
+        is taken as far as it can be read; it never stops a resume."""
+        for r in rows:
+            status = _enum(TrialStatus, r["status"])
+            parameters = _json(r["parameters_json"], None)
+            unreadable = [what for what, bad in (
+                ("status", status is None), ("parameters", not isinstance(parameters, dict))
+            ) if bad]
+            gpu_number = int(r["gpu_number"] or 0)
+            t = TrialState(
+                id=r["id"], seq=r["seq"], status=status or TrialStatus.FAILED,
+                parameters=parameters if isinstance(parameters, dict) else {}, command=r["command"],
+                gpu_number=gpu_number, submitted_at=r["submitted_at"],
+                gpu_memory=self.policy.trial_gpu_memory if gpu_number else 0, env_id=r["environment_id"],
+                gpu_indices=tuple(_json(r["gpu_indices_json"], [])),
+                gpu_uuids=tuple(_json(r["gpu_uuids_json"], [])),
+                exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
+                final_metric=r["final_metric"], final_metric_json=r["final_metric_json"],
+                attempts=r["attempts"], started_at=r["started_at"], ended_at=r["ended_at"],
+                platforms=_platforms(r.get("platforms_json")),
+            )
+            if unreadable and (status is None or not status.terminal):
+                # Not run again with what cannot be read: failed, and the store says why.
+                t.status, t.env_id = TrialStatus.FAILED, None
+                t.reason = f"its stored {' and '.join(unreadable)} cannot be read; not resumed"
+                t.ended_at = t.ended_at or self.wall
+                self._out.append(ev.TrialStatusChanged(
+                    t.id, str(r["status"]), t.status, t.reason, t.reason, t.ended_at
+                ))
+                log.warning("trial %s: %s", t.id, t.reason)
+            self.trials[t.id] = t
+            self._next_seq = max(self._next_seq, t.seq + 1)
+
+    def restore_lost_placement(self, trial_id: str) -> None:
+        """After a crash: the environment ``trial_id`` was placed on ended meanwhile."""
+        t = self.trials[trial_id]
+        t.env_id, t.gpu_indices = None, ()
+        if t.status is not TrialStatus.WAITING:
+            self._to(t, TrialStatus.FAILED, "environment lost: it ended while the coordinator was down")
+
+    def requeue_unplaced(self) -> None:
+        """After a crash: the live trials placed nowhere wait again, in submission order."""
+        for t in sorted(self.trials.values(), key=lambda t: t.seq):
+            if not t.status.terminal and t.env_id is None:
+                self.queue.append(self.demand(t))
+
+
+def _all_finite(numbers: Iterable[float]) -> bool:
+    """Whether every number is finite, found in C: a sum of finite numbers is finite
+    unless it overflows, and then the numbers are looked at one by one."""
+    try:
+        return math.isfinite(math.fsum(numbers))
+    except OverflowError:
+        return False
+
+
+def _loads(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _platforms(raw: Any) -> tuple[str, ...]:
+    found = _json(raw, [])
+    return tuple(p for p in found if isinstance(p, str)) if isinstance(found, list) else ()
+
+
+def _json(raw: Any, default: Any) -> Any:
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        return default
+
+
+def _enum(kind: Any, raw: Any) -> Any:
+    try:
+        return kind(raw)
+    except ValueError:
+        return None

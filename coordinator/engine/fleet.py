@@ -1,0 +1,448 @@
+"""The fleet: environments and their agents. Environments started and replaced, agents
+joining and leaving, heartbeats and GPU samples, what the platform observes, drain.
+
+One of the engine's three machines (with the trials' book and the supply). It knows the
+trials each environment holds by id, and the capacity the scheduler places on; the plain
+arithmetic is in ``environments.py``. Its instructions gather in its own list, which the
+engine takes after each call. Nothing here does I/O or reads a clock."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import environments, scheduler
+from . import events as ev
+from .environments import Joined, Lost, heartbeat_scale
+from .model import EnvState
+from .policy import PlatformPolicy, Policy
+from .states import EnvStatus, check_env
+
+__all__ = ["Fleet", "Joined", "Lost", "heartbeat_scale"]
+
+log = logging.getLogger(__name__)
+
+_STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
+
+
+class Fleet:
+    """The state of one experiment's environments, and every decision on them."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.envs: dict[str, EnvState] = {}
+        self.stopping = False
+        # Platforms that could not be prepared: their environments (adopted on a resume)
+        # take no trial, which would find no code there.
+        self._unprepared = {p.name for p in policy.platforms if p.unusable}
+        self.beat_scale = 1.0
+        # What the scheduler sees of each environment, brought up to date for those that
+        # changed (``_stale``); ``_changed`` is handed to the waiting trials' index.
+        self._views: dict[str, scheduler.EnvCapacity] = {}
+        self._stale: set[str] = set()
+        self._changed: set[str] = set()
+        self._env_counter = 0
+        self._start_failures: list[str] = []  # the platforms of starts that failed, in order
+        self._linked: set[str] = set()
+        self._closing: set[int] = set()  # links closed here, not yet reported disconnected
+        # Bumped when an environment's status or agent changes: what _gpus_offered() answered
+        # holds until then (every submit asks; a walk over 10,000 environments was quadratic).
+        self._env_generation = 0
+        self._offered: tuple[tuple[int, int], int | None] | None = None
+        self._gpu_rows: list[Any] = []
+        self._out: list[ev.Instruction] = []
+        self.now = 0.0
+        self.wall = 0.0
+
+    def take(self) -> list[ev.Instruction]:
+        """The instructions of the calls since the last take."""
+        out, self._out = self._out, []
+        return out
+
+    def take_changed(self) -> set[str]:
+        """The environments whose capacity may have changed since the last take."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def take_start_failures(self) -> list[str]:
+        """The platforms of the environments that failed to start, since the last take."""
+        failed, self._start_failures = self._start_failures, []
+        return failed
+
+    def take_gpu_rows(self) -> None:
+        """The GPU samples kept since the last tick, stored in one go."""
+        if self._gpu_rows:
+            rows, self._gpu_rows = tuple(self._gpu_rows), []
+            self._out.append(ev.StoreGpuSamples(rows))
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.policy.heartbeat_interval_s * self.beat_scale
+
+    @property
+    def gpu_sample_interval(self) -> float:
+        """How often GPU samples are kept, and sent at least (agent/beats.py): stretched with
+        the heartbeats, so that a fleet of any size sends and stores as many per second."""
+        return environments.GPU_SAMPLE_INTERVAL_S * self.beat_scale
+
+    def live_envs(self) -> list[EnvState]:
+        return [e for e in self.envs.values() if not e.status.terminal]
+
+    def section(self, env_id: str) -> PlatformPolicy:
+        return self.policy.section(self.envs[env_id].platform)
+
+    def writes_own_logs(self, env_id: str) -> bool:
+        """Its agent writes the trial log files the coordinator reads (a shared file system)."""
+        env = self.envs[env_id]
+        return self.policy.section(env.platform).shares_filesystem and env.started_here
+
+    def by_hand(self) -> bool:
+        """Whether agents an operator started (of no configured platform) are live."""
+        names = {p.name for p in self.policy.platforms}
+        return any(e.platform not in names for e in self.live_envs())
+
+    def never_fits(self, gpus: int, memory: int = 0) -> str:
+        """Why a trial asking for ``gpus`` GPUs with ``memory`` bytes each could never run
+        here, or '' when it could (or when only agents yet to register can tell)."""
+        if gpus == 0:
+            return ""
+        return environments.never_fits(self.envs.values(), self._gpus_offered(), gpus, memory)
+
+    def all_registered(self) -> bool:
+        """No environment is still on its way: what fits can be told of every trial."""
+        return not any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self.envs.values())
+
+    def _gpus_offered(self) -> int | None:
+        stamp = (len(self.envs), self._env_generation)
+        if self._offered is None or self._offered[0] != stamp:
+            self._offered = (stamp, environments.gpus_offered(self.envs.values(), self.policy))
+        return self._offered[1]
+
+    # ---- capacity ----------------------------------------------------------------------------
+
+    def views(self) -> Mapping[str, scheduler.EnvCapacity]:
+        """What the scheduler places on, up to date."""
+        views = self._views
+        if len(views) != len(self.envs):
+            for env in self.envs.values():
+                if env.id not in views:
+                    views[env.id] = scheduler.EnvCapacity(env.id, env.trial_slots, env.holders, platform=env.platform)
+                    self._stale.add(env.id)
+                    self._changed.add(env.id)
+        for env_id in self._stale:
+            environments.refresh_view(views[env_id], self.envs[env_id], self._unprepared)
+        self._stale = set()
+        return views
+
+    def running(self) -> int:
+        return sum(len(e.holders) for e in self.envs.values())
+
+    def occupied(self, env_id: str, trial_id: str) -> None:
+        """The scheduler placed ``trial_id`` on ``env_id`` (its slot and GPUs are taken)."""
+        env = self.envs[env_id]
+        if env.single_use:
+            env.used = True
+        if env.status is EnvStatus.READY:
+            self._to(env, EnvStatus.BUSY, f"trial {trial_id} placed")
+
+    def release(self, env_id: str, trial_id: str, *, processes_gone: bool = False,
+                still_in_use: Iterable[str] = ()) -> None:
+        """The trial no longer takes a slot of ``env_id``. Its GPUs are released too, except
+        those on which the agent still sees its processes (``still_in_use``, from its
+        TrialEnded): they stay held until a heartbeat shows them gone. ``processes_gone``:
+        the whole environment is gone, release everything."""
+        env = self.envs[env_id]
+        env.holders.discard(trial_id)
+        self._changed_env(env)
+        in_use = {} if processes_gone else {u: {trial_id} for u in still_in_use}
+        scheduler.trial_ended(env.gpus, trial_id, in_use)
+        if env.status is EnvStatus.BUSY and not env.holders:
+            self._to(env, EnvStatus.READY, f"trial {trial_id} ended")
+
+    def trial_done(self, env_id: str) -> None:
+        """A trial of ``env_id`` ended: an environment without reuse goes with it."""
+        env = self.envs[env_id]
+        if env.single_use:
+            self.shutdown(env, drain=True, reason="its trial ended (reuse mode is off)")
+
+    def _drop_holders(self, env: EnvState) -> tuple[str, ...]:
+        held = tuple(env.holders)
+        for tid in held:
+            self.release(env.id, tid, processes_gone=True)
+        return held
+
+    def _changed_env(self, env: EnvState) -> None:
+        """What ``env`` can take may have changed (a slot or GPU freed, its agent came or
+        went, its status moved): the next pass looks at it."""
+        self._stale.add(env.id)
+        self._changed.add(env.id)
+
+    # ---- agents ------------------------------------------------------------------------------
+
+    def send(self, env_id: str, message: ev.ToAgent) -> None:
+        env = self.envs.get(env_id)
+        if env is not None and env.link is not None:
+            self._out.append(ev.Send(env.link, message))
+
+    def register(self, reg: ev.AgentRegistered) -> Joined | None:
+        """An agent registered: None when it is refused."""
+        env = self.envs.get(reg.env_id)
+        refused = environments.refusal(env, reg, stopping=self.stopping, reuse=self.policy.reuse,
+                                       closing=self._closing)
+        if refused is not None:
+            return self._out.append(ev.RefuseAgent(reg.env_id, *refused))
+        if env is None:
+            # An operator started this agent by hand: it joins as an extra environment.
+            self._saw_env_id(reg.env_id)
+            env = self._new_env(reg.env_id, platform=reg.platform or "manual", status=EnvStatus.STARTING)
+            env.started_here = False
+        if env.link is not None and env.link not in self._closing:
+            self._close(env.link)  # the same agent reconnected before its old stream was noticed dead
+        new_instance = env.instance_id != reg.instance_id
+        lost: tuple[str, ...] = ()
+        if new_instance:
+            if env.instance_id:
+                lost = self._drop_holders(env)  # its agent restarted: its trials are gone
+            env.instance_id = reg.instance_id
+            self._env_generation += 1
+            env.last_seq = 0
+            environments.registered_gpus(env, reg, self.policy.section(env.platform))
+            self._out.append(ev.AgentJoined(env.id, reg.hostname, env.instance_id, dict(reg.info)))
+        env.hostname = reg.hostname
+        env.link = reg.link
+        self._changed_env(env)
+        self._out.append(ev.AgentConnected(env.id, True))
+        self._linked.add(env.id)
+        env.last_seen = self.now
+        if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
+            self._to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
+            if env.holders:
+                self._to(env, EnvStatus.BUSY, f"it runs {len(env.holders)} trial(s)")
+        return Joined(env.id, env.platform, reg.link, new_instance, lost, tuple(env.holders))
+
+    def welcome(self, joined: Joined, unwanted: tuple[str, ...]) -> None:
+        """The agent's first message: what it must stop, how often to beat."""
+        env = self.envs[joined.env_id]
+        self._out.append(ev.Send(joined.link, ev.Welcome(
+            self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval
+        )))
+
+    def disconnected(self, d: ev.AgentDisconnected) -> None:
+        self._closing.discard(d.link)
+        env = self.envs.get(d.env_id)
+        if env is None or env.link != d.link:
+            return
+        env.link = None
+        self._changed_env(env)
+        self._out.append(ev.AgentConnected(env.id, False))
+        self._linked.discard(env.id)
+        log.info("environment %s: agent stream closed", env.id)
+        self.rescale_heartbeats()
+        self._out.append(ev.PollSoon())  # did its process exit? Ask the platform now
+
+    def _close(self, link: int) -> None:
+        self._closing.add(link)
+        self._out.append(ev.CloseLink(link))
+
+    def rescale_heartbeats(self) -> None:
+        """Stretch (or shrink back) the heartbeat interval to the number of connected agents,
+        with headroom so that a growing fleet changes it a few times, not on every join;
+        connected agents are told at once."""
+        policy, connected = self.policy, len(self._linked)
+        scale = heartbeat_scale(self.beat_scale, connected, policy.heartbeat_interval_s,
+                                policy.max_heartbeats_per_second)
+        if scale is None:
+            return
+        self.beat_scale = scale
+        self._out.append(ev.HeartbeatsRescaled(self.heartbeat_interval, connected))
+        message = ev.Settings(self.heartbeat_interval, self.gpu_sample_interval)
+        for e in self.envs.values():
+            if e.link is not None and e.link not in self._closing:
+                self._out.append(ev.Send(e.link, message))
+
+    def heard(self, env_id: str, link: int) -> EnvState | None:
+        """The agent on ``link`` spoke: alive. None for a stream that was replaced."""
+        env = self.envs.get(env_id)
+        if env is None or env.link != link:
+            return None
+        env.last_seen = self.now
+        if env.status is EnvStatus.LOST:
+            self._to(env, EnvStatus.BUSY if env.holders else EnvStatus.READY, "its agent is heard from again")
+        return env
+
+    def numbered(self, m: ev.AgentReported) -> bool:
+        """Whether a numbered message is new (to be applied); a replay is acknowledged."""
+        env = self.heard(m.env_id, m.link)
+        if env is None:
+            return False
+        if m.seq == 0:
+            log.warning("environment %s sent a message without a sequence number; ignored", env.id)
+            return False
+        if m.seq <= env.last_seq:
+            self._out.append(ev.Ack(m.link, env.last_seq))  # a replay of something already stored
+            return False
+        return True
+
+    def stored(self, m: ev.AgentReported) -> None:
+        """A numbered message was applied: acknowledged once stored."""
+        self.envs[m.env_id].last_seq = m.seq
+        self._out.append(ev.AgentMessagesStored(m.env_id, m.seq))
+        self._out.append(ev.Ack(m.link, m.seq))
+
+    def heartbeat(self, hb: ev.HeartbeatReceived, *, watch_memory: bool) -> bool:
+        """A heartbeat: whether what the environment can take changed (``watch_memory``:
+        a waiting trial asks for GPU memory, so free memory counts)."""
+        env = self.heard(hb.env_id, hb.link)
+        if env is None:
+            return False
+        changed = False
+        # An agent that says its GPUs are unchanged sent them earlier on this stream (its
+        # first heartbeat carries them): nothing to look at, only that it is alive.
+        if not hb.gpus_unchanged and (hb.gpus or env.gpus):
+            changed = environments.sampled(env, hb.gpus, watch_memory=watch_memory)
+            if changed:
+                self._changed_env(env)
+            if hb.gpus:
+                self._gpu_rows.extend(environments.rows_to_keep(env, hb.gpus, self.now, self.wall,
+                                                              self.gpu_sample_interval))
+        if hb.draining and not env.draining:
+            env.draining = True
+            self._changed_env(env)
+            if env.status in (EnvStatus.READY, EnvStatus.BUSY):
+                self._to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
+        return changed
+
+    # ---- environments ------------------------------------------------------------------------
+
+    def _new_env(self, env_id: str, *, platform: str, status: EnvStatus) -> EnvState:
+        self.envs[env_id] = env = environments.new_env(env_id, platform, status, self.policy, self.now)
+        self._out.append(ev.EnvironmentAdded(env_id, platform, status, self.wall))
+        return env
+
+    def _next_env_id(self) -> str:
+        # Past every id in use: an agent an operator started by hand may have taken one.
+        self._env_counter += 1
+        while f"env-{self._env_counter}" in self.envs:
+            self._env_counter += 1
+        return f"env-{self._env_counter}"
+
+    def _saw_env_id(self, env_id: str) -> None:
+        m = _STARTED_ENV_ID.fullmatch(env_id)
+        if m:
+            self._env_counter = max(self._env_counter, int(m.group(1)))
+
+    def request(self, platform: str) -> None:
+        """Ask ``platform`` for one more environment."""
+        env = self._new_env(self._next_env_id(), platform=platform, status=EnvStatus.REQUESTED)
+        self._out.append(ev.StartEnvironment(env.id))
+
+    def last_failure(self, platform: str) -> str:
+        """Why the last environment of ``platform`` that failed did."""
+        failed = (e for e in reversed(list(self.envs.values()))
+                  if e.platform == platform and e.status is EnvStatus.FAILED)
+        return next((e.reason for e in failed), "")
+
+    def start_answered(self, answer: ev.EnvironmentStarted | ev.EnvironmentStartFailed) -> None:
+        env = self.envs.get(answer.env_id)
+        if env is None or env.status is not EnvStatus.REQUESTED:
+            return
+        if isinstance(answer, ev.EnvironmentStartFailed):
+            self._start_failures.append(env.platform)
+            self._to(env, EnvStatus.FAILED, answer.error)
+        else:
+            env.platform_id = answer.platform_id
+            env.gpu_sharing = answer.gpu_sharing
+            self._out.append(ev.EnvironmentLaunched(env.id, answer.platform_id))
+            self._to(env, EnvStatus.STARTING, f"started ({answer.platform_id})")
+
+    def shutdown(self, env: EnvState, *, drain: bool, reason: str, grace_s: float = 5.0) -> None:
+        if env.shutdown_sent:
+            return
+        env.shutdown_sent = True
+        self._changed_env(env)
+        if env.link is not None:
+            self._out.append(ev.Send(env.link, ev.Shutdown(drain, grace_s, reason)))
+        if env.status in (EnvStatus.READY, EnvStatus.BUSY):
+            self._to(env, EnvStatus.DRAINING, reason)
+        self._out.append(ev.PollSoon())
+
+    def stop(self, grace_s: float) -> None:
+        self.stopping = True
+        for env in self.live_envs():
+            self.shutdown(env, drain=False, reason="the experiment stopped", grace_s=grace_s)
+
+    def stop_completed(self) -> None:
+        for env in self.live_envs():
+            self._to(env, EnvStatus.STOPPED, "the experiment stopped")
+        self.take_gpu_rows()
+
+    def polled(self, observations: Mapping[str, ev.Observation]) -> list[Lost]:
+        """What the platform says of each environment, and the lost-agent timers."""
+        gone: list[Lost] = []
+        for env in self.live_envs():
+            v = environments.observed(env, observations.get(env.id), self.now, self.policy, self.beat_scale)
+            if v is None:
+                continue
+            if v.still_queued:
+                # Waiting on the platform is the platform's business: the agent's start
+                # clock runs from when the platform runs it.
+                env.requested_at = self.now
+                if v.reason != env.reason:
+                    env.reason = v.reason
+                    self._out.append(ev.EnvironmentWaits(env.id, v.reason))
+                continue
+            if v.start_failed:
+                self._start_failures.append(env.platform)
+            if v.lose is not None:
+                gone.append(Lost(env.id, self._drop_holders(env), v.lose, env.platform))
+            if v.status is not None:
+                self._to(env, v.status, v.reason)
+            if v.close and env.link is not None:
+                self._close(env.link)
+            if v.stop_grace_s is not None:
+                self._out.append(ev.StopEnvironment(env.id, v.stop_grace_s))
+        return gone
+
+    def _to(self, env: EnvState, new: EnvStatus, reason: str) -> None:
+        check_env(env.status, new)
+        old = env.status
+        env.status = new
+        self._env_generation += 1
+        self._changed_env(env)
+        env.reason = reason
+        ended_at = self.wall if new.terminal else None
+        self._out.append(ev.EnvironmentStatusChanged(env.id, old.value, new, reason, ended_at))
+        log.info("environment %s: %s -> %s (%s)", env.id, old.value, new.value, reason)
+
+    # ---- after a crash -----------------------------------------------------------------------
+
+    def restore(self, rows: Iterable[Mapping[str, Any]], gpu_sharing: Mapping[str, tuple[int, bool]]) -> None:
+        """The environments as the store kept them (``gpu_sharing``: what their platforms
+        set for them). Those that were up are taken as unreachable until their agents
+        reconnect; the usual timers apply from now."""
+        for r in rows:
+            self._saw_env_id(r["id"])
+            env = environments.restored_env(r, self.policy, gpu_sharing.get(r["id"]), self.now)
+            self.envs[env.id] = env
+            status = env.status
+            if status is EnvStatus.REQUESTED:
+                # Asked for, the platform's answer never recorded: no answer will come now.
+                # Failed, so that it is replaced and the sweep removes what the platform made.
+                self._to(env, EnvStatus.FAILED, "the coordinator restarted before the platform accepted it")
+            elif status in (EnvStatus.READY, EnvStatus.BUSY, EnvStatus.DRAINING):
+                env.draining, env.status = status is EnvStatus.DRAINING, EnvStatus.LOST
+                env.reason = "the coordinator restarted"
+                self._out.append(ev.EnvironmentStatusChanged(env.id, status.value, env.status, env.reason))
+
+    def hold_restored(self, env_id: str | None, trial_id: str, gpu_uuids: tuple[str, ...],
+                      gpu_indices: tuple[int, ...]) -> tuple[str, ...] | None:
+        """After a crash: ``trial_id`` was placed on ``env_id``, which holds it again (its
+        GPUs' UUIDs returned), or None when that environment is gone."""
+        host = self.envs.get(env_id or "")
+        if host is None or host.status.terminal:
+            return None
+        return environments.hold(host, trial_id, gpu_uuids, gpu_indices)

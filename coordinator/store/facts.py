@@ -1,0 +1,104 @@
+"""What each fact the decision core records becomes in the store: its rows, columns and JSON.
+
+The core says what happened in its own words (``engine/events.py``, the facts); this table
+is the one place that knows how the store keeps each. :meth:`Store.keep` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine import events as ev
+
+
+@dataclass(frozen=True)
+class Insert:
+    table: str
+    row: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Update:
+    table: str
+    row_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A line of an entity's history (the ``events`` table)."""
+
+    entity: str  # "trial" | "environment"
+    entity_id: str
+    old: str
+    new: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class WaitingReasons:
+    reasons: Mapping[str, str]
+
+
+Write = Insert | Update | Transition | WaitingReasons
+
+
+def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
+    row = {
+        "id": f.trial_id, "seq": f.seq, "status": f.status.value, "parameters_json": json.dumps(f.parameters),
+        "command": f.command, "gpu_number": f.gpu_number, "submitted_at": f.submitted_at,
+    }
+    if f.platforms:
+        row["platforms_json"] = json.dumps(list(f.platforms))
+    return (Insert("trials", row),)
+
+
+def _trial_status(f: ev.TrialStatusChanged) -> tuple[Write, ...]:
+    fields: dict[str, Any] = {"status": f.new.value, "reason": f.reason}
+    if f.ended_at is not None:
+        fields["ended_at"] = f.ended_at
+    return Update("trials", f.trial_id, fields), Transition("trial", f.trial_id, f.old, f.new.value, f.because)
+
+
+def _env_status(f: ev.EnvironmentStatusChanged) -> tuple[Write, ...]:
+    fields = {"status": f.new.value, "reason": f.reason, "ended_at": f.ended_at}
+    return Update("environments", f.env_id, fields), Transition("environment", f.env_id, f.old, f.new.value, f.reason)
+
+
+#: Each fact's writes, by its type.
+WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
+    ev.TrialAdded: _trial_added,
+    ev.TrialStatusChanged: _trial_status,
+    ev.TrialPlaced: lambda f: (Update("trials", f.trial_id, {
+        "environment_id": f.env_id, "gpu_indices_json": json.dumps(list(f.gpu_indices)),
+        "gpu_uuids_json": json.dumps(list(f.gpu_uuids)), "attempts": f.attempts,
+    }),),
+    ev.TrialRan: lambda f: (Update("trials", f.trial_id, {"started_at": f.started_at}),),
+    ev.TrialStopping: lambda f: (Update("trials", f.trial_id, {"reason": f.reason, "stopping": 1}),),
+    ev.TrialExited: lambda f: (Update("trials", f.trial_id, {
+        "exit_code": f.exit_code, "signal": f.signal, "stderr_tail": f.stderr_tail, "ended_at": f.ended_at,
+    }),),
+    ev.FinalResultSet: lambda f: (Update("trials", f.trial_id, {
+        "final_metric": f.value, "final_metric_json": f.value_json,
+    }),),
+    ev.WaitingReasonsChanged: lambda f: (WaitingReasons(f.reasons),),
+    ev.EnvironmentAdded: lambda f: (Insert("environments", {
+        "id": f.env_id, "platform": f.platform, "status": f.status.value, "created_at": f.created_at,
+    }),),
+    ev.EnvironmentStatusChanged: _env_status,
+    ev.EnvironmentLaunched: lambda f: (Update("environments", f.env_id, {"platform_id": f.platform_id}),),
+    ev.EnvironmentWaits: lambda f: (Update("environments", f.env_id, {"reason": f.reason}),),
+    ev.AgentJoined: lambda f: (Update("environments", f.env_id, {
+        "hostname": f.hostname, "agent_instance_id": f.instance_id, "last_seq": 0,
+        "info_json": json.dumps(dict(f.info)),
+    }),),
+    ev.AgentConnected: lambda f: (Update("environments", f.env_id, {"connected": int(f.connected)}),),
+    ev.AgentMessagesStored: lambda f: (Update("environments", f.env_id, {"last_seq": f.last_seq}),),
+}
+
+
+def writes_of(fact: ev.Fact) -> tuple[Write, ...]:
+    return WRITES[type(fact)](fact)
