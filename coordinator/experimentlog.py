@@ -12,8 +12,10 @@ NNI's algorithms log under the ``nni`` logger; their warnings and errors join th
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import sys
 from pathlib import Path
 
 #: The file's name in the experiment directory: warnings and errors, tracebacks included.
@@ -46,9 +48,27 @@ def leave(token: contextvars.Token[str | None]) -> None:
     current_experiment.reset(token)
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """A file handler that stays quiet when its file cannot be written (a full disk): the
+    records it loses are on the console too, and Python's ``--- Logging error ---`` report
+    with its traceback for every record would bury the one line that says what happened."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            super().flush()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            super().close()
+
+
 def open_log(experiment_id: str, experiment_dir: Path) -> logging.Handler:
     """Start writing the experiment's warnings and errors to its ``experiment.log``."""
-    handler = logging.FileHandler(experiment_dir / LOG_FILENAME, encoding="utf-8")
+    handler = _QuietFileHandler(experiment_dir / LOG_FILENAME, encoding="utf-8")
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_ThisExperiment(experiment_id))
