@@ -33,6 +33,7 @@ from .services.base import EnvironmentRequest, EnvironmentService
 from .services.hybrid import HybridEnvironmentService
 from .shell import Shell
 from .store.lock import ExperimentLock
+from .store.reads import StoreReader
 from .store.store import Store
 from .transport import tls as tls_identity
 from .transport.server import Servicer, create_server
@@ -144,7 +145,7 @@ class Coordinator:
         redacted secret, or a variable missing there, raises CoordinatorError naming each.
         """
         experiment_dir = Path(experiment_dir).resolve()
-        store = Store.in_dir(experiment_dir, readonly=True)
+        store = StoreReader.in_dir(experiment_dir)
         try:
             exp = store.experiment()
             stored = ReadModel(store).stored_config()  # None when unreadable

@@ -21,7 +21,7 @@ from trialkeeper.agent import nnicompat
 from ..read.model import ReadModel
 from ..store.index import record_or_warn
 from ..store.lock import DirectoryInUse, ExperimentLock
-from ..store.store import Store, StoreError
+from ..store.reads import StoreError, holds_experiment
 from ..ui.commands import add_commands as add_ui_commands
 from ..ui.commands import add_ui_option, dashboard_starter
 from .ended import ENDED_EXIT, resume_refusal, stop_note
@@ -161,7 +161,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if config is not None and config.log_level and args.log_level is None:
             logging.getLogger().setLevel(_NNI_LOG_LEVELS[config.log_level])
         if config is None:
-            if not (args.resume_dir / Store.FILENAME).is_file():
+            if not holds_experiment(args.resume_dir):
                 print(f"trialkeeper: no experiment to resume in {args.resume_dir}", file=sys.stderr)
                 return 1
             from ..core import Coordinator
@@ -179,7 +179,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             for issue in e.issues:
                 print(f"  {issue}", file=sys.stderr)
         return 2
-    if args.resume_dir is not None and (args.resume_dir / Store.FILENAME).is_file():
+    if args.resume_dir is not None and holds_experiment(args.resume_dir):
         refusal = resume_refusal(args.resume_dir, config, config_given=args.config is not None)
         if refusal:  # it has ended: no agent is started only to be told so
             print(f"trialkeeper: {refusal}", file=sys.stderr)
@@ -357,7 +357,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 def _experiment_dir(target: str, working_directory: Path) -> Path | None:
     """The directory of an experiment named by its directory or by its id."""
     for candidate in (Path(target).expanduser(), working_directory / target):
-        if (candidate / Store.FILENAME).is_file():
+        if holds_experiment(candidate):
             return candidate.resolve()
     return None
 

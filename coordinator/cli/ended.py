@@ -11,7 +11,7 @@ from ..config.experiment import ExperimentConfig
 from ..engine.model import TrialInfo
 from ..engine.states import TrialStatus
 from ..read.model import ReadModel
-from ..store.store import Store
+from ..store.reads import StoreReader
 
 #: The exit status of a ``resume`` refused because the experiment has ended: nothing ran.
 ENDED_EXIT = 3
@@ -25,7 +25,7 @@ def resume_refusal(experiment_dir: Path, config: ExperimentConfig, config_given:
     One that crashed, was stopped or failed is carried on. One that reached its end is
     carried on only with a config (``resume --config``) that raises a limit it reached:
     otherwise it would start agents only to find there is nothing to do."""
-    store = Store.in_dir(experiment_dir, readonly=True)
+    store = StoreReader.in_dir(experiment_dir)
     try:
         exp = store.experiment()
         counts = store.trial_counts()

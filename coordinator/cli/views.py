@@ -26,7 +26,7 @@ from ..read.model import (
 )
 from ..read.pages import MAX_PAGE, PageError, trial_page
 from ..read.results import result_keys, trial_results
-from ..store.store import StoreError
+from ..store.reads import StoreError
 
 
 class _Console(Console):

@@ -22,8 +22,9 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from ..engine.model import TrialInfo
+from ..engine.rows import GpuSampleRow
 from ..engine.states import EnvStatus, TrialStatus
-from ..store.store import GpuSampleRow, Store, StoreError
+from ..store.reads import StoreError, StoreReader, holds_experiment
 
 # One picture of a trial, live or stored: the core's (see engine/model.py).
 TrialSnapshot = TrialInfo
@@ -290,13 +291,13 @@ class ReadModel:
     """Snapshots of the experiment a store holds. Open one with :meth:`open` (read-only, for
     any process), or give it the live coordinator's own store."""
 
-    def __init__(self, store: Store, experiment_dir: Path | None = None) -> None:
+    def __init__(self, store: StoreReader, experiment_dir: Path | None = None) -> None:
         self.store = store
         self.experiment_dir = experiment_dir if experiment_dir is not None else store.path.parent
 
     @classmethod
     def open(cls, experiment_dir: Path) -> ReadModel:
-        return cls(Store.in_dir(experiment_dir, readonly=True), experiment_dir)
+        return cls(StoreReader.in_dir(experiment_dir), experiment_dir)
 
     def close(self) -> None:
         self.store.close()
@@ -471,7 +472,7 @@ def list_experiments(directory: Path) -> list[ExperimentSnapshot]:
     cannot be read at all is listed with its directory name as id and the error."""
     found = []
     try:
-        children = sorted(p for p in directory.iterdir() if (p / Store.FILENAME).is_file())
+        children = sorted(p for p in directory.iterdir() if holds_experiment(p))
     except OSError:
         return []
     for child in children:

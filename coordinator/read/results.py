@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from ..store.store import StoreError
+from ..store.reads import StoreError
 from .model import ReadModel
 
 __all__ = ["reported", "result_keys", "trial_results"]

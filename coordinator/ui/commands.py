@@ -79,14 +79,14 @@ def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: C
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from ..store.store import Store
+    from ..store.reads import holds_experiment
 
     try:
         from .server import DashboardError, parse_address, serve_forever
     except ImportError:
         _err(INSTALL_HINT)
         return 1
-    if not (args.experiment_dir / Store.FILENAME).is_file():
+    if not holds_experiment(args.experiment_dir):
         _err(f"no experiment in {args.experiment_dir}")
         return 1
     try:

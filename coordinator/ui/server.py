@@ -32,7 +32,7 @@ from aiohttp import web
 
 from ..read.model import ReadModel
 from ..read.pages import PageError
-from ..store.store import StoreError
+from ..store.reads import StoreError
 from . import views
 from .live import LiveChanges
 from .metrics import metrics_text

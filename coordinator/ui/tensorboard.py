@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..read.model import ReadModel, TrialSnapshot
-from ..store.store import Store
+from ..store.reads import holds_experiment
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def _remote_location(platform: str, hostname: str, config: dict[str, Any] | None
 
 def build_logdir(experiment_dir: Path, trial_ids: list[str], logdir: Path | None = None) -> LogdirPlan:
     """Make (or refresh) the log directory; returns what it holds and what it could not."""
-    if not (experiment_dir / Store.FILENAME).is_file():
+    if not holds_experiment(experiment_dir):
         raise TensorboardError(f"no experiment in {experiment_dir}")
     with ReadModel.open(experiment_dir) as model:
         trials = [model.trial(t) for t in trial_ids] if trial_ids else list(model.trials())
