@@ -244,7 +244,9 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
     def redact(self, text: str) -> str:
         """``text`` with every secret this service knows (tokens, keys) replaced by ``***``."""
         for secret in self._secrets:
-            text = text.replace(secret, "***")
+            # One or two characters would garble every message; no token or key is that short.
+            if len(secret) > 2:
+                text = text.replace(secret, "***")
         return text
 
     # ---- inside ---------------------------------------------------------------------
