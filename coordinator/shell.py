@@ -23,6 +23,7 @@ from trialkeeper.agent.trialfiles import append_note
 from .engine import events as ev
 from .engine.engine import Engine
 from .engine.model import MetricEvent, StatusEvent
+from .exitcheck import ExitCheck
 from .services.base import EnvironmentRequest, EnvironmentService
 from .store.store import Store
 
@@ -101,6 +102,8 @@ class Shell:
         self._check_now = False
         self._refused_logs: set[tuple[str, str]] = set()
         self._monitor: asyncio.Task[None] | None = None
+        # Polls again soon after a stream's end while the platform still says its agent runs.
+        self._exit_check = ExitCheck(horizon_s=0.5)
 
     # ---- feeding the engine ------------------------------------------------------------------
 
@@ -271,6 +274,7 @@ class Shell:
             return  # a stream that ends after the experiment did: the store is closed
         self.drain_inbox()
         self.handle(ev.AgentDisconnected(env_id, link.id))
+        self._exit_check.stream_ended(env_id, time.monotonic())
 
     def drain_inbox(self) -> None:
         self._inbox_pending = False
@@ -353,6 +357,7 @@ class Shell:
         self.pass_stats = (count + 1, total + took, took)
 
     def start_monitor(self, interval: float) -> None:
+        self._exit_check.horizon_s = interval
         self._monitor = self.spawn(self._monitor_loop(interval), "the monitor")
 
     async def stop_monitor(self) -> None:
@@ -371,14 +376,17 @@ class Shell:
             # Not asyncio.wait_for: before Python 3.12 it swallows a cancel that arrives as the
             # event is set (stop() does both), and stop() would wait on this loop forever.
             woken = asyncio.ensure_future(self._monitor_wake.wait())
+            recheck = self._exit_check.due_in(time.monotonic())
+            timeout = interval if recheck is None else min(interval, recheck)
             try:
-                await asyncio.wait({woken}, timeout=interval)
+                await asyncio.wait({woken}, timeout=timeout)
             finally:
                 woken.cancel()
             self._monitor_wake.clear()
             # A poll asks the platform about every environment: once per tick, or at once when
             # an agent's stream closed, not on every change.
-            if self._check_now or time.monotonic() - checked_at >= interval:
+            recheck = self._exit_check.due_in(time.monotonic())
+            if self._check_now or recheck == 0.0 or time.monotonic() - checked_at >= interval:
                 self._check_now = False
                 checked_at = time.monotonic()
                 await self._poll()
@@ -388,14 +396,20 @@ class Shell:
     async def _poll(self) -> None:
         live = self.engine.live_envs()
         if not live:
+            self._exit_check.polled({}, time.monotonic(), self._connected)
             return
         try:
             seen = await self.service.poll([e.id for e in live])
         except Exception:  # a service must return errors as data; the timers still run
             log.exception("environment service %s raised on poll; will try again", self.service.platform)
             seen = {}
+        self._exit_check.polled(seen, time.monotonic(), self._connected)
         self.drain_inbox()
         self.handle(ev.EnvironmentsPolled(seen))
+
+    def _connected(self, env_id: str) -> bool:
+        env = self.engine.envs.get(env_id)
+        return env is not None and env.link is not None
 
     async def _start_env(self, env_id: str) -> None:
         try:
