@@ -21,7 +21,7 @@ import math
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -31,7 +31,7 @@ from . import nnicompat, processes, trialfiles
 from . import trial as sdk
 from .codecopy import copy_tree, prune_copy
 from .metric_socket import MetricSocket
-from .trialfiles import TRIAL_CODE_DIR
+from .trialfiles import TRIAL_CODE_DIR, TrialSpec
 from .warm import WarmProcess, WarmStarter
 
 log = logging.getLogger(__name__)
@@ -52,23 +52,6 @@ STRAY_GRACE_S = 2.0
 REAP_INTERVAL_S = 1.0
 # How long a pid stays attributed to its trial after it was last seen alive.
 ATTRIBUTION_MEMORY_S = 300.0
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    trial_id: str
-    sequence_id: int
-    experiment_id: str
-    command: str
-    parameters_json: str
-    env: dict[str, str] = field(default_factory=dict)
-    gpu_indices: tuple[int, ...] = ()
-    # CUDA_VISIBLE_DEVICES for them (see gpu.cuda_visible_devices); "" for none.
-    visible_devices: str = ""
-    working_directory: str = ""
-    max_duration_s: float = 0.0
-    attempt: int = 0
-    first_metric_index: int = 0
 
 
 @dataclass(frozen=True)

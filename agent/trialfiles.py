@@ -10,17 +10,31 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import nnicompat
 from . import trial as sdk
 
-if TYPE_CHECKING:
-    from .runner import TrialSpec
-
 # Where a trial's copy of its working directory goes, under its trial directory.
 TRIAL_CODE_DIR = "code"
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    trial_id: str
+    sequence_id: int
+    experiment_id: str
+    command: str
+    parameters_json: str
+    env: dict[str, str] = field(default_factory=dict)
+    gpu_indices: tuple[int, ...] = ()
+    # CUDA_VISIBLE_DEVICES for them (see gpu.cuda_visible_devices); "" for none.
+    visible_devices: str = ""
+    working_directory: str = ""
+    max_duration_s: float = 0.0
+    attempt: int = 0
+    first_metric_index: int = 0
 
 
 def prepare(

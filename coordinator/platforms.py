@@ -30,14 +30,10 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .config.platform import TrainingServiceConfig
 from .config.walk import register_variants, specs
-
-if TYPE_CHECKING:
-    from .config.experiment import ExperimentConfig
-    from .services.base import EnvironmentService
 
 __all__ = [
     "BUILTIN",
@@ -45,7 +41,7 @@ __all__ = [
     "TRAINING_SERVICES",
     "Platform",
     "PlatformLoadError",
-    "create_service",
+    "factory",
     "platform",
     "platform_names",
     "register_training_service",
@@ -55,7 +51,12 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "trialkeeper.environment_services"
 
-Factory = Callable[["ExperimentConfig", Path], "EnvironmentService[Any]"]
+# (config, experiment directory) -> its EnvironmentService: a plug-in of the older form.
+Factory = Callable[[Any, Path], Any]
+
+# The contract every service implements, named as the services are: the registry is below
+# the config and the services, and imports neither.
+_SERVICE_BASE = "trialkeeper.coordinator.services.base:EnvironmentService"
 
 
 class PlatformLoadError(ImportError):
@@ -93,20 +94,13 @@ class Platform:
         _check_config_class(cls, self.name)
         return typing.cast(type[TrainingServiceConfig], cls)
 
-    def service_class(self) -> type[EnvironmentService[Any]]:
-        """The service class, imported now (with its SDK)."""
-        from .services.base import EnvironmentService
-
+    def service_class(self) -> type[Any]:
+        """The service class (an EnvironmentService), imported now (with its SDK)."""
+        base = _load(_SERVICE_BASE, "the service contract")
         cls = _load(self.service, f"platform {self.name!r}: service")
-        if not (isinstance(cls, type) and issubclass(cls, EnvironmentService)):
+        if not (isinstance(cls, type) and issubclass(cls, base)):
             raise PlatformLoadError(f"platform {self.name!r}: {self.service} is not an EnvironmentService")
         return cls
-
-    def create_service(self, config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService[Any]:
-        section = config.training_service
-        if not isinstance(section, self.config_class()):
-            raise TypeError(f"platform {self.name!r} takes a {self.config}, not a {type(section).__qualname__}")
-        return self.service_class().from_config(config, section, experiment_dir)
 
 
 def _builtin(name: str, config: str, service: str) -> Platform:
@@ -278,12 +272,6 @@ def register_training_service(cls: _TS) -> _TS:
     return cls
 
 
-def create_service(config: ExperimentConfig, experiment_dir: Path) -> EnvironmentService[Any]:
-    """The environment service of the config's platform, built from the config."""
-    name = config.training_service.platform
-    found = platform(name)
-    if found is not None:
-        return found.create_service(config, experiment_dir)
-    if name in _factories:
-        return _factories[name](config, experiment_dir)
-    raise ValueError(f"no environment service for platform {name!r}; known: {', '.join(sorted(platform_names()))}")
+def factory(name: str) -> Factory | None:
+    """The factory a plug-in of the older form registered for ``name``, if any."""
+    return _factories.get(name)

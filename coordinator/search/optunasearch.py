@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .. import TrialStatus  # the public API
 from ..config.experiment import without_url_password
-from ..engine.states import TrialStatus
 from .assessors import Assessor, AssessorError
 from .space import SearchSpaceError, validate_search_space
 from .tuners import PastTrial, Tuner, TunerError, normalized

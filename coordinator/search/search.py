@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..engine.states import TrialStatus
+from .. import TrialStatus  # the public API
 from .assessors import Assessor
 from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner
 

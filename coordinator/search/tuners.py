@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator import TrialStatus  # the public API
 from trialkeeper.coordinator.search.space import (
     grid,
     grid_size,

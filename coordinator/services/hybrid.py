@@ -45,7 +45,7 @@ class HybridEnvironmentService(EnvironmentService[HybridConfig]):
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, platform: HybridConfig, experiment_dir: Path) -> Self:
-        from ..platforms import create_service
+        from . import create_service
 
         # Each platform's service sees the experiment as if it ran on that platform alone.
         return cls({

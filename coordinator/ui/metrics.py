@@ -7,7 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from ..engine.states import EnvStatus, TrialStatus
+from .. import EnvStatus, TrialStatus  # the public API
 from ..read.model import ReadModel
 
 

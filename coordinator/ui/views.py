@@ -14,7 +14,7 @@ from typing import Any
 
 from trialkeeper.agent import nnicompat
 
-from ..engine.states import TrialStatus
+from .. import TrialStatus  # the public API
 from ..read import pages
 from ..read.model import ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..read.pages import GpuPoint

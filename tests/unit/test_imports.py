@@ -41,8 +41,9 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """The modules of MODULES that `name` imports by a statement that can run."""
+def _imports(name: str, path: Path, *, type_checking: bool = False) -> set[str]:
+    """The modules of MODULES that `name` imports by a statement that can run, and with
+    ``type_checking`` those under `if TYPE_CHECKING:` too."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -56,7 +57,7 @@ def _imports(name: str, path: Path) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for stmt in child.orelse:
                     visit_one(stmt)
             else:
@@ -124,6 +125,90 @@ def test_import_graph_has_no_cycle() -> None:
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
     assert graph["trialkeeper.coordinator.config.experiment"], "the walker found no imports: it is broken"
     assert find_cycles(graph) == []
+
+
+def test_no_cycle_at_type_checking_level_either() -> None:
+    graph = {name: _imports(name, path, type_checking=True) for name, path in MODULES.items()}
+    assert find_cycles(graph) == []
+
+
+# ---- the rooms: which layer may import which --------------------------------------------------
+
+C = "trialkeeper.coordinator"
+# The decision core's data, which the store and the read side speak; not its machines.
+CORE_DATA = tuple(f"{C}.engine.{m}" for m in ("events", "rows", "states", "model"))
+# (who, what it must not import, what of that it may): prefixes of module names.
+FORBIDDEN = [
+    ("the core imports nothing outside the core", f"{C}.engine", ("trialkeeper.",), (f"{C}.engine",)),
+    ("the transport takes from the core only its events", f"{C}.transport", (f"{C}.engine", f"{C}.shell",
+     f"{C}.core", f"{C}.store", f"{C}.read"), (f"{C}.engine.events", f"{C}.engine.rows")),
+    ("the store imports none of the engine's machines", f"{C}.store", (f"{C}.engine",), CORE_DATA),
+    ("the read side imports none of the engine's machines", f"{C}.read", (f"{C}.engine", f"{C}.shell",
+     f"{C}.core", f"{C}.store.store"), CORE_DATA),
+    ("the dashboard imports no engine, shell or server", f"{C}.ui", (f"{C}.engine", f"{C}.shell",
+     f"{C}.transport", f"{C}.store.store", f"{C}.core"), ()),
+    ("the CLI imports no engine, shell or writing store", f"{C}.cli", (f"{C}.engine.", f"{C}.shell",
+     f"{C}.store.store"), CORE_DATA),
+    ("the search uses only the public API (and its own config)", f"{C}.search", ("trialkeeper.",),
+     (f"{C}.search", f"{C}.config")),
+    ("services see the core only through their contract", f"{C}.services", (f"{C}.engine.engine",
+     f"{C}.engine.book", f"{C}.engine.fleet", f"{C}.shell", f"{C}.core", f"{C}.store", f"{C}.read"), ()),
+]
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix if prefix.endswith(".") else prefix + ".")
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that breaks a rule of FORBIDDEN, said as 'rule: importer -> imported'.
+    The package face (``trialkeeper.coordinator``, the public API) may always be imported."""
+    found = []
+    for rule, who, banned, allowed in FORBIDDEN:
+        for name, targets in graph.items():
+            if not _under(name, who):
+                continue
+            for t in sorted(targets):
+                if t in (C, "trialkeeper") or _under(t, who) or any(_under(t, a) for a in allowed):
+                    continue
+                if any(_under(t, b) or t.startswith(b) for b in banned):
+                    found.append(f"{rule}: {name} -> {t}")
+    return found
+
+
+def test_the_rules_catch_a_forbidden_import() -> None:
+    assert violations({f"{C}.engine.book": {f"{C}.store.store"}}) == [
+        f"the core imports nothing outside the core: {C}.engine.book -> {C}.store.store"
+    ]
+    assert violations({f"{C}.ui.views": {f"{C}.engine.states"}})
+    assert violations({f"{C}.read.model": {f"{C}.engine.fleet"}})
+    assert not violations({f"{C}.read.model": {f"{C}.engine.model", C}})
+
+
+def test_no_layer_imports_what_it_must_not() -> None:
+    graph = {name: _imports(name, path, type_checking=True) for name, path in MODULES.items()}
+    assert violations(graph) == []
+
+
+_PURE = textwrap.dedent(
+    """
+    import json, sys
+    import trialkeeper.coordinator.engine.engine
+    banned = ("sqlite3", "asyncio", "grpc", "google.protobuf", "trialkeeper.coordinator.store",
+              "trialkeeper.coordinator.read", "trialkeeper.coordinator.services",
+              "trialkeeper.coordinator.platforms", "trialkeeper.coordinator.shell",
+              "trialkeeper.coordinator.transport")
+    print(json.dumps(sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned))))
+    """
+)
+
+
+def test_the_core_is_sealed() -> None:
+    """Importing the engine, in a fresh interpreter, loads no I/O, no gRPC, no store."""
+    out = subprocess.run([sys.executable, "-c", _PURE], capture_output=True, text=True, timeout=60, cwd=REPO,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 # Run in a fresh interpreter: import each module alone (the package's modules cleared
