@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator, CoordinatorError
+from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.experiment import run_experiment
 from trialkeeper.coordinator.store.store import Store
@@ -81,13 +82,13 @@ def test_a_background_task_that_dies_ends_the_experiment_with_the_reason(tmp_pat
         tmp_path, trialConcurrency=1, maxTrialNumber=1, searchSpace={"x": {"_type": "choice", "_value": [1]}},
         coordinator={"heartbeatInterval": 0.2, "agentLostTimeout": 1.0, "trialLostTimeout": 2.0},
     )
-    real = Store.insert_env
+    real = Store.keep
     broken = {"on": False}
 
-    def insert_env(self: Store, env_id: str, platform: str, status: str) -> None:
-        if broken["on"]:
+    def keep(self: Store, fact: ev.Fact) -> None:
+        if broken["on"] and isinstance(fact, ev.EnvironmentAdded):
             raise sqlite3.IntegrityError("UNIQUE constraint failed: environments.id")
-        real(self, env_id, platform, status)
+        real(self, fact)
 
     async def body() -> None:
         stop = asyncio.Event()
@@ -123,11 +124,11 @@ def test_a_background_task_that_dies_ends_the_experiment_with_the_reason(tmp_pat
         finally:
             s.close()
 
-    Store.insert_env = insert_env  # type: ignore[method-assign]
+    Store.keep = keep  # type: ignore[method-assign]
     try:
         run_async(body, timeout=120)
     finally:
-        Store.insert_env = real  # type: ignore[method-assign]
+        Store.keep = real  # type: ignore[method-assign]
 
 
 def test_the_embedding_api_says_why_once_the_experiment_cannot_go_on(tmp_path: Path) -> None:
