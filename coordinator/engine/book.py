@@ -297,6 +297,7 @@ class TrialBook:
     def _retry(self, t: TrialState, why: str) -> None:
         """Put a trial back at the head of the queue, to be placed after a backoff."""
         t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
+        self._out.append(ev.TrialUnplaced(t.id))
         delay = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.attempts - 1))
         t.not_before = self.now + delay
         retries = self.policy.max_trial_retries
@@ -383,7 +384,8 @@ class TrialBook:
     def restore_lost_placement(self, trial_id: str) -> None:
         """After a crash: the environment ``trial_id`` was placed on ended meanwhile."""
         t = self.trials[trial_id]
-        t.env_id, t.gpu_indices = None, ()
+        t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
+        self._out.append(ev.TrialUnplaced(t.id))
         if t.status is not TrialStatus.WAITING:
             self._to(t, TrialStatus.FAILED, "environment lost: it ended while the coordinator was down")
 

@@ -139,6 +139,14 @@ def observed(
     return None
 
 
+def back_from_lost(env: EnvState) -> EnvStatus:
+    """The status of a LOST environment whose agent is back: draining as it was, else busy
+    or ready as its trials say."""
+    if env.draining or env.shutdown_sent:
+        return EnvStatus.DRAINING
+    return EnvStatus.BUSY if env.holders else EnvStatus.READY
+
+
 def registered_gpus(env: EnvState, reg: ev.AgentRegistered, section: PlatformPolicy) -> None:
     """A new agent's GPUs, shared as its platform (or else its section) says."""
     per_gpu, env.use_active_gpu = env.gpu_sharing or section.gpu_sharing

@@ -350,6 +350,13 @@ class TrialPlaced:
 
 
 @dataclass(frozen=True)
+class TrialUnplaced:
+    """It waits again, placed nowhere (a retry, or its environment ended meanwhile)."""
+
+    trial_id: str
+
+
+@dataclass(frozen=True)
 class TrialRan:
     """Its agent started its process."""
 
@@ -479,13 +486,13 @@ class HeartbeatsRescaled:
 
 
 Fact = (
-    TrialAdded | TrialStatusChanged | TrialPlaced | TrialRan | TrialStopping | TrialExited
+    TrialAdded | TrialStatusChanged | TrialPlaced | TrialUnplaced | TrialRan | TrialStopping | TrialExited
     | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
     | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
 )
 
 FACTS = (
-    TrialAdded, TrialStatusChanged, TrialPlaced, TrialRan, TrialStopping, TrialExited,
+    TrialAdded, TrialStatusChanged, TrialPlaced, TrialUnplaced, TrialRan, TrialStopping, TrialExited,
     FinalResultSet, WaitingReasonsChanged, EnvironmentAdded, EnvironmentStatusChanged,
     EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored,
 )

@@ -53,8 +53,7 @@ class Fleet:
         self._offered: tuple[tuple[int, int], int | None] | None = None
         self._gpu_rows: list[Any] = []
         self._out: list[ev.Instruction] = []
-        self.now = 0.0
-        self.wall = 0.0
+        self.now = self.wall = 0.0
 
     def take(self) -> list[ev.Instruction]:
         """The instructions of the calls since the last take."""
@@ -74,8 +73,8 @@ class Fleet:
     def take_gpu_rows(self) -> None:
         """The GPU samples kept since the last tick, stored in one go."""
         if self._gpu_rows:
-            rows, self._gpu_rows = tuple(self._gpu_rows), []
-            self._out.append(ev.StoreGpuSamples(rows))
+            self._out.append(ev.StoreGpuSamples(tuple(self._gpu_rows)))
+            self._gpu_rows = []
 
     # ---- queries -----------------------------------------------------------------------------
 
@@ -97,8 +96,7 @@ class Fleet:
 
     def writes_own_logs(self, env_id: str) -> bool:
         """Its agent writes the trial log files the coordinator reads (a shared file system)."""
-        env = self.envs[env_id]
-        return self.policy.section(env.platform).shares_filesystem and env.started_here
+        return self.section(env_id).shares_filesystem and self.envs[env_id].started_here
 
     def by_hand(self) -> bool:
         """Whether agents an operator started (of no configured platform) are live."""
@@ -218,8 +216,11 @@ class Fleet:
         self._out.append(ev.AgentConnected(env.id, True))
         self._linked.add(env.id)
         env.last_seen = self.now
-        if env.status in (EnvStatus.STARTING, EnvStatus.LOST):
-            self._to(env, EnvStatus.READY, f"agent registered from {reg.hostname} (pid {reg.pid})")
+        registered = f"agent registered from {reg.hostname} (pid {reg.pid})"
+        if env.status is EnvStatus.LOST and environments.back_from_lost(env) is EnvStatus.DRAINING:
+            self._to(env, EnvStatus.DRAINING, registered)
+        elif env.status in (EnvStatus.STARTING, EnvStatus.LOST):
+            self._to(env, EnvStatus.READY, registered)
             if env.holders:
                 self._to(env, EnvStatus.BUSY, f"it runs {len(env.holders)} trial(s)")
         return Joined(env.id, env.platform, reg.link, new_instance, lost, tuple(env.holders))
@@ -271,7 +272,7 @@ class Fleet:
             return None
         env.last_seen = self.now
         if env.status is EnvStatus.LOST:
-            self._to(env, EnvStatus.BUSY if env.holders else EnvStatus.READY, "its agent is heard from again")
+            self._to(env, environments.back_from_lost(env), "its agent is heard from again")
         return env
 
     def numbered(self, m: ev.AgentReported) -> bool:

@@ -80,6 +80,7 @@ ENV_TRANSITIONS: dict[tuple[EnvStatus, EnvStatus], str] = {
     (E.DRAINING, E.FAILED): "the platform reports it ended unexpectedly",
     (E.LOST, E.READY): "its agent came back within the window",
     (E.LOST, E.BUSY): "its agent came back within the window, its trials still running",
+    (E.LOST, E.DRAINING): "its agent came back within the window, still draining",
     (E.LOST, E.FAILED): "its agent stayed silent past the trial-lost timeout; its trials are lost",
     (E.LOST, E.STOPPED): "stopped while its agent was silent",
 }

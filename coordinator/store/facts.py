@@ -76,6 +76,9 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
         "environment_id": f.env_id, "gpu_indices_json": json.dumps(list(f.gpu_indices)),
         "gpu_uuids_json": json.dumps(list(f.gpu_uuids)), "attempts": f.attempts,
     }),),
+    ev.TrialUnplaced: lambda f: (Update("trials", f.trial_id, {
+        "environment_id": None, "gpu_indices_json": "[]", "gpu_uuids_json": "[]",
+    }),),
     ev.TrialRan: lambda f: (Update("trials", f.trial_id, {"started_at": f.started_at}),),
     ev.TrialStopping: lambda f: (Update("trials", f.trial_id, {"reason": f.reason, "stopping": 1}),),
     ev.TrialExited: lambda f: (Update("trials", f.trial_id, {

@@ -361,11 +361,6 @@ def test_a_lost_agent_heard_from_again_comes_back() -> None:
     assert f.polled({}) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Fleet.heard/register bring a LOST environment back to READY or BUSY even when it was "
-    "draining (there is no LOST -> DRAINING edge), so it shows READY while it drains and, "
-    "when its agent exits after draining, polled() fails it instead of stopping it"
-))
 @pytest.mark.parametrize("how", ["silent then heard", "coordinator restarted"])
 def test_a_draining_environment_lost_and_back_is_still_draining(how: str) -> None:
     f = fleet()

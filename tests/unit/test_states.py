@@ -52,7 +52,6 @@ def test_illegal_trial_edges_raise(old: TrialStatus, new: TrialStatus) -> None:
         (E.FAILED, E.STARTING),
         (E.REQUESTED, E.READY),
         (E.DRAINING, E.READY),
-        (E.LOST, E.DRAINING),
         (E.READY, E.READY),
     ],
 )
@@ -93,8 +92,9 @@ def test_terminal_trial_states_have_no_way_out() -> None:
 def test_env_terminal_states_have_no_way_out_and_lost_may_come_back() -> None:
     outgoing = {old for old, _ in ENV_TRANSITIONS if old.terminal}
     assert outgoing == set(), "a stopped or failed environment never returns"
-    # An unreachable (LOST) agent may come back, or be given up.
-    assert {new for old, new in ENV_TRANSITIONS if old is E.LOST} == {E.READY, E.BUSY, E.FAILED, E.STOPPED}
+    # An unreachable (LOST) agent may come back (still draining, if it was), or be given up.
+    assert {new for old, new in ENV_TRANSITIONS if old is E.LOST} == {
+        E.READY, E.BUSY, E.DRAINING, E.FAILED, E.STOPPED}
     # Every state is reachable from REQUESTED.
     reached, frontier = {E.REQUESTED}, [E.REQUESTED]
     while frontier:

@@ -30,6 +30,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ev.AgentMessagesStored("env-1", 3),
     ev.WaitingReasonsChanged({"t1": "waiting: no free GPU"}),
     ev.TrialPlaced("t1", "env-1", (0,), ("GPU-a",), 1),
+    ev.TrialUnplaced("t1"),
     ev.TrialRan("t1", WALL + 1),
     ev.TrialStopping("t1", "by the user"),
     ev.TrialExited("t1", None, 15, "Terminated", WALL + 2),
@@ -128,11 +129,6 @@ def test_an_environment_status_change_is_kept_with_its_history(store: Store) -> 
         ("environment", "REQUESTED", "FAILED", "no quota")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "TrialBook._retry clears a trial's placement in memory only: no fact tells the store, "
-    "whose row keeps the old environment_id, so a restart during the backoff takes the "
-    "trial as still placed there"
-))
 def test_a_retried_trial_stored_and_restored_waits_placed_nowhere(store: Store) -> None:
     policy = Policy("exp", 2, (PlatformPolicy("local", True, 1, 1),), max_trial_retries=1,
                     retry_failed_trials=True)
