@@ -275,7 +275,7 @@ def test_the_largest_messages_allowed_are_handled_in_a_fraction_of_a_second(tmp_
                 timings[name] = time.monotonic() - started
             print(f"largest messages handled in: {timings}")
             assert len(c.store.metrics(tid)) == limits.MAX_METRICS_PER_BATCH + 1
-            # Bounded with room for a loaded test machine; README gives the unloaded times.
+            # Bounded with room for a loaded test machine; docs/operations.md gives the unloaded times.
             assert max(timings.values()) < 5.0, timings
 
     run_async(body)

@@ -39,7 +39,7 @@ from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 60.0
-README = Path(__file__).resolve().parents[2] / "README.md"
+MANUAL = Path(__file__).resolve().parents[2] / "docs" / "hybrid.md"
 
 # Each trial marks that it runs, then waits (60 s at most) until `together` trials have
 # run at once: with one slot per environment that puts trials on every environment. With
@@ -256,12 +256,12 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
     run_async(body(), timeout=120.0)
 
 
-# ---- the README's configs ---------------------------------------------------------------------
+# ---- the manual's configs (docs/hybrid.md) ---------------------------------------------------
 
 
 def readme_config(marker: str) -> str:
-    """The YAML block after ``<!-- marker -->`` in README.md, as written there."""
-    text = README.read_text(encoding="utf-8")
+    """The YAML block after ``<!-- marker -->`` in docs/hybrid.md, as written there."""
+    text = MANUAL.read_text(encoding="utf-8")
     return text.split(f"<!-- {marker} -->", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
 
 

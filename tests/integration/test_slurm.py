@@ -39,6 +39,9 @@ from trialkeeper.coordinator.services.slurm import _GPU_SELECTION, SlurmEnvironm
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig
 from trialkeeper.coordinator.store.store import Store
 
+# A real Slurm cluster: slow to start, left out of the fast subset.
+pytestmark = pytest.mark.slow
+
 WAIT_S = 45.0
 
 # Hangs until the gate file exists (a deadline keeps it from outliving a failed test).
