@@ -31,41 +31,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from ._record import EnvRecord
+from ._record import FINAL, Phase, PlatformError, Record, State
 from .base import EnvironmentRequest, EnvironmentService, Observation, PlatformConfig, StartResult
+
+__all__ = ["FINAL", "LifecycleService", "Phase", "PlatformError", "Record", "State"]
 
 log = logging.getLogger(__name__)
 
-Phase = Literal["waiting", "running", "succeeded", "failed", "stopped", "gone"]
-FINAL: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "gone"})
 _T = TypeVar("_T")
-
-
-class PlatformError(Exception):
-    """A platform call that failed; its message is shown (after secrets are blanked)."""
-
-
-@dataclass(frozen=True)
-class State:
-    """What the platform says about one environment: its phase and, in its own words, why."""
-
-    phase: Phase
-    detail: str = ""
-
-
-@dataclass
-class Record(EnvRecord):
-    """One environment as the service knows it (``platform_id``: the platform's id for
-    it, what ``start`` returned); a platform extends it with what only it knows."""
-
-    phase: Phase = "waiting"
-    detail: str = ""
-    observation: Observation | None = None  # set once the environment has ended
-
-
 R = TypeVar("R", bound=Record)
 
 
@@ -97,7 +72,9 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
         self._secrets = {s for s in secrets if s}
         self._records: dict[str, R] = {}
         self._starting: dict[str, asyncio.Future[StartResult]] = {}
-        self._failed: dict[str, Observation] = {}  # env id -> why its last start failed
+        self._launching: dict[str, R] = {}  # env id -> its record while its launch is under way
+        # env id -> how its last start ended, where it started nothing
+        self._failed: dict[str, Observation] = {}
         self._refreshed_at = 0.0
         self._refreshing: asyncio.Future[None] | None = None
 
@@ -130,6 +107,16 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
     async def list_alive(self, experiment_id: str) -> dict[str, str]:
         """env id -> platform id of the environments of ``experiment_id`` that still wait
         or run, found from the platform alone, never from this service's memory."""
+
+    def launch_timeout(self, request: EnvironmentRequest) -> float | None:
+        """How long :meth:`launch` may take; None: no limit (a launch that waits for
+        capacity, each of its platform calls under a deadline of its own)."""
+        return self.call_timeout
+
+    def cancels_launch(self, record: R) -> bool:
+        """Whether a stop may cancel ``record``'s launch now (it waits for capacity and has
+        started nothing) rather than wait for it to finish."""
+        return False
 
     def launch_error(self, request: EnvironmentRequest, error: PlatformError) -> str:
         """What a failed start answers."""
@@ -168,7 +155,12 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
             pending = self._starting[request.env_id] = asyncio.ensure_future(self._start(request))
             # A failed start may be tried again: only a launched environment is remembered.
             pending.add_done_callback(lambda _: self._starting.pop(request.env_id, None))
-        return await asyncio.shield(pending)
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if pending.cancelled():  # by a stop, or by close
+                return StartResult(error="the start was canceled")
+            raise
 
     async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
         # The platform is asked in the background, waited for at most POLL_WAIT_S: a slow
@@ -182,6 +174,11 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         pending = self._starting.get(env_id)
         if env_id not in self._records and pending is not None:
+            launching = self._launching.get(env_id)
+            if launching is not None and self.cancels_launch(launching):
+                pending.cancel()
+                self._failed[env_id] = Observation("exited", "stopped before it was started")
+                return
             await asyncio.wait([pending], timeout=self.call_timeout)
         record = self._records.get(env_id)
         if record is None or record.observation is not None:
@@ -211,7 +208,8 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
         for env_id, ref in sorted(found.items()):
             if env_id in keep:
                 continue
-            record = self._record(env_id, ref, phase="running", stop_requested=True)
+            record = self._record(env_id, ref, phase="running", stop_requested=True,
+                                  experiment_id=experiment_id)
             if env_id in self._records:
                 self._records[env_id].stop_requested = True
             try:
@@ -254,12 +252,13 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
     def _record(self, env_id: str, platform_id: str = "", **fields: Any) -> R:
         return cast(R, self.record_type(env_id, platform_id, **fields))
 
-    async def _call(self, call: Awaitable[_T], timeout: float | None = None) -> _T:
-        """One platform call under the deadline (``call_timeout`` unless given); any
-        failure becomes a PlatformError whose message holds no secret."""
+    async def _call(self, call: Awaitable[_T], timeout: float | None = None, *,
+                    bounded: bool = True) -> _T:
+        """One platform call under the deadline (``call_timeout`` unless given; none if not
+        ``bounded``); any failure becomes a PlatformError whose message holds no secret."""
         limit = self.call_timeout if timeout is None else timeout
         try:
-            return await asyncio.wait_for(call, limit)
+            return await (asyncio.wait_for(call, limit) if bounded else call)
         except asyncio.TimeoutError:
             raise PlatformError(f"no answer within {limit:g} s") from None
         except Exception as e:  # noqa: BLE001 - whatever the platform raises becomes data
@@ -267,13 +266,17 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
             raise PlatformError(self.redact(shown)) from None
 
     async def _start(self, request: EnvironmentRequest) -> StartResult:
-        record = self._record(request.env_id)
+        record = self._launching[request.env_id] = self._record(
+            request.env_id, experiment_id=request.experiment_id)
+        limit = self.launch_timeout(request)
         try:
-            ref = await self._call(self.launch(record, request))
+            ref = await self._call(self.launch(record, request), limit, bounded=limit is not None)
         except PlatformError as e:
             error = self.launch_error(request, e)
             self._failed[request.env_id] = Observation("failed", error)
             return StartResult(error=error)
+        finally:
+            self._launching.pop(request.env_id, None)
         self._failed.pop(request.env_id, None)
         record.platform_id = ref
         self._records[request.env_id] = record
@@ -285,7 +288,8 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
         record = self._records.get(env_id)
         if record is None:
             if env_id in self._starting:
-                return Observation("starting", "being submitted")
+                launching = self._launching.get(env_id)
+                return Observation("starting", launching and launching.detail or "being submitted")
             return self._failed.get(env_id, Observation("unknown"))
         if record.observation is not None:
             return record.observation

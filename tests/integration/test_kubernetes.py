@@ -519,39 +519,51 @@ def test_pod_placement_fields_reach_the_scheduler(
 
 @pytest.mark.slow
 def test_a_workload_created_while_a_poll_lists_is_not_taken_for_deleted(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    # A listing answered before a workload was created does not have it; it must not be
+    # taken for deleted. The lifecycle observes only environments whose launch had finished
+    # when the poll began: here env-1's create completes while a poll's listing, answered
+    # before it, is on its way, and that poll never judges env-1.
     quickstart_code(tmp_path)
     data = _config_data(kube_cluster, tmp_path)
     service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
-    request = EnvironmentRequest("env-1", "racing1", "127.0.0.1:9", "t0ken")
+    requests = [EnvironmentRequest(f"env-{i}", "racing1", "127.0.0.1:9", "t0ken") for i in (0, 1)]
 
     async def body() -> None:
-        real_list, real_start = service._list, service._start
+        assert (await service.start(requests[0])).error is None
+        real_launch, real_observe = service.launch, service.observe
         go = asyncio.Event()
+        judged: list[list[str]] = []
 
-        async def held_start(env: Any, req: EnvironmentRequest) -> Any:
-            await go.wait()
-            return await real_start(env, req)
+        async def held_launch(env: Any, req: EnvironmentRequest) -> str:
+            if req.env_id == "env-1":
+                await go.wait()
+            return await real_launch(env, req)
 
-        service._start = held_start  # type: ignore[method-assign]
-        first = asyncio.ensure_future(service.start(request))
+        async def answered_before_the_create(records: Any) -> Any:
+            judged.append([r.env_id for r in records])
+            answer = await real_observe(records)
+            if not go.is_set():
+                go.set()
+                await first  # the create completes while the answer is on its way
+            return answer
 
-        async def answered_before_the_create(kind: Any, label_selector: str) -> list[dict[str, Any]]:
-            answer = await real_list(kind, label_selector)
-            go.set()
-            await first  # the create completes while the answer is on its way
-            return [o for o in answer if not o["metadata"]["name"].endswith("-env-1")]
-
-        await async_wait_until(
-            lambda: "env-1" in service._envs and service._envs["env-1"].starting is not None, 10.0,
-            message="the start never began",
-        )
-        service._list = answered_before_the_create  # type: ignore[method-assign]
-        seen = await service.poll(["env-1"])
+        service.launch = held_launch  # type: ignore[method-assign]
+        service.observe = answered_before_the_create  # type: ignore[method-assign]
+        first = asyncio.ensure_future(service.start(requests[1]))
+        await async_wait_until(lambda: "env-1" in service._starting, 10.0,
+                               message="the start never began")
+        assert (await service.poll(["env-1"]))["env-1"].state == "starting"
         assert (await first).error is None
-        assert seen["env-1"].state == "starting", seen["env-1"]
-        service._list = real_list  # type: ignore[method-assign]
+        assert judged and judged[0] == ["env-0"], judged
+        while not any("env-1" in ids for ids in judged):  # judged by a later poll only
+            await service.poll(["env-1"])
+            await asyncio.sleep(0.05)
+        seen = (await service.poll(["env-1"]))["env-1"]
+        assert seen.state in ("starting", "running") and "deleted" not in seen.detail, seen
+        service.observe = real_observe  # type: ignore[method-assign]
         assert (await service.poll(["env-1"]))["env-1"].state in ("starting", "running")
-        await service.stop("env-1", 0.0)
+        for request in requests:
+            await service.stop(request.env_id, 0.0)
         await service.close()
 
     run_async(body)
