@@ -30,7 +30,9 @@ SCAN_CHUNK_BYTES = 4 << 20
 _KINDS = {"PERIODICAL": "intermediate", "FINAL": "final"}
 
 
-def nni_environment(*, trial_id: str, sequence_id: int, experiment_id: str, sys_dir: Path, output_dir: Path) -> dict[str, str]:
+def nni_environment(
+    *, trial_id: str, sequence_id: int, experiment_id: str, sys_dir: Path, output_dir: Path
+) -> dict[str, str]:
     """The variables a trial's ``nni`` reads. ``MULTI_PHASE`` stays unset: with it a second
     ``get_next_parameter()`` would wait forever for a file nobody writes."""
     return {

@@ -259,7 +259,9 @@ def _candidates(mine: Collection[int]) -> list[tuple[psutil.Process, str | None,
     return found
 
 
-async def _victims(pick: Callable[[str | None], bool], own: Callable[[], Collection[int] | None]) -> list[psutil.Process]:
+async def _victims(
+    pick: Callable[[str | None], bool], own: Callable[[], Collection[int] | None]
+) -> list[psutil.Process]:
     """The strays ``pick`` accepts and their descendants. Looked for in a thread, decided on
     the event loop, where children are started: a child started during the look (its
     environment not yet the trial's) is known as the agent's own by then, and none can be

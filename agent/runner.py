@@ -175,7 +175,9 @@ class TrialRunner:
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
         self._log_task = asyncio.create_task(self._tail_logs_forever())
         if self.preload:
-            self._warm = WarmStarter(list(self.preload), trialfiles.template_env(self.base_env), str(self.workdir / "warm-template.log"))
+            self._warm = WarmStarter(
+                list(self.preload), trialfiles.template_env(self.base_env), str(self.workdir / "warm-template.log")
+            )
             self._warm.prime()  # imported before the first trial arrives
 
     async def close(self, grace_s: float = 5.0) -> None:

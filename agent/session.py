@@ -157,7 +157,8 @@ class AgentSession(RunnerEvents):
             part, values = values[:room], values[room:]
             jsons, value_jsons = (value_jsons[:room], value_jsons[room:]) if value_jsons is not None else (None, None)
             run = self._pending_runs[-1] if self._pending_runs else None
-            if run is None or run.trial_id != trial_id or run.kind != _KINDS[kind] or run.first_index + len(run.values) != first_index:
+            if (run is None or run.trial_id != trial_id or run.kind != _KINDS[kind]
+                    or run.first_index + len(run.values) != first_index):
                 run = pb.MetricRun(trial_id=trial_id, kind=_KINDS[kind], first_index=first_index)
                 self._pending_runs.append(run)
                 self._pending_bytes += len(trial_id) + 16
@@ -327,7 +328,8 @@ class AgentSession(RunnerEvents):
                 cpu_count=os.cpu_count() or 1,
                 memory_total_bytes=vm.total,
                 gpus=[
-                    pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes, simulated=g.simulated, mig=g.mig)
+                    pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
+                               simulated=g.simulated, mig=g.mig)
                     for g in inv.gpus[: limits.MAX_GPUS]
                 ],
                 gpu_unavailable_reason=limits.clip(inv.unavailable_reason or "", limits.MAX_REASON_CHARS),

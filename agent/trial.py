@@ -304,7 +304,10 @@ def _report(kind: str, value: object) -> bool:
     # A number's JSON is its repr (bool, NaN and infinities were refused above).
     raw = repr(value) if type(value) is float or type(value) is int else _encode(value)
     # Measured as sent on its own; in a batch it takes fewer bytes than that.
-    if len(raw) + len(trial_id) + _SINGLE_OVERHEAD > MAX_REPORT_BYTES and len(_single(trial_id, kind, raw)) > MAX_REPORT_BYTES:
+    if (
+        len(raw) + len(trial_id) + _SINGLE_OVERHEAD > MAX_REPORT_BYTES
+        and len(_single(trial_id, kind, raw)) > MAX_REPORT_BYTES
+    ):
         _say(f"{kind} result refused: larger than {MAX_REPORT_BYTES} bytes")
         return False
     if kind == "intermediate":

@@ -279,7 +279,9 @@ class WarmStarter:
     def owns(self, pid: int) -> bool:
         return pid in self._running
 
-    async def start(self, argv: list[str], cwd: str, env: dict[str, str], stdout: int, stderr: int) -> WarmProcess | None:
+    async def start(
+        self, argv: list[str], cwd: str, env: dict[str, str], stdout: int, stderr: int
+    ) -> WarmProcess | None:
         """A trial started from the template, or None where it must start cold."""
         if self.refused or interpreter_variables(env) != interpreter_variables(self.env):
             return None

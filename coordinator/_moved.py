@@ -65,7 +65,9 @@ MOVED = {
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         prefix, _, rest = fullname.partition(_PACKAGE + ".")
         if prefix or rest not in MOVED:
             return None

@@ -284,7 +284,9 @@ class Coordinator:
         else:
             if store.experiment() is not None:
                 raise CoordinatorError(f"{self.experiment_dir} already holds an experiment; choose another directory")
-            store.create_experiment(self.experiment_id, self.config.experiment_name, config_to_dict(self.config, redact=True))
+            store.create_experiment(
+                self.experiment_id, self.config.experiment_name, config_to_dict(self.config, redact=True)
+            )
             fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(self._token)
@@ -323,7 +325,12 @@ class Coordinator:
             self.address = f"{host}:{port}"
         store.set_coordinator_address(self.address)
         self._started = True
-        log.info("experiment %s: coordinator listening on %s; directory %s", self.experiment_id, self.address, self.experiment_dir)
+        log.info(
+            "experiment %s: coordinator listening on %s; directory %s",
+            self.experiment_id,
+            self.address,
+            self.experiment_dir,
+        )
         shell.start_monitor(min(0.5, settings.heartbeat_interval))
         shell.apply(engine.start(now=time.monotonic(), wall=time.time()))
 
@@ -388,7 +395,12 @@ class Coordinator:
             log.exception("environment service %s raised on sweep", self._service.platform)
             return
         if removed:
-            log.info("experiment %s: removed %d orphaned environment(s): %s", self.experiment_id, len(removed), ", ".join(removed))
+            log.info(
+                "experiment %s: removed %d orphaned environment(s): %s",
+                self.experiment_id,
+                len(removed),
+                ", ".join(removed),
+            )
 
     # ---- the embedding API ---------------------------------------------------------------------
 
@@ -434,7 +446,10 @@ class Coordinator:
         known = [p.name for p in engine.policy.platforms]
         unknown = [p for p in allowed if p not in known]
         if unknown or len(set(allowed)) != len(allowed) or isinstance(platforms, str):
-            raise ValueError(f"platforms must be a list of distinct platforms of this experiment ({', '.join(known)}), got {platforms!r}")
+            raise ValueError(
+                f"platforms must be a list of distinct platforms of this experiment ({', '.join(known)}), "
+                f"got {platforms!r}"
+            )
         refusal = engine.never_fits(gpus, memory)
         if refusal:
             raise TrialRefused(refusal)

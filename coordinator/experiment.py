@@ -72,7 +72,9 @@ async def run_experiment(
     """Run the experiment to its end: tuner exhausted, maxTrialNumber reached, or
     maxExperimentDuration passed. ``stop`` ends it early (trials are canceled)."""
     coordinator = Coordinator(config, experiment_dir=experiment_dir)
-    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start)
+    return await _drive(
+        coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start
+    )
 
 
 async def resume_experiment(
@@ -87,7 +89,9 @@ async def resume_experiment(
     """Carry on an experiment whose coordinator died: its trials, environments and agents
     are taken over, and the tuner goes on from where it was."""
     coordinator = Coordinator.resume(experiment_dir, config=config)
-    return await _drive(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start)
+    return await _drive(
+        coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start
+    )
 
 
 async def _drive(

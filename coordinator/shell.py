@@ -332,7 +332,9 @@ class Shell:
                 f.seek(chunk.offset)
                 f.write(chunk.data)
         except OSError as e:  # that chunk is lost, loudly; the message and its batch go on
-            log.warning("could not write %s output of trial %s at offset %d: %s", chunk.stream, chunk.trial_id, chunk.offset, e)
+            log.warning(
+                "could not write %s output of trial %s at offset %d: %s", chunk.stream, chunk.trial_id, chunk.offset, e
+            )
 
     # ---- passes, the monitor, background work --------------------------------------------------
 

@@ -256,7 +256,8 @@ omitStages: [RequestReceived]
 rules:
 - level: Request
   verbs: [create, update, patch, delete]
-  resources: [{group: ""}, {group: batch}, {group: kubeflow.org}, {group: frameworkcontroller.microsoft.com}, {group: adaptdl.petuum.com}]
+  resources: [{group: ""}, {group: batch}, {group: kubeflow.org},
+              {group: frameworkcontroller.microsoft.com}, {group: adaptdl.petuum.com}]
 - level: None
 """
 

@@ -162,7 +162,9 @@ def build(op: Operator) -> Path:
         with tempfile.TemporaryDirectory(prefix=f"tk-{op.name}-") as tmp:
             work = Path(tmp)
             shutil.copy(op.source, work / "main.go")
-            (work / "go.mod").write_text(f"module trialkeeper.local/{op.name}\n\n{GO_VERSION_LINE}\n\nrequire {op.module} {op.version}\n")
+            (work / "go.mod").write_text(
+                f"module trialkeeper.local/{op.name}\n\n{GO_VERSION_LINE}\n\nrequire {op.module} {op.version}\n"
+            )
             _say(f"{op.name} {op.version}: fetching the module and its dependencies")
             info = json.loads(_go(["mod", "download", "-json", f"{op.module}@{op.version}"], work))
             module_dir = Path(info["Dir"])
@@ -219,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         build_scheduler(ADAPTDL_SCHED)
     installed = scheduler_installed(ADAPTDL_SCHED)
-    print(f"{ADAPTDL_SCHED.name} {ADAPTDL_SCHED.version} {scheduler_python(ADAPTDL_SCHED).parent.parent}{'' if installed else ' (not built)'}")
+    print(
+        f"{ADAPTDL_SCHED.name} {ADAPTDL_SCHED.version} {scheduler_python(ADAPTDL_SCHED).parent.parent}"
+        f"{'' if installed else ' (not built)'}"
+    )
     return 0
 
 

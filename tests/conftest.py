@@ -289,7 +289,9 @@ def stored_metrics(exp: Path, trial_id: str) -> list[dict[str, Any]]:
 
 def counted_metrics(db: sqlite3.Connection) -> int:
     """The metrics in a store, counted in its tables (a row per metric, or per run of them)."""
-    (n,) = db.execute("SELECT (SELECT count(*) FROM metrics) + (SELECT coalesce(sum(n), 0) FROM metric_runs)").fetchone()
+    (n,) = db.execute(
+        "SELECT (SELECT count(*) FROM metrics) + (SELECT coalesce(sum(n), 0) FROM metric_runs)"
+    ).fetchone()
     return int(n)
 
 

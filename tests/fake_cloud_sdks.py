@@ -214,7 +214,9 @@ class FakeAml(FakeCloud):
         self._called("submit", spec.display_name)
         self.specs.append(spec)
         if spec.compute_target not in self.compute_targets:
-            raise ValueError(f"ComputeTargetNotFound: compute target {spec.compute_target!r} not found in the workspace")
+            raise ValueError(
+                f"ComputeTargetNotFound: compute target {spec.compute_target!r} not found in the workspace"
+            )
         job = self._new_job(spec.tags[TAG_EXPERIMENT], spec.tags[TAG_ENVIRONMENT])
         snapshot = job.sandbox / "wd"
         shutil.copytree(spec.source_directory, snapshot, ignore=shutil.ignore_patterns("__pycache__"))

@@ -113,7 +113,13 @@ class FakeDlts(FakeHttpServer):
         if len(parts) == 5 and parts[:2] == ["v2", "clusters"] and parts[3] == "jobs" and method == "GET":
             self._team_cluster(self.team, parts[2])
             return 200, self._view(self._job(parts[4]))
-        if len(parts) == 5 and parts[0] == "clusters" and parts[2] == "jobs" and parts[4] == "status" and method == "PUT":
+        if (
+            len(parts) == 5
+            and parts[0] == "clusters"
+            and parts[2] == "jobs"
+            and parts[4] == "status"
+            and method == "PUT"
+        ):
             self._team_cluster(self.team, parts[1])
             return 200, self._set_status(self._job(parts[3]), body)
         raise HttpError(404, "", "Not Found")
@@ -174,7 +180,10 @@ class FakeDlts(FakeHttpServer):
             out.append("jobtrainingtype must be RegularJob, PSDistJob or InferenceJob")
         env = body.get("env", [])
         if not isinstance(env, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("name"), str) and _VAR.fullmatch(e["name"]) and isinstance(e.get("value"), str)
+            isinstance(e, dict)
+            and isinstance(e.get("name"), str)
+            and _VAR.fullmatch(e["name"])
+            and isinstance(e.get("value"), str)
             for e in env
         ):
             out.append("env must be a list of {name, value} strings")

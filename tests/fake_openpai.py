@@ -72,7 +72,9 @@ class ProcessJob:
         with os.fdopen(fd, "w") as f:
             f.write(script)
         full = {
-            "PATH": os.pathsep.join([*path_prefix, str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+            "PATH": os.pathsep.join(
+                [*path_prefix, str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]
+            ),
             "HOME": str(self.sandbox),
             "TMPDIR": str(self.sandbox),
             MARKER: self.uid,
@@ -377,12 +379,18 @@ class FakeOpenPai(FakeHttpServer):
     def _summary(self, job: PaiJob) -> dict[str, Any]:
         role = next(iter(job.protocol["taskRoles"].values()))
         return {
-            "name": job.name, "username": job.user, "state": self._state(job), "subState": self._state(job),
-            "executionType": "STOP" if job.stopped_by else "START", "retries": 0,
+            "name": job.name,
+            "username": job.user,
+            "state": self._state(job),
+            "subState": self._state(job),
+            "executionType": "STOP" if job.stopped_by else "START",
+            "retries": 0,
             "createdTime": int(job.run.created * 1000),
             "completedTime": int(job.run.completed * 1000) if job.run.completed else None,
-            "appExitCode": job.run.exit_code, "virtualCluster": (job.protocol.get("defaults") or {}).get("virtualCluster", "default"),
-            "totalGpuNumber": role["resourcePerInstance"]["gpu"], "totalTaskNumber": role["instances"],
+            "appExitCode": job.run.exit_code,
+            "virtualCluster": (job.protocol.get("defaults") or {}).get("virtualCluster", "default"),
+            "totalGpuNumber": role["resourcePerInstance"]["gpu"],
+            "totalTaskNumber": role["instances"],
             "totalTaskRoleNumber": len(job.protocol["taskRoles"]),
         }
 
@@ -397,7 +405,11 @@ class FakeOpenPai(FakeHttpServer):
         diag = job.diagnostics or (job.run.log_tail() if state == "FAILED" else "")
         return {
             "name": job.name,
-            "jobStatus": {**summary, "appExitDiagnostics": diag, "appExitType": "USER_FAILURE" if state == "FAILED" else None},
+            "jobStatus": {
+                **summary,
+                "appExitDiagnostics": diag,
+                "appExitType": "USER_FAILURE" if state == "FAILED" else None,
+            },
             "taskRoles": {r: {"taskRoleStatus": {"name": r}} for r in job.protocol["taskRoles"]},
         }
 
@@ -413,8 +425,11 @@ def validate_protocol(p: object, virtual_clusters: tuple[str, ...], storages: se
         out.append(f"name {p.get('name')!r} must match [A-Za-z0-9_-]+")
     if p.get("type") != "job":
         out.append("type must be 'job'")
-    images = {x.get("name") for x in p.get("prerequisites") or [] if isinstance(x, dict) and x.get("type") == "dockerimage"
-              and isinstance(x.get("uri"), str) and x["uri"]}
+    images = {
+        x.get("name")
+        for x in p.get("prerequisites") or []
+        if isinstance(x, dict) and x.get("type") == "dockerimage" and isinstance(x.get("uri"), str) and x["uri"]
+    }
     if not images:
         out.append("prerequisites must list a dockerimage with a name and a uri")
     secrets = p.get("secrets") or {}

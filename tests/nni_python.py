@@ -12,7 +12,8 @@ import pytest
 MAKE = {
     "TRIALKEEPER_NNI_PYTHON": "python3 -m venv .venv-nni && .venv-nni/bin/pip install 'nni==3.0' scikit-learn -e . "
     "&& export TRIALKEEPER_NNI_PYTHON=$PWD/.venv-nni/bin/python",
-    "TRIALKEEPER_NNI2_PYTHON": "python3 -m venv .venv-nni2 && .venv-nni2/bin/pip install 'nni==2.10.1' scikit-learn -e . "
+    "TRIALKEEPER_NNI2_PYTHON": "python3 -m venv .venv-nni2 && "
+    ".venv-nni2/bin/pip install 'nni==2.10.1' scikit-learn -e . "
     "&& export TRIALKEEPER_NNI2_PYTHON=$PWD/.venv-nni2/bin/python",
 }
 
@@ -22,7 +23,10 @@ def nni_python(variable: str = "TRIALKEEPER_NNI_PYTHON") -> Path:
     value = os.environ.get(variable, "")
     if value and Path(value).is_file() and os.access(value, os.X_OK):
         return Path(value)
-    why = f"{variable} does not name an interpreter with NNI installed ({value or 'unset'}); make one with: {MAKE[variable]}"
+    why = (
+        f"{variable} does not name an interpreter with NNI installed ({value or 'unset'}); "
+        f"make one with: {MAKE[variable]}"
+    )
     if os.environ.get("CI") and variable == "TRIALKEEPER_NNI_PYTHON":
         pytest.fail(why)
     pytest.skip(why)

@@ -63,15 +63,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run an experiment from a YAML config", description="Run an experiment from a YAML config and show its progress.")
+    run = sub.add_parser(
+        "run",
+        help="run an experiment from a YAML config",
+        description="Run an experiment from a YAML config and show its progress.",
+    )
     run.add_argument("config", type=Path, help="experiment config (YAML)")
-    run.add_argument("--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)")
+    run.add_argument(
+        "--experiment-dir", type=Path, help="directory for the store and logs (default: experimentWorkingDirectory/ID)"
+    )
     run.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     run.add_argument(
         "--print-config", action="store_true",
         help="print the config in NNI's v2 format (an NNI v1 file converted), check it, and exit",
     )
-    run.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default: the config's logLevel, else WARNING")
+    run.add_argument(
+        "--log-level",
+        default=None,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="default: the config's logLevel, else WARNING",
+    )
     add_ui_option(run)
     run.set_defaults(func=_cmd_run, resume_dir=None)
 
@@ -96,11 +107,23 @@ def _parser() -> argparse.ArgumentParser:
         description="Find the environments (agents, jobs, pods) an experiment still holds on its platform and "
         "remove them. Refused while a coordinator of the experiment is alive: its environments are its to stop.",
     )
-    clean.add_argument("target", metavar="EXPERIMENT_ID_OR_DIR", help="an experiment directory, or an experiment id under the default working directory")
-    clean.add_argument("--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough")
+    clean.add_argument(
+        "target",
+        metavar="EXPERIMENT_ID_OR_DIR",
+        help="an experiment directory, or an experiment id under the default working directory",
+    )
+    clean.add_argument(
+        "--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough"
+    )
     clean.set_defaults(func=_cmd_clean)
 
-    agent = sub.add_parser("agent", help="run an agent (usually started for you)", description="Run trials for a coordinator. The first SIGTERM/SIGINT drains, a second one cancels running trials.")
+    agent = sub.add_parser(
+        "agent",
+        help="run an agent (usually started for you)",
+        description=(
+            "Run trials for a coordinator. The first SIGTERM/SIGINT drains, a second one cancels running trials."
+        ),
+    )
     from trialkeeper.agent.main import add_arguments
 
     add_arguments(agent)
@@ -109,14 +132,20 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub)
     add_ui_commands(sub)
 
-    logs = sub.add_parser("logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr).")
+    logs = sub.add_parser(
+        "logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr)."
+    )
     logs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     logs.add_argument("trial_id", metavar="TRIAL_ID")
     logs.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the trial ends")
     logs.add_argument(
-        "--nni-results", action="store_true",
-        help="also print the NNISDK_MEb lines NNI trials report results with (hidden by default: they are stored as metrics)",
+        "--nni-results",
+        action="store_true",
+        help=(
+            "also print the NNISDK_MEb lines NNI trials report results with "
+            "(hidden by default: they are stored as metrics)"
+        ),
     )
     logs.set_defaults(func=_cmd_logs)
     return p
@@ -126,7 +155,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # NNI's log levels (a config's logLevel) as Python's.
-_NNI_LOG_LEVELS = {"fatal": "CRITICAL", "error": "ERROR", "warning": "WARNING", "info": "INFO", "debug": "DEBUG", "trace": "DEBUG"}
+_NNI_LOG_LEVELS = {
+    "fatal": "CRITICAL",
+    "error": "ERROR",
+    "warning": "WARNING",
+    "info": "INFO",
+    "debug": "DEBUG",
+    "trace": "DEBUG",
+}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -192,7 +228,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def on_progress(p: Progress) -> None:
         if not state["dir_shown"]:
             record_or_warn(p.experiment_id, Path(p.experiment_dir))  # for `list`, wherever it is
-            console.print(f"experiment [bold]{p.experiment_id}[/bold] in {p.experiment_dir}", highlight=False, soft_wrap=True)
+            console.print(
+                f"experiment [bold]{p.experiment_id}[/bold] in {p.experiment_dir}", highlight=False, soft_wrap=True
+            )
             state["dir_shown"] = True
         if live is not None:
             live.update(_live_table(p))
@@ -205,10 +243,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        on_start, state["stop_dashboard"] = dashboard_starter(args, stop.set, lambda line: console.print(line, highlight=False, soft_wrap=True))
+        on_start, state["stop_dashboard"] = dashboard_starter(
+            args, stop.set, lambda line: console.print(line, highlight=False, soft_wrap=True)
+        )
         if args.resume_dir is not None:
-            return await resume_experiment(args.resume_dir, config=config if args.config else None, on_progress=on_progress, stop=stop, on_start=on_start)
-        return await run_experiment(config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start)
+            return await resume_experiment(
+                args.resume_dir,
+                config=config if args.config else None,
+                on_progress=on_progress,
+                stop=stop,
+                on_start=on_start,
+            )
+        return await run_experiment(
+            config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start
+        )
 
     live = Live(console=console, refresh_per_second=4, transient=False) if live_view else None
     try:
@@ -228,7 +276,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for t in result.trials:
         counts[t.status.value] = counts.get(t.status.value, 0) + 1
-    console.print(f"experiment {result.experiment_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False, soft_wrap=True)
+    console.print(
+        f"experiment {result.experiment_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+        highlight=False,
+        soft_wrap=True,
+    )
     top = ranked(result.trials, mode)[:10]
     if top:
         table = Table(title=f"best trials ({mode})")
@@ -238,7 +290,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             table.add_row(t.id, f"{t.final_metric:.6g}", json.dumps(t.parameters))
         console.print(table)
     if result.best is not None:
-        console.print(f"best trial: {result.best.id} final metric {result.best.final_metric:.6g} parameters {json.dumps(result.best.parameters)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"best trial: {result.best.id} final metric {result.best.final_metric:.6g} "
+            f"parameters {json.dumps(result.best.parameters)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(f"experiment directory: {result.experiment_dir}", highlight=False, soft_wrap=True)
     if not result.ok:
         reason = result.reason
@@ -249,7 +306,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     failed = [t for t in result.trials if t.status is TrialStatus.FAILED]
     if failed:
         first = (failed[0].reason or "no reason given").splitlines()[0]
-        print(f"trialkeeper: {len(failed)} of {len(result.trials)} trials failed (first: trial {failed[0].id}: {first})", file=sys.stderr)
+        print(
+            f"trialkeeper: {len(failed)} of {len(result.trials)} trials failed (first: trial {failed[0].id}: {first})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -303,7 +363,10 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
     exp_dir = _experiment_dir(args.target, _default_working_directory())
     if exp_dir is None:
-        print(f"trialkeeper: no experiment {args.target!r}: neither a directory holding one nor a known experiment id", file=sys.stderr)
+        print(
+            f"trialkeeper: no experiment {args.target!r}: neither a directory holding one nor a known experiment id",
+            file=sys.stderr,
+        )
         return 1
     with ReadModel.open(exp_dir) as model:
         exp = model.experiment()
@@ -313,7 +376,11 @@ def _cmd_clean(args: argparse.Namespace) -> int:
         print(f"trialkeeper: {exp_dir} holds no experiment", file=sys.stderr)
         return 1
     if args.config is None and stored_config is None:
-        print(f"trialkeeper: the experiment's stored config is unreadable ({'; '.join(exp.unreadable)}); pass it with --config", file=sys.stderr)
+        print(
+            f"trialkeeper: the experiment's stored config is unreadable ({'; '.join(exp.unreadable)}); "
+            "pass it with --config",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = load_config(args.config) if args.config else parse_config(dict(stored_config or {}), exp_dir)

@@ -92,7 +92,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     for e in experiments:
         status = e.status + ("; unreadable: " + "; ".join(e.unreadable) if e.unreadable else "")
-        best = f"{e.best.final_metric:.6g} ({e.best.id})" if e.best is not None and e.best.final_metric is not None else ""
+        best = (
+            f"{e.best.final_metric:.6g} ({e.best.id})" if e.best is not None and e.best.final_metric is not None else ""
+        )
         where = [e.directory] if everywhere else []
         shown = (e.id, e.name or "", status, str(e.trial_count), best, _when(e.started_at))
         table.add_row(*shown, *where)
@@ -150,7 +152,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_trials(args: argparse.Namespace) -> int:
     wanted = args.status.upper() if args.status else None
     if args.limit < 0 or args.offset < 0:
-        print("trialkeeper: --limit and --offset take a whole number of 0 or more (--limit 0: every trial)", file=sys.stderr)
+        print(
+            "trialkeeper: --limit and --offset take a whole number of 0 or more (--limit 0: every trial)",
+            file=sys.stderr,
+        )
         return 2
     with ReadModel.open(args.experiment_dir) as model:
         try:
@@ -167,19 +172,29 @@ def cmd_trials(args: argparse.Namespace) -> int:
     for t in trials:
         dur = f"{t.ended_at - t.started_at:.1f} s" if t.started_at and t.ended_at else ""
         table.add_row(
-            t.id, str(t.sequence_id) if t.sequence_id is not None else "", _status(t), t.environment_id or "", _metric(t.final_metric), dur,
-            _params(t.parameters), _why(t),
+            t.id,
+            str(t.sequence_id) if t.sequence_id is not None else "",
+            _status(t),
+            t.environment_id or "",
+            _metric(t.final_metric),
+            dur,
+            _params(t.parameters),
+            _why(t),
         )
     console().print(table)
     shown_to = args.offset + len(trials)
     if shown_to < total:
         # On stderr, so that what is piped on stays the table.
-        print(f"trials {args.offset + 1}-{shown_to} of {total}; --offset {shown_to} for the next ones, --limit 0 for all",
-              file=sys.stderr)
+        print(
+            f"trials {args.offset + 1}-{shown_to} of {total}; --offset {shown_to} for the next ones, --limit 0 for all",
+            file=sys.stderr,
+        )
     return 0
 
 
-def _trials_shown(model: ReadModel, status: str | None, offset: int, limit: int) -> tuple[int, tuple[TrialSnapshot, ...]]:
+def _trials_shown(
+    model: ReadModel, status: str | None, offset: int, limit: int
+) -> tuple[int, tuple[TrialSnapshot, ...]]:
     """How many trials have ``status`` (any when None), and those from ``offset`` on in
     submission order, ``limit`` of them (all when 0): paged in the store."""
     if status == "UNREADABLE":
@@ -229,8 +244,15 @@ def cmd_envs(args: argparse.Namespace) -> int:
         )
         reason = "; ".join(filter(None, [e.reason, *(f"unreadable {n}" for n in e.unreadable)]))
         table.add_row(
-            e.id, e.platform, e.status.value if e.status else "UNREADABLE", "connected" if e.connected else "not connected",
-            e.hostname, e.platform_id, gpus, _env_trials(e), reason,
+            e.id,
+            e.platform,
+            e.status.value if e.status else "UNREADABLE",
+            "connected" if e.connected else "not connected",
+            e.hostname,
+            e.platform_id,
+            gpus,
+            _env_trials(e),
+            reason,
         )
     console().print(table)
     return 0
@@ -289,7 +311,10 @@ def _flat(detail: Any) -> dict[str, Any]:
 
 def no_trial(model: ReadModel, args: argparse.Namespace) -> int:
     known = [t.id for t in model.trials()][:20]
-    print(f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}", file=sys.stderr)
+    print(
+        f"trialkeeper: no trial {args.trial_id!r} in {args.experiment_dir}; trials: {' '.join(known) or 'none'}",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -318,17 +343,29 @@ def add_commands(sub: Any) -> None:
     trials.add_argument("--offset", type=int, default=0, help="skip this many trials first (default 0)")
     trials.set_defaults(func=cmd_trials)
 
-    status = sub.add_parser("status", help="an experiment's state in a few lines", description="Show an experiment's status, counts and best trial.")
+    status = sub.add_parser(
+        "status",
+        help="an experiment's state in a few lines",
+        description="Show an experiment's status, counts and best trial.",
+    )
     status.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
-    envs = sub.add_parser("envs", help="list an experiment's environments", description="List an experiment's environments and their GPUs.")
+    envs = sub.add_parser(
+        "envs",
+        help="list an experiment's environments",
+        description="List an experiment's environments and their GPUs.",
+    )
     envs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     envs.add_argument("--json", action="store_true")
     envs.set_defaults(func=cmd_envs)
 
-    trial = sub.add_parser("trial", help="one trial in detail", description="Show one trial: parameters, metrics, GPU usage, status history.")
+    trial = sub.add_parser(
+        "trial",
+        help="one trial in detail",
+        description="Show one trial: parameters, metrics, GPU usage, status history.",
+    )
     trial.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     trial.add_argument("trial_id", metavar="TRIAL_ID")
     trial.add_argument("--json", action="store_true")

@@ -206,7 +206,9 @@ class SharedStorageConfig:
             (name, f"required with storageType {values['storage_type']}") for name in needed if values.get(name) is None
         ]
         if values.get("local_mounted") == "nomount":
-            issues.append(("local_mounted", "nomount is not supported: this machine must see the storage to put the code there"))
+            issues.append(
+                ("local_mounted", "nomount is not supported: this machine must see the storage to put the code there")
+            )
         return issues
 
 
@@ -288,7 +290,9 @@ class ExperimentConfig:
             issues.append(("trial_code_directory", f"{code} {problem}"))
         for i, module in enumerate(values.get("trial_preload") or []):
             if not (isinstance(module, str) and _MODULE_NAME.fullmatch(module)):
-                issues.append((f"trial_preload[{i}]", f"expected a module name like numpy or sklearn.svm, got {module!r}"))
+                issues.append(
+                    (f"trial_preload[{i}]", f"expected a module name like numpy or sklearn.svm, got {module!r}")
+                )
         # NNI's rule: an advisor replaces both the tuner and the assessor.
         issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         return issues
@@ -362,7 +366,10 @@ class _Loader(yaml.SafeLoader):
             self._aliases = getattr(self, "_aliases", 0) + 1
             if self._aliases > self.MAX_ALIASES:
                 raise yaml.composer.ComposerError(
-                    None, None, f"more than {self.MAX_ALIASES} aliases (*name) in one config", self.peek_event().start_mark
+                    None,
+                    None,
+                    f"more than {self.MAX_ALIASES} aliases (*name) in one config",
+                    self.peek_event().start_mark,
                 )
         return super().compose_node(parent, index)  # type: ignore[arg-type]
 

@@ -67,43 +67,105 @@ _EXPAND = (
     "useAnnotation: false (or remove it)"
 )
 FIELDS: tuple[NniField, ...] = (
-    *_f("", "experimentName searchSpaceFile searchSpace trialCommand trialCodeDirectory trialConcurrency "
-        "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory", "same"),
-    *_f("", "sharedStorage", "same", "mounted by openpai and dlts environments; refused with a platform that would not use it"),
-    *_f("", "experimentType", "translated", "'hpo' (the default) is accepted; 'nas' is refused: NAS experiments need NNI's own nni.nas"),
-    *_f("", "nniManagerIp", "translated", "the address agents dial: the coordinator listens there (coordinator.address ip:0) and remote agents dial it"),
+    *_f(
+        "",
+        "experimentName searchSpaceFile searchSpace trialCommand trialCodeDirectory trialConcurrency "
+        "trialGpuNumber maxExperimentDuration maxTrialNumber maxTrialDuration experimentWorkingDirectory",
+        "same",
+    ),
+    *_f(
+        "",
+        "sharedStorage",
+        "same",
+        "mounted by openpai and dlts environments; refused with a platform that would not use it",
+    ),
+    *_f(
+        "",
+        "experimentType",
+        "translated",
+        "'hpo' (the default) is accepted; 'nas' is refused: NAS experiments need NNI's own nni.nas",
+    ),
+    *_f(
+        "",
+        "nniManagerIp",
+        "translated",
+        "the address agents dial: the coordinator listens there (coordinator.address ip:0) and remote agents dial it",
+    ),
     *_f("", "useAnnotation", "translated", "false is accepted; true is refused: " + _EXPAND),
     *_f("", "debug", "translated", "true means logLevel debug"),
-    *_f("", "logLevel", "translated", "the coordinator's log level when `trialkeeper run` is given no --log-level (fatal and trace read as critical and debug)"),
-    *_f("", "tunerGpuIndices", "refused", "the tuner runs in the coordinator's process: start `trialkeeper run` with CUDA_VISIBLE_DEVICES set to those GPUs"),
+    *_f(
+        "",
+        "logLevel",
+        "translated",
+        "the coordinator's log level when `trialkeeper run` is given no --log-level "
+        "(fatal and trace read as critical and debug)",
+    ),
+    *_f(
+        "",
+        "tunerGpuIndices",
+        "refused",
+        "the tuner runs in the coordinator's process: "
+        "start `trialkeeper run` with CUDA_VISIBLE_DEVICES set to those GPUs",
+    ),
     *_f("", "tuner assessor advisor", "search", "see the search settings"),
     *_f("", "trainingService", "same", "a list (hybrid mode) follows its own rules"),
     *_f("trainingService", "platform", "same"),
-    *_f("trainingService", "trialCommand trialCodeDirectory trialGpuNumber nniManagerIp debug", "translated",
-        "lifted to the top level, where it overrides the top-level value as NNI does; in a list (hybrid) each service's value, its own or the top level's, must be the same"),
+    *_f(
+        "trainingService",
+        "trialCommand trialCodeDirectory trialGpuNumber nniManagerIp debug",
+        "translated",
+        "lifted to the top level, where it overrides the top-level value as NNI does; in a list (hybrid) "
+        "each service's value, its own or the top level's, must be the same",
+    ),
     *_f("local", "useActiveGpu maxTrialNumberPerGpu gpuIndices", "same"),
     *_f("local", "reuseMode", "same", "defaults to true here (NNI: false)"),
     *_f("remote", "machineList", "same"),
     *_f("remote", "reuseMode", "same", "defaults to true here (NNI: false)"),
-    *_f("machineList[]", "host port user password sshKeyFile sshPassphrase useActiveGpu maxTrialNumberPerGpu gpuIndices", "same"),
+    *_f(
+        "machineList[]",
+        "host port user password sshKeyFile sshPassphrase useActiveGpu maxTrialNumberPerGpu gpuIndices",
+        "same",
+    ),
     *_f("machineList[]", "pythonPath", "same", "a directory put first on PATH, as in NNI, or a Python executable"),
-    *_f("openpai", "host username token trialCpuNumber storageConfigName dockerImage virtualCluster "
-        "localStorageMountPoint containerStorageMountPoint reuseMode", "same"),
+    *_f(
+        "openpai",
+        "host username token trialCpuNumber storageConfigName dockerImage virtualCluster "
+        "localStorageMountPoint containerStorageMountPoint reuseMode",
+        "same",
+    ),
     *_f("openpai", "trialMemorySize", "translated", "NNI's sizes: a bare number is MB, units count by 1024"),
-    *_f("openpai", "openpaiConfig openpaiConfigFile", "refused", "set the job's resources with trialCpuNumber, trialMemorySize, trialGpuNumber and dockerImage"),
+    *_f(
+        "openpai",
+        "openpaiConfig openpaiConfigFile",
+        "refused",
+        "set the job's resources with trialCpuNumber, trialMemorySize, trialGpuNumber and dockerImage",
+    ),
     *_f("aml", "subscriptionId resourceGroup workspaceName computeTarget dockerImage maxTrialNumberPerGpu", "same"),
-    *_f("dlc", "type image jobType podCount ecsSpec region workspaceId nasDataSourceId ossDataSourceId "
-        "accessKeyId accessKeySecret localStorageMountPoint containerStorageMountPoint", "same"),
+    *_f(
+        "dlc",
+        "type image jobType podCount ecsSpec region workspaceId nasDataSourceId ossDataSourceId "
+        "accessKeyId accessKeySecret localStorageMountPoint containerStorageMountPoint",
+        "same",
+    ),
     *_f("kubeflow", "operator apiVersion namespace reuseMode", "same"),
     *_f("kubeflow", "worker", "translated", _K8S_ROLE + "; codeDirectory as trialCodeDirectory"),
     *_f("kubeflow", "ps master", "refused", _K8S_DISTRIBUTED),
     *_f("kubeflow", "storage", "translated", _K8S_STORAGE),
     *_f("frameworkcontroller", "serviceAccountName namespace reuseMode", "same"),
-    *_f("frameworkcontroller", "taskRoles", "translated", _K8S_ROLE + "; name as taskRoleName; with one task its "
-        "frameworkAttemptCompletionPolicy is met by the trial's own end"),
+    *_f(
+        "frameworkcontroller",
+        "taskRoles",
+        "translated",
+        _K8S_ROLE + "; name as taskRoleName; with one task its "
+        "frameworkAttemptCompletionPolicy is met by the trial's own end",
+    ),
     *_f("frameworkcontroller", "storage", "translated", _K8S_STORAGE),
-    *_f("sharedStorage", "storageType localMountPoint remoteMountPoint localMounted storageAccountName "
-        "storageAccountKey containerName nfsServer exportedDirectory", "same"),
+    *_f(
+        "sharedStorage",
+        "storageType localMountPoint remoteMountPoint localMounted storageAccountName "
+        "storageAccountKey containerName nfsServer exportedDirectory",
+        "same",
+    ),
 )
 
 _BY_SCOPE: dict[str, dict[str, NniField]] = {}
@@ -326,7 +388,12 @@ def _pop(top: dict[Any, Any], name: str, check: Callable[[object], bool], expect
 def _experiment_type(top: dict[str, Any], issues: Issues) -> None:
     kind = _pop(top, "experimentType", lambda v: isinstance(v, str), "'hpo'", issues)
     if kind is not None and kind != "hpo":
-        issues.append(("experimentType", f"only 'hpo' experiments run here, not {show(kind)}: NAS experiments need NNI's own nni.nas"))
+        issues.append(
+            (
+                "experimentType",
+                f"only 'hpo' experiments run here, not {show(kind)}: NAS experiments need NNI's own nni.nas",
+            )
+        )
 
 
 def _annotation(top: dict[str, Any], issues: Issues) -> None:
@@ -336,7 +403,13 @@ def _annotation(top: dict[str, Any], issues: Issues) -> None:
 
 def _log_level(top: dict[str, Any], issues: Issues) -> None:
     debug = _pop(top, "debug", lambda v: isinstance(v, bool), "true or false", issues)
-    level = _pop(top, "logLevel", lambda v: isinstance(v, str) and v.lower() in _NNI_LEVELS, "one of " + ", ".join(_NNI_LEVELS), issues)
+    level = _pop(
+        top,
+        "logLevel",
+        lambda v: isinstance(v, str) and v.lower() in _NNI_LEVELS,
+        "one of " + ", ".join(_NNI_LEVELS),
+        issues,
+    )
     if level is None and debug:
         level = "debug"
     if isinstance(level, str):
@@ -355,7 +428,9 @@ def _is_manager_host(value: object) -> bool:
 
 
 def _manager_ip(top: dict[Any, Any], services: list[dict[Any, Any]], issues: Issues) -> None:
-    ip = _pop(top, "nniManagerIp", _is_manager_host, "a host name or IP address of this machine, without a port", issues)
+    ip = _pop(
+        top, "nniManagerIp", _is_manager_host, "a host name or IP address of this machine, without a port", issues
+    )
     if not isinstance(ip, str):
         return
     ip = ip.strip()

@@ -50,7 +50,11 @@ class MetricRun(NamedTuple):
         ats: list[float] = []
         for row in rows:
             last = runs[-1] if runs else None
-            if last is None or (row.trial_id, row.kind, last.first_index + len(last.values)) != (last.trial_id, last.kind, row.index):
+            if last is None or (row.trial_id, row.kind, last.first_index + len(last.values)) != (
+                last.trial_id,
+                last.kind,
+                row.index,
+            ):
                 values, jsons, ats = [], [], []
                 runs.append(cls(row.trial_id, row.kind, row.index, values, jsons, ats))
             values.append(row.value)

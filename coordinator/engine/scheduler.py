@@ -300,7 +300,9 @@ class _Offers:
         ranked = self._heaps.get(sig)
         if ranked is None:
             ranked = self._heaps[sig] = _Ranked(envs, demand, sign)
-            ranked.heap = [(k, pos, env) for pos, env in enumerate(envs) if (k := self.key(demand, env, sign)) is not None]
+            ranked.heap = [
+                (k, pos, env) for pos, env in enumerate(envs) if (k := self.key(demand, env, sign)) is not None
+            ]
             heapq.heapify(ranked.heap)
         heap = ranked.heap
         while heap:

@@ -200,6 +200,8 @@ class WaitingTrials:
                 self.told[shape] = reason
                 out.update(dict.fromkeys(self.members(shape), reason))
             else:
-                out.update((t, reason) for t in self.fresh.get(shape, ()) if t in self._entries and t not in self._deferred_ids)
+                out.update(
+                    (t, reason) for t in self.fresh.get(shape, ()) if t in self._entries and t not in self._deferred_ids
+                )
             self.fresh.pop(shape, None)
         return out

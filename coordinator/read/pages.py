@@ -95,7 +95,8 @@ def trial_page(
     if search:
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         where.append(
-            "(id LIKE ? ESCAPE '\\' OR parameters_json LIKE ? ESCAPE '\\' OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
+            "(id LIKE ? ESCAPE '\\' OR parameters_json LIKE ? ESCAPE '\\'"
+            " OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
         )
         args += [pattern] * 3
     key_args: list[Any] = []
@@ -147,7 +148,9 @@ def curves(model: ReadModel, trial_ids: Sequence[str]) -> dict[str, tuple[float,
     return {t: tuple(v) for t, v in out.items()}
 
 
-def gpu_series(model: ReadModel, *, environment_id: str | None = None, trial_id: str | None = None) -> tuple[GpuPoint, ...]:
+def gpu_series(
+    model: ReadModel, *, environment_id: str | None = None, trial_id: str | None = None
+) -> tuple[GpuPoint, ...]:
     """The stored GPU samples of an environment or of a trial, oldest first."""
     rows = model._read("GPU samples", lambda: model.store.gpu_samples(environment_id=environment_id, trial_id=trial_id))
     return tuple(

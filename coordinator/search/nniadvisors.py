@@ -61,7 +61,9 @@ class NniAdvisor(Tuner):
         try:
             advisor.handle_initialize(search_space)
         except Exception as e:
-            raise TunerError(f"advisor {label!r} refused the search space: {type(e).__name__}: {' '.join(str(e).split())}") from e
+            raise TunerError(
+                f"advisor {label!r} refused the search space: {type(e).__name__}: {' '.join(str(e).split())}"
+            ) from e
 
     def _sent(self, command: Any, data: str) -> None:
         if command is self._commands.NewTrialJob:

@@ -105,7 +105,9 @@ def _quiet_nni() -> None:
     logging.getLogger("nni").setLevel(logging.NOTSET)
 
 
-def _build(name: str, args: dict[str, Any], algo_type: str, error: type[TunerError], *, validate_only: bool = False) -> Any:
+def _build(
+    name: str, args: dict[str, Any], algo_type: str, error: type[TunerError], *, validate_only: bool = False
+) -> Any:
     kind = "advisor" if name in NNI_ADVISOR_NAMES.values() else algo_type[:-1]
     nni = _nni(f"{kind} {name!r}")
     from nni.tools.package_utils import tuner_factory
@@ -188,7 +190,9 @@ def _custom(class_name: str, cls: Any, args: dict[str, Any], kind: str, error: t
         import nni.assessor
         import nni.tuner
     except ImportError:
-        raise error(f"{kind} {class_name!r} is not a subclass of {ours} (and NNI, whose classes work too, is not installed)") from None
+        raise error(
+            f"{kind} {class_name!r} is not a subclass of {ours} (and NNI, whose classes work too, is not installed)"
+        ) from None
     _quiet_nni()
     base = nni.tuner.Tuner if kind == "tuner" else nni.assessor.Assessor
     if not (isinstance(cls, type) and issubclass(cls, base)):
@@ -226,7 +230,9 @@ class NniTuner(Tuner):
         try:
             tuner.update_search_space(search_space)
         except Exception as e:
-            raise TunerError(f"tuner {label!r} refused the search space: {type(e).__name__}: {' '.join(str(e).split())}") from e
+            raise TunerError(
+                f"tuner {label!r} refused the search space: {type(e).__name__}: {' '.join(str(e).split())}"
+            ) from e
 
     def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
         try:
@@ -261,7 +267,11 @@ class NniTuner(Tuner):
         if type(self.nni_tuner).import_data is nni.tuner.Tuner.import_data:
             super().resume(history)  # it cannot import: replay instead
             return
-        done = [{"parameter": t.parameters, "value": t.result} for t in history if t.status is not None and t.result is not None]
+        done = [
+            {"parameter": t.parameters, "value": t.result}
+            for t in history
+            if t.status is not None and t.result is not None
+        ]
         if done:
             self.nni_tuner.import_data(done)
         self._adopted.update(t.parameter_id for t in history if t.status is None)

@@ -160,7 +160,9 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
         try:
             importlib.import_module(package)
         except ImportError:
-            raise error(f"Optuna's {cls.__name__} needs the package {package!r}, which is not installed: pip install {package}") from None
+            raise error(
+                f"Optuna's {cls.__name__} needs the package {package!r}, which is not installed: pip install {package}"
+            ) from None
     kwargs = dict(args)
     if seed is not None and "seed" not in kwargs and module == "samplers":
         kwargs["seed"] = seed
@@ -183,9 +185,15 @@ def create_optuna_tuner(args: dict[str, Any], search_space: dict[str, Any], expe
     allowed = {"sampler", "sampler_args", "optimize_mode", "seed", "storage", "study_name"}
     unexpected = sorted(set(args) - allowed)
     if unexpected:
-        raise TunerError(f"unexpected classArgs {', '.join(map(repr, unexpected))} for tuner 'optuna'; accepted: {', '.join(sorted(allowed))}")
-    return OptunaTuner(search_space, study_name=args.get("study_name") or f"trialkeeper-{experiment_id or 'experiment'}",
-                       **{k: v for k, v in args.items() if k != "study_name"})
+        raise TunerError(
+            f"unexpected classArgs {', '.join(map(repr, unexpected))} for tuner 'optuna'; "
+            f"accepted: {', '.join(sorted(allowed))}"
+        )
+    return OptunaTuner(
+        search_space,
+        study_name=args.get("study_name") or f"trialkeeper-{experiment_id or 'experiment'}",
+        **{k: v for k, v in args.items() if k != "study_name"},
+    )
 
 
 def create_optuna_mirror(storage: str, study_name: str, search_space: dict[str, Any], optimize_mode: str,
@@ -193,10 +201,14 @@ def create_optuna_mirror(storage: str, study_name: str, search_space: dict[str, 
     """An Optuna study at ``storage`` kept as a copy of an experiment whatever its tuner
     (``optunaStorage``): each trial enters it with the parameters the tuner proposed."""
     if batch:
-        raise TunerError("optunaStorage: NNI's Batch tuner's search space has no Optuna distributions; leave optunaStorage out")
+        raise TunerError(
+            "optunaStorage: NNI's Batch tuner's search space has no Optuna distributions; leave optunaStorage out"
+        )
     try:
         # Random: the sampler is never consulted, every trial is enqueued with its parameters.
-        return OptunaTuner(search_space, sampler="random", optimize_mode=optimize_mode, storage=storage, study_name=study_name)
+        return OptunaTuner(
+            search_space, sampler="random", optimize_mode=optimize_mode, storage=storage, study_name=study_name
+        )
     except SearchSpaceError as e:
         issues = [(f"optunaStorage: {where}", why) for where, why in e.issues]
         raise SearchSpaceError(issues) from e
@@ -210,9 +222,21 @@ def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaA
     allowed = {"pruner", "pruner_args", "optimize_mode"}
     unexpected = sorted(set(args) - allowed)
     if unexpected:
-        raise AssessorError(f"unexpected classArgs {', '.join(map(repr, unexpected))} for assessor 'optuna'; accepted: {', '.join(sorted(allowed))}")
+        raise AssessorError(
+            f"unexpected classArgs {', '.join(map(repr, unexpected))} for assessor 'optuna'; "
+            f"accepted: {', '.join(sorted(allowed))}"
+        )
     optuna = _optuna("assessor 'optuna'")
-    pruner = _make(optuna, "pruners", _PRUNERS, args.get("pruner", "median"), args.get("pruner_args", {}), "pruner", None, AssessorError)
+    pruner = _make(
+        optuna,
+        "pruners",
+        _PRUNERS,
+        args.get("pruner", "median"),
+        args.get("pruner_args", {}),
+        "pruner",
+        None,
+        AssessorError,
+    )
     if isinstance(tuner, OptunaTuner):
         tuner.study.pruner = pruner
         return OptunaAssessor(tuner.study, tuner)
@@ -224,9 +248,17 @@ def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaA
 class OptunaTuner(Tuner):
     """Proposes through an Optuna study with the sampler named in classArgs."""
 
-    def __init__(self, search_space: dict[str, Any], *, sampler: str = "TPE", sampler_args: dict[str, Any] | None = None,
-                 optimize_mode: str = "maximize", seed: int | None = None, storage: str | None = None,
-                 study_name: str = "trialkeeper") -> None:
+    def __init__(
+        self,
+        search_space: dict[str, Any],
+        *,
+        sampler: str = "TPE",
+        sampler_args: dict[str, Any] | None = None,
+        optimize_mode: str = "maximize",
+        seed: int | None = None,
+        storage: str | None = None,
+        study_name: str = "trialkeeper",
+    ) -> None:
         validate_search_space(search_space)
         issues = optuna_space_issues(search_space)
         if issues:

@@ -148,7 +148,9 @@ class Search:
         if keep is False:
             t.stopping = True
             log.info("trial %s: the assessor stops it after %d results", event.trial_id, len(t.history))
-            return [StopTrial(event.trial_id, f"stopped early by the assessor after {len(t.history)} intermediate results")]
+            return [
+                StopTrial(event.trial_id, f"stopped early by the assessor after {len(t.history)} intermediate results")
+            ]
         return []
 
     def resume(self, history: Sequence[PastTrial]) -> None:

@@ -96,17 +96,27 @@ def validate_search_space(space: object, *, batch: bool = False) -> None:
 
 
 def _check_batch(space: dict[Any, Any], issues: list[tuple[str, str]]) -> None:
-    shape = 'NNI\'s Batch tuner takes one parameter, {"combine_params": {"_type": "choice", "_value": [{name: value, ...}, ...]}}'
+    shape = (
+        "NNI's Batch tuner takes one parameter, "
+        '{"combine_params": {"_type": "choice", "_value": [{name: value, ...}, ...]}}'
+    )
     if len(space) != 1:
         issues.append(("<root>", f"{shape}; got {len(space)} parameters"))
         return
     (name, spec), = space.items()
-    if not isinstance(spec, dict) or spec.get("_type") != "choice" or not isinstance(spec.get("_value"), list) or not spec["_value"]:
+    if (
+        not isinstance(spec, dict)
+        or spec.get("_type") != "choice"
+        or not isinstance(spec.get("_value"), list)
+        or not spec["_value"]
+    ):
         issues.append((str(name), f"{shape}: a choice with a non-empty list of parameter sets"))
         return
     for i, item in enumerate(spec["_value"]):
         if not (isinstance(item, dict) and item and all(isinstance(k, str) for k in item)):
-            issues.append((f"{name}._value[{i}]", f"{shape}: each option is a non-empty mapping of parameter name -> value"))
+            issues.append(
+                (f"{name}._value[{i}]", f"{shape}: each option is a non-empty mapping of parameter name -> value")
+            )
 
 
 def _check_space(space: dict[Any, Any], prefix: str, issues: list[tuple[str, str]]) -> None:

@@ -102,7 +102,9 @@ _RUNS_WITHIN = "SELECT idx, n FROM metric_runs WHERE trial_id = ? AND idx > ? AN
 
 def _insert(db: sqlite3.Connection, r: MetricRun) -> None:
     jsons = json.dumps(list(r.value_jsons), separators=(",", ":")) if r.value_jsons is not None else None
-    db.execute(_INSERT, (r.trial_id, r.first_index, len(r.values), r.kind, _pack(r.values), jsons, _pack(r.reported_at)))
+    db.execute(
+        _INSERT, (r.trial_id, r.first_index, len(r.values), r.kind, _pack(r.values), jsons, _pack(r.reported_at))
+    )
 
 
 def _part(r: MetricRun, lo: int, hi: int) -> MetricRun:
@@ -126,8 +128,10 @@ def read(db: sqlite3.Connection, where: str, args: Sequence[object], *, has_runs
     """The metrics of the trials ``where`` selects (a condition on ``trial_id``), by trial
     and index, from both tables; one row per (trial, index)."""
     plain = [
-        MetricRow(*r) for r in db.execute(
-            f"SELECT trial_id, idx, kind, value, value_json, reported_at FROM metrics {where} ORDER BY trial_id, idx", args
+        MetricRow(*r)
+        for r in db.execute(
+            f"SELECT trial_id, idx, kind, value, value_json, reported_at FROM metrics {where} ORDER BY trial_id, idx",
+            args,
         )
     ]
     if not has_runs:
@@ -145,7 +149,9 @@ def next_index(db: sqlite3.Connection, trial_id: str, *, has_runs: bool) -> int:
     """The index after the trial's last stored result (0 when it has none)."""
     (n,) = db.execute("SELECT coalesce(max(idx) + 1, 0) FROM metrics WHERE trial_id = ?", (trial_id,)).fetchone()
     if has_runs:
-        (m,) = db.execute("SELECT coalesce(max(idx + n), 0) FROM metric_runs WHERE trial_id = ?", (trial_id,)).fetchone()
+        (m,) = db.execute(
+            "SELECT coalesce(max(idx + n), 0) FROM metric_runs WHERE trial_id = ?", (trial_id,)
+        ).fetchone()
         n = max(n, m)
     return int(n)
 

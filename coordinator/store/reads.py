@@ -92,7 +92,10 @@ class StoreReader:
 
     def active_trials(self) -> list[dict[str, Any]]:
         """The trials waiting or running, in submission order."""
-        return [dict(r) for r in self._db.execute("SELECT * FROM trials WHERE status IN ('WAITING', 'RUNNING') ORDER BY seq")]
+        return [
+            dict(r)
+            for r in self._db.execute("SELECT * FROM trials WHERE status IN ('WAITING', 'RUNNING') ORDER BY seq")
+        ]
 
     def trial_counts(self) -> dict[str, int]:
         """How many trials hold each stored status."""
@@ -111,7 +114,15 @@ class StoreReader:
         return dict(row) if row else None
 
     def trials_page(
-        self, *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any], descending: bool, offset: int, limit: int
+        self,
+        *,
+        where: str,
+        args: Sequence[Any],
+        key: str,
+        key_args: Sequence[Any],
+        descending: bool,
+        offset: int,
+        limit: int,
     ) -> tuple[int, list[dict[str, Any]]]:
         """One page of trials sorted by ``key`` (rows without a value last) and how many match.
         ``where`` and ``key`` are SQL fragments the read model builds from a fixed set
@@ -173,7 +184,13 @@ class StoreReader:
             after = edge
             if n:
                 ended += n
-                best_so_far = best_here if best_so_far is None else best_so_far if best_here is None else pick(best_so_far, best_here)
+                best_so_far = (
+                    best_here
+                    if best_so_far is None
+                    else best_so_far
+                    if best_here is None
+                    else pick(best_so_far, best_here)
+                )
                 series.append((at, ended, best_so_far))
         return series
 
@@ -256,6 +273,11 @@ def _gpu_row(r: sqlite3.Row) -> GpuSampleRow:
     except (TypeError, ValueError):
         trial_ids = []  # a row no reader can attribute: still a sample of its GPU
     return GpuSampleRow(
-        r["at"], r["environment_id"], r["uuid"], r["utilization"], r["memory_used_bytes"],
-        r["memory_total_bytes"], tuple(t for t in trial_ids if isinstance(t, str)) if isinstance(trial_ids, list) else (),
+        r["at"],
+        r["environment_id"],
+        r["uuid"],
+        r["utilization"],
+        r["memory_used_bytes"],
+        r["memory_total_bytes"],
+        tuple(t for t in trial_ids if isinstance(t, str)) if isinstance(trial_ids, list) else (),
     )

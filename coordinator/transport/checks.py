@@ -100,7 +100,10 @@ def result_refusal(
     MetricRun, whose JSON is "" where it is the repr of its number)."""
     words = _KIND_WORDS.get(kind)
     if words is None:
-        problem: str | None = f"its kind {kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) nor final ({pb.METRIC_KIND_FINAL})"
+        problem: str | None = (
+            f"its kind {kind} is neither intermediate ({pb.METRIC_KIND_INTERMEDIATE}) "
+            f"nor final ({pb.METRIC_KIND_FINAL})"
+        )
     elif index > MAX_SEQ:
         problem = f"its index {index} is beyond {MAX_SEQ}"
     elif not math.isfinite(reported_at):
@@ -115,5 +118,7 @@ def result_refusal(
 
 
 def metric_over_limit(i: int, m: pb.Metric) -> str:
-    name, limit = ("trial_id", "MAX_ID_CHARS") if len(m.trial_id) > MAX_ID_CHARS else ("value_json", "MAX_VALUE_JSON_CHARS")
+    name, limit = (
+        ("trial_id", "MAX_ID_CHARS") if len(m.trial_id) > MAX_ID_CHARS else ("value_json", "MAX_VALUE_JSON_CHARS")
+    )
     return limits.over(f"MetricBatch.metrics[{i}].{name}", len(getattr(m, name)), limit)

@@ -249,7 +249,9 @@ class Servicer(pb_grpc.CoordinatorServicer):
                 if msg.HasField("metrics"):
                     converted = wire.metrics_reported(env_id, link.id, seq, msg.metrics)
                     if isinstance(converted, str):
-                        log.warning("environment %s: message #%d refused: %s; ending its stream", env_id, seq, converted)
+                        log.warning(
+                            "environment %s: message #%d refused: %s; ending its stream", env_id, seq, converted
+                        )
                         await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq} refused: {converted}")
                     reported, refused = converted
                     # Metrics the core could not store are left out and noted in their trial's
@@ -290,7 +292,9 @@ class Servicer(pb_grpc.CoordinatorServicer):
         for trial_id, items in per_trial.items():
             lines = [r.text for r in items[:MAX_NOTES_PER_TRIAL]]
             if len(items) > MAX_NOTES_PER_TRIAL:
-                lines.append(f"refused {len(items) - MAX_NOTES_PER_TRIAL} more results from the agent in the same message")
+                lines.append(
+                    f"refused {len(items) - MAX_NOTES_PER_TRIAL} more results from the agent in the same message"
+                )
             try:
                 for line in lines:
                     self.core.agent_note(env_id, trial_id, line)

@@ -118,7 +118,10 @@ def metrics_reported(
                 return problem
             done += len(run.values)
             if done > MAX_METRICS_PER_BATCH:
-                return f"MetricBatch holds more than {MAX_METRICS_PER_BATCH:,} results in its metrics and runs (MAX_METRICS_PER_BATCH)"
+                return (
+                    f"MetricBatch holds more than {MAX_METRICS_PER_BATCH:,} results in its metrics and runs "
+                    "(MAX_METRICS_PER_BATCH)"
+                )
     return ev.AgentReported(env_id, link, seq, ev.MetricsReported(tuple(out))), refused
 
 
@@ -159,14 +162,25 @@ def _run(run: pb.MetricRun, path: str, done: int, out: list[MetricRun], refused:
     for k in range(n + 1):
         refusal = None
         if k < n:
-            refusal = checks.result_refusal(done + k, trial_id, run.kind, first + k, values[k], jsons[k] if jsons else "", ats[k])
+            refusal = checks.result_refusal(
+                done + k, trial_id, run.kind, first + k, values[k], jsons[k] if jsons else "", ats[k]
+            )
             if refusal is None:
                 kept.append((values[k], jsons[k] if jsons else "", ats[k]))
                 continue
             refused.append(refusal)
         if kept:
             given = [j for _, j, _ in kept]
-            out.append(MetricRun(trial_id, str(kind), start, [v for v, _, _ in kept], given if any(given) else None, [a for _, _, a in kept]))
+            out.append(
+                MetricRun(
+                    trial_id,
+                    str(kind),
+                    start,
+                    [v for v, _, _ in kept],
+                    given if any(given) else None,
+                    [a for _, _, a in kept],
+                )
+            )
             kept = []
         start = first + k + 1
     return ""

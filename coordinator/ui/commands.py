@@ -29,7 +29,9 @@ def add_commands(sub: Any) -> None:
         description="Serve the dashboard of a running, finished or crashed experiment, read from its store.",
     )
     ui.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
-    ui.add_argument("--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})")
+    ui.add_argument(
+        "--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})"
+    )
     ui.set_defaults(func=cmd_ui)
 
     tb = sub.add_parser(
@@ -48,7 +50,9 @@ def _err(message: str) -> None:
     print(f"trialkeeper: {message}", file=sys.stderr)
 
 
-def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: Callable[[str], None]) -> tuple[Callable[[Any], None] | None, Callable[[], None]]:
+def dashboard_starter(
+    args: argparse.Namespace, stop: Callable[[], None], say: Callable[[str], None]
+) -> tuple[Callable[[Any], None] | None, Callable[[], None]]:
     """For ``run --ui``: a hook that starts the dashboard once the coordinator runs, and a
     function that stops it. (None, no-op) without ``--ui``."""
     if getattr(args, "ui", None) is None:
@@ -64,7 +68,9 @@ def dashboard_starter(args: argparse.Namespace, stop: Callable[[], None], say: C
 
     def on_start(coordinator: Any) -> None:
         loop = asyncio.get_running_loop()
-        controls = Controls(loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes)
+        controls = Controls(
+            loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes
+        )
         thread = DashboardThread(coordinator.experiment_dir, sock, controls)
         url = thread.start()
         started.append(thread)

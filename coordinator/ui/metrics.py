@@ -33,7 +33,9 @@ class ExperimentCollector(Collector):
         queue.add_metric([labels["experiment"]], counts.get(TrialStatus.WAITING.value, 0))
         out.append(queue)
 
-        by_state = GaugeMetricFamily("trialkeeper_environments", "Environments by state.", labels=["experiment", "state"])
+        by_state = GaugeMetricFamily(
+            "trialkeeper_environments", "Environments by state.", labels=["experiment", "state"]
+        )
         env_counts: dict[str, int] = {}
         for e in envs:
             key = e.status.value if e.status is not None else "UNREADABLE"
@@ -42,7 +44,9 @@ class ExperimentCollector(Collector):
             by_state.add_metric([labels["experiment"], state], env_counts.get(state, 0))
         out.append(by_state)
 
-        connected = GaugeMetricFamily("trialkeeper_agents_connected", "Agents with an open stream.", labels=["experiment"])
+        connected = GaugeMetricFamily(
+            "trialkeeper_agents_connected", "Agents with an open stream.", labels=["experiment"]
+        )
         connected.add_metric([labels["experiment"]], sum(1 for e in envs if e.connected))
         out.append(connected)
 
@@ -57,18 +61,26 @@ class ExperimentCollector(Collector):
             )
             seconds.add_metric([labels["experiment"]], total)
             out.append(seconds)
-            count = CounterMetricFamily("trialkeeper_scheduling_passes", "Scheduling passes run.", labels=["experiment"])
+            count = CounterMetricFamily(
+                "trialkeeper_scheduling_passes", "Scheduling passes run.", labels=["experiment"]
+            )
             count.add_metric([labels["experiment"]], passes)
             out.append(count)
             latest = GaugeMetricFamily(
-                "trialkeeper_scheduling_pass_last_seconds", "How long the latest scheduling pass took.", labels=["experiment"]
+                "trialkeeper_scheduling_pass_last_seconds",
+                "How long the latest scheduling pass took.",
+                labels=["experiment"],
             )
             latest.add_metric([labels["experiment"]], last)
             out.append(latest)
 
         names = ["experiment", "environment", "gpu", "uuid"]
-        util = GaugeMetricFamily("trialkeeper_gpu_utilization_percent", "GPU utilisation at the latest sample.", labels=names)
-        used = GaugeMetricFamily("trialkeeper_gpu_memory_used_bytes", "GPU memory used at the latest sample.", labels=names)
+        util = GaugeMetricFamily(
+            "trialkeeper_gpu_utilization_percent", "GPU utilisation at the latest sample.", labels=names
+        )
+        used = GaugeMetricFamily(
+            "trialkeeper_gpu_memory_used_bytes", "GPU memory used at the latest sample.", labels=names
+        )
         total_mem = GaugeMetricFamily("trialkeeper_gpu_memory_total_bytes", "GPU memory in all.", labels=names)
         for e in envs:
             for g in e.gpus:

@@ -106,7 +106,9 @@ def _static() -> Any:
     return resources.files("trialkeeper.coordinator.ui").joinpath("static")
 
 
-def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: Controls | None = None) -> web.Application:
+def build_app(
+    experiment_dir: Path, *, token: str, open_reads: bool, controls: Controls | None = None
+) -> web.Application:
     """The dashboard of the experiment in ``experiment_dir``. ``open_reads``: pages and reads
     need no token (a loopback bind)."""
     state = _State(experiment_dir, token, open_reads, controls)
@@ -123,7 +125,9 @@ def build_app(experiment_dir: Path, *, token: str, open_reads: bool, controls: C
         r.query.get("nni_results") == "1")))
     app.router.add_get("/api/compare", state.view(lambda m, r: views.compare(m)))
     app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
-    app.router.add_get("/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"])))
+    app.router.add_get(
+        "/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"]))
+    )
     app.router.add_get("/api/events", state.events)
     app.router.add_post("/api/trials/{id}/cancel", state.cancel)
     app.router.add_post("/api/experiment/stop", state.stop)
@@ -181,14 +185,19 @@ class _State:
         return bool(self.token) and hmac.compare_digest(presented.encode(), self.token.encode())
 
     @web.middleware
-    async def guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def guard(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         public = request.path == "/" or request.path.startswith("/static/") or request.path == "/api/login"
         if self.open_reads and not is_loopback(_host_name(request.host)):
             # Open reads are for this machine: a page of another site that has its name point
             # at 127.0.0.1 (DNS rebinding) still sends its own name, and is refused.
             return _error(403, f"this dashboard answers only to a loopback address or localhost, not {request.host!r}")
         if not (self.open_reads or public or self._valid(self._presented(request, cookie=True))):
-            return _error(401, "this dashboard needs the experiment's token (log in on the page, or send Authorization: Bearer TOKEN)")
+            return _error(
+                401,
+                "this dashboard needs the experiment's token (log in on the page, or send Authorization: Bearer TOKEN)",
+            )
         response = await handler(request)
         response.headers.setdefault("Cache-Control", "no-store")
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
@@ -271,7 +280,9 @@ class _State:
         if not self._valid(self._presented(request, cookie=False)):
             return _error(403, "actions need the experiment's token in an Authorization: Bearer header")
         if self.controls is None:
-            return _error(409, "this dashboard reads a stored experiment; actions need the one `trialkeeper run --ui` serves")
+            return _error(
+                409, "this dashboard reads a stored experiment; actions need the one `trialkeeper run --ui` serves"
+            )
         return None
 
     async def _on_experiment_loop(self, coro: Awaitable[None]) -> None:
@@ -289,7 +300,9 @@ class _State:
         if trial is None:
             return _error(404, f"no trial {trial_id!r}")
         if not trial.active:
-            return _error(409, f"trial {trial_id} has already ended ({trial.status.value if trial.status else 'unreadable'})")
+            return _error(
+                409, f"trial {trial_id} has already ended ({trial.status.value if trial.status else 'unreadable'})"
+            )
         try:
             await self._on_experiment_loop(self.controls.cancel(trial_id))
         except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
@@ -351,7 +364,9 @@ def bind(host: str, port: int) -> socket.socket:
     """The dashboard's listening socket, bound now: a port already taken is told before anything
     else starts (``run --ui`` binds it before the coordinator launches a single agent)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as e:
         raise DashboardError(f"the dashboard cannot listen on {host}:{port}: {e.strerror or e}") from e
     sock = socket.socket(family, kind, proto)

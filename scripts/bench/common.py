@@ -88,7 +88,11 @@ def run_json_child(
             result["peak_rss_mib"] = sampler.peak_rss / 2**20
         return result
     except ValueError:
-        return {"error": "no JSON result", "stdout_tail": "\n".join(lines[-5:]), "stderr_tail": err.decode(errors="replace")[-800:]}
+        return {
+            "error": "no JSON result",
+            "stdout_tail": "\n".join(lines[-5:]),
+            "stderr_tail": err.decode(errors="replace")[-800:],
+        }
 
 
 class Sampler:

@@ -48,8 +48,18 @@ def build(exp: Path, trials: int, envs: int) -> float:
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "H100", "memory_total_bytes": 80 * 2**30} for i in range(2)]
     with store.transaction():
         for e in range(envs):
-            store.update_env(f"env-{e}", hostname=f"host-{e}", info_json=json.dumps({"gpus": [dict(g, uuid=f"GPU-{e}-{g['index']}") for g in gpus]}))
-    store.add_metrics([MetricRow(f"t{s:06d}", i, "intermediate", i / 3, json.dumps(i / 3), 1.0) for s in range(trials) for i in range(3)])
+            store.update_env(
+                f"env-{e}",
+                hostname=f"host-{e}",
+                info_json=json.dumps({"gpus": [dict(g, uuid=f"GPU-{e}-{g['index']}") for g in gpus]}),
+            )
+    store.add_metrics(
+        [
+            MetricRow(f"t{s:06d}", i, "intermediate", i / 3, json.dumps(i / 3), 1.0)
+            for s in range(trials)
+            for i in range(3)
+        ]
+    )
     store.add_gpu_samples([
         GpuSampleRow(1_700_000_000.0 + k, f"env-{e}", f"GPU-{e}-{g}", 50.0, 2**34, 80 * 2**30, (f"t{e:06d}",))
         for k in range(20) for e in range(envs) for g in range(2)
@@ -74,7 +84,11 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=100_000)
     p.add_argument("--envs", type=int, default=1_000)
     args = p.parse_args()
-    tk = str(Path(sys.executable).parent / "trialkeeper") if (Path(sys.executable).parent / "trialkeeper").exists() else shutil.which("trialkeeper")
+    tk = (
+        str(Path(sys.executable).parent / "trialkeeper")
+        if (Path(sys.executable).parent / "trialkeeper").exists()
+        else shutil.which("trialkeeper")
+    )
     with tempfile.TemporaryDirectory() as tmp:
         exp = Path(tmp) / "exp"
         took = build(exp, args.trials, args.envs)

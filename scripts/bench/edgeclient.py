@@ -27,7 +27,16 @@ async def main(a: argparse.Namespace) -> None:
     token = Path(a.token_file).read_text().strip()
     async with grpc.aio.insecure_channel(a.coordinator) as channel:
         call = pb_grpc.CoordinatorStub(channel).Session(metadata=(("x-trialkeeper-token", token),))
-        await call.write(pb.AgentMessage(register=pb.Register(protocol_version=PROTOCOL_VERSION, environment_id=a.env_id, agent_instance_id=uuid.uuid4().hex, hostname="edge")))
+        await call.write(
+            pb.AgentMessage(
+                register=pb.Register(
+                    protocol_version=PROTOCOL_VERSION,
+                    environment_id=a.env_id,
+                    agent_instance_id=uuid.uuid4().hex,
+                    hostname="edge",
+                )
+            )
+        )
         welcome = await asyncio.wait_for(call.read(), 30)
         assert welcome.HasField("welcome"), welcome
         trial_id = "bare"
@@ -38,7 +47,9 @@ async def main(a: argparse.Namespace) -> None:
                     trial_id = msg.start_trial.trial_id
                     break
         seq = 1
-        await call.write(pb.AgentMessage(seq=seq, trial_started=pb.TrialStarted(trial_id=trial_id, pid=1, started_at=time.time())))
+        await call.write(
+            pb.AgentMessage(seq=seq, trial_started=pb.TrialStarted(trial_id=trial_id, pid=1, started_at=time.time()))
+        )
         last = seq + a.messages
         done = asyncio.get_running_loop().create_future()
         acks = {"n": 0}

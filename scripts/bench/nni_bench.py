@@ -51,8 +51,15 @@ os.close(_fd)
 def _standalone(python: str, code: Path, times: Path) -> None:
     """The trial run by hand: NNI's standalone mode (no NNI_PLATFORM), x = 1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NNI_")} | {"BENCH_TIMES": str(times)}
-    subprocess.run([python, "-c", NNI_TRIAL.replace('params["x"]', "params.get('x', 1)")], cwd=code, env=env, check=True,
-                   timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [python, "-c", NNI_TRIAL.replace('params["x"]', "params.get('x', 1)")],
+        cwd=code,
+        env=env,
+        check=True,
+        timeout=60,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _floor(python: str, code: Path, times: Path, repeats: int) -> list[float]:
@@ -146,7 +153,9 @@ def _nni(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         jobs = exp.list_trial_jobs()
         out["ok"] = sum(1 for j in jobs if j.status == "SUCCEEDED")
         seen = read_times(times)
-        out["start_s"] = [seen[j.trialJobId][0] - j.startTime / 1000 for j in jobs if j.trialJobId in seen and j.startTime]
+        out["start_s"] = [
+            seen[j.trialJobId][0] - j.startTime / 1000 for j in jobs if j.trialJobId in seen and j.startTime
+        ]
     finally:
         exp.stop()
     out["floor_start_s"] += _floor(sys.executable, code, d / "floor", a.starts // 2)

@@ -44,7 +44,9 @@ def wait_for_trials(exp: Any, n: int, timeout: float, interval: float = 0.2) -> 
     deadline = time.monotonic() + timeout
     done = 0
     while time.monotonic() < deadline:
-        done = sum(1 for j in exp.list_trial_jobs() if j.status in ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED"))
+        done = sum(
+            1 for j in exp.list_trial_jobs() if j.status in ("SUCCEEDED", "FAILED", "USER_CANCELED", "SYS_CANCELED")
+        )
         if done >= n:
             break
         time.sleep(interval)

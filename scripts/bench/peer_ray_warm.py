@@ -49,7 +49,12 @@ def main() -> None:
             results = tuner.fit()
             spans = sorted((r.metrics["first"], r.metrics["last"]) for r in results if r.error is None)
             gaps = [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(spans)]
-            out[f"{label}_gap_s"] = {"min": min(gaps), "median": statistics.median(gaps), "max": max(gaps), "n": len(gaps)}
+            out[f"{label}_gap_s"] = {
+                "min": min(gaps),
+                "median": statistics.median(gaps),
+                "max": max(gaps),
+                "n": len(gaps),
+            }
     ray.shutdown()
     print(json.dumps(out), flush=True)
 

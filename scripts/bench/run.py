@@ -27,27 +27,69 @@ from common import PYTHON, percentile, run_json_child, summary
 
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {
-        "n": 200, "ks": (1, 2), "repeats": 3, "sequential": 10,
-        "ingest": (4, 25_000), "ingest_repeats": 3,
-        "footprint_s": 3.0, "failure_repeats": 3, "lease": True,
-        "scale": (100, 1000, 10_000), "bare": (100, 1000, 10_000), "burst": 10_000, "burst_timeout": 40,
-        "sched": (100, 1000, 5000), "waiting": 10_000, "peer_n": 40, "window": 3.0, "nni": (40, 5, 2), "warm_starts": 10,
+        "n": 200,
+        "ks": (1, 2),
+        "repeats": 3,
+        "sequential": 10,
+        "ingest": (4, 25_000),
+        "ingest_repeats": 3,
+        "footprint_s": 3.0,
+        "failure_repeats": 3,
+        "lease": True,
+        "scale": (100, 1000, 10_000),
+        "bare": (100, 1000, 10_000),
+        "burst": 10_000,
+        "burst_timeout": 40,
+        "sched": (100, 1000, 5000),
+        "waiting": 10_000,
+        "peer_n": 40,
+        "window": 3.0,
+        "nni": (40, 5, 2),
+        "warm_starts": 10,
         "store": (1_000_000, 5),
     },
     "quick": {
-        "n": 50, "ks": (1, 2), "repeats": 2, "sequential": 6,
-        "ingest": (4, 5_000), "ingest_repeats": 2,
-        "footprint_s": 2.0, "failure_repeats": 2, "lease": False,
-        "scale": (100, 500), "bare": (500,), "burst": 2_000, "burst_timeout": 15,
-        "sched": (100, 1000), "waiting": 10_000, "peer_n": 10, "window": 2.0, "nni": (10, 3, 1), "warm_starts": 5,
+        "n": 50,
+        "ks": (1, 2),
+        "repeats": 2,
+        "sequential": 6,
+        "ingest": (4, 5_000),
+        "ingest_repeats": 2,
+        "footprint_s": 2.0,
+        "failure_repeats": 2,
+        "lease": False,
+        "scale": (100, 500),
+        "bare": (500,),
+        "burst": 2_000,
+        "burst_timeout": 15,
+        "sched": (100, 1000),
+        "waiting": 10_000,
+        "peer_n": 10,
+        "window": 2.0,
+        "nni": (10, 3, 1),
+        "warm_starts": 5,
         "store": (100_000, 3),
     },
     "smoke": {
-        "n": 6, "ks": (1, 2), "repeats": 1, "sequential": 2,
-        "ingest": (2, 200), "ingest_repeats": 1,
-        "footprint_s": 0.5, "failure_repeats": 1, "lease": False,
-        "scale": (5,), "bare": (5,), "burst": 60, "burst_timeout": 15,
-        "sched": (10,), "waiting": 100, "peer_n": 4, "window": 0.5, "nni": (4, 1, 1), "warm_starts": 1,
+        "n": 6,
+        "ks": (1, 2),
+        "repeats": 1,
+        "sequential": 2,
+        "ingest": (2, 200),
+        "ingest_repeats": 1,
+        "footprint_s": 0.5,
+        "failure_repeats": 1,
+        "lease": False,
+        "scale": (5,),
+        "bare": (5,),
+        "burst": 60,
+        "burst_timeout": 15,
+        "sched": (10,),
+        "waiting": 100,
+        "peer_n": 4,
+        "window": 0.5,
+        "nni": (4, 1, 1),
+        "warm_starts": 1,
         "store": (2_000, 1),
     },
 }
@@ -184,7 +226,9 @@ def run_nni(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
     args = [str(x) for x in ("--n", n, "--width", 2, "--starts", starts)]
     for i in range(rounds):
         log(f"9. NNI trials, round {i + 1}/{rounds}: {n}, 2 at a time, under trialkeeper")
-        R["nni"]["trialkeeper"].append(run_json_child([PYTHON, str(HERE / "nni_bench.py"), "trialkeeper", "--nni-python", nni_python, *args], 600))
+        R["nni"]["trialkeeper"].append(
+            run_json_child([PYTHON, str(HERE / "nni_bench.py"), "trialkeeper", "--nni-python", nni_python, *args], 600)
+        )
         log(f"9. NNI trials, round {i + 1}/{rounds}: {n}, 2 at a time, under NNI's local training service")
         R["nni"]["nni"].append(run_json_child([nni_python, str(HERE / "nni_bench.py"), "nni", *args], 600))
 
@@ -224,11 +268,23 @@ def store_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
         return
     size = f"{r['trials']:,} trials, {r['metrics']:,} metrics"
     for name, s in r["cli"].items():
-        row(rows, f"11. trialkeeper {name.replace(', fresh process', '')} ({size}){' as a new process' if 'fresh' in name else ''} (s)",
-            s, target="≤ 0.5 s", digits=3, note="" if "fresh" in name else "the CLI's code in the bench's process")
+        row(
+            rows,
+            f"11. trialkeeper {name.replace(', fresh process', '')} ({size})"
+            f"{' as a new process' if 'fresh' in name else ''} (s)",
+            s,
+            target="≤ 0.5 s",
+            digits=3,
+            note="" if "fresh" in name else "the CLI's code in the bench's process",
+        )
     for path, s in r["ui"].items():
         row(rows, f"11. dashboard {path} ({size}) (s)", s, target="≤ 0.5 s", digits=3)
-    row(rows, "11. store size per trial (bytes)", fmt(r["bytes_per_trial"], digits=0), note="row, indexes and 2 status events")
+    row(
+        rows,
+        "11. store size per trial (bytes)",
+        fmt(r["bytes_per_trial"], digits=0),
+        note="row, indexes and 2 status events",
+    )
     row(rows, "11. store size per metric (bytes)", fmt(r["bytes_per_metric"], digits=0))
 
 
@@ -278,9 +334,15 @@ def nni_rows(rows: list[dict[str, Any]], R: dict[str, Any]) -> None:
         note = f"{sum(r['ok'] for r in runs)}/{n * len(runs)} succeeded over {len(runs)} round(s)"
         if key == "nni":
             note += f"; manager start {fmt(statistics.median(r['manager_start_s'] for r in runs))} s not counted"
-        row(rows, f"9. {n} NNI trials, 2 at a time, under {label}: wall (s)", fsum(summary(walls), digits=1),
-            fsum(summary(floor_walls), digits=1), fsum(ratio_summary(walls, [statistics.median(floor_walls)] * len(walls)), "×", 2)
-            if floor_walls else None, "", note)
+        row(
+            rows,
+            f"9. {n} NNI trials, 2 at a time, under {label}: wall (s)",
+            fsum(summary(walls), digits=1),
+            fsum(summary(floor_walls), digits=1),
+            fsum(ratio_summary(walls, [statistics.median(floor_walls)] * len(walls)), "×", 2) if floor_walls else None,
+            "",
+            note,
+        )
 
 
 # ---- the table --------------------------------------------------------------------------
@@ -377,8 +439,12 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
         # The same per CPU-second of every process involved (trials and what receives them):
         # what the rate would be on a machine of its own, where the others' load on a shared
         # one moves both rates.
-        per_cpu = [r["stored"] / sum(r["cpu_s"].values()) if ok(r) and r.get("cpu_s") else None for r in ing["trialkeeper"]]
-        fper_cpu = [r["received"] / sum(r["cpu_s"].values()) if ok(r) and r.get("cpu_s") else None for r in ing["floor"]]
+        per_cpu = [
+            r["stored"] / sum(r["cpu_s"].values()) if ok(r) and r.get("cpu_s") else None for r in ing["trialkeeper"]
+        ]
+        fper_cpu = [
+            r["received"] / sum(r["cpu_s"].values()) if ok(r) and r.get("cpu_s") else None for r in ing["floor"]
+        ]
         if any(per_cpu) and any(fper_cpu):
             row(rows, "   the same, metrics per CPU-second of trials + agents + coordinator", summary(per_cpu),
                 summary(fper_cpu), ratio_summary(per_cpu, fper_cpu), "",
@@ -402,11 +468,17 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
                 brate = [e["metrics_per_s"] for e in bare_e]
                 cpu = summary([e["server_cpu_us_per_message"] for e in tk_e])
                 bcpu = summary([e["server_cpu_us_per_message"] for e in bare_e])
-                row(rows, f"   coordinator alone, {b}-metric messages (metrics/s; CPU µs/message)",
+                row(
+                    rows,
+                    f"   coordinator alone, {b}-metric messages (metrics/s; CPU µs/message)",
                     f"{fsum(summary(rate), digits=0)}; {fmt(cpu['median'], digits=0) if cpu else '—'}",
-                    f"{fsum(summary(brate), digits=0)}; {fmt(bcpu['median'], digits=0) if bcpu else '—'}" if bare_e else None,
+                    f"{fsum(summary(brate), digits=0)}; {fmt(bcpu['median'], digits=0) if bcpu else '—'}"
+                    if bare_e
+                    else None,
                     ratio_summary(rate, brate) if bare_e else None,
-                    "≥ 0.6×" if b == 100 else "", "floor: bare gRPC server (read, ack), taken in turn")
+                    "≥ 0.6×" if b == 100 else "",
+                    "floor: bare gRPC server (read, ack), taken in turn",
+                )
     for key, data in (R.get("scale") or {}).items():
         if key.endswith("_bare"):
             continue
@@ -414,8 +486,10 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
         bare = (R.get("scale") or {}).get(f"{key}_bare", {})
         load = f"load average {fmt(data.get('connect_load'))}" if data.get("connect_load") is not None else ""
         cpu_note = (
-            f"CPU: coordinator {fmt(data['connect_cpu_s'])} s, simulated agents {fmt(data.get('connect_sim_cpu_s'))} s; {load}"
-            if data.get("connect_cpu_s") is not None else ""
+            f"CPU: coordinator {fmt(data['connect_cpu_s'])} s, "
+            f"simulated agents {fmt(data.get('connect_sim_cpu_s'))} s; {load}"
+            if data.get("connect_cpu_s") is not None
+            else ""
         )
         if data.get("connect_gc_cpu_s") is not None:
             bgc = f" (floor {fmt(bare['connect_gc_cpu_s'])} s)" if bare.get("connect_gc_cpu_s") is not None else ""
@@ -426,15 +500,27 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
                 None, None, "10,000 in ≤ 30 s" if nag >= 10_000 else "", cpu_note)
             continue
         bconnect = bare.get("connect_s")
-        row(rows, f"4. N={nag}: all agents connected (s)", fmt(data["connect_s"]), fmt(bconnect) if bconnect else None,
-            fmt(data["connect_s"] / bconnect, "×", 2) if bconnect else None, "≤ 30 s at N=10000" if nag >= 10_000 else "",
-            cpu_note + ("; floor: the same agents joining a bare gRPC server" if bconnect else ""))
+        row(
+            rows,
+            f"4. N={nag}: all agents connected (s)",
+            fmt(data["connect_s"]),
+            fmt(bconnect) if bconnect else None,
+            fmt(data["connect_s"] / bconnect, "×", 2) if bconnect else None,
+            "≤ 30 s at N=10000" if nag >= 10_000 else "",
+            cpu_note + ("; floor: the same agents joining a bare gRPC server" if bconnect else ""),
+        )
         cpu = [w["cpu_percent"] for w in data.get("heartbeat_windows", [])]
         hbs = [w["heartbeats_per_s"] for w in data.get("heartbeat_windows", [])]
         bcpu = [w["cpu_percent"] for w in bare.get("heartbeat_windows", [])]
-        row(rows, f"4. N={nag}: coordinator CPU, heartbeats at 1 s (% of one core)", summary(cpu),
-            summary(bcpu) if bcpu else None, ratio_summary(cpu, bcpu) if bcpu else None,
-            "≤ 1.2× the floor at N=1000", f"{fmt(statistics.median(hbs), digits=0)} heartbeats/s; floor: bare gRPC server" if hbs else "")
+        row(
+            rows,
+            f"4. N={nag}: coordinator CPU, heartbeats at 1 s (% of one core)",
+            summary(cpu),
+            summary(bcpu) if bcpu else None,
+            ratio_summary(cpu, bcpu) if bcpu else None,
+            "≤ 1.2× the floor at N=1000",
+            f"{fmt(statistics.median(hbs), digits=0)} heartbeats/s; floor: bare gRPC server" if hbs else "",
+        )
         per = data.get("rss_per_agent_kib")
         bper = bare.get("rss_per_agent_kib")
         row(rows, f"4. N={nag}: coordinator RSS per connected agent (KiB)", fmt(per), fmt(bper) if bper else None,
@@ -451,27 +537,55 @@ def build_table(p: dict[str, Any], R: dict[str, Any]) -> list[dict[str, Any]]:
             if "placed_s" in b:
                 # Counted from the last submit, as the target is.
                 val = f"{fmt(b['placed_s'] - b['submit_s'], ' s')} placed"
-                val += f", {fmt(b['running_s'] - b['submit_s'], ' s')} running" if "running_s" in b else f"; running {b['running']:,} of {b['target']:,} in {b['deadline_s']:.0f} s"
+                val += (
+                    f", {fmt(b['running_s'] - b['submit_s'], ' s')} running"
+                    if "running_s" in b
+                    else f"; running {b['running']:,} of {b['target']:,} in {b['deadline_s']:.0f} s"
+                )
             elif "submit_s" in b:
-                val = f"did not finish in {b['deadline_s']:.0f} s (placed {b.get('placed', '?')}, running {b.get('running', '?')} of {b['target']:,})"
+                val = (
+                    f"did not finish in {b['deadline_s']:.0f} s "
+                    f"(placed {b.get('placed', '?')}, running {b.get('running', '?')} of {b['target']:,})"
+                )
                 if data.get("stage_error"):
                     val = f"did not finish in {data['stage_timeout_s']:.0f} s (stage killed)"
             else:
                 val = "did not start"
-            row(rows, f"4. N={nag}: burst of {b['trials']:,} trials → {b['target']:,} placed/running, after the last submit", val,
-                None, None, "all running ≤ 5 s", f"submitting took {fmt(b.get('submit_s'), ' s')}")
+            row(
+                rows,
+                f"4. N={nag}: burst of {b['trials']:,} trials → {b['target']:,} placed/running, after the last submit",
+                val,
+                None,
+                None,
+                "all running ≤ 5 s",
+                f"submitting took {fmt(b.get('submit_s'), ' s')}",
+            )
     for n_envs, s in (R.get("sched") or {}).items():
         if ok(s):
             real = [x * 1000 for x in s["pass_s"]]
             ref = [x * 1000 for x in s["reference_pass_s"]]
-            row(rows, f"4. scheduler alone: {s['waiting']:,} waiting, {n_envs} full envs, 1 free GPU: one placement (ms)",
-                summary(real), summary(ref), ratio_summary(real, ref), "≤ the reference",
-                "the coordinator's indexed pass; floor: indexed reference picker", digits=2)
+            row(
+                rows,
+                f"4. scheduler alone: {s['waiting']:,} waiting, {n_envs} full envs, 1 free GPU: one placement (ms)",
+                summary(real),
+                summary(ref),
+                ratio_summary(real, ref),
+                "≤ the reference",
+                "the coordinator's indexed pass; floor: indexed reference picker",
+                digits=2,
+            )
             if s.get("plain_pass_s"):
                 plain = [x * 1000 for x in s["plain_pass_s"]]
-                row(rows, "4. scheduler alone: the same with the plain pass over the whole queue (ms)",
-                    summary(plain), summary(ref), ratio_summary(plain, ref), "", "the proof's model, not run by the coordinator",
-                    digits=2)
+                row(
+                    rows,
+                    "4. scheduler alone: the same with the plain pass over the whole queue (ms)",
+                    summary(plain),
+                    summary(ref),
+                    ratio_summary(plain, ref),
+                    "",
+                    "the proof's model, not run by the coordinator",
+                    digits=2,
+                )
         else:
             row(rows, f"4. scheduler alone, {n_envs} envs", s.get("error", "failed"))
     fp = R.get("footprint")
@@ -538,9 +652,18 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    out = ["| figure | value: median [min–max] | floor | ratio | target | note |", "| --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "| figure | value: median [min–max] | floor | ratio | target | note |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        out.append("| " + " | ".join(str(r[c] or "").replace("|", "/") for c in ("figure", "value", "floor", "ratio", "target", "note")) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                str(r[c] or "").replace("|", "/") for c in ("figure", "value", "floor", "ratio", "target", "note")
+            )
+            + " |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -549,14 +672,20 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about 2 minutes)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
     ap.add_argument("--peers", action="store_true", help="also run Ray Tune and NNI (installs them once)")
-    ap.add_argument("--only", default="", help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni,warm,store")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma list of stages: overhead,ingest,scale,footprint,failure,peers,search,nni,warm,store",
+    )
     ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""),
                     help="an interpreter with nni installed, for the nni stage (default: $TRIALKEEPER_NNI_PYTHON)")
     ap.add_argument("--ray-python", default="", help="an interpreter with ray[tune] and scikit-learn, for the "
                     "warm stage's Ray Tune comparison (default: the peers' Ray virtualenv, where it exists)")
     ap.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     ap.add_argument("--markdown", type=Path, help="also write the table as Markdown here")
-    ap.add_argument("--cache", type=Path, default=None, help="where the peers' virtualenvs and the store stage's store go")
+    ap.add_argument(
+        "--cache", type=Path, default=None, help="where the peers' virtualenvs and the store stage's store go"
+    )
     a = ap.parse_args()
     profile = "smoke" if a.smoke else "quick" if a.quick else "full"
     p = PROFILES[profile]

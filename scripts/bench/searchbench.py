@@ -194,8 +194,12 @@ def main() -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--nni-python", default=os.environ.get("TRIALKEEPER_NNI_PYTHON", ""))
     ap.add_argument("--json", type=Path, default=Path("search-bench.json"))
-    ap.add_argument("--profile", type=Path, help="with --one (a trialkeeper method): profile the coordinator's process, "
-                    "print where its CPU time goes and write the pstats file here")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="with --one (a trialkeeper method): profile the coordinator's process, "
+        "print where its CPU time goes and write the pstats file here",
+    )
     a = ap.parse_args()
     if a.one:
         if a.one == "ray-optuna+asha":
@@ -213,19 +217,40 @@ def main() -> int:
             if not python:
                 runs.append({"method": method, "seed": seed, "error": "no interpreter with NNI: pass --nni-python"})
                 continue
-            argv = [python, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials), "--concurrency", str(a.concurrency)]
+            argv = [
+                python,
+                __file__,
+                "--one",
+                method,
+                "--seed",
+                str(seed),
+                "--trials",
+                str(a.trials),
+                "--concurrency",
+                str(a.concurrency),
+            ]
             r = run_json_child(argv, timeout_s=1800)
             runs.append({"method": method, "seed": seed, **r})
             r = runs[-1]
             best = r["curve"][-1][1] if r.get("curve") else None
-            print(f"seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best} stopped {r.get('early_stopped')} {r.get('error', '')[-300:]}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best} "
+                f"stopped {r.get('early_stopped')} {r.get('error', '')[-300:]}",
+                file=sys.stderr,
+                flush=True,
+            )
     table = summarize(runs)
-    a.json.write_text(json.dumps({"trials": a.trials, "concurrency": a.concurrency, "runs": runs, "summary": table}, indent=1))
+    a.json.write_text(
+        json.dumps({"trials": a.trials, "concurrency": a.concurrency, "runs": runs, "summary": table}, indent=1)
+    )
     for row in table:
         to_ray = ", ".join("never" if f is None else f"{f:.2f}" for f in row["to_ray_best_over_ray_wall"])
-        print(f"{row['method']:16} best {', '.join(f'{b:.4f}' for b in row['best'])}; wall {', '.join(f'{w:.0f}' for w in row['wall_s'])} s; "
-              f"stopped {row['early_stopped']}; reached Ray's best at {to_ray} of Ray's wall time", file=sys.stderr)
+        print(
+            f"{row['method']:16} best {', '.join(f'{b:.4f}' for b in row['best'])}; "
+            f"wall {', '.join(f'{w:.0f}' for w in row['wall_s'])} s; "
+            f"stopped {row['early_stopped']}; reached Ray's best at {to_ray} of Ray's wall time",
+            file=sys.stderr,
+        )
     print(json.dumps({"trials": a.trials, "concurrency": a.concurrency, "seeds": a.seeds, "summary": table}))
     return 0
 

@@ -63,7 +63,9 @@ class SimAgent:
         self.instance_id = uuid.uuid4().hex
         self.report = GpuReport()
         self.gpus = [
-            pb.GpuInfo(index=g, uuid=f"GPU-{env_id}-{g}", name="Simulated A100", memory_total_bytes=80 << 30, simulated=True)
+            pb.GpuInfo(
+                index=g, uuid=f"GPU-{env_id}-{g}", name="Simulated A100", memory_total_bytes=80 << 30, simulated=True
+            )
             for g in range(args.gpus)
         ]
 
@@ -157,10 +159,13 @@ class SimAgent:
                 st = msg.start_trial
                 self.stats.starts += 1
                 self.running.add(st.trial_id)
-                await self.seq_msg(call, trial_started=pb.TrialStarted(trial_id=st.trial_id, pid=1, started_at=time.time()))
+                await self.seq_msg(
+                    call, trial_started=pb.TrialStarted(trial_id=st.trial_id, pid=1, started_at=time.time())
+                )
                 if self.a.hold >= 0:
                     asyncio.get_running_loop().call_later(
-                        self.a.hold, lambda t=st.trial_id: asyncio.ensure_future(self.end(call, t, pb.TRIAL_OUTCOME_SUCCEEDED))
+                        self.a.hold,
+                        lambda t=st.trial_id: asyncio.ensure_future(self.end(call, t, pb.TRIAL_OUTCOME_SUCCEEDED)),
                     )
             elif kind == "settings":
                 self.interval = msg.settings.heartbeat_interval_s or self.interval
@@ -175,7 +180,9 @@ class SimAgent:
         if trial_id not in self.running:
             return
         self.running.discard(trial_id)
-        ended = pb.TrialEnded(trial_id=trial_id, outcome=outcome, has_exit_code=True, exit_code=0, ended_at=time.time(), started=True)
+        ended = pb.TrialEnded(
+            trial_id=trial_id, outcome=outcome, has_exit_code=True, exit_code=0, ended_at=time.time(), started=True
+        )
         try:
             await self.seq_msg(call, trial_ended=ended)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError):
@@ -213,9 +220,18 @@ async def main(args: argparse.Namespace) -> None:
     while not all(t.done() for t in dialers) or not all(t.done() for t in tasks):
         await asyncio.sleep(args.report_s)
         line = {
-            "t": round(time.monotonic() - t0, 2), "connected": stats.connected, "failed": stats.failed, "retries": stats.retries,
-            "writing": stats.writing, "waiting": stats.waiting, "ended": stats.ended, "refusals": stats.refusals[:3],
-            "heartbeats": stats.heartbeats, "starts": stats.starts, "acks": stats.acks, "errors": stats.errors,
+            "t": round(time.monotonic() - t0, 2),
+            "connected": stats.connected,
+            "failed": stats.failed,
+            "retries": stats.retries,
+            "writing": stats.writing,
+            "waiting": stats.waiting,
+            "ended": stats.ended,
+            "refusals": stats.refusals[:3],
+            "heartbeats": stats.heartbeats,
+            "starts": stats.starts,
+            "acks": stats.acks,
+            "errors": stats.errors,
         }
         print(json.dumps(line), flush=True)
 

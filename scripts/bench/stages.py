@@ -102,7 +102,15 @@ def stage_floor(a: argparse.Namespace) -> dict[str, Any]:
         def one(i: int) -> None:
             env = dict(base, BENCH_ID=str(i), TRIALKEEPER_PARAMETERS=json.dumps({"x": i}))
             popen_at[str(i)] = time.time()
-            subprocess.run([PY, str(TRIVIAL)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=60)
+            subprocess.run(
+                [PY, str(TRIVIAL)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=True,
+                timeout=60,
+            )
             exit_seen[str(i)] = time.time()
 
         t0 = time.perf_counter()
@@ -288,7 +296,15 @@ def stage_ingest_floor(a: argparse.Namespace) -> dict[str, Any]:
                 BENCH_TIMES=str(times_file),
                 BENCH_METRICS=str(a.metrics),
             )
-            procs.append(subprocess.Popen([PY, str(FLOOD)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [PY, str(FLOOD)],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
         expected = a.trials * a.metrics
         count = 0
         deadline = time.monotonic() + a.timeout
@@ -340,8 +356,23 @@ async def _footprint(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         # The floor: one simulated agent (python + grpc + one stream + heartbeats, no runner).
         token = (c.experiment_dir / ".token")
         sim = subprocess.Popen(  # noqa: ASYNC220 (Popen returns at once; the process outlives this call)
-            [PY, str(HERE / "simagents.py"), "--coordinator", c.address, "--token-file", str(token), "--count", "1", "--gpus", "0", "--report-s", "3600"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                PY,
+                str(HERE / "simagents.py"),
+                "--coordinator",
+                c.address,
+                "--token-file",
+                str(token),
+                "--count",
+                "1",
+                "--gpus",
+                "0",
+                "--report-s",
+                "3600",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             await until(lambda: len(ready_envs(c)) >= 2, 30, "simulated agent registered")
@@ -418,7 +449,9 @@ async def _failure(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     from trialkeeper.coordinator.services import create_service
 
     pid_file = d / "trial.pids"
-    config = make_config(d, trialCommand=f"{PY} {SLEEPER}", trialEnv={"BENCH_TIMES": str(pid_file), "BENCH_SLEEP": "120"})
+    config = make_config(
+        d, trialCommand=f"{PY} {SLEEPER}", trialEnv={"BENCH_TIMES": str(pid_file), "BENCH_SLEEP": "120"}
+    )
     exp = d / "exp"
     service = None
     if a.mode == "lease":
@@ -643,7 +676,12 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
         all_connected = True
         try:
             # Each look walks every environment: not so often that the looking costs the join.
-            await until(lambda: env_count() >= a.agents, a.connect_timeout, "agents connected", interval=0.05 if a.agents < 2000 else 0.25)
+            await until(
+                lambda: env_count() >= a.agents,
+                a.connect_timeout,
+                "agents connected",
+                interval=0.05 if a.agents < 2000 else 0.25,
+            )
             R["connect_s"] = time.monotonic() - t0
         except TimeoutError:
             all_connected = False
@@ -662,7 +700,9 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
             c0, h0, w0 = cpu(), counters["heartbeats"], time.monotonic()
             await asyncio.sleep(a.window)
             span = time.monotonic() - w0
-            windows.append({"cpu_percent": (cpu() - c0) / span * 100, "heartbeats_per_s": (counters["heartbeats"] - h0) / span})
+            windows.append(
+                {"cpu_percent": (cpu() - c0) / span * 100, "heartbeats_per_s": (counters["heartbeats"] - h0) / span}
+            )
         R["heartbeat_windows"] = windows
         R["rss_connected_mib"] = me.memory_info().rss / 2**20
         R["rss_per_agent_kib"] = (R["rss_connected_mib"] - R["rss_before_mib"]) * 1024 / a.agents
@@ -694,10 +734,18 @@ async def _scale(a: argparse.Namespace, d: Path, rec: _Recorder) -> None:
             await until(lambda: counters["placed"] >= target, a.burst_timeout, "placed", interval=0.01)
             B["placed_s"] = time.monotonic() - t0
             placed_cpu = (cpu(), sum(_cpu_of(p.pid) for p in procs))
-            await until(lambda: counters["running"] >= target, max(1.0, a.burst_timeout - (time.monotonic() - t0)), "running", interval=0.01)
+            await until(
+                lambda: counters["running"] >= target,
+                max(1.0, a.burst_timeout - (time.monotonic() - t0)),
+                "running",
+                interval=0.01,
+            )
             B["running_s"] = time.monotonic() - t0
             # Which side the starts wait on: CPU seconds from placed to all running.
-            B["start_cpu_s"] = {"coordinator": cpu() - placed_cpu[0], "agents": sum(_cpu_of(p.pid) for p in procs) - placed_cpu[1]}
+            B["start_cpu_s"] = {
+                "coordinator": cpu() - placed_cpu[0],
+                "agents": sum(_cpu_of(p.pid) for p in procs) - placed_cpu[1],
+            }
         except TimeoutError as e:
             B["error"] = str(e)
         finally:
@@ -776,9 +824,14 @@ async def _bare_server(
                         return
                     if told != beats["generation"]:
                         told = beats["generation"]
-                        await context.write(pb.CoordinatorMessage(settings=pb.Settings(
-                            heartbeat_interval_s=beats["scale"], gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"]
-                        )))
+                        await context.write(
+                            pb.CoordinatorMessage(
+                                settings=pb.Settings(
+                                    heartbeat_interval_s=beats["scale"],
+                                    gpu_sample_interval_s=GPU_SAMPLE_INTERVAL_S * beats["scale"],
+                                )
+                            )
+                        )
                     if msg.HasField("heartbeat"):
                         counters["heartbeats"] += 1
                     elif msg.seq:

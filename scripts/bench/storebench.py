@@ -75,7 +75,16 @@ def build(exp: Path, trials: int, per_trial: int, shape: str) -> dict[str, Any]:
             tid = f"t{seq:07d}"
             for i in range(per_trial):
                 v = (seq % 997) / 997 + i / per_trial
-                rows.append(MetricRow(tid, i, "final" if i == per_trial - 1 else "intermediate", v, json.dumps(v), 1_700_000_000.0 + seq + i))
+                rows.append(
+                    MetricRow(
+                        tid,
+                        i,
+                        "final" if i == per_trial - 1 else "intermediate",
+                        v,
+                        json.dumps(v),
+                        1_700_000_000.0 + seq + i,
+                    )
+                )
         if shape == "rows":
             # As versions before runs wrote them: a row per metric, in `metrics`.
             with store.transaction():
@@ -85,7 +94,9 @@ def build(exp: Path, trials: int, per_trial: int, shape: str) -> dict[str, Any]:
             # Each metric a run of its own: what a trial reporting once an epoch leaves (one
             # reporting in a tight loop leaves one row for hundreds of them).
             with store.transaction():
-                store.add_runs([MetricRun(r.trial_id, r.kind, r.index, (r.value,), None, (r.reported_at,)) for r in rows])
+                store.add_runs(
+                    [MetricRun(r.trial_id, r.kind, r.index, (r.value,), None, (r.reported_at,)) for r in rows]
+                )
     store.close()
     return {
         "build_s": time.perf_counter() - began, "trials_build_s": trials_at - began,

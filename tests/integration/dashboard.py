@@ -39,7 +39,9 @@ class Served:
         return (self.experiment_dir / ".token").read_text().strip()
 
 
-def http(method: str, url: str, *, token: str | None = None, body: Any = None, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
+def http(
+    method: str, url: str, *, token: str | None = None, body: Any = None, timeout: float = HTTP_TIMEOUT_S
+) -> tuple[int, dict[str, str], bytes]:
     """One request: its status, headers and body (an error status is an answer, not a raise)."""
     data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
     request = urllib.request.Request(url, data=data, method=method)
@@ -59,7 +61,9 @@ def tk_bare(*args: str | Path, timeout: float = HTTP_TIMEOUT_S * 3) -> subproces
     dashboard token from the caller's environment."""
     env = {k: v for k, v in os.environ.items() if k != "TRIALKEEPER_UI_TOKEN"}
     env["PATH"] = os.devnull
-    return subprocess.run([_script(), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [_script(), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
 
 
 def get_json(url: str, **kw: Any) -> Any:
@@ -91,8 +95,14 @@ def every_answer(url: str, token: str | None = None) -> dict[str, bytes]:
     paths = ["/", "/static/app.js", "/static/app.css", "/api/experiment", "/api/trials?limit=1000", "/api/compare",
              "/api/environments", "/metrics"]
     for t in get_json(url + "/api/trials?limit=1000", token=token)["trials"]:
-        paths += [f"/api/trials/{t['id']}", f"/api/trials/{t['id']}/log?stream=stdout", f"/api/trials/{t['id']}/log?stream=stderr"]
-    paths += [f"/api/environments/{e['id']}/gpus" for e in get_json(url + "/api/environments", token=token)["environments"]]
+        paths += [
+            f"/api/trials/{t['id']}",
+            f"/api/trials/{t['id']}/log?stream=stdout",
+            f"/api/trials/{t['id']}/log?stream=stderr",
+        ]
+    paths += [
+        f"/api/environments/{e['id']}/gpus" for e in get_json(url + "/api/environments", token=token)["environments"]
+    ]
     answers = {}
     for path in paths:
         status, _, body = http("GET", url + path, token=token)
@@ -143,7 +153,9 @@ def gated_config(root: Path, *, trials: int, concurrency: int, gates: Path, **ov
     return config
 
 
-def first_line(proc: subprocess.Popen[str], pick: Callable[[str], str | None], timeout: float = START_TIMEOUT_S) -> tuple[str, list[str]]:
+def first_line(
+    proc: subprocess.Popen[str], pick: Callable[[str], str | None], timeout: float = START_TIMEOUT_S
+) -> tuple[str, list[str]]:
     """Follow ``proc``'s output from a thread until ``pick`` finds something in a line; returns
     that ("" when the output ended or ``timeout`` passed first) and the lines so far (still growing)."""
     lines: list[str] = []
@@ -170,7 +182,9 @@ def _start(args: list[str], experiment_dir: Path, cwd: Path, env: dict[str, str]
         [_script(), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
         stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
-    url, lines = first_line(proc, lambda line: line.removeprefix("dashboard: ").strip() if line.startswith("dashboard: ") else None)
+    url, lines = first_line(
+        proc, lambda line: line.removeprefix("dashboard: ").strip() if line.startswith("dashboard: ") else None
+    )
     if not url:
         proc.kill()
         proc.wait(STOP_TIMEOUT_S)
@@ -218,7 +232,9 @@ def live_experiment(
 
 
 @contextmanager
-def stored_dashboard(experiment_dir: Path, address: str = "127.0.0.1:0", env: dict[str, str] | None = None) -> Iterator[Served]:
+def stored_dashboard(
+    experiment_dir: Path, address: str = "127.0.0.1:0", env: dict[str, str] | None = None
+) -> Iterator[Served]:
     served = _start(["ui", str(experiment_dir), "--address", address], experiment_dir, experiment_dir.parent, env)
     try:
         yield served
@@ -230,7 +246,9 @@ def many_trials(experiment_dir: Path, n: int, *, seed: int = 1) -> None:
     """A finished experiment's store with ``n`` trials (as a long experiment leaves it)."""
     rng = random.Random(seed)
     store = Store.in_dir(experiment_dir)
-    store.create_experiment("bigexp", "many", {"maxTrialNumber": n, "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize"}}})
+    store.create_experiment(
+        "bigexp", "many", {"maxTrialNumber": n, "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize"}}}
+    )
     statuses = ["SUCCEEDED"] * 8 + ["FAILED", "USER_CANCELED"]
     with store.transaction():
         for seq in range(n):
@@ -244,15 +262,24 @@ def many_trials(experiment_dir: Path, n: int, *, seed: int = 1) -> None:
                 "submitted_at": start, "started_at": start, "ended_at": start + rng.uniform(1, 100),
                 "final_metric": round(rng.random(), 6) if status == "SUCCEEDED" else None,
             })
-        store.add_metrics([MetricRow(f"tr{seq:05d}", i, "intermediate", i / 10, json.dumps(i / 10), 1.0) for seq in range(n) for i in range(3)])
+        store.add_metrics(
+            [
+                MetricRow(f"tr{seq:05d}", i, "intermediate", i / 10, json.dumps(i / 10), 1.0)
+                for seq in range(n)
+                for i in range(3)
+            ]
+        )
     # Seven environments; env-0 has a GPU sampled while tr00000 ran on it.
     gpu = {"index": 0, "uuid": "GPU-0000", "name": "NVIDIA H100", "memory_total_bytes": 80 * 2**30}
     for e in range(7):
         store.insert_env(f"env-{e}", "remote", "STOPPED")
     store.update_env("env-0", hostname="gpu-host", info_json=json.dumps({"gpus": [gpu]}))
-    store.add_gpu_samples([
-        GpuSampleRow(1_700_000_000.0 + i, "env-0", "GPU-0000", 10.0 * i, i * 2**30, 80 * 2**30, ("tr00000",)) for i in range(6)
-    ])
+    store.add_gpu_samples(
+        [
+            GpuSampleRow(1_700_000_000.0 + i, "env-0", "GPU-0000", 10.0 * i, i * 2**30, 80 * 2**30, ("tr00000",))
+            for i in range(6)
+        ]
+    )
     store.set_experiment_status("DONE", ended=True)
     store.close()
     (experiment_dir / ".token").write_text("stored-experiment-token-0123456789")

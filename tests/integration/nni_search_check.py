@@ -96,7 +96,10 @@ def main() -> None:
     report["user_tuner"] = drive(user, 3)
 
     # Assessors by name: a curve below the median of completed ones is stopped.
-    for name, args in {"Medianstop": {"optimize_mode": "maximize"}, "curvefitting": {"epoch_num": 10, "start_step": 3}}.items():
+    for name, args in {
+        "Medianstop": {"optimize_mode": "maximize"},
+        "curvefitting": {"epoch_num": 10, "start_step": 3},
+    }.items():
         search = Search(create_tuner("random", None, {"seed": 0}, MIXED), create_assessor(name, None, args))
         verdicts = []
         for i, curve in enumerate([[0.5 + 0.03 * k for k in range(10)]] * 3 + [[0.01 * k for k in range(10)]]):
@@ -107,10 +110,19 @@ def main() -> None:
                 if search.handle(IntermediateStored(f"t{i}", v)):
                     stopped_at = k
                     break
-            search.handle(TrialEnded(f"t{i}", TrialStatus.EARLY_STOPPED if stopped_at is not None else TrialStatus.SUCCEEDED,
-                                     None if stopped_at is not None else curve[-1]))
+            search.handle(
+                TrialEnded(
+                    f"t{i}",
+                    TrialStatus.EARLY_STOPPED if stopped_at is not None else TrialStatus.SUCCEEDED,
+                    None if stopped_at is not None else curve[-1],
+                )
+            )
             verdicts.append(stopped_at)
-        report["assessors"][name] = {"stopped_at": verdicts, "failure": search.failure, "kept": search.assessor is not None}
+        report["assessors"][name] = {
+            "stopped_at": verdicts,
+            "failure": search.failure,
+            "kept": search.assessor is not None,
+        }
     try:
         create_assessor("Medianstop", None, {"optimize_mode": "best"})
     except TunerError as e:
@@ -126,11 +138,16 @@ def main() -> None:
     resumed.handle(TrialEnded("t4", TrialStatus.SUCCEEDED, 1.0))
     report["grid_resume"] = {"first": first, "after": drive(resumed, 20, offset=5)}
     space = {"x": {"_type": "uniform", "_value": [0, 1]}}
-    history = [PastTrial(f"t{i}", i, {"x": i / 40}, (), -((i / 40 - 0.8) ** 2), TrialStatus.SUCCEEDED) for i in range(40)]
+    history = [
+        PastTrial(f"t{i}", i, {"x": i / 40}, (), -((i / 40 - 0.8) ** 2), TrialStatus.SUCCEEDED) for i in range(40)
+    ]
     tpe = Search(create_tuner("TPE", None, {"optimize_mode": "maximize", "seed": 3}, space))
     tpe.resume(history)
     fresh = Search(create_tuner("TPE", None, {"optimize_mode": "maximize", "seed": 3}, space))
-    report["tpe_resume"] = {"resumed": [p["x"] for p in drive(tpe, 10, 40)], "fresh": [p["x"] for p in drive(fresh, 10)]}
+    report["tpe_resume"] = {
+        "resumed": [p["x"] for p in drive(tpe, 10, 40)],
+        "fresh": [p["x"] for p in drive(fresh, 10)],
+    }
     report["hyperband"] = hyperband()
     # NNI's Batch tuner, in its own search-space format: the parameter sets, in order, then exhausted.
     batch = Search(create_tuner("Batch", None, {}, {"combine_params": {"_type": "choice", "_value": BATCH_SETS}}))
@@ -141,7 +158,9 @@ def main() -> None:
 def hyperband() -> dict[str, Any]:
     """Hyperband (serial: one bracket at a time) with R=9, eta=3: its first bracket runs 9
     configurations for budget 1, then the best 3 for budget 3, then the best for 9."""
-    search = Search(create_tuner("hyperband", None, {"optimize_mode": "maximize", "R": 9, "eta": 3, "exec_mode": "serial"}, MIXED))
+    search = Search(
+        create_tuner("hyperband", None, {"optimize_mode": "maximize", "R": 9, "eta": 3, "exec_mode": "serial"}, MIXED)
+    )
     running: list[tuple[str, dict[str, Any]]] = []
     proposed, waits = [], 0
     for i in range(13):

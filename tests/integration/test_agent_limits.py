@@ -255,7 +255,10 @@ def daemon(pid_file, clear_env):
         os._exit(0)
     if clear_env:
         code = "import os, signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
-        code += f"open({pid_file + '.tmp'!r}, 'w').write(str(os.getpid()))\\nos.rename({pid_file + '.tmp'!r}, {pid_file!r})\\n"
+        code += (
+            f"open({pid_file + '.tmp'!r}, 'w').write(str(os.getpid()))\\n"
+            f"os.rename({pid_file + '.tmp'!r}, {pid_file!r})\\n"
+        )
         code += "while True: time.sleep(1)\\n"
         os.execve(sys.executable, [sys.executable, "-c", code], {})
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -84,7 +84,9 @@ def test_killed_agent_with_retries_runs_the_trial_again_elsewhere(tmp_path: Path
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             h, first_env, pid = await _one_running(c, go)
             os.kill(pid, signal.SIGKILL)
-            await async_wait_until(lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S)
+            await async_wait_until(
+                lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S
+            )
             go.write_text("")
             info = await h.wait(WAIT_S)
             assert info.status is TrialStatus.SUCCEEDED and info.attempts == 2
@@ -118,7 +120,9 @@ def test_frozen_agent_is_unreachable_first_then_lost(tmp_path: Path) -> None:
                 except ProcessLookupError:
                     pass
             # The frozen agent was stopped by the coordinator, with its trial.
-            await async_wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, WAIT_S)
+            await async_wait_until(
+                lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, WAIT_S
+            )
             go.write_text("")
 
     run_async(body)

@@ -92,7 +92,10 @@ def test_quickstart_end_to_end(
     # Each run: the agent on the compute target, in the image, tagged with both ids.
     spec = fake.specs[-1]
     assert spec.compute_target == "cpu-cluster" and spec.docker_image == "registry.example/trialkeeper:test"
-    assert spec.command[:3] == ("python3", "-m", "trialkeeper.agent") and spec.experiment_name == f"trialkeeper-{experiment_id}"
+    assert (
+        spec.command[:3] == ("python3", "-m", "trialkeeper.agent")
+        and spec.experiment_name == f"trialkeeper-{experiment_id}"
+    )
     # The token reached the agents through the run's environment only.
     token = (exp_dir / ".token").read_text().strip()
     assert all(s.environment_variables["TRIALKEEPER_TOKEN"] == token for s in fake.specs)
@@ -110,7 +113,9 @@ def test_quickstart_end_to_end(
 def test_a_run_failed_or_canceled_outside_is_a_lost_environment(fake: FakeAml, tmp_path: Path) -> None:
     code = quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(tmp_path)
-    data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
+    data.update(
+        trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None
+    )
     del data["searchSpaceFile"]
     config = parse_config(data, code)
 
@@ -164,7 +169,9 @@ def test_a_refused_submission_is_a_start_error(fake: FakeAml, tmp_path: Path) ->
 
 def test_the_platform_is_asked_at_most_once_per_poll_interval(fake: FakeAml, tmp_path: Path) -> None:
     quickstart_code(tmp_path)
-    service = create_service(parse_config(_config_data(tmp_path, pollInterval="30s"), tmp_path / "code"), tmp_path / "exp")
+    service = create_service(
+        parse_config(_config_data(tmp_path, pollInterval="30s"), tmp_path / "code"), tmp_path / "exp"
+    )
 
     async def body() -> None:
         request = EnvironmentRequest("env-1", "exp1", "127.0.0.1:1", token="tok", agent_args=("--no-such-option",))
@@ -208,12 +215,20 @@ def test_the_service_never_imports_the_sdk_until_used() -> None:
 def test_config_takes_nni_fields_and_reports_every_problem(tmp_path: Path) -> None:
     base = {"trialCommand": "python3 t.py", "trialConcurrency": 1}
     ts = parse_config({**base, "trainingService": aml_section(maxTrialNumberPerGpu=2)}, tmp_path).training_service
-    assert (ts.subscription_id, ts.resource_group, ts.workspace_name, ts.compute_target, ts.max_trial_number_per_gpu) == (
-        "00000000-0000-0000-0000-000000000000", "trialkeeper-test", "trialkeeper-ws", "cpu-cluster", 2)
+    assert (
+        ts.subscription_id,
+        ts.resource_group,
+        ts.workspace_name,
+        ts.compute_target,
+        ts.max_trial_number_per_gpu,
+    ) == ("00000000-0000-0000-0000-000000000000", "trialkeeper-test", "trialkeeper-ws", "cpu-cluster", 2)
     assert ts.reuse_mode is True
     (tmp_path / "config.json").write_text("{}")
     from_file = {"platform": "aml", "configFile": "config.json", "computeTarget": "gpu", "dockerImage": "img"}
-    assert parse_config({**base, "trainingService": from_file}, tmp_path).training_service.config_file == tmp_path / "config.json"
+    assert (
+        parse_config({**base, "trainingService": from_file}, tmp_path).training_service.config_file
+        == tmp_path / "config.json"
+    )
     with pytest.raises(ConfigError) as e:
         parse_config({**base, "trainingService": {"platform": "aml", "subscriptionId": "s", "computeTarget": "",
                                                   "maxTrialNumberPerGpu": 0}}, tmp_path)

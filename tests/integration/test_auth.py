@@ -29,7 +29,9 @@ def _register(protocol_version: int = PROTOCOL_VERSION, env_id: str = "manual-1"
     )
 
 
-async def _open_session(address: str, metadata: tuple[tuple[str, str], ...] | None, first: pb.AgentMessage) -> tuple[grpc.StatusCode, str, object]:
+async def _open_session(
+    address: str, metadata: tuple[tuple[str, str], ...] | None, first: pb.AgentMessage
+) -> tuple[grpc.StatusCode, str, object]:
     """Open a raw Session stream, send ``first``, read one answer; returns the call's final
     status code, its details and the message read (EOF when the stream ended)."""
     async with grpc.aio.insecure_channel(address) as channel:
@@ -76,7 +78,9 @@ def test_wrong_protocol_version_is_failed_precondition(tmp_path: Path) -> None:
     async def body() -> None:
         async with _coordinator(tmp_path) as c:
             metadata = ((TOKEN_METADATA_KEY, _token(c)),)
-            code, details, _ = await _open_session(c.address, metadata, _register(protocol_version=PROTOCOL_VERSION + 1))
+            code, details, _ = await _open_session(
+                c.address, metadata, _register(protocol_version=PROTOCOL_VERSION + 1)
+            )
             assert code is grpc.StatusCode.FAILED_PRECONDITION, (code, details)
             assert "protocol version" in details
             assert "manual-1" not in {e.id for e in c.environments()}

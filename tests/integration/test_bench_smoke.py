@@ -43,6 +43,15 @@ def test_every_benchmark_stage_runs_and_produces_figures(tmp_path: Path) -> None
     assert scale["burst"]["running"] == scale["burst"]["target"], scale["burst"]
     assert all("error" not in s for s in results["sched"].values())
     figures = [row["figure"] for row in data["table"]]
-    for prefix in ("1. wall", "2. submit", "2. trial end", "3. metric ingest", "4. N=5", "4. scheduler alone", "5. idle agent", "6. kill -9"):
+    for prefix in (
+        "1. wall",
+        "2. submit",
+        "2. trial end",
+        "3. metric ingest",
+        "4. N=5",
+        "4. scheduler alone",
+        "5. idle agent",
+        "6. kill -9",
+    ):
         assert any(f.startswith(prefix) for f in figures), (prefix, figures)
     assert (tmp_path / "table.md").read_text().startswith("| figure")

@@ -89,7 +89,9 @@ async def _kill_now_and_then(c: Coordinator, rng: random.Random, stop: asyncio.E
                         pass
 
 
-async def _experiment(tmp_path: Path, *, seed: int, trials: int, n: int, kill: bool) -> tuple[Coordinator, CuttingProxy, list[int]]:
+async def _experiment(
+    tmp_path: Path, *, seed: int, trials: int, n: int, kill: bool
+) -> tuple[Coordinator, CuttingProxy, list[int]]:
     write_script(tmp_path, "trial.py", TRIAL)
     proxy = await CuttingProxy().start()
     config = build_config(

@@ -33,7 +33,9 @@ def _script() -> str:
     return found
 
 
-def tk(*args: str | Path, timeout: float = COMMAND_TIMEOUT_S, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def tk(
+    *args: str | Path, timeout: float = COMMAND_TIMEOUT_S, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``trialkeeper ARGS`` and return what it did (stdout, stderr, exit status)."""
     env = dict(os.environ)
     env.pop("TRIALKEEPER_TOKEN", None)

@@ -157,8 +157,18 @@ def test_output_into_a_closed_pipe_ends_quietly(finished: Path) -> None:
         assert (proc.returncode, proc.stderr) == (141, b""), (args, proc.returncode, proc.stderr.decode())
     # As a user types it.
     piped = subprocess.run(
-        ["bash", "-c", f"'{_script()}' trial '{finished}' {trial_id} --json | head -1; '{_script()}' trials '{finished}' | head -1"],
-        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+        [
+            "bash",
+            "-c",
+            (
+                f"'{_script()}' trial '{finished}' {trial_id} --json | head -1; "
+                f"'{_script()}' trials '{finished}' | head -1"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
     )
     assert piped.returncode == 0 and piped.stderr == "", piped.stderr
     assert piped.stdout.splitlines()[0] == "{"
@@ -233,7 +243,9 @@ def test_live_and_finished_experiments_show_the_same_snapshots(tmp_path: Path) -
 
             def held() -> bool:
                 a, b = live.trial(first.id), live.trial(second.id)
-                return bool(a and b and a.status and a.status.value == "RUNNING" and b.waiting_reason == CONCURRENCY_REASON)
+                return bool(
+                    a and b and a.status and a.status.value == "RUNNING" and b.waiting_reason == CONCURRENCY_REASON
+                )
 
             await async_wait_until(held, WAIT_S, message="the second trial never waited on the first")
             assert c.trial(second.id).waiting_reason == CONCURRENCY_REASON  # the live API says the same

@@ -64,10 +64,16 @@ def _config_data(setup: DlcSetup, tmp_path: Path, **ts: Any) -> dict[str, Any]:
     return quickstart_data(tmp_path, "dlc-quickstart", dlc_section(setup, **ts))
 
 
-@pytest.mark.parametrize(("reuse", "tls"), [(True, False), (False, False), (True, True)], ids=["reuse", "no-reuse", "tls"])
+@pytest.mark.parametrize(
+    ("reuse", "tls"), [(True, False), (False, False), (True, True)], ids=["reuse", "no-reuse", "tls"]
+)
 def test_quickstart_end_to_end_and_no_secret_anywhere(
-    setup: DlcSetup, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    reuse: bool, tls: bool,
+    setup: DlcSetup,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    reuse: bool,
+    tls: bool,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     quickstart_code(tmp_path)
@@ -77,7 +83,9 @@ def test_quickstart_end_to_end_and_no_secret_anywhere(
     config_file.write_text(yaml.safe_dump(data))
     exp_dir = tmp_path / "exp"
 
-    assert cli.main(["run", str(config_file), "--quiet", "--experiment-dir", str(exp_dir), "--log-level", "DEBUG"]) == 0, capfd.readouterr()
+    assert (
+        cli.main(["run", str(config_file), "--quiet", "--experiment-dir", str(exp_dir), "--log-level", "DEBUG"]) == 0
+    ), capfd.readouterr()
 
     store = Store.in_dir(exp_dir, readonly=True)
     try:
@@ -127,7 +135,9 @@ def store_config(exp_dir: Path) -> dict[str, Any]:
 def test_a_job_failed_or_stopped_outside_is_a_lost_environment(setup: DlcSetup, tmp_path: Path) -> None:
     code = quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(setup, tmp_path)
-    data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
+    data.update(
+        trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None
+    )
     del data["searchSpaceFile"]
     config = parse_config(data, code)
     fake = setup.fake
@@ -215,7 +225,9 @@ def test_a_new_service_adopts_a_running_job_and_stops_it(setup: DlcSetup, tmp_pa
     async def body() -> None:
         await first.prepare()
         # No coordinator answers there: the agent keeps trying, its job keeps running.
-        request = EnvironmentRequest("env-1", "exp1", "127.0.0.1:1", token="tok", agent_args=("--reconnect-window", "60"))
+        request = EnvironmentRequest(
+            "env-1", "exp1", "127.0.0.1:1", token="tok", agent_args=("--reconnect-window", "60")
+        )
         job_id = (await first.start(request)).platform_id
         assert (await first.poll(["env-1"]))["env-1"].state == "running"
         second.adopt("env-1", job_id)  # as after a coordinator restart
@@ -249,15 +261,27 @@ def test_without_the_sdk_it_is_one_clear_line(setup: DlcSetup, tmp_path: Path) -
 
 def test_config_takes_nni_fields_and_reports_every_problem(setup: DlcSetup, tmp_path: Path) -> None:
     base = {"trialCommand": "python3 t.py", "trialConcurrency": 1}
-    ts = parse_config({**base, "trainingService": dlc_section(setup, ossDataSourceId="oss-1")}, tmp_path).training_service
+    ts = parse_config(
+        {**base, "trainingService": dlc_section(setup, ossDataSourceId="oss-1")}, tmp_path
+    ).training_service
     assert isinstance(ts, DlcConfig)
     assert (ts.type, ts.image, ts.job_type, ts.pod_count, ts.ecs_spec, ts.region, ts.workspace_id) == (
         "Worker", "registry.example/trialkeeper:test", "PyTorchJob", 1, "ecs.c6.large", "cn-hangzhou", "ws-fake")
-    assert (ts.nas_data_source_id, ts.oss_data_source_id, ts.local_storage_mount_point) == ("nas-fake-1", "oss-1", setup.nas)
+    assert (ts.nas_data_source_id, ts.oss_data_source_id, ts.local_storage_mount_point) == (
+        "nas-fake-1",
+        "oss-1",
+        setup.nas,
+    )
     with pytest.raises(ConfigError) as e:
         parse_config({**base, "trainingService": {"platform": "dlc", "podCount": 0, "containerStorageMountPoint": "rel",
                                                   "localStorageMountPoint": str(tmp_path / "nowhere")}}, tmp_path)
     where = {i.path for i in e.value.issues}
-    assert {"trainingService.image", "trainingService.ecsSpec", "trainingService.region", "trainingService.nasDataSourceId",
-            "trainingService.podCount", "trainingService.containerStorageMountPoint",
-            "trainingService.localStorageMountPoint"} <= where, e.value
+    assert {
+        "trainingService.image",
+        "trainingService.ecsSpec",
+        "trainingService.region",
+        "trainingService.nasDataSourceId",
+        "trainingService.podCount",
+        "trainingService.containerStorageMountPoint",
+        "trainingService.localStorageMountPoint",
+    } <= where, e.value

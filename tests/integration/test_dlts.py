@@ -122,7 +122,9 @@ def test_refusals_are_errors_as_data_without_the_password(fake: FakeDlts, tmp_pa
     data = _config_data(fake, tmp_path, password="not-the-password")
     service = create_service(parse_config(data, tmp_path / "code"), tmp_path / "exp")
     assert isinstance(service, DltsEnvironmentService)
-    request = EnvironmentRequest(env_id="env-1", experiment_id="x1", coordinator_address="127.0.0.1:1", token="tok-secret-1")
+    request = EnvironmentRequest(
+        env_id="env-1", experiment_id="x1", coordinator_address="127.0.0.1:1", token="tok-secret-1"
+    )
     result = run_async(service.start(request))
     assert result.error is not None and "403" in result.error and "Forbidden" in result.error, result.error
     assert "not-the-password" not in result.error and "tok-secret-1" not in result.error

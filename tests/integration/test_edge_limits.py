@@ -67,7 +67,9 @@ async def _hand_agent_with_a_trial(c: Coordinator, release: Path) -> AsyncIterat
         mine = await c.submit({"x": 5})
         await async_wait_until(lambda: agent.started(), WAIT_S)
         assert agent.started()[0].trial_id == mine.id
-        await agent.raw.send(pb.AgentMessage(seq=1, trial_started=pb.TrialStarted(trial_id=mine.id, pid=1, started_at=time.time())))
+        await agent.raw.send(
+            pb.AgentMessage(seq=1, trial_started=pb.TrialStarted(trial_id=mine.id, pid=1, started_at=time.time()))
+        )
         yield agent, mine.id
     finally:
         await agent.raw.close()
@@ -112,13 +114,21 @@ def test_metrics_that_are_not_metrics_are_refused_alone_with_a_note(tmp_path: Pa
             await async_wait_until(lambda: agent.acked(2), WAIT_S)
             # The good ones of the batch are stored, and only they.
             rows = [(r.index, r.kind, r.value, r.value_json) for r in c.store.metrics(tid)]
-            assert rows == [(0, "intermediate", 1.0, "1.0"), (30, "intermediate", 4.0, '{"default": 4.0, "loss": 0.5}')], rows
+            assert rows == [
+                (0, "intermediate", 1.0, "1.0"),
+                (30, "intermediate", 4.0, '{"default": 4.0, "loss": 0.5}'),
+            ], rows
             assert c.trial(tid).final_metric is None
             stderr = c.experiment_dir / "trials" / tid / "stderr.log"
             notes = stderr.read_text().splitlines()
-            assert notes[0] == "[trialkeeper] refused a final result from the agent (index 1): its value_json '}{' is not JSON"
+            assert (
+                notes[0]
+                == "[trialkeeper] refused a final result from the agent (index 1): its value_json '}{' is not JSON"
+            )
             for (_, _, words), note in zip(NOT_METRICS[1:], notes[1:], strict=False):
-                assert note.startswith("[trialkeeper] refused an intermediate result from the agent") and words in note, note
+                assert (
+                    note.startswith("[trialkeeper] refused an intermediate result from the agent") and words in note
+                ), note
             assert f"(index {2**64 - 1}): its index {2**64 - 1} is beyond" in notes[7], notes
             assert "reported_at nan is not a finite time" in notes[8] and "kind 7 is neither" in notes[9], notes
             assert len(notes) == 10, notes
@@ -133,21 +143,30 @@ def test_metrics_that_are_not_metrics_are_refused_alone_with_a_note(tmp_path: Pa
 
             # Many refusals in one message: a few notes, then one line for the rest.
             flood = [_m(tid, 100 + i, 1.0, "}{") for i in range(25)]
-            await agent.raw.send(pb.AgentMessage(seq=3, metrics=pb.MetricBatch(metrics=[*flood, _m(tid, 200, 6.0, "6")])))
+            await agent.raw.send(
+                pb.AgentMessage(seq=3, metrics=pb.MetricBatch(metrics=[*flood, _m(tid, 200, 6.0, "6")]))
+            )
             await async_wait_until(lambda: agent.acked(3), WAIT_S)
             notes = stderr.read_text().splitlines()[10:]
-            assert len(notes) == 11 and notes[-1] == "[trialkeeper] refused 15 more results from the agent in the same message", notes
+            assert (
+                len(notes) == 11
+                and notes[-1] == "[trialkeeper] refused 15 more results from the agent in the same message"
+            ), notes
             assert [r.index for r in c.store.metrics(tid)] == [0, 30, 200]
 
             # The trial goes on to its end, and the experiment with it.
             await agent.raw.send(
                 pb.AgentMessage(seq=4, metrics=pb.MetricBatch(metrics=[_m(tid, 201, 9.0, "9", FINAL)])),
-                pb.AgentMessage(seq=5, trial_ended=pb.TrialEnded(trial_id=tid, outcome=pb.TRIAL_OUTCOME_SUCCEEDED, started=True)),
+                pb.AgentMessage(
+                    seq=5, trial_ended=pb.TrialEnded(trial_id=tid, outcome=pb.TRIAL_OUTCOME_SUCCEEDED, started=True)
+                ),
             )
             info = await c.wait(tid, WAIT_S)
             assert info.status is TrialStatus.SUCCEEDED and info.final_metric == 9.0, (info.status, info.reason)
             await agent.raw.send(pb.AgentMessage(heartbeat=pb.Heartbeat(draining=True)))  # no more trials for it
-            await async_wait_until(lambda: any(e.id == "by-hand" and e.status is EnvStatus.DRAINING for e in c.environments()), WAIT_S)
+            await async_wait_until(
+                lambda: any(e.id == "by-hand" and e.status is EnvStatus.DRAINING for e in c.environments()), WAIT_S
+            )
             (tmp_path / "release").touch()  # the real agent is free again
             await _still_serving(c, 1)
 
@@ -187,7 +206,9 @@ def message_at(key: str, size: int, env_id: str) -> pb.AgentMessage:
         n = 1 if key.endswith("[]") else min(size, limits.MAX_METRICS_PER_BATCH)
         holder.values.extend([1.0] * (size if name == "values" else n))
         holder.reported_at.extend([1.0] * (size if name == "reported_at" else n))
-        holder.value_json.extend(["1" + " " * (size - 1)] if key.endswith("[]") else ["1"] * (size if name == "value_json" else n))
+        holder.value_json.extend(
+            ["1" + " " * (size - 1)] if key.endswith("[]") else ["1"] * (size if name == "value_json" else n)
+        )
     elif key.endswith("[]"):
         getattr(holder, name).append("t" * size)
     elif f.type == f.TYPE_MESSAGE:
@@ -223,14 +244,21 @@ def test_each_limit_is_refused_naming_it_and_a_message_at_the_limit_is_accepted(
                     frames.insert(0, _register(env_id, instance="over"))
                 code, details = await _attack(c, *frames)
                 what = key.removesuffix("[]").split(".")[1]
-                assert code is grpc.StatusCode.INVALID_ARGUMENT and limit_name in details and what in details, (key, code, details)
+                assert code is grpc.StatusCode.INVALID_ARGUMENT and limit_name in details and what in details, (
+                    key,
+                    code,
+                    details,
+                )
 
                 at_limit = [message_at(key, limit, f"ok-{n}")]
                 if not key.startswith(("Register.", "GpuInfo.")):
                     at_limit.insert(0, _register(f"ok-{n}", instance="at"))
                 assert await _attack(c, *at_limit) == (grpc.StatusCode.OK, ""), key
             for name, body_msg in [
-                ("started_at", pb.AgentMessage(seq=1, trial_started=pb.TrialStarted(trial_id="t", started_at=math.nan))),
+                (
+                    "started_at",
+                    pb.AgentMessage(seq=1, trial_started=pb.TrialStarted(trial_id="t", started_at=math.nan)),
+                ),
                 ("ended_at", pb.AgentMessage(seq=1, trial_ended=pb.TrialEnded(trial_id="t", ended_at=math.inf))),
             ]:
                 code, details = await _attack(c, _register(f"time-{name}"), body_msg)
@@ -270,7 +298,9 @@ def test_the_largest_messages_allowed_are_handled_in_a_fraction_of_a_second(tmp_
                 await agent.raw.send(msg)
                 if not seq:  # a heartbeat is not acknowledged: a small message behind it is
                     seq = 3
-                    await agent.raw.send(pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(metrics=[_m(tid, 99_999, 1.0, "1")])))
+                    await agent.raw.send(
+                        pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(metrics=[_m(tid, 99_999, 1.0, "1")]))
+                    )
                 await async_wait_until(lambda s=seq: agent.acked(s), WAIT_S)  # type: ignore[misc]
                 timings[name] = time.monotonic() - started
             print(f"largest messages handled in: {timings}")

@@ -279,7 +279,9 @@ def test_submit_overrides_and_refusals(tmp_path: Path) -> None:
             gpu = await c.submit({"y": 1}, command="python show.py", gpu_number=1, env={"MY_VAR": "hello"})
             no_gpu = await c.submit({"y": 2}, command="python show.py")
             infos = {h.id: await h.wait(WAIT_S) for h in (default, gpu, no_gpu)}
-            assert [i.status for i in infos.values()] == [S.SUCCEEDED] * 3, [(i.status, i.reason) for i in infos.values()]
+            assert [i.status for i in infos.values()] == [S.SUCCEEDED] * 3, [
+                (i.status, i.reason) for i in infos.values()
+            ]
 
             assert infos[default.id].final_metric == 30.0  # the config's trialCommand ran
             assert infos[gpu.id].final_metric == infos[no_gpu.id].final_metric == 2.0
@@ -379,6 +381,9 @@ def test_sync_coordinator_that_cannot_start_leaves_no_thread(tmp_path: Path) -> 
     threads_before = _coordinator_threads()
     with SyncCoordinator(config, experiment_dir=exp) as first:
         assert first.submit({"x": 1}).wait(WAIT_S).status is S.SUCCEEDED
-    with pytest.raises(CoordinatorError, match="already holds an experiment"), SyncCoordinator(config, experiment_dir=exp):
+    with (
+        pytest.raises(CoordinatorError, match="already holds an experiment"),
+        SyncCoordinator(config, experiment_dir=exp),
+    ):
         pytest.fail("started on a directory that holds an experiment")
     assert _coordinator_threads() == threads_before

@@ -87,7 +87,8 @@ def test_messages_arriving_together_share_a_commit_and_each_ack_follows_its_comm
                         acked = m.ack.seq
                         # Everything acknowledged is in the store, as another reader sees it.
                         (count,) = reader_db.execute(
-                            "SELECT coalesce(sum(n), 0) FROM metric_runs WHERE trial_id = ? AND idx < ?", (trial_id, acked)
+                            "SELECT coalesce(sum(n), 0) FROM metric_runs WHERE trial_id = ? AND idx < ?",
+                            (trial_id, acked),
                         ).fetchone()
                         stored_at_ack.append(count == acked)
                 await writer

@@ -46,13 +46,19 @@ def _token(c: Coordinator) -> str:
 def _register(env_id: str, instance: str = "raw", **fields: object) -> pb.AgentMessage:
     return pb.AgentMessage(
         register=pb.Register(
-            protocol_version=PROTOCOL_VERSION, environment_id=env_id, agent_instance_id=instance, pid=os.getpid(), **fields
+            protocol_version=PROTOCOL_VERSION,
+            environment_id=env_id,
+            agent_instance_id=instance,
+            pid=os.getpid(),
+            **fields,
         )
     )
 
 
 def _metric(trial_id: str, index: int, value: float, kind: int = pb.METRIC_KIND_INTERMEDIATE) -> pb.Metric:
-    return pb.Metric(trial_id=trial_id, kind=kind, index=index, value=value, value_json=repr(value), reported_at=time.time())
+    return pb.Metric(
+        trial_id=trial_id, kind=kind, index=index, value=value, value_json=repr(value), reported_at=time.time()
+    )
 
 
 class RawSession:
@@ -129,18 +135,42 @@ def test_garbage_truncated_and_oversized_messages_get_clear_errors(tmp_path: Pat
             # Before Register: whatever does not parse ends the stream, nothing is created.
             for data in bad:
                 code, details = await _attack(c, data)
-                assert code is grpc.StatusCode.INVALID_ARGUMENT and "could not be parsed" in details, (data, code, details)
+                assert code is grpc.StatusCode.INVALID_ARGUMENT and "could not be parsed" in details, (
+                    data,
+                    code,
+                    details,
+                )
             attacks: list[tuple[str, list[bytes | pb.AgentMessage], grpc.StatusCode, str]] = [
                 ("truncated Register", [register[:-5]], grpc.StatusCode.INVALID_ARGUMENT, "could not be parsed"),
                 ("empty message", [b""], grpc.StatusCode.INVALID_ARGUMENT, "must be Register"),
-                ("heartbeat first", [pb.AgentMessage(heartbeat=pb.Heartbeat())], grpc.StatusCode.INVALID_ARGUMENT, "must be Register"),
+                (
+                    "heartbeat first",
+                    [pb.AgentMessage(heartbeat=pb.Heartbeat())],
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "must be Register",
+                ),
                 ("slash in id", [_register("../../etc")], grpc.StatusCode.INVALID_ARGUMENT, "environment_id"),
                 ("huge id", [_register("e" * 5000)], grpc.StatusCode.INVALID_ARGUMENT, "environment_id"),
                 ("control char id", [_register("a\nb")], grpc.StatusCode.INVALID_ARGUMENT, "environment_id"),
-                ("oversized first", [b"\x0a" * (MAX_MESSAGE_BYTES + 1)], grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),
+                (
+                    "oversized first",
+                    [b"\x0a" * (MAX_MESSAGE_BYTES + 1)],
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "larger than max",
+                ),
                 # After a valid Register: the same, on an open session.
-                ("garbage later", [_register("h-garbage"), bad[0]], grpc.StatusCode.INVALID_ARGUMENT, "could not be parsed"),
-                ("truncated later", [_register("h-trunc"), batch[:-4]], grpc.StatusCode.INVALID_ARGUMENT, "could not be parsed"),
+                (
+                    "garbage later",
+                    [_register("h-garbage"), bad[0]],
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "could not be parsed",
+                ),
+                (
+                    "truncated later",
+                    [_register("h-trunc"), batch[:-4]],
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "could not be parsed",
+                ),
                 (
                     "seq out of range",
                     [_register("h-seq"), pb.AgentMessage(seq=2**64 - 1, trial_started=pb.TrialStarted(trial_id="x"))],
@@ -155,7 +185,10 @@ def test_garbage_truncated_and_oversized_messages_get_clear_errors(tmp_path: Pat
                 ),
                 (
                     "number beyond SQLite in Heartbeat",
-                    [_register("h-hb"), pb.AgentMessage(heartbeat=pb.Heartbeat(gpus=[pb.GpuSample(uuid="x", memory_used_bytes=2**63)]))],
+                    [
+                        _register("h-hb"),
+                        pb.AgentMessage(heartbeat=pb.Heartbeat(gpus=[pb.GpuSample(uuid="x", memory_used_bytes=2**63)])),
+                    ],
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "out of range",
                 ),
@@ -175,7 +208,12 @@ def test_garbage_truncated_and_oversized_messages_get_clear_errors(tmp_path: Pat
             # Unknown fields and unknown message kinds are ignored, not fatal.
             raw = RawSession(c.address, _token(c))
             try:
-                await raw.send(_register("h-unknown"), b"\xf8\x06\x01", pb.AgentMessage(seq=1), pb.AgentMessage(heartbeat=pb.Heartbeat()))
+                await raw.send(
+                    _register("h-unknown"),
+                    b"\xf8\x06\x01",
+                    pb.AgentMessage(seq=1),
+                    pb.AgentMessage(heartbeat=pb.Heartbeat()),
+                )
                 welcome = await raw.read()
                 assert welcome is not None and welcome.HasField("welcome")
                 assert await raw.outcome() == (grpc.StatusCode.OK, "")
@@ -216,7 +254,10 @@ def test_unknown_trials_other_sessions_and_replays_are_ignored(tmp_path: Path) -
 
             # Taking over the real agent's session is refused.
             code, details = await _attack(c, _register(real_env, instance="impostor"))
-            assert code is grpc.StatusCode.FAILED_PRECONDITION and "already has a connected agent" in details, (code, details)
+            assert code is grpc.StatusCode.FAILED_PRECONDITION and "already has a connected agent" in details, (
+                code,
+                details,
+            )
 
             fake = RawSession(c.address, _token(c))
             received: list[pb.CoordinatorMessage] = []
@@ -236,7 +277,9 @@ def test_unknown_trials_other_sessions_and_replays_are_ignored(tmp_path: Path) -
                 theirs = blocker.id
 
                 script = [
-                    pb.AgentMessage(seq=1, trial_started=pb.TrialStarted(trial_id=mine.id, pid=1, started_at=time.time())),
+                    pb.AgentMessage(
+                        seq=1, trial_started=pb.TrialStarted(trial_id=mine.id, pid=1, started_at=time.time())
+                    ),
                     pb.AgentMessage(seq=2, metrics=pb.MetricBatch(metrics=[_metric(mine.id, 0, 1.0)])),
                     pb.AgentMessage(seq=2, metrics=pb.MetricBatch(metrics=[_metric(mine.id, 0, 99.0)])),  # replayed seq
                     pb.AgentMessage(seq=1, trial_started=pb.TrialStarted(trial_id=mine.id, pid=2)),  # older seq
@@ -244,10 +287,16 @@ def test_unknown_trials_other_sessions_and_replays_are_ignored(tmp_path: Path) -
                     pb.AgentMessage(seq=3, metrics=pb.MetricBatch(metrics=[_metric("no-such-trial", 0, 7.0)])),
                     pb.AgentMessage(seq=4, metrics=pb.MetricBatch(metrics=[_metric(theirs, 0, 666.0)])),
                     pb.AgentMessage(seq=5, trial_ended=pb.TrialEnded(trial_id=theirs, outcome=pb.TRIAL_OUTCOME_FAILED)),
-                    pb.AgentMessage(seq=6, log=pb.LogChunk(trial_id=theirs, stream=pb.LOG_STREAM_STDOUT, data=b"pwned")),
-                    pb.AgentMessage(seq=7, trial_ended=pb.TrialEnded(trial_id="no-such-trial", outcome=pb.TRIAL_OUTCOME_SUCCEEDED)),
+                    pb.AgentMessage(
+                        seq=6, log=pb.LogChunk(trial_id=theirs, stream=pb.LOG_STREAM_STDOUT, data=b"pwned")
+                    ),
+                    pb.AgentMessage(
+                        seq=7, trial_ended=pb.TrialEnded(trial_id="no-such-trial", outcome=pb.TRIAL_OUTCOME_SUCCEEDED)
+                    ),
                     _register("fake", instance="fake-2"),  # a second Register on an open stream
-                    pb.AgentMessage(seq=8, metrics=pb.MetricBatch(metrics=[_metric(mine.id, 1, 2.0, pb.METRIC_KIND_FINAL)])),
+                    pb.AgentMessage(
+                        seq=8, metrics=pb.MetricBatch(metrics=[_metric(mine.id, 1, 2.0, pb.METRIC_KIND_FINAL)])
+                    ),
                     pb.AgentMessage(
                         seq=9,
                         trial_ended=pb.TrialEnded(
@@ -261,7 +310,9 @@ def test_unknown_trials_other_sessions_and_replays_are_ignored(tmp_path: Path) -
                 # Everything replayed once more: acknowledged, stored nothing new.
                 await fake.send(*[m for m in script if m.seq])
                 # A new message behind the replays: once it is acked, the replays were handled.
-                await fake.send(pb.AgentMessage(seq=10, metrics=pb.MetricBatch(metrics=[_metric("no-such-trial", 1, 1.0)])))
+                await fake.send(
+                    pb.AgentMessage(seq=10, metrics=pb.MetricBatch(metrics=[_metric("no-such-trial", 1, 1.0)]))
+                )
                 await async_wait_until(lambda: any(m.HasField("ack") and m.ack.seq == 10 for m in received), WAIT_S)
                 rows = [(r.index, r.kind, r.value) for r in c.store.metrics(mine.id)]
                 assert rows == [(0, "intermediate", 1.0), (1, "final", 2.0)], rows
@@ -316,9 +367,13 @@ def test_a_flooding_agent_does_not_starve_the_others(tmp_path: Path) -> None:
                     if seq % 3 == 0:
                         msg = pb.AgentMessage(heartbeat=pb.Heartbeat(memory_used_bytes=seq, draining=True))
                     elif seq % 3 == 1:
-                        msg = pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(metrics=[_metric(ghost, i, i) for i in range(20)]))
+                        msg = pb.AgentMessage(
+                            seq=seq, metrics=pb.MetricBatch(metrics=[_metric(ghost, i, i) for i in range(20)])
+                        )
                     else:
-                        msg = pb.AgentMessage(seq=seq, log=pb.LogChunk(trial_id=ghost, stream=pb.LOG_STREAM_STDOUT, data=blob))
+                        msg = pb.AgentMessage(
+                            seq=seq, log=pb.LogChunk(trial_id=ghost, stream=pb.LOG_STREAM_STDOUT, data=blob)
+                        )
                     await flooder.send(msg)
                     written_bytes.append(written_bytes[-1] + msg.ByteSize())
                     stats["written"] = seq
@@ -393,7 +448,8 @@ raw(json.dumps([me, "intermediate", 1.0]).encode())
 raw(json.dumps({"trial": [me], "kind": "intermediate", "value": 1.0}).encode())
 raw(b'{"trial": "' + me.encode() + b'", "kind": "intermediate", "value": 1.0' + b" " * 200000 + b"}")  # oversized
 # Fits a datagram, but its keys are escaped as JSON: 6 characters for each 2 bytes.
-raw(json.dumps({"trial": me, "kind": "intermediate", "value": {"default": 1.0, "\u00e9" * 25000: 1}}, ensure_ascii=False).encode())
+escaped = {"trial": me, "kind": "intermediate", "value": {"default": 1.0, "\u00e9" * 25000: 1}}
+raw(json.dumps(escaped, ensure_ascii=False).encode())
 
 # Through the SDK: refused with False, never an exception.
 assert trial.report_intermediate_result(10**400) is False

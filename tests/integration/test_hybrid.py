@@ -80,11 +80,17 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    with one_machine(tmp_path_factory.mktemp("sshd"), "the hybrid tests with a remote platform") as (machine, creds, known_hosts):
+    with one_machine(tmp_path_factory.mktemp("sshd"), "the hybrid tests with a remote platform") as (
+        machine,
+        creds,
+        known_hosts,
+    ):
         yield Lab(machine, creds, known_hosts)
 
 
-def _data(tmp_path: Path, training_service: Any, *, trials: int = 4, together: int = 2, hold: bool = False) -> dict[str, Any]:
+def _data(
+    tmp_path: Path, training_service: Any, *, trials: int = 4, together: int = 2, hold: bool = False
+) -> dict[str, Any]:
     # The code apart from what trials and the coordinator write: its content (what a machine
     # is sent, by hash) changes only when a test changes it.
     (tmp_path / "code").mkdir(exist_ok=True)
@@ -148,7 +154,9 @@ def test_nni_list_of_local_and_remote_runs_trials_on_both(
     exp = _run_to_the_end(tmp_path, [{"platform": "local", "environmentCount": 1}, lab.remote(reuseMode=True)], capsys)
     envs = stored_rows(exp, "envs")
     # Each platform started and kept its own environment.
-    assert sorted(e["platform"] for e in envs) == ["local", "remote"], [(e["id"], e["platform"], e["reason"]) for e in envs]
+    assert sorted(e["platform"] for e in envs) == ["local", "remote"], [
+        (e["id"], e["platform"], e["reason"]) for e in envs
+    ]
     assert set(_platform_of_trials(exp).values()) == {"local", "remote"}
     capsys.readouterr()
     assert cli.main(["envs", str(exp)]) == 0
@@ -210,7 +218,9 @@ def test_preference_and_allowed_platforms(tmp_path: Path, lab: Lab) -> None:
 
 
 @pytest.mark.slow
-def test_a_platform_without_reuse_beside_one_with_it(tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_platform_without_reuse_beside_one_with_it(
+    tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]
+) -> None:
     exp = _run_to_the_end(tmp_path, [{"platform": "local", "reuseMode": False}, lab.remote()], capsys)
     trials = stored_rows(exp, "trials")
     envs = {e["id"]: e for e in stored_rows(exp, "envs")}
@@ -225,7 +235,9 @@ def test_a_platform_without_reuse_beside_one_with_it(tmp_path: Path, lab: Lab, c
 
 
 @pytest.mark.parametrize("broken", ["unreachable", "unpreparable"])
-def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_others(tmp_path: Path, broken: str) -> None:
+def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_others(
+    tmp_path: Path, broken: str
+) -> None:
     # A machine nobody listens on (each start fails), or a code directory over the
     # platform's limit (the platform cannot even be prepared).
     port = _closed_port()
@@ -250,7 +262,9 @@ def test_a_platform_that_cannot_start_environments_leaves_the_experiment_to_the_
             envs = c.environments()
             # Unreachable, its starts failed; unpreparable, it started none.
             failed = {e.platform for e in envs if e.status and e.status.value == "FAILED"}
-            assert failed == (set() if broken == "unpreparable" else {"remote"}), [(e.id, e.platform, e.status) for e in envs]
+            assert failed == (set() if broken == "unpreparable" else {"remote"}), [
+                (e.id, e.platform, e.status) for e in envs
+            ]
             assert {e.platform for e in envs if e.status and e.status.value in ("READY", "BUSY")} == {"local"}
 
     run_async(body(), timeout=120.0)
@@ -324,7 +338,9 @@ def test_the_readme_s_nni_hybrid_config_is_read_by_nni_and_runs_here(
 # ---- a crash: resume and clean -------------------------------------------------------------------
 
 
-def _run_until(tmp_path: Path, data: dict[str, Any], ready: Callable[[Path], bool], what: str) -> tuple[subprocess.Popen[bytes], Path]:
+def _run_until(
+    tmp_path: Path, data: dict[str, Any], ready: Callable[[Path], bool], what: str
+) -> tuple[subprocess.Popen[bytes], Path]:
     """`trialkeeper run` of ``data`` in the background until ``ready(experiment dir)``."""
     config = tmp_path / "config.yml"
     config.write_text(json.dumps(data))
@@ -407,7 +423,10 @@ def test_resume_after_the_code_changed_uploads_it_to_the_adopted_machine(tmp_pat
     # whose agent the first coordinator started, in a code directory that has changed since.
     data = _data(tmp_path, lab.remote(), trials=3, together=1, hold=True)
     first, exp = _run_until(
-        tmp_path, data, lambda exp: any(t["status"] == "RUNNING" for t in stored_rows(exp, "trials")), "no trial ran on the machine"
+        tmp_path,
+        data,
+        lambda exp: any(t["status"] == "RUNNING" for t in stored_rows(exp, "trials")),
+        "no trial ran on the machine",
     )
     config = tmp_path / "config.yml"
     resumed = None
@@ -435,7 +454,9 @@ def test_resume_after_the_code_changed_uploads_it_to_the_adopted_machine(tmp_pat
 
 
 @pytest.mark.slow
-def test_clean_after_kill_9_removes_what_each_platform_still_runs(tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+def test_clean_after_kill_9_removes_what_each_platform_still_runs(
+    tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str]
+) -> None:
     first, exp = _run_until_both_platforms_hold_a_trial(tmp_path, lab)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
@@ -447,5 +468,7 @@ def test_clean_after_kill_9_removes_what_each_platform_still_runs(tmp_path: Path
     out = capsys.readouterr().out
     envs = stored_rows(exp, "envs")
     assert sorted(e["id"] for e in envs) == sorted(out.split(": ")[-1].strip().split(", ")), out
-    wait_until(lambda: all(pid_gone(p) for p in pids), 30.0, message=f"trial processes {pids}: some still run after clean")
+    wait_until(
+        lambda: all(pid_gone(p) for p in pids), 30.0, message=f"trial processes {pids}: some still run after clean"
+    )
     wait_until(lambda: not lab.machine.processes(), 30.0, message="the remote machine still runs processes")

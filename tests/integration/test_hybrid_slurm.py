@@ -28,7 +28,13 @@ WAIT_S = 60.0
 def test_local_first_then_slurm_and_a_cancelled_job_s_trial_is_retried(
     tmp_path: Path, cluster: SlurmCluster,  # noqa: F811 - the fixture imported above
 ) -> None:
-    slurm = {"platform": "slurm", "environmentCount": 1, "pollInterval": "0.5s", "partition": "debug", "timeLimit": "10m"}
+    slurm = {
+        "platform": "slurm",
+        "environmentCount": 1,
+        "pollInterval": "0.5s",
+        "partition": "debug",
+        "timeLimit": "10m",
+    }
     data = _data(tmp_path, [{"platform": "local", "environmentCount": 1}, slurm], hold=True)
     data["maxTrialRetries"] = 1
     config = parse_config(data, tmp_path)

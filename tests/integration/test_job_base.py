@@ -35,7 +35,9 @@ def _service(tmp_path: Path, poll_interval: float = 0.1) -> CountingService:
 
 
 def _request(env_id: str, *args: str) -> EnvironmentRequest:
-    return EnvironmentRequest(env_id, "jb1", NOWHERE, token="tok-" + env_id, agent_args=("--reconnect-window", "120", *args))
+    return EnvironmentRequest(
+        env_id, "jb1", NOWHERE, token="tok-" + env_id, agent_args=("--reconnect-window", "120", *args)
+    )
 
 
 def test_stop_waits_the_grace_period_then_kills(tmp_path: Path) -> None:

@@ -70,12 +70,23 @@ def test_a_pod_runs_with_its_command_env_working_dir_and_volumes(kube_cluster: K
     name = _name("env")
     _create(kube_cluster, f"/api/v1/namespaces/{NS}/secrets",
             {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"pw": "s3cret"}})
-    _create(kube_cluster, f"/api/v1/namespaces/{NS}/configmaps",
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"greeting": "hello", "file.txt": "in a file"}})
+    _create(
+        kube_cluster,
+        f"/api/v1/namespaces/{NS}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name},
+            "data": {"greeting": "hello", "file.txt": "in a file"},
+        },
+    )
     out = tmp_path / "out"
-    script = ("import os, pathlib; p = pathlib.Path(os.environ['OUT']); "
-              "p.write_text('|'.join([os.environ['PW'], os.environ['GREETING'], os.environ['POD'], os.environ['ARG'], os.getcwd(), "
-              "pathlib.Path(os.environ['CONF'], 'file.txt').read_text()]))")
+    script = (
+        "import os, pathlib; p = pathlib.Path(os.environ['OUT']); "
+        "p.write_text('|'.join([os.environ['PW'], os.environ['GREETING'], os.environ['POD'], os.environ['ARG'], "
+        "os.getcwd(), "
+        "pathlib.Path(os.environ['CONF'], 'file.txt').read_text()]))"
+    )
     pod = _pod(name, [sys.executable, "-c", script], container={
         "workingDir": "/scratch/work",
         "env": [
@@ -107,7 +118,11 @@ def test_restart_policy_on_failure_restarts_and_counts(kube_cluster: KubeCluster
     counter = tmp_path / "runs"
     script = (f"import pathlib, sys; p = pathlib.Path({str(counter)!r}); n = len(p.read_text()) if p.exists() else 0; "
               "p.write_text('x' * (n + 1)); sys.exit(3 if n < 2 else 0)")
-    _create(kube_cluster, f"/api/v1/namespaces/{NS}/pods", _pod(name, [sys.executable, "-c", script], restartPolicy="OnFailure"))
+    _create(
+        kube_cluster,
+        f"/api/v1/namespaces/{NS}/pods",
+        _pod(name, [sys.executable, "-c", script], restartPolicy="OnFailure"),
+    )
     wait_until(lambda: _phase(kube_cluster, name) == "Succeeded", WAIT_S, message=f"pod {name} never succeeded")
     status = (_get_pod(kube_cluster, name) or {})["status"]["containerStatuses"][0]
     assert status["restartCount"] == 2 and status["lastState"]["terminated"]["exitCode"] == 3, status
@@ -115,11 +130,16 @@ def test_restart_policy_on_failure_restarts_and_counts(kube_cluster: KubeCluster
 
 
 @pytest.mark.parametrize("ignores_term", [False, True], ids=["stops-on-sigterm", "killed-after-grace"])
-def test_deleting_a_running_pod_honours_its_grace_period(kube_cluster: KubeCluster, tmp_path: Path, ignores_term: bool) -> None:
+def test_deleting_a_running_pod_honours_its_grace_period(
+    kube_cluster: KubeCluster, tmp_path: Path, ignores_term: bool
+) -> None:
     name = _name("grace")
     marker = tmp_path / "term"
     handler = "signal.SIG_IGN" if ignores_term else f"lambda *_: (open({str(marker)!r}, 'w').close(), sys.exit(0))"
-    script = f"import signal, sys, time\nsignal.signal(signal.SIGTERM, {handler})\nprint('up', flush=True)\nwhile True: time.sleep(0.05)"
+    script = (
+        f"import signal, sys, time\nsignal.signal(signal.SIGTERM, {handler})\n"
+        "print('up', flush=True)\nwhile True: time.sleep(0.05)"
+    )
     _create(kube_cluster, f"/api/v1/namespaces/{NS}/pods", _pod(name, [sys.executable, "-c", script]))
     wait_until(lambda: "up" in kube_cluster.node.container_log(NS, name), WAIT_S, message=f"pod {name} never ran")
     assert _phase(kube_cluster, name) == "Running"
@@ -174,8 +194,15 @@ def test_an_unpullable_image_backs_off(kube_cluster: KubeCluster) -> None:
 def test_a_job_runs_its_pod_through_the_job_controller(kube_cluster: KubeCluster) -> None:
     name = _name("job")
     template = _pod(name, [sys.executable, "-c", "print('done')"])
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-           "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "node-test"}}, "spec": template["spec"]}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": {"app": "node-test"}}, "spec": template["spec"]},
+        },
+    }
     _create(kube_cluster, f"/apis/batch/v1/namespaces/{NS}/jobs", job)
 
     def complete() -> bool:
@@ -184,9 +211,13 @@ def test_a_job_runs_its_pod_through_the_job_controller(kube_cluster: KubeCluster
                                      for c in (answer.get("status") or {}).get("conditions") or [])
 
     wait_until(complete, WAIT_S, message=f"job {name} never completed")
-    status, _ = kube_cluster.request("DELETE", f"/apis/batch/v1/namespaces/{NS}/jobs/{name}", {"propagationPolicy": "Foreground"})
+    status, _ = kube_cluster.request(
+        "DELETE", f"/apis/batch/v1/namespaces/{NS}/jobs/{name}", {"propagationPolicy": "Foreground"}
+    )
     assert status == 200
     # The garbage collector removes the job's pod, then the job (a foreground delete's finalizer).
-    wait_until(lambda: not kube_cluster.objects("pods", selector=f"job-name={name}"), WAIT_S, message="the job's pod stayed")
+    wait_until(
+        lambda: not kube_cluster.objects("pods", selector=f"job-name={name}"), WAIT_S, message="the job's pod stayed"
+    )
     wait_until(lambda: kube_cluster.request("GET", f"/apis/batch/v1/namespaces/{NS}/jobs/{name}")[0] == 404, WAIT_S,
                message="the job stayed")

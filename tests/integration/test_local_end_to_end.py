@@ -139,7 +139,9 @@ def test_cancel_kills_the_trial_and_its_grandchild(tmp_path: Path) -> None:
             info = await h.wait(WAIT_S)
             assert info.status is TrialStatus.USER_CANCELED, (info.status, info.reason)
             assert "canceled by the user" in info.reason
-            await async_wait_until(lambda: pid_gone(grandchild), 15.0, message=f"grandchild {grandchild} survived the cancel")
+            await async_wait_until(
+                lambda: pid_gone(grandchild), 15.0, message=f"grandchild {grandchild} survived the cancel"
+            )
             # The environment is free again and takes the next trial.
             write_script(tmp_path, "ok.py", "print('ok')\n")
             h2 = await c.submit({}, command="python ok.py")

@@ -69,7 +69,9 @@ def test_every_result_of_a_tight_loop_is_stored_once_in_order_however_the_trial_
                 assert [r.index for r in rows] == list(range(len(rows))), end
                 if end == "fork":
                     # The child's 500 come between the parent's 6,000 and its last 10.
-                    assert values == _expected_values(6000) + [100000.0 + i for i in range(500)] + [200000.0 + i for i in range(10)]
+                    assert values == _expected_values(6000) + [100000.0 + i for i in range(500)] + [
+                        200000.0 + i for i in range(10)
+                    ]
                 else:
                     assert [r.value for r in intermediate] == _expected_values(6000), end
                 assert intermediate[7].value_json == '{"default":7.0,"loss":0.125}'
@@ -94,7 +96,8 @@ sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 def raw(text):
     sock.sendto(text.encode(), path)
 
-raw('{"trial": "%s", "kind": "intermediate", "values": [1.0, NaN, 2.0, "three", 3.0, Infinity, {"default": 4.0}, {"nodefault": 1}, 5, true, %s, 6.0]}' % (me, "9" * 400))
+raw('{"trial": "%s", "kind": "intermediate", "values": [1.0, NaN, 2.0, "three", 3.0, Infinity, '
+    '{"default": 4.0}, {"nodefault": 1}, 5, true, %s, 6.0]}' % (me, "9" * 400))
 raw('{"trial": "%s", "kind": "intermediate", "values": 7.0}' % me)
 raw('{"trial": "%s", "kind": "intermediate", "values": [[8.0], 9.0]}' % me)
 raw('{"trial": "%s", "kind": "sideways", "values": [10.0, 11.0]}' % me)

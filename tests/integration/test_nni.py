@@ -140,7 +140,13 @@ def _check_sklearn(exp: Path, proc: subprocess.CompletedProcess[str]) -> None:
 @pytest.mark.parametrize("reuse", [True, False], ids=["reuse", "no-reuse"])
 def test_sklearn_trial_with_dict_metrics_on_local(tmp_path: Path, reuse: bool) -> None:
     python = nni_python()
-    service = {"platform": "local", "useActiveGpu": False, "maxTrialNumberPerGpu": 1, "gpuIndices": "0", "reuseMode": reuse}
+    service = {
+        "platform": "local",
+        "useActiveGpu": False,
+        "maxTrialNumberPerGpu": 1,
+        "gpuIndices": "0",
+        "reuseMode": reuse,
+    }
     config = _write(tmp_path / "code", SKLEARN_TRIAL, _nni_config(tmp_path / "code", f"{python} trial.py", service))
     _check_sklearn(tmp_path / "exp", _run(config, tmp_path / "exp"))
 
@@ -151,7 +157,12 @@ def test_many_intermediate_results_on_local(tmp_path: Path, variable: str) -> No
     python = nni_python(variable)
     epochs = 300
     # The trial's settings inside trainingService, as NNI allows.
-    service = {"platform": "local", "trialCommand": f"{python} trial.py", "trialGpuNumber": 0, "nniManagerIp": "127.0.0.1"}
+    service = {
+        "platform": "local",
+        "trialCommand": f"{python} trial.py",
+        "trialGpuNumber": 0,
+        "nniManagerIp": "127.0.0.1",
+    }
     data = _nni_config(tmp_path / "code", "unused", service)
     del data["trialCommand"]
     config = _write(tmp_path / "code", MANY_RESULTS_TRIAL.format(epochs=epochs), data)
@@ -197,16 +208,27 @@ def test_malformed_and_oversized_lines_become_notes_and_the_trial_goes_on(tmp_pa
     _, [trial], metrics = _stored(exp)
     assert trial["status"] == "SUCCEEDED", dict(trial)
     assert [(r["kind"], r["value"]) for r in metrics[trial["id"]]] == [("intermediate", 0.25), ("final", 0.5)]
-    notes = [line for line in (exp / "trials" / trial["id"] / "stderr.log").read_text().splitlines() if line.startswith("[trialkeeper]")]
+    notes = [
+        line
+        for line in (exp / "trials" / trial["id"] / "stderr.log").read_text().splitlines()
+        if line.startswith("[trialkeeper]")
+    ]
     assert len(notes) == 4, notes
     assert "not JSON" in notes[0] and "longer than 1000000 bytes" in notes[1]
     assert "intermediate result refused" in notes[2] and "already reported" in notes[3]
     # `trialkeeper logs` leaves the result lines out unless asked for them.
     script = Path(sys.executable).parent / "trialkeeper"
-    shown = subprocess.run([str(script), "logs", str(exp), trial["id"]], capture_output=True, timeout=60, check=True).stdout
+    shown = subprocess.run(
+        [str(script), "logs", str(exp), trial["id"]], capture_output=True, timeout=60, check=True
+    ).stdout
     assert shown == b"before\nafter\n", shown[:300]
-    everything = subprocess.run([str(script), "logs", str(exp), trial["id"], "--nni-results"], capture_output=True, timeout=60, check=True).stdout
-    assert everything == (exp / "trials" / trial["id"] / "stdout.log").read_bytes() and everything.count(b"NNISDK_MEb") == 6
+    everything = subprocess.run(
+        [str(script), "logs", str(exp), trial["id"], "--nni-results"], capture_output=True, timeout=60, check=True
+    ).stdout
+    assert (
+        everything == (exp / "trials" / trial["id"] / "stdout.log").read_bytes()
+        and everything.count(b"NNISDK_MEb") == 6
+    )
 
 
 # ---- remote over a real sshd --------------------------------------------------------------
@@ -220,10 +242,16 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Machine,
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "reuse,trial_python", [(True, ""), (False, ""), (True, "TRIALKEEPER_NNI2_PYTHON")], ids=["reuse", "no-reuse", "nni2-trial"]
+    "reuse,trial_python",
+    [(True, ""), (False, ""), (True, "TRIALKEEPER_NNI2_PYTHON")],
+    ids=["reuse", "no-reuse", "nni2-trial"],
 )
 def test_sklearn_trial_on_remote_with_nnis_python_path(
-    tmp_path: Path, machine: tuple[Machine, Credentials, Path], reuse: bool, trial_python: str, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    machine: tuple[Machine, Credentials, Path],
+    reuse: bool,
+    trial_python: str,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     m, creds, known_hosts = machine
     bindir = nni_python().parent
@@ -257,9 +285,21 @@ def test_an_nni_hybrid_config_runs_on_local_and_remote(
     entry = {"host": m.host, "port": m.port, "user": creds.user, "sshKeyFile": str(creds.key_file),
              "sshPassphrase": creds.passphrase, "pythonPath": str(python.parent), "useActiveGpu": False}
     services = [
-        {"platform": "remote", "reuseMode": True, "knownHostsFile": str(known_hosts), "machineList": [entry], **per_service},
-        {"platform": "local", "reuseMode": True, "useActiveGpu": False, "maxTrialNumberPerGpu": 1,
-         "environmentCount": 1, **per_service},
+        {
+            "platform": "remote",
+            "reuseMode": True,
+            "knownHostsFile": str(known_hosts),
+            "machineList": [entry],
+            **per_service,
+        },
+        {
+            "platform": "local",
+            "reuseMode": True,
+            "useActiveGpu": False,
+            "maxTrialNumberPerGpu": 1,
+            "environmentCount": 1,
+            **per_service,
+        },
     ]
     data = _nni_config(tmp_path / "code", "unused", services, maxTrialNumber=4)
     del data["trialCommand"]
@@ -301,6 +341,11 @@ def test_the_nni_benchmark_stage_runs_both_sides_and_produces_figures(tmp_path: 
         [r] = results[side]
         assert "error" not in r, r
         assert r["ok"] == results["n"] and r["wall_s"] > 0 and r["start_s"] and r["floor_start_s"], r
-    assert results["trialkeeper"][0]["metrics_stored"] == 4 * results["n"] and len(results["trialkeeper"][0]["floor_wall_s"]) == 2
+    assert (
+        results["trialkeeper"][0]["metrics_stored"] == 4 * results["n"]
+        and len(results["trialkeeper"][0]["floor_wall_s"]) == 2
+    )
     figures = [row["figure"] for row in data["table"]]
-    assert sum(f.startswith("9. NNI trial start") for f in figures) == 2 and sum(": wall (s)" in f for f in figures) == 2, figures
+    assert (
+        sum(f.startswith("9. NNI trial start") for f in figures) == 2 and sum(": wall (s)" in f for f in figures) == 2
+    ), figures

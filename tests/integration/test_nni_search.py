@@ -67,7 +67,10 @@ def test_a_tuner_whose_package_is_missing_says_what_to_install(report: dict[str,
 def test_nni_errors_are_one_clear_line(report: dict[str, Any]) -> None:
     errors = report["errors"]
     if "BOHB" in errors:  # its extra packages are not installed: the error says which command installs them
-        assert errors["BOHB"].startswith("advisor 'BOHB' needs the package") and "pip install 'nni[BOHB]'" in errors["BOHB"]
+        assert (
+            errors["BOHB"].startswith("advisor 'BOHB' needs the package")
+            and "pip install 'nni[BOHB]'" in errors["BOHB"]
+        )
     assert errors["Hyperband"].startswith("invalid classArgs for advisor 'Hyperband': ") and "R" in errors["Hyperband"]
     assert errors["nosuch"].startswith("unknown tuner 'nosuch'") and "TPE" in errors["nosuch"]
     assert "'max' is not a valid OptimizeMode" in errors["TPE"]
@@ -101,7 +104,9 @@ def test_resumed_nni_tuners_go_on_from_the_history(report: dict[str, Any]) -> No
     assert near >= 8 and near > sum(abs(x - 0.8) < 0.1 for x in tpe["fresh"])
 
 
-def run_cli(python: str, tmp_path: Path, config: dict[str, Any], output: list[str] | None = None) -> tuple[list[dict[str, Any]], list[Any]]:
+def run_cli(
+    python: str, tmp_path: Path, config: dict[str, Any], output: list[str] | None = None
+) -> tuple[list[dict[str, Any]], list[Any]]:
     """`trialkeeper run` in the NNI interpreter; the stored trials (in order) and metrics.
     ``output`` receives what it printed (stdout, then stderr)."""
     (tmp_path / "config.yml").write_text(json.dumps({
@@ -110,8 +115,20 @@ def run_cli(python: str, tmp_path: Path, config: dict[str, Any], output: list[st
     }))
     exp = tmp_path / "exp"
     proc = subprocess.run(
-        [python, "-m", "trialkeeper.coordinator.cli", "run", str(tmp_path / "config.yml"), "--experiment-dir", str(exp), "--quiet"],
-        check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [
+            python,
+            "-m",
+            "trialkeeper.coordinator.cli",
+            "run",
+            str(tmp_path / "config.yml"),
+            "--experiment-dir",
+            str(exp),
+            "--quiet",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     if output is not None:
@@ -160,13 +177,18 @@ def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     assert [ot.state.name for ot in study.trials] == [expected[t["status"]] for t in trials]
     for t, ot in zip(trials, study.trials):
         assert ot.params == json.loads(t["parameters_json"])
-        assert len(ot.intermediate_values) == sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
+        assert len(ot.intermediate_values) == sum(
+            1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate"
+        )
     assert study.best_value == max(t["final_metric"] for t in trials if t["status"] == "SUCCEEDED")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")
 def test_without_nni_its_names_say_what_to_install() -> None:
-    with pytest.raises(TunerError, match=r"tuner 'TPE' is one of NNI's algorithms, and NNI is not installed .*pip install 'trialkeeper\[nni\]'"):
+    with pytest.raises(
+        TunerError,
+        match=r"tuner 'TPE' is one of NNI's algorithms, and NNI is not installed .*pip install 'trialkeeper\[nni\]'",
+    ):
         create_tuner("TPE", None, {}, {"x": {"_type": "uniform", "_value": [0, 1]}})
 
 
@@ -193,7 +215,9 @@ trial.report_final_result(p["x"])
 """
 
 
-def run_advisor(tmp_path: Path, trials: int, advisor: dict[str, Any], **more: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+def run_advisor(
+    tmp_path: Path, trials: int, advisor: dict[str, Any], **more: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
     """`trialkeeper run` of BUDGETED with ``advisor``, 2 at a time: trials, their parameters, metrics."""
     write_script(tmp_path, "trial.py", BUDGETED)
     stored, metrics = run_cli(nni_python(), tmp_path, {
@@ -228,8 +252,20 @@ def test_trialkeeper_resume_goes_on_with_nnis_grid_search_where_it_was(tmp_path:
         "trainingService": {"platform": "local"}, **base, "maxTrialNumber": 6,
     }))
     proc = subprocess.run(
-        [python, "-m", "trialkeeper.coordinator.cli", "resume", str(tmp_path / "exp"), "--config", str(tmp_path / "more.yml"), "--quiet"],
-        check=False, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [
+            python,
+            "-m",
+            "trialkeeper.coordinator.cli",
+            "resume",
+            str(tmp_path / "exp"),
+            "--config",
+            str(tmp_path / "more.yml"),
+            "--quiet",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     store = Store.in_dir(tmp_path / "exp", readonly=True)
@@ -260,8 +296,13 @@ def test_anneal_proposes_points_of_the_space_with_hyperopt_installed(report: dic
 @pytest.mark.slow
 def test_trialkeeper_run_with_nni_bohb_as_advisor(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'bohb.db'}"
-    trials, params, metrics = run_advisor(tmp_path, 6, {"name": "BOHB", "classArgs": {
-        "optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}}, optunaStorage=url, optunaStudyName="bohb")
+    trials, params, metrics = run_advisor(
+        tmp_path,
+        6,
+        {"name": "BOHB", "classArgs": {"optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}},
+        optunaStorage=url,
+        optunaStudyName="bohb",
+    )
     assert len(trials) == 6 and {t["status"] for t in trials} == {"SUCCEEDED"}
     # Its first bracket runs 3 configurations for budget 1 and the best of them for 3; the
     # next bracket starts at budget 3.

@@ -52,10 +52,16 @@ def _ours(fake: FakeOpenPai, experiment_id: str) -> list[str]:
     return [name for (_, name) in fake.jobs if name.startswith(f"tk-{experiment_id}-")]
 
 
-@pytest.mark.parametrize(("reuse", "tls"), [(True, False), (False, False), (True, True)], ids=["reuse", "no-reuse", "reuse-tls"])
+@pytest.mark.parametrize(
+    ("reuse", "tls"), [(True, False), (False, False), (True, True)], ids=["reuse", "no-reuse", "reuse-tls"]
+)
 def test_quickstart_end_to_end_leaks_no_secret(
-    fake: FakeOpenPai, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    reuse: bool, tls: bool,
+    fake: FakeOpenPai,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    reuse: bool,
+    tls: bool,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     data = _config_data(fake, tmp_path, reuseMode=reuse)
@@ -109,7 +115,9 @@ def test_a_job_ended_outside_trialkeeper_is_a_lost_environment(fake: FakeOpenPai
             name = f"tk-{c.experiment_id}-{env.id}"
             assert fake.job(name).run.pids(), "the job runs no process"
             token = (tmp_path / "exp" / ".token").read_text().strip()
-            assert leaks_in_processes({"experiment token": token, "OpenPAI token": data["trainingService"]["token"]}) == []
+            assert (
+                leaks_in_processes({"experiment token": token, "OpenPAI token": data["trainingService"]["token"]}) == []
+            )
 
             {"failed": fake.fail_job, "stopped": fake.stop_outside, "deleted": fake.delete_job}[how](name)
 
@@ -131,7 +139,9 @@ def test_refusals_are_errors_as_data_without_the_token(fake: FakeOpenPai, tmp_pa
     data = _config_data(fake, tmp_path, virtualCluster="no-such-vc")
     service = create_service(parse_config(data, tmp_path / "code"), tmp_path / "exp")
     assert isinstance(service, OpenPaiEnvironmentService)
-    request = EnvironmentRequest(env_id="env-1", experiment_id="x1", coordinator_address="127.0.0.1:1", token="tok-secret-1")
+    request = EnvironmentRequest(
+        env_id="env-1", experiment_id="x1", coordinator_address="127.0.0.1:1", token="tok-secret-1"
+    )
 
     async def body() -> None:
         await service.prepare()

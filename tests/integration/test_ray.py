@@ -322,7 +322,9 @@ def test_resume_after_kill_9_adopts_its_actors_and_sweeps_orphans(cluster: Local
 
         first.kill()
         first.wait(timeout=30)
-        resumed = subprocess.Popen([*cli, "resume", str(exp), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        resumed = subprocess.Popen(
+            [*cli, "resume", str(exp), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         wait_until(lambda: len(_actors(experiment_id)) == 2 or resumed.poll() is not None, WAIT_S,
                    message="resume did not sweep the orphan")
         (marks / "go").write_text("")
@@ -332,7 +334,9 @@ def test_resume_after_kill_9_adopts_its_actors_and_sweeps_orphans(cluster: Local
         store = Store.in_dir(exp, readonly=True)
         trials, envs = store.trials(), store.envs()
         store.close()
-        assert sorted(t["status"] for t in trials) == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
+        assert sorted(t["status"] for t in trials) == ["SUCCEEDED"] * 4, [
+            (t["id"], t["status"], t["reason"]) for t in trials
+        ]
         # The two actors started before the crash carried on: no replacement was needed.
         assert sorted(e["id"] for e in envs) == ["env-1", "env-2"], [(e["id"], e["status"], e["reason"]) for e in envs]
         assert all(t["attempts"] == 1 for t in trials), trials

@@ -75,7 +75,9 @@ _rows = stored_rows  # the store as the running coordinator has written it so fa
 
 
 def _agent_pids(exp: Path) -> dict[str, int]:
-    return {str(e["id"]): int(json.loads(str(e["info_json"]))["pid"]) for e in _rows(exp, "envs") if e["info_json"] != "{}"}
+    return {
+        str(e["id"]): int(json.loads(str(e["info_json"]))["pid"]) for e in _rows(exp, "envs") if e["info_json"] != "{}"
+    }
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -129,7 +131,12 @@ def test_kill_9_then_resume_finishes_with_every_trial_and_metric(tmp_path: Path)
                 params = json.loads(str(t["parameters_json"]))
                 got = [(m.kind, round(m.value, 6)) for m in store.metrics(str(t["id"]))]
                 x = params["x"]
-                assert got == [("intermediate", x + 0.1), ("intermediate", x + 0.2), ("intermediate", x + 0.3), ("final", x)], got
+                assert got == [
+                    ("intermediate", x + 0.1),
+                    ("intermediate", x + 0.2),
+                    ("intermediate", x + 0.3),
+                    ("final", x),
+                ], got
             assert sorted(json.loads(str(t["parameters_json"]))["x"] for t in trials) == [1, 2, 3, 4, 5, 6]
             assert store.experiment()["status"] == "DONE"  # type: ignore[index]
         finally:
@@ -298,7 +305,11 @@ def test_resume_takes_a_redacted_trial_env_secret_from_the_environment_or_refuse
         out, _ = refused.communicate(timeout=WAIT_S)
         text = out.decode(errors="replace").strip()
         assert refused.returncode == 1, text
-        assert "trialEnv WANDB_API_KEY: set it in the environment of `trialkeeper resume`, or pass the config file with --config FILE" in text
+        assert (
+            "trialEnv WANDB_API_KEY: set it in the environment of `trialkeeper resume`, "
+            "or pass the config file with --config FILE"
+            in text
+        )
         assert len(text.splitlines()) == 1 and secret not in text, text
         assert len(_rows(exp, "trials")) == 2 and values() == {"1": secret, "2": secret}
         # With the variable in its environment, resume gives the trials it starts the real value.

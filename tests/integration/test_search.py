@@ -109,9 +109,18 @@ def test_an_assessors_stop_signals_the_trials_whole_process_tree(tmp_path: Path)
 def test_optuna_tpe_with_successive_halving_mirrors_into_an_optuna_study(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     config = _config(
-        tmp_path, steps=6, pause=0.05, trialConcurrency=2, maxTrialNumber=10,
-        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]},
-                     "opt": {"_type": "choice", "_value": ["adam", {"_name": "sgd", "m": {"_type": "uniform", "_value": [0, 1]}}]}},
+        tmp_path,
+        steps=6,
+        pause=0.05,
+        trialConcurrency=2,
+        maxTrialNumber=10,
+        searchSpace={
+            "x": {"_type": "uniform", "_value": [0, 1]},
+            "opt": {
+                "_type": "choice",
+                "_value": ["adam", {"_name": "sgd", "m": {"_type": "uniform", "_value": [0, 1]}}],
+            },
+        },
         tuner={"name": "optuna", "classArgs": {"sampler": "TPE", "seed": 1, "storage": url, "study_name": "mine"}},
         assessor={"name": "optuna", "classArgs": {"pruner": "successive_halving", "pruner_args": {"min_resource": 1}}},
     )
@@ -158,7 +167,9 @@ def test_optuna_storage_mirrors_an_experiment_with_a_builtin_tuner_into_an_optun
     # Optuna's own analysis reads it: the score is x, so x is what matters.
     best = max((t for t in result.trials if t.status is TrialStatus.SUCCEEDED), key=lambda t: t.final_metric or 0.0)
     assert study.best_trial.user_attrs["trialkeeper_parameter_id"] == best.sequence_id
-    importance = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+    importance = optuna.importance.get_param_importances(
+        study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0)
+    )
     assert max(importance, key=importance.__getitem__) == "x", importance
 
 
@@ -231,7 +242,11 @@ def test_parameters_that_cannot_be_submitted_end_the_experiment_with_the_reason(
     config = _config(tmp_path, steps=1, pause=0.0, trialConcurrency=1, maxTrialNumber=3,
                      tuner={"className": "odd_tuner:Odd", "codeDirectory": str(tmp_path)})
     result = run_async(run_experiment(config), timeout=60)
-    assert not result.ok and "the tuner proposed parameters that cannot be submitted: parameters must be JSON-serialisable" in result.reason
+    assert (
+        not result.ok
+        and "the tuner proposed parameters that cannot be submitted: parameters must be JSON-serialisable"
+        in result.reason
+    )
     assert [(t.status, t.final_metric) for t in result.trials] == [(TrialStatus.SUCCEEDED, 0.5)]
 
 

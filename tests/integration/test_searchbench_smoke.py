@@ -16,8 +16,22 @@ BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "searchbench
 def test_searchbench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "search.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--seeds", "1", "--trials", "3", "--methods", "random,tpe+sha", "--json", str(out)],
-        check=False, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(BENCH),
+            "--seeds",
+            "1",
+            "--trials",
+            "3",
+            "--methods",
+            "random,tpe+sha",
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])["summary"]

@@ -104,15 +104,29 @@ def _nfs(tmp_path: Path, **extra: Any) -> dict[str, Any]:
 def _blob(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     local = tmp_path / "blob-local"
     local.mkdir(exist_ok=True)
-    return {"storageType": "AzureBlob", "storageAccountName": "tkacct", "storageAccountKey": KEY,
-            "containerName": "trials", "localMountPoint": str(local), "remoteMountPoint": str(tmp_path / "mnt"), **extra}
+    return {
+        "storageType": "AzureBlob",
+        "storageAccountName": "tkacct",
+        "storageAccountKey": KEY,
+        "containerName": "trials",
+        "localMountPoint": str(local),
+        "remoteMountPoint": str(tmp_path / "mnt"),
+        **extra,
+    }
 
 
 WRITTEN = "written-by-the-trial.txt"
 
 
 # A section of a platform that mounts the shared storage, for checks that parse configs only.
-DLTS_SECTION = {"platform": "dlts", "dashboard": "https://dlts.example/", "team": "t", "email": "a@example.com", "password": "pw", "image": "img"}
+DLTS_SECTION = {
+    "platform": "dlts",
+    "dashboard": "https://dlts.example/",
+    "team": "t",
+    "email": "a@example.com",
+    "password": "pw",
+    "image": "img",
+}
 
 
 def _data(tmp_path: Path, ts: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
@@ -121,11 +135,16 @@ def _data(tmp_path: Path, ts: dict[str, Any], shared: dict[str, Any]) -> dict[st
         shutil.copytree(QUICKSTART, code, ignore=shutil.ignore_patterns("__pycache__", "config.yml"))
     return {
         # The file the trial writes into its working directory shows where that was.
-        "searchSpaceFile": "search_space.json", "trialCommand": f"python3 train.py && echo mine > {WRITTEN}", "trialConcurrency": 2,
-        "maxTrialNumber": 4, "trialCodeDirectory": str(code), "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "searchSpaceFile": "search_space.json",
+        "trialCommand": f"python3 train.py && echo mine > {WRITTEN}",
+        "trialConcurrency": 2,
+        "maxTrialNumber": 4,
+        "trialCodeDirectory": str(code),
+        "experimentWorkingDirectory": str(tmp_path / "experiments"),
         "tuner": {"name": "random", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
         "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
-        "trainingService": ts, "sharedStorage": shared,
+        "trainingService": ts,
+        "sharedStorage": shared,
     }
 
 
@@ -166,7 +185,9 @@ def test_config_checks_and_redacts_the_key(tmp_path: Path) -> None:
     assert config_to_dict(config, redact=True)["sharedStorage"]["storageAccountKey"] == "***"
     assert KEY not in repr(config)
     with pytest.raises(ConfigError) as raised:
-        parse_config(_data(tmp_path, DLTS_SECTION, _nfs(tmp_path, nfsServer=None, localMounted="nomount")), tmp_path / "code")
+        parse_config(
+            _data(tmp_path, DLTS_SECTION, _nfs(tmp_path, nfsServer=None, localMounted="nomount")), tmp_path / "code"
+        )
     text = str(raised.value)
     assert "sharedStorage.nfsServer: required with storageType NFS" in text
     assert "sharedStorage.localMounted: nomount is not supported" in text
@@ -198,7 +219,11 @@ def test_nnimount_mounts_here_and_reports_a_failure_redacted(tmp_path: Path, mon
 
 
 def _run_from_nfs(
-    fake: Any, section: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    fake: Any,
+    section: dict[str, Any],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[dict[str, Any], Path, list[dict[str, Any]]]:
     """`trialkeeper run` of the quickstart from NFS shared storage on a fake platform whose
     jobs mount with a working `mount`; the config, the experiment directory and its trials,
@@ -238,8 +263,9 @@ def test_a_failing_mount_fails_the_openpai_environment_with_its_error(
     pai: FakeOpenPai, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pai, "path_prefix", (str(_bin(tmp_path / "bin", mount=BAD_MOUNT)),))
-    service = create_service(parse_config(_data(tmp_path, _pai_section(pai, tmp_path), _nfs(tmp_path)), tmp_path / "code"),
-                             tmp_path / "exp")
+    service = create_service(
+        parse_config(_data(tmp_path, _pai_section(pai, tmp_path), _nfs(tmp_path)), tmp_path / "code"), tmp_path / "exp"
+    )
     request = EnvironmentRequest(env_id="env-1", experiment_id="sx1", coordinator_address="127.0.0.1:1", token="tok-1")
 
     async def body() -> Observation:

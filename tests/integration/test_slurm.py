@@ -443,7 +443,9 @@ def test_config_becomes_sbatch_options(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("node_gpus", "expected"), [(4, "--gpu-indices 1,3"), (2, "")], ids=["open", "fenced"])
-def test_gpu_jobs_name_slurms_gpus_only_where_the_node_shows_more(tmp_path: Path, node_gpus: int, expected: str) -> None:
+def test_gpu_jobs_name_slurms_gpus_only_where_the_node_shows_more(
+    tmp_path: Path, node_gpus: int, expected: str
+) -> None:
     fake = write_script(tmp_path, "nvidia-smi", "#!/bin/sh\n" + "echo GPU\n" * node_gpus)
     fake.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_GPUS": "1,3"}

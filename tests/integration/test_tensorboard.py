@@ -49,7 +49,9 @@ trial.report_final_result(p["lr"])
 def _tensorboard() -> Path:
     exe = Path(sys.executable).parent / "tensorboard"
     if not exe.exists():
-        why = "tensorboard is not installed beside this interpreter: pip install -e '.[dev]' (or pip install tensorboard)"
+        why = (
+            "tensorboard is not installed beside this interpreter: pip install -e '.[dev]' (or pip install tensorboard)"
+        )
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
@@ -87,8 +89,12 @@ def test_tensorboard_serves_one_run_per_trial_of_a_real_experiment(tmp_path: Pat
     expected = {f"{t.id}_lr={t.parameters['lr']},units={t.parameters['units']}" for t in trials if t.parameters}
 
     proc = subprocess.Popen(
-        [_script(), "tensorboard", str(exp), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, stdin=subprocess.DEVNULL, env={**os.environ, "PATH": f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+        [_script(), "tensorboard", str(exp), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PATH": f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
     try:
         url, lines = first_line(proc, lambda line: (m := URL.search(line)) and m.group(1), timeout=START_TIMEOUT_S)
@@ -137,7 +143,9 @@ def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: 
     assert all((logdir / r).is_symlink() and (logdir / r / "events.out.tfevents.1").exists() for r in runs)
     assert "trial tr00001: output not on this machine" in proc.stdout and "gpu-box-7" in proc.stdout
     assert "trial tr00003: no output directory yet" in proc.stdout
-    assert "tensorboard is not installed: pip install tensorboard" in proc.stdout and f"--logdir {logdir}" in proc.stdout
+    assert (
+        "tensorboard is not installed: pip install tensorboard" in proc.stdout and f"--logdir {logdir}" in proc.stdout
+    )
 
     # Again, for chosen trials, into another directory: only those runs.
     proc = tk_bare("tensorboard", exp, "tr00002", "--logdir", tmp_path / "tb")

@@ -59,7 +59,9 @@ def _pinned_channel(address: str, cert_pem: bytes) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(address, creds, options=[("grpc.ssl_target_name_override", tls.SERVER_NAME)])
 
 
-async def _first_answer(channel: grpc.aio.Channel, metadata: object, env_id: str) -> tuple[grpc.StatusCode, str, object]:
+async def _first_answer(
+    channel: grpc.aio.Channel, metadata: object, env_id: str
+) -> tuple[grpc.StatusCode, str, object]:
     call = pb_grpc.CoordinatorStub(channel).Session(metadata=metadata, timeout=RPC_TIMEOUT_S)
     answer: object = None
     try:
@@ -93,7 +95,9 @@ async def _run_agent(tmp_path: Path, address: str, token: str, env_id: str, *arg
     except asyncio.TimeoutError:
         proc.kill()
         out, _ = await proc.communicate()
-        raise AssertionError(f"agent {env_id} did not exit within {AGENT_EXIT_S} s:\n{out.decode(errors='replace')}") from None
+        raise AssertionError(
+            f"agent {env_id} did not exit within {AGENT_EXIT_S} s:\n{out.decode(errors='replace')}"
+        ) from None
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace")
 
@@ -125,7 +129,10 @@ def test_tls_end_to_end_with_real_agents(tmp_path: Path) -> None:
             assert [i.final_metric for i in infos] == [0.0, 2.0, 4.0, 6.0]
             assert c.store is not None
             for x, h in enumerate(handles):
-                assert [(r.kind, r.value) for r in c.store.metrics(h.id)] == [("intermediate", x + 0.5), ("final", x * 2.0)]
+                assert [(r.kind, r.value) for r in c.store.metrics(h.id)] == [
+                    ("intermediate", x + 0.5),
+                    ("final", x * 2.0),
+                ]
 
             # The agents were launched with the fingerprint (not secret) and without the token.
             token = _token(c)
@@ -237,7 +244,9 @@ def test_man_in_the_middle_is_refused_and_learns_no_token(tmp_path: Path) -> Non
             token = "t" * 43
             (code, out), (code2, out2) = await asyncio.gather(
                 _run_agent(tmp_path, address, token, "mitm-fp", "--tls-fingerprint", real.fingerprint),
-                _run_agent(tmp_path, address, token, "mitm-cert", "--tls-cert", str(real_cert), "--reconnect-window", "1"),
+                _run_agent(
+                    tmp_path, address, token, "mitm-cert", "--tls-cert", str(real_cert), "--reconnect-window", "1"
+                ),
             )
             assert code == 2, out
             assert fake.fingerprint in out and real.fingerprint in out and "refusing to connect" in out, out
@@ -258,7 +267,9 @@ def test_tls_agent_against_a_plaintext_coordinator_says_so(tmp_path: Path) -> No
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             assert c.tls_fingerprint is None
             assert not (c.experiment_dir / tls.KEY_FILE).exists()
-            code, out = await _run_agent(tmp_path, c.address, _token(c), "tls-agent", "--tls-fingerprint", other.fingerprint)
+            code, out = await _run_agent(
+                tmp_path, c.address, _token(c), "tls-agent", "--tls-fingerprint", other.fingerprint
+            )
             assert code == 2, out
             assert "does not speak TLS" in out, out
 

@@ -52,8 +52,11 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         victim, first = page["trials"][0], page["trials"][1]
         assert first["sequence_id"] == 0
         detail = wait_until(
-            lambda: (d := get_json(f"{url}/api/trials/{first['id']}"))["intermediate"] and len(d["intermediate"]) == 3 and d,
-            timeout=WAIT_S, message="the trial's intermediate results",
+            lambda: (
+                (d := get_json(f"{url}/api/trials/{first['id']}"))["intermediate"] and len(d["intermediate"]) == 3 and d
+            ),
+            timeout=WAIT_S,
+            message="the trial's intermediate results",
         )
         x = first["parameters"]["x"]
         assert [v for _, v in detail["intermediate"]] == pytest.approx([x / 3, 2 * x / 3, x])
@@ -65,7 +68,9 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert http("POST", f"{url}/api/trials/{victim['id']}/cancel", token="wrong")[0] == 403
         status, _, body = http("POST", f"{url}/api/trials/{victim['id']}/cancel", token=token)
         assert status == 200, body
-        wait_until(lambda: get_json(f"{url}/api/trials/{victim['id']}")["trial"]["status"] == "USER_CANCELED", timeout=WAIT_S)
+        wait_until(
+            lambda: get_json(f"{url}/api/trials/{victim['id']}")["trial"]["status"] == "USER_CANCELED", timeout=WAIT_S
+        )
         assert http("POST", f"{url}/api/trials/{victim['id']}/cancel", token=token)[0] == 409  # it has ended
         assert http("POST", f"{url}/api/trials/nope/cancel", token=token)[0] == 404
 
@@ -85,14 +90,19 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         # `trialkeeper ui` beside the running experiment serves the same, read from its store.
         with stored_dashboard(served.experiment_dir) as beside:
             wait_until(
-                lambda: get_json(beside.url + "/api/experiment")["trials"] == get_json(url + "/api/experiment")["trials"],
-                timeout=WAIT_S, message="the same counts from the store",
+                lambda: (
+                    get_json(beside.url + "/api/experiment")["trials"] == get_json(url + "/api/experiment")["trials"]
+                ),
+                timeout=WAIT_S,
+                message="the same counts from the store",
             )
             assert get_json(beside.url + "/api/experiment")["best"]["id"] == first["id"]
             assert http("POST", beside.url + "/api/experiment/stop", token=token)[0] == 409  # only run --ui acts
         output = get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout")
         assert f"trial output for x = {x}" in output["text"] and output["following"] is False
-        assert get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout&offset={output['next_offset']}")["text"] == ""
+        assert (
+            get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout&offset={output['next_offset']}")["text"] == ""
+        )
         assert http("GET", f"{url}/api/trials/{first['id']}/log?stream=passwd")[0] == 400
 
         # Prometheus, parsed by its own parser.
@@ -113,7 +123,10 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert all(token.encode() not in a for a in answers)
         assert all(b"coordinator_address" not in a for a in answers)
         headers = http("GET", url + "/")[1]
-        assert "script-src" not in headers["Content-Security-Policy"] and "default-src 'self'" in headers["Content-Security-Policy"]
+        assert (
+            "script-src" not in headers["Content-Security-Policy"]
+            and "default-src 'self'" in headers["Content-Security-Policy"]
+        )
         assert headers["X-Frame-Options"] == "DENY"
 
         # Stop the experiment from the dashboard: refused without the token, then done.
@@ -191,7 +204,9 @@ def test_run_refuses_a_bad_dashboard_address_before_it_starts(tmp_path: Path) ->
         port = taken.getsockname()[1]
         proc = tk_bare("run", config, "--experiment-dir", tmp_path / "exp", "--quiet", "--ui", f"127.0.0.1:{port}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert (
+        proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
     assert not (tmp_path / "exp").exists()
 
 
@@ -204,7 +219,11 @@ def test_ui_refuses_bad_input(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         proc = tk_bare("ui", tmp_path / "exp", "--address", f"127.0.0.1:{port}")
-    assert proc.returncode == 1 and proc.stderr.strip() == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert (
+        proc.returncode == 1
+        and proc.stderr.strip()
+        == f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
     (tmp_path / "exp" / ".token").unlink()
     proc = tk_bare("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
     assert proc.returncode == 1 and "only with a token" in proc.stderr and "TRIALKEEPER_UI_TOKEN" in proc.stderr

@@ -38,7 +38,13 @@ def browser() -> Iterator[Any]:
     chromium, driver_path = browser_paths()
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
@@ -57,7 +63,9 @@ def console_errors(driver: Any) -> list[str]:
 def text(driver: Any, css: str) -> str:
     """The text of the first element ``css`` selects ("" when none), read in one step: pages
     redraw their elements, and a reference held across steps would go stale."""
-    return str(driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css))
+    return str(
+        driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css)
+    )
 
 
 def series_points(driver: Any, element_id: str) -> int:
@@ -82,7 +90,9 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
     with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
         url, token = served.url, served.token
         browser.get(url + "/")
-        wait_until(lambda: text(browser, "[data-count=RUNNING]") == "2", timeout=WAIT_S, message="2 running on the overview")
+        wait_until(
+            lambda: text(browser, "[data-count=RUNNING]") == "2", timeout=WAIT_S, message="2 running on the overview"
+        )
         browser.execute_script("window.notReloaded = true;")
         assert text(browser, "#exp-title").startswith("Experiment ")
 
@@ -118,12 +128,16 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         field.send_keys(token + "\n")
         wait_until(lambda: "token accepted" in text(browser, "#toast"), timeout=WAIT_S)
         browser.find_element(By.ID, "cancel").click()
-        wait_until(lambda: "USER_CANCELED" in text(browser, "#trial-status"), timeout=WAIT_S, message="canceled, shown live")
+        wait_until(
+            lambda: "USER_CANCELED" in text(browser, "#trial-status"), timeout=WAIT_S, message="canceled, shown live"
+        )
 
         # Comparison and environments.
         browser.get(url + "/#/compare")
         wait_until(lambda: series_points(browser, "curves-chart") >= 2, timeout=WAIT_S, message="curves compared")
-        wait_until(lambda: series_points(browser, "parallel-chart") >= 1, timeout=WAIT_S, message="parallel coordinates")
+        wait_until(
+            lambda: series_points(browser, "parallel-chart") >= 1, timeout=WAIT_S, message="parallel coordinates"
+        )
         browser.get(url + "/#/environments")
         wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#envs tr[data-env]"), timeout=WAIT_S)
         assert "local" in text(browser, "#envs") and "connected" in text(browser, "#envs")
@@ -132,7 +146,11 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         env_id = browser.find_element(By.CSS_SELECTOR, "#envs tr[data-env]").get_attribute("data-env")
         on_env = get_json(f"{url}/api/trials?environment={env_id}&limit=1")["total"]
         browser.find_element(By.CSS_SELECTOR, f"#envs tr[data-env='{env_id}'] a[href*='environment=']").click()
-        wait_until(lambda: text(browser, "#trial-total") == f"{on_env} trials", timeout=WAIT_S, message="an environment's trials")
+        wait_until(
+            lambda: text(browser, "#trial-total") == f"{on_env} trials",
+            timeout=WAIT_S,
+            message="an environment's trials",
+        )
         assert env_id in text(browser, "#env-filter")
 
         # A running trial's output is followed: what it prints next shows up without a reload.
@@ -141,11 +159,15 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
             timeout=WAIT_S, message="another trial running",
         )
         browser.get(f"{url}/#/trial/{later['id']}")
-        wait_until(lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="its output so far")
+        wait_until(
+            lambda: "trial output for x" in text(browser, "#stdout"), timeout=WAIT_S, message="its output so far"
+        )
         assert "let through" not in text(browser, "#stdout")
         browser.execute_script("window.notReloaded = true;")
         gates.release(later["sequence_id"])
-        wait_until(lambda: "let through" in text(browser, "#stdout"), timeout=WAIT_S, message="its next output, followed")
+        wait_until(
+            lambda: "let through" in text(browser, "#stdout"), timeout=WAIT_S, message="its next output, followed"
+        )
         wait_until(lambda: "SUCCEEDED" in text(browser, "#trial-status"), timeout=WAIT_S, message="its end, live")
         assert browser.execute_script("return window.notReloaded === true;")
 
@@ -160,7 +182,10 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
 
         # Stop the experiment from the overview (the token is still in this tab).
         browser.get(url + "/")
-        wait_until(lambda: browser.execute_script("return document.getElementById('stop').style.display === '';"), timeout=WAIT_S)
+        wait_until(
+            lambda: browser.execute_script("return document.getElementById('stop').style.display === '';"),
+            timeout=WAIT_S,
+        )
         browser.find_element(By.ID, "stop").click()
         browser.switch_to.alert.accept()
         served.proc.wait(WAIT_S)
@@ -192,7 +217,10 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         metric.click()  # twice: best first
         best = get_json(url + "/api/trials?sort=metric&order=desc&limit=10")["trials"]
         wait_until(lambda: shown(1) == [t["id"] for t in best], timeout=WAIT_S, message="sorted by metric, descending")
-        assert browser.execute_script("return document.querySelector('#vhead [data-sort=metric]').className;") == "sorted desc"
+        assert (
+            browser.execute_script("return document.querySelector('#vhead [data-sort=metric]').className;")
+            == "sorted desc"
+        )
 
         browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort='param:lr']").click()
         lowest = get_json(url + "/api/trials?sort=param:lr&limit=10")["trials"]
@@ -200,7 +228,9 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
 
         browser.find_element(By.CSS_SELECTOR, "#status-filter option[value=FAILED]").click()
         failed = get_json(url + "/api/trials?status=FAILED&limit=1")["total"]
-        wait_until(lambda: text(browser, "#trial-total") == f"{failed} trials", timeout=WAIT_S, message="filtered by status")
+        wait_until(
+            lambda: text(browser, "#trial-total") == f"{failed} trials", timeout=WAIT_S, message="filtered by status"
+        )
         browser.find_element(By.ID, "search").send_keys("rmsprop")
         both = get_json(url + "/api/trials?status=FAILED&q=rmsprop&limit=1")["total"]
         assert 0 < both < failed
@@ -215,13 +245,19 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort=sequence]").click()
         wait_until(lambda: shown(1)[:1] == ["tr00000"], timeout=WAIT_S, message="sorted by sequence")
         browser.execute_script("const b = document.getElementById('vtable'); b.scrollTop = b.scrollHeight;")
-        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#vbody .row[data-id=tr19999]"), timeout=WAIT_S, message="last row drawn")
+        wait_until(
+            lambda: browser.find_elements(By.CSS_SELECTOR, "#vbody .row[data-id=tr19999]"),
+            timeout=WAIT_S,
+            message="last row drawn",
+        )
 
         # GPU usage over a trial's life, and over an environment's.
         browser.get(url + "/#/trial/tr00000")
         wait_until(lambda: series_points(browser, "gpu-chart") == 6, timeout=WAIT_S, message="the trial's GPU drawn")
         assert painted(browser, "gpu-chart")
         browser.get(url + "/#/environments?env=env-0")
-        wait_until(lambda: series_points(browser, "env-util") == 6 and series_points(browser, "env-mem") == 6, timeout=WAIT_S)
+        wait_until(
+            lambda: series_points(browser, "env-util") == 6 and series_points(browser, "env-mem") == 6, timeout=WAIT_S
+        )
         assert "NVIDIA H100" in text(browser, "#envs") and "gpu-host" in text(browser, "#envs")
         assert console_errors(browser) == []

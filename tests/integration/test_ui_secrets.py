@@ -28,19 +28,33 @@ def test_no_secret_of_a_remote_config_in_any_page_or_answer(tmp_path: Path, lab:
     secrets = [*lab.secrets(), CLOUD_KEY]
     assert lab.creds.passphrase in secrets  # key logins need it; a password too where this host allows one
     with live_experiment(
-        tmp_path, trials=2, concurrency=2, trialCommand=f"{sys.executable} trial.py",
-        trainingService={"platform": "remote", "reuseMode": True, "knownHostsFile": str(lab.known_hosts), "machineList": machines},
+        tmp_path,
+        trials=2,
+        concurrency=2,
+        trialCommand=f"{sys.executable} trial.py",
+        trainingService={
+            "platform": "remote",
+            "reuseMode": True,
+            "knownHostsFile": str(lab.known_hosts),
+            "machineList": machines,
+        },
         trialEnv={"AWS_SECRET_ACCESS_KEY": CLOUD_KEY},
     ) as (served, gates):
         url = served.url
         # Both trials running on the machines, their environments connected: every answer has
         # something to tell.
-        wait_until(lambda: get_json(url + "/api/experiment")["trials"].get("RUNNING") == 2, timeout=WAIT_S, message="2 running")
+        wait_until(
+            lambda: get_json(url + "/api/experiment")["trials"].get("RUNNING") == 2, timeout=WAIT_S, message="2 running"
+        )
         running = every_answer(url)
         envs = json.loads(running["/api/environments"])["environments"]
         assert envs and all(e["platform"] == "remote" for e in envs)
         gates.release_all()
-        wait_until(lambda: get_json(url + "/api/experiment")["trials"].get("SUCCEEDED") == 2, timeout=WAIT_S, message="2 succeeded")
+        wait_until(
+            lambda: get_json(url + "/api/experiment")["trials"].get("SUCCEEDED") == 2,
+            timeout=WAIT_S,
+            message="2 succeeded",
+        )
         ended = every_answer(url)
         assert b"trial output for x" in b"".join(body for path, body in ended.items() if "stream=stdout" in path)
         token = served.token

@@ -157,7 +157,9 @@ def test_a_warm_trial_observes_what_a_cold_one_does(tmp_path: Path) -> None:
             assert wv == cv, (mode, key, wv, cv)
     seen = warm["ok"]["seen"]
     assert seen["name"] == "__main__" and seen["own_group"] and seen["own_session"]
-    assert seen["stdin"] == os.devnull and seen["stdout"].endswith("stdout.log") and seen["stderr"].endswith("stderr.log")
+    assert (
+        seen["stdin"] == os.devnull and seen["stdout"].endswith("stdout.log") and seen["stderr"].endswith("stderr.log")
+    )
     assert seen["path"][0] == str(tmp_path)
     assert warm["ok"]["stdout"] == "probe stdout line\n"
     assert warm["exit3"]["exit_code"] == 3 and warm["exit3"]["status"] is TrialStatus.FAILED

@@ -155,7 +155,9 @@ def _dlc_service(tmp_path: Path, **extra: Any) -> DlcEnvironmentService:
 
 
 def test_dlc_create_job_request_field_by_field(tmp_path: Path) -> None:
-    pytest.importorskip("alibabacloud_pai_dlc20201203", reason="the DLC SDK is not installed (pip install 'trialkeeper[dlc]')")
+    pytest.importorskip(
+        "alibabacloud_pai_dlc20201203", reason="the DLC SDK is not installed (pip install 'trialkeeper[dlc]')"
+    )
     from alibabacloud_pai_dlc20201203 import models
 
     service = _dlc_service(tmp_path)
@@ -173,15 +175,39 @@ def test_dlc_create_job_request_field_by_field(tmp_path: Path) -> None:
     root = f"/mnt/nas/trialkeeper/exp-{service._subdir.rsplit('-', 1)[1]}"
     assert service.working_directory() == f"{root}/code"
     assert shlex.split(request.user_command) == [
-        "python3", "-m", "trialkeeper.agent", "--coordinator", "10.0.0.5:50051", "--environment-id", "env-3",
-        "--platform", "dlc", "--workdir", f"{root}/envs/env-3", "--copy-working-directory", "--tls-fingerprint", "ab" * 32,
+        "python3",
+        "-m",
+        "trialkeeper.agent",
+        "--coordinator",
+        "10.0.0.5:50051",
+        "--environment-id",
+        "env-3",
+        "--platform",
+        "dlc",
+        "--workdir",
+        f"{root}/envs/env-3",
+        "--copy-working-directory",
+        "--tls-fingerprint",
+        "ab" * 32,
     ]
-    assert request.envs == {"TRIALKEEPER_TOKEN": TOKEN, "TRIALKEEPER_EXPERIMENT_ID": "exp42", "TRIALKEEPER_ENVIRONMENT_ID": "env-3"}
+    assert request.envs == {
+        "TRIALKEEPER_TOKEN": TOKEN,
+        "TRIALKEEPER_EXPERIMENT_ID": "exp42",
+        "TRIALKEEPER_ENVIRONMENT_ID": "env-3",
+    }
     # What goes over the wire: the names the API reads, the token only under Envs.
     wire = _dense(request.to_map())
-    assert wire["DisplayName"] == "tk-exp42-env-3" and wire["JobType"] == "PyTorchJob" and wire["WorkspaceId"] == "12345"
-    assert wire["JobSpecs"] == [{"Type": "Worker", "Image": "registry.cn-hangzhou.aliyuncs.com/tk/agent:1", "PodCount": 1,
-                                 "EcsSpec": "ecs.gn6i-c4g1.xlarge"}]
+    assert (
+        wire["DisplayName"] == "tk-exp42-env-3" and wire["JobType"] == "PyTorchJob" and wire["WorkspaceId"] == "12345"
+    )
+    assert wire["JobSpecs"] == [
+        {
+            "Type": "Worker",
+            "Image": "registry.cn-hangzhou.aliyuncs.com/tk/agent:1",
+            "PodCount": 1,
+            "EcsSpec": "ecs.gn6i-c4g1.xlarge",
+        }
+    ]
     assert wire["DataSources"] == [{"DataSourceId": "data-nas", "MountPath": "/mnt/nas"}, {"DataSourceId": "data-oss"}]
     assert wire["Envs"]["TRIALKEEPER_TOKEN"] == TOKEN
     assert TOKEN not in json.dumps({k: v for k, v in wire.items() if k != "Envs"})
@@ -198,12 +224,19 @@ def _dense(value: Any) -> Any:
 
 
 def test_dlc_list_get_and_client_config(tmp_path: Path) -> None:
-    pytest.importorskip("alibabacloud_pai_dlc20201203", reason="the DLC SDK is not installed (pip install 'trialkeeper[dlc]')")
+    pytest.importorskip(
+        "alibabacloud_pai_dlc20201203", reason="the DLC SDK is not installed (pip install 'trialkeeper[dlc]')"
+    )
     from alibabacloud_pai_dlc20201203 import models
 
     listing = _dlc_sdk.list_jobs_request("exp42", "12345", 2)
     assert isinstance(listing, models.ListJobsRequest)
-    assert _dense(listing.to_map()) == {"DisplayName": "tk-exp42-", "WorkspaceId": "12345", "PageNumber": 2, "PageSize": 100}
+    assert _dense(listing.to_map()) == {
+        "DisplayName": "tk-exp42-",
+        "WorkspaceId": "12345",
+        "PageNumber": 2,
+        "PageSize": 100,
+    }
     config = _dlc_sdk.client_config("cn-shanghai", None, "LTAIid", "the-secret")
     assert (config.region_id, config.endpoint, config.access_key_id, config.access_key_secret) == (
         "cn-shanghai", "pai-dlc.cn-shanghai.aliyuncs.com", "LTAIid", "the-secret")
@@ -211,10 +244,19 @@ def test_dlc_list_get_and_client_config(tmp_path: Path) -> None:
     assert _dlc_sdk.client_config("cn-shanghai", "pai-dlc-vpc.cn-shanghai.aliyuncs.com", "i", "s").endpoint == (
         "pai-dlc-vpc.cn-shanghai.aliyuncs.com")
     # GetJob's and ListJobs' answers, as the SDK parses them from the API's JSON.
-    got = models.GetJobResponseBody().from_map({
-        "JobId": "dlc1abc", "Status": "Failed", "ReasonMessage": "OOMKilled", "DisplayName": "tk-exp42-env-3",
-        "Envs": {"TRIALKEEPER_EXPERIMENT_ID": "exp42", "TRIALKEEPER_ENVIRONMENT_ID": "env-3", "TRIALKEEPER_TOKEN": TOKEN},
-    })
+    got = models.GetJobResponseBody().from_map(
+        {
+            "JobId": "dlc1abc",
+            "Status": "Failed",
+            "ReasonMessage": "OOMKilled",
+            "DisplayName": "tk-exp42-env-3",
+            "Envs": {
+                "TRIALKEEPER_EXPERIMENT_ID": "exp42",
+                "TRIALKEEPER_ENVIRONMENT_ID": "env-3",
+                "TRIALKEEPER_TOKEN": TOKEN,
+            },
+        }
+    )
     view = _dlc_sdk._view(got)
     assert view == JobView("dlc1abc", "Failed", "OOMKilled", "exp42", "env-3") and TOKEN not in repr(view)
     listed = models.ListJobsResponseBody().from_map({"Jobs": [
@@ -284,7 +326,9 @@ def _dlc_api() -> Iterator[tuple[str, list[_Seen]]]:
 
 
 def test_dlc_adapter_speaks_the_api_and_never_sends_the_secret(tmp_path: Path) -> None:
-    pytest.importorskip("alibabacloud_pai_dlc20201203", reason="the DLC SDK is not installed (pip install 'trialkeeper[dlc]')")
+    pytest.importorskip(
+        "alibabacloud_pai_dlc20201203", reason="the DLC SDK is not installed (pip install 'trialkeeper[dlc]')"
+    )
     spec = _dlc_service(tmp_path).job_spec(REQUEST)
     with _dlc_api() as (endpoint, seen):
         adapter = _dlc_sdk.DlcSdkAdapter("cn-hangzhou", endpoint, "12345", "LTAIid", "the-secret")
@@ -298,7 +342,9 @@ def test_dlc_adapter_speaks_the_api_and_never_sends_the_secret(tmp_path: Path) -
     assert calls == [("POST", "/api/v1/jobs"), ("GET", "/api/v1/jobs/dlc-7"), ("GET", "/api/v1/jobs/dlc-gone"),
                      ("POST", "/api/v1/jobs/dlc-7/stop"), ("GET", "/api/v1/jobs")]
     body = json.loads(seen[0].body)
-    assert body["DisplayName"] == "tk-exp42-env-3" and body["JobType"] == "PyTorchJob" and body["WorkspaceId"] == "12345"
+    assert (
+        body["DisplayName"] == "tk-exp42-env-3" and body["JobType"] == "PyTorchJob" and body["WorkspaceId"] == "12345"
+    )
     assert _dense(body["JobSpecs"]) == [{"Type": "Worker", "Image": "registry.cn-hangzhou.aliyuncs.com/tk/agent:1",
                                          "PodCount": 1, "EcsSpec": "ecs.gn6i-c4g1.xlarge"}]
     assert body["Envs"]["TRIALKEEPER_TOKEN"] == TOKEN and TOKEN not in body["UserCommand"]

@@ -270,7 +270,9 @@ def test_unknown_or_missing_platform(tmp_path: Path) -> None:
     assert found == {"trainingService.platform": f"required key is missing (one of: {valid})"}
     found = errors(minimal(trainingService="local"), tmp_path)
     assert found == {
-        "trainingService": f"expected a mapping with 'platform' (one of: {valid}), or a list of such mappings, got 'local'"
+        "trainingService": (
+            f"expected a mapping with 'platform' (one of: {valid}), or a list of such mappings, got 'local'"
+        )
     }
 
 

@@ -113,7 +113,10 @@ def test_fuzzed_search_spaces_through_the_real_checks(base: Path, space: object)
 
 
 @FUZZ
-@given(platform=st.sampled_from(sorted(TRAINING_SERVICES)) | ODD_SCALARS, fields=st.dictionaries(ODD_KEYS, ODD_DATA, max_size=6))
+@given(
+    platform=st.sampled_from(sorted(TRAINING_SERVICES)) | ODD_SCALARS,
+    fields=st.dictionaries(ODD_KEYS, ODD_DATA, max_size=6),
+)
 def test_fuzzed_training_services_of_every_platform(base: Path, platform: object, fields: dict[Any, Any]) -> None:
     _parse_only_config_error(_base(base, trainingService={**fields, "platform": platform}), base)
 
@@ -161,7 +164,12 @@ def test_cycles_and_deep_nesting(base: Path) -> None:
     for _ in range(100_000):
         deep = [deep]
     for value in (cyclic, looped, deep):
-        for data in (value, _base(base, searchSpace=value), _base(base, trialEnv=value), _base(base, tuner={"classArgs": value})):
+        for data in (
+            value,
+            _base(base, searchSpace=value),
+            _base(base, trialEnv=value),
+            _base(base, tuner={"classArgs": value}),
+        ):
             _parse_only_config_error(data, base)
 
 

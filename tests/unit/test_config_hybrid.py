@@ -13,7 +13,9 @@ from trialkeeper.coordinator.services.slurm_config import SlurmConfig
 
 
 def _parse(tmp_path: Path, training_service: Any, **top: Any) -> Any:
-    return parse_config({"trialCommand": "python trial.py", "trialConcurrency": 2, "trainingService": training_service, **top}, tmp_path)
+    return parse_config(
+        {"trialCommand": "python trial.py", "trialConcurrency": 2, "trainingService": training_service, **top}, tmp_path
+    )
 
 
 def _issues(tmp_path: Path, training_service: Any, **top: Any) -> list[str]:
@@ -61,12 +63,18 @@ def test_the_stored_form_parses_back_to_the_same_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("training_service", "expected"),
     [
-        ([{"platform": "local", "environmentCount": 0}], "trainingService[0].environmentCount: expected a positive integer"),
+        (
+            [{"platform": "local", "environmentCount": 0}],
+            "trainingService[0].environmentCount: expected a positive integer",
+        ),
         ([{"platform": "local"}, {"platform": "nope"}], "trainingService[1].platform: unknown platform 'nope'"),
         ([{"platform": "local"}, {"platform": "slurm", "bogus": 1}], "trainingService[1].bogus"),
         ([], "trainingService: expected at least one platform section"),
         ([{"platform": "local"}, {"platform": "local"}], "trainingService[1].platform: 'local' is already section 0"),
-        ([{"platform": "hybrid", "platforms": [{"platform": "local"}]}], "trainingService[0].platform: a hybrid section cannot"),
+        (
+            [{"platform": "hybrid", "platforms": [{"platform": "local"}]}],
+            "trainingService[0].platform: a hybrid section cannot",
+        ),
         (
             {"platform": "hybrid", "platforms": [{"platform": "local"}], "trialPlatforms": ["slurm"]},
             "trainingService.trialPlatforms[0]: 'slurm' has no section here; one of: local",

@@ -371,8 +371,15 @@ def _trial_row(t: Any) -> dict[str, Any]:
 
 def _env_row(e: Any) -> dict[str, Any]:
     return {
-        "id": e.id, "platform": e.platform or "local", "status": e.status.value, "platform_id": e.platform_id, "reason": e.reason,
-        "hostname": e.hostname, "agent_instance_id": e.instance_id, "last_seq": e.last_seq, "info_json": "{}",
+        "id": e.id,
+        "platform": e.platform or "local",
+        "status": e.status.value,
+        "platform_id": e.platform_id,
+        "reason": e.reason,
+        "hostname": e.hostname,
+        "agent_instance_id": e.instance_id,
+        "last_seq": e.last_seq,
+        "info_json": "{}",
     }
 
 
@@ -385,7 +392,9 @@ def test_a_trial_whose_stored_row_cannot_be_read_is_failed_on_resume_not_run() -
     rows[1]["parameters_json"] = "}{"
     rows[2]["status"] = "BOGUS"
     after = Sim()
-    written = after.engine.restore(rows, [_env_row(e) for e in sim.engine.envs.values()], {}, now=after.now, wall=after.now)
+    written = after.engine.restore(
+        rows, [_env_row(e) for e in sim.engine.envs.values()], {}, now=after.now, wall=after.now
+    )
     assert after.status("good") is not TrialStatus.FAILED
     for tid, what in (("bad-params", "parameters"), ("bad-status", "status")):
         t = after.engine.trials[tid]
@@ -411,7 +420,11 @@ def test_on_resume_only_environments_with_a_platform_id_count_as_started_here() 
     rows = [_env_row(e) for e in sim.engine.envs.values()]
     after = Sim(shares_filesystem=True)
     after.engine.restore([], rows, {}, now=after.now, wall=after.now)
-    assert {e.id: e.started_here for e in after.engine.envs.values()} == {"env-1": True, "env-2": True, "by-hand": False}
+    assert {e.id: e.started_here for e in after.engine.envs.values()} == {
+        "env-1": True,
+        "env-2": True,
+        "by-hand": False,
+    }
 
 
 def test_a_message_that_cannot_be_applied_still_tells_the_status_changes_it_made() -> None:
@@ -482,7 +495,9 @@ def test_gpu_memory_freed_by_another_program_places_a_trial_that_asks_for_it() -
     assert not sim.engine.wants_pass()
     # The program lets go of most of its memory (it still runs there): that heartbeat alone
     # places the trial.
-    sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(uuid, 10.0, 2 << 30, (ev.GpuProcess("", 2 << 30),)),)))
+    sim.feed(
+        ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(uuid, 10.0, 2 << 30, (ev.GpuProcess("", 2 << 30),)),))
+    )
     assert list(sim.starts()) == ["big"]
 
 
@@ -499,7 +514,9 @@ def test_a_heartbeat_with_unchanged_gpus_keeps_the_agent_alive_and_holds_what_th
     assert set(sim.starts()) == {"a"}
     sim.run(env_id, "a")
     # The agent saw a's process on the GPU (its last samples): the GPU stays held after a ends.
-    sim.feed(ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(gpu, 90.0, 4 << 30, (ev.GpuProcess("a", 4 << 30),)),)))
+    sim.feed(
+        ev.HeartbeatReceived(env_id, link, False, (ev.GpuSample(gpu, 90.0, 4 << 30, (ev.GpuProcess("a", 4 << 30),)),))
+    )
     sim.end(env_id, "a", ev.Outcome.SUCCEEDED, gpus_in_use=(gpu,))
     # Heartbeats without samples ("as before") for longer than agentLostTimeout: the agent is
     # alive, and nothing is released or placed on their word.

@@ -272,7 +272,9 @@ def test_a_platform_that_could_not_be_prepared_on_resume_keeps_its_trials_but_ta
     # Resumed with the remote platform unusable (say its code directory is over its limit now).
     platforms = (
         PlatformPolicy(name="local", reuse=True, environment_count=1, trial_slots=1, working_directory="/here"),
-        PlatformPolicy(name="remote", reuse=True, environment_count=1, trial_slots=2, unusable="code directory too large"),
+        PlatformPolicy(
+            name="remote", reuse=True, environment_count=1, trial_slots=2, unusable="code directory too large"
+        ),
     )
     after = Sim(platforms=platforms, trial_concurrency=3)
     after.engine.restore(trial_rows, env_rows, {}, now=after.now, wall=after.now)

@@ -472,4 +472,6 @@ def test_a_pynvml_without_a_spec_in_sys_modules_does_not_make_inventory_raise(mo
     stub.__spec__ = None
     monkeypatch.setitem(sys.modules, "pynvml", stub)  # find_spec raises ValueError for such a module
     monkeypatch.setattr(gpu, "_nvml_library_loads", lambda: False)
-    assert GpuProbe().inventory().unavailable_reason == "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
+    assert (
+        GpuProbe().inventory().unavailable_reason == "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
+    )

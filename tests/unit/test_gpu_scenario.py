@@ -108,7 +108,9 @@ class Scenario:
                 # The promise: a GPU is handed out only with room for one more process on
                 # it, counting processes of ended trials that NVML still lists, and never
                 # one a foreign program is using.
-                assert len(self.on_gpu[uuid]) < self.per_gpu, f"{uuid} handed to {p.trial_id} while {self.on_gpu[uuid]} still on it"
+                assert len(self.on_gpu[uuid]) < self.per_gpu, (
+                    f"{uuid} handed to {p.trial_id} while {self.on_gpu[uuid]} still on it"
+                )
                 # As far as the last heartbeat could tell.
                 _, g = self.gpu_by_uuid[uuid]
                 assert not g.foreign_busy, f"{uuid} handed to {p.trial_id} while a foreign program uses it"

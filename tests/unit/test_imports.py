@@ -301,8 +301,10 @@ def test_a_config_imports_only_the_platform_it_names(platform: str, fields: dict
     services = [m for m in loaded if m.startswith("trialkeeper.coordinator.services.")]
     its_own = {config_module, config_module.rpartition(".")[0]}
     others = [
-        m for m in services
-        if m not in its_own and any(word in m.removeprefix("trialkeeper.coordinator.services.") for word in PLATFORM_MODULE_WORDS)
+        m
+        for m in services
+        if m not in its_own
+        and any(word in m.removeprefix("trialkeeper.coordinator.services.") for word in PLATFORM_MODULE_WORDS)
     ]
     assert others == []
     # No SDK of any platform either, the named one's included: parsing needs none.

@@ -43,7 +43,10 @@ def test_the_operators_whose_schemas_check_their_templates_need_no_dry_run(tmp_p
 def test_an_adaptdl_job_says_what_it_waits_for_and_why_it_failed(tmp_path: Path) -> None:
     kind = kind_of(_section(tmp_path, "adl"))  # type: ignore[arg-type]
     # As AdaptDL's controller and allocator write the status.
-    assert observe(kind, {"status": {"phase": "Pending"}}) == ("starting", "waiting for AdaptDL's scheduler to place it on a node")
+    assert observe(kind, {"status": {"phase": "Pending"}}) == (
+        "starting",
+        "waiting for AdaptDL's scheduler to place it on a node",
+    )
     assert observe(kind, {"status": {"phase": "Starting", "allocation": ["node-1"], "group": 0}})[0] == "starting"
     assert observe(kind, {"status": {"phase": "Running", "allocation": ["node-1"]}}) == ("running", "")
     assert observe(kind, {"status": {"phase": "Succeeded", "allocation": None}}) == ("exited", "")

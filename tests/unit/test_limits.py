@@ -65,7 +65,13 @@ def test_a_refusal_names_the_field_and_the_limit() -> None:
 
 @pytest.mark.parametrize(
     "value_json,value",
-    [("1.5", 1.5), ("2", 2.0), ("-0.0", 0.0), (' {"default": 3, "loss": 0.25} ', 3.0), ('{"default": 1e300, "b": 2}', 1e300)],
+    [
+        ("1.5", 1.5),
+        ("2", 2.0),
+        ("-0.0", 0.0),
+        (' {"default": 3, "loss": 0.25} ', 3.0),
+        ('{"default": 1e300, "b": 2}', 1e300),
+    ],
 )
 def test_valid_metrics_on_the_wire(value_json: str, value: float) -> None:
     assert limits.metric_json_problem(value_json, value) is None

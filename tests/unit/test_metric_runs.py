@@ -23,7 +23,9 @@ def _convert(*runs: pb.MetricRun, metrics: tuple[pb.Metric, ...] = ()) -> tuple[
 
 
 def test_a_run_of_plain_floats_passes_whole() -> None:
-    run = pb.MetricRun(trial_id="t1", kind=INTERMEDIATE, first_index=5, values=[0.5, 1e308, -2.0], reported_at=[1.0, 2.0, 3.0])
+    run = pb.MetricRun(
+        trial_id="t1", kind=INTERMEDIATE, first_index=5, values=[0.5, 1e308, -2.0], reported_at=[1.0, 2.0, 3.0]
+    )
     assert _convert(run) == ([MetricRun("t1", "intermediate", 5, [0.5, 1e308, -2.0], None, [1.0, 2.0, 3.0])], [])
 
 
@@ -51,7 +53,9 @@ def test_what_is_refused_splits_the_run_and_the_rest_keeps_its_indexes() -> None
 
 
 def test_runs_follow_the_single_metrics_of_a_batch_and_count_against_its_limit() -> None:
-    single = pb.Metric(trial_id="t0", kind=pb.METRIC_KIND_FINAL, index=3, value=2.0, value_json='{"default":2.0}', reported_at=1.0)
+    single = pb.Metric(
+        trial_id="t0", kind=pb.METRIC_KIND_FINAL, index=3, value=2.0, value_json='{"default":2.0}', reported_at=1.0
+    )
     run = pb.MetricRun(trial_id="t1", kind=INTERMEDIATE, first_index=0, values=[1.0, 2.0], reported_at=[1.0, 1.0])
     converted = _convert(run, metrics=(single,))
     assert not isinstance(converted, str)
@@ -66,7 +70,9 @@ def test_runs_follow_the_single_metrics_of_a_batch_and_count_against_its_limit()
 def test_a_malformed_run_refuses_its_message_naming_the_field() -> None:
     short_times = pb.MetricRun(trial_id="t1", kind=INTERMEDIATE, values=[1.0, 2.0], reported_at=[1.0])
     assert _convert(short_times) == "MetricBatch.runs[0].reported_at has 1 entries for 2 values (one per value)"
-    short_json = pb.MetricRun(trial_id="t1", kind=INTERMEDIATE, values=[1.0, 2.0], value_json=["1.0"], reported_at=[1.0, 1.0])
+    short_json = pb.MetricRun(
+        trial_id="t1", kind=INTERMEDIATE, values=[1.0, 2.0], value_json=["1.0"], reported_at=[1.0, 1.0]
+    )
     problem = _convert(short_json)
     assert isinstance(problem, str) and problem.startswith("MetricBatch.runs[0].value_json has 1 entries for 2 values")
     long_id = pb.MetricRun(trial_id="t" * 129, kind=INTERMEDIATE, values=[1.0], reported_at=[1.0])
@@ -78,7 +84,9 @@ def test_an_unknown_kind_or_an_index_beyond_sqlite_refuses_each_result() -> None
     unknown = pb.MetricRun(trial_id="t1", kind=7, values=[1.0, 2.0], reported_at=[1.0, 1.0])
     converted = _convert(unknown)
     assert not isinstance(converted, str) and converted[0] == [] and len(converted[1]) == 2
-    beyond = pb.MetricRun(trial_id="t1", kind=INTERMEDIATE, first_index=2**63 - 2, values=[1.0, 2.0, 3.0], reported_at=[1.0] * 3)
+    beyond = pb.MetricRun(
+        trial_id="t1", kind=INTERMEDIATE, first_index=2**63 - 2, values=[1.0, 2.0, 3.0], reported_at=[1.0] * 3
+    )
     converted = _convert(beyond)
     assert not isinstance(converted, str)
     runs, refused = converted

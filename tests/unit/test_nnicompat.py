@@ -19,12 +19,19 @@ def _metric(kind: str, value: object, sequence: int = 0) -> bytes:
 def test_parameter_cfg_is_what_nni_reads_and_leaves_no_temporary(tmp_path: Path) -> None:
     nnicompat.write_parameter_cfg(tmp_path, 7, '{"lr": 0.1, "name": "a\\u00e9"}')
     record = json.loads((tmp_path / "parameter.cfg").read_text())
-    assert record == {"parameter_id": 7, "parameter_source": "algorithm", "parameters": {"lr": 0.1, "name": "aé"}, "parameter_index": 0}
+    assert record == {
+        "parameter_id": 7,
+        "parameter_source": "algorithm",
+        "parameters": {"lr": 0.1, "name": "aé"},
+        "parameter_index": 0,
+    }
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parameter.cfg"]
 
 
 def test_environment_selects_the_legacy_channel_without_multi_phase(tmp_path: Path) -> None:
-    env = nnicompat.nni_environment(trial_id="t1", sequence_id=4, experiment_id="e1", sys_dir=tmp_path, output_dir=tmp_path / "o")
+    env = nnicompat.nni_environment(
+        trial_id="t1", sequence_id=4, experiment_id="e1", sys_dir=tmp_path, output_dir=tmp_path / "o"
+    )
     assert env["NNI_PLATFORM"] == "local" and env["REUSE_MODE"] == "true"
     assert (env["NNI_TRIAL_JOB_ID"], env["NNI_EXP_ID"], env["NNI_TRIAL_SEQ_ID"]) == ("t1", "e1", "4")
     assert env["NNI_SYS_DIR"] == str(tmp_path) and env["NNI_OUTPUT_DIR"] == str(tmp_path / "o")

@@ -28,14 +28,17 @@ base = set(names(TrainingServiceConfig))
 out = {"": names(ExperimentConfig), "trainingService": sorted(base),
        "machineList[]": names(ts.RemoteMachineConfig),
        "sharedStorage": sorted(set(names(NfsConfig)) | set(names(AzureBlobConfig)))}
-for cls in (ts.LocalConfig, ts.RemoteConfig, ts.OpenpaiConfig, ts.AmlConfig, ts.DlcConfig, ts.KubeflowConfig, ts.FrameworkControllerConfig):
+for cls in (ts.LocalConfig, ts.RemoteConfig, ts.OpenpaiConfig, ts.AmlConfig, ts.DlcConfig, ts.KubeflowConfig,
+            ts.FrameworkControllerConfig):
     out[cls.__dataclass_fields__["platform"].default] = sorted(set(names(cls)) - base)
 print(json.dumps(out))
 """
 
 
 def nni_schema() -> dict[str, list[str]]:
-    proc = subprocess.run([str(nni_python()), "-c", SCHEMA_SCRIPT], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [str(nni_python()), "-c", SCHEMA_SCRIPT], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -83,7 +86,13 @@ NNI_LOCAL = {
     "logLevel": "info",
     "experimentWorkingDirectory": "~/nni-experiments",
     "tuner": {"name": "random"},
-    "trainingService": {"platform": "local", "useActiveGpu": False, "maxTrialNumberPerGpu": 1, "gpuIndices": "0,1", "reuseMode": False},
+    "trainingService": {
+        "platform": "local",
+        "useActiveGpu": False,
+        "maxTrialNumberPerGpu": 1,
+        "gpuIndices": "0,1",
+        "reuseMode": False,
+    },
 }
 
 
@@ -111,7 +120,12 @@ def test_gpu_indices_as_list_int_and_string(tmp_path: Path) -> None:
 
 def test_trial_settings_in_the_training_service_are_the_experiments(tmp_path: Path) -> None:
     data = {k: v for k, v in NNI_LOCAL.items() if k not in ("trialCommand", "trialGpuNumber")}
-    data["trainingService"] = {"platform": "local", "trialCommand": "python3 other.py", "trialGpuNumber": 0, "nniManagerIp": "127.0.0.1"}
+    data["trainingService"] = {
+        "platform": "local",
+        "trialCommand": "python3 other.py",
+        "trialGpuNumber": 0,
+        "nniManagerIp": "127.0.0.1",
+    }
     config = _parse(data, tmp_path)
     assert config.trial_command == "python3 other.py"
     assert config.coordinator.address == "127.0.0.1:0"
@@ -142,14 +156,21 @@ def test_an_nni_hybrid_config_with_per_service_fields(tmp_path: Path) -> None:
 
 def test_services_of_a_hybrid_config_that_differ_in_trial_settings_are_refused(tmp_path: Path) -> None:
     first, second = NNI_HYBRID_SERVICES
-    data = NNI_LOCAL | {"trainingService": [first | {"trialCommand": "python3 a.py"}, {k: v for k, v in second.items() if k != "trial_command"}]}
+    data = NNI_LOCAL | {
+        "trainingService": [
+            first | {"trialCommand": "python3 a.py"},
+            {k: v for k, v in second.items() if k != "trial_command"},
+        ]
+    }
     errors = _errors(data, tmp_path)
     # The remote service would run the top level's command, the local one its own.
     assert "every platform runs the experiment's one trialCommand" in errors["trialCommand"], errors
     assert "trainingService[0].trialCommand" in errors["trialCommand"]
     gpus = _errors(NNI_LOCAL | {"trainingService": [first, second | {"trialGpuNumber": 1}]}, tmp_path)
     assert "trialGpuNumber" in gpus["trainingService[1].trialGpuNumber"], gpus
-    refused = _errors(NNI_LOCAL | {"trainingService": [first, {"platform": "openpai", "openpaiConfigFile": "x.yml"}]}, tmp_path)
+    refused = _errors(
+        NNI_LOCAL | {"trainingService": [first, {"platform": "openpai", "openpaiConfigFile": "x.yml"}]}, tmp_path
+    )
     assert "NNI's openpaiConfigFile is not supported" in refused["trainingService[1].openpaiConfigFile"], refused
 
 
@@ -158,13 +179,18 @@ def test_shared_storage_with_a_platform_that_would_not_mount_it_is_refused(tmp_p
               "localMounted": "usermount", "nfsServer": "10.0.0.5", "exportedDirectory": "/exports/tk"}
     for service in ({"platform": "local"}, NNI_HYBRID_SERVICES):
         errors = _errors(NNI_LOCAL | {"trainingService": service, "sharedStorage": shared}, tmp_path)
-        assert "do not mount it here" in errors["sharedStorage"] and "remove sharedStorage" in errors["sharedStorage"], errors
+        assert (
+            "do not mount it here" in errors["sharedStorage"] and "remove sharedStorage" in errors["sharedStorage"]
+        ), errors
 
 
 def test_nni_manager_ip_is_where_agents_dial(tmp_path: Path) -> None:
     data = NNI_LOCAL | {
         "nniManagerIp": "127.0.0.1",
-        "trainingService": {"platform": "remote", "machineList": [{"host": "h", "user": "u", "password": "p", "pythonPath": "/opt/venv/bin"}]},
+        "trainingService": {
+            "platform": "remote",
+            "machineList": [{"host": "h", "user": "u", "password": "p", "pythonPath": "/opt/venv/bin"}],
+        },
     }
     config = _parse(data, tmp_path)
     assert config.coordinator.address == "127.0.0.1:0"
@@ -188,45 +214,114 @@ def test_debug_means_log_level_debug(tmp_path: Path) -> None:
         ({"tunerGpuIndices": [0]}, "tunerGpuIndices", "CUDA_VISIBLE_DEVICES"),
         ({"tuner_gpu_indices": "0"}, "tuner_gpu_indices", "CUDA_VISIBLE_DEVICES"),
         (
-            {"trainingService": {"platform": "openpai", "host": "h", "username": "u", "token": "t", "openpaiConfigFile": "x.yml"}},
+            {
+                "trainingService": {
+                    "platform": "openpai",
+                    "host": "h",
+                    "username": "u",
+                    "token": "t",
+                    "openpaiConfigFile": "x.yml",
+                }
+            },
             "trainingService.openpaiConfigFile",
             "trialCpuNumber",
         ),
-        ({"trainingService": {"platform": "kubeflow", "image": "i", "ps": {"replicas": 1}}}, "trainingService.ps", "one pod"),
-        ({"trainingService": {"platform": "kubeflow", "worker": {"replicas": 2}}}, "trainingService.worker.replicas", "one pod"),
         (
-            {"trainingService": {"platform": "frameworkcontroller", "image": "i", "storage": {"storageType": "azureStorage"}}},
+            {"trainingService": {"platform": "kubeflow", "image": "i", "ps": {"replicas": 1}}},
+            "trainingService.ps",
+            "one pod",
+        ),
+        (
+            {"trainingService": {"platform": "kubeflow", "worker": {"replicas": 2}}},
+            "trainingService.worker.replicas",
+            "one pod",
+        ),
+        (
+            {
+                "trainingService": {
+                    "platform": "frameworkcontroller",
+                    "image": "i",
+                    "storage": {"storageType": "azureStorage"},
+                }
+            },
             "trainingService.storage",
             "persistentVolumeClaim",
         ),
     ],
 )
-def test_nni_fields_without_a_counterpart_are_refused_by_name(tmp_path: Path, change: dict[str, Any], where: str, words: str) -> None:
+def test_nni_fields_without_a_counterpart_are_refused_by_name(
+    tmp_path: Path, change: dict[str, Any], where: str, words: str
+) -> None:
     errors = _errors(NNI_LOCAL | change, tmp_path)
     assert where in errors and words in errors[where], errors
 
 
 def test_nnis_kubeflow_and_frameworkcontroller_roles_are_the_pod(tmp_path: Path) -> None:
-    role = {"command": "python3 mnist.py", "gpuNumber": 1, "cpuNumber": 2, "memorySize": 8192, "dockerImage": "msranni/nni:latest"}
+    role = {
+        "command": "python3 mnist.py",
+        "gpuNumber": 1,
+        "cpuNumber": 2,
+        "memorySize": 8192,
+        "dockerImage": "msranni/nni:latest",
+    }
     base = {k: v for k, v in NNI_LOCAL.items() if k not in ("trialCommand", "trialGpuNumber")}
     storage = {"storageType": "nfs", "server": "10.0.0.1", "path": "/exports/nni"}
-    kubeflow = _parse(base | {"trainingService": {"platform": "kubeflow", "operator": "tf-operator", "apiVersion": "v1",
-                                                    "storage": storage, "worker": role | {"replicas": 1, "codeDirectory": "."}}}, tmp_path)
-    fc = _parse(base | {"trainingService": {"platform": "frameworkcontroller", "storage": storage, "taskRoles": [
-        role | {"name": "worker", "taskNumber": 1, "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1}}]}}, tmp_path)
+    kubeflow = _parse(
+        base
+        | {
+            "trainingService": {
+                "platform": "kubeflow",
+                "operator": "tf-operator",
+                "apiVersion": "v1",
+                "storage": storage,
+                "worker": role | {"replicas": 1, "codeDirectory": "."},
+            }
+        },
+        tmp_path,
+    )
+    fc = _parse(
+        base
+        | {
+            "trainingService": {
+                "platform": "frameworkcontroller",
+                "storage": storage,
+                "taskRoles": [
+                    role
+                    | {
+                        "name": "worker",
+                        "taskNumber": 1,
+                        "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceedTaskCount": 1},
+                    }
+                ],
+            }
+        },
+        tmp_path,
+    )
     for config in (kubeflow, fc):
         ts = config.training_service
         assert config.trial_command == "python3 mnist.py"
         assert (ts.image, ts.gpu_number, ts.cpu_number, ts.memory_size) == ("msranni/nni:latest", 1, 2.0, 8192 * 2**20)
         assert (ts.nfs.server, ts.nfs.path) == ("10.0.0.1", "/exports/nni")
     assert kubeflow.training_service.operator == "tfjob" and fc.training_service.task_role_name == "worker"
-    twice = _errors(NNI_LOCAL | {"trainingService": {"platform": "kubeflow", "worker": role | {"command": "python3 b.py"}}}, tmp_path)
+    twice = _errors(
+        NNI_LOCAL | {"trainingService": {"platform": "kubeflow", "worker": role | {"command": "python3 b.py"}}},
+        tmp_path,
+    )
     assert "give it once" in twice["trainingService.worker.command"]
 
 
 def test_openpai_memory_sizes_keep_nnis_meaning(tmp_path: Path) -> None:
-    service = {"platform": "openpai", "host": "https://pai", "username": "u", "token": "t", "trialCpuNumber": 1,
-               "storageConfigName": "s", "dockerImage": "img", "localStorageMountPoint": str(tmp_path), "containerStorageMountPoint": "/mnt"}
+    service = {
+        "platform": "openpai",
+        "host": "https://pai",
+        "username": "u",
+        "token": "t",
+        "trialCpuNumber": 1,
+        "storageConfigName": "s",
+        "dockerImage": "img",
+        "localStorageMountPoint": str(tmp_path),
+        "containerStorageMountPoint": "/mnt",
+    }
     for given, expected in ((1024, 1024 * 2**20), ("2gb", 2 * 2**30), ("512MB", 512 * 2**20)):
         data = NNI_LOCAL | {"trainingService": service | {"trialMemorySize": given}}
         assert _parse(data, tmp_path).training_service.trial_memory_size == expected

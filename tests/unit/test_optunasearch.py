@@ -91,7 +91,10 @@ def test_flatten_is_what_suggest_set() -> None:
         ({"_type": "normal", "_value": [0, 1]}, "normal cannot be given to Optuna: Optuna's distributions are bounded"),
         ({"_type": "qloguniform", "_value": [1, 100, 1]}, "Optuna has no quantized log-uniform"),
         ({"_type": "quniform", "_value": [1, 10, 4]}, "make low and high multiples of q"),
-        ({"_type": "choice", "_value": [{"_name": "a", "s": {"_type": "lognormal", "_value": [0, 1]}}]}, "lognormal cannot"),
+        (
+            {"_type": "choice", "_value": [{"_name": "a", "s": {"_type": "lognormal", "_value": [0, 1]}}]},
+            "lognormal cannot",
+        ),
     ],
 )
 def test_types_optuna_cannot_express_are_refused_with_the_reason(spec: dict[str, Any], reason: str) -> None:
@@ -179,8 +182,10 @@ def test_storage_holds_the_study_and_a_resume_goes_on_from_it(tmp_path: Path) ->
 
 def test_an_in_memory_study_is_rebuilt_from_the_history_on_resume() -> None:
     args = {"seed": 2}
-    history = [PastTrial(f"t{i}", i, p, (0.1 * i,), 0.1 * i, TrialStatus.SUCCEEDED)
-               for i, p in enumerate(create_tuner("optuna", None, args, SPACE).generate_parameters(i) for i in range(4))]
+    history = [
+        PastTrial(f"t{i}", i, p, (0.1 * i,), 0.1 * i, TrialStatus.SUCCEEDED)
+        for i, p in enumerate(create_tuner("optuna", None, args, SPACE).generate_parameters(i) for i in range(4))
+    ]
     tuner = create_tuner("optuna", None, args, SPACE)
     Search(tuner).resume(history)
     trials = tuner.study.trials  # type: ignore[attr-defined]
@@ -193,7 +198,13 @@ def test_the_gp_sampler_works_or_names_what_to_install() -> None:
 
     missing = [m for m in ("torch", "scipy") if importlib.util.find_spec(m) is None]
     if missing:
-        with pytest.raises(TunerError, match=f"Optuna's GPSampler needs the package '{missing[0]}', which is not installed: pip install {missing[0]}"):
+        with pytest.raises(
+            TunerError,
+            match=(
+                f"Optuna's GPSampler needs the package '{missing[0]}', which is not installed: "
+                f"pip install {missing[0]}"
+            ),
+        ):
             create_tuner("optuna", None, {"sampler": "GP"}, SPACE)
     else:
         tuner = create_tuner("optuna", None, {"sampler": "GP", "seed": 0}, SPACE)
@@ -202,7 +213,9 @@ def test_the_gp_sampler_works_or_names_what_to_install() -> None:
 
 def test_a_mirror_copies_a_builtin_tuners_trials_into_a_study_and_resumes_without_duplicates(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'mirror.db'}"
-    search = Search(create_tuner("random", None, {"seed": 1}, SPACE), mirror=create_optuna_mirror(url, "m", SPACE, "minimize"))
+    search = Search(
+        create_tuner("random", None, {"seed": 1}, SPACE), mirror=create_optuna_mirror(url, "m", SPACE, "minimize")
+    )
     history = []
     for pid in range(4):
         p = search.propose(pid)
@@ -220,7 +233,9 @@ def test_a_mirror_copies_a_builtin_tuners_trials_into_a_study_and_resumes_withou
     assert study.best_value == min(h.final for h in history if h.final is not None)
 
     # After a resume the study is taken as it is: the running trial ends, a new one joins.
-    resumed = Search(create_tuner("random", None, {"seed": 1}, SPACE), mirror=create_optuna_mirror(url, "m", SPACE, "minimize"))
+    resumed = Search(
+        create_tuner("random", None, {"seed": 1}, SPACE), mirror=create_optuna_mirror(url, "m", SPACE, "minimize")
+    )
     resumed.resume(history)
     resumed.handle(TrialEnded("t3", TrialStatus.EARLY_STOPPED, None))
     p = resumed.propose(4)
@@ -231,7 +246,9 @@ def test_a_mirror_copies_a_builtin_tuners_trials_into_a_study_and_resumes_withou
     assert study.trials[3].intermediate_values == {0: 0.5}
 
 
-def test_a_mirror_that_fails_is_dropped_and_the_search_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_mirror_that_fails_is_dropped_and_the_search_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     url = f"sqlite:///{tmp_path / 'gone.db'}"
     mirror = create_optuna_mirror(url, "m", SPACE, "maximize")
     search = Search(create_tuner("random", None, {"seed": 1}, SPACE), mirror=mirror)
@@ -250,11 +267,24 @@ def test_a_mirror_names_its_field_for_a_space_optuna_cannot_hold() -> None:
         create_optuna_mirror("sqlite://", "m", {"c": {"_type": "choice", "_value": [{"a": 1}]}}, "maximize", batch=True)
 
 
-@pytest.mark.parametrize("tuner", [{"name": "optuna", "classArgs": {"seed": 1}}, {"name": "random", "classArgs": {"seed": 1}}])
-def test_optuna_storage_is_an_optuna_tuners_own_study_and_a_mirror_for_any_other(tmp_path: Path, tuner: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "tuner", [{"name": "optuna", "classArgs": {"seed": 1}}, {"name": "random", "classArgs": {"seed": 1}}]
+)
+def test_optuna_storage_is_an_optuna_tuners_own_study_and_a_mirror_for_any_other(
+    tmp_path: Path, tuner: dict[str, Any]
+) -> None:
     url = f"sqlite:///{tmp_path / 'exp.db'}"
-    config = parse_config({"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"},
-                           "searchSpace": SPACE, "tuner": tuner, "optunaStorage": url}, tmp_path)
+    config = parse_config(
+        {
+            "trialCommand": "python t.py",
+            "trialConcurrency": 1,
+            "trainingService": {"platform": "local"},
+            "searchSpace": SPACE,
+            "tuner": tuner,
+            "optunaStorage": url,
+        },
+        tmp_path,
+    )
     search = _search(config, "e7")
     # One study either way, named after the experiment: never a second copy of the trials.
     assert (search.mirror is None) == (tuner["name"] == "optuna")

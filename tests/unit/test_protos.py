@@ -46,7 +46,9 @@ def test_committed_code_is_up_to_date() -> None:
 
 
 @needs_grpc_tools
-def test_check_reports_a_changed_proto_as_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_reports_a_changed_proto_as_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     copy = tmp_path / "protos"
     shutil.copytree(ROOT / "protos", copy, ignore=shutil.ignore_patterns("__pycache__"))
     proto = copy / "v1" / "coordinator.proto"
@@ -101,7 +103,12 @@ def test_the_written_out_heartbeat_check_covers_every_uint64_field() -> None:
     paths = _uint64_paths(pb.Heartbeat.DESCRIPTOR)
     assert paths == {"memory_used_bytes", "gpus.memory_used_bytes", "gpus.processes.used_memory_bytes"}, paths
     for path in sorted(paths):
-        hb = pb.Heartbeat(gpus=[pb.GpuSample(uuid="a"), pb.GpuSample(uuid="b", processes=[pb.GpuProcess(pid=1), pb.GpuProcess(pid=2)])])
+        hb = pb.Heartbeat(
+            gpus=[
+                pb.GpuSample(uuid="a"),
+                pb.GpuSample(uuid="b", processes=[pb.GpuProcess(pid=1), pb.GpuProcess(pid=2)]),
+            ]
+        )
         target: object = hb
         *parents, name = path.split(".")
         for part in parents:

@@ -12,7 +12,14 @@ from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.read.model import ReadModel, list_experiments, to_json
 from trialkeeper.coordinator.store.store import GpuSampleRow, MetricRow, Store
 
-GPU = {"index": 0, "uuid": "GPU-a", "name": "Tesla T4", "memory_total_bytes": 16 * 2**30, "simulated": False, "mig": False}
+GPU = {
+    "index": 0,
+    "uuid": "GPU-a",
+    "name": "Tesla T4",
+    "memory_total_bytes": 16 * 2**30,
+    "simulated": False,
+    "mig": False,
+}
 
 
 def _experiment(exp_dir: Path, *, mode: str = "maximize") -> Store:
@@ -34,9 +41,21 @@ def _experiment(exp_dir: Path, *, mode: str = "maximize") -> Store:
     for tid, value in (("t1", 0.5), ("t2", 0.9)):
         store.update_trial(tid, status="SUCCEEDED", environment_id="env-1", final_metric=value,
                            final_metric_json=json.dumps({"default": value}), started_at=1100.0, ended_at=1200.0)
-    store.update_trial("t3", status="RUNNING", environment_id="env-1", gpu_indices_json="[0]", reason="canceled by the user", stopping=1)
+    store.update_trial(
+        "t3",
+        status="RUNNING",
+        environment_id="env-1",
+        gpu_indices_json="[0]",
+        reason="canceled by the user",
+        stopping=1,
+    )
     store.record("trial", "t3", "WAITING", "RUNNING", "running on env-1")
-    store.add_metrics([MetricRow("t3", 0, "intermediate", 0.25, "0.25", 1300.0), MetricRow("t3", 1, "intermediate", 0.5, "0.5", 1301.0)])
+    store.add_metrics(
+        [
+            MetricRow("t3", 0, "intermediate", 0.25, "0.25", 1300.0),
+            MetricRow("t3", 1, "intermediate", 0.5, "0.5", 1301.0),
+        ]
+    )
     store.set_waiting_reasons({"t4": "waiting: 1 trials are running (trialConcurrency)"})
     store.add_gpu_samples([
         GpuSampleRow(1400.0, "env-1", "GPU-a", 10.0, 2**30, 16 * 2**30, ("t3",)),
@@ -68,7 +87,12 @@ def test_snapshots_of_an_experiment(tmp_path: Path) -> None:
     assert env.trials == ("t1", "t2", "t3") and env.running_trials == ("t3",) and env.stopping_trials == ("t3",)
     (gpu,) = env.gpus
     # The latest sample, and the trial holding the GPU.
-    assert (gpu.utilization_percent, gpu.memory_used_bytes, gpu.sampled_at, gpu.held_by) == (70.0, 3 * 2**30, 1401.0, ("t3",))
+    assert (gpu.utilization_percent, gpu.memory_used_bytes, gpu.sampled_at, gpu.held_by) == (
+        70.0,
+        3 * 2**30,
+        1401.0,
+        ("t3",),
+    )
     assert not envs["env-2"].connected and envs["env-2"].gpus == ()
 
     assert detail is not None and detail.intermediate == (0.25, 0.5)

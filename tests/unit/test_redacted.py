@@ -127,7 +127,11 @@ def test_missing_secrets_are_named_each_with_how_to_give_it(tmp_path: Path) -> N
         restore_redacted(stored, {"HF_TOKEN": "hf-token-value"})
     text = str(raised.value)
     assert "\n" not in text
-    assert "trialEnv WANDB_API_KEY: set it in the environment of `trialkeeper resume`, or pass the config file with --config FILE" in text
+    assert (
+        "trialEnv WANDB_API_KEY: set it in the environment of `trialkeeper resume`, "
+        "or pass the config file with --config FILE"
+        in text
+    )
     assert (
         "trainingService.machineList[0].password, trainingService.machineList[1].sshPassphrase, "
         "tuner.classArgs.api_key: pass the config file with --config FILE"

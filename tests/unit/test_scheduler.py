@@ -218,7 +218,11 @@ def test_a_more_preferred_platform_wins_over_packing_and_spreading() -> None:
     for policy in ("pack", "spread"):
         envs = [env("busy-slurm", slots=4, platform="slurm"), env("local", slots=1, platform="local")]
         envs[0].holders.update({"x", "y"})  # pack alone would fill it first
-        d = place([Demand("t1", platforms=("local", "slurm")), Demand("t2", platforms=("local", "slurm"))], envs, policy=policy)
+        d = place(
+            [Demand("t1", platforms=("local", "slurm")), Demand("t2", platforms=("local", "slurm"))],
+            envs,
+            policy=policy,
+        )
         assert where(d.placements) == {"t1": "local", "t2": "busy-slurm"}, policy
 
 
@@ -249,7 +253,9 @@ def _linear_place(demands: list[Demand], envs: list[EnvCapacity], policy: str) -
                 best, best_key = e, key
         if best is None:
             continue
-        chosen = sorted(best.usable_gpus(d.gpu_memory_bytes), key=lambda g: (g.free() if policy == "pack" else -g.free(), g.index))[: d.gpus]
+        chosen = sorted(
+            best.usable_gpus(d.gpu_memory_bytes), key=lambda g: (g.free() if policy == "pack" else -g.free(), g.index)
+        )[: d.gpus]
         best.holders.add(d.trial_id)
         for g in chosen:
             g.take(d.trial_id, d.gpu_memory_bytes)

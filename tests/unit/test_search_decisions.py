@@ -77,7 +77,9 @@ def test_median_assessor_minimizing() -> None:
     assert a.assess_trial("d", [0.2]) is True
 
 
-def test_a_tuner_that_raises_fails_the_search_with_its_reason_and_proposes_nothing_more(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_tuner_that_raises_fails_the_search_with_its_reason_and_proposes_nothing_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     search = Search(Recording({}, fail_at=1))
     assert search.propose(0) == {"n": 0}
     assert search.propose(1) is None
@@ -115,7 +117,9 @@ def test_resume_tells_every_stored_result_and_tracks_running_trials() -> None:
     assert ("final", 0, 0.9) in tuner.heard and ("final", 1, 0.2) in tuner.heard
     assert ("end", 2, False) not in tuner.heard and ("end", 2, True) not in tuner.heard
     # The still-running trial is judged on its whole history against the completed one.
-    assert search.handle(IntermediateStored("c", 0.1)) == [StopTrial("c", "stopped early by the assessor after 2 intermediate results")]
+    assert search.handle(IntermediateStored("c", 0.1)) == [
+        StopTrial("c", "stopped early by the assessor after 2 intermediate results")
+    ]
 
 
 def test_a_resumed_seeded_random_tuner_goes_on_where_it_was() -> None:
@@ -145,7 +149,9 @@ def test_an_advisor_replaces_the_tuner_and_the_assessor(tmp_path: Any) -> None:
     from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 
     base = {"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"}}
-    config = parse_config({**base, "advisor": {"name": "Hyperband", "classArgs": {"R": 9, "optimize_mode": "minimize"}}}, tmp_path)
+    config = parse_config(
+        {**base, "advisor": {"name": "Hyperband", "classArgs": {"R": 9, "optimize_mode": "minimize"}}}, tmp_path
+    )
     assert config.advisor is not None and config.advisor.name == "Hyperband"
     from trialkeeper.coordinator.experiment import optimize_mode_of
 

@@ -371,7 +371,9 @@ def test_the_quickstart_example_space_is_valid() -> None:
     assert set(sample(space, random.Random(0))) == {"lr", "batch_size", "epochs", "l2"}
 
 
-BATCH_SPACE = {"combine_params": {"_type": "choice", "_value": [{"lr": 0.1, "opt": "adam"}, {"lr": 0.01, "opt": "sgd"}]}}
+BATCH_SPACE = {
+    "combine_params": {"_type": "choice", "_value": [{"lr": 0.1, "opt": "adam"}, {"lr": 0.01, "opt": "sgd"}]}
+}
 
 
 def test_nnis_batch_format_is_accepted_for_the_batch_tuner_only() -> None:

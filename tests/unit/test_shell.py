@@ -94,7 +94,10 @@ def test_a_store_that_refuses_a_write_ends_the_experiment_and_nothing_is_acknowl
         shell.store.add_runs = refuse  # type: ignore[method-assign]
         shell.agent_event(ev.AgentReported(env_id, link.id, 1, ev.TrialStartReported("t1", 42, 0.0)), link)
         shell.agent_event(
-            ev.AgentReported(env_id, link.id, 2, ev.MetricsReported((MetricRun("t1", "final", 0, [0.5], None, [0.0]),))), link
+            ev.AgentReported(
+                env_id, link.id, 2, ev.MetricsReported((MetricRun("t1", "final", 0, [0.5], None, [0.0]),))
+            ),
+            link,
         )
         shell.drain_inbox()
         assert link.acks == []  # the agent keeps both and replays them to a resumed coordinator

@@ -41,7 +41,9 @@ def _fill(store: Store) -> None:
     store.record("trial", "t1", "WAITING", "RUNNING", "running on env-1")
     store.add_metrics([_metric("t1", 0, 0.5), _metric("t1", 1, 0.25)])
     store.add_metrics([_metric("t1", 2, 0.125, "final")])
-    store.update_trial("t1", status="SUCCEEDED", final_metric=0.125, final_metric_json='{"default": 0.125}', ended_at=1600.0)
+    store.update_trial(
+        "t1", status="SUCCEEDED", final_metric=0.125, final_metric_json='{"default": 0.125}', ended_at=1600.0
+    )
     store.record("trial", "t1", "RUNNING", "SUCCEEDED", "")
 
 
@@ -331,7 +333,12 @@ def test_the_ended_series_counts_only_trials_with_a_numeric_end(tmp_path: Path) 
     ends: list[object] = [5.0, None, "soon", 1.0, 3, float("inf")]
     for seq, end in enumerate(ends):
         _trial(store, f"t{seq}", seq, ended_at=end, final_metric=float(seq))
-    assert store.ended_series(maximize=True, points=10) == [(1.0, 1, 3.0), (3.0, 2, 4.0), (5.0, 3, 4.0), (float("inf"), 4, 5.0)]
+    assert store.ended_series(maximize=True, points=10) == [
+        (1.0, 1, 3.0),
+        (3.0, 2, 4.0),
+        (5.0, 3, 4.0),
+        (float("inf"), 4, 5.0),
+    ]
     # Thinned: slices of the finite span (1 to 5) and the infinite end after them.
     assert store.ended_series(maximize=False, points=2) == [(3.0, 2, 3.0), (5.0, 3, 0.0), (float("inf"), 4, 0.0)]
     store.close()
@@ -363,10 +370,16 @@ def test_a_store_written_before_metric_runs_is_read_and_written_with_both_shapes
     # Resumed by this version: new metrics go in runs, the old ones are still read.
     store = Store.in_dir(tmp_path / "exp")
     assert store.meta("metric_count") == "4"
-    store.add_metrics([MetricRow("t1", 4, "intermediate", 5.0, "5.0", 120.0), MetricRow("t1", 5, "intermediate", 6.0, "6", 121.0)])
+    store.add_metrics(
+        [MetricRow("t1", 4, "intermediate", 5.0, "5.0", 120.0), MetricRow("t1", 5, "intermediate", 6.0, "6", 121.0)]
+    )
     store.add_metrics([MetricRow("t1", 3, "final", 9.0, "9.0", 130.0)])  # a replay of one in the old table
     rows = store.metrics("t1")
-    assert rows == [*old, MetricRow("t1", 4, "intermediate", 5.0, "5.0", 120.0), MetricRow("t1", 5, "intermediate", 6.0, "6", 121.0)]
+    assert rows == [
+        *old,
+        MetricRow("t1", 4, "intermediate", 5.0, "5.0", 120.0),
+        MetricRow("t1", 5, "intermediate", 6.0, "6", 121.0),
+    ]
     assert store.next_metric_index("t1") == 6
     # The replayed one is read once (the first write wins) but counted as added: a write does
     # not look in the old table, which only a store resumed by this version has.
@@ -387,7 +400,10 @@ def test_a_run_is_one_row_and_reads_back_as_its_metrics(tmp_path: Path) -> None:
     rows = store.metrics("t1")
     assert [r.index for r in rows] == list(range(1002))
     assert rows[3] == MetricRow("t1", 3, "intermediate", 1.5, "1.5", 1.0)
-    assert rows[-2:] == [MetricRow("t1", 1000, "intermediate", 1.0, '{"default":1.0}', 2.0), MetricRow("t1", 1001, "intermediate", 2.0, "2.0", 3.0)]
+    assert rows[-2:] == [
+        MetricRow("t1", 1000, "intermediate", 1.0, '{"default":1.0}', 2.0),
+        MetricRow("t1", 1001, "intermediate", 2.0, "2.0", 3.0),
+    ]
     assert store.metrics("t2") == [MetricRow("t2", 7, "final", 1e308, "1e+308", 4.0)]
     assert store.next_metric_index("t1") == 1002 and store.next_metric_index("t2") == 8
     # A replay split otherwise: only what was not stored is added, the first write wins.

@@ -148,7 +148,9 @@ def test_importing_the_sdk_does_not_import_grpc() -> None:
         "assert not heavy, heavy"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALKEEPER_")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -175,7 +177,9 @@ def test_refusals_are_written_as_whole_lines(monkeypatch: pytest.MonkeyPatch) ->
     assert trial.report_intermediate_result(math.nan) is False
     assert trial.report_final_result(2.0) is True
     assert len(writes.calls) == 2, writes.calls
-    assert all(c.startswith("trialkeeper: ") and c.endswith("\n") and c.count("\n") == 1 for c in writes.calls), writes.calls
+    assert all(c.startswith("trialkeeper: ") and c.endswith("\n") and c.count("\n") == 1 for c in writes.calls), (
+        writes.calls
+    )
 
 
 class _Clock:

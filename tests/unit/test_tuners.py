@@ -146,11 +146,22 @@ def test_builtin_registry() -> None:
     [
         ("randm", None, {}, "unknown tuner 'randm'; did you mean 'random'? built-in tuners: random, grid"),
         ("nosuch", None, {}, "unknown tuner 'nosuch'; built-in tuners: random, grid; optuna"),
-        (None, None, {}, "a tuner needs either name (built-in: random, grid; optuna; NNI's names) or className, got neither"),
+        (
+            None,
+            None,
+            {},
+            "a tuner needs either name (built-in: random, grid; optuna; NNI's names) or className, got neither",
+        ),
         ("random", "x:Y", {}, "got both"),
-        ("random", None, {"optimise_mode": "maximize"},
-         ("unexpected classArgs 'optimise_mode' (did you mean 'optimize_mode'?) for tuner 'random'; "
-         "accepted: optimize_mode, seed")),
+        (
+            "random",
+            None,
+            {"optimise_mode": "maximize"},
+            (
+                "unexpected classArgs 'optimise_mode' (did you mean 'optimize_mode'?) for tuner 'random'; "
+                "accepted: optimize_mode, seed"
+            ),
+        ),
         ("grid", None, {"foo": 1, "bar": 2}, "unexpected classArgs 'foo', 'bar' for tuner 'grid'"),
         ("random", None, {"optimize_mode": "max"}, "optimize_mode must be 'maximize' or 'minimize'"),
         ("random", None, ["seed"], "classArgs of tuner 'random' must be a mapping"),

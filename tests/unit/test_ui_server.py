@@ -80,7 +80,9 @@ def test_open_reads_answer_only_to_a_loopback_host_name(tmp_path: Path) -> None:
                 assert refused.status == 403 and "not 'attacker.example:8080'" in (await refused.json())["error"], path
         # Beyond loopback the token is the rule, whatever name the page was reached by.
         async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=False))) as client:
-            answer = await client.get("/api/experiment", headers={"Host": "dash.example", "Authorization": "Bearer t0ken"})
+            answer = await client.get(
+                "/api/experiment", headers={"Host": "dash.example", "Authorization": "Bearer t0ken"}
+            )
             assert answer.status == 200
 
     run_async(body)

@@ -32,7 +32,9 @@ def test_addresses(text: str, expected: tuple[str, int]) -> None:
     assert parse_address(text) == expected
 
 
-@pytest.mark.parametrize(("text", "why"), [("host:http", "is not HOST:PORT"), ("host:70000", "not between 0 and 65535")])
+@pytest.mark.parametrize(
+    ("text", "why"), [("host:http", "is not HOST:PORT"), ("host:70000", "not between 0 and 65535")]
+)
 def test_bad_addresses_are_named(text: str, why: str) -> None:
     with pytest.raises(DashboardError, match=why):
         parse_address(text)
@@ -56,12 +58,32 @@ def test_thin_keeps_the_ends_and_at_most_n() -> None:
 
 def _store(exp: Path) -> None:
     store = Store.in_dir(exp)
-    store.create_experiment("e1", "views", {"maxTrialNumber": 10, "tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}},
-                                            "trainingService": {"platform": "remote", "machineList": [{"password": "[redacted]"}]}})
-    for seq, (status, metric) in enumerate([("SUCCEEDED", 0.5), ("SUCCEEDED", 0.2), ("RUNNING", None), ("WAITING", None)]):
-        store.insert_trial({"id": f"t{seq}", "seq": seq, "status": status, "parameters_json": json.dumps({"a": seq, "b": "x"}),
-                            "command": "c", "gpu_number": 0, "submitted_at": 100.0 + seq, "started_at": 100.0 + seq,
-                            "ended_at": 110.0 + seq if metric is not None else None, "final_metric": metric})
+    store.create_experiment(
+        "e1",
+        "views",
+        {
+            "maxTrialNumber": 10,
+            "tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}},
+            "trainingService": {"platform": "remote", "machineList": [{"password": "[redacted]"}]},
+        },
+    )
+    for seq, (status, metric) in enumerate(
+        [("SUCCEEDED", 0.5), ("SUCCEEDED", 0.2), ("RUNNING", None), ("WAITING", None)]
+    ):
+        store.insert_trial(
+            {
+                "id": f"t{seq}",
+                "seq": seq,
+                "status": status,
+                "parameters_json": json.dumps({"a": seq, "b": "x"}),
+                "command": "c",
+                "gpu_number": 0,
+                "submitted_at": 100.0 + seq,
+                "started_at": 100.0 + seq,
+                "ended_at": 110.0 + seq if metric is not None else None,
+                "final_metric": metric,
+            }
+        )
     store.set_waiting_reasons({"t3": "waiting: 1 trials are running (trialConcurrency)"})
     store.add_metrics([MetricRow("t2", i, "intermediate", float(i), str(float(i)), 1.0) for i in range(5)])
     store.close()
@@ -86,7 +108,11 @@ def test_answers_from_a_store(tmp_path: Path) -> None:
         assert "coordinator_address" not in o
 
         page = views.trials(model, {"sort": "param:a", "order": "desc", "limit": "2"})
-        assert [t["id"] for t in page["trials"]] == ["t3", "t2"] and page["total"] == 4 and page["parameters"] == ["a", "b"]
+        assert (
+            [t["id"] for t in page["trials"]] == ["t3", "t2"]
+            and page["total"] == 4
+            and page["parameters"] == ["a", "b"]
+        )
         with pytest.raises(ValueError, match="limit: 'many' is not a whole number"):
             views.trials(model, {"limit": "many"})
         with pytest.raises(PageError):
@@ -117,6 +143,12 @@ def test_answers_from_a_store(tmp_path: Path) -> None:
 def test_run_names_carry_id_and_parameters_safely() -> None:
     from trialkeeper.coordinator.read.model import trial_snapshot
 
-    t = trial_snapshot({"id": "ab12", "status": "SUCCEEDED", "parameters_json": json.dumps({"lr": 0.0123456, "opt": "a/b c", "n": [1, 2]})})
+    t = trial_snapshot(
+        {
+            "id": "ab12",
+            "status": "SUCCEEDED",
+            "parameters_json": json.dumps({"lr": 0.0123456, "opt": "a/b c", "n": [1, 2]}),
+        }
+    )
     assert run_name(t) == "ab12_lr=0.01235,n=_1,2_,opt=a_b_c"
     assert run_name(trial_snapshot({"id": "zz", "status": "WAITING", "parameters_json": "{}"})) == "zz"
