@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -428,6 +429,48 @@ def test_resume_with_a_machine_unreachable_logs_why_and_goes_on(tmp_path: Path, 
     assert m.error and str(port) in m.error, m.error
     assert f"{m.label}: could not upload the code for its resumed environments" in caplog.text, caplog.text
     assert "environment env-2: no machine 'elsewhere:22'" in caplog.text, caplog.text
+
+
+def test_a_start_waiting_for_a_failing_machine_is_canceled_by_a_stop(
+    tmp_path: Path, lab: Lab
+) -> None:
+    # Reuse mode: the start that stands for a failing machine waits for it, with no
+    # deadline, while the other machine works; a stop ends that wait at once.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    _code_dir(tmp_path)
+    machines = [lab.entry(0), lab.entry(1, port=port)]
+    config = _parse(_config(tmp_path, lab, machines, trainingService={"sshTimeout": 2}), tmp_path)
+    service = service_from_config(RemoteEnvironmentService, config, tmp_path / "exp")
+
+    async def body() -> None:
+        await service.prepare()
+        try:
+            assert (await service.start(_request("env-1"))).error is None
+            failed = (await service.start(_request("env-2"))).error or ""
+            assert f":{port}" in failed, failed
+            waiting = asyncio.ensure_future(service.start(_request("env-3")))
+            seen = await async_wait_until(
+                lambda: _waiting_for(service, "env-3"), 10.0, message="env-3 never waited")
+            assert seen.state == "starting" and f":{port}" in seen.detail, seen
+            began = time.monotonic()
+            await service.stop("env-3", 0.0)
+            assert time.monotonic() - began < 2.0
+            assert (await waiting).error == "the start was canceled"
+            seen = (await service.poll(["env-3"]))["env-3"]
+            assert seen.state == "exited" and "stopped before" in seen.detail, seen
+            await service.stop("env-1", 0.0)
+        finally:
+            await service.close()
+
+    run_async(body(), timeout=60.0)
+    _no_processes_left(lab)
+
+
+async def _waiting_for(service: RemoteEnvironmentService, env_id: str) -> Any:
+    seen = (await service.poll([env_id]))[env_id]
+    return seen if seen.detail.startswith("waiting for ") and "machine" not in seen.detail else None
 
 
 def test_wrong_password_is_a_clear_error(tmp_path: Path, lab: Lab) -> None:

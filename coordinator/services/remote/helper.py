@@ -159,7 +159,7 @@ def op_start(args):
 
 def op_status(args):
     out = {}
-    for env_id, env_dir in args["envs"].items():
+    for env_id, env_dir in _env_dirs(args).items():
         out[env_id] = _env_status(env_id, env_dir)
     return out
 
@@ -167,7 +167,7 @@ def op_status(args):
 def op_stop(args):
     """Stop agents (after a grace period) and every trial process they left."""
     grace = float(args.get("grace", 0.0))
-    envs = args["envs"]
+    envs = _env_dirs(args)
     pids = {}
     for env_id, env_dir in envs.items():
         pid = _agent_pid(env_id, env_dir)
@@ -222,6 +222,11 @@ def op_processes(args):
 
 
 # ---- helpers ---------------------------------------------------------------------------
+
+
+def _env_dirs(args):
+    """env id -> its directory (``~`` expanded: a sweep names them so)."""
+    return {env_id: os.path.expanduser(d) for env_id, d in args["envs"].items()}
 
 
 def _env_status(env_id, env_dir):

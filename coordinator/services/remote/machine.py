@@ -62,7 +62,6 @@ class Machine:
     python: str = ""  # the Python that runs agents there (absolute)
     exp_dir: str = ""
     dial: str = ""
-    checker: asyncio.Task[None] | None = None
     connecting: asyncio.Future[None] | None = None  # the early connect begun by prepare()
 
     @classmethod
@@ -201,10 +200,13 @@ class Machine:
     async def helper(self, op: str, args: dict[str, Any], *, python: str | None = None,
                      python_cmd: str | None = None, stdin: bytes = b"", timeout: float = 60.0) -> dict[str, Any]:
         """The answer of `helper.py`'s ``op`` run there by ``python`` (default: the
-        agents' Python) or by the shell command ``python_cmd``."""
+        agents' Python, or the configured one on a machine not set up) or by the shell
+        command ``python_cmd``."""
         from .ssh import SshError
 
         script = _HELPER.read_bytes()
+        if python_cmd is None and not (python or self.python):
+            python_cmd = python_command(self.config.python_path)
         command = python_cmd or shlex.quote(python or self.python)
         payload = json.dumps({"op": op, **args})
         full = f"{command} -c {shlex.quote(_BOOT)} {len(script)} {shlex.quote(payload)}"
