@@ -1,134 +1,35 @@
 """Run on a remote machine by its own Python, sent over SSH: one operation per call.
 
 The coordinator runs ``PYTHON -c BOOT N 'JSON'``: BOOT reads the first N bytes of stdin
-(this file) and executes it; whatever follows on stdin is the operation's input (the
-experiment token, for ``start``). The operation and its arguments come as one JSON
-argument, and the answer is one JSON line on stdout. Secrets never travel in argv.
+(``helper_setup.py`` and this file, sent as one script) and executes them; whatever follows
+on stdin is the operation's input (the experiment token, for ``start``). The operation and
+its arguments come as one JSON argument, and the answer is one JSON line on stdout.
+Secrets never travel in argv. Here: the agents' processes (start, status, stop, the
+environments of an experiment); the machine's set-up is in ``helper_setup.py``.
 
-This file uses the standard library only and no syntax newer than Python 3.6, so that an
-old or bare Python still runs it far enough to say what is wrong with it.
+Both files use the standard library only and no syntax newer than Python 3.6, so that an
+old or bare Python still runs them far enough to say what is wrong with it.
 """
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import zipfile
 
-AGENT_MODULE = "trialkeeper.coordinator.services.remote.agent_main"
+if __package__:  # imported on the coordinator; on the machine the parts arrive as one script
+    from .helper_setup import (
+        AGENT_MODULE,
+        _makedirs,
+        _read,
+        _write,
+        op_bootstrap,
+        op_extract,
+        op_probe,
+    )
+
 BOOT_MARK = "trialkeeper-remote"  # the code name in the command that runs this file
-
-
-def op_probe(args):
-    info = {
-        "python": sys.executable,
-        "version": list(sys.version_info[:3]),
-        "home": os.path.expanduser("~"),
-        "hostname": os.uname()[1],
-        "platform": sys.platform,
-        "proc": os.path.isdir("/proc/self"),
-    }
-    try:
-        from trialkeeper import agent
-        info["trialkeeper"] = getattr(agent, "__version__", "")
-        info["protocol"] = getattr(agent, "PROTOCOL_VERSION", 0)
-        info["trialkeeper_path"] = os.path.dirname(agent.__file__ or "")
-        # The agent's dependencies: importing the session pulls in grpc, protobuf, psutil.
-        import importlib
-        importlib.import_module("trialkeeper.agent.session")
-        importlib.import_module(AGENT_MODULE)
-    except Exception as e:  # noqa: BLE001 - any failure to import is the answer
-        info["import_error"] = f"{type(e).__name__}: {e}"
-    return info
-
-
-def op_extract(args):
-    """Unpack a code archive into dest (once; concurrent callers are safe)."""
-    dest = args["dest"]
-    if os.path.isdir(dest):
-        return {"extracted": False}
-    parent = os.path.dirname(dest)
-    _makedirs(parent)
-    tmp = tempfile.mkdtemp(prefix=".extract-", dir=parent)
-    try:
-        with tarfile.open(args["archive"], "r:gz") as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:
-                for member in tar.getmembers():
-                    if member.name.startswith("/") or ".." in member.name.split("/"):
-                        raise ValueError("unsafe path in archive: " + member.name)
-                tar.extractall(tmp)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not os.path.isdir(dest):
-                raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return {"extracted": True}
-
-
-def op_bootstrap(args):
-    """A virtualenv with the uploaded trialkeeper wheel, seeing this Python's packages."""
-    venv, wheel = args["venv"], args["wheel"]
-    marker = os.path.join(venv, ".trialkeeper-wheel")
-    python = os.path.join(venv, "bin", "python")
-    if os.path.exists(marker) and _read(marker) == os.path.basename(wheel):
-        return {"python": python, "created": False}
-    parent = os.path.dirname(venv)
-    _makedirs(parent)
-    tmp = tempfile.mkdtemp(prefix=".venv-", dir=parent)
-    try:
-        shutil.rmtree(tmp)
-        # No pip: the wheel is pure Python and is unpacked directly, so no index is needed.
-        run = subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", tmp],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False,
-        )
-        if run.returncode != 0:
-            return {"error": "python -m venv failed: " + run.stdout.decode("utf-8", "replace")[-800:]}
-        tmp_python = os.path.join(tmp, "bin", "python")
-        run = subprocess.run(
-            [tmp_python, "-c", "import os, sys, sysconfig; print(os.path.relpath(sysconfig.get_paths()['purelib'], sys.prefix))"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False,
-        )
-        if run.returncode != 0:
-            return {"error": "the new virtualenv's Python does not run: " + run.stdout.decode("utf-8", "replace")[-800:]}
-        purelib_rel = run.stdout.decode().strip()
-        tmp_purelib = os.path.join(tmp, purelib_rel)
-        # The packages of the configured Python stay importable (its trialkeeper comes
-        # after ours on sys.path): "dependencies present" means present for that Python.
-        import site
-        base = list(site.getsitepackages())
-        if site.ENABLE_USER_SITE:
-            base.append(site.getusersitepackages())
-        _makedirs(tmp_purelib)
-        with open(os.path.join(tmp_purelib, "_trialkeeper_base.pth"), "w") as f:
-            f.write("\n".join(p for p in base if os.path.isdir(p)) + "\n")
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(tmp_purelib)
-        for name in os.listdir(tmp_purelib):
-            if name.endswith(".dist-info"):
-                with open(os.path.join(tmp_purelib, name, "INSTALLER"), "w") as f:
-                    f.write("trialkeeper-bootstrap\n")
-        with open(os.path.join(tmp, ".trialkeeper-wheel"), "w") as f:
-            f.write(os.path.basename(wheel))
-        if os.path.isdir(venv):
-            shutil.rmtree(venv)
-        # venv scripts name the venv's own path; it is moved into place before first use.
-        os.rename(tmp, venv)
-        _fix_venv_paths(venv, tmp)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return {"python": python, "created": True}
 
 
 def op_start(args):
@@ -354,36 +255,6 @@ def _kill_group_and_pid(pid, sig):
     except OSError:
         pass
     _kill(pid, sig)
-
-
-def _fix_venv_paths(venv, old):
-    # pyvenv.cfg and activate scripts may name the temporary path; the interpreter finds
-    # its venv from its own location, so only text files that mention it need fixing.
-    for rel in ("pyvenv.cfg", "bin/activate", "bin/activate.csh", "bin/activate.fish"):
-        path = os.path.join(venv, rel)
-        try:
-            text = _read(path)
-        except OSError:
-            continue
-        if old in text:
-            _write(path, text.replace(old, venv))
-
-
-def _makedirs(path):
-    if not os.path.isdir(path):
-        os.makedirs(path, exist_ok=True)
-
-
-def _read(path):
-    with open(path) as f:
-        return f.read().strip()
-
-
-def _write(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _tail(path, limit=1500):

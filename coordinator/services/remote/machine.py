@@ -1,11 +1,12 @@
 """One machine of the remote platform's ``machineList``: its SSH link, and getting it ready.
 
-A `Machine` runs `helper.py` there over SSH (one JSON request in, one JSON answer
-out), checks the Python and the trialkeeper there, or installs this coordinator's own
-trialkeeper into a per-experiment virtualenv (``bootstrap``), and uploads and unpacks the
-code archive. Everything that can go wrong on the machine is a `MachineError`, which says
-whether trying again later may help. The environment service (``remote``) decides which
-machine takes which environment and what to do when one fails.
+A `Machine` runs the helper there over SSH (``helper_setup.py`` and ``helper.py``, sent as
+one script: one JSON request in, one JSON answer out), checks the Python and the trialkeeper
+there, or installs this coordinator's own trialkeeper into a per-experiment virtualenv
+(``bootstrap``), and uploads and unpacks the code archive. Everything that can go wrong on
+the machine is a `MachineError`, which says whether trying again later may help. The
+environment service (``remote``) decides which machine takes which environment and what to
+do when one fails.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REMOTE_ROOT = "trialkeeper-experiments"
-_HELPER = Path(__file__).with_name("helper.py")
+# The helper is sent as one script: its set-up part first, then its entry, which runs it.
+_HELPER = (Path(__file__).with_name("helper_setup.py"), Path(__file__).with_name("helper.py"))
 _BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'trialkeeper-remote','exec'))"
 _T = TypeVar("_T")
 
@@ -204,7 +206,7 @@ class Machine:
         command ``python_cmd``."""
         from .ssh import SshError
 
-        script = _HELPER.read_bytes()
+        script = b"\n".join(part.read_bytes() for part in _HELPER)
         if python_cmd is None and not (python or self.python):
             python_cmd = python_command(self.config.python_path)
         command = python_cmd or shlex.quote(python or self.python)
