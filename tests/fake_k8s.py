@@ -420,7 +420,12 @@ class FakeKubernetes:
                     self._delete(_BY_PATH[("", "v1", p)], ns, child, grace, policy)
         if res.plural == "persistentvolumeclaims":  # what the client expects back, by kind
             return copy.deepcopy(obj)
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "kind": res.plural, "uid": uid}}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Success",
+            "details": {"name": name, "kind": res.plural, "uid": uid},
+        }
 
     # ---- pods as processes --------------------------------------------------------
 
@@ -511,7 +516,9 @@ class FakeKubernetes:
                     raise ApiError(422, "Invalid", f"persistentvolumeclaim {claim!r} not found")
                 local = self.root / "volumes" / ns / claim
             else:
-                raise ApiError(422, "Invalid", f"volume {m['name']}: the fake mounts only nfs and persistentVolumeClaim")
+                raise ApiError(
+                    422, "Invalid", f"volume {m['name']}: the fake mounts only nfs and persistentVolumeClaim"
+                )
             if m.get("subPath"):
                 local = local / m["subPath"]
             local.mkdir(parents=True, exist_ok=True)
@@ -584,13 +591,18 @@ class FakeKubernetes:
         exit_code = code if code >= 0 else 128 - code  # killed by a signal: 128 + its number
         status.update(
             phase="Succeeded" if code == 0 else "Failed",
-            containerStatuses=[_container_status(pod, False, {"terminated": {"exitCode": exit_code, "reason": reason}})],
+            containerStatuses=[
+                _container_status(pod, False, {"terminated": {"exitCode": exit_code, "reason": reason}})
+            ],
         )
 
     def _children(self, ns: str, owner: Obj) -> list[Obj]:
         uid = owner["metadata"]["uid"]
-        return [o for (p, n, _), o in self._store.objects.items()
-                if p == "pods" and n == ns and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]
+        return [
+            o
+            for (p, n, _), o in self._store.objects.items()
+            if p == "pods" and n == ns and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+        ]
 
     def _controller_status(self, plural: str, ns: str, obj: Obj) -> None:
         # The controller's own memory: whether its pod was ever seen, whether it is done.
@@ -623,7 +635,9 @@ def _gpus(pod: Obj) -> int:
     total = 0
     for c in pod["spec"].get("containers", []):
         resources = c.get("resources") or {}
-        amount = (resources.get("limits") or {}).get("nvidia.com/gpu") or (resources.get("requests") or {}).get("nvidia.com/gpu")
+        amount = (resources.get("limits") or {}).get("nvidia.com/gpu") or (resources.get("requests") or {}).get(
+            "nvidia.com/gpu"
+        )
         total += int(amount or 0)
     return total
 
@@ -640,7 +654,9 @@ def _framework_status(status: Obj, phase: str) -> None:
         return
     name = "Succeeded" if phase == "Succeeded" else "Failed"
     diagnostics = "the pod was deleted" if phase == "Deleted" else f"task {name.lower()}"
-    status.update(state="Completed", attemptStatus={"completionStatus": {"type": {"name": name}, "diagnostics": diagnostics}})
+    status.update(
+        state="Completed", attemptStatus={"completionStatus": {"type": {"name": name}, "diagnostics": diagnostics}}
+    )
 
 
 _CONTROLLER_STATUS: dict[str, Callable[[Obj, str], None]] = {"frameworks": _framework_status}
@@ -684,10 +700,30 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(400, "BadRequest", "the body must be a JSON object")
             code, answer = self.server_fake.handle(self.command, url.path, parse_qs(url.query), body)
         except ApiError as e:
-            code, answer = e.code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                    "message": e.message, "reason": e.reason, "code": e.code}
+            code, answer = (
+                e.code,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": e.message,
+                    "reason": e.reason,
+                    "code": e.code,
+                },
+            )
         except json.JSONDecodeError as e:
-            code, answer = 400, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": f"invalid JSON: {e}", "reason": "BadRequest", "code": 400}
+            code, answer = (
+                400,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": f"invalid JSON: {e}",
+                    "reason": "BadRequest",
+                    "code": 400,
+                },
+            )
         data = json.dumps(answer).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")

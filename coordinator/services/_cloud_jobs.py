@@ -96,8 +96,11 @@ class CloudJobService(JobEnvironmentService[PlatformConfig]):
     async def list_jobs(self, experiment_id: str) -> dict[str, str]:
         found = await asyncio.to_thread(self.adapter.list_jobs, experiment_id)
         return {
-            view.env_id: view.job_id for view in found
-            if view.experiment_id == experiment_id and view.env_id and self._phase(view.status) in ("waiting", "running")
+            view.env_id: view.job_id
+            for view in found
+            if view.experiment_id == experiment_id
+            and view.env_id
+            and self._phase(view.status) in ("waiting", "running")
         }
 
     def ended(self, job: Job) -> Observation:

@@ -128,10 +128,14 @@ def ensure_local(config: SharedStorageConfig) -> None:
                 capture_output=True, timeout=LOCAL_MOUNT_TIMEOUT_S, check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise SharedStorageError(redact(f"sharedStorage: cannot mount {describe(config)} at {local}: {e}", config)) from None
+            raise SharedStorageError(
+                redact(f"sharedStorage: cannot mount {describe(config)} at {local}: {e}", config)
+            ) from None
         if done.returncode != 0:
             said = (done.stderr or done.stdout).decode("utf-8", "replace").strip()
-            raise SharedStorageError(redact(f"sharedStorage: {said or f'mount exited with status {done.returncode}'}", config))
+            raise SharedStorageError(
+                redact(f"sharedStorage: {said or f'mount exited with status {done.returncode}'}", config)
+            )
     if not local.is_dir():
         raise SharedStorageError(
             f"sharedStorage.localMountPoint {local} is not a directory: mount {describe(config)} there "

@@ -138,7 +138,9 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
         out: dict[str, JobState] = {}
         for job in jobs:
             try:
-                answer = (await self.client.call("GET", f"/v2/clusters/{self.config.cluster}/jobs/{job.platform_id}")).json()
+                answer = (
+                    await self.client.call("GET", f"/v2/clusters/{self.config.cluster}/jobs/{job.platform_id}")
+                ).json()
             except RestError as e:
                 if e.status != 404:
                     raise
@@ -148,7 +150,9 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
                 continue
             status = str(answer["jobStatus"])
             phase = _PHASES.get(status, "running")
-            out[job.env_id] = JobState(phase, str(answer.get("errorMsg") or "").strip()[-600:] if phase == "failed" else "")
+            out[job.env_id] = JobState(
+                phase, str(answer.get("errorMsg") or "").strip()[-600:] if phase == "failed" else ""
+            )
         return out
 
     async def kill(self, job: Job) -> None:
@@ -160,7 +164,9 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
                 raise
 
     async def list_jobs(self, experiment_id: str) -> dict[str, str]:
-        answer = (await self.client.call("GET", f"/teams/{self.config.team}/jobs", query={"limit": str(LIST_LIMIT)})).json()
+        answer = (
+            await self.client.call("GET", f"/teams/{self.config.team}/jobs", query={"limit": str(LIST_LIMIT)})
+        ).json()
         if not isinstance(answer, list):
             raise RestError(200, "the team's job list is not a list")
         out = {}
@@ -168,7 +174,11 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
             if not isinstance(job, dict) or job.get("cluster", self.config.cluster) != self.config.cluster:
                 continue
             env_id = env_of(str(job.get("jobName", "")), experiment_id)
-            if env_id is not None and job.get("jobStatus") in _LIVE and job.get("userName", self.config.email) == self.config.email:
+            if (
+                env_id is not None
+                and job.get("jobStatus") in _LIVE
+                and job.get("userName", self.config.email) == self.config.email
+            ):
                 out[env_id] = str(job.get("jobId"))
         return out
 
@@ -184,7 +194,9 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
         c = self.config
         answer = (await self.client.call("GET", f"/teams/{c.team}/clusters/{c.cluster}")).json()
         try:
-            metadata: Any = json.loads(answer["metadata"]) if isinstance(answer["metadata"], str) else answer["metadata"]
+            metadata: Any = (
+                json.loads(answer["metadata"]) if isinstance(answer["metadata"], str) else answer["metadata"]
+            )
             return str(next(iter(metadata)))
         except (KeyError, TypeError, ValueError, StopIteration):
             raise RestError(200, f"team {c.team} on cluster {c.cluster} names no GPU type; set gpuType") from None

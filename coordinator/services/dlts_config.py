@@ -16,7 +16,9 @@ from ..config.rules import NON_EMPTY_STR, NON_NEGATIVE_INT, POSITIVE_DURATION, S
 
 __all__ = ["DltsConfig"]
 
-_URL = rule("an http(s) URL", lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0)
+_URL = rule(
+    "an http(s) URL", lambda v: v.startswith(("http://", "https://")) and len(v.split("://", 1)[1].strip("/")) > 0
+)
 _EMAIL = rule("an email address", lambda v: "@" in v and not any(c.isspace() for c in v))
 
 

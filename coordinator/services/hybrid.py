@@ -84,7 +84,9 @@ class HybridEnvironmentService(EnvironmentService[HybridConfig]):
                 self._broken[name] = f"{type(result).__name__}: {result}"
                 log.error("platform %s cannot be used: %s", name, self._broken[name])
         if len(self._broken) == len(self.members):
-            raise RuntimeError("no platform could be prepared: " + "; ".join(f"{n}: {why}" for n, why in self._broken.items()))
+            raise RuntimeError(
+                "no platform could be prepared: " + "; ".join(f"{n}: {why}" for n, why in self._broken.items())
+            )
 
     def _choose(self, requested: str) -> str:
         if requested:
@@ -135,7 +137,10 @@ class HybridEnvironmentService(EnvironmentService[HybridConfig]):
             member.adopt(env_id, platform_id)
 
     async def ready_adopted(self, experiment_id: str) -> None:
-        await _each({n: m.ready_adopted(experiment_id) for n, m in self.members.items() if n not in self._broken}, "ready_adopted")
+        await _each(
+            {n: m.ready_adopted(experiment_id) for n, m in self.members.items() if n not in self._broken},
+            "ready_adopted",
+        )
 
     async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
         found = await _each({n: m.sweep(experiment_id, keep=keep) for n, m in self.members.items()}, "sweep")

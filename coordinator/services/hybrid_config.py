@@ -39,7 +39,9 @@ class HybridConfig(TrainingServiceConfig):
         for i, section in enumerate(sections):
             name = section.platform
             if isinstance(section, HybridConfig):
-                issues.append((f"platforms[{i}].platform", "a hybrid section cannot hold another; list its platforms here"))
+                issues.append(
+                    (f"platforms[{i}].platform", "a hybrid section cannot hold another; list its platforms here")
+                )
             elif name in seen:
                 why = (
                     f"{name!r} is already section {seen[name]}; give each platform one section "

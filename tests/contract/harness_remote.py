@@ -22,14 +22,23 @@ def remote_training_service(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[[str, Path], dict[str, Any]]]:
     """Brings up sshd once per session; gives a section with that one machine, key login."""
-    with one_machine(tmp_path_factory.mktemp("contract-sshd"), "the remote contract tests") as (machine, creds, known_hosts):
+    with one_machine(tmp_path_factory.mktemp("contract-sshd"), "the remote contract tests") as (
+        machine,
+        creds,
+        known_hosts,
+    ):
         yield _section(machine, creds, known_hosts)
 
 
 def _section(machine: Machine, creds: Credentials, known_hosts: Path) -> Callable[[str, Path], dict[str, Any]]:
     def section(platform: str, tmp_path: Path) -> dict[str, Any]:
         assert platform in PLATFORMS, platform
-        entry: dict[str, Any] = {"host": machine.host, "port": machine.port, "user": creds.user, "pythonPath": sys.executable}
+        entry: dict[str, Any] = {
+            "host": machine.host,
+            "port": machine.port,
+            "user": creds.user,
+            "pythonPath": sys.executable,
+        }
         # A password login is much cheaper than decrypting the passphrase-protected key,
         # and every fresh service (each sweep) logs in anew.
         if creds.password:

@@ -35,6 +35,9 @@ from trialkeeper.coordinator.transport.server import AgentLink, Servicer, create
 HERE = Path(__file__).resolve().parent
 HARNESS_ENV = "TRIALKEEPER_CONTRACT_HARNESSES"  # more harness files, os.pathsep-separated
 # Generous for cluster platforms (a job queued, a pod scheduled); local agents take ~1 s.
+# Every harness's real platform, each test a round trip: left out of the fast subset.
+pytestmark = pytest.mark.slow
+
 REGISTER_S = 60.0
 GONE_S = 30.0
 LIVE = ("starting", "running")
@@ -274,7 +277,9 @@ async def _registered(ep: Endpoint, env_id: str) -> None:
 
 
 async def _gone(ep: Endpoint, env_id: str) -> None:
-    await async_wait_until(lambda: not ep.connected(env_id), GONE_S, message=f"the agent of {env_id} is still connected")
+    await async_wait_until(
+        lambda: not ep.connected(env_id), GONE_S, message=f"the agent of {env_id} is still connected"
+    )
 
 
 async def _stop(service: EnvironmentService, ep: Endpoint, env_id: str) -> None:

@@ -21,6 +21,9 @@ from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.store.store import Store
 
+# A real Slurm cluster: left out of the fast subset.
+pytestmark = pytest.mark.slow
+
 WAIT_S = 60.0
 
 

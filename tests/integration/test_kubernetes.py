@@ -110,9 +110,11 @@ def _ours(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:
 
 def _created(cluster: KubeCluster, experiment_id: str) -> list[dict[str, Any]]:
     label = selector(experiment_id).split("=", 1)[1]
-    return [o for o in cluster.created() if (o.get("metadata") or {}).get("labels", {}).get("trialkeeper/experiment") == label]
-
-
+    return [
+        o
+        for o in cluster.created()
+        if (o.get("metadata") or {}).get("labels", {}).get("trialkeeper/experiment") == label
+    ]
 
 
 # ---- end to end --------------------------------------------------------------------------
@@ -167,7 +169,9 @@ def test_deleting_a_pod_mid_trial_loses_its_environment(
 ) -> None:
     quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(kube_cluster, tmp_path, platform, **extra)
-    data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
+    data.update(
+        trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None
+    )
     del data["searchSpaceFile"]
     config = parse_config(data, tmp_path / "code")
 
@@ -191,10 +195,18 @@ def test_deleting_a_pod_mid_trial_loses_its_environment(
             assert info.status is TrialStatus.FAILED and "environment lost" in info.reason, info.reason
             if platform in REPLACES_PODS:
                 # The operator's new pod runs a new agent of the same environment.
-                await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.READY
-                                       and environment(c, env.id).instance_id != env.instance_id, WAIT_S, message=env.id)
+                await async_wait_until(
+                    lambda: (
+                        environment(c, env.id).status is EnvStatus.READY
+                        and environment(c, env.id).instance_id != env.instance_id
+                    ),
+                    WAIT_S,
+                    message=env.id,
+                )
             else:
-                await async_wait_until(lambda: environment(c, env.id).status is EnvStatus.FAILED, WAIT_S, message=env.id)
+                await async_wait_until(
+                    lambda: environment(c, env.id).status is EnvStatus.FAILED, WAIT_S, message=env.id
+                )
             assert all(pid_gone(p) for p in pids)
             # A replacement environment (or the replaced pod's) takes the next trial.
             after = await c.submit({"x": 2})
@@ -248,8 +260,11 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
     first = _cli("run", str(config_file), "--experiment-dir", str(exp), "--quiet")
     resumed = None
     try:
-        wait_until(lambda: sum(t["status"] == "RUNNING" for t in stored_rows(exp, "trials")) == 2 or first.poll() is not None,
-                   WAIT_S, message="two trials never ran")
+        wait_until(
+            lambda: sum(t["status"] == "RUNNING" for t in stored_rows(exp, "trials")) == 2 or first.poll() is not None,
+            WAIT_S,
+            message="two trials never ran",
+        )
         assert first.poll() is None, first.communicate()[0].decode(errors="replace")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
@@ -262,7 +277,9 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
 
         async def start_stray_then_sweep() -> list[str]:
             await stray_service.prepare()
-            started = await stray_service.start(EnvironmentRequest("env-99", experiment_id, "127.0.0.1:9", token, ("--reconnect-window", "60")))
+            started = await stray_service.start(
+                EnvironmentRequest("env-99", experiment_id, "127.0.0.1:9", token, ("--reconnect-window", "60"))
+            )
             assert started.error is None, started.error
             fresh = create_service(config, exp)  # knows nothing: works from the labels alone
             try:
@@ -277,7 +294,11 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
         assert len(names) == 2, names
 
         resumed = _cli("resume", str(exp), "--quiet")
-        wait_until(lambda: _reconnected(exp, known) or resumed.poll() is not None, WAIT_S, message="the agents did not come back")
+        wait_until(
+            lambda: _reconnected(exp, known) or resumed.poll() is not None,
+            WAIT_S,
+            message="the agents did not come back",
+        )
         gate.write_text("")
         out, _ = resumed.communicate(timeout=WAIT_S)
         assert resumed.returncode == 0, out.decode(errors="replace")
@@ -297,7 +318,9 @@ def test_resume_after_a_crash_adopts_its_pods_and_sweeps_strays(
 
 
 @pytest.mark.slow
-def test_the_training_operators_own_webhook_refuses_a_job_it_cannot_run(kube_cluster: KubeCluster, kubeflow_operator: Any) -> None:
+def test_the_training_operators_own_webhook_refuses_a_job_it_cannot_run(
+    kube_cluster: KubeCluster, kubeflow_operator: Any
+) -> None:
     # Its validating webhook is live: the operator itself, not a schema of ours, refuses a
     # PyTorchJob whose Master has no container named "pytorch" or more than one replica.
     template = {"spec": {"containers": [{"name": "main", "image": "registry.example/tk:1"}]}}
@@ -400,7 +423,9 @@ def test_an_api_server_out_of_reach_keeps_what_was_seen_last_and_says_so(
         proxy.target = ("127.0.0.1", kube_cluster.plane.port)
         kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig-proxy", server=f"https://127.0.0.1:{proxy.port}")
         data = _config_data(kube_cluster, tmp_path, platform, kubeconfig=str(kubeconfig), apiTimeout="3s", **extra)
-        service = service_from_config(KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp")
+        service = service_from_config(
+            KubernetesEnvironmentService, parse_config(data, tmp_path / "code"), tmp_path / "exp"
+        )
         request = EnvironmentRequest("env-1", experiment_id, "127.0.0.1:9", "t0ken")
         try:
             assert (await service.start(request)).error is None
@@ -432,7 +457,9 @@ def test_an_environment_failing_to_start_is_removed_at_once(kube_cluster: KubeCl
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             await c.submit({"x": 1})
             failed = await async_wait_until(
-                lambda: [e for e in c.environments() if e.status is EnvStatus.FAILED], WAIT_S, message="no environment failed"
+                lambda: [e for e in c.environments() if e.status is EnvStatus.FAILED],
+                WAIT_S,
+                message="no environment failed",
             )
             assert "could not be pulled" in failed[0].reason and NO_SUCH_IMAGE in failed[0].reason, failed[0].reason
             # Its pod (which would hold its node's GPUs) is deleted now, not at the experiment's end.
@@ -468,7 +495,9 @@ def test_long_and_odd_ids_still_make_names_and_labels_the_server_takes(
         pod = kube_cluster.objects("pods", selector=selector(experiment_id, env_id))[0]
         # The exact ids are kept beside the labels, which had to be shortened.
         notes = pod["metadata"]["annotations"]
-        assert (notes["trialkeeper/experiment-id"], notes["trialkeeper/environment-id"]) == (experiment_id, env_id), notes
+        assert (notes["trialkeeper/experiment-id"], notes["trialkeeper/environment-id"]) == (experiment_id, env_id), (
+            notes
+        )
         await service.stop(env_id, 0.0)
         await service.close()
 
@@ -488,8 +517,11 @@ def test_pod_placement_fields_reach_the_scheduler(
 ) -> None:
     quickstart_code(tmp_path)
     gpus = int(kube_cluster.node.capacity["nvidia.com/gpu"]) + 1  # more than the node has
-    status, answer = kube_cluster.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts",
-                                          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer"}})
+    status, answer = kube_cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{NS}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer"}},
+    )
     assert status in (201, 409), answer
     data = _config_data(
         kube_cluster, tmp_path, gpuNumber=gpus, nodeSelector={"kubernetes.io/os": "linux"},
@@ -510,7 +542,11 @@ def test_pod_placement_fields_reach_the_scheduler(
     run_async(body)
     pod = next(o for o in _created(kube_cluster, request.experiment_id) if o["kind"] == "Pod")
     spec = pod["spec"]
-    assert spec["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": str(512 * 2**20), "nvidia.com/gpu": str(gpus)}
+    assert spec["containers"][0]["resources"]["limits"] == {
+        "cpu": "1",
+        "memory": str(512 * 2**20),
+        "nvidia.com/gpu": str(gpus),
+    }
     assert "--no-gpu" not in spec["containers"][0]["args"]
     assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"} and spec["serviceAccountName"] == "trainer"
     assert spec["tolerations"][0]["key"] == "nvidia.com/gpu" and spec["imagePullSecrets"] == [{"name": "regcred"}]
@@ -518,7 +554,9 @@ def test_pod_placement_fields_reach_the_scheduler(
 
 
 @pytest.mark.slow
-def test_a_workload_created_while_a_poll_lists_is_not_taken_for_deleted(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+def test_a_workload_created_while_a_poll_lists_is_not_taken_for_deleted(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
     # A listing answered before a workload was created does not have it; it must not be
     # taken for deleted. The lifecycle observes only environments whose launch had finished
     # when the poll began: here env-1's create completes while a poll's listing, answered
@@ -575,13 +613,17 @@ def test_a_workload_created_while_a_poll_lists_is_not_taken_for_deleted(kube_clu
 
 def test_config_takes_nni_field_forms_and_reports_every_problem(tmp_path: Path) -> None:
     def ts(section: dict[str, Any]) -> Any:
-        return parse_config({"trialCommand": "x", "trialConcurrency": 2, "trainingService": section}, tmp_path).training_service
+        return parse_config(
+            {"trialCommand": "x", "trialConcurrency": 2, "trainingService": section}, tmp_path
+        ).training_service
 
     kubeflow = ts({"platform": "kubeflow", "image": "i", "operator": "tf-operator", "gpuNumber": 1,
                    "imagePullSecrets": [{"name": "regcred"}], "memorySize": "8Gi", "nodeSelector": {"pool": "gpu"}})
     assert isinstance(kubeflow, KubeflowConfig)
     assert (kubeflow.operator, kubeflow.image_pull_secrets, kubeflow.memory_size) == ("tfjob", ["regcred"], 8 * 2**30)
-    adl = ts({"platform": "adl", "image": "i", "adaptive": True, "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"}})
+    adl = ts(
+        {"platform": "adl", "image": "i", "adaptive": True, "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"}}
+    )
     assert isinstance(adl, AdlConfig) and adl.checkpoint is not None and adl.checkpoint.storage_size == 2**30
     with pytest.raises(ConfigError) as e:
         ts({"platform": "frameworkcontroller", "namespace": "Not_OK", "nfs": {"server": "s", "path": "rel"},

@@ -82,7 +82,11 @@ def test_quickstart_end_to_end(fake: FakeKubernetes, tmp_path: Path, capfd: pyte
         store.close()
     assert [t["status"] for t in trials] == ["SUCCEEDED"] * 4, [(t["id"], t["status"], t["reason"]) for t in trials]
     assert len(envs) == 2, [(e["id"], e["status"], e["reason"]) for e in envs]
-    created = {o["metadata"]["name"] for o in fake.history if o["metadata"].get("labels", {}).get("trialkeeper/experiment") == experiment_id}
+    created = {
+        o["metadata"]["name"]
+        for o in fake.history
+        if o["metadata"].get("labels", {}).get("trialkeeper/experiment") == experiment_id
+    }
     # `trialkeeper envs` shows the platform's own name for each environment.
     assert all(e["platform_id"] in created for e in envs), [e["platform_id"] for e in envs]
     capfd.readouterr()
@@ -106,7 +110,9 @@ def test_quickstart_end_to_end(fake: FakeKubernetes, tmp_path: Path, capfd: pyte
 def test_deleting_a_pod_mid_trial_loses_its_environment(fake: FakeKubernetes, tmp_path: Path) -> None:
     quickstart_code(tmp_path, GATED_TRIAL)
     data = _config_data(fake, tmp_path, PLATFORM)
-    data.update(trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None)
+    data.update(
+        trialCommand="python3 trial.py", trialEnv={"GATE": str(tmp_path / "gate")}, searchSpace={}, maxTrialNumber=None
+    )
     del data["searchSpaceFile"]
     config = parse_config(data, tmp_path / "code")
 
@@ -184,8 +190,12 @@ def test_an_image_that_cannot_be_pulled_fails_the_environment_after_image_pull_t
 
 def test_the_fake_refuses_what_a_real_server_refuses(fake: FakeKubernetes) -> None:
     def post(path: str, body: dict[str, Any], token: str = fake.token) -> tuple[int, dict[str, Any]]:
-        request = urllib.request.Request(fake.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            fake.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 return answer.status, json.loads(answer.read())

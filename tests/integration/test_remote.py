@@ -45,6 +45,9 @@ from trialkeeper.coordinator.services.remote.service import (
 )
 from trialkeeper.coordinator.store.store import Store
 
+# A real sshd per test: left out of the fast subset.
+pytestmark = pytest.mark.slow
+
 WAIT_S = 45.0
 
 HANG_OR_PASS = """
@@ -174,7 +177,8 @@ def _no_processes_left(lab: Lab) -> None:
     wait_until(
         lambda: not any(m.processes() for m in lab.machines),
         timeout=15.0,
-        message=f"processes left on the machines: {[(p.pid, p.cmdline()) for m in lab.machines for p in m.processes()]}",
+        message="processes left on the machines: "
+        f"{[(p.pid, p.cmdline()) for m in lab.machines for p in m.processes()]}",
     )
 
 
@@ -221,7 +225,9 @@ def test_quickstart_in_reuse_mode_on_two_machines(
         snapshot = next((remote / "code").iterdir())
         assert (snapshot / "train.py").exists()
         assert not (snapshot / "config.yml").exists(), "the config holding the secrets was uploaded"
-        assert not (snapshot / "data").exists() and not (snapshot / "model.ckpt").exists(), ".nniignore'd files were uploaded"
+        assert not (snapshot / "data").exists() and not (snapshot / "model.ckpt").exists(), (
+            ".nniignore'd files were uploaded"
+        )
         assert len(list((m.home / "trialkeeper-experiments" / ".cache").glob("code-*.tar.gz"))) == 1
         # Every trial worked in its own copy of the code; once it ended, what it left as
         # copied was removed and what it wrote was kept.
@@ -331,7 +337,9 @@ def test_killed_agent_fails_its_trial_and_the_experiment_goes_on(tmp_path: Path,
 
             # The unreachable machine failed its environment with the reason.
             dead = [e for e in c.environments() if e.status is EnvStatus.FAILED and f":{dead_port}" in e.reason]
-            assert dead and "connection refused" in dead[0].reason, [(e.id, e.status, e.reason) for e in c.environments()]
+            assert dead and "connection refused" in dead[0].reason, [
+                (e.id, e.status, e.reason) for e in c.environments()
+            ]
 
             rest = [await c.submit({"x": x}) for x in (2, 3)]
             infos = [await h.wait(WAIT_S) for h in rest]
@@ -406,7 +414,9 @@ def test_stopping_while_a_machine_is_set_up_leaves_no_unretrieved_error(tmp_path
     assert not [p for p in problems if "never retrieved" in p], problems
 
 
-def test_resume_with_a_machine_unreachable_logs_why_and_goes_on(tmp_path: Path, lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
+def test_resume_with_a_machine_unreachable_logs_why_and_goes_on(
+    tmp_path: Path, lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
     # The code cannot be sent to the machine of an adopted environment: said, not raised;
     # the machine is marked as failing, so starts there wait and try it again.
     with socket.socket() as s:
@@ -488,7 +498,9 @@ def test_password_login_works(tmp_path: Path, lab: Lab) -> None:
     assert run_async(_start_once(_service(tmp_path, lab, lab.entry(1, auth="password")))) == ""
 
 
-def test_unknown_host_key_is_refused_unless_accepted(tmp_path: Path, lab: Lab, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_host_key_is_refused_unless_accepted(
+    tmp_path: Path, lab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
     m = lab.machines[0]
@@ -500,7 +512,9 @@ def test_unknown_host_key_is_refused_unless_accepted(tmp_path: Path, lab: Lab, c
         _start_once(_service(tmp_path, lab, lab.entry(0), knownHostsFile=str(empty), acceptUnknownHostKeys=True))
     )
     assert error == ""
-    assert any(m.host_fingerprint in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records), caplog.text
+    assert any(m.host_fingerprint in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records), (
+        caplog.text
+    )
 
 
 def test_changed_host_key_is_refused_even_when_unknown_keys_are_accepted(tmp_path: Path, lab: Lab) -> None:

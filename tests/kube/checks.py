@@ -25,7 +25,10 @@ def assert_token_only_in_its_secret(created: list[dict[str, Any]], token: str) -
         assert token not in text and encoded not in text, f"the token in {obj['kind']} {obj['metadata']['name']}"
     for pod in (o for o in created if o["kind"] == "Pod"):
         env = {e["name"]: e for e in pod["spec"]["containers"][0].get("env", [])}
-        assert "value" not in env["TRIALKEEPER_TOKEN"] and env["TRIALKEEPER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+        assert (
+            "value" not in env["TRIALKEEPER_TOKEN"]
+            and env["TRIALKEEPER_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+        )
 
 
 async def poll_until(

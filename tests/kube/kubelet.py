@@ -243,10 +243,16 @@ class StandInKubelet:
         if run is None:
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 if meta.get("deletionTimestamp"):  # ended before; nothing runs: let it go
-                    self._call("DELETE", _pod_path(meta), {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+                    self._call(
+                        "DELETE", _pod_path(meta), {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+                    )
                 return
-            run = self._runs[meta["uid"]] = _Pod(meta["uid"], meta["namespace"], meta["name"],
-                                                 self.root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}")
+            run = self._runs[meta["uid"]] = _Pod(
+                meta["uid"],
+                meta["namespace"],
+                meta["name"],
+                self.root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}",
+            )
             run.sandbox.mkdir(parents=True, exist_ok=True)
             run.containers = {c["name"]: _Container(c["name"]) for c in spec["containers"]}
         if meta.get("deletionTimestamp"):
@@ -270,7 +276,9 @@ class StandInKubelet:
                      "lastTransitionTime": _now()}
         shown = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
         if not shown or shown[0].get("message") != why:
-            self._call("PATCH", f"{_pod_path(meta)}/status", {"status": {"phase": "Pending", "conditions": [condition]}})
+            self._call(
+                "PATCH", f"{_pod_path(meta)}/status", {"status": {"phase": "Pending", "conditions": [condition]}}
+            )
 
     def _misfit(self, pod: Obj) -> str:
         """Why the pod does not fit this node, in the scheduler's words ("" when it fits)."""
@@ -398,14 +406,25 @@ class StandInKubelet:
             if c.proc is not None:
                 code = c.proc.poll()
                 started = c.state.get("running", {}).get("startedAt", _now())
-                c.proc, c.state = None, {"terminated": {"exitCode": code if code is not None else 137, "reason": "Error" if code else "Completed",
-                                                        "startedAt": started, "finishedAt": _now()}}
+                c.proc, c.state = (
+                    None,
+                    {
+                        "terminated": {
+                            "exitCode": code if code is not None else 137,
+                            "reason": "Error" if code else "Completed",
+                            "startedAt": started,
+                            "finishedAt": _now(),
+                        }
+                    },
+                )
             elif "terminated" not in c.state:
                 c.state = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown",
                                           "message": "the container was never started", "finishedAt": _now()}}
         self._report(pod, run, terminal=True)
         meta = pod["metadata"]
-        status, _ = self._call("DELETE", _pod_path(meta), {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+        status, _ = self._call(
+            "DELETE", _pod_path(meta), {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        )
         run.deleted = status in (200, 202, 404, 409)
 
     def _signal(self, run: _Pod, sig: int, container: str | None = None) -> None:

@@ -100,9 +100,27 @@ def _certificate(directory: Path) -> bytes:
     """A self-signed serving certificate for 127.0.0.1, as the webhook server reads it."""
     directory.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt")],
-        check=True, capture_output=True, timeout=60,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(directory / "tls.key"),
+            "-out",
+            str(directory / "tls.crt"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     return (directory / "tls.crt").read_bytes()
 
@@ -184,7 +202,10 @@ def _webhook_configuration(ca: bytes, port: int) -> dict[str, Any]:
 def _answers_tls(port: int, ca: Path) -> bool:
     context = ssl.create_default_context(cafile=str(ca))
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as raw, context.wrap_socket(raw, server_hostname="127.0.0.1"):
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=2) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1"),
+        ):
             return True
     except OSError:
         return False
@@ -204,7 +225,9 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
     workdir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     try:
-        apply_crds(api, [yaml.safe_load(kube_operators.manifest(op, m).read_text()) for m in op.manifests if "/crds/" in m])
+        apply_crds(
+            api, [yaml.safe_load(kube_operators.manifest(op, m).read_text()) for m in op.manifests if "/crds/" in m]
+        )
         ca = _certificate(workdir / "webhook-certs")
         port = _free_port()
         log_path = workdir / "training-operator.log"
@@ -217,7 +240,12 @@ def training_operator(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
                   "waiting for the training operator's webhook server", running)
             webhooks: Any = _webhook_configuration(ca, port)  # the client takes plain JSON as well as its models
             admission.create_validating_webhook_configuration(webhooks, _request_timeout=30)
-            log.info("training operator %s up in %.1f s (webhooks on 127.0.0.1:%d)", op.version, time.monotonic() - began, port)
+            log.info(
+                "training operator %s up in %.1f s (webhooks on 127.0.0.1:%d)",
+                op.version,
+                time.monotonic() - began,
+                port,
+            )
             yield running
         finally:
             with contextlib.suppress(Exception):
@@ -310,8 +338,12 @@ def adaptdl_scheduler(kubeconfig: Path, workdir: Path) -> Iterator[RunningOperat
 def _crd_established(api: Any, name: str) -> bool:
     from kubernetes import client
 
-    crd = api.sanitize_for_serialization(client.ApiextensionsV1Api(api).read_custom_resource_definition(name, _request_timeout=10))
-    return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
+    crd = api.sanitize_for_serialization(
+        client.ApiextensionsV1Api(api).read_custom_resource_definition(name, _request_timeout=10)
+    )
+    return any(
+        c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or []
+    )
 
 
 # ---- session fixtures' bodies -------------------------------------------------------------

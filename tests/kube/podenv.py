@@ -85,7 +85,10 @@ class PodView:
                     ref = source[key]
                     data = self._keys(kind, ns, ref["name"], bool(ref.get("optional")))
                     if ref["key"] not in data and not ref.get("optional"):
-                        raise Waiting("CreateContainerConfigError", f'couldn\'t find key {ref["key"]} in {kind[:-1]} {ns}/{ref["name"]}')
+                        raise Waiting(
+                            "CreateContainerConfigError",
+                            f"couldn't find key {ref['key']} in {kind[:-1]} {ns}/{ref['name']}",
+                        )
                     if ref["key"] in data:
                         env[var["name"]] = data[ref["key"]]
             if "resourceFieldRef" in source:
@@ -136,7 +139,9 @@ class PodView:
             if "serviceAccountToken" in source:
                 files[source["serviceAccountToken"]["path"]] = self._token(pod, source["serviceAccountToken"])
         if not files and not any(k in volume for k in ("secret", "configMap", "downwardAPI", "projected")):
-            raise Waiting("CreateContainerConfigError", f"volume {volume['name']}: the stand-in cannot provide {sorted(volume)}")
+            raise Waiting(
+                "CreateContainerConfigError", f"volume {volume['name']}: the stand-in cannot provide {sorted(volume)}"
+            )
         for path, text in files.items():
             target = folder / path
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +154,9 @@ class PodView:
             "audiences": [source["audience"]] if source.get("audience") else [],
             "expirationSeconds": source.get("expirationSeconds", 3600),
             "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}}}
-        status, answer = self.cluster.request("POST", f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token", request)
+        status, answer = self.cluster.request(
+            "POST", f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token", request
+        )
         if status != 201:
             raise Waiting("CreateContainerConfigError", f"service account token: {status} {answer.get('message')}")
         return str(answer["status"]["token"])

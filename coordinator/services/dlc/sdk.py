@@ -69,7 +69,9 @@ def create_job_request(spec: DlcJobSpec) -> Any:
     """The CreateJobRequest that runs the agent: one job spec, the NAS (and OSS) mounted."""
     from alibabacloud_pai_dlc20201203 import models
 
-    sources = [models.CreateJobRequestDataSources(data_source_id=spec.nas_data_source_id, mount_path=spec.nas_mount_path)]
+    sources = [
+        models.CreateJobRequestDataSources(data_source_id=spec.nas_data_source_id, mount_path=spec.nas_mount_path)
+    ]
     if spec.oss_data_source_id:
         sources.append(models.CreateJobRequestDataSources(data_source_id=spec.oss_data_source_id))
     return models.CreateJobRequest(
@@ -175,7 +177,9 @@ def _view(job: Any, listed_as: tuple[str, str] = ("", "")) -> JobView:
     leaves envs out falls back on the display name it was found by (``listed_as``)."""
     envs = job.envs or {}
     return JobView(
-        job_id=str(job.job_id), status=str(job.status or ""),
+        job_id=str(job.job_id),
+        status=str(job.status or ""),
         detail=str(job.reason_message or job.reason_code or ""),
-        experiment_id=str(envs.get(EXPERIMENT_ENV) or listed_as[0]), env_id=str(envs.get(ENVIRONMENT_ENV) or listed_as[1]),
+        experiment_id=str(envs.get(EXPERIMENT_ENV) or listed_as[0]),
+        env_id=str(envs.get(ENVIRONMENT_ENV) or listed_as[1]),
     )

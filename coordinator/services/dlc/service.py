@@ -63,7 +63,9 @@ def access_key(config: DlcConfig) -> tuple[str, str]:
         try:
             secret = config.access_key_secret_file.read_text(encoding="utf-8").strip()
         except OSError as e:
-            raise CloudSetupError(f"platform dlc: cannot read accessKeySecretFile {config.access_key_secret_file}: {e.strerror}") from None
+            raise CloudSetupError(
+                f"platform dlc: cannot read accessKeySecretFile {config.access_key_secret_file}: {e.strerror}"
+            ) from None
     secret = secret or os.environ.get(SECRET_ENV, "")
     if not key_id or not secret:
         raise CloudSetupError(

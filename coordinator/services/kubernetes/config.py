@@ -131,14 +131,20 @@ class KubernetesPlatformConfig(EnvironmentPoolConfig):
         if "local_mount_path" in given:
             if "nfs" not in given and "persistent_volume_claim" not in given:
                 issues.append(
-                    ("local_mount_path", f"needs {names['nfs']} or {names['persistent_volume_claim']} (the storage it sees)")
+                    (
+                        "local_mount_path",
+                        f"needs {names['nfs']} or {names['persistent_volume_claim']} (the storage it sees)",
+                    )
                 )
             local = values.get("local_mount_path")
             if local is not None and not local.is_dir():
                 issues.append(("local_mount_path", f"{local} is not a directory"))
             if "container_code_directory" in given:
                 issues.append(
-                    ("container_code_directory", f"the code is copied to {names['local_mount_path']}; give one of the two")
+                    (
+                        "container_code_directory",
+                        f"the code is copied to {names['local_mount_path']}; give one of the two",
+                    )
                 )
         kubeconfig = values.get("kubeconfig")
         if kubeconfig is not None and not kubeconfig.is_file():

@@ -165,7 +165,10 @@ def _resources(config: KubernetesPlatformConfig) -> dict[str, Any]:
 def _pod_spec(config: KubernetesPlatformConfig, request: EnvironmentRequest, name: str,
               argv: list[str], container: str) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
-        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret_name(request.experiment_id), "key": TOKEN_KEY}}},
+        {
+            "name": TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": secret_name(request.experiment_id), "key": TOKEN_KEY}},
+        },
     ]
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
@@ -179,7 +182,9 @@ def _pod_spec(config: KubernetesPlatformConfig, request: EnvironmentRequest, nam
         env.append({"name": "ADAPTDL_TENSORBOARD_LOGDIR", "value": config.tensorboard_log_dir})
         if config.checkpoint is not None:
             path = config.checkpoint.container_mount_path
-            volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(name)}})
+            volumes.append(
+                {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": checkpoint_claim_name(name)}}
+            )
             mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": path})
             env.append({"name": "ADAPTDL_CHECKPOINT_PATH", "value": path})
     main: dict[str, Any] = {"name": container, "image": config.image, "command": argv[:3], "args": argv[3:], "env": env}
@@ -307,6 +312,8 @@ def pod_state(status: dict[str, Any]) -> tuple[ObservedState, str]:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in _HOPELESS:
             return "failed", f"container {cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}"
-    pending = [c.get("message") or c.get("reason") for c in status.get("conditions") or [] if c.get("status") == "False"]
+    pending = [
+        c.get("message") or c.get("reason") for c in status.get("conditions") or [] if c.get("status") == "False"
+    ]
     pending += [(cs.get("state") or {}).get("waiting", {}).get("reason") for cs in statuses]
     return "starting", "; ".join(p for p in pending if p)

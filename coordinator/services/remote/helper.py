@@ -95,7 +95,11 @@ def op_stop(args):
                 _kill_group_and_pid(p, signal.SIGKILL)
         if pid and killed_agent:
             _write(os.path.join(env_dir, "exit.json"), json.dumps({"killed": "SIGKILL", "by": "stop"}))
-        out[env_id] = {"killed_agent": killed_agent, "trial_processes": len(trials), "status": _env_status(env_id, env_dir)}
+        out[env_id] = {
+            "killed_agent": killed_agent,
+            "trial_processes": len(trials),
+            "status": _env_status(env_id, env_dir),
+        }
     return out
 
 
@@ -183,7 +187,8 @@ def _trial_processes(env_dir):
         except OSError:
             continue
         hit = any(
-            v.startswith(b"TRIALKEEPER_TRIAL_DIR=") and (v.split(b"=", 1)[1].decode("utf-8", "replace") + os.sep).startswith(trials)
+            v.startswith(b"TRIALKEEPER_TRIAL_DIR=")
+            and (v.split(b"=", 1)[1].decode("utf-8", "replace") + os.sep).startswith(trials)
             for v in environ
         )
         if not hit:

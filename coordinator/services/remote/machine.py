@@ -163,7 +163,8 @@ class Machine:
         theirs = info.get("trialkeeper")
         if not theirs:
             raise MachineError(
-                f"{self.label}: trialkeeper is not importable by {python} ({info.get('import_error', 'not found')}); {hint}",
+                f"{self.label}: trialkeeper is not importable by {python} "
+                f"({info.get('import_error', 'not found')}); {hint}",
                 permanent=True,
             )
         if info.get("protocol") != PROTOCOL_VERSION or theirs.split(".")[:2] != __version__.split(".")[:2]:

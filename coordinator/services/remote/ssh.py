@@ -192,7 +192,9 @@ class SshConnection:
             return SshError(f"{where}: no answer within {t.timeout:g} s (is the machine up and the port open?)")
         if isinstance(e, ConnectionRefusedError) or (
             isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
-            and all(isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) == 111 for x in e.errors.values())
+            and all(
+                isinstance(x, ConnectionRefusedError) or getattr(x, "errno", None) == 111 for x in e.errors.values()
+            )
         ):
             return SshError(f"{where}: connection refused (is sshd running and listening on port {t.port}?)")
         if isinstance(e, socket.gaierror):
