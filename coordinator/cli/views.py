@@ -25,7 +25,7 @@ from ..read.model import (
     to_json,
 )
 from ..read.pages import MAX_PAGE, PageError, trial_page
-from ..read.results import result_keys, trial_results
+from ..read.results import result_keys
 from ..store.reads import StoreError
 
 
@@ -263,13 +263,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
         detail = model.trial_detail(args.trial_id)
         if detail is None:
             return no_trial(model, args)
-        results = trial_results(model, args.trial_id)
-    final = detail.trial.final_metric_value
+    results, final = detail.intermediate_results, detail.trial.final_metric_value
     if args.json:
-        data = _flat(detail)
-        # Every key of dict results (NNI's {"default": ..., "loss": ...}), as reported.
-        data.update(intermediate_results=to_json(results), final_result=to_json(final),
-                    result_keys=result_keys([*results, final]))
+        data = _flat(detail)  # intermediate_results: every key of dict results, as reported
+        data.update(final_result=to_json(final), result_keys=result_keys([*results, final]))
         print(json.dumps(data, indent=2))
         return 0
     t = detail.trial

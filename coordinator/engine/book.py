@@ -19,7 +19,7 @@ from itertools import chain
 from typing import Any
 
 from . import events as ev
-from .model import MetricEvent, StatusEvent, TrialInfo, TrialState
+from .model import MetricEvent, StatusEvent, TrialInfo, TrialState, enum_or, loads_or
 from .policy import Policy
 from .rows import MetricRun
 from .states import TrialStatus, check_trial
@@ -64,7 +64,9 @@ class TrialBook:
 
     def take(self) -> list[ev.Instruction]:
         """The instructions of the calls since the last take."""
-        out, self._out = self._out, []
+        out = self._out
+        if out:  # most calls say nothing: no new list for them
+            self._out = []
         return out
 
     # ---- queries -----------------------------------------------------------------------------
@@ -351,8 +353,8 @@ class TrialBook:
         """The trials as the store kept them. A row an older or broken version wrote badly
         is taken as far as it can be read; it never stops a resume."""
         for r in rows:
-            status = _enum(TrialStatus, r["status"])
-            parameters = _json(r["parameters_json"], None)
+            status = enum_or(TrialStatus, r["status"], None)
+            parameters = loads_or(r["parameters_json"], None)
             unreadable = [what for what, bad in (
                 ("status", status is None), ("parameters", not isinstance(parameters, dict))
             ) if bad]
@@ -362,8 +364,8 @@ class TrialBook:
                 parameters=parameters if isinstance(parameters, dict) else {}, command=r["command"],
                 gpu_number=gpu_number, submitted_at=r["submitted_at"],
                 gpu_memory=self.policy.trial_gpu_memory if gpu_number else 0, env_id=r["environment_id"],
-                gpu_indices=tuple(_json(r["gpu_indices_json"], [])),
-                gpu_uuids=tuple(_json(r["gpu_uuids_json"], [])),
+                gpu_indices=tuple(loads_or(r["gpu_indices_json"], [])),
+                gpu_uuids=tuple(loads_or(r["gpu_uuids_json"], [])),
                 exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
                 final_metric=r["final_metric"], final_metric_json=r["final_metric_json"],
                 attempts=r["attempts"], started_at=r["started_at"], ended_at=r["ended_at"],
@@ -381,9 +383,13 @@ class TrialBook:
             self.trials[t.id] = t
             self._next_seq = max(self._next_seq, t.seq + 1)
 
-    def restore_lost_placement(self, trial_id: str) -> None:
-        """After a crash: the environment ``trial_id`` was placed on ended meanwhile."""
+    def restore_placement(self, trial_id: str, gpu_uuids: tuple[str, ...] | None) -> None:
+        """After a crash: the environment ``trial_id`` was placed on holds it again, on these
+        GPUs, or (None) it ended meanwhile."""
         t = self.trials[trial_id]
+        if gpu_uuids is not None:
+            t.gpu_uuids = gpu_uuids
+            return
         t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
         self._out.append(ev.TrialUnplaced(t.id))
         if t.status is not TrialStatus.WAITING:
@@ -413,19 +419,5 @@ def _loads(raw: str) -> Any:
 
 
 def _platforms(raw: Any) -> tuple[str, ...]:
-    found = _json(raw, [])
+    found = loads_or(raw, [])
     return tuple(p for p in found if isinstance(p, str)) if isinstance(found, list) else ()
-
-
-def _json(raw: Any, default: Any) -> Any:
-    try:
-        return json.loads(raw)
-    except (TypeError, ValueError):
-        return default
-
-
-def _enum(kind: Any, raw: Any) -> Any:
-    try:
-        return kind(raw)
-    except ValueError:
-        return None

@@ -144,12 +144,11 @@ class Engine:
                 self._reconcile()
             case ev.EnvironmentsPolled():
                 self._lost(self.fleet.polled(event.observations))
-                self._starts_failed()
             case ev.Ticked():
                 self._dirty = False
                 self._schedule()
                 self._reconcile()
-                self.fleet.take_gpu_rows()
+                self.fleet.store_gpu_rows()
             case ev.StopRequested():
                 self._stop(event.grace_s)
             case ev.StopCompleted():
@@ -185,11 +184,7 @@ class Engine:
         for t in sorted(book.trials.values(), key=lambda t: t.seq):
             if t.status.terminal or t.env_id is None:
                 continue
-            uuids = fleet.hold_restored(t.env_id, t.id, t.gpu_uuids, t.gpu_indices)
-            if uuids is None:
-                book.restore_lost_placement(t.id)
-            else:
-                t.gpu_uuids = uuids
+            book.restore_placement(t.id, fleet.hold_restored(t.env_id, t.id, t.gpu_uuids, t.gpu_indices))
         book.requeue_unplaced()
         log.info(
             "experiment %s resumed: %d trials (%d not finished), %d environments waiting for their agents",
@@ -210,12 +205,17 @@ class Engine:
     def _flush(self) -> list[ev.Instruction]:
         self._starts_failed()
         self._take()
+        self._hand_changed()
+        out, self._out = self._out, []
+        return out
+
+    def _hand_changed(self) -> None:
+        """The environments whose capacity changed go to the waiting trials' index: the next
+        pass looks at them."""
         changed = self.fleet.take_changed()
         if changed:
             self.book.queue.changed_envs |= changed
             self._dirty = True
-        out, self._out = self._out, []
-        return out
 
     # ---- flows between the two machines --------------------------------------------------------
 
@@ -347,11 +347,12 @@ class Engine:
 
     def _schedule(self) -> None:
         book, fleet = self.book, self.fleet
-        book.queue.changed_envs |= fleet.take_changed()
+        self._hand_changed()
         if fleet.stopping or not book.queue.pending(self.now):
             return
         views = fleet.views()
-        book.queue.changed_envs |= fleet.take_changed()  # environments new to the scheduler
+        # Environments new to the scheduler: this pass looks at them, no other is wanted.
+        book.queue.changed_envs |= fleet.take_changed()
         decision = scheduler.place_waiting(
             book.queue, views, now=self.now, max_running=self.policy.trial_concurrency,
             running=fleet.running(), policy=self.policy.placement,

@@ -5,15 +5,15 @@ environment as its stored row says. ``fleet.py`` holds the state and decides wit
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import events as ev
 from . import scheduler
-from .model import EnvState
+from .model import EnvState, enum_or, loads_or
 from .policy import PlatformPolicy, Policy
 from .rows import GpuSampleRow
 from .states import EnvStatus
@@ -55,6 +55,27 @@ class Lost:
     trial_ids: tuple[str, ...]
     reason: str
     platform: str
+
+
+class EnvIds:
+    """The ids the coordinator gives environments: env-1, env-2, ..., each past every id
+    seen (an agent an operator started by hand may have taken one)."""
+
+    _STARTED = re.compile(r"env-([0-9]+)")
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def saw(self, env_id: str) -> None:
+        m = self._STARTED.fullmatch(env_id)
+        if m:
+            self._last = max(self._last, int(m.group(1)))
+
+    def next(self, taken: Container[str]) -> str:
+        self._last += 1
+        while f"env-{self._last}" in taken:
+            self._last += 1
+        return f"env-{self._last}"
 
 
 def new_env(env_id: str, platform: str, status: EnvStatus, policy: Policy, now: float) -> EnvState:
@@ -296,8 +317,8 @@ def restored_env(
 ) -> EnvState:
     """An environment from its stored row, taken as far as it can be read, with the GPUs
     its agent registered."""
-    status = _env_status(row["status"])
-    info = _json(row["info_json"] or "{}", {})
+    status = enum_or(EnvStatus, row["status"], EnvStatus.FAILED)
+    info = loads_or(row["info_json"] or "{}", {})
     # Each platform takes back its own environments, with its own section's settings.
     platform = str(row.get("platform") or "")
     section = policy.section(platform)
@@ -317,20 +338,6 @@ def restored_env(
     ]
     env.gpu_names = {g["uuid"]: g["name"] + (" (simulated)" if g.get("simulated") else "") for g in gpus}
     return env
-
-
-def _env_status(raw: Any) -> EnvStatus:
-    try:
-        return EnvStatus(raw)
-    except ValueError:
-        return EnvStatus.FAILED
-
-
-def _json(raw: Any, default: Any) -> Any:
-    try:
-        return json.loads(raw)
-    except (TypeError, ValueError):
-        return default
 
 
 def hold(env: EnvState, trial_id: str, gpu_uuids: tuple[str, ...], gpu_indices: tuple[int, ...]) -> tuple[str, ...]:

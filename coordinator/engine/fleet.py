@@ -9,7 +9,6 @@ engine takes after each call. Nothing here does I/O or reads a clock."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,9 +22,6 @@ from .states import EnvStatus, check_env
 __all__ = ["Fleet", "Joined", "Lost", "heartbeat_scale"]
 
 log = logging.getLogger(__name__)
-
-_STARTED_ENV_ID = re.compile(r"env-([0-9]+)")
-
 
 class Fleet:
     """The state of one experiment's environments, and every decision on them."""
@@ -43,7 +39,7 @@ class Fleet:
         self._views: dict[str, scheduler.EnvCapacity] = {}
         self._stale: set[str] = set()
         self._changed: set[str] = set()
-        self._env_counter = 0
+        self._ids = environments.EnvIds()
         self._start_failures: list[str] = []  # the platforms of starts that failed, in order
         self._linked: set[str] = set()
         self._closing: set[int] = set()  # links closed here, not yet reported disconnected
@@ -55,22 +51,30 @@ class Fleet:
         self._out: list[ev.Instruction] = []
         self.now = self.wall = 0.0
 
+    # The takes run after every event, and most find nothing: no new container for those.
+
     def take(self) -> list[ev.Instruction]:
         """The instructions of the calls since the last take."""
-        out, self._out = self._out, []
+        out = self._out
+        if out:
+            self._out = []
         return out
 
     def take_changed(self) -> set[str]:
         """The environments whose capacity may have changed since the last take."""
-        changed, self._changed = self._changed, set()
+        changed = self._changed
+        if changed:
+            self._changed = set()
         return changed
 
     def take_start_failures(self) -> list[str]:
         """The platforms of the environments that failed to start, since the last take."""
-        failed, self._start_failures = self._start_failures, []
+        failed = self._start_failures
+        if failed:
+            self._start_failures = []
         return failed
 
-    def take_gpu_rows(self) -> None:
+    def store_gpu_rows(self) -> None:
         """The GPU samples kept since the last tick, stored in one go."""
         if self._gpu_rows:
             self._out.append(ev.StoreGpuSamples(tuple(self._gpu_rows)))
@@ -195,7 +199,7 @@ class Fleet:
             return self._out.append(ev.RefuseAgent(reg.env_id, *refused))
         if env is None:
             # An operator started this agent by hand: it joins as an extra environment.
-            self._saw_env_id(reg.env_id)
+            self._ids.saw(reg.env_id)
             env = self._new_env(reg.env_id, platform=reg.platform or "manual", status=EnvStatus.STARTING)
             env.started_here = False
         if env.link is not None and env.link not in self._closing:
@@ -324,21 +328,9 @@ class Fleet:
         self._out.append(ev.EnvironmentAdded(env_id, platform, status, self.wall))
         return env
 
-    def _next_env_id(self) -> str:
-        # Past every id in use: an agent an operator started by hand may have taken one.
-        self._env_counter += 1
-        while f"env-{self._env_counter}" in self.envs:
-            self._env_counter += 1
-        return f"env-{self._env_counter}"
-
-    def _saw_env_id(self, env_id: str) -> None:
-        m = _STARTED_ENV_ID.fullmatch(env_id)
-        if m:
-            self._env_counter = max(self._env_counter, int(m.group(1)))
-
     def request(self, platform: str) -> None:
         """Ask ``platform`` for one more environment."""
-        env = self._new_env(self._next_env_id(), platform=platform, status=EnvStatus.REQUESTED)
+        env = self._new_env(self._ids.next(self.envs), platform=platform, status=EnvStatus.REQUESTED)
         self._out.append(ev.StartEnvironment(env.id))
 
     def last_failure(self, platform: str) -> str:
@@ -379,7 +371,7 @@ class Fleet:
     def stop_completed(self) -> None:
         for env in self.live_envs():
             self._to(env, EnvStatus.STOPPED, "the experiment stopped")
-        self.take_gpu_rows()
+        self.store_gpu_rows()
 
     def polled(self, observations: Mapping[str, ev.Observation]) -> list[Lost]:
         """What the platform says of each environment, and the lost-agent timers."""
@@ -426,7 +418,7 @@ class Fleet:
         set for them). Those that were up are taken as unreachable until their agents
         reconnect; the usual timers apply from now."""
         for r in rows:
-            self._saw_env_id(r["id"])
+            self._ids.saw(r["id"])
             env = environments.restored_env(r, self.policy, gpu_sharing.get(r["id"]), self.now)
             self.envs[env.id] = env
             status = env.status

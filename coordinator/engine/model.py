@@ -56,11 +56,21 @@ class TrialInfo:
         return self.status in (TrialStatus.WAITING, TrialStatus.RUNNING)
 
 
-def _loads_or_none(raw: str) -> Any:
+def loads_or(raw: Any, default: Any) -> Any:
+    """A stored JSON text's value, or ``default`` where there is none or it cannot be read:
+    a row an older or broken version wrote never stops the core."""
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
+    except (TypeError, ValueError, RecursionError):
+        return default
+
+
+def enum_or(kind: Any, raw: Any, default: Any) -> Any:
+    """``kind(raw)``, or ``default`` for a value this version does not know."""
+    try:
+        return kind(raw)
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ class TrialState:
             gpu_indices=self.gpu_indices,
             final_metric=self.final_metric,
             # A value an older version stored unchecked may not parse: shown as None.
-            final_metric_value=None if self.final_metric_json is None else _loads_or_none(self.final_metric_json),
+            final_metric_value=None if self.final_metric_json is None else loads_or(self.final_metric_json, None),
             exit_code=self.exit_code,
             signal=self.signal,
             reason=self.reason or (self.waiting_reason if self.status is TrialStatus.WAITING else ""),

@@ -25,6 +25,7 @@ from ..engine.model import TrialInfo
 from ..engine.rows import GpuSampleRow
 from ..engine.states import EnvStatus, TrialStatus
 from ..store.reads import StoreError, StoreReader, holds_experiment
+from .results import reported
 
 # One picture of a trial, live or stored: the core's (see engine/model.py).
 TrialSnapshot = TrialInfo
@@ -55,6 +56,8 @@ class TrialDetail:
 
     trial: TrialSnapshot
     intermediate: tuple[float, ...]
+    # The same results as the trial reported each: a number, or a dict of keys (NNI's).
+    intermediate_results: tuple[Any, ...]
     gpu_usage: GpuUsage
     history: tuple[HistoryEntry, ...]
     stdout: str
@@ -349,6 +352,7 @@ class ReadModel:
             intermediate=tuple(
                 m.value for m in metrics if m.kind == "intermediate" and isinstance(m.value, (int, float))
             ),
+            intermediate_results=tuple(reported(m.value, m.value_json) for m in metrics if m.kind == "intermediate"),
             gpu_usage=usage,
             history=tuple(history),
             stdout=str(trial_dir / "stdout.log"),

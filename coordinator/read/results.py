@@ -1,18 +1,15 @@
 """A trial's results as it reported them: a number, or a dict of keys NNI trials report
 (``{"default": 0.93, "loss": 0.21}``). The read model keeps each result's ``default`` number
-for ranking and curves; the CLI and the dashboard show every key from here."""
+for ranking and curves, and each result as reported (``TrialDetail.intermediate_results``);
+the CLI and the dashboard show every key with these."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from ..store.reads import StoreError
-from .model import ReadModel
-
-__all__ = ["reported", "result_keys", "trial_results"]
+__all__ = ["reported", "result_keys"]
 
 
 def reported(value: float, value_json: str) -> Any:
@@ -23,16 +20,6 @@ def reported(value: float, value_json: str) -> Any:
         return json.loads(value_json)
     except ValueError:
         return value  # a JSON this version cannot read: the number still stands
-
-
-def trial_results(model: ReadModel, trial_id: str) -> tuple[Any, ...]:
-    """The trial's intermediate results, in order, each as reported."""
-    try:
-        rows = model.store.metrics(trial_id)
-    except sqlite3.DatabaseError as e:
-        where = model.store.path
-        raise StoreError(f"cannot read the metrics of the experiment store {where}: {e}") from e
-    return tuple(reported(r.value, r.value_json) for r in rows if r.kind == "intermediate")
 
 
 def result_keys(results: Iterable[Any]) -> list[str]:

@@ -243,21 +243,23 @@ class Store(StoreReader):
     # ---- trials ------------------------------------------------------------------------
 
     def insert_trial(self, row: dict[str, Any]) -> None:
+        self._insert("trials", row)
+
+    def _insert(self, table: str, row: Mapping[str, Any]) -> None:
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._write(f"INSERT INTO trials ({cols}) VALUES ({marks})", tuple(row.values()))
+        self._write(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()))
 
     def keep(self, fact: Fact) -> None:
         """Write what a fact of the decision core becomes (``facts.py`` says which rows)."""
         for w in writes_of(fact):
             match w:
                 case Insert():
-                    cols = ", ".join(w.row)
-                    marks = ", ".join("?" for _ in w.row)
-                    self._write(f"INSERT INTO {w.table} ({cols}) VALUES ({marks})", tuple(w.row.values()))
+                    self._insert(w.table, w.row)
+                case Update(table="trials"):
+                    self.update_trial(w.row_id, **w.fields)
                 case Update():
-                    columns = TRIAL_COLUMNS if w.table == "trials" else ENV_COLUMNS
-                    self._update(w.table, w.table.rstrip("s"), columns, w.row_id, dict(w.fields))
+                    self.update_env(w.row_id, **w.fields)
                 case Transition():
                     self.record(w.entity, w.entity_id, w.old, w.new, w.reason)
                 case WaitingReasons():

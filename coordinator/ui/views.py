@@ -18,7 +18,7 @@ from .. import TrialStatus  # the public API
 from ..read import pages
 from ..read.model import ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..read.pages import GpuPoint
-from ..read.results import result_keys, trial_results
+from ..read.results import result_keys
 
 SERIES_POINTS = 400  # points a time series is thinned to
 CURVES = 100  # trials whose intermediate curves the comparison draws
@@ -118,8 +118,7 @@ def trial(model: ReadModel, trial_id: str) -> dict[str, Any]:
     data.pop("stderr")
     data["intermediate"] = [[i, v] for i, v in thin(list(enumerate(detail.intermediate)), 2000)]
     # Dict results with every key as reported (NNI's web UI shows them all): a curve per key.
-    results = trial_results(model, trial_id)
-    final = detail.trial.final_metric_value
+    results, final = detail.intermediate_results, detail.trial.final_metric_value
     data["result_keys"] = result_keys([*results, final])
     shown = thin(list(enumerate(results)), 2000) if data["result_keys"] else []
     data["intermediate_results"] = [[i, to_json(r)] for i, r in shown]

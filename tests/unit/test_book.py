@@ -432,8 +432,8 @@ def test_a_restored_trial_whose_environment_ended_is_lost() -> None:
     b.restore([row("running", 0, "RUNNING", environment_id="env-1", attempts=1),
                row("placed", 1, "WAITING", environment_id="env-1", attempts=1)])
     b.take()
-    b.restore_lost_placement("running")
-    b.restore_lost_placement("placed")
+    b.restore_placement("running", None)
+    b.restore_placement("placed", None)
     assert changes(b.take()) == [("running", "RUNNING", FAILED)]
     assert b.trials["running"].reason == "environment lost: it ended while the coordinator was down"
     b.requeue_unplaced()

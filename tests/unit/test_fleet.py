@@ -283,7 +283,7 @@ def test_gpu_samples_are_kept_every_interval_and_when_the_trials_on_them_change(
         sample = ev.GpuSample(uuid, 50.0, 2 * GIB)
         f.heartbeat(ev.HeartbeatReceived(env_id, 1, False, (sample,), unchanged),
                     watch_memory=False)
-        f.take_gpu_rows()
+        f.store_gpu_rows()
         return [row for s in of(f.take(), ev.StoreGpuSamples) for row in s.rows]
 
     assert beat(1000.0) == [GpuSampleRow(WALL + 1000, env_id, uuid, 50.0, 2 * GIB, 40 * GIB)]
