@@ -27,6 +27,7 @@ class TrialOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRIAL_OUTCOME_CANCELED: _ClassVar[TrialOutcome]
     TRIAL_OUTCOME_TIMED_OUT: _ClassVar[TrialOutcome]
     TRIAL_OUTCOME_LOST: _ClassVar[TrialOutcome]
+    TRIAL_OUTCOME_PAUSED: _ClassVar[TrialOutcome]
 METRIC_KIND_UNSPECIFIED: MetricKind
 METRIC_KIND_INTERMEDIATE: MetricKind
 METRIC_KIND_FINAL: MetricKind
@@ -39,9 +40,10 @@ TRIAL_OUTCOME_FAILED: TrialOutcome
 TRIAL_OUTCOME_CANCELED: TrialOutcome
 TRIAL_OUTCOME_TIMED_OUT: TrialOutcome
 TRIAL_OUTCOME_LOST: TrialOutcome
+TRIAL_OUTCOME_PAUSED: TrialOutcome
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "trial_started", "metrics", "log", "trial_ended")
+    __slots__ = ("seq", "register", "heartbeat", "trial_started", "metrics", "log", "trial_ended", "checkpoint_chunk", "checkpoint_saved", "fetch_checkpoint")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +51,9 @@ class AgentMessage(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     TRIAL_ENDED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
+    FETCH_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
@@ -56,7 +61,10 @@ class AgentMessage(_message.Message):
     metrics: MetricBatch
     log: LogChunk
     trial_ended: TrialEnded
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trial_started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[MetricBatch, _Mapping]] = ..., log: _Optional[_Union[LogChunk, _Mapping]] = ..., trial_ended: _Optional[_Union[TrialEnded, _Mapping]] = ...) -> None: ...
+    checkpoint_chunk: CheckpointChunk
+    checkpoint_saved: CheckpointSaved
+    fetch_checkpoint: FetchCheckpoint
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trial_started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[MetricBatch, _Mapping]] = ..., log: _Optional[_Union[LogChunk, _Mapping]] = ..., trial_ended: _Optional[_Union[TrialEnded, _Mapping]] = ..., checkpoint_chunk: _Optional[_Union[CheckpointChunk, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., fetch_checkpoint: _Optional[_Union[FetchCheckpoint, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("protocol_version", "environment_id", "agent_instance_id", "hostname", "pid", "cpu_count", "memory_total_bytes", "gpus", "gpu_unavailable_reason", "driver_version", "cuda_version", "agent_version", "active_trial_ids", "last_seq", "platform")
@@ -228,21 +236,123 @@ class TrialEnded(_message.Message):
     gpus_still_in_use: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, trial_id: _Optional[str] = ..., outcome: _Optional[_Union[TrialOutcome, str]] = ..., has_exit_code: _Optional[bool] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., reason: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., ended_at: _Optional[float] = ..., started: _Optional[bool] = ..., gpus_still_in_use: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class CheckpointFile(_message.Message):
+    __slots__ = ("path", "size", "mode")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    mode: int
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("trial_id", "step", "path", "offset", "data", "last")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    step: int
+    path: str
+    offset: int
+    data: bytes
+    last: bool
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class CheckpointSaved(_message.Message):
+    __slots__ = ("trial_id", "step", "metric_index", "size_bytes", "digest", "files", "location", "saved_at")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRIC_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    SAVED_AT_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    step: int
+    metric_index: int
+    size_bytes: int
+    digest: str
+    files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    location: str
+    saved_at: float
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metric_index: _Optional[int] = ..., size_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., location: _Optional[str] = ..., saved_at: _Optional[float] = ...) -> None: ...
+
+class FetchCheckpoint(_message.Message):
+    __slots__ = ("trial_id", "step", "path", "offset")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    step: int
+    path: str
+    offset: int
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CheckpointRef(_message.Message):
+    __slots__ = ("step", "metric_index", "location", "digest", "size_bytes", "files", "trial_id")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRIC_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    metric_index: int
+    location: str
+    digest: str
+    size_bytes: int
+    files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    trial_id: str
+    def __init__(self, step: _Optional[int] = ..., metric_index: _Optional[int] = ..., location: _Optional[str] = ..., digest: _Optional[str] = ..., size_bytes: _Optional[int] = ..., files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., trial_id: _Optional[str] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "start_trial", "cancel_trial", "shutdown", "ack", "settings")
+    __slots__ = ("welcome", "start_trial", "cancel_trial", "shutdown", "ack", "settings", "pause_trial", "checkpoint_chunk", "checkpoint_refused")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     START_TRIAL_FIELD_NUMBER: _ClassVar[int]
     CANCEL_TRIAL_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_REFUSED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     start_trial: StartTrial
     cancel_trial: CancelTrial
     shutdown: Shutdown
     ack: Ack
     settings: Settings
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ...) -> None: ...
+    pause_trial: PauseTrial
+    checkpoint_chunk: CheckpointChunk
+    checkpoint_refused: CheckpointRefused
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., start_trial: _Optional[_Union[StartTrial, _Mapping]] = ..., cancel_trial: _Optional[_Union[CancelTrial, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., settings: _Optional[_Union[Settings, _Mapping]] = ..., pause_trial: _Optional[_Union[PauseTrial, _Mapping]] = ..., checkpoint_chunk: _Optional[_Union[CheckpointChunk, _Mapping]] = ..., checkpoint_refused: _Optional[_Union[CheckpointRefused, _Mapping]] = ...) -> None: ...
+
+class PauseTrial(_message.Message):
+    __slots__ = ("trial_id", "grace_s", "reason")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    grace_s: float
+    reason: str
+    def __init__(self, trial_id: _Optional[str] = ..., grace_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CheckpointRefused(_message.Message):
+    __slots__ = ("trial_id", "step", "reason")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    step: int
+    reason: str
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Settings(_message.Message):
     __slots__ = ("heartbeat_interval_s", "gpu_sample_interval_s")
@@ -253,23 +363,29 @@ class Settings(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., gpu_sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids", "gpu_sample_interval_s")
+    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids", "gpu_sample_interval_s", "checkpoint_dir", "checkpoint_storage", "max_checkpoint_bytes")
     EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_TRIAL_IDS_FIELD_NUMBER: _ClassVar[int]
     GPU_SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     experiment_id: str
     acked_seq: int
     heartbeat_interval_s: float
     protocol_version: int
     cancel_trial_ids: _containers.RepeatedScalarFieldContainer[str]
     gpu_sample_interval_s: float
-    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ..., gpu_sample_interval_s: _Optional[float] = ...) -> None: ...
+    checkpoint_dir: str
+    checkpoint_storage: str
+    max_checkpoint_bytes: int
+    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ..., gpu_sample_interval_s: _Optional[float] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_storage: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ...) -> None: ...
 
 class StartTrial(_message.Message):
-    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids")
+    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids", "checkpoint")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +405,7 @@ class StartTrial(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FIRST_METRIC_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     sequence_id: int
     command: str
@@ -301,7 +418,8 @@ class StartTrial(_message.Message):
     attempt: int
     first_metric_index: int
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
+    checkpoint: CheckpointRef
+    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ...) -> None: ...
 
 class CancelTrial(_message.Message):
     __slots__ = ("trial_id", "grace_s", "reason")
