@@ -31,6 +31,7 @@ from .nni import translate as translate_nni
 from .platform import TrainingServiceConfig
 from .rules import (
     BIND_ADDRESS,
+    CHECKPOINT_URL,
     DIAL_ADDRESS,
     ENV,
     IMPORT_PATH,
@@ -240,6 +241,18 @@ class ExperimentConfig:
     max_trial_retries: int = field(default=0, metadata=NON_NEGATIVE_INT)
     # Retry trials that failed on their own (non-zero exit) too, within maxTrialRetries.
     retry_failed_trials: bool = False
+    # Checkpoints (docs/checkpoints.md). Where they are kept when not in the experiment's
+    # directory: an object storage URL ("s3://bucket/prefix") agents write and read directly.
+    checkpoint_storage: str | None = field(default=None, metadata=CHECKPOINT_URL)
+    # The largest checkpoint taken (a larger save is refused with the reason), and how many
+    # of each trial's are kept (the newest).
+    max_checkpoint_size: int = field(default=10 * 1024**3, metadata=SIZE)
+    checkpoints_per_trial: int = field(default=1, metadata=POSITIVE_INT)
+    # How long a trial asked to pause has to save a checkpoint before it is stopped anyway.
+    pause_grace_period: float = field(default=120.0, metadata=POSITIVE_DURATION)
+    # A trial lost with its environment after it saved a checkpoint since its last loss is
+    # retried without using up maxTrialRetries (preemptible capacity does not exhaust them).
+    progress_resets_retries: bool = True
     tuner: TunerConfig = field(default_factory=TunerConfig)
     assessor: AssessorConfig | None = None
     advisor: AdvisorConfig | None = None

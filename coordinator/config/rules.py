@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "BIND_ADDRESS",
+    "CHECKPOINT_URL",
     "DIAL_ADDRESS",
     "DIAL_HOST",
     "DURATION_TEXT",
@@ -246,6 +247,10 @@ GPU_INDICES = rule(
 IMPORT_PATH = rule(
     "an import path like 'my_package.tuners:MyTuner' or 'my_package.tuners.MyTuner'",
     lambda v: re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", v) is not None,
+)
+CHECKPOINT_URL = rule(
+    "an object storage URL like s3://bucket/prefix",
+    lambda v: re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", v) is not None,
 )
 ENV = rule("a mapping of environment variable names (without '=') to strings", _valid_env)
 
