@@ -24,7 +24,9 @@ from ..store.lock import DirectoryInUse, ExperimentLock
 from ..store.reads import StoreError, holds_experiment
 from ..ui.commands import add_commands as add_ui_commands
 from ..ui.commands import add_ui_option, dashboard_starter
-from .ended import ENDED_EXIT, resume_refusal, stop_note
+from .control import ControlHook
+from .ended import ENDED_EXIT, extended_config, resume_refusal, stop_note
+from .steer import add_commands as add_steer_commands
 from .views import add_commands, no_trial
 from .views import console as _console
 
@@ -97,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the experiment's config, when the stored one (secrets redacted) is not enough; "
         "redacted trialEnv variables may come from the environment instead",
     )
+    resume.add_argument(
+        "--max-trials", type=_positive_int, metavar="N",
+        help="raise maxTrialNumber to N (it counts the trials already submitted): extends an experiment that "
+        "has ended",
+    )
+    resume.add_argument(
+        "--max-duration", type=_duration, metavar="DURATION",
+        help="maxExperimentDuration for this run, counted from the resume (e.g. 30m, 2h): extends an "
+        "experiment that has ended",
+    )
     resume.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     resume.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_ui_option(resume)
@@ -130,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     agent.set_defaults(func=_cmd_agent)
 
     add_commands(sub)
+    add_steer_commands(sub)
     add_ui_commands(sub)
 
     logs = sub.add_parser(
@@ -149,6 +162,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     logs.set_defaults(func=_cmd_logs)
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number above 0")
+    return value
+
+
+def _duration(text: str) -> float:
+    from ..config.rules import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration above 0")
+    return value
 
 
 # ---- run -------------------------------------------------------------------------------
@@ -187,6 +222,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_for_fleets()  # this process is the coordinator's own: see gcpolicy
+    extended = False  # resume --max-trials or --max-duration given
     try:
         notes: list[str] = []  # said once: an NNI v1 file was converted
         try:
@@ -203,6 +239,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from ..core import Coordinator
 
             config = Coordinator.resume(args.resume_dir).config
+        if args.resume_dir is not None:
+            config, extended = extended_config(config, args)
     except CoordinatorError as e:
         print(f"trialkeeper: cannot resume: {e}", file=sys.stderr)
         return 1
@@ -216,7 +254,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"  {issue}", file=sys.stderr)
         return 2
     if args.resume_dir is not None and holds_experiment(args.resume_dir):
-        refusal = resume_refusal(args.resume_dir, config, config_given=args.config is not None)
+        refusal = resume_refusal(
+            args.resume_dir, config, config_given=args.config is not None or extended,
+            duration_given=getattr(args, "max_duration", None) is not None,
+        )
         if refusal:  # it has ended: no agent is started only to be told so
             print(f"trialkeeper: {refusal}", file=sys.stderr)
             return ENDED_EXIT
@@ -243,20 +284,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        on_start, state["stop_dashboard"] = dashboard_starter(
-            args, stop.set, lambda line: console.print(line, highlight=False, soft_wrap=True)
-        )
-        if args.resume_dir is not None:
-            return await resume_experiment(
-                args.resume_dir,
-                config=config if args.config else None,
-                on_progress=on_progress,
-                stop=stop,
-                on_start=on_start,
+        def say(line: str) -> None:
+            console.print(line, highlight=False, soft_wrap=True)
+
+        start_dashboard, state["stop_dashboard"] = dashboard_starter(args, stop.set, say)
+        control = ControlHook(stop.set, say)
+
+        def on_start(coordinator: Any) -> None:
+            control.on_start(coordinator)  # `trialkeeper pause`, `stop`, ... reach it from here on
+            if start_dashboard is not None:
+                start_dashboard(coordinator)
+
+        try:
+            if args.resume_dir is not None:
+                return await resume_experiment(
+                    args.resume_dir,
+                    config=config if args.config or extended else None,
+                    on_progress=on_progress,
+                    stop=stop,
+                    on_start=on_start,
+                )
+            return await run_experiment(
+                config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start
             )
-        return await run_experiment(
-            config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start
-        )
+        finally:
+            await control.close()
 
     live = Live(console=console, refresh_per_second=4, transient=False) if live_view else None
     try:

@@ -3,6 +3,8 @@ already ended is refused with how to extend it, and a stop tells what a resume w
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,26 @@ ENDED_EXIT = 3
 _ENDED = "DONE"
 
 
-def resume_refusal(experiment_dir: Path, config: ExperimentConfig, config_given: bool) -> str:
+def extended_config(config: ExperimentConfig, args: argparse.Namespace) -> tuple[ExperimentConfig, bool]:
+    """``config`` with the limits ``resume --max-trials N`` and ``--max-duration D`` give, and
+    whether either was given."""
+    changes: dict[str, Any] = {}
+    if getattr(args, "max_trials", None) is not None:
+        changes["max_trial_number"] = args.max_trials
+    if getattr(args, "max_duration", None) is not None:
+        changes["max_experiment_duration"] = args.max_duration
+    return (dataclasses.replace(config, **changes), True) if changes else (config, False)
+
+
+def resume_refusal(
+    experiment_dir: Path, config: ExperimentConfig, config_given: bool, *, duration_given: bool = False
+) -> str:
     """Why ``resume`` must start nothing for this experiment, or "".
 
     One that crashed, was stopped or failed is carried on. One that reached its end is
-    carried on only with a config (``resume --config``) that raises a limit it reached:
-    otherwise it would start agents only to find there is nothing to do."""
+    carried on only with limits (``resume --config``, ``--max-trials``, ``--max-duration``)
+    that raise one it reached: otherwise it would start agents only to find there is nothing
+    to do. A duration given on the command line counts from the resume: it always raises."""
     store = StoreReader.in_dir(experiment_dir)
     try:
         exp = store.experiment()
@@ -36,14 +52,14 @@ def resume_refusal(experiment_dir: Path, config: ExperimentConfig, config_given:
         return ""
     submitted = sum(counts.values())
     limit = config.max_trial_number
-    if config_given and (limit is None or submitted < limit) and _raises_a_limit(config, stored):
+    if config_given and (limit is None or submitted < limit) and (duration_given or _raises_a_limit(config, stored)):
         return ""
     reason = str(exp.get("reason") or "")
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
     ended = f"{exp.get('status')}{f' ({reason})' if reason else ''}"
     if config_given:
         how = (
-            "the config given raises neither limit above what the experiment reached"
+            "the limits given raise neither maxTrialNumber nor maxExperimentDuration above what the experiment reached"
             if limit is None or submitted < limit
             else f"its maxTrialNumber ({limit}) counts the {submitted} trials already submitted"
         )
@@ -53,8 +69,8 @@ def resume_refusal(experiment_dir: Path, config: ExperimentConfig, config_given:
     return (
         f"experiment {exp.get('id')} has ended: {ended}, {submitted} trials ({tally}); {advice}. "
         "To go on, raise maxTrialNumber (which counts the trials already run) or "
-        f"maxExperimentDuration in its config and run `trialkeeper resume {experiment_dir} "
-        "--config FILE`"
+        f"maxExperimentDuration: `trialkeeper resume {experiment_dir} --max-trials N` (N above {submitted}) "
+        f"or `--max-duration D`, or in its config and run `trialkeeper resume {experiment_dir} --config FILE`"
     )
 
 

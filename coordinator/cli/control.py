@@ -1,0 +1,405 @@
+"""The control channel of a running experiment: how ``trialkeeper pause``, ``continue``,
+``stop`` and ``cancel`` reach the coordinator that ``run`` or ``resume`` started.
+
+A Unix stream socket, ``control.sock`` in the experiment directory (mode 0600: only its
+owner may connect), or, when that path is too long for a Unix socket, in a 0700 directory of
+the system's temporary directory named by the user and a hash of the experiment directory's
+real path, which the client computes the same way. One JSON request line per connection,
+one JSON answer line back::
+
+    {"op": "pause", "trials": ["ab12cd"]}   ->   {"ok": true, "done": ["ab12cd"]}
+
+Requests: ``pause {trials}``, ``continue {trials}``, ``cancel {trials}`` and ``stop {}`` (the
+trials that checkpoint are paused, the others canceled, the experiment ends STOPPED). A
+request naming a trial that does not exist, or is in a state the request does not apply to,
+changes nothing and says why for each. Every read and connect has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "control.sock"
+# sun_path holds 108 bytes on Linux and 104 on macOS: keep well under both.
+MAX_SOCKET_PATH = 100
+CONNECT_TIMEOUT_S = 5.0
+REPLY_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 5.0  # for the server: a client that connects and says nothing is let go
+MAX_LINE = 1 << 20
+MAX_TRIALS = 10_000  # trial ids in one request
+STOP_REASON = "stopped by `trialkeeper stop`: trials that save checkpoints paused, the others canceled"
+
+# Which statuses each request applies to (the trial state machine's edges out of them).
+APPLIES_TO: dict[str, tuple[str, ...]] = {
+    "pause": ("WAITING", "RUNNING"),
+    "continue": ("PAUSED",),
+    "cancel": ("WAITING", "RUNNING", "PAUSED"),
+}
+OPS = (*APPLIES_TO, "stop", "ping")
+
+
+class ControlError(RuntimeError):
+    """The control channel cannot be set up or used; the message is for the user."""
+
+
+class NoCoordinator(ControlError):
+    """Nothing answers on the experiment's control socket: its coordinator is gone."""
+
+
+# ---- where the socket is -------------------------------------------------------------------
+
+
+def socket_path(experiment_dir: Path) -> Path:
+    """The control socket of the experiment in ``experiment_dir``: in it when the path is
+    short enough for a Unix socket, else in this user's private directory for it under the
+    system's temporary directory."""
+    real = os.path.realpath(experiment_dir)
+    here = Path(real) / SOCKET_NAME
+    if len(os.fsencode(here)) <= MAX_SOCKET_PATH:
+        return here
+    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:20]
+    return Path(tempfile.gettempdir()) / f"trialkeeper-{os.getuid()}-{digest}" / SOCKET_NAME
+
+
+def _private(directory: Path) -> bool:
+    """Whether ``directory`` is under the experiment directory (its own rules) or a private
+    directory of ours: a real directory (no link), owned by this user, mode 0700."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+def _check_private(directory: Path) -> None:
+    if not _private(directory):
+        raise ControlError(
+            f"{directory} is not a private directory of this user (a real directory, mode 0700): "
+            "refusing to use a control socket in it"
+        )
+
+
+def _in_temp(path: Path, experiment_dir: Path) -> bool:
+    return path.parent != Path(os.path.realpath(experiment_dir))
+
+
+# ---- the server ----------------------------------------------------------------------------
+
+
+class ControlServer:
+    """Serves the control socket of ``coordinator``'s experiment on the running loop.
+
+    ``stop`` is what a ``stop`` request runs (default: ``coordinator.stop(pause_trials=True)``);
+    ``run`` and ``resume`` give one that also tells the experiment's driver to end."""
+
+    def __init__(
+        self, coordinator: Any, experiment_dir: Path, *, stop: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        self.coordinator = coordinator
+        self.experiment_dir = Path(experiment_dir)
+        self.path = socket_path(self.experiment_dir)
+        self._stop = stop or self._default_stop
+        self._server: asyncio.AbstractServer | None = None
+        self._stopping: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
+
+    async def _default_stop(self) -> None:
+        await self.coordinator.stop(pause_trials=True, status="STOPPED", reason=STOP_REASON)
+
+    def bind(self) -> Path:
+        """Create the socket (mode 0600) and listen: connections wait in its backlog until
+        :meth:`start` serves them. Raises ControlError."""
+        if _in_temp(self.path, self.experiment_dir):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.path.parent, 0o700)
+            _check_private(self.path.parent)
+        self._remove_stale()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(self.path))
+            # Before listen(), no one can connect: the mode is set before it matters.
+            os.chmod(self.path, 0o600)
+            sock.listen(64)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise ControlError(f"cannot open the control socket {self.path}: {e.strerror or e}") from e
+        self._sock = sock
+        return self.path
+
+    def _remove_stale(self) -> None:
+        """A socket file a dead coordinator left is removed; a live one is not ours to take."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise ControlError(f"cannot look at {self.path}: {e.strerror or e}") from e
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ControlError(f"{self.path} exists and is not a socket: remove it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            probe.connect(str(self.path))
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        finally:
+            probe.close()
+        raise ControlError(f"another coordinator answers on {self.path}")
+
+    async def start(self) -> Path:
+        """Bind (if not done yet) and serve."""
+        if self._sock is None:
+            self.bind()
+        assert self._sock is not None
+        self._server = await asyncio.start_unix_server(self._serve, sock=self._sock, limit=MAX_LINE)
+        return self.path
+
+    async def close(self) -> None:
+        """Stop serving and remove the socket (and its private directory)."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), CONNECT_TIMEOUT_S)
+            self._server = None
+        elif self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        self.remove()
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        if _in_temp(self.path, self.experiment_dir):
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path.parent)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
+                answer = await self.answer(line)
+            except asyncio.TimeoutError:
+                answer = {"ok": False, "error": f"no request within {REQUEST_TIMEOUT_S:g} s"}
+            except (ValueError, asyncio.LimitOverrunError):
+                answer = {"ok": False, "error": f"a request is one JSON line of at most {MAX_LINE} bytes"}
+            writer.write((json.dumps(answer) + "\n").encode())
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError):
+            pass  # the client went away
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer.wait_closed(), REQUEST_TIMEOUT_S)
+
+    async def answer(self, line: bytes) -> dict[str, Any]:
+        """The answer to one request line."""
+        try:
+            request = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return {"ok": False, "error": "a request is one JSON object on one line"}
+        if not isinstance(request, dict):
+            return {"ok": False, "error": "a request is one JSON object on one line"}
+        op = request.get("op")
+        if op not in OPS:
+            return {"ok": False, "error": f"op: {op!r} is not one of {', '.join(OPS)}"}
+        if op == "ping":
+            return {"ok": True, "experiment": self.coordinator.experiment_id}
+        if op == "stop":
+            return self._stop_asked()
+        trials = request.get("trials")
+        if (
+            not isinstance(trials, list) or not trials or len(trials) > MAX_TRIALS
+            or not all(isinstance(t, str) for t in trials)
+        ):
+            return {"ok": False, "error": f"trials: a list of 1 to {MAX_TRIALS} trial ids is needed"}
+        return await self._on_trials(op, list(dict.fromkeys(trials)))
+
+    def _stop_asked(self) -> dict[str, Any]:
+        if self._stopping is None:
+            log.info("experiment stop asked on the control socket")
+            self._stopping = asyncio.get_running_loop().create_task(self._stop())
+            self._stopping.add_done_callback(_said_if_failed)
+        return {"ok": True, "stopping": True}
+
+    async def _on_trials(self, op: str, trials: Sequence[str]) -> dict[str, Any]:
+        errors = []
+        for tid in trials:
+            why = self._refusal(op, tid)
+            if why:
+                errors.append({"trial": tid, "error": why})
+        if errors:  # nothing done: the request names what to fix
+            return {"ok": False, "error": "; ".join(e["error"] for e in errors), "errors": errors}
+        done, failed = [], []
+        for tid in trials:
+            try:
+                await self._act(op, tid)
+            except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
+                failed.append({"trial": tid, "error": f"cannot {op} trial {tid}: {e}"})
+            else:
+                done.append(tid)
+                log.info("trial %s: %s asked on the control socket", tid, op)
+        answer: dict[str, Any] = {"ok": not failed, "done": done}
+        if failed:
+            answer.update(error="; ".join(e["error"] for e in failed), errors=failed)
+        return answer
+
+    def _refusal(self, op: str, trial_id: str) -> str:
+        try:
+            info = self.coordinator.trial(trial_id)
+        except KeyError:
+            return f"no trial {trial_id!r} in experiment {self.coordinator.experiment_id}"
+        status = getattr(info.status, "value", str(info.status))
+        valid = APPLIES_TO[op]
+        if status not in valid:
+            return f"trial {trial_id} is {status}: {op} applies to a trial that is {' or '.join(valid)}"
+        return ""
+
+    async def _act(self, op: str, trial_id: str) -> None:
+        c = self.coordinator
+        if op == "pause":
+            await c.pause(trial_id, reason="paused by the user (trialkeeper pause)")
+        elif op == "continue":
+            await c.resume_trial(trial_id)
+        else:
+            await c.cancel(trial_id, reason="canceled by the user (trialkeeper cancel)")
+
+
+def _said_if_failed(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("stopping the experiment failed: %s", task.exception())
+
+
+class ControlHook:
+    """For ``run`` and ``resume``: :meth:`on_start` opens the control socket once the
+    coordinator runs (the hook ``run_experiment`` calls), :meth:`close` removes it at the end.
+
+    A ``stop`` request first tells the run to end (``end_run``, what SIGINT does), then stops
+    the coordinator pausing its trials: the run's own stop, coming next, waits for that one."""
+
+    def __init__(self, end_run: Callable[[], None], say: Callable[[str], None]) -> None:
+        self._end_run = end_run
+        self._say = say
+        self.server: ControlServer | None = None
+        self._serving: asyncio.Task[Path] | None = None
+
+    def on_start(self, coordinator: Any) -> None:
+        async def stop() -> None:
+            self._end_run()
+            await coordinator.stop(pause_trials=True, status="STOPPED", reason=STOP_REASON)
+
+        server = ControlServer(coordinator, coordinator.experiment_dir, stop=stop)
+        try:
+            server.bind()
+        except ControlError as e:
+            # The run goes on; only the commands that steer it cannot reach it.
+            self._say(f"trialkeeper: {e}; `trialkeeper pause`, `continue`, `cancel` and `stop` cannot reach this run")
+            return
+        self.server = server
+        self._serving = asyncio.get_running_loop().create_task(server.start())
+
+    async def close(self) -> None:
+        if self._serving is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._serving, CONNECT_TIMEOUT_S)
+        if self.server is not None:
+            await self.server.close()
+
+
+# ---- the client ----------------------------------------------------------------------------
+
+
+def no_coordinator(experiment: str) -> str:
+    return f"no coordinator is running for {experiment} (it ended or crashed: trialkeeper resume {experiment})"
+
+
+def request(
+    experiment_dir: Path, op: str, trials: Sequence[str] = (), *, timeout: float = REPLY_TIMEOUT_S,
+    shown: str | None = None,
+) -> dict[str, Any]:
+    """Send one request to the experiment's coordinator and return its answer (a dict with
+    ``ok``). Raises NoCoordinator when none listens, ControlError when it cannot be asked
+    or does not answer in time. ``shown``: how the experiment is named in messages."""
+    name = shown or str(experiment_dir)
+    path = socket_path(experiment_dir)
+    if _in_temp(path, experiment_dir) and path.parent.exists():
+        _check_private(path.parent)
+    body: dict[str, Any] = {"op": op}
+    if op in APPLIES_TO:
+        body["trials"] = list(trials)
+    deadline = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise NoCoordinator(no_coordinator(name)) from None
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK):
+                raise NoCoordinator(no_coordinator(name)) from None
+            raise ControlError(f"cannot reach the coordinator of {name} on {path}: {e.strerror or e}") from e
+        sock.sendall((json.dumps(body) + "\n").encode())
+        data = _read_line(sock, deadline, name)
+    except TimeoutError:
+        raise ControlError(f"the coordinator of {name} did not answer within {timeout:g} s") from None
+    except OSError as e:
+        raise ControlError(f"the coordinator of {name} went away before it answered: {e.strerror or e}") from e
+    finally:
+        sock.close()
+    try:
+        answer = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ControlError(f"the coordinator of {name} answered something that is not JSON") from None
+    if not isinstance(answer, dict) or "ok" not in answer:
+        raise ControlError(f"the coordinator of {name} answered something that is not an answer")
+    return answer
+
+
+def _read_line(sock: socket.socket, deadline: float, name: str) -> bytes:
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        part = sock.recv(65536)
+        if not part:
+            if not data:
+                raise ControlError(f"the coordinator of {name} closed the connection without an answer")
+            break
+        data += part
+        if len(data) > MAX_LINE:
+            raise ControlError(f"the coordinator of {name} answered more than {MAX_LINE} bytes")
+    return data.split(b"\n", 1)[0]
+
+
+def alive(experiment_dir: Path, timeout: float = CONNECT_TIMEOUT_S) -> bool:
+    """Whether the experiment's coordinator is still there: its control socket takes a
+    connection (one too busy to answer a ping in time still counts as there)."""
+    try:
+        request(experiment_dir, "ping", timeout=timeout)
+    except NoCoordinator:
+        return False
+    except ControlError:
+        return True
+    return True
