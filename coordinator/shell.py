@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from trialkeeper.agent.trialfiles import append_note
 
+from .engine import checkpoints as ck
 from .engine import events as ev
 from .engine.engine import Engine
 from .engine.model import MetricEvent, StatusEvent
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 MAX_TRIAL_LOG_BYTES = 1 << 30
 # What apply() carries out inside the transaction: the store's writes, and a trial's streamed
 # output, written before the commit that records its message.
-_WRITES = (*ev.STORE_WRITES, ev.WriteLog)
+_WRITES = (*ev.STORE_WRITES, ev.WriteLog, ck.WriteCheckpointChunk)
 # Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
 # the ones behind them (group commit).
 FLOOD_GAP_S = 0.002

@@ -10,16 +10,16 @@ Nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
+from . import checkpoints as ck
 from . import events as ev
-from .model import MetricEvent, StatusEvent, TrialInfo, TrialState, enum_or, loads_or
+from . import results, trialrows
+from .model import MetricEvent, StatusEvent, TrialInfo, TrialState
 from .policy import Policy
 from .rows import MetricRun
 from .states import TrialStatus, check_trial
@@ -88,7 +88,8 @@ class TrialBook:
         trials = self.trials
         return tuple(sorted(
             tid for tid in active
-            if tid not in trials or trials[tid].env_id != env_id or trials[tid].cancel_status is not None
+            if tid not in trials or trials[tid].env_id != env_id
+            or (trials[tid].cancel_status is not None and not trials[tid].pausing)
         ))
 
     def to_resend(self, env_id: str, held: Iterable[str], active: Iterable[str]) -> list[str]:
@@ -112,12 +113,15 @@ class TrialBook:
         t = self.trials[trial_id]
         env_vars = dict(self.policy.trial_env)
         env_vars.update(t.env_overrides)
+        # From a checkpoint, its results go on from what it had reported when it saved.
+        saved = t.checkpoint
         return ev.StartTrial(
             trial_id=t.id, sequence_id=t.seq, command=t.command, parameters=t.parameters, env=env_vars,
             gpu_indices=t.gpu_indices, gpu_uuids=t.gpu_uuids,
             max_duration_s=self.policy.max_trial_duration_s, attempt=t.attempts,
             experiment_id=self.policy.experiment_id, working_directory=working_directory,
-            resumes_metrics=t.attempts > 1,
+            resumes_metrics=t.attempts > 1 and saved is None, checkpoint=saved,
+            first_metric_index=saved.metric_index if saved is not None else 0,
         )
 
     # ---- the embedding API -------------------------------------------------------------------
@@ -130,9 +134,12 @@ class TrialBook:
             command=e.command, gpu_number=e.gpu_number, gpu_memory=e.gpu_memory if e.gpu_number else 0,
             submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms),
         )
+        if e.checkpoint_from:
+            t.forked_from = self.trials[e.checkpoint_from].checkpoint
+        fork = (t.forked_from.trial_id, t.forked_from.step) if t.forked_from else None
         self._next_seq += 1
         self._out.append(ev.TrialAdded(
-            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms
+            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork
         ))
         self.trials[t.id] = t
         self.queue.append(self.demand(t))
@@ -145,34 +152,79 @@ class TrialBook:
         if t.status.terminal:
             return None
         if not t.placed:
-            self.queue.remove(trial_id)
+            if t.status is TrialStatus.WAITING:
+                self.queue.remove(trial_id)
             self._to(t, status, reason)
             return None
-        t.cancel_status = status
+        t.cancel_status, t.pausing = status, False
         t.reason = reason
         # Shown while the agent stops it; the end replaces it with the final reason.
         self._out.append(ev.TrialStopping(t.id, reason))
         return t.env_id
 
-    def stop(self) -> list[tuple[str, str]]:
-        """The experiment ends: every trial is canceled. Returns (environment, trial) for
-        those an agent must stop."""
+    def stop(self, *, pause: bool = False) -> list[tuple[str, str]]:
+        """The experiment ends: every trial is canceled (``pause``: paused, to be continued
+        when it is resumed; paused trials stay so). Returns (environment, trial) for those an
+        agent must stop (or pause)."""
         self.stopping = True
         stops = []
         for t in sorted(self.trials.values(), key=lambda t: t.seq):
-            env_id = self.cancel(t.id, "the experiment stopped", TrialStatus.SYS_CANCELED)
+            if pause and t.status is TrialStatus.PAUSED:
+                continue
+            if pause:
+                env_id = self.pause(t.id, "the experiment stopped")
+            else:
+                env_id = self.cancel(t.id, "the experiment stopped", TrialStatus.SYS_CANCELED)
             if env_id is not None:
                 stops.append((env_id, t.id))
         return stops
 
     def stop_completed(self) -> None:
         for t in sorted(self.trials.values(), key=lambda t: t.seq):
-            if not t.status.terminal:
+            if t.status.terminal or t.status is TrialStatus.PAUSED:
+                continue
+            if t.pausing and t.checkpoint is not None and t.status is TrialStatus.RUNNING:
+                self._paused(t, "the experiment stopped")
+            else:
                 self._to(t, TrialStatus.SYS_CANCELED, "the experiment stopped before the agent confirmed")
+
+    # ---- pause and continue ------------------------------------------------------------------
+
+    def pause(self, trial_id: str, reason: str) -> str | None:
+        """Pause a trial. A waiting one is paused now; for a placed one, the environment whose
+        agent must pause it is returned (it ends at its next checkpoint)."""
+        t = self.trials[trial_id]
+        if t.status.terminal or t.status is TrialStatus.PAUSED or t.cancel_status is not None:
+            return None
+        if not t.placed:
+            self.queue.remove(trial_id)
+            self._to(t, TrialStatus.PAUSED, reason)
+            return None
+        t.pausing = True
+        t.reason = reason
+        # Stopped past the grace without a checkpoint to continue from: canceled, as it would be.
+        t.cancel_status = TrialStatus.SYS_CANCELED if self.stopping else TrialStatus.USER_CANCELED
+        self._out.append(ev.TrialStopping(t.id, f"pausing: {reason}"))
+        return t.env_id
+
+    def resume(self, trial_id: str, parameters: Mapping[str, Any] | None) -> bool:
+        """Continue a paused trial (with new parameters, if given): it waits for a place,
+        ahead of the others. False when it is not paused."""
+        t = self.trials[trial_id]
+        if t.status is not TrialStatus.PAUSED:
+            return False
+        if parameters is not None:
+            t.parameters = dict(parameters)
+            self._out.append(ck.TrialParametersChanged(t.id, t.parameters))
+        t.reason = t.waiting_reason = ""
+        at = f"from step {t.checkpoint.step}" if t.checkpoint is not None else "from the start"
+        self._to(t, TrialStatus.WAITING, f"continued {at}")
+        self.queue.push_front(self.demand(t), self.now)
+        return True
 
     # ---- what agents report ------------------------------------------------------------------
 
-    def _own(self, env_id: str, trial_id: str, what: str) -> TrialState | None:
+    def own(self, env_id: str, trial_id: str, what: str) -> TrialState | None:
         t = self.trials.get(trial_id)
         if t is None or t.env_id != env_id:
             n = self._ignored[env_id] = self._ignored.get(env_id, 0) + 1
@@ -186,7 +238,7 @@ class TrialBook:
         return t
 
     def started(self, env_id: str, m: ev.TrialStartReported) -> None:
-        t = self._own(env_id, m.trial_id, "a start")
+        t = self.own(env_id, m.trial_id, "a start")
         if t is None or t.status is not TrialStatus.WAITING:
             return
         t.started_at = m.started_at or self.wall
@@ -197,14 +249,8 @@ class TrialBook:
         # Every metric a trial reports passes here, a run at a time: the edge sends only
         # finite numbers, which the check below finds in C.
         ids = dict.fromkeys(r.trial_id for r in runs)
-        owned = {trial_id: self._own(env_id, trial_id, "a metric") for trial_id in ids}
-        if None in owned.values() or not _all_finite(chain.from_iterable(r.values for r in runs)):
-            runs = [
-                r._replace(first_index=row.index, values=(row.value,), value_jsons=(row.value_json,),
-                           reported_at=(row.reported_at,))
-                for r in runs if owned[r.trial_id] is not None
-                for row in r.rows() if math.isfinite(row.value)
-            ]
+        owned = {trial_id: self.own(env_id, trial_id, "a metric") for trial_id in ids}
+        runs = results.checked(runs, {tid for tid, t in owned.items() if t is not None})
         self._out.append(ev.StoreMetrics(tuple(runs)))
         for r in runs:
             if r.kind == "final" and r.values:
@@ -214,17 +260,17 @@ class TrialBook:
         if self.publish_metrics:
             for r in runs:
                 for row in r.rows():
-                    event = MetricEvent(row.trial_id, row.kind, row.index, row.value, _loads(row.value_json))
+                    event = MetricEvent(row.trial_id, row.kind, row.index, row.value, results.loads(row.value_json))
                     self._out.append(ev.Publish(event))
 
     def log(self, env_id: str, chunk: ev.LogReported) -> None:
-        if self._own(env_id, chunk.trial_id, "log output") is not None:
+        if self.own(env_id, chunk.trial_id, "log output") is not None:
             self._out.append(ev.WriteLog(chunk.trial_id, chunk.stream, chunk.offset, chunk.data))
 
     def ended(self, env_id: str, m: ev.TrialEndReported, *, platform: str) -> Ended | None:
         """The agent of ``env_id`` (of ``platform``) says a trial's process ended: its
         status, and what the fleet frees."""
-        t = self._own(env_id, m.trial_id, "an end")
+        t = self.own(env_id, m.trial_id, "an end")
         if t is None or t.status.terminal:
             return None
         t.exit_code, t.signal, t.stderr_tail = m.exit_code, m.signal, m.stderr_tail
@@ -235,6 +281,12 @@ class TrialBook:
             # maxTrialRetries whether or not failed trials are retried.
             self.lose([t.id], m.reason or "its environment was stopped", platform=platform)
             return Ended(t.id, env_id, processes_gone=True)
+        if m.outcome is ev.Outcome.PAUSED and t.checkpoint is not None and t.status is TrialStatus.RUNNING:
+            self._paused(t, m.reason or (f"paused ({t.reason})" if t.reason else "paused"))
+            return Ended(t.id, env_id, still_in_use=m.gpus_still_in_use)
+        if m.outcome is ev.Outcome.PAUSED:  # no checkpoint to continue from: canceled
+            m = dataclasses.replace(m, outcome=ev.Outcome.CANCELED)
+            t.reason = f"{m.reason or 'asked to pause'}; it has no checkpoint to continue from"
         if m.outcome is ev.Outcome.SUCCEEDED:
             new, reason = TrialStatus.SUCCEEDED, ""
         elif m.outcome is ev.Outcome.CANCELED and t.cancel_status is not None:
@@ -250,7 +302,7 @@ class TrialBook:
             new is TrialStatus.FAILED
             and t.cancel_status is None
             and policy.retry_failed_trials
-            and t.attempts <= policy.max_trial_retries
+            and t.retries < policy.max_trial_retries
             and not self.stopping
         ):
             t.ended_at = None
@@ -267,6 +319,9 @@ class TrialBook:
         t.lost_on = ""
         t.attempts += 1
         self._out.append(ev.TrialPlaced(t.id, env_id, gpu_indices, gpu_uuids, t.attempts))
+        if t.checkpoint is not None and t.attempts > 1:
+            # What a run reported after the checkpoint it continues from goes to its history.
+            self._out.append(ck.MetricsSuperseded(t.id, t.checkpoint.metric_index, self.wall))
 
     def slot_freed(self) -> None:
         """A placed trial let go of its environment: trialConcurrency may let one more go."""
@@ -289,50 +344,60 @@ class TrialBook:
             if t.status.terminal:
                 continue
             t.lost_on = platform
-            if t.cancel_status is not None:
+            free = t.progressed and self.policy.progress_resets_retries
+            if t.pausing and t.checkpoint is not None and t.status is TrialStatus.RUNNING:
+                self._paused(t, f"lost while pausing ({reason})")
+            elif t.cancel_status is not None:
                 self._to(t, t.cancel_status, t.reason)
-            elif t.attempts <= self.policy.max_trial_retries:
-                self._retry(t, f"environment lost ({reason})")
+            elif free or t.retries < self.policy.max_trial_retries:
+                self._retry(t, f"environment lost ({reason})", free=free)
             else:
                 self._to(t, TrialStatus.FAILED, f"environment lost: {reason}")
 
-    def _retry(self, t: TrialState, why: str) -> None:
-        """Put a trial back at the head of the queue, to be placed after a backoff."""
+    def _retry(self, t: TrialState, why: str, *, free: bool = False) -> None:
+        """Put a trial back at the head of the queue, to be placed after a backoff (``free``:
+        it made progress since its last loss, and this retry is not counted)."""
         t.env_id, t.gpu_uuids, t.gpu_indices = None, (), ()
         self._out.append(ev.TrialUnplaced(t.id))
-        delay = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.attempts - 1))
+        if not free:
+            t.retries += 1
+        t.progressed = False
+        self._out.append(ck.TrialRetried(t.id, t.retries, False))
+        delay = RETRY_BACKOFF_S if free else min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (t.retries - 1))
         t.not_before = self.now + delay
         retries = self.policy.max_trial_retries
-        t.waiting_reason = f"waiting: retry {t.attempts} of {retries} after {why}"
+        at = f" from step {t.checkpoint.step}" if t.checkpoint is not None else ""
+        what = f"retry {t.retries} of {retries}{at}"
+        if free:
+            what = f"retry{at}, not counted (a checkpoint since the last loss)"
+        t.waiting_reason = f"waiting: {what} after {why}"
         self._out.append(ev.WaitingReasonsChanged({t.id: t.waiting_reason}))
         if t.status is TrialStatus.RUNNING:
-            self._to(t, TrialStatus.WAITING, f"{why}; retry {t.attempts} of {retries} in {delay:g} s")
+            self._to(t, TrialStatus.WAITING, f"{why}; {what} in {delay:g} s")
         self.queue.push_front(self.demand(t), t.not_before)
 
     def refuse(self, why_by_shape: Mapping[tuple[int, int], str]) -> None:
         """Fail the waiting trials of the shapes (GPUs, memory per GPU) that can never run."""
-        for tid in list(self.queue):
-            d = self.queue.demand(tid)
-            why = why_by_shape.get((d.gpus, d.gpu_memory_bytes), "")
-            if why:
-                self.queue.remove(tid)
-                self._to(self.trials[tid], TrialStatus.FAILED, f"refused: {why}")
+        self._fail_queued(self.queue.refused(why_by_shape), "refused: ")
 
     def fail_unplaceable(self, platform_errors: Mapping[str, str], by_hand: bool) -> None:
         """Fail the waiting trials that may use only platforms given up on (``by_hand``:
         agents an operator started still serve unrestricted trials)."""
-        if not platform_errors:
-            return
         names = [p.name for p in self.policy.platforms]
-        for tid in list(self.queue):
-            t = self.trials[tid]
-            demand = self.demand(t)
-            allowed = [n for n in names if demand.rank(n) is not None]
-            if any(n not in platform_errors for n in allowed) or (not demand.only_these and by_hand):
-                continue
+        unplaceable = self.queue.unplaceable(names, platform_errors, by_hand) if platform_errors else {}
+        self._fail_queued(unplaceable, "no environment could be started: ")
+
+    def _fail_queued(self, why_by_trial: Mapping[str, str], lead: str) -> None:
+        for tid, why in why_by_trial.items():
             self.queue.remove(tid)
-            why = "; ".join(f"{n}: {platform_errors[n]}" for n in allowed)
-            self._to(t, TrialStatus.FAILED, f"no environment could be started: {why}")
+            self._to(self.trials[tid], TrialStatus.FAILED, lead + why)
+
+    def _paused(self, t: TrialState, why: str) -> None:
+        """A trial asked to pause ended (or was lost) with a checkpoint to continue from."""
+        t.env_id, t.gpu_uuids, t.gpu_indices, t.pausing, t.cancel_status = None, (), (), False, None
+        self._out.append(ev.TrialUnplaced(t.id))
+        assert t.checkpoint is not None
+        self._to(t, TrialStatus.PAUSED, f"{why}; continues from step {t.checkpoint.step}")
 
     def _to(self, t: TrialState, new: TrialStatus, reason: str) -> None:
         check_trial(t.status, new)
@@ -349,39 +414,16 @@ class TrialBook:
 
     # ---- after a crash -----------------------------------------------------------------------
 
-    def restore(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """The trials as the store kept them. A row an older or broken version wrote badly
-        is taken as far as it can be read; it never stops a resume."""
+    def restore(self, rows: Iterable[Mapping[str, Any]], checkpoint_rows: Iterable[Mapping[str, Any]] = ()) -> None:
+        """The trials (and their checkpoints) as the store kept them."""
+        rows = list(rows)
         for r in rows:
-            status = enum_or(TrialStatus, r["status"], None)
-            parameters = loads_or(r["parameters_json"], None)
-            unreadable = [what for what, bad in (
-                ("status", status is None), ("parameters", not isinstance(parameters, dict))
-            ) if bad]
-            gpu_number = int(r["gpu_number"] or 0)
-            t = TrialState(
-                id=r["id"], seq=r["seq"], status=status or TrialStatus.FAILED,
-                parameters=parameters if isinstance(parameters, dict) else {}, command=r["command"],
-                gpu_number=gpu_number, submitted_at=r["submitted_at"],
-                gpu_memory=self.policy.trial_gpu_memory if gpu_number else 0, env_id=r["environment_id"],
-                gpu_indices=tuple(loads_or(r["gpu_indices_json"], [])),
-                gpu_uuids=tuple(loads_or(r["gpu_uuids_json"], [])),
-                exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
-                final_metric=r["final_metric"], final_metric_json=r["final_metric_json"],
-                attempts=r["attempts"], started_at=r["started_at"], ended_at=r["ended_at"],
-                platforms=_platforms(r.get("platforms_json")),
-            )
-            if unreadable and (status is None or not status.terminal):
-                # Not run again with what cannot be read: failed, and the store says why.
-                t.status, t.env_id = TrialStatus.FAILED, None
-                t.reason = f"its stored {' and '.join(unreadable)} cannot be read; not resumed"
-                t.ended_at = t.ended_at or self.wall
-                self._out.append(ev.TrialStatusChanged(
-                    t.id, str(r["status"]), t.status, t.reason, t.reason, t.ended_at
-                ))
-                log.warning("trial %s: %s", t.id, t.reason)
+            t, failed = trialrows.trial_of(r, self.policy.trial_gpu_memory, self.wall)
+            if failed is not None:
+                self._out.append(failed)
             self.trials[t.id] = t
             self._next_seq = max(self._next_seq, t.seq + 1)
+        trialrows.attach_checkpoints(self.trials, rows, checkpoint_rows)
 
     def restore_placement(self, trial_id: str, gpu_uuids: tuple[str, ...] | None) -> None:
         """After a crash: the environment ``trial_id`` was placed on holds it again, on these
@@ -398,26 +440,6 @@ class TrialBook:
     def requeue_unplaced(self) -> None:
         """After a crash: the live trials placed nowhere wait again, in submission order."""
         for t in sorted(self.trials.values(), key=lambda t: t.seq):
-            if not t.status.terminal and t.env_id is None:
+            if t.status is TrialStatus.WAITING and t.env_id is None:
                 self.queue.append(self.demand(t))
 
-
-def _all_finite(numbers: Iterable[float]) -> bool:
-    """Whether every number is finite, found in C: a sum of finite numbers is finite
-    unless it overflows, and then the numbers are looked at one by one."""
-    try:
-        return math.isfinite(math.fsum(numbers))
-    except OverflowError:
-        return False
-
-
-def _loads(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
-def _platforms(raw: Any) -> tuple[str, ...]:
-    found = loads_or(raw, [])
-    return tuple(p for p in found if isinstance(p, str)) if isinstance(found, list) else ()

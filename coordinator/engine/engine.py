@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import checkpoints as ck
 from . import events as ev
 from . import scheduler
 from .book import CANCEL_GRACE_S, TrialBook
@@ -138,6 +139,12 @@ class Engine:
                 self._fail_unplaceable()  # one that may use only platforms given up on
             case ev.CancelRequested():
                 self._cancel(event.trial_id, event.reason, event.status)
+            case ck.PauseRequested():
+                self._pause(event.trial_id, event.reason)
+            case ck.ContinueRequested():
+                self._dirty = self.book.resume(event.trial_id, event.parameters) or self._dirty
+            case ck.CheckpointFetchRequested():
+                self._fetch(event)
             case ev.EnvironmentStarted() | ev.EnvironmentStartFailed():
                 self.fleet.start_answered(event)
                 self._starts_failed()
@@ -150,7 +157,7 @@ class Engine:
                 self._reconcile()
                 self.fleet.store_gpu_rows()
             case ev.StopRequested():
-                self._stop(event.grace_s)
+                self._stop(event.grace_s, pause=event.pause)
             case ev.StopCompleted():
                 self.fleet.stop_completed()
                 self.book.stop_completed()
@@ -260,6 +267,12 @@ class Engine:
                 self._ended(env, report)
             elif isinstance(report, ev.LogReported) and not fleet.writes_own_logs(env.id):
                 book.log(env.id, report)  # (else its agent writes the files we read)
+            elif isinstance(report, ck.CheckpointChunkReported):
+                t = book.own(env.id, report.trial_id, "a checkpoint")
+                if t is not None:
+                    ck.take_chunk(t, report, self.policy.max_checkpoint_bytes, self._out)
+            elif isinstance(report, ck.CheckpointSavedReported):
+                self._saved(env.id, report)
             self._take()
         except Exception:
             # A message we cannot apply must not be replayed forever: skip it, loudly.
@@ -298,12 +311,53 @@ class Engine:
         else:
             self.fleet.send(env_id, ev.CancelTrial(trial_id, CANCEL_GRACE_S, reason))
 
-    def _stop(self, grace_s: float) -> None:
+    def _stop(self, grace_s: float, *, pause: bool) -> None:
         if self.fleet.stopping:
             return
-        for env_id, trial_id in self.book.stop():
-            self.fleet.send(env_id, ev.CancelTrial(trial_id, CANCEL_GRACE_S, "the experiment stopped"))
-        self.fleet.stop(grace_s)
+        why = "the experiment stopped"
+        for env_id, trial_id in self.book.stop(pause=pause):
+            stop = ck.PauseTrial(trial_id, self.policy.pause_grace_s, why) if pause else None
+            self.fleet.send(env_id, stop or ev.CancelTrial(trial_id, CANCEL_GRACE_S, why))
+        self.fleet.stop(grace_s, drain=pause)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def _pause(self, trial_id: str, reason: str) -> None:
+        env_id = self.book.pause(trial_id, reason)
+        if env_id is None:
+            self._dirty = True  # a waiting trial left the queue
+        else:
+            self.fleet.send(env_id, ck.PauseTrial(trial_id, self.policy.pause_grace_s, reason))
+
+    def _saved(self, env_id: str, report: ck.CheckpointSavedReported) -> None:
+        """Recorded, or refused: the refusal goes out before the ack that covers the save."""
+        book = self.book
+        t = book.own(env_id, report.trial_id, "a checkpoint")
+        why = "the trial is not placed on this environment"
+        if t is not None:
+            # Those another live trial continues from stay, whatever checkpointsPerTrial says.
+            held = [(o.checkpoint.trial_id, o.checkpoint.step) for o in book.trials.values()
+                    if o.id != t.id and o.checkpoint is not None and not o.status.terminal]
+            saved, why = ck.record(t, report, env_id, self.policy, self.wall, held, self._out)
+            if saved is not None:
+                return
+            log.warning("trial %s: checkpoint at step %d refused: %s", t.id, report.step, why)
+        self.fleet.send(env_id, ck.CheckpointRefused(report.trial_id, report.step, why))
+        if report.location == "" and t is not None and all(c.step != report.step for c in t.checkpoints):
+            # Its files, finished in the experiment's directory before it was refused, go.
+            self._out.append(ck.RemoveCheckpoint(ck.Checkpoint(
+                report.trial_id, report.step, 0, report.size_bytes, "", (), "", 0.0, env_id,
+            )))
+
+    def _fetch(self, f: ck.CheckpointFetchRequested) -> None:
+        t = self.book.own(f.env_id, f.trial_id, "a checkpoint request")
+        saved = t.checkpoint if t is not None else None
+        self._take()
+        if saved is None or saved.step != f.step:
+            why = f"trial {f.trial_id} does not continue from a checkpoint at step {f.step} on {f.env_id}"
+            self._out.append(ev.Send(f.link, ck.CheckpointRefused(f.trial_id, f.step, why)))
+        else:
+            self._out.append(ck.SendCheckpoint(f.link, f.trial_id, saved, f.path, f.offset))
 
     def _starts_failed(self) -> None:
         for platform in self.fleet.take_start_failures():

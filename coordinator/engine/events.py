@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from . import checkpoints as ck
 from .model import MetricEvent, StatusEvent
 from .rows import GpuSampleRow, MetricRun
 from .states import EnvStatus, TrialStatus
@@ -79,6 +80,7 @@ class Outcome(enum.Enum):
     FAILED = "failed"
     CANCELED = "canceled"
     LOST = "lost"  # its environment went away under it
+    PAUSED = "paused"  # it ended asked to pause (after a checkpoint, or stopped past the grace)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,10 @@ class TrialEndReported:
     gpus_still_in_use: tuple[str, ...] = ()
 
 
-Report = TrialStartReported | MetricsReported | LogReported | TrialEndReported
+Report = (
+    TrialStartReported | MetricsReported | LogReported | TrialEndReported | ck.CheckpointChunkReported
+    | ck.CheckpointSavedReported
+)
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ class TrialSubmitted:
     env_overrides: Mapping[str, str] = field(default_factory=dict)
     # The platforms it may use, most preferred first; (): the experiment's.
     platforms: tuple[str, ...] = ()
+    # Start from this trial's newest checkpoint ("": a fresh start).
+    checkpoint_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,9 +200,11 @@ class Ticked:
 
 @dataclass(frozen=True)
 class StopRequested:
-    """The experiment ends: cancel every trial, shut every environment down."""
+    """The experiment ends: cancel every trial, shut every environment down (``pause``:
+    pause the trials instead, the experiment to be resumed later)."""
 
     grace_s: float
+    pause: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,7 +215,7 @@ class StopCompleted:
 Event = (
     AgentRegistered | AgentDisconnected | AgentReported | HeartbeatReceived | TrialSubmitted
     | CancelRequested | EnvironmentStarted | EnvironmentStartFailed | EnvironmentsPolled | Ticked
-    | StopRequested | StopCompleted
+    | StopRequested | StopCompleted | ck.CheckpointFetchRequested | ck.PauseRequested | ck.ContinueRequested
 )
 
 # ---- messages to agents (the transport turns them into protobuf) ---------------------------
@@ -220,6 +229,10 @@ class Welcome:
     cancel_trial_ids: tuple[str, ...]
     # Heartbeats may leave unchanged GPU samples out for up to this long (0: never).
     gpu_sample_interval_s: float = 0.0
+    # Where its checkpoints go (see the protocol's Welcome).
+    checkpoint_dir: str = ""
+    checkpoint_storage: str = ""
+    max_checkpoint_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,6 +250,7 @@ class StartTrial:
     working_directory: str
     resumes_metrics: bool  # a retry: its metric indices go on after those already stored
     first_metric_index: int = 0  # filled in by the shell from the store when resumes_metrics
+    checkpoint: ck.Checkpoint | None = None  # continue from it
 
 
 @dataclass(frozen=True)
@@ -259,7 +273,7 @@ class Settings:
     gpu_sample_interval_s: float = 0.0
 
 
-ToAgent = Welcome | StartTrial | CancelTrial | Shutdown | Settings
+ToAgent = Welcome | StartTrial | CancelTrial | Shutdown | Settings | ck.PauseTrial | ck.CheckpointRefused
 
 # ---- instructions --------------------------------------------------------------------------
 
@@ -328,6 +342,8 @@ class TrialAdded:
     gpu_number: int
     submitted_at: float
     platforms: tuple[str, ...] = ()
+    # The checkpoint it starts from, another trial's: (that trial, its step).
+    forked_from: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -489,12 +505,14 @@ Fact = (
     TrialAdded | TrialStatusChanged | TrialPlaced | TrialUnplaced | TrialRan | TrialStopping | TrialExited
     | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
     | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
+    | ck.CheckpointRecorded | ck.CheckpointRemoved | ck.MetricsSuperseded | ck.TrialRetried
+    | ck.TrialParametersChanged
 )
 
 FACTS = (
     TrialAdded, TrialStatusChanged, TrialPlaced, TrialUnplaced, TrialRan, TrialStopping, TrialExited,
     FinalResultSet, WaitingReasonsChanged, EnvironmentAdded, EnvironmentStatusChanged,
-    EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored,
+    EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored, *ck.CHECKPOINT_FACTS,
 )
 
 # What the shell writes in one transaction before anything goes out.
@@ -502,5 +520,6 @@ STORE_WRITES = (*FACTS, StoreMetrics)
 
 Instruction = (
     RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StopEnvironment | PollSoon | Fact
-    | StoreMetrics | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled
+    | StoreMetrics | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled | ck.WriteCheckpointChunk
+    | ck.SendCheckpoint | ck.RemoveCheckpoint
 )

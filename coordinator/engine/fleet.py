@@ -232,8 +232,10 @@ class Fleet:
     def welcome(self, joined: Joined, unwanted: tuple[str, ...]) -> None:
         """The agent's first message: what it must stop, how often to beat."""
         env = self.envs[joined.env_id]
+        policy = self.policy
         self._out.append(ev.Send(joined.link, ev.Welcome(
-            self.policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval
+            policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval,
+            policy.section(env.platform).checkpoint_dir, policy.checkpoint_storage, policy.max_checkpoint_bytes,
         )))
 
     def disconnected(self, d: ev.AgentDisconnected) -> None:
@@ -363,10 +365,12 @@ class Fleet:
             self._to(env, EnvStatus.DRAINING, reason)
         self._out.append(ev.PollSoon())
 
-    def stop(self, grace_s: float) -> None:
+    def stop(self, grace_s: float, *, drain: bool = False) -> None:
+        """Shut every environment down (``drain``: once its trials have ended, which they do
+        themselves when they were asked to pause)."""
         self.stopping = True
         for env in self.live_envs():
-            self.shutdown(env, drain=False, reason="the experiment stopped", grace_s=grace_s)
+            self.shutdown(env, drain=drain, reason="the experiment stopped", grace_s=grace_s)
 
     def stop_completed(self) -> None:
         for env in self.live_envs():

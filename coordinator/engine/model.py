@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checkpoints import Checkpoint
 from .scheduler import GpuSlot
 from .states import EnvStatus, TrialStatus
 
@@ -45,6 +46,8 @@ class TrialInfo:
     # Why a waiting trial is not placed yet ("" once it runs).
     waiting_reason: str = ""
     unreadable: tuple[str, ...] = ()
+    # The step of its newest checkpoint (None: it saved none).
+    checkpoint_step: int | None = None
 
     @property
     def done(self) -> bool:
@@ -124,10 +127,25 @@ class TrialState:
     # The platforms it may use, most preferred first; (): the experiment's.
     platforms: tuple[str, ...] = ()
     lost_on: str = ""  # the platform of the environment it was last lost with
+    # Its own checkpoints kept, oldest first; and the one it was forked from (another
+    # trial's) until it saves its own.
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    forked_from: Checkpoint | None = None
+    # Asked to pause: its agent ends it at its next checkpoint.
+    pausing: bool = False
+    # Retries used against maxTrialRetries, and whether it saved a checkpoint since its last loss.
+    retries: int = 0
+    progressed: bool = False
+    refused_steps: set[int] = field(default_factory=set)  # a part of that save was refused
 
     @property
     def placed(self) -> bool:
         return self.env_id is not None
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """What it continues from: its newest checkpoint, else the one it was forked from."""
+        return self.checkpoints[-1] if self.checkpoints else self.forked_from
 
     def info(self) -> TrialInfo:
         return TrialInfo(
@@ -150,6 +168,7 @@ class TrialState:
             attempts=self.attempts,
             stopping=self.cancel_status is not None and not self.status.terminal,
             waiting_reason=self.waiting_reason if self.status is TrialStatus.WAITING else "",
+            checkpoint_step=self.checkpoints[-1].step if self.checkpoints else None,
         )
 
 

@@ -34,6 +34,9 @@ class PlatformPolicy:
     # The section's (maxTrialNumberPerGpu, useActiveGpu). An environment whose platform sets
     # its own (one machine of several) brings them when it starts.
     gpu_sharing: tuple[int, bool] = (1, False)
+    # The experiment's checkpoint directory as its agents would see it through shared
+    # storage ("": they upload checkpoints to the coordinator).
+    checkpoint_dir: str = ""
 
     def gpus_offered(self) -> int:
         """GPUs its agents pretend to have (simulatedGpus), 0 when they report real ones."""
@@ -64,6 +67,14 @@ class Policy:
     trial_lost_timeout_s: float = 30.0
     agent_start_timeout_s: float = AGENT_START_TIMEOUT_S
     placement: str = "pack"
+    # Checkpoints: object storage for them ("" none), the largest taken (0: no limit), how many
+    # of each trial's are kept, how long a trial asked to pause has to save one, and whether
+    # a loss after one does not count against max_trial_retries.
+    checkpoint_storage: str = ""
+    max_checkpoint_bytes: int = 0
+    checkpoints_per_trial: int = 1
+    pause_grace_s: float = 120.0
+    progress_resets_retries: bool = True
 
     def __post_init__(self) -> None:
         if not self.platforms:

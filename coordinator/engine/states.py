@@ -20,10 +20,12 @@ class TrialStatus(str, enum.Enum):
     USER_CANCELED = "USER_CANCELED"
     EARLY_STOPPED = "EARLY_STOPPED"
     SYS_CANCELED = "SYS_CANCELED"
+    # Saved a checkpoint and ended its process to free its slot: continued later, anywhere.
+    PAUSED = "PAUSED"
 
     @property
     def terminal(self) -> bool:
-        return self not in (TrialStatus.WAITING, TrialStatus.RUNNING)
+        return self not in (TrialStatus.WAITING, TrialStatus.RUNNING, TrialStatus.PAUSED)
 
 
 class EnvStatus(str, enum.Enum):
@@ -55,6 +57,12 @@ TRIAL_TRANSITIONS: dict[tuple[TrialStatus, TrialStatus], str] = {
     (T.RUNNING, T.EARLY_STOPPED): "stopped by the tuner's assessor",
     (T.RUNNING, T.SYS_CANCELED): "the experiment ended while it ran",
     (T.RUNNING, T.WAITING): "its environment was lost and a retry is allowed",
+    (T.RUNNING, T.PAUSED): "it saved a checkpoint and ended, asked to pause",
+    (T.WAITING, T.PAUSED): "paused before it ran",
+    (T.PAUSED, T.WAITING): "continued, from its last checkpoint",
+    (T.PAUSED, T.USER_CANCELED): "canceled while paused",
+    (T.PAUSED, T.SYS_CANCELED): "the experiment ended while it was paused",
+    (T.PAUSED, T.EARLY_STOPPED): "a search stopped it while it was paused",
 }
 
 E = EnvStatus

@@ -17,7 +17,7 @@ the changed environments, and a pass with nothing changed does nothing.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -124,6 +124,28 @@ class WaitingTrials:
             self.blocked.discard(shape)
             self.told.pop(shape, None)
             self.why.pop(shape, None)
+
+    def refused(self, why_by_shape: Mapping[tuple[int, int], str]) -> dict[str, str]:
+        """The waiting trials of the shapes (GPUs, memory per GPU) that can never run, and why."""
+        found = {}
+        for tid in self:
+            d = self.demand(tid)
+            why = why_by_shape.get((d.gpus, d.gpu_memory_bytes), "")
+            if why:
+                found[tid] = why
+        return found
+
+    def unplaceable(self, names: Sequence[str], platform_errors: Mapping[str, str], by_hand: bool) -> dict[str, str]:
+        """The waiting trials that may use only platforms given up on, and their errors
+        (``by_hand``: agents an operator started still serve unrestricted trials)."""
+        found = {}
+        for tid in self:
+            d = self.demand(tid)
+            allowed = [n for n in names if d.rank(n) is not None]
+            if any(n not in platform_errors for n in allowed) or (not d.only_these and by_hand):
+                continue
+            found[tid] = "; ".join(f"{n}: {platform_errors[n]}" for n in allowed)
+        return found
 
     def demand(self, trial_id: str) -> Demand:
         return self._entries[trial_id][1]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine import checkpoints as ck
 from ..engine import events as ev
 
 
@@ -43,7 +44,28 @@ class WaitingReasons:
     reasons: Mapping[str, str]
 
 
-Write = Insert | Update | Transition | WaitingReasons
+@dataclass(frozen=True)
+class CheckpointKept:
+    checkpoint: ck.Checkpoint
+
+
+@dataclass(frozen=True)
+class CheckpointGone:
+    trial_id: str
+    step: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """The trial's results from ``from_index`` on move to its history."""
+
+    trial_id: str
+    from_index: int
+    at: float
+
+
+Write = Insert | Update | Transition | WaitingReasons | CheckpointKept | CheckpointGone | Superseded
 
 
 def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
@@ -53,6 +75,8 @@ def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
     }
     if f.platforms:
         row["platforms_json"] = json.dumps(list(f.platforms))
+    if f.forked_from is not None:
+        row["forked_from_json"] = json.dumps(list(f.forked_from))
     return (Insert("trials", row),)
 
 
@@ -100,6 +124,13 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     }),),
     ev.AgentConnected: lambda f: (Update("environments", f.env_id, {"connected": int(f.connected)}),),
     ev.AgentMessagesStored: lambda f: (Update("environments", f.env_id, {"last_seq": f.last_seq}),),
+    ck.CheckpointRecorded: lambda f: (CheckpointKept(f.checkpoint),),
+    ck.CheckpointRemoved: lambda f: (CheckpointGone(f.trial_id, f.step, f.removed_at),),
+    ck.MetricsSuperseded: lambda f: (Superseded(f.trial_id, f.from_index, f.at),),
+    ck.TrialRetried: lambda f: (Update("trials", f.trial_id, {"retries": f.retries, "progressed": int(f.progressed)}),),
+    ck.TrialParametersChanged: lambda f: (Update("trials", f.trial_id, {
+        "parameters_json": json.dumps(dict(f.parameters)),
+    }),),
 }
 
 

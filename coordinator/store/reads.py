@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.rows import GpuSampleRow, MetricRow
+from . import checkpointrows
 from . import metrics as metricstore
 
 #: The store's file in an experiment's directory.
@@ -89,6 +90,14 @@ class StoreReader:
     def trial_places(self) -> list[tuple[Any, Any, Any]]:
         """(id, environment id, status) of every trial, in submission order."""
         return [tuple(r) for r in self._db.execute("SELECT id, environment_id, status FROM trials ORDER BY seq")]
+
+    def checkpoints(self, trial_id: str | None = None, *, kept: bool = True) -> list[dict[str, Any]]:
+        """Checkpoints as stored, oldest first (``kept``: those whose files are still there)."""
+        return checkpointrows.rows(self._db, trial_id, kept=kept)
+
+    def metric_history(self, trial_id: str) -> list[dict[str, Any]]:
+        """Results of the trial that a run continued from a checkpoint replaced."""
+        return checkpointrows.history(self._db, trial_id)
 
     def active_trials(self) -> list[dict[str, Any]]:
         """The trials waiting or running, in submission order."""

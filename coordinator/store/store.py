@@ -17,8 +17,9 @@ from typing import Any
 
 from ..engine.events import Fact
 from ..engine.rows import GpuSampleRow, MetricRow, MetricRun
+from . import checkpointrows
 from . import metrics as metricstore
-from .facts import Insert, Transition, Update, WaitingReasons, writes_of
+from .facts import CheckpointGone, CheckpointKept, Insert, Superseded, Transition, Update, WaitingReasons, writes_of
 from .reads import FILENAME, StoreError, StoreReader
 
 SCHEMA_VERSION = 1
@@ -111,7 +112,7 @@ TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
-    "waiting_reason", "stopping", "platforms_json",
+    "waiting_reason", "stopping", "platforms_json", *checkpointrows.TRIAL_COLUMNS,
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
@@ -155,6 +156,7 @@ _ADDED_COLUMNS = {
         "stopping": "INTEGER NOT NULL DEFAULT 0",
         # The platforms the trial may use, most preferred first ([]: the experiment's).
         "platforms_json": "TEXT NOT NULL DEFAULT '[]'",
+        **checkpointrows.TRIAL_COLUMNS,
     },
     # 1 while the environment's agent has its stream open.
     "environments": {"connected": "INTEGER NOT NULL DEFAULT 0"},
@@ -191,7 +193,7 @@ class Store(StoreReader):
                 self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.executescript(_SCHEMA + metricstore.SCHEMA)
+                self._db.executescript(_SCHEMA + metricstore.SCHEMA + checkpointrows.SCHEMA)
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
@@ -264,6 +266,13 @@ class Store(StoreReader):
                     self.record(w.entity, w.entity_id, w.old, w.new, w.reason)
                 case WaitingReasons():
                     self.set_waiting_reasons(w.reasons)
+                case CheckpointKept():
+                    checkpointrows.record(self._db, w.checkpoint)
+                case CheckpointGone():
+                    checkpointrows.removed(self._db, w.trial_id, w.step, w.at)
+                case Superseded():
+                    self._metric_ends.pop(w.trial_id, None)  # its results end before from_index now
+                    checkpointrows.supersede(self._db, w.trial_id, w.from_index, w.at, has_runs=True)
 
     def update_trial(self, trial_id: str, **fields: Any) -> None:
         self._update("trials", "trial", TRIAL_COLUMNS, trial_id, fields)

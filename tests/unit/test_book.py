@@ -399,7 +399,7 @@ def test_restore_takes_rows_as_far_as_they_can_be_read() -> None:
         row("running", 1, "RUNNING", environment_id="env-1", gpu_indices_json="[0]",
             gpu_uuids_json='["GPU-a"]', attempts=1, platforms_json='["local", 7]'),
         row("waiting", 2, "WAITING"),
-        row("future", 3, "PAUSED", environment_id="env-1"),
+        row("future", 3, "HIBERNATING", environment_id="env-1"),
         row("garbled", 4, "WAITING", parameters_json="{not json"),
         row("old-garbled", 5, "FAILED", parameters_json="[1]", ended_at=WALL + 2),
     ])
@@ -415,7 +415,7 @@ def test_restore_takes_rows_as_far_as_they_can_be_read() -> None:
     assert t["garbled"].reason == "its stored parameters cannot be read; not resumed"
     assert t["old-garbled"].reason == ""  # ended before: kept as it was, no fact
     assert of(out, ev.TrialStatusChanged) == [
-        ev.TrialStatusChanged("future", "PAUSED", FAILED, t["future"].reason, t["future"].reason,
+        ev.TrialStatusChanged("future", "HIBERNATING", FAILED, t["future"].reason, t["future"].reason,
                               WALL + 100),
         ev.TrialStatusChanged("garbled", "WAITING", FAILED, t["garbled"].reason,
                               t["garbled"].reason, WALL + 100),

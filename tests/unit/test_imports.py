@@ -136,7 +136,7 @@ def test_no_cycle_at_type_checking_level_either() -> None:
 
 C = "trialkeeper.coordinator"
 # The decision core's data, which the store and the read side speak; not its machines.
-CORE_DATA = tuple(f"{C}.engine.{m}" for m in ("events", "rows", "states", "model"))
+CORE_DATA = tuple(f"{C}.engine.{m}" for m in ("events", "rows", "states", "model", "checkpoints"))
 # (who, what it must not import, what of that it may): prefixes of module names.
 FORBIDDEN = [
     ("the core imports nothing outside the core", f"{C}.engine", ("trialkeeper.",), (f"{C}.engine",)),

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.book import TrialBook
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
@@ -37,6 +38,13 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ev.FinalResultSet("t1", 0.5, '{"default": 0.5}'),
     ev.TrialStatusChanged("t1", "RUNNING", TrialStatus.USER_CANCELED, "by the user",
                           "by the user", WALL + 2),
+    ck.CheckpointRecorded(ck.Checkpoint(
+        "t1", 3, 2, 10, "sha256:ab", (ck.CheckpointFile("model.pt", 10, 0o644),), "", WALL + 1, "env-1",
+    )),
+    ck.CheckpointRemoved("t1", 3, WALL + 3),
+    ck.MetricsSuperseded("t1", 2, WALL + 3),
+    ck.TrialRetried("t1", 1, False),
+    ck.TrialParametersChanged("t1", {"lr": 0.2}),
 )}
 
 

@@ -1,0 +1,282 @@
+"""Checkpoints as the decision core sees them: what agents say of them, what the core asks
+the shell to do with them, and the plain rules it decides by.
+
+A checkpoint is the files a trial saved at a step, whole or absent. The core knows each by
+its :class:`Checkpoint` record (never its bytes): where it is, how big, its digest, and how
+many results the trial had reported when it saved. The files themselves are the shell's: it
+writes uploaded chunks, finishes a checkpoint before the core hears of it, streams one down
+to an agent, and removes the old ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Bytes of one file of a checkpoint in one message, up or down.
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    path: str  # relative, '/'-separated
+    size: int
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One saved checkpoint of ``trial_id`` (the trial that saved it)."""
+
+    trial_id: str
+    step: int
+    metric_index: int
+    size_bytes: int
+    digest: str
+    files: tuple[CheckpointFile, ...]
+    # "": in the experiment's checkpoint directory; else an object storage URL.
+    location: str
+    saved_at: float
+    env_id: str = ""
+
+
+# ---- what agents say -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointChunkReported:
+    trial_id: str
+    step: int
+    path: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class CheckpointSavedReported:
+    trial_id: str
+    step: int
+    metric_index: int
+    size_bytes: int
+    digest: str
+    files: tuple[CheckpointFile, ...]
+    location: str
+    saved_at: float
+    # What the shell found wrong with its files before the core heard of it ("": whole).
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointFetchRequested:
+    """An agent asks for the checkpoint of a trial it is to start (not numbered)."""
+
+    env_id: str
+    link: int
+    trial_id: str
+    step: int
+    path: str
+    offset: int
+
+
+# ---- what the embedding API says -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseRequested:
+    trial_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ContinueRequested:
+    trial_id: str
+    # New parameters to continue with (a search's exploit); None: its own.
+    parameters: Mapping[str, Any] | None = None
+
+
+# ---- messages to agents ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseTrial:
+    trial_id: str
+    grace_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointRefused:
+    trial_id: str
+    step: int
+    reason: str
+
+
+# ---- instructions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteCheckpointChunk:
+    """Write uploaded bytes into the trial's incoming checkpoint (before the commit)."""
+
+    trial_id: str
+    step: int
+    path: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SendCheckpoint:
+    """Stream a checkpoint down to an agent, from file ``path`` (and ``offset``) on."""
+
+    link: int
+    trial_id: str  # the trial being started (named in every chunk)
+    checkpoint: Checkpoint
+    path: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class RemoveCheckpoint:
+    """Delete a checkpoint's files (after the commit that records it removed)."""
+
+    checkpoint: Checkpoint
+
+
+# ---- facts -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointRecorded:
+    checkpoint: Checkpoint
+    # Whether this save counts as progress since the trial's last loss.
+    progressed: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointRemoved:
+    trial_id: str
+    step: int
+    removed_at: float
+
+
+@dataclass(frozen=True)
+class MetricsSuperseded:
+    """A trial continues from a checkpoint taken when it had ``from_index`` results: those
+    it reported after (and lost) move to its history, and the continued run's replace them."""
+
+    trial_id: str
+    from_index: int
+    at: float
+
+
+@dataclass(frozen=True)
+class TrialRetried:
+    """Retries a trial has used up against maxTrialRetries, and whether it saved a
+    checkpoint since its last loss."""
+
+    trial_id: str
+    retries: int
+    progressed: bool
+
+
+@dataclass(frozen=True)
+class TrialParametersChanged:
+    trial_id: str
+    parameters: Mapping[str, Any]
+
+
+CHECKPOINT_FACTS = (CheckpointRecorded, CheckpointRemoved, MetricsSuperseded, TrialRetried, TrialParametersChanged)
+
+
+# ---- rules -------------------------------------------------------------------------------------
+
+
+def path_problem(path: str) -> str:
+    """Why ``path`` cannot name a file of a checkpoint ("" when it can)."""
+    if not path or len(path) > 4096:
+        return "an empty or overlong path"
+    if path.startswith("/") or "\\" in path or "\0" in path:
+        return f"path {path!r} is not relative"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return f"path {path!r} is not a plain relative path"
+    return ""
+
+
+def saved_problem(report: CheckpointSavedReported, max_bytes: int) -> str:
+    """Why a saved checkpoint cannot be recorded ("" when it can)."""
+    if report.problem:
+        return report.problem
+    if max_bytes and report.size_bytes > max_bytes:
+        return f"it is {report.size_bytes} bytes, more than maxCheckpointSize ({max_bytes} bytes)"
+    if sum(f.size for f in report.files) != report.size_bytes:
+        return "its files' sizes do not add up to its size"
+    paths = [f.path for f in report.files]
+    if len(set(paths)) != len(paths):
+        return "it names a file twice"
+    for p in paths:
+        why = path_problem(p)
+        if why:
+            return why
+    return ""
+
+
+def take_chunk(t: Any, c: CheckpointChunkReported, max_bytes: int, out: list[Any]) -> None:
+    """A piece of a trial's (``t``, a TrialState) upload: written, or its save marked refused."""
+    if path_problem(c.path) or (max_bytes and c.offset + len(c.data) > max_bytes):
+        t.refused_steps.add(c.step)  # its CheckpointSaved is refused with the reason
+    else:
+        out.append(WriteCheckpointChunk(t.id, c.step, c.path, c.offset, c.data))
+
+
+def record(
+    t: Any, s: CheckpointSavedReported, env_id: str, policy: Any, wall: float, held: Iterable[tuple[str, int]],
+    out: list[Any],
+) -> tuple[Checkpoint | None, str]:
+    """Record a trial's (``t``, a TrialState) saved checkpoint, or say why not; the older ones
+    beyond checkpointsPerTrial go. Appends the facts and instructions to ``out``."""
+    why = saved_problem(s, policy.max_checkpoint_bytes)
+    if not why and s.step in t.refused_steps:
+        why = "a part of it was refused (an unsafe path, or more than maxCheckpointSize)"
+    t.refused_steps.discard(s.step)
+    if why:
+        return None, why
+    c = Checkpoint(
+        t.id, s.step, s.metric_index, s.size_bytes, s.digest, s.files, s.location, s.saved_at or wall, env_id
+    )
+    t.checkpoints = [k for k in t.checkpoints if k.step != c.step] + [c]
+    t.forked_from = None
+    t.progressed = True
+    out.append(CheckpointRecorded(c))
+    for old in to_remove(t.checkpoints, policy.checkpoints_per_trial, held):
+        t.checkpoints.remove(old)
+        out.append(CheckpointRemoved(t.id, old.step, wall))
+        out.append(RemoveCheckpoint(old))
+    return c, ""
+
+
+def to_remove(kept: Sequence[Checkpoint], keep: int, referenced: Iterable[tuple[str, int]]) -> list[Checkpoint]:
+    """Of a trial's checkpoints (oldest first), those beyond the newest ``keep`` that no other
+    trial still counts on (``referenced``: (trial, step) pairs)."""
+    held = set(referenced)
+    old = kept[:-keep] if keep > 0 else list(kept)
+    return [c for c in old if (c.trial_id, c.step) not in held]
+
+
+def from_row(r: Mapping[str, Any]) -> Checkpoint:
+    """A checkpoint as the store keeps it."""
+    try:
+        files = json.loads(r["files_json"])
+    except (TypeError, ValueError, RecursionError):
+        files = []
+    files = files if isinstance(files, list) else []
+    return Checkpoint(
+        trial_id=r["trial_id"], step=int(r["step"]), metric_index=int(r["metric_index"]),
+        size_bytes=int(r["size_bytes"]), digest=r["digest"] or "",
+        files=tuple(
+            CheckpointFile(str(f[0]), int(f[1]), int(f[2])) for f in files if isinstance(f, list) and len(f) == 3
+        ),
+        location=r["location"] or "", saved_at=float(r["saved_at"] or 0.0), env_id=r["env_id"] or "",
+    )
