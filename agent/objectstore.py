@@ -40,6 +40,7 @@ MAX_ATTEMPTS = 4  # botocore's "standard" retry mode: the first try and three re
 PART_BYTES = 8 * 1024 * 1024  # multipart above this size, in parts of this size
 CONCURRENCY = 4  # parts in flight per file: what bounds the memory a transfer holds
 DELETE_BATCH = 1000  # the most keys one DeleteObjects takes
+LIST_PAGE = 1000  # keys a listing returns a page
 
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 # What must never reach a message even when a server echoes it back: access key ids, the
@@ -265,7 +266,7 @@ class ObjectStore:
         """(key, size) of every object under ``directory/``."""
         token: str | None = None
         while True:
-            args: dict[str, Any] = {"Bucket": bucket, "Prefix": f"{directory}/"}
+            args: dict[str, Any] = {"Bucket": bucket, "Prefix": f"{directory}/", "MaxKeys": LIST_PAGE}
             if token:
                 args["ContinuationToken"] = token
             page = self._call("list_objects_v2", url, **args)
