@@ -9,41 +9,73 @@ An assessor follows NNI's interface, so an NNI user's assessor ports with few ch
         def trial_end(self, trial_id, success) -> None: ...
 
 and is named in the experiment config as ``assessor: {className: my_pkg.mod:MyAssessor}``.
+One that may also pause a trial (to continue it later, as a multi-fidelity search does at
+its rungs) implements ``decide`` instead, answering a Verdict.
 """
 
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .requests import Requesting
 from .tuners import TunerError, check_class_args
 
 if TYPE_CHECKING:
     from .tuners import PastTrial
 
-__all__ = ["BUILTIN_ASSESSORS", "Assessor", "AssessorError", "MedianStopAssessor", "construct"]
+__all__ = ["BUILTIN_ASSESSORS", "Assessor", "AssessorError", "MedianStopAssessor", "Verdict", "construct"]
 
 
 class AssessorError(TunerError):
     """An assessor that cannot be created: unknown name, failed import, bad classArgs."""
 
 
-class Assessor(abc.ABC):
+class Verdict(enum.Enum):
+    """What an assessor decides for a trial after one of its intermediate results."""
+
+    CONTINUE = "continue"  # let it go on
+    STOP = "stop"  # end it now, EARLY_STOPPED
+    PAUSE = "pause"  # it saves a checkpoint and frees its slot until continued
+
+
+class Assessor(Requesting, abc.ABC):
     """Judges running trials by their intermediate results.
 
-    Called from one thread: ``trial_started`` when a trial is submitted, ``assess_trial``
-    after each intermediate result is stored with every intermediate result of the trial
-    so far, ``trial_end`` when the trial ends. ``assess_trial`` returning False stops the
-    trial (it ends EARLY_STOPPED).
+    Called from one thread: ``trial_started`` when a trial is submitted, ``decide`` after
+    each intermediate result is stored with every intermediate result of the trial so far,
+    ``trial_end`` when the trial ends. A subclass implements ``decide`` or, as in NNI,
+    ``assess_trial`` (True: go on, False: stop it), which ``decide`` calls by default.
+
+    A trial an assessor paused is told by ``trial_paused``; the assessor continues it with
+    ``request_continue(trial_id)`` from any of its methods (or ends it with
+    ``request_stop``), and then hears ``trial_continued``.
     """
 
     def trial_started(self, trial_id: str, parameter_id: int, parameters: dict[str, Any]) -> None:
         """Learn that trial ``trial_id`` runs ``parameters`` (the tuner's ``parameter_id``)."""
 
-    @abc.abstractmethod
+    def decide(self, trial_id: str, history: Sequence[float]) -> Verdict:
+        """Whether the trial goes on, stops or pauses, given every intermediate result it
+        reported so far. The default asks ``assess_trial``."""
+        if type(self).assess_trial is Assessor.assess_trial:
+            raise NotImplementedError(f"{type(self).__name__} implements neither decide nor assess_trial")
+        return Verdict.CONTINUE if self.assess_trial(trial_id, history) else Verdict.STOP
+
     def assess_trial(self, trial_id: str, history: Sequence[float]) -> bool:
-        """True: let the trial go on; False: stop it now."""
+        """True: let the trial go on; False: stop it now. The default asks ``decide`` (a
+        pause counts as going on)."""
+        if type(self).decide is Assessor.decide:
+            raise NotImplementedError(f"{type(self).__name__} implements neither decide nor assess_trial")
+        return self.decide(trial_id, history) is not Verdict.STOP
+
+    def trial_paused(self, trial_id: str) -> None:
+        """Learn that the trial saved a checkpoint and ended its process, paused."""
+
+    def trial_continued(self, trial_id: str, parameters: dict[str, Any]) -> None:
+        """Learn that the paused trial was continued from its checkpoint with ``parameters``."""
 
     def trial_end(self, trial_id: str, success: bool) -> None:
         """Learn that the trial ended; ``success`` is False for a failed or stopped one."""
@@ -56,9 +88,17 @@ class Assessor(abc.ABC):
         for t in history:
             self.trial_started(t.trial_id, t.parameter_id, t.parameters)
             if t.intermediate:
-                self.assess_trial(t.trial_id, list(t.intermediate))
+                self.decide(t.trial_id, list(t.intermediate))
+            if t.paused:
+                self.trial_paused(t.trial_id)
             if t.status is not None:
                 self.trial_end(t.trial_id, t.succeeded)
+        self.take_requests()  # what it asks while hearing the past was decided then
+
+
+def implements_a_verdict(cls: type[Assessor]) -> bool:
+    """Whether an Assessor subclass implements decide or assess_trial."""
+    return cls.decide is not Assessor.decide or cls.assess_trial is not Assessor.assess_trial
 
 
 class MedianStopAssessor(Assessor):
@@ -104,6 +144,8 @@ BUILTIN_ASSESSORS: dict[str, type[Assessor]] = {"median": MedianStopAssessor}
 
 
 def construct(label: str, cls: type[Assessor], args: dict[str, Any]) -> Assessor:
+    if not implements_a_verdict(cls):
+        raise AssessorError(f"assessor {label!r} implements neither decide nor assess_trial")
     try:
         args = check_class_args(label, cls, args, "assessor", skip_first=False)
     except AssessorError:

@@ -10,6 +10,12 @@ Its parameter ids are strings (``"0-4_0_3"``, bracket, round, number) where NNI'
 keeps integers (microsoft/nni#5263): trialkeeper keeps its own integer ids and maps them,
 and the recovery check that compares the two kinds is answered here, since an advisor
 here is never recovered by NNI.
+
+A configuration keeps its bracket and number from round to round (NNI's brackets build the
+promoted id from the old one's last part, with the same parameters and a larger
+``TRIAL_BUDGET``): so a promoted trial is known, and it starts from the checkpoint of the
+trial that ran the configuration in the round before, going on from the step it saved
+instead of training again the epochs it already trained (``Tuner.checkpoint_from``).
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from .tuners import PastTrial, TryLater, Tuner, TunerError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NniAdvisor"]
+__all__ = ["NniAdvisor", "configuration_key"]
+
+_BUDGET = "TRIAL_BUDGET"
 
 # NNI's own switch for a dispatcher without a manager to talk to (its unit tests use it).
 _NO_CHANNEL = "ws://_unittest_trialkeeper"
@@ -56,6 +64,10 @@ class NniAdvisor(Tuner):
         self._waiting = False  # it said NoMoreTrialJobs; ask again once something changed
         self._ids: dict[int, str] = {}  # trialkeeper's parameter id -> the advisor's
         self._params: dict[int, dict[str, Any]] = {}
+        # A configuration (bracket, number) -> the last trialkeeper parameter id that ran it,
+        # and its parameters without the budget.
+        self._ran: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
+        self._sources: dict[int, int] = {}  # a promoted trial's parameter id -> its previous round's
         advisor.send = self._sent
         advisor.is_created_in_previous_exp = lambda _parameter_id: False
         try:
@@ -78,10 +90,24 @@ class NniAdvisor(Tuner):
             self._waiting = True
             raise TryLater(f"{self.label} waits for running trials before it proposes more")
         job = self._jobs.popleft()
-        self._ids[parameter_id] = str(job["parameter_id"])
+        sid = str(job["parameter_id"])
+        self._ids[parameter_id] = sid
         params = dict(job["parameters"])
         self._params[parameter_id] = params
+        key = configuration_key(sid)
+        if key is not None:
+            config = {k: v for k, v in params.items() if k != _BUDGET}
+            before = self._ran.get(key)
+            # The same configuration, checked by its content too: only then is the checkpoint its own.
+            if before is not None and before[1] == config:
+                self._sources[parameter_id] = before[0]
+                log.info("advisor %s promotes configuration %s to budget %s: trial %d goes on from trial %d",
+                         self.label, sid, params.get(_BUDGET), parameter_id, before[0])
+            self._ran[key] = (parameter_id, config)
         return params
+
+    def checkpoint_from(self, parameter_id: int) -> int | None:
+        return self._sources.get(parameter_id)
 
     def _report(self, parameter_id: int, kind: str, step: int, value: float) -> None:
         sid = self._ids.get(parameter_id)
@@ -115,3 +141,12 @@ class NniAdvisor(Tuner):
         if history:
             log.warning("advisor %s starts new brackets after the resume; %d stored trials are kept but not told to it",
                         self.label, len(history))
+
+
+def configuration_key(parameter_id: str) -> tuple[str, str] | None:
+    """What identifies a configuration of an NNI advisor across its rounds: the bracket and
+    the number of ``"<bracket>_<round>_<number>"``, None for an id of another form."""
+    parts = parameter_id.split("_")
+    if len(parts) != 3 or not all(parts):
+        return None
+    return parts[0], parts[2]

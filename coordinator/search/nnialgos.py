@@ -9,9 +9,12 @@ error that says what to install.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .assessors import Assessor, AssessorError
@@ -25,6 +28,7 @@ __all__ = [
     "NNI_TUNER_NAMES",
     "NniAssessor",
     "NniTuner",
+    "checkpoint_directory",
     "create_nni_assessor",
     "create_nni_tuner",
     "nni_custom_assessor",
@@ -54,14 +58,14 @@ _EXTRAS: dict[str, str] = {
 
 
 # NNI's PBT tuner keeps each trial's checkpoints under classArgs.all_checkpoint_dir, which
-# defaults to $NNI_CHECKPOINT_DIRECTORY: NNI's manager sets it, trialkeeper does not (its own
-# checkpoints, which PBT will use by default, are not there yet).
+# defaults to $NNI_CHECKPOINT_DIRECTORY when the tuner is built: NNI's manager sets it for
+# its dispatcher, an experiment sets it while it builds its tuner (checkpoint_directory).
 _PBT_REFUSAL = (
-    "NNI's PBT tuner keeps the trials' checkpoints in NNI_CHECKPOINT_DIRECTORY, which NNI's "
-    "manager sets and trialkeeper does not (trialkeeper's own checkpoints, which PBT will use, "
-    "are not there yet): give classArgs.all_checkpoint_dir, a directory every trial can read "
-    "and write (shared storage with remote machines or clusters), or choose another tuner"
+    "NNI's PBT tuner keeps the trials' checkpoints in classArgs.all_checkpoint_dir, by default "
+    "NNI_CHECKPOINT_DIRECTORY, which an experiment sets while it builds its tuner and which is not set here: "
+    "give classArgs.all_checkpoint_dir, a directory every trial can read and write, or set NNI_CHECKPOINT_DIRECTORY"
 )
+CHECKPOINT_VARIABLE = "NNI_CHECKPOINT_DIRECTORY"
 
 
 def is_pbt(name: object, class_name: object = None) -> bool:
@@ -72,11 +76,33 @@ def is_pbt(name: object, class_name: object = None) -> bool:
 
 
 def tuner_refusal(name: object, class_name: object, class_args: object) -> str | None:
-    """Why a tuner the config names cannot run here, or None: checked when the config is read."""
+    """Why a tuner the config names cannot run here, or None: checked when the config is read.
+    None for every tuner now: NNI's PBT gets its checkpoint directory from the experiment."""
+    return None
+
+
+def _pbt_refusal(name: object, class_name: object, class_args: object) -> str | None:
+    """Why NNI's PBT cannot be built now (no directory for its checkpoints), or None."""
     if not is_pbt(name, class_name):
         return None
     given = class_args.get("all_checkpoint_dir") if isinstance(class_args, dict) else None
-    return None if given else _PBT_REFUSAL
+    return None if given or os.environ.get(CHECKPOINT_VARIABLE) else _PBT_REFUSAL
+
+
+@contextlib.contextmanager
+def checkpoint_directory(path: Path) -> Iterator[None]:
+    """NNI_CHECKPOINT_DIRECTORY is ``path`` while the tuner is built, as NNI's manager sets
+    it for its dispatcher: NNI's PBT tuner keeps the trials' checkpoints there by default.
+    Only while: trials get their own, and several experiments may share this process."""
+    before = os.environ.get(CHECKPOINT_VARIABLE)
+    os.environ[CHECKPOINT_VARIABLE] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CHECKPOINT_VARIABLE, None)
+        else:
+            os.environ[CHECKPOINT_VARIABLE] = before
 
 
 def _nni(what: str) -> Any:
@@ -143,7 +169,7 @@ def create_nni_tuner(name: str, class_args: dict[str, Any], search_space: dict[s
     if key in NNI_ADVISOR_NAMES:
         return create_nni_advisor(name, class_args, search_space)
     nni_name = NNI_TUNER_NAMES[key]
-    refusal = tuner_refusal(name, None, class_args)
+    refusal = _pbt_refusal(name, None, class_args)
     if refusal is not None:
         raise TunerError(refusal)
     return NniTuner(_build(nni_name, class_args, "tuners", TunerError), search_space, class_args, nni_name)
@@ -173,7 +199,7 @@ def create_nni_assessor(name: str, class_args: dict[str, Any]) -> Assessor:
 
 def nni_custom_tuner(class_name: str, cls: Any, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
     """A user's own NNI tuner class (``className`` + ``codeDirectory``)."""
-    refusal = tuner_refusal(None, f"{cls.__module__}.{getattr(cls, '__name__', '')}", class_args)
+    refusal = _pbt_refusal(None, f"{cls.__module__}.{getattr(cls, '__name__', '')}", class_args)
     if refusal is not None:
         raise TunerError(refusal)
     return NniTuner(_custom(class_name, cls, class_args, "tuner", TunerError), search_space, class_args, class_name)

@@ -3,25 +3,37 @@ the experiment's events and returning what to do. No I/O: the experiment loop ca
 the instructions (``experiment.py``).
 
 Every intermediate result reaches the tuner and the assessor as it is stored; an assessor's
-"stop" becomes a StopTrial instruction (the loop ends the trial EARLY_STOPPED). A trial
-stopped early teaches the tuner its last intermediate result, as NNI does. An algorithm
-that raises is logged with its traceback and the search fails: it proposes nothing more
-(the loop ends the experiment once the running trials are done) and results are still
-stored as always.
+"stop" becomes a StopTrial instruction (the loop ends the trial EARLY_STOPPED), its "pause"
+a PauseTrial (the trial saves a checkpoint and frees its slot). A tuner or an assessor may
+also ask to pause, continue or stop trials (``requests.Requesting``) and a tuner to start a
+new trial from another's checkpoint (``Tuner.checkpoint_from``). A trial stopped early
+teaches the tuner its last intermediate result, as NNI does. An algorithm that raises is
+logged with its traceback and the search fails: it proposes nothing more (the loop ends the
+experiment once the running trials are done) and results are still stored as always.
+
+Each intermediate result carries its stored index: a trial continued from a checkpoint
+after its environment was lost reports again from the checkpoint's index on, and those
+results replace the lost run's from that index on, so the tuner and the assessor see one
+curve.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import TrialStatus  # the public API
-from .assessors import Assessor
+from .assessors import Assessor, Verdict
+from .requests import Request, RequestKind
 from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner
 
 log = logging.getLogger(__name__)
+
+
+# ---- events: what happened -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -29,12 +41,26 @@ class TrialSubmitted:
     trial_id: str
     parameter_id: int
     parameters: dict[str, Any]
+    checkpoint_from: str | None = None  # the trial whose checkpoint it starts from
 
 
 @dataclass(frozen=True)
 class IntermediateStored:
     trial_id: str
     value: float
+    index: int | None = None  # the result's stored index; None: after the last one
+
+
+@dataclass(frozen=True)
+class TrialPaused:
+    trial_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class TrialContinued:
+    trial_id: str
+    parameters: dict[str, Any] | None = None  # None: its own
 
 
 @dataclass(frozen=True)
@@ -44,7 +70,10 @@ class TrialEnded:
     final: float | None
 
 
-SearchEvent = TrialSubmitted | IntermediateStored | TrialEnded
+SearchEvent = TrialSubmitted | IntermediateStored | TrialPaused | TrialContinued | TrialEnded
+
+
+# ---- instructions: what to do -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -53,6 +82,35 @@ class StopTrial:
 
     trial_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class PauseTrial:
+    """Ask the trial to save a checkpoint and end its process, PAUSED."""
+
+    trial_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ContinueTrial:
+    """Continue the paused trial from its last checkpoint, with new parameters if given."""
+
+    trial_id: str
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SubmitTrial:
+    """Submit a new trial (what ``propose_trial`` returns), from the latest checkpoint of
+    ``checkpoint_from`` when given."""
+
+    parameter_id: int
+    parameters: dict[str, Any]
+    checkpoint_from: str | None = None
+
+
+Instruction = StopTrial | PauseTrial | ContinueTrial
 
 
 class Mirror(Protocol):
@@ -66,12 +124,29 @@ class Mirror(Protocol):
     def resume(self, history: Sequence[PastTrial]) -> None: ...
 
 
+_NOT_ASKED = object()
+
+
 @dataclass
-class _Running:
+class _Tracked:
+    """A trial of this search that has not ended."""
+
     parameter_id: int
     parameters: dict[str, Any]
     history: list[float] = field(default_factory=list)
+    indexes: list[int] = field(default_factory=list)  # the stored index of each result in history
     stopping: bool = False
+    pausing: bool = False  # the search asked it to pause; not paused yet
+    paused: bool = False
+    held: bool = False  # paused because the search asked
+    continuing: bool = False  # continue asked, not heard yet
+    # A continue asked while the pause was on its way: the parameters, carried out once paused.
+    continue_after_pause: Any = _NOT_ASKED
+
+    @property
+    def active(self) -> bool:
+        """Whether it runs or waits to (a paused trial holds no slot)."""
+        return not self.paused or self.continuing
 
 
 class Search:
@@ -84,7 +159,9 @@ class Search:
         self.exhausted = False
         #: Why the search cannot go on (a tuner raised), or ''.
         self.failure = ""
-        self._running: dict[str, _Running] = {}
+        self._trials: dict[str, _Tracked] = {}
+        self._trial_of: dict[int, str] = {}  # parameter id -> trial id, ended trials too
+        self._orders: list[Instruction] = []
 
     @property
     def hears_intermediate(self) -> bool:
@@ -93,22 +170,46 @@ class Search:
         learns = type(self.tuner).receive_intermediate_result is not Tuner.receive_intermediate_result
         return self.assessor is not None or self.mirror is not None or learns
 
+    def holds(self, trial_id: str) -> bool:
+        """Whether the trial is paused because this search asked, and not continued."""
+        t = self._trials.get(trial_id)
+        return t is not None and t.held and not t.continuing
+
     def propose(self, parameter_id: int) -> dict[str, Any] | None:
         """The next trial's parameters; None when the tuner is exhausted or failed."""
+        proposal = self.propose_trial(parameter_id)
+        return None if proposal is None else proposal.parameters
+
+    def propose_trial(self, parameter_id: int) -> SubmitTrial | None:
+        """The next trial to submit, with the trial whose checkpoint it starts from, if
+        any; None when the tuner is exhausted or failed. What the tuner asked meanwhile
+        is in ``take_orders``."""
         if self.exhausted or self.failure:
             return None
         try:
-            return self.tuner.generate_parameters(parameter_id)
+            parameters = self.tuner.generate_parameters(parameter_id)
         except NoMoreTrials as e:
             log.info("the tuner has nothing more to propose: %s", e)
             self.exhausted = True
+            return None
         except TryLater as e:
-            if not self._running:  # nothing left to wait for
+            self._take_requests()
+            if not self._trials and not self._orders:  # nothing left to wait for
                 log.info("the tuner has nothing more to propose: %s", e)
                 self.exhausted = True
+            return None
         except Exception as e:  # noqa: BLE001 - any tuner error ends the search, not the loop
             self._fail("tuner", "generate_parameters", e)
-        return None
+            return None
+        source = self._tuner_call("checkpoint_from", parameter_id)
+        self._take_requests()
+        source_trial = None
+        if source is not None:
+            source_trial = self._trial_of.get(source) if isinstance(source, int) else None
+            if source_trial is None:
+                log.warning("the tuner asked trial %d to start from the checkpoint of parameter id %r, which no "
+                            "trial of this search ran; it starts afresh", parameter_id, source)
+        return SubmitTrial(parameter_id, parameters, source_trial)
 
     def refused(self, parameters: dict[str, Any], error: Exception) -> None:
         """The tuner's proposal cannot be submitted: the search fails with the reason."""
@@ -116,18 +217,83 @@ class Search:
         if not self.failure:
             self.failure = f"the tuner proposed parameters that cannot be submitted: {' '.join(str(error).split())}"
 
-    def handle(self, event: SearchEvent) -> list[StopTrial]:
+    def take_orders(self) -> list[Instruction]:
+        """The instructions the tuner and the assessor asked for and not yet returned."""
+        self._take_requests()
+        orders, self._orders = self._orders, []
+        return orders
+
+    def handle(self, event: SearchEvent) -> list[Instruction]:
+        """Tell the search what happened; the instructions it gives in return (and any
+        still pending from proposing)."""
+        self._handle(event)
+        return self.take_orders()
+
+    def _handle(self, event: SearchEvent) -> None:
         if isinstance(event, TrialSubmitted):
-            self._running[event.trial_id] = _Running(event.parameter_id, event.parameters)
+            self._trials[event.trial_id] = _Tracked(event.parameter_id, event.parameters)
+            self._trial_of[event.parameter_id] = event.trial_id
             self._assessor_call("trial_started", event.trial_id, event.parameter_id, event.parameters)
             self._mirror_call("adopt", event.parameter_id, event.parameters)
-            return []
-        t = self._running.get(event.trial_id)
+            return
+        t = self._trials.get(event.trial_id)
         if t is None:
-            return []  # not one of this search's trials (submitted through the embedding API)
+            return  # not one of this search's trials (submitted through the embedding API)
         if isinstance(event, IntermediateStored):
-            return self._intermediate(event, t)
-        del self._running[event.trial_id]
+            self._intermediate(event, t)
+        elif isinstance(event, TrialPaused):
+            self._paused(event, t)
+        elif isinstance(event, TrialContinued):
+            self._continued(event, t)
+        else:
+            self._ended(event, t)
+
+    def _intermediate(self, event: IntermediateStored, t: _Tracked) -> None:
+        index = event.index
+        if index is None:
+            index = t.indexes[-1] + 1 if t.indexes else 0
+        elif t.indexes and index <= t.indexes[-1]:
+            # A run continued from a checkpoint reports again from there: it replaces the lost run's results.
+            keep = bisect.bisect_left(t.indexes, index)
+            log.info("trial %s: result %d replaces the %d results from there on", event.trial_id, index,
+                     len(t.indexes) - keep)
+            del t.history[keep:], t.indexes[keep:]
+        t.history.append(event.value)
+        t.indexes.append(index)
+        step = len(t.history) - 1
+        self._tuner_call("receive_intermediate_result", t.parameter_id, step, event.value)
+        self._mirror_call("receive_intermediate_result", t.parameter_id, step, event.value)
+        if t.stopping or t.pausing or t.paused or self.assessor is None:
+            return
+        verdict = self._assessor_call("decide", event.trial_id, list(t.history))
+        n = len(t.history)
+        if verdict is Verdict.STOP or verdict is False:
+            t.stopping = True
+            log.info("trial %s: the assessor stops it after %d results", event.trial_id, n)
+            reason = f"stopped early by the assessor after {n} intermediate results"
+            self._orders.append(StopTrial(event.trial_id, reason))
+        elif verdict is Verdict.PAUSE:
+            log.info("trial %s: the assessor pauses it after %d results", event.trial_id, n)
+            self._pause(event.trial_id, t, f"paused by the assessor after {n} intermediate results")
+
+    def _paused(self, event: TrialPaused, t: _Tracked) -> None:
+        t.held, t.paused, t.pausing, t.continuing = t.pausing, True, False, False
+        self._tuner_call("trial_paused", t.parameter_id)
+        self._assessor_call("trial_paused", event.trial_id)
+        if t.continue_after_pause is not _NOT_ASKED:
+            parameters, t.continue_after_pause = t.continue_after_pause, _NOT_ASKED
+            t.continuing = True
+            self._orders.append(ContinueTrial(event.trial_id, parameters))
+
+    def _continued(self, event: TrialContinued, t: _Tracked) -> None:
+        t.paused = t.held = t.continuing = False
+        if event.parameters is not None:
+            t.parameters = dict(event.parameters)
+        self._tuner_call("trial_continued", t.parameter_id, t.parameters)
+        self._assessor_call("trial_continued", event.trial_id, t.parameters)
+
+    def _ended(self, event: TrialEnded, t: _Tracked) -> None:
+        del self._trials[event.trial_id]
         success = event.status is TrialStatus.SUCCEEDED
         past = PastTrial(event.trial_id, t.parameter_id, t.parameters, tuple(t.history), event.final, event.status)
         if past.result is not None:
@@ -136,35 +302,64 @@ class Search:
         self._tuner_call("trial_end", t.parameter_id, success)
         self._mirror_call("trial_end", t.parameter_id, success)
         self._assessor_call("trial_end", event.trial_id, success)
-        return []
 
-    def _intermediate(self, event: IntermediateStored, t: _Running) -> list[StopTrial]:
-        t.history.append(event.value)
-        self._tuner_call("receive_intermediate_result", t.parameter_id, len(t.history) - 1, event.value)
-        self._mirror_call("receive_intermediate_result", t.parameter_id, len(t.history) - 1, event.value)
-        if t.stopping or self.assessor is None:
-            return []
-        keep = self._assessor_call("assess_trial", event.trial_id, list(t.history))
-        if keep is False:
+    def _pause(self, trial_id: str, t: _Tracked, reason: str) -> None:
+        t.pausing = True
+        self._orders.append(PauseTrial(trial_id, reason))
+
+    def _take_requests(self) -> None:
+        """Turn what the tuner (by parameter id) and the assessor (by trial id) asked into
+        instructions, checked against what each trial is doing."""
+        if not self.failure:
+            for request in self._guarded("tuner", "take_requests", self.tuner.take_requests) or ():
+                trial_id = self._trial_of.get(request.target) if isinstance(request.target, int) else None
+                self._request("tuner", request, trial_id)
+        if self.assessor is not None:
+            for request in self._guarded("assessor", "take_requests", self.assessor.take_requests) or ():
+                self._request("assessor", request, request.target if isinstance(request.target, str) else None)
+
+    def _request(self, who: str, request: Request, trial_id: str | None) -> None:
+        t = self._trials.get(trial_id) if trial_id is not None else None
+        kind = request.kind.value
+        if t is None:
+            log.warning("the %s asked to %s %r, which is no trial of this search still going", who, kind,
+                        request.target)
+            return
+        assert trial_id is not None
+        if t.stopping:
+            return  # it is ending: nothing more to do with it
+        if request.kind is RequestKind.STOP:
             t.stopping = True
-            log.info("trial %s: the assessor stops it after %d results", event.trial_id, len(t.history))
-            return [
-                StopTrial(event.trial_id, f"stopped early by the assessor after {len(t.history)} intermediate results")
-            ]
-        return []
+            self._orders.append(StopTrial(trial_id, request.reason or f"stopped early by the {who}"))
+        elif request.kind is RequestKind.PAUSE:
+            if not (t.pausing or t.paused) or t.continuing:
+                self._pause(trial_id, t, request.reason or f"paused by the {who}")
+        elif t.paused and not t.continuing:
+            t.continuing = True
+            self._orders.append(ContinueTrial(trial_id, request.parameters))
+        elif t.pausing:
+            t.continue_after_pause = request.parameters
+        elif request.parameters is not None and request.parameters != t.parameters:
+            log.warning("the %s asked to continue trial %s with new parameters, but it is not paused: it goes on "
+                        "with its own", who, trial_id)
 
     def resume(self, history: Sequence[PastTrial]) -> None:
-        """Tell the tuner and the assessor what an earlier run did; track what still runs."""
+        """Tell the tuner and the assessor what an earlier run did; track what has not ended."""
         self._guarded("tuner", "resume", lambda: self.tuner.resume(history))
         self._assessor_call("resume", history)
         self._mirror_call("resume", history)
         for t in history:
+            self._trial_of[t.parameter_id] = t.trial_id
             if t.status is None:
-                self._running[t.trial_id] = _Running(t.parameter_id, t.parameters, list(t.intermediate))
+                indexes = list(t.intermediate_indexes) or list(range(len(t.intermediate)))
+                self._trials[t.trial_id] = _Tracked(
+                    t.parameter_id, t.parameters, list(t.intermediate), indexes, paused=t.paused
+                )
 
-    def _tuner_call(self, method: str, *args: Any) -> None:
-        if not self.failure:
-            self._guarded("tuner", method, lambda: getattr(self.tuner, method)(*args))
+    def _tuner_call(self, method: str, *args: Any) -> Any:
+        if self.failure:
+            return None
+        return self._guarded("tuner", method, lambda: getattr(self.tuner, method)(*args))
 
     def _assessor_call(self, method: str, *args: Any) -> Any:
         if self.assessor is None:

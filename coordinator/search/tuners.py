@@ -8,6 +8,11 @@ A tuner follows NNI's interface, so an NNI user's tuner ports with few changes::
 
 and is named in the experiment config as ``tuner: {className: my_pkg.tuners:MyTuner}``.
 ``algorithms.create_tuner`` makes the tuner a config names.
+
+Beyond NNI's interface, a tuner may pause trials and continue them later (``request_pause``,
+``request_continue``, heard back through ``trial_paused`` and ``trial_continued``), and
+start a new trial from another trial's checkpoint (``checkpoint_from``): what multi-fidelity
+and population-based searches are built on.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trialkeeper.coordinator import TrialStatus  # the public API
+from trialkeeper.coordinator.search.requests import Requesting
 from trialkeeper.coordinator.search.space import (
     grid,
     grid_size,
@@ -72,7 +78,10 @@ class PastTrial:
     parameters: dict[str, Any]
     intermediate: tuple[float, ...]
     final: float | None
-    status: TrialStatus | None  # None: it still runs
+    status: TrialStatus | None  # None: it has not ended (it runs, waits, or is paused)
+    paused: bool = False  # it was paused when the earlier run ended
+    # The stored index of each intermediate result (empty: 0, 1, ...).
+    intermediate_indexes: tuple[int, ...] = ()
 
     @property
     def succeeded(self) -> bool:
@@ -89,13 +98,18 @@ class PastTrial:
         return None
 
 
-class Tuner(abc.ABC):
+class Tuner(Requesting, abc.ABC):
     """Proposes parameters for trials and learns from their results.
 
     The coordinator calls, from one thread: ``generate_parameters`` once per new trial,
     ``receive_trial_result`` when a trial reports its final result, and ``trial_end`` when
     a trial ends (also for trials that failed without a result). ``value`` is the metric's
     ``default`` number; whether bigger is better is ``optimize_mode``.
+
+    From any of these calls a tuner may ask, by parameter id, to pause a trial
+    (``request_pause``), continue a paused one (``request_continue``, optionally with new
+    parameters) or stop one (``request_stop``); it then hears ``trial_paused`` and
+    ``trial_continued``. A paused trial holds no slot, and has not ended.
 
     Subclasses take the search space as first argument and their classArgs as keyword
     arguments, and should call ``super().__init__``.
@@ -134,26 +148,48 @@ class Tuner(abc.ABC):
         """Learn the final result ``value`` of the trial that ran ``parameters``."""
 
     def receive_intermediate_result(self, parameter_id: int, step: int, value: float) -> None:
-        """Learn a trial's intermediate result number ``step`` (0, 1, ...), as it is stored."""
+        """Learn a trial's intermediate result number ``step`` (0, 1, ...), as it is stored.
+
+        A step heard before replaces that result and every later one: a trial continued
+        from a checkpoint after its environment was lost reports again the results it had
+        reported after that checkpoint."""
 
     def trial_end(self, parameter_id: int, success: bool) -> None:
         """Learn that trial ``parameter_id`` ended, successfully or not."""
+
+    def checkpoint_from(self, parameter_id: int) -> int | None:
+        """Asked right after ``generate_parameters(parameter_id)``: the parameter id of the
+        trial whose latest checkpoint the new trial starts from (a configuration promoted to
+        a larger budget goes on from where it stopped), or None to start afresh. A trial
+        with no checkpoint saved starts afresh all the same."""
+        return None
+
+    def trial_paused(self, parameter_id: int) -> None:
+        """Learn that the trial saved a checkpoint and ended its process: it holds no slot
+        and waits, not ended, until continued (``request_continue``) or stopped."""
+
+    def trial_continued(self, parameter_id: int, parameters: dict[str, Any]) -> None:
+        """Learn that a paused trial was continued from its checkpoint, with ``parameters``
+        (its own, or those it was continued with)."""
 
     def resume(self, history: Sequence[PastTrial]) -> None:
         """Hear what an earlier run of this experiment did, before proposing anything.
 
         The default proposes again every stored trial (a seeded tuner proposes the same
         points, so it goes on where it was) and hears each result; trials still running
-        report theirs later as usual."""
+        report theirs later as usual, and paused ones are told paused."""
         for t in history:
             with contextlib.suppress(NoMoreTrials):
                 self.generate_parameters(t.parameter_id)
             for step, value in enumerate(t.intermediate):
                 self.receive_intermediate_result(t.parameter_id, step, value)
+            if t.paused:
+                self.trial_paused(t.parameter_id)
             if t.status is not None:
                 if t.result is not None:
                     self.receive_trial_result(t.parameter_id, t.parameters, t.result)
                 self.trial_end(t.parameter_id, t.succeeded)
+        self.take_requests()  # what it asks while hearing the past was decided then
 
 
 def _key(parameters: dict[str, Any]) -> str:
