@@ -188,7 +188,8 @@ class ObjectStore:
                     str(Path(local_dir) / path), self.bucket, object_key, Config=self._transfer
                 )
             except Exception as e:
-                raise self._error(f"s3://{self.bucket}/{object_key}", "upload failed", e) from e
+                raise self._error(f"s3://{self.bucket}/{object_key}", f"upload of {Path(local_dir) / path} failed",
+                                  e) from e
             total += size
         body = json.dumps({"files": [[p, s] for p, s in paths]}, separators=(",", ":")).encode()
         self._call("put_object", f"s3://{self.bucket}/{marker}", Bucket=self.bucket, Key=marker, Body=body)
@@ -219,6 +220,10 @@ class ObjectStore:
                 raise ObjectStoreError(f"{url}: {path} is missing from storage")
             if found != size:
                 raise ObjectStoreError(f"{url}: {path} has {found} bytes in storage, {size} expected")
+        try:
+            Path(local_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ObjectStoreError(f"{url}: cannot make {local_dir}: {e.strerror or e}") from e
         for path, size in paths:
             self._download(bucket, f"{directory}/{path}", Path(local_dir) / path, size)
         log.info("downloaded %s: %d files", url, len(paths))

@@ -86,6 +86,14 @@ def test_a_directory_goes_up_and_comes_back_whole(s3: S3Server, tmp_path: Path) 
     ObjectStore.from_url(f"s3://{bucket}/team/checkpoints").get_dir(url, tmp_path / "continued", files)
     assert _digests(tmp_path / "continued") == _digests(tmp_path / "live")
     assert _manifest(tmp_path / "continued") == files
+    # A checkpoint of no files is a directory with its marker alone, and comes back as an empty one.
+    (tmp_path / "nothing").mkdir()
+    empty = store.put_dir(tmp_path / "nothing", "exp1/trial7/4", [])
+    assert [k for k in s3.keys(bucket) if k.startswith("team/checkpoints/exp1/trial7/4/")] == [
+        f"team/checkpoints/exp1/trial7/4/{MARKER}"
+    ]
+    store.get_dir(empty, tmp_path / "continued-empty", [])
+    assert list((tmp_path / "continued-empty").iterdir()) == []
     # A bucket's top works as the prefix too.
     top = ObjectStore.from_url(f"s3://{bucket}")
     assert top.put_dir(tmp_path / "live", "e/t/1", [("step.json", 11)]) == f"s3://{bucket}/e/t/1"
@@ -108,7 +116,7 @@ def test_an_upload_that_stops_half_way_leaves_an_incomplete_directory_that_is_re
     with pytest.raises(ObjectStoreError) as failed:
         store.put_dir(live, "e/t/5", broken)
 
-    assert f"s3://{bucket}/ck/e/t/5/zz" in str(failed.value)
+    assert str(failed.value) == f"s3://{bucket}/ck/e/t/5/zz: upload of {live / 'zz'} failed: Is a directory"
     assert f"ck/e/t/5/{MARKER}" not in s3.keys(bucket)  # the earlier marker was taken away first
     with pytest.raises(ObjectStoreError, match="is incomplete: it has no .complete marker") as refused:
         store.get_dir(url, tmp_path / "continued", files)
