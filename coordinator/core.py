@@ -22,12 +22,14 @@ from typing import Any
 
 from .config.experiment import ExperimentConfig, config_to_dict
 from .config.platform import TrainingServiceConfig
+from .engine.checkpoints import ContinueRequested, PauseRequested
 from .engine.engine import CANCEL_GRACE_S, Engine
 from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
-from .engine.policy import PlatformPolicy, Policy
+from .engine.policy import Policy
 from .engine.states import EnvStatus, TrialStatus
-from .read.model import EnvSnapshot, ReadModel
+from .platforms import policy_of
+from .read.model import CheckpointInfo, EnvSnapshot, ReadModel
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
 from .services.hybrid import HybridEnvironmentService
@@ -154,19 +156,12 @@ class Coordinator:
         if exp is None:
             raise CoordinatorError(f"{experiment_dir} holds no experiment to resume")
         if config is None:
-            from .config.experiment import ConfigError, parse_config
-            from .config.redacted import SecretsMissing, restore_redacted
+            from .config.redacted import stored_config_for
 
-            if stored is None:
-                raise CoordinatorError(f"the stored config of {experiment_dir} is unreadable; pass the config file")
             try:
-                config = parse_config(restore_redacted(stored, os.environ), experiment_dir)
-            except SecretsMissing as e:
+                config = stored_config_for(stored, experiment_dir, os.environ)
+            except ValueError as e:
                 raise CoordinatorError(str(e)) from e
-            except (ConfigError, ValueError) as e:
-                raise CoordinatorError(
-                    f"the stored config of {experiment_dir} cannot be used as it is ({e}); pass the config file"
-                ) from e
         c = cls(config, experiment_dir=experiment_dir, experiment_id=exp["id"], service=service)
         c._resuming = True
         return c
@@ -179,36 +174,9 @@ class Coordinator:
         return [(sections[0], service)]
 
     def _policy(self, service: EnvironmentService) -> Policy:
-        config = self.config
-        settings = config.coordinator
-        sections = self._platforms(service)
         broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
-
-        def platform_policy(ts: TrainingServiceConfig, member: EnvironmentService) -> PlatformPolicy:
-            return PlatformPolicy(
-                # A service handed in may run another platform than the section names.
-                name=member.platform if len(sections) == 1 else ts.platform, reuse=bool(ts.reuse_mode),
-                environment_count=ts.effective_environment_count(config.trial_concurrency),
-                trial_slots=ts.trial_slots_per_environment(config.trial_concurrency),
-                simulated_gpus=ts.simulated_gpus, gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
-                shares_filesystem=member.shares_filesystem,
-                # A platform that could not be prepared starts nothing, and knows no directory.
-                working_directory="" if ts.platform in broken else member.working_directory(),
-                unusable=broken.get(ts.platform, ""),
-                gpu_sharing=tuple(ts.gpu_sharing()),
-            )
-
-        ts = config.training_service
-        return Policy(
-            experiment_id=self.experiment_id, trial_concurrency=config.trial_concurrency,
-            platforms=tuple(platform_policy(s, m) for s, m in sections),
-            trial_platforms=tuple(ts.trial_platforms or ()),
-            max_trial_retries=config.max_trial_retries, retry_failed_trials=config.retry_failed_trials,
-            max_trial_duration_s=float(config.max_trial_duration or 0.0), trial_env=dict(config.trial_env),
-            trial_gpu_memory=config.trial_gpu_memory, heartbeat_interval_s=settings.heartbeat_interval,
-            max_heartbeats_per_second=settings.max_heartbeats_per_second,
-            agent_lost_timeout_s=settings.agent_lost_timeout, trial_lost_timeout_s=settings.trial_lost_timeout,
-            placement=ts.placement,
+        return policy_of(
+            self.config, self.experiment_id, self._platforms(service), broken, self.experiment_dir / "checkpoints"
         )
 
     def _gpu_sharing(self, env_id: str, platform: str) -> tuple[int, bool]:
@@ -245,7 +213,7 @@ class Coordinator:
     def _restore(self, engine: Engine, store: Store, service: EnvironmentService) -> None:
         """The engine as the store left it; each platform takes back its live environments
         first, so that what it sets for each (GPU sharing per machine) reaches the engine."""
-        trial_rows, env_rows = store.trials(), store.envs()
+        trial_rows, env_rows, checkpoint_rows = store.trials(), store.envs(), store.checkpoints(kept=False)
         sharing = {}
         for r in env_rows:
             if r["status"] not in _TAKEN_BACK:
@@ -257,7 +225,9 @@ class Coordinator:
                 service.adopt(r["id"], r["platform_id"])
             sharing[r["id"]] = self._gpu_sharing(r["id"], platform)
         assert self._shell is not None
-        self._shell.apply(engine.restore(trial_rows, env_rows, sharing, now=time.monotonic(), wall=time.time()))
+        self._shell.apply(engine.restore(
+            trial_rows, env_rows, sharing, checkpoint_rows, now=time.monotonic(), wall=time.time()
+        ))
         store.set_experiment_status("RUNNING", "resumed")
 
     async def start(self) -> None:
@@ -304,6 +274,7 @@ class Coordinator:
         )
         engine.publish_metrics = bool(self._metric_callbacks or self._subscribers)
         shell.on_failure = self._failed
+        shell.checkpoints.mark()
         if self._resuming:
             self._restore(engine, store, service)
             await service.ready_adopted(self.experiment_id)  # before the server: no trial is placed yet
@@ -339,8 +310,14 @@ class Coordinator:
         self._fail_stop = asyncio.get_running_loop().create_task(self.stop(status="FAILED", reason=reason))
         self._fail_stop.add_done_callback(_log_stop_failure)  # retrieved: said once, not at exit
 
-    async def stop(self, grace_s: float = CANCEL_GRACE_S, *, status: str = "DONE", reason: str = "") -> None:
-        """Cancel what still runs, stop every environment, close the server and store."""
+    async def stop(
+        self, grace_s: float = CANCEL_GRACE_S, *, status: str = "DONE", reason: str = "", pause_trials: bool = False
+    ) -> None:
+        """Cancel what still runs, stop every environment, close the server and store.
+        ``pause_trials``: pause the trials instead (those that do not checkpoint within
+        pauseGracePeriod are canceled), and leave the experiment STOPPED, to be resumed."""
+        if pause_trials:
+            grace_s, status = max(grace_s, self.config.pause_grace_period), "STOPPED" if status == "DONE" else status
         if self._stopped is not None:
             await asyncio.shield(self._stopped)  # a stop is under way: return once it is done
             return
@@ -348,19 +325,19 @@ class Coordinator:
             return
         self._stopped = asyncio.get_running_loop().create_future()
         try:
-            await self._stop(grace_s, status, reason)
+            await self._stop(grace_s, status, reason, pause_trials)
         finally:
             self._stopped.set_result(None)
             self._stopped = None
 
-    async def _stop(self, grace_s: float, status: str, reason: str) -> None:
+    async def _stop(self, grace_s: float, status: str, reason: str, pause: bool) -> None:
         self._stopping = True
         shell, engine, service, store = self._shell, self._engine, self._service, self.store
         assert shell is not None and engine is not None and service is not None and store is not None
         if shell.failure and status == "DONE":
             status, reason = "FAILED", shell.failure
         shell.drain_inbox()
-        shell.handle(StopRequested(grace_s))
+        shell.handle(StopRequested(grace_s, pause))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(
                 shell.until(lambda: all(e.link is None for e in engine.envs.values()), or_failure=False), grace_s + 10
@@ -420,6 +397,7 @@ class Coordinator:
         gpu_memory: int | None = None,
         env: dict[str, str] | None = None,
         platforms: list[str] | None = None,
+        checkpoint_from: str | None = None,
     ) -> TrialHandle:
         """Queue a trial with these parameters; returns at once with its handle.
 
@@ -427,7 +405,8 @@ class Coordinator:
         override the config for this trial; ``platforms`` names the platforms it may run
         on, most preferred first (default: the config's ``trialPlatforms``, else every
         platform in the order of ``trainingService``). Raises :class:`TrialRefused` when no
-        environment could ever run it.
+        environment could ever run it. ``checkpoint_from``: a trial whose newest checkpoint
+        this one starts from (a search continuing another's work).
         """
         engine, shell = self._running()
         if not isinstance(parameters, dict):
@@ -450,6 +429,10 @@ class Coordinator:
                 f"platforms must be a list of distinct platforms of this experiment ({', '.join(known)}), "
                 f"got {platforms!r}"
             )
+        if checkpoint_from is not None and (
+            checkpoint_from not in engine.trials or engine.trials[checkpoint_from].checkpoint is None
+        ):
+            raise ValueError(f"checkpoint_from: trial {checkpoint_from!r} has saved no checkpoint to start from")
         refusal = engine.never_fits(gpus, memory)
         if refusal:
             raise TrialRefused(refusal)
@@ -457,7 +440,8 @@ class Coordinator:
         while trial_id in engine.trials:
             trial_id = _new_id(6)
         shell.handle(TrialSubmitted(
-            trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {}), platforms=allowed
+            trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {}), platforms=allowed,
+            checkpoint_from=checkpoint_from or "",
         ))
         shell.pass_soon()
         return TrialHandle(self, trial_id)
@@ -473,6 +457,31 @@ class Coordinator:
     async def early_stop(self, trial_id: str, reason: str = "stopped early by the assessor") -> None:
         """Stop a running trial because it is not promising (EARLY_STOPPED)."""
         await self.cancel(trial_id, reason=reason, status=TrialStatus.EARLY_STOPPED)
+
+    async def pause(self, trial_id: str, *, reason: str = "paused by the user") -> None:
+        """Pause a trial: a running one saves a checkpoint at its next save_checkpoint and
+        ends (PAUSED; past pauseGracePeriod without one it is stopped, and continues from its
+        last checkpoint or, having none, is canceled); a waiting one is held back."""
+        self._trial_state(trial_id)
+        assert self._shell is not None
+        self._shell.handle(PauseRequested(trial_id, reason))
+
+    async def resume_trial(self, trial_id: str, *, parameters: dict[str, Any] | None = None) -> None:
+        """Continue a PAUSED trial from its last checkpoint, anywhere, ahead of the waiting
+        ones (``parameters``: new ones it reads when it continues). Raises ValueError when the
+        trial is not paused."""
+        info = self._trial_state(trial_id)
+        if info.status is not TrialStatus.PAUSED:
+            raise ValueError(f"trial {trial_id} is {info.status.value}, not PAUSED: only a paused trial continues")
+        assert self._shell is not None
+        self._shell.handle(ContinueRequested(trial_id, None if parameters is None else dict(parameters)))
+        self._shell.pass_soon()
+
+    def checkpoints(self, trial_id: str) -> list[CheckpointInfo]:
+        """The checkpoints of a trial that are kept, oldest first."""
+        self._trial_state(trial_id)
+        assert self.store is not None
+        return ReadModel(self.store).checkpoints(trial_id)
 
     def trial(self, trial_id: str) -> TrialInfo:
         """A snapshot of one trial."""

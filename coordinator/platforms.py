@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from .config.platform import TrainingServiceConfig
 from .config.walk import register_variants, specs
+from .engine.policy import PlatformPolicy, Policy
 
 __all__ = [
     "BUILTIN",
@@ -275,3 +276,43 @@ def register_training_service(cls: _TS) -> _TS:
 def factory(name: str) -> Factory | None:
     """The factory a plug-in of the older form registered for ``name``, if any."""
     return _factories.get(name)
+
+
+def policy_of(
+    config: Any, experiment_id: str, sections: list[tuple[TrainingServiceConfig, Any]], broken: dict[str, str],
+    checkpoint_dir: Path,
+) -> Policy:
+    """What the decision core needs of an experiment's config (an ExperimentConfig) and of
+    each platform's section with its service (``broken``: platforms that could not be
+    prepared, with why)."""
+    settings = config.coordinator
+
+    def platform_policy(ts: TrainingServiceConfig, member: Any) -> PlatformPolicy:
+        return PlatformPolicy(
+            # A service handed in may run another platform than the section names.
+            name=member.platform if len(sections) == 1 else ts.platform, reuse=bool(ts.reuse_mode),
+            environment_count=ts.effective_environment_count(config.trial_concurrency),
+            trial_slots=ts.trial_slots_per_environment(config.trial_concurrency),
+            simulated_gpus=ts.simulated_gpus, gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
+            shares_filesystem=member.shares_filesystem,
+            # A platform that could not be prepared starts nothing, and knows no directory.
+            working_directory="" if ts.platform in broken else member.working_directory(),
+            unusable=broken.get(ts.platform, ""), gpu_sharing=tuple(ts.gpu_sharing()),
+            # Its agents write checkpoints straight into the experiment's directory.
+            checkpoint_dir=str(checkpoint_dir) if member.shares_filesystem else "",
+        )
+
+    ts = config.training_service
+    return Policy(
+        experiment_id=experiment_id, trial_concurrency=config.trial_concurrency,
+        platforms=tuple(platform_policy(s, m) for s, m in sections),
+        trial_platforms=tuple(ts.trial_platforms or ()),
+        max_trial_retries=config.max_trial_retries, retry_failed_trials=config.retry_failed_trials,
+        max_trial_duration_s=float(config.max_trial_duration or 0.0), trial_env=dict(config.trial_env),
+        trial_gpu_memory=config.trial_gpu_memory, heartbeat_interval_s=settings.heartbeat_interval,
+        max_heartbeats_per_second=settings.max_heartbeats_per_second,
+        agent_lost_timeout_s=settings.agent_lost_timeout, trial_lost_timeout_s=settings.trial_lost_timeout,
+        placement=ts.placement, checkpoint_storage=config.checkpoint_storage or "",
+        max_checkpoint_bytes=config.max_checkpoint_size, checkpoints_per_trial=config.checkpoints_per_trial,
+        pause_grace_s=config.pause_grace_period, progress_resets_retries=config.progress_resets_retries,
+    )

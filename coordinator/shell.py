@@ -26,6 +26,7 @@ from .engine.engine import Engine
 from .engine.model import MetricEvent, StatusEvent
 from .exitcheck import ExitCheck
 from .services.base import EnvironmentRequest, EnvironmentService
+from .store.checkpointfiles import CheckpointFiles, CheckpointFilesError
 from .store.store import Store
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 MAX_TRIAL_LOG_BYTES = 1 << 30
 # What apply() carries out inside the transaction: the store's writes, and a trial's streamed
 # output, written before the commit that records its message.
+# Pieces of a checkpoint going down that wait in a stream's queue at most (1 MiB each), and
+# how long one waits for room.
+CHECKPOINT_WINDOW = 8
+CHECKPOINT_SEND_TIMEOUT_S = 120.0
 _WRITES = (*ev.STORE_WRITES, ev.WriteLog, ck.WriteCheckpointChunk)
 # Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
 # the ones behind them (group commit).
@@ -47,6 +52,8 @@ class Link(Protocol):
     id: int
 
     def send(self, message: ev.ToAgent) -> None: ...
+
+    async def send_paced(self, message: ev.ToAgent, *, max_queued: int, timeout: float) -> bool: ...
 
     def ack(self, seq: int) -> None: ...
 
@@ -67,8 +74,10 @@ class Shell:
         request_for: Callable[[str], EnvironmentRequest],
         *,
         gpu_sharing_for: Callable[[str], tuple[int, bool]] | None = None,
+        checkpoints: CheckpointFiles | None = None,
     ) -> None:
         self.engine = engine
+        self.checkpoints = checkpoints or CheckpointFiles(experiment_dir / "checkpoints", engine.policy.experiment_id)
         self.store = store
         self.service = service
         self.experiment_dir = experiment_dir
@@ -165,6 +174,8 @@ class Shell:
                 # Before the commit that records the message: a replay after a crash finds
                 # its chunk written or writes it again, never a hole.
                 self._write_log(i)
+            case ck.WriteCheckpointChunk():  # the same, for a piece of a checkpoint
+                self.checkpoints.write_chunk(i.trial_id, i.step, i.path, i.offset, i.data)
             case _:
                 self.store.keep(i)  # a fact: the store knows its columns
 
@@ -213,6 +224,10 @@ class Shell:
                     )
                 case ev.RefuseAgent():
                     pass  # answered by agent_connected
+                case ck.SendCheckpoint():
+                    self.spawn(self._send_checkpoint(i), f"send checkpoint {i.checkpoint.step} of {i.trial_id}")
+                case ck.RemoveCheckpoint():
+                    self.spawn(self.checkpoints.remove(i.checkpoint), f"remove checkpoint of {i.checkpoint.trial_id}")
                 case _:
                     raise TypeError(f"not an instruction: {i!r}")
 
@@ -292,6 +307,8 @@ class Shell:
         for link, event in inbox:
             reported = reported or isinstance(event, ev.AgentReported)
             try:
+                if type(event) is ev.AgentReported and type(event.report) is ck.CheckpointSavedReported:
+                    event = self._finished(event, event.report)
                 out += self.engine.handle(event, now=now, wall=wall)
             except Exception:
                 # A bug, or input the core did not foresee: this stream ends, the others go on.
@@ -302,6 +319,33 @@ class Shell:
         # left): a metric or a log line does not. A heartbeat that frees GPUs places trials itself.
         if reported and self.engine.wants_pass():
             self.pass_soon()
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def _finished(self, event: ev.AgentReported, saved: ck.CheckpointSavedReported) -> ev.AgentReported:
+        """A checkpoint an agent says is whole: its files made whole here first (uploaded,
+        or written through shared storage), what is wrong with them told to the engine."""
+        if saved.location:
+            return event  # in object storage: the agent wrote it there
+        problem = self.checkpoints.finish(saved.trial_id, saved.step, saved.files)
+        return dataclasses.replace(event, report=dataclasses.replace(saved, problem=problem)) if problem else event
+
+    def checkpoint_fetch(self, request: ck.CheckpointFetchRequested, link: Link) -> None:
+        """An agent asks for the checkpoint of a trial it is to start (not numbered)."""
+        if not self.closed:
+            self.drain_inbox()
+            self.handle(request)
+
+    async def _send_checkpoint(self, i: ck.SendCheckpoint) -> None:
+        link = self.links.get(i.link)
+        if link is None:
+            return  # the agent asks again once it is back
+        try:
+            async for piece in self.checkpoints.pieces(i.trial_id, i.checkpoint, i.path, i.offset):
+                if not await link.send_paced(piece, max_queued=CHECKPOINT_WINDOW, timeout=CHECKPOINT_SEND_TIMEOUT_S):
+                    return  # the stream broke or stalled: the agent asks again from where it got to
+        except CheckpointFilesError as e:
+            link.send(ck.CheckpointRefused(i.trial_id, i.checkpoint.step, str(e)))
 
     def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
         """A line from the coordinator in the trial's stderr log (the trial must be placed on

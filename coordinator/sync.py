@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from .config.experiment import ExperimentConfig
 from .core import Coordinator, CoordinatorError
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
-from .read.model import EnvSnapshot
+from .read.model import CheckpointInfo, EnvSnapshot
 
 T = TypeVar("T")
 
@@ -129,6 +129,15 @@ class SyncCoordinator:
 
     def early_stop(self, trial_id: str, reason: str = "stopped early by the assessor") -> None:
         self._call(self._coordinator.early_stop(trial_id, reason), _START_TIMEOUT_S)
+
+    def pause(self, trial_id: str, **kwargs: Any) -> None:
+        self._call(self._coordinator.pause(trial_id, **kwargs), _START_TIMEOUT_S)
+
+    def resume_trial(self, trial_id: str, **kwargs: Any) -> None:
+        self._call(self._coordinator.resume_trial(trial_id, **kwargs), _START_TIMEOUT_S)
+
+    def checkpoints(self, trial_id: str) -> list[CheckpointInfo]:
+        return self._on_loop(lambda: self._coordinator.checkpoints(trial_id))
 
     def wait(self, trial_id: str, timeout: float | None = None) -> TrialInfo:
         return self._call(self._coordinator.wait(trial_id, timeout))

@@ -44,6 +44,12 @@ MAX_TRIAL_IDS = 4096
 # Every string, bytes and repeated field an agent sends, and the limit that bounds it. The
 # coordinator's checks are written out by hand for speed; a test keeps them and this table
 # in step with the proto (a new field without a limit fails it).
+# A file's path inside a checkpoint; one piece of a checkpoint in a message (pieces are 1 MiB);
+# the files of one checkpoint.
+MAX_PATH_CHARS = 4096
+MAX_CHECKPOINT_CHUNK_BYTES = 2 * 1024 * 1024
+MAX_CHECKPOINT_FILES = 20_000
+
 FIELD_LIMITS: dict[str, str] = {
     "Register.environment_id": "MAX_ID_CHARS",
     "Register.agent_instance_id": "MAX_ID_CHARS",
@@ -80,6 +86,16 @@ FIELD_LIMITS: dict[str, str] = {
     "TrialEnded.stderr_tail": "MAX_STDERR_TAIL_CHARS",
     "TrialEnded.gpus_still_in_use": "MAX_GPUS",
     "TrialEnded.gpus_still_in_use[]": "MAX_ID_CHARS",
+    "CheckpointChunk.trial_id": "MAX_ID_CHARS",
+    "CheckpointChunk.path": "MAX_PATH_CHARS",
+    "CheckpointChunk.data": "MAX_CHECKPOINT_CHUNK_BYTES",
+    "CheckpointSaved.trial_id": "MAX_ID_CHARS",
+    "CheckpointSaved.digest": "MAX_NAME_CHARS",
+    "CheckpointSaved.files": "MAX_CHECKPOINT_FILES",
+    "CheckpointSaved.location": "MAX_PATH_CHARS",
+    "CheckpointFile.path": "MAX_PATH_CHARS",
+    "FetchCheckpoint.trial_id": "MAX_ID_CHARS",
+    "FetchCheckpoint.path": "MAX_PATH_CHARS",
 }
 
 

@@ -14,6 +14,7 @@ import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # The rule config_to_dict redacts by: the two must agree on what is a secret.
@@ -140,3 +141,21 @@ def describe_missing(missing: list[RedactedValue]) -> str:
     if fields:
         ways.append(f"{', '.join(fields)}: {_GIVE_CONFIG} (not read from the environment)")
     return "the stored config has secrets redacted (***) that the experiment needs: " + "; ".join(ways)
+
+
+def stored_config_for(stored: Any, experiment_dir: Path, environ: Mapping[str, str]) -> Any:
+    """The experiment config kept in a store (``stored``, secrets redacted), parsed, with its
+    redacted ``trialEnv`` variables from ``environ``. Raises ValueError saying what to do
+    when it cannot be used (unreadable, a secret missing, no longer valid)."""
+    from .experiment import ConfigError, parse_config
+
+    if stored is None:
+        raise ValueError(f"the stored config of {experiment_dir} is unreadable; pass the config file")
+    try:
+        return parse_config(restore_redacted(stored, environ), experiment_dir)
+    except SecretsMissing:
+        raise
+    except (ConfigError, ValueError) as e:
+        raise ValueError(
+            f"the stored config of {experiment_dir} cannot be used as it is ({e}); pass the config file"
+        ) from e

@@ -113,6 +113,18 @@ class CheckpointRefused:
     reason: str
 
 
+@dataclass(frozen=True)
+class CheckpointData:
+    """A piece of a checkpoint streamed down (the shell makes these from the files)."""
+
+    trial_id: str
+    step: int
+    path: str
+    offset: int
+    data: bytes
+    last: bool
+
+
 # ---- instructions --------------------------------------------------------------------------------
 
 

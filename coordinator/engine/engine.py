@@ -175,6 +175,7 @@ class Engine:
         trial_rows: Iterable[Mapping[str, Any]],
         env_rows: Iterable[Mapping[str, Any]],
         gpu_sharing: Mapping[str, tuple[int, bool]],
+        checkpoint_rows: Iterable[Mapping[str, Any]] = (),
         *, now: float, wall: float,
     ) -> list[ev.Instruction]:
         """Trials, queue and environments as the store kept them, after a crash
@@ -186,7 +187,7 @@ class Engine:
         """
         self._at(now, wall)
         book, fleet = self.book, self.fleet
-        book.restore(trial_rows)
+        book.restore(trial_rows, checkpoint_rows)
         fleet.restore(env_rows, gpu_sharing)
         for t in sorted(book.trials.values(), key=lambda t: t.seq):
             if t.status.terminal or t.env_id is None:

@@ -273,7 +273,9 @@ class Settings:
     gpu_sample_interval_s: float = 0.0
 
 
-ToAgent = Welcome | StartTrial | CancelTrial | Shutdown | Settings | ck.PauseTrial | ck.CheckpointRefused
+ToAgent = (
+    Welcome | StartTrial | CancelTrial | Shutdown | Settings | ck.PauseTrial | ck.CheckpointRefused | ck.CheckpointData
+)
 
 # ---- instructions --------------------------------------------------------------------------
 

@@ -62,6 +62,22 @@ class TrialDetail:
     history: tuple[HistoryEntry, ...]
     stdout: str
     stderr: str
+    # Its checkpoints kept, oldest first.
+    checkpoints: tuple[CheckpointInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint a trial saved, as the CLI, the dashboard and the embedding API show it."""
+
+    trial_id: str
+    step: int
+    metric_index: int  # results the trial had reported when it saved
+    size_bytes: int
+    digest: str
+    location: str  # "" in the experiment's checkpoint directory; else an object storage URL
+    saved_at: float
+    env_id: str
 
 
 @dataclass(frozen=True)
@@ -284,6 +300,7 @@ def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
         waiting_reason=f.text("waiting_reason") if status is TrialStatus.WAITING else "",
         stopping=stopping and active,
         unreadable=tuple(f.notes),
+        checkpoint_step=f.integer("checkpoint_step") if "checkpoint_step" in row else None,
     )
 
 
@@ -357,7 +374,21 @@ class ReadModel:
             history=tuple(history),
             stdout=str(trial_dir / "stdout.log"),
             stderr=str(trial_dir / "stderr.log"),
+            checkpoints=tuple(self.checkpoints(trial_id)),
         )
+
+    def checkpoints(self, trial_id: str | None = None) -> list[CheckpointInfo]:
+        """The checkpoints kept (of one trial, or of all), oldest first."""
+        rows = self._read("checkpoints", lambda: self.store.checkpoints(trial_id))
+        found = []
+        for r in rows:
+            f = _Fields(r)
+            found.append(CheckpointInfo(
+                f.text("trial_id"), f.integer("step") or 0, f.integer("metric_index") or 0,
+                f.integer("size_bytes") or 0, f.text("digest"), f.text("location"), f.number("saved_at") or 0.0,
+                f.text("env_id"),
+            ))
+        return found
 
     def trial_counts(self) -> dict[str, int]:
         """Trials per status (a status this version does not know counts as UNREADABLE)."""

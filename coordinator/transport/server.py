@@ -23,6 +23,7 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
+from ..engine import checkpoints as ck
 from ..engine import events as ev
 from . import wire
 from .checks import MAX_SEQ, Refusal, over_limit
@@ -67,6 +68,7 @@ class AgentLink:
         self._ack: int | None = None
         self._wakeup = asyncio.Event()
         self._urgent = asyncio.Event()
+        self._wrote = asyncio.Event()  # set after each write: what send_paced waits on
         self.closed = False
 
     def send(self, message: ev.ToAgent) -> None:
@@ -79,6 +81,23 @@ class AgentLink:
         self._queue.append(wire.to_agent(message))
         self._wakeup.set()
         self._urgent.set()
+
+    async def send_paced(self, message: ev.ToAgent, *, max_queued: int, timeout: float) -> bool:
+        """Send once at most ``max_queued`` messages wait ahead of it (a long stream of
+        them, say a checkpoint going down, holds no more than that in memory). False when
+        the stream closed or did not drain within ``timeout``."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self._queue) > max_queued and not self.closed:
+            self._wrote.clear()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wrote.wait(), left)
+        if self.closed:
+            return False
+        self.send(message)
+        return True
 
     def ack(self, seq: int) -> None:
         self._ack = seq if self._ack is None else max(self._ack, seq)
@@ -113,6 +132,7 @@ class AgentLink:
                 if msg is None:
                     return
                 await context.write(msg)
+                self._wrote.set()
             if self._ack is not None:
                 seq, self._ack = self._ack, None
                 await context.write(pb.CoordinatorMessage(ack=pb.Ack(seq=seq)))
@@ -126,6 +146,8 @@ class Core(Protocol):
     def agent_event(self, event: wire.AgentEvent, link: AgentLink) -> None: ...
 
     def agent_disconnected(self, env_id: str, link: AgentLink) -> None: ...
+
+    def checkpoint_fetch(self, request: ck.CheckpointFetchRequested, link: AgentLink) -> None: ...
 
     def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
         """Append one line to the trial's stderr log if that trial is placed on that environment."""
@@ -264,6 +286,15 @@ class Servicer(pb_grpc.CoordinatorServicer):
                 if bad := over_limit(msg):
                     log.warning("environment %s: message #%d refused: %s; ending its stream", env_id, seq, bad)
                     await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq} refused: {bad}")
+                if msg.HasField("checkpoint_chunk") or msg.HasField("checkpoint_saved") or msg.HasField(
+                    "fetch_checkpoint"
+                ):
+                    bad = _out_of_range(msg)
+                    if bad:
+                        await abort(grpc.StatusCode.INVALID_ARGUMENT, f"message #{seq}: {bad} is out of range")
+                    if msg.HasField("fetch_checkpoint"):  # not numbered: asked again after a reconnect
+                        self.core.checkpoint_fetch(wire.fetch_requested(env_id, link.id, msg.fetch_checkpoint), link)
+                        continue
                 event = wire.agent_event(env_id, link.id, msg)
                 if event is None:
                     log.warning("environment %s sent an unexpected %s message; ignored", env_id, msg.WhichOneof("body"))

@@ -18,6 +18,7 @@ from trialkeeper.protos.limits import (
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.wire import PROTOCOL_VERSION
 
+from ..engine import checkpoints as ck
 from ..engine import events as ev
 from ..engine.rows import MetricRun
 from . import checks
@@ -77,9 +78,33 @@ def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> ev.AgentReporte
         chunk = msg.log
         stream = _STREAM_NAMES.get(chunk.stream)
         report = None if stream is None else ev.LogReported(chunk.trial_id, stream, chunk.offset, chunk.data)
+    elif kind == "checkpoint_chunk":
+        c = msg.checkpoint_chunk
+        report = ck.CheckpointChunkReported(c.trial_id, c.step, c.path, c.offset, c.data)
+    elif kind == "checkpoint_saved":
+        c = msg.checkpoint_saved
+        report = ck.CheckpointSavedReported(
+            c.trial_id, c.step, c.metric_index, c.size_bytes, c.digest, _files(c.files), c.location,
+            c.saved_at if math.isfinite(c.saved_at) else 0.0,
+        )
     else:
         return None
     return ev.AgentReported(env_id, link, msg.seq, report)
+
+
+def fetch_requested(env_id: str, link: int, f: pb.FetchCheckpoint) -> ck.CheckpointFetchRequested:
+    return ck.CheckpointFetchRequested(env_id, link, f.trial_id, f.step, f.path, f.offset)
+
+
+def _files(files: Iterable[pb.CheckpointFile]) -> tuple[ck.CheckpointFile, ...]:
+    return tuple(ck.CheckpointFile(f.path, f.size, f.mode) for f in files)
+
+
+def _ref(c: ck.Checkpoint) -> pb.CheckpointRef:
+    return pb.CheckpointRef(
+        step=c.step, metric_index=c.metric_index, location=c.location, digest=c.digest, size_bytes=c.size_bytes,
+        trial_id=c.trial_id, files=[pb.CheckpointFile(path=f.path, size=f.size, mode=f.mode) for f in c.files],
+    )
 
 
 def metrics_reported(
@@ -242,13 +267,15 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
                 working_directory=message.working_directory, max_duration_s=message.max_duration_s,
                 experiment_id=message.experiment_id, attempt=message.attempt,
                 first_metric_index=message.first_metric_index,
+                checkpoint=_ref(message.checkpoint) if message.checkpoint is not None else None,
             ))
         case ev.Welcome():
             return pb.CoordinatorMessage(welcome=pb.Welcome(
                 experiment_id=message.experiment_id, acked_seq=message.acked_seq,
                 heartbeat_interval_s=message.heartbeat_interval_s, protocol_version=PROTOCOL_VERSION,
                 cancel_trial_ids=list(message.cancel_trial_ids),
-                gpu_sample_interval_s=message.gpu_sample_interval_s,
+                gpu_sample_interval_s=message.gpu_sample_interval_s, checkpoint_dir=message.checkpoint_dir,
+                checkpoint_storage=message.checkpoint_storage, max_checkpoint_bytes=message.max_checkpoint_bytes,
             ))
         case ev.CancelTrial():
             return pb.CoordinatorMessage(cancel_trial=pb.CancelTrial(
@@ -257,6 +284,19 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
         case ev.Shutdown():
             return pb.CoordinatorMessage(shutdown=pb.Shutdown(
                 drain=message.drain, grace_s=message.grace_s, reason=message.reason
+            ))
+        case ck.PauseTrial():
+            return pb.CoordinatorMessage(pause_trial=pb.PauseTrial(
+                trial_id=message.trial_id, grace_s=message.grace_s, reason=message.reason
+            ))
+        case ck.CheckpointRefused():
+            return pb.CoordinatorMessage(checkpoint_refused=pb.CheckpointRefused(
+                trial_id=message.trial_id, step=message.step, reason=message.reason
+            ))
+        case ck.CheckpointData():
+            return pb.CoordinatorMessage(checkpoint_chunk=pb.CheckpointChunk(
+                trial_id=message.trial_id, step=message.step, path=message.path, offset=message.offset,
+                data=message.data, last=message.last,
             ))
         case ev.Settings():
             return pb.CoordinatorMessage(settings=pb.Settings(

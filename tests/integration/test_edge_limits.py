@@ -188,6 +188,10 @@ HOLDERS: dict[str, Callable[[pb.AgentMessage], Message]] = {
     "MetricRun": lambda m: m.metrics.runs.add(),
     "LogChunk": lambda m: m.log,
     "TrialEnded": lambda m: m.trial_ended,
+    "CheckpointChunk": lambda m: m.checkpoint_chunk,
+    "CheckpointSaved": lambda m: m.checkpoint_saved,
+    "CheckpointFile": lambda m: m.checkpoint_saved.files.add(),
+    "FetchCheckpoint": lambda m: m.fetch_checkpoint,
 }
 
 

@@ -141,7 +141,8 @@ CORE_DATA = tuple(f"{C}.engine.{m}" for m in ("events", "rows", "states", "model
 FORBIDDEN = [
     ("the core imports nothing outside the core", f"{C}.engine", ("trialkeeper.",), (f"{C}.engine",)),
     ("the transport takes from the core only its events", f"{C}.transport", (f"{C}.engine", f"{C}.shell",
-     f"{C}.core", f"{C}.store", f"{C}.read"), (f"{C}.engine.events", f"{C}.engine.rows")),
+     f"{C}.core", f"{C}.store", f"{C}.read"),
+     (f"{C}.engine.events", f"{C}.engine.rows", f"{C}.engine.checkpoints")),
     ("the store imports none of the engine's machines", f"{C}.store", (f"{C}.engine",), CORE_DATA),
     ("the read side imports none of the engine's machines", f"{C}.read", (f"{C}.engine", f"{C}.shell",
      f"{C}.core", f"{C}.store.store"), CORE_DATA),
