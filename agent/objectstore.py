@@ -129,7 +129,7 @@ class ObjectStore:
         max_attempts: int = MAX_ATTEMPTS,
     ) -> ObjectStore:
         """The store at ``"s3://bucket/prefix"``, with credentials and endpoint from boto3's
-        default chain. Contacts nothing yet: a bad bucket or credentials show on first use."""
+        default chain. Sends the store no request yet: a bad bucket or key shows on first use."""
         bucket, prefix = parse_url(url)
         try:
             import boto3
