@@ -31,11 +31,15 @@ _KINDS = {"PERIODICAL": "intermediate", "FINAL": "final"}
 
 
 def nni_environment(
-    *, trial_id: str, sequence_id: int, experiment_id: str, sys_dir: Path, output_dir: Path
+    *, trial_id: str, sequence_id: int, experiment_id: str, sys_dir: Path, output_dir: Path, checkpoint_dir: str = ""
 ) -> dict[str, str]:
     """The variables a trial's ``nni`` reads. ``MULTI_PHASE`` stays unset: with it a second
-    ``get_next_parameter()`` would wait forever for a file nobody writes."""
+    ``get_next_parameter()`` would wait forever for a file nobody writes. The checkpoint
+    directory (NNI_CHECKPOINT_DIRECTORY, where NNI's PBT trials keep their state) is the
+    trial's live checkpoint directory, TRIALKEEPER_CHECKPOINT_DIR."""
+    extra = {"NNI_CHECKPOINT_DIRECTORY": checkpoint_dir} if checkpoint_dir else {}
     return {
+        **extra,
         "NNI_PLATFORM": "local",
         "REUSE_MODE": "true",
         "NNI_EXP_ID": experiment_id,

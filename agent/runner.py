@@ -8,7 +8,8 @@ trial and handed to the session in order. Datagrams need no connection to be acc
 once a trial's process tree is gone everything it sent is already queued on the socket:
 the runner drains it before reporting the end, and no report can arrive late.
 Results that trials written for NNI print are read from ``stdout.log`` (:mod:`.nnicompat`),
-the rest of it before the end is reported.
+the rest of it before the end is reported. A trial's checkpoints (its directory, the one it
+continues from, its saves, asked on the same socket) are the keeper's (:mod:`.checkpoints`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
 from . import nnicompat, processes, trialfiles
 from . import trial as sdk
+from .attribution import Attribution
+from .checkpoints import CheckpointKeeper, CheckpointLink, CheckpointUnavailable
 from .codecopy import copy_tree, prune_copy
 from .metric_socket import MetricSocket
 from .trialfiles import TRIAL_CODE_DIR, TrialSpec
@@ -50,14 +52,12 @@ PRUNE_WAIT_S = 2.0
 STRAY_GRACE_S = 2.0
 # How often orphans that ended on their own are reaped.
 REAP_INTERVAL_S = 1.0
-# How long a pid stays attributed to its trial after it was last seen alive.
-ATTRIBUTION_MEMORY_S = 300.0
 
 
 @dataclass(frozen=True)
 class TrialResult:
     trial_id: str
-    outcome: str  # succeeded | failed | canceled | timed_out | lost
+    outcome: str  # succeeded | failed | canceled | timed_out | lost | paused
     exit_code: int | None
     signal: int
     reason: str
@@ -67,7 +67,7 @@ class TrialResult:
     attempt: int = 0
 
 
-class RunnerEvents:
+class RunnerEvents(CheckpointLink):
     """What the runner tells the session. All calls happen on the event loop thread."""
 
     def trial_started(self, trial_id: str, pid: int, started_at: float) -> None: ...
@@ -83,19 +83,6 @@ class RunnerEvents:
         the receiver reads them from the file when it sends them."""
 
     def trial_ended(self, result: TrialResult) -> None: ...
-
-
-def _owner(pid: int, roots: dict[int, str]) -> str:
-    with contextlib.suppress(OSError):
-        tid = roots.get(os.getpgid(pid))
-        if tid:
-            return tid
-    with contextlib.suppress(psutil.Error):
-        for parent in psutil.Process(pid).parents():
-            tid = roots.get(parent.pid)
-            if tid:
-                return tid
-    return ""
 
 
 class _Trial:
@@ -145,7 +132,7 @@ class TrialRunner:
         # Each trial runs in its own copy of its working directory, <trial dir>/code.
         self.copy_working_directory = copy_working_directory
         self._trials: dict[str, _Trial] = {}
-        self._attributed: dict[int, tuple[str, float]] = {}  # pid -> (trial id, last seen)
+        self._attribution = Attribution()
         self._sock: MetricSocket | None = None
         self._log_task: asyncio.Task[None] | None = None
         self._reap_task: asyncio.Task[None] | None = None
@@ -160,6 +147,7 @@ class TrialRunner:
         # Python trials are forked from a template that imported these (trialPreload).
         self.preload = tuple(preload)
         self._warm: WarmStarter | None = None
+        self.checkpoints = CheckpointKeeper(workdir, events)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -183,6 +171,7 @@ class TrialRunner:
     async def close(self, grace_s: float = 5.0) -> None:
         await self.cancel_all("agent is shutting down", grace_s)
         await self._end_strays(None)
+        await self.checkpoints.close()
         if self._warm is not None:
             await self._warm.close()
         for task in (self._log_task, self._reap_task):
@@ -208,21 +197,7 @@ class TrialRunner:
         NVML still lists a moment after it exited keeps counting as the trial's. Safe to
         call from a worker thread.
         """
-        roots = self.running_pids()
-        now = time.monotonic()
-        found: dict[int, str] = {}
-        for pid in pids:
-            tid = roots.get(pid) or _owner(pid, roots)
-            if tid:
-                self._attributed[pid] = (tid, now)
-            elif pid in self._attributed:
-                tid = self._attributed[pid][0]
-            if tid:
-                found[pid] = tid
-        for pid, (_, seen) in list(self._attributed.items()):
-            if now - seen > ATTRIBUTION_MEMORY_S:
-                del self._attributed[pid]
-        return found
+        return self._attribution.attribute(pids, self.running_pids())
 
     def knows(self, trial_id: str) -> bool:
         return trial_id in self._trials
@@ -240,7 +215,15 @@ class TrialRunner:
     async def _run(self, t: _Trial) -> None:
         spec = t.spec
         try:
-            env, cwd = trialfiles.prepare(spec, t.dir, self.base_env, self.socket_name)
+            checkpoint_env = await self.checkpoints.open_trial(spec.trial_id, spec.attempt, spec.checkpoint)
+        except CheckpointUnavailable as e:
+            self._end(t, "failed", None, 0, str(e), False)
+            return
+        if t.cancel_reason is not None:  # canceled (or paused) while its checkpoint came
+            self._end(t, t.outcome_if_canceled, None, 0, t.cancel_reason, False)
+            return
+        try:
+            env, cwd = trialfiles.prepare(spec, t.dir, self.base_env, self.socket_name, checkpoint_env)
         except OSError as e:
             self._end(t, "failed", None, 0, f"could not prepare the trial directory: {e}", False)
             return
@@ -298,6 +281,8 @@ class TrialRunner:
         self._on_readable()
         self._read_nni_lines(t, final=True)
         self._flush_logs(t)
+        # Its saves go before its end, so that a trial stopped mid-save continues from it.
+        await self.checkpoints.settle(spec.trial_id)
         if returncode < 0 and t.cancel_reason is None and not self.host_stopping.is_set():
             # A platform taking the environment down (scancel, a pod deleted) signals all of
             # its processes at once: give the agent's own signal a moment to be seen, so the
@@ -368,6 +353,8 @@ class TrialRunner:
         code = returncode if returncode >= 0 else None
         if t.cancel_reason is not None:
             outcome, reason = t.outcome_if_canceled, t.cancel_reason
+        elif returncode == 0 and (paused := self.checkpoints.paused_reason(t.spec.trial_id)):
+            outcome, reason = "paused", paused
         elif returncode == 0:
             outcome, reason = "succeeded", ""
         elif signum and self.host_stopping.is_set():
@@ -399,6 +386,7 @@ class TrialRunner:
             ended_at=time.time(),
         )
         self._trials.pop(t.spec.trial_id, None)
+        self.checkpoints.close_trial(t.spec.trial_id)
         if not self._trials:
             self.idle.set()
         log.info("trial %s ended: %s %s", t.spec.trial_id, outcome, reason)
@@ -414,7 +402,25 @@ class TrialRunner:
             t.cancel_reason = reason or "canceled"
             if t.proc is not None:
                 asyncio.create_task(self._kill_tree(t, grace_s))
+            else:
+                self.checkpoints.abort(trial_id, t.cancel_reason)
         return True
+
+    def pause(self, trial_id: str, grace_s: float, reason: str) -> bool:
+        """Its next save tells it to end (outcome paused); past ``grace_s`` it is stopped."""
+        t = self._trials.get(trial_id)
+        if t is None or t.cancel_reason is not None:
+            return False
+        if t.proc is None:  # not started yet: it continues later from the checkpoint it was to start from
+            t.outcome_if_canceled = "paused"
+            return self.cancel(trial_id, 5.0, f"paused before it started: {reason}")
+        log.info("trial %s: asked to pause within %g s: %s", trial_id, grace_s, reason)
+        return self.checkpoints.pause(trial_id, grace_s, reason, lambda why: self._pause_overdue(t, why))
+
+    def _pause_overdue(self, t: _Trial, why: str) -> None:
+        if not t.exited.done() and t.cancel_reason is None:
+            t.outcome_if_canceled = "paused"
+            self.cancel(t.spec.trial_id, 5.0, why)
 
     async def _kill_tree(self, t: _Trial, grace_s: float) -> None:
         assert t.proc is not None
@@ -458,7 +464,8 @@ class TrialRunner:
             trial_id = msg["trial"]
             kind = msg["kind"]
             values = msg.get("values")
-            value = msg["value"] if values is None else None
+            # A save_checkpoint {"trial", "kind": "checkpoint", "step", "reply"} has no value.
+            value = msg["value"] if values is None and kind != "checkpoint" else None
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             log.warning("an unreadable metric datagram was refused: %r", data[:200])
             return
@@ -466,7 +473,9 @@ class TrialRunner:
         if t is None:
             log.warning("a metric for unknown trial %r was refused", trial_id)
             return
-        if values is None:
+        if kind == "checkpoint":
+            self._checkpoint(t, msg.get("step"), msg.get("reply"))
+        elif values is None:
             self._accept(t, kind, value)
         elif type(values) is not list:
             _note(t, f"{kind} results refused: 'values' must be a list, got {type(values).__name__}")
@@ -478,6 +487,13 @@ class TrialRunner:
         else:
             for item in values:  # each refused or accepted alone, in order
                 self._accept(t, kind, item)
+
+    def _checkpoint(self, t: _Trial, step: object, reply: object) -> None:
+        if not isinstance(reply, str) or not (reply.startswith(sdk.ABSTRACT_PREFIX) or os.path.isabs(reply)):
+            _note(t, "a save_checkpoint without an address to answer it at was refused")
+            return
+        self._read_nni_lines(t)  # results it printed before the save count before it
+        self.checkpoints.request_save(t.spec.trial_id, step, reply, t.metric_index)
 
     def _read_nni_lines(self, t: _Trial, final: bool = False) -> None:
         try:

@@ -3,7 +3,8 @@
 Messages that matter get a sequence number and stay in ``_unacked`` until the coordinator
 acknowledges them; after a reconnect they are sent again, and the coordinator drops the
 ones it already stored. Metrics are batched: whatever the trials reported while the last
-message was being written goes out as one MetricBatch.
+message was being written goes out as one MetricBatch. Checkpoints travel as numbered
+chunks and CheckpointSaved, answered by the Ack that covers them (:mod:`.checkpoint_link`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,10 +31,13 @@ from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
 from . import __version__
 from .beats import GpuReport
+from .checkpoint_files import FileEntry
+from .checkpoint_link import CheckpointWire, checkpoint_ref, with_file_data
+from .checkpoints import SavedCheckpoint
+from .dial import AgentRefused, open_channel, pin_certificate, refuse_if_tls
 from .gpu import GpuProbe, cuda_visible_devices
 from .metric_socket import socket_name
 from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
-from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ _OUTCOMES = {
     "canceled": pb.TRIAL_OUTCOME_CANCELED,
     "timed_out": pb.TRIAL_OUTCOME_TIMED_OUT,
     "lost": pb.TRIAL_OUTCOME_LOST,
+    "paused": pb.TRIAL_OUTCOME_PAUSED,
 }
 _STREAMS = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
 _KINDS = {"intermediate": pb.METRIC_KIND_INTERMEDIATE, "final": pb.METRIC_KIND_FINAL}
@@ -60,10 +66,6 @@ _REFUSALS = (
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.FAILED_PRECONDITION,
 )
-
-
-class AgentRefused(Exception):
-    """The coordinator refused this agent for good (bad token, protocol mismatch)."""
 
 
 @dataclass
@@ -123,9 +125,10 @@ class AgentSession(RunnerEvents):
         self._acked_all = asyncio.Event()
         self._acked_all.set()
         self._ended_trials: set[tuple[str, int]] = set()  # (trial id, attempt)
-        # LogChunks wait in _unacked without their bytes: seq -> (file, length) to read them
-        # from when they are sent, and again after a reconnect.
-        self._log_ranges: dict[int, tuple[Path, int]] = {}
+        # LogChunks and CheckpointChunks wait in _unacked without their bytes: seq -> (file,
+        # length) to read them from when they are sent, and again after a reconnect.
+        self._file_ranges: dict[int, tuple[Path, int]] = {}
+        self._checkpoints = CheckpointWire(self._enqueue, self._file_ranges, self._wakeup.set)
         self.runner = TrialRunner(
             options.workdir,
             self,
@@ -184,7 +187,7 @@ class AgentSession(RunnerEvents):
     def log(self, trial_id: str, stream: str, path: Path, offset: int, length: int) -> None:
         msg = pb.AgentMessage(log=pb.LogChunk(trial_id=trial_id, stream=_STREAMS[stream], offset=offset))
         self._enqueue(msg)
-        self._log_ranges[msg.seq] = (path, length)
+        self._file_ranges[msg.seq] = (path, length)
 
     def trial_ended(self, result: TrialResult) -> None:
         msg = pb.TrialEnded(
@@ -201,6 +204,15 @@ class AgentSession(RunnerEvents):
         )
         self._ended_trials.add((result.trial_id, result.attempt))
         self._enqueue(pb.AgentMessage(trial_ended=msg))
+
+    def checkpoint_upload(self, trial_id: str, step: int, directory: Path, files: Sequence[FileEntry]) -> None:
+        self._checkpoints.upload(trial_id, step, directory, files)
+
+    def checkpoint_saved(self, saved: SavedCheckpoint) -> asyncio.Future[str | None]:
+        return self._checkpoints.saved(saved)
+
+    def fetch_checkpoint(self, trial_id: str, step: int, path: str, offset: int) -> None:
+        self._checkpoints.fetch(trial_id, step, path, offset)
 
     def _gpus_in_use_by(self, trial_id: str) -> list[str]:
         if not self.o.probe.inventory().gpus:
@@ -234,8 +246,9 @@ class AgentSession(RunnerEvents):
 
     def _on_ack(self, seq: int) -> None:
         while self._unacked and self._unacked[0].seq <= seq:
-            self._log_ranges.pop(self._unacked.popleft().seq, None)
+            self._file_ranges.pop(self._unacked.popleft().seq, None)
             self._sent = max(0, self._sent - 1)
+        self._checkpoints.acked(seq)
         if not self._unacked and not self._pending_runs:
             self._acked_all.set()
 
@@ -262,6 +275,7 @@ class AgentSession(RunnerEvents):
             return await self._serve()
         finally:
             await self.runner.close(grace_s=5.0)
+            self._checkpoints.close()
             self.o.probe.close()
 
     async def _serve(self) -> int:
@@ -299,22 +313,6 @@ class AgentSession(RunnerEvents):
             if self._shutdown is not None and self._shutdown.done():
                 return 0
 
-    def _channel(self) -> grpc.aio.Channel:
-        opts: list[tuple[str, int | str]] = [
-            ("grpc.max_receive_message_length", limits.MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", limits.MAX_MESSAGE_BYTES),
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.enable_retries", 0),
-        ]
-        if self.o.tls_root_cert is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=self.o.tls_root_cert)
-            # The certificate names the coordinator, not the address it is reached at.
-            opts.append(("grpc.ssl_target_name_override", self.o.tls_server_name or SERVER_NAME))
-            return grpc.aio.secure_channel(self.o.coordinator, creds, options=opts)
-        return grpc.aio.insecure_channel(self.o.coordinator, options=opts)
-
     def _register(self) -> pb.AgentMessage:
         inv = self._inventory
         vm = psutil.virtual_memory()
@@ -345,32 +343,12 @@ class AgentSession(RunnerEvents):
     def _unacked_ended(self) -> set[str]:
         return {m.trial_ended.trial_id for m in self._unacked if m.HasField("trial_ended")}
 
-    async def _pin_certificate(self) -> None:
-        assert self.o.tls_fingerprint is not None
-        try:
-            self.o.tls_root_cert = await asyncio.to_thread(
-                pinned_certificate, self.o.coordinator, self.o.tls_fingerprint, self.o.connect_timeout_s
-            )
-        except TlsPinError as e:
-            raise AgentRefused(f"TLS: {e}") from e
-        except OSError as e:
-            raise ConnectionError(f"cannot fetch the coordinator's TLS certificate: {e}") from e
-        log.info("coordinator %s presented the pinned TLS certificate", self.o.coordinator)
-
-    async def _refuse_if_tls(self) -> None:
-        # A plain-text stream to a TLS coordinator only ever sees "Socket closed"; say why.
-        if self.o.tls_root_cert is None and await asyncio.to_thread(
-            speaks_tls, self.o.coordinator, min(2.0, self.o.connect_timeout_s)
-        ):
-            raise AgentRefused(
-                f"the coordinator at {self.o.coordinator} requires TLS and this agent was started "
-                "without it: pass --tls-fingerprint (or --tls-cert) as the coordinator launches agents"
-            )
-
     async def _connect_once(self) -> None:
         if self.o.tls_fingerprint and self.o.tls_root_cert is None:
-            await self._pin_certificate()
-        async with self._channel() as channel:
+            self.o.tls_root_cert = await pin_certificate(
+                self.o.coordinator, self.o.tls_fingerprint, self.o.connect_timeout_s
+            )
+        async with open_channel(self.o.coordinator, self.o.tls_root_cert, self.o.tls_server_name) as channel:
             stub = pb_grpc.CoordinatorStub(channel)
             call = stub.Session(metadata=((TOKEN_METADATA_KEY, self.o.token),))
             try:
@@ -382,7 +360,7 @@ class AgentSession(RunnerEvents):
                 if e.code() in _REFUSALS:
                     raise AgentRefused(f"{e.code().name}: {e.details()}") from e
                 if e.code() is grpc.StatusCode.UNAVAILABLE:
-                    await self._refuse_if_tls()
+                    await refuse_if_tls(self.o.coordinator, self.o.tls_root_cert, self.o.connect_timeout_s)
                 raise
             if first is grpc.aio.EOF:
                 await self._raise_refusal(call)
@@ -429,7 +407,7 @@ class AgentSession(RunnerEvents):
         if code in _REFUSALS:
             raise AgentRefused(f"{code.name}: {details}")
         if code is grpc.StatusCode.UNAVAILABLE:
-            await self._refuse_if_tls()
+            await refuse_if_tls(self.o.coordinator, self.o.tls_root_cert, self.o.connect_timeout_s)
         raise ConnectionError(f"stream closed before welcome: {code.name}: {details}")
 
     def _on_welcome(self, welcome: pb.Welcome) -> None:
@@ -440,6 +418,11 @@ class AgentSession(RunnerEvents):
         self._sent = 0
         for trial_id in welcome.cancel_trial_ids:
             self.runner.cancel(trial_id, 5.0, "the coordinator no longer wants this trial")
+        keeper = self.runner.checkpoints
+        keeper.configure(experiment_id=welcome.experiment_id, checkpoint_dir=welcome.checkpoint_dir,
+                         checkpoint_storage=welcome.checkpoint_storage, max_bytes=welcome.max_checkpoint_bytes)
+        self._checkpoints.new_stream()
+        keeper.on_reconnect()  # downloads under way go on where they stopped
         self._wakeup.set()
 
     async def _write_loop(self, call: grpc.aio.StreamStreamCall) -> None:
@@ -459,33 +442,22 @@ class AgentSession(RunnerEvents):
                     await asyncio.wait_for(self._urgent.wait(), METRIC_LINGER_S)
             self._wakeup.clear()
             self._urgent.clear()  # all that waits goes now
-            if self._heartbeat_due is not None:
-                hb, self._heartbeat_due = self._heartbeat_due, None
-                # Decided here, by the stream's one writer: a new stream's first carries the GPUs.
-                await call.write(pb.AgentMessage(heartbeat=self._gpu_report.outgoing(hb, time.monotonic())))
+            await self._write_heartbeat(call)
+            for once in self._checkpoints.take_once():
+                await call.write(once)
             self._flush_metrics()
             while self._sent < len(self._unacked):
                 msg = self._unacked[self._sent]
                 self._sent += 1
                 # Metrics reported meanwhile come round again, to go at once or gather more.
-                await call.write(self._with_log_data(msg))
+                await call.write(with_file_data(msg, self._file_ranges))
+                await self._write_heartbeat(call)  # a long upload must not look like silence
 
-    def _with_log_data(self, msg: pb.AgentMessage) -> pb.AgentMessage:
-        """``msg`` as sent: a LogChunk gets its bytes from the trial's log file, in a copy
-        that is dropped once written, so the journal never holds output."""
-        where = self._log_ranges.get(msg.seq)
-        if where is None:
-            return msg
-        path, length = where
-        try:
-            with open(path, "rb") as f:
-                f.seek(msg.log.offset)
-                data = f.read(length)
-        except OSError as e:
-            log.warning("trial %s: cannot read %s to send it: %s", msg.log.trial_id, path, e)
-            data = b""
-        chunk = pb.LogChunk(trial_id=msg.log.trial_id, stream=msg.log.stream, offset=msg.log.offset, data=data)
-        return pb.AgentMessage(seq=msg.seq, log=chunk)
+    async def _write_heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
+        if self._heartbeat_due is not None:
+            hb, self._heartbeat_due = self._heartbeat_due, None
+            # Decided here, by the stream's one writer: a new stream's first carries the GPUs.
+            await call.write(pb.AgentMessage(heartbeat=self._gpu_report.outgoing(hb, time.monotonic())))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -534,6 +506,16 @@ class AgentSession(RunnerEvents):
                     self._heartbeat_s = msg.settings.heartbeat_interval_s
                 if msg.settings.gpu_sample_interval_s > 0:
                     self._gpu_report.interval_s = msg.settings.gpu_sample_interval_s
+            elif kind == "pause_trial":
+                p = msg.pause_trial
+                self.runner.pause(p.trial_id, p.grace_s, p.reason or "paused by the coordinator")
+            elif kind == "checkpoint_chunk":
+                c = msg.checkpoint_chunk
+                self.runner.checkpoints.on_chunk(c.trial_id, c.step, c.path, c.offset, c.data, c.last)
+            elif kind == "checkpoint_refused":
+                r = msg.checkpoint_refused
+                self._checkpoints.refused(r.trial_id, r.step, r.reason)
+                self.runner.checkpoints.on_refused(r.trial_id, r.step, r.reason)
             elif kind == "shutdown":
                 # Handled aside: acks must still be read while the trials wind down.
                 asyncio.get_running_loop().create_task(self._on_shutdown(msg.shutdown))
@@ -556,6 +538,7 @@ class AgentSession(RunnerEvents):
             max_duration_s=st.max_duration_s,
             attempt=st.attempt,
             first_metric_index=st.first_metric_index,
+            checkpoint=checkpoint_ref(st.checkpoint) if st.HasField("checkpoint") else None,
         )
         self.runner.start(spec)
 

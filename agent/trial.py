@@ -14,8 +14,25 @@ Sends do not wait for the coordinator: the agent acknowledges nothing to the tri
 This module imports only the standard library (and the stdlib-only metric rule of
 ``trialkeeper.protos.limits``) so that a trial starts in milliseconds.
 
+Checkpoints: a trial writes its whole state into ``get_checkpoint_dir()`` (the variable
+``TRIALKEEPER_CHECKPOINT_DIR``), then calls ``save_checkpoint(step)``. The files are moved
+into the checkpoint at once, whole, and the directory is empty again; the call returns once
+the coordinator has recorded the checkpoint, or raises ``CheckpointError`` with the reason it
+was refused (its files are then back in the directory when they could be put back). When the
+coordinator asked the trial to pause, ``save_checkpoint`` ends the process with status 0
+after the save instead of returning. A trial continued from a checkpoint finds its files in
+the directory when it starts, and ``checkpoint_step()`` says its step (None on a fresh start)::
+
+    ckpt = Path(trial.get_checkpoint_dir())
+    start = 0 if trial.checkpoint_step() is None else load(ckpt / "state.pt") + 1
+    for epoch in range(start, epochs):
+        ...
+        save(ckpt / "state.pt", epoch)
+        trial.save_checkpoint(epoch)
+
 Standalone mode, for running a trial script by hand: set ``TRIALKEEPER_STANDALONE=1`` and
-optionally ``TRIALKEEPER_PARAMETERS='{"lr": 0.1}'``; results are then printed to stderr.
+optionally ``TRIALKEEPER_PARAMETERS='{"lr": 0.1}'``; results are then printed to stderr,
+the checkpoint directory is ``./checkpoint`` and a save keeps the files where they are.
 """
 
 from __future__ import annotations
@@ -23,8 +40,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import operator
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -36,8 +55,11 @@ from trialkeeper.protos.limits import metric_value_problem
 from trialkeeper.protos.wire import EXPERIMENT_ENV as ENV_EXPERIMENT_ID
 
 __all__ = [
+    "CheckpointError",
     "TrialSdkError",
+    "checkpoint_step",
     "flush",
+    "get_checkpoint_dir",
     "get_experiment_id",
     "get_next_parameter",
     "get_output_dir",
@@ -45,6 +67,7 @@ __all__ = [
     "get_trial_id",
     "report_final_result",
     "report_intermediate_result",
+    "save_checkpoint",
 ]
 
 ENV_TRIAL_ID = "TRIALKEEPER_TRIAL_ID"
@@ -54,6 +77,12 @@ ENV_OUTPUT_DIR = "TRIALKEEPER_OUTPUT_DIR"
 ENV_SOCKET = "TRIALKEEPER_SOCKET"
 ENV_STANDALONE = "TRIALKEEPER_STANDALONE"
 ENV_PARAMETERS = "TRIALKEEPER_PARAMETERS"
+ENV_CHECKPOINT_DIR = "TRIALKEEPER_CHECKPOINT_DIR"
+ENV_CHECKPOINT_STEP = "TRIALKEEPER_CHECKPOINT_STEP"
+# How long save_checkpoint waits for the agent's answer (seconds).
+ENV_CHECKPOINT_TIMEOUT = "TRIALKEEPER_CHECKPOINT_TIMEOUT"
+DEFAULT_CHECKPOINT_TIMEOUT_S = 3600.0
+STANDALONE_CHECKPOINT_DIR = "checkpoint"
 # A socket named "@name" in ENV_SOCKET is in Linux's abstract namespace (no file to leave
 # behind); environment variables cannot hold the NUL byte that begins such a name.
 ABSTRACT_PREFIX = "@"
@@ -66,6 +95,11 @@ def socket_address(name: str) -> str:
 
 class TrialSdkError(RuntimeError):
     """The SDK is used where it cannot work (outside an agent, without standalone mode)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint was not saved (too big, no room, refused by the coordinator, no answer
+    in time); the message says why."""
 
 
 def _standalone() -> bool:
@@ -341,3 +375,141 @@ def report_intermediate_result(value: float | dict[str, Any]) -> bool:
 def report_final_result(value: float | dict[str, Any]) -> bool:
     """Report the trial's result. False when refused (an invalid value)."""
     return _report("final", value)
+
+
+# ---- checkpoints ------------------------------------------------------------------------
+
+# One save at a time per process: each waits for its own answer.
+_checkpoint_lock = threading.Lock()
+_REPLY_BYTES = 64 * 1024
+_CREDENTIALS = struct.Struct("iII")  # struct ucred (pid, uid, gid)
+
+
+def get_checkpoint_dir() -> str:
+    """The directory to write the trial's state into before ``save_checkpoint``: empty on a
+    fresh start, holding the files of the checkpoint the trial continues from otherwise."""
+    if _standalone():
+        path = os.environ.get(ENV_CHECKPOINT_DIR) or os.path.abspath(STANDALONE_CHECKPOINT_DIR)
+        os.makedirs(path, exist_ok=True)
+        return path
+    _require_agent()
+    given = os.environ.get(ENV_CHECKPOINT_DIR)
+    if not given:
+        raise TrialSdkError(f"{ENV_CHECKPOINT_DIR} is not set; the agent sets it for every trial")
+    return given
+
+
+def checkpoint_step() -> int | None:
+    """The step of the checkpoint the trial continues from, None on a fresh start."""
+    raw = os.environ.get(ENV_CHECKPOINT_STEP, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise TrialSdkError(f"{ENV_CHECKPOINT_STEP} must be a whole number, got {raw!r}") from None
+
+
+def save_checkpoint(step: int) -> None:
+    """Save what the checkpoint directory holds now as the checkpoint at ``step`` (a whole
+    number, larger than the trial's last one), whole or not at all. The files move into the
+    checkpoint and the directory is empty again. Returns once the checkpoint is recorded;
+    raises CheckpointError with the reason when it is not. When the trial was asked to pause,
+    ends the process with status 0 after the save instead of returning."""
+    if isinstance(step, bool):
+        raise TypeError("step must be a whole number, got bool")
+    step = operator.index(step)
+    if step < 0:
+        raise ValueError(f"step must be 0 or more, got {step}")
+    if _standalone():
+        _say(f"checkpoint at step {step}: standalone mode keeps the files in {get_checkpoint_dir()}")
+        return
+    trial_id = _require_agent()
+    with _checkpoint_lock:
+        answer = _ask_agent(trial_id, step)
+    if answer.get("ok") is not True:
+        raise CheckpointError(str(answer.get("error") or "the agent refused the checkpoint"))
+    if answer.get("pause"):
+        _end_for_pause(step)
+
+
+def _checkpoint_timeout() -> float:
+    raw = os.environ.get(ENV_CHECKPOINT_TIMEOUT, "").strip()
+    if not raw:
+        return DEFAULT_CHECKPOINT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise TrialSdkError(f"{ENV_CHECKPOINT_TIMEOUT} must be a number of seconds above 0, got {raw!r}")
+    return value
+
+
+def _ask_agent(trial_id: str, step: int) -> dict[str, Any]:
+    """Send the save to the agent and wait for its answer on a socket of our own."""
+    timeout = _checkpoint_timeout()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = ""
+    try:
+        if sys.platform.startswith("linux"):
+            name = f"{ABSTRACT_PREFIX}trialkeeper-reply-{os.getuid()}-{os.getpid()}-{os.urandom(8).hex()}"
+            sock.bind(socket_address(name))
+            # Only the agent's user may answer: the name is open to every process on the machine.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        else:
+            import tempfile  # only here: it costs a trial's start a few imports
+
+            path = name = os.path.join(tempfile.mkdtemp(prefix="tk-"), "reply.sock")
+            sock.bind(path)
+        request = _encode({"trial": trial_id, "kind": "checkpoint", "step": step, "reply": name}).encode()
+        try:
+            # After whatever results wait: they count among those reported before the save.
+            _channel.send(request)
+        except OSError as e:
+            raise CheckpointError(f"cannot reach the agent: {e}") from e
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CheckpointError(
+                    f"the agent did not answer within {timeout:g} s ({ENV_CHECKPOINT_TIMEOUT} sets how long to wait)"
+                )
+            sock.settimeout(left)
+            try:
+                data, ancillary, _, _ = sock.recvmsg(_REPLY_BYTES, socket.CMSG_SPACE(_CREDENTIALS.size))
+            except TimeoutError:
+                continue
+            if not path and _sender_uid(ancillary) != os.getuid():
+                continue
+            try:
+                answer = json.loads(data.decode())
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if isinstance(answer, dict):
+                return answer
+    finally:
+        sock.close()
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                os.rmdir(os.path.dirname(path))
+
+
+def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == getattr(socket, "SCM_CREDENTIALS", -1) and len(data) >= 12:
+            return int(_CREDENTIALS.unpack_from(data)[1])
+    return None
+
+
+def _end_for_pause(step: int) -> None:
+    """The coordinator asked the trial to pause and its checkpoint is safe: end cleanly."""
+    with contextlib.suppress(OSError, TrialSdkError):
+        _channel.flush()
+    _say(f"paused after its checkpoint at step {step} was saved; it continues from there later")
+    if threading.current_thread() is threading.main_thread():
+        sys.exit(0)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(0)

@@ -3,7 +3,8 @@
 variables it runs with.
 
 Layout of ``<workdir>/trials/<trial id>/``: ``parameter.json``, ``stdout.log``,
-``stderr.log``, ``output/`` and, when the working directory is copied, ``code/``.
+``stderr.log``, ``output/`` and, when the working directory is copied, ``code/``. Its
+checkpoint directory lies elsewhere (see :mod:`.checkpoints`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import nnicompat
 from . import trial as sdk
+
+if TYPE_CHECKING:
+    from .checkpoints import CheckpointRef
 
 # Where a trial's copy of its working directory goes, under its trial directory.
 TRIAL_CODE_DIR = "code"
@@ -35,13 +40,20 @@ class TrialSpec:
     max_duration_s: float = 0.0
     attempt: int = 0
     first_metric_index: int = 0
+    # Continue from this checkpoint (None: a fresh start).
+    checkpoint: CheckpointRef | None = None
 
 
 def prepare(
-    spec: TrialSpec, directory: Path, base_env: dict[str, str], socket_name: str
+    spec: TrialSpec,
+    directory: Path,
+    base_env: dict[str, str],
+    socket_name: str,
+    checkpoint_env: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], str]:
     """Write the trial's parameter files into ``directory``; returns its environment and
-    its working directory (the trial directory when the spec names none)."""
+    its working directory (the trial directory when the spec names none). ``checkpoint_env``
+    names its checkpoint directory (see CheckpointKeeper.open_trial)."""
     (directory / "output").mkdir(parents=True, exist_ok=True)
     param_file = directory / "parameter.json"
     param_file.write_text(spec.parameters_json, encoding="utf-8")
@@ -63,10 +75,14 @@ def prepare(
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
     )
+    for name in (sdk.ENV_CHECKPOINT_DIR, sdk.ENV_CHECKPOINT_STEP):
+        env.pop(name, None)  # never the agent's own, nor a stale one
+    env.update(checkpoint_env or {})
     env.update(
         nnicompat.nni_environment(
             trial_id=spec.trial_id, sequence_id=spec.sequence_id, experiment_id=spec.experiment_id,
             sys_dir=directory, output_dir=directory / "output",
+            checkpoint_dir=env.get(sdk.ENV_CHECKPOINT_DIR, ""),
         )
     )
     env.pop(sdk.ENV_STANDALONE, None)
