@@ -1,0 +1,254 @@
+"""Checkpoints in the decision core, in virtual time: recorded or refused, kept or removed, a
+lost trial continued from its last one, pause and continue, a stop that pauses, a restore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_engine import Sim, ready_sim
+from trialkeeper.coordinator.engine import checkpoints as ck
+from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.states import TrialStatus
+
+FILES = (ck.CheckpointFile("model.pt", 7), ck.CheckpointFile("opt/state.bin", 3))
+
+
+def saved(trial_id: str, step: int, *, metric_index: int = 0, size: int = 10, files: Any = FILES,
+          problem: str = "") -> ck.CheckpointSavedReported:
+    return ck.CheckpointSavedReported(trial_id, step, metric_index, size, f"sha256:{step}", files, "", 0.0, problem)
+
+
+def running(sim: Sim, trial_id: str = "t1") -> str:
+    sim.submit(trial_id)
+    env_id = sim.engine.trials[trial_id].env_id
+    assert env_id is not None
+    sim.run(env_id, trial_id)
+    return env_id
+
+
+def sent(sim: Sim, kind: type) -> list[Any]:
+    return [s.message for s in sim.take(ev.Send) if isinstance(s.message, kind)]
+
+
+def test_a_saved_checkpoint_is_recorded_before_its_ack_and_the_older_one_removed() -> None:
+    sim = ready_sim()
+    env = running(sim)
+    sim.report(env, saved("t1", 1, metric_index=2))
+    sim.out.clear()
+    sim.report(env, saved("t1", 2, metric_index=4))
+    kinds = [type(i).__name__ for i in sim.out]
+    assert kinds.index("CheckpointRecorded") < kinds.index("Ack")
+    removed = sim.take(ck.RemoveCheckpoint)
+    assert [(r.checkpoint.trial_id, r.checkpoint.step) for r in removed] == [("t1", 1)]
+    assert [f.step for f in sim.take(ck.CheckpointRemoved)] == [1]
+    t = sim.engine.trials["t1"]
+    assert [c.step for c in t.checkpoints] == [2] and t.info().checkpoint_step == 2
+
+
+def test_checkpoints_per_trial_keeps_the_newest_ones() -> None:
+    sim = ready_sim(checkpoints_per_trial=2)
+    env = running(sim)
+    for step in (1, 2, 3):
+        sim.report(env, saved("t1", step))
+    assert [r.checkpoint.step for r in sim.take(ck.RemoveCheckpoint)] == [1]
+    assert [c.step for c in sim.engine.trials["t1"].checkpoints] == [2, 3]
+
+
+def test_a_checkpoint_over_the_limit_is_refused_before_the_ack_naming_the_limit() -> None:
+    sim = ready_sim(max_checkpoint_bytes=5)
+    env = running(sim)
+    sim.out.clear()
+    sim.report(env, saved("t1", 1))
+    kinds = [type(i).__name__ for i in sim.out]
+    assert "CheckpointRecorded" not in kinds
+    refused = sent(sim, ck.CheckpointRefused)
+    assert len(refused) == 1 and "maxCheckpointSize" in refused[0].reason and "10 bytes" in refused[0].reason
+    assert kinds.index("Send") < kinds.index("Ack")
+    # Its files, made whole in the experiment's directory before the core heard of it, go.
+    assert [r.checkpoint.step for r in sim.take(ck.RemoveCheckpoint)] == [1]
+    assert sim.engine.trials["t1"].checkpoints == []
+
+
+def test_an_unsafe_chunk_refuses_its_whole_save_and_is_never_written() -> None:
+    sim = ready_sim()
+    env = running(sim)
+    sim.report(env, ck.CheckpointChunkReported("t1", 1, "../../etc/passwd", 0, b"x"))
+    sim.report(env, ck.CheckpointChunkReported("t1", 1, "model.pt", 0, b"1234567"))
+    writes = sim.take(ck.WriteCheckpointChunk)
+    assert [w.path for w in writes] == ["model.pt"]
+    sim.report(env, saved("t1", 1))
+    assert "a part of it was refused" in sent(sim, ck.CheckpointRefused)[0].reason
+
+
+def test_a_shell_problem_with_the_files_refuses_the_save() -> None:
+    sim = ready_sim()
+    env = running(sim)
+    sim.report(env, saved("t1", 1, problem="the coordinator did not get all of it: model.pt is missing"))
+    assert "model.pt is missing" in sent(sim, ck.CheckpointRefused)[0].reason
+    assert sim.engine.trials["t1"].checkpoints == []
+
+
+def test_a_save_from_an_environment_the_trial_is_not_on_is_refused() -> None:
+    sim = ready_sim()
+    env = running(sim)
+    other = next(e for e in sim.engine.envs if e != env)
+    sim.report(other, saved("t1", 1))
+    assert "not placed on this environment" in sent(sim, ck.CheckpointRefused)[0].reason
+
+
+def test_a_lost_trial_continues_from_its_checkpoint_and_its_later_results_are_superseded() -> None:
+    sim = ready_sim(max_trial_retries=1)
+    env = running(sim)
+    sim.report(env, saved("t1", 5, metric_index=3))
+    sim.starts()
+    sim.end(env, "t1", ev.Outcome.LOST)
+    t = sim.engine.trials["t1"]
+    assert t.status is TrialStatus.WAITING and "from step 5" in t.waiting_reason
+    assert "not counted" in t.waiting_reason and t.retries == 0  # it saved since it started
+    sim.advance(5)
+    sim.feed(ev.Ticked())
+    start = sim.starts()["t1"]
+    assert start.checkpoint is not None and start.checkpoint.step == 5
+    assert start.first_metric_index == 3 and not start.resumes_metrics
+    assert [(s.trial_id, s.from_index) for s in sim.take(ck.MetricsSuperseded)] == [("t1", 3)]
+
+
+def test_losses_without_progress_use_up_retries_and_then_fail() -> None:
+    sim = ready_sim(max_trial_retries=1)
+    env = running(sim)
+    sim.report(env, saved("t1", 1))
+    sim.end(env, "t1", ev.Outcome.LOST)  # free: it saved since the last loss
+    sim.advance(5)
+    sim.feed(ev.Ticked())
+    env = sim.engine.trials["t1"].env_id
+    assert env is not None
+    sim.run(env, "t1")
+    sim.end(env, "t1", ev.Outcome.LOST)  # counted: 1 of 1
+    t = sim.engine.trials["t1"]
+    assert t.status is TrialStatus.WAITING and t.retries == 1
+    sim.advance(5)
+    sim.feed(ev.Ticked())
+    env = sim.engine.trials["t1"].env_id
+    assert env is not None
+    sim.run(env, "t1")
+    sim.end(env, "t1", ev.Outcome.LOST)
+    assert t.status is TrialStatus.FAILED and "environment lost" in t.reason
+
+
+def test_progress_resets_retries_can_be_turned_off() -> None:
+    sim = ready_sim(max_trial_retries=0, progress_resets_retries=False)
+    env = running(sim)
+    sim.report(env, saved("t1", 1))
+    sim.end(env, "t1", ev.Outcome.LOST)
+    assert sim.status("t1") is TrialStatus.FAILED
+
+
+def test_pause_asks_the_agent_and_a_paused_end_frees_the_slot_then_continue_restarts_it() -> None:
+    sim = ready_sim(pause_grace_s=30.0)
+    env = running(sim)
+    sim.report(env, saved("t1", 2, metric_index=2))
+    sim.feed(ck.PauseRequested("t1", "paused by the user"))
+    pauses = sent(sim, ck.PauseTrial)
+    assert [(p.trial_id, p.grace_s) for p in pauses] == [("t1", 30.0)]
+    sim.report(env, saved("t1", 3, metric_index=3))
+    sim.report(env, ev.TrialEndReported("t1", ev.Outcome.PAUSED, 0, None, "", "", 0.0))
+    t = sim.engine.trials["t1"]
+    assert t.status is TrialStatus.PAUSED and t.env_id is None and "continues from step 3" in t.reason
+    assert sim.engine.fleet.envs[env].holders == set()
+    sim.starts()
+    sim.feed(ck.ContinueRequested("t1", {"x": 2}))
+    assert [f.parameters for f in sim.take(ck.TrialParametersChanged)] == [{"x": 2}]
+    sim.feed(ev.Ticked())
+    start = sim.starts()["t1"]
+    assert start.parameters == {"x": 2} and start.checkpoint is not None and start.checkpoint.step == 3
+    assert t.retries == 0
+
+
+def test_a_trial_that_never_checkpoints_is_canceled_when_asked_to_pause() -> None:
+    sim = ready_sim()
+    env = running(sim)
+    sim.feed(ck.PauseRequested("t1", "paused by the user"))
+    sim.report(env, ev.TrialEndReported("t1", ev.Outcome.PAUSED, None, 9, "saved no checkpoint within 5 s", "", 0.0))
+    t = sim.engine.trials["t1"]
+    assert t.status is TrialStatus.USER_CANCELED and "no checkpoint to continue from" in t.reason
+
+
+def test_a_waiting_trial_is_paused_at_once_and_continues_ahead_of_the_others() -> None:
+    sim = ready_sim(environment_count=1, trial_concurrency=1)
+    running(sim, "t1")
+    sim.submit("t2")
+    sim.submit("t3")
+    sim.feed(ck.PauseRequested("t3", "held back"))
+    assert sim.status("t3") is TrialStatus.PAUSED and "t3" not in sim.engine.queue
+    sim.feed(ck.ContinueRequested("t3"))
+    assert next(iter(sim.engine.queue)) == "t3"
+
+
+def test_a_stop_that_pauses_pauses_running_trials_and_drains_the_agents() -> None:
+    sim = ready_sim(pause_grace_s=20.0, environment_count=1, trial_concurrency=1)
+    env = running(sim)
+    sim.report(env, saved("t1", 1))
+    sim.submit("t2")
+    sim.out.clear()
+    sim.feed(ev.StopRequested(25.0, pause=True))
+    messages = [s.message for s in sim.take(ev.Send)]
+    assert [m.trial_id for m in messages if isinstance(m, ck.PauseTrial)] == ["t1"]
+    assert not [m for m in messages if isinstance(m, ev.CancelTrial)]
+    shutdowns = [m for m in messages if isinstance(m, ev.Shutdown)]
+    assert shutdowns and all(m.drain for m in shutdowns)
+    assert sim.status("t2") is TrialStatus.PAUSED  # it waited: held back at once
+    sim.feed(ev.StopCompleted())  # the agent never confirmed: t1 has a checkpoint to continue from
+    assert sim.status("t1") is TrialStatus.PAUSED
+
+
+def test_a_fork_starts_from_another_trials_checkpoint_which_is_then_not_removed() -> None:
+    sim = ready_sim(environment_count=1, trial_concurrency=1)
+    env = running(sim)
+    sim.report(env, saved("t1", 1, metric_index=1))
+    sim.feed(ev.TrialSubmitted("t2", {"x": 3}, "python trial.py", 0, 0, checkpoint_from="t1"))
+    added = sim.take(ev.TrialAdded)
+    assert added[-1].forked_from == ("t1", 1)
+    sim.report(env, saved("t1", 2))
+    assert sim.take(ck.RemoveCheckpoint) == []  # t2 still starts from it
+    sim.end(env, "t1", ev.Outcome.SUCCEEDED)
+    sim.feed(ev.Ticked())
+    start = sim.starts()["t2"]
+    assert start.checkpoint is not None and (start.checkpoint.trial_id, start.checkpoint.step) == ("t1", 1)
+
+
+def test_a_fetch_is_answered_with_the_checkpoint_only_for_the_trial_it_continues() -> None:
+    sim = ready_sim(max_trial_retries=1)
+    env = running(sim)
+    sim.report(env, saved("t1", 4))
+    sim.end(env, "t1", ev.Outcome.LOST)
+    sim.advance(5)
+    sim.feed(ev.Ticked())
+    env = sim.engine.trials["t1"].env_id
+    assert env is not None
+    link = sim.links[env]
+    sim.feed(ck.CheckpointFetchRequested(env, link, "t1", 4, "opt/state.bin", 1))
+    sends = sim.take(ck.SendCheckpoint)
+    assert [(s.link, s.checkpoint.step, s.path, s.offset) for s in sends] == [(link, 4, "opt/state.bin", 1)]
+    sim.feed(ck.CheckpointFetchRequested(env, link, "t1", 3, "", 0))
+    assert "at step 3" in sent(sim, ck.CheckpointRefused)[0].reason
+
+
+def test_restore_brings_back_paused_trials_and_their_checkpoints() -> None:
+    rows = [{
+        "id": "t1", "seq": 0, "status": "PAUSED", "parameters_json": "{}", "command": "c", "gpu_number": 0,
+        "submitted_at": 1.0, "environment_id": None, "gpu_indices_json": "[]", "gpu_uuids_json": "[]",
+        "exit_code": None, "signal": None, "reason": "", "stderr_tail": "", "final_metric": None,
+        "final_metric_json": None, "attempts": 2, "started_at": None, "ended_at": None, "platforms_json": "[]",
+        "retries": 0, "progressed": 1, "forked_from_json": None,
+    }]
+    checkpoints = [
+        {"trial_id": "t1", "step": s, "metric_index": s, "size_bytes": 7, "digest": "d", "location": "",
+         "files_json": '[["model.pt", 7, 420]]', "saved_at": float(s), "env_id": "e", "removed_at": gone}
+        for s, gone in ((1, 5.0), (2, None))
+    ]
+    sim = Sim()
+    sim.engine.restore(rows, [], {}, checkpoints, now=1.0, wall=1.0)
+    t = sim.engine.trials["t1"]
+    assert t.status is TrialStatus.PAUSED and [c.step for c in t.checkpoints] == [2]
+    assert t.checkpoints[0].files == (ck.CheckpointFile("model.pt", 7, 420),)
+    assert "t1" not in sim.engine.queue  # a paused trial waits to be continued, not placed
