@@ -1,8 +1,17 @@
-"""A standalone experiment: a built-in or plugged-in tuner driving a Coordinator."""
+"""A standalone experiment: a built-in or plugged-in tuner driving a Coordinator.
+
+The loop carries out what the search decides (``search.search``): it submits the trials the
+tuner proposes (from another trial's checkpoint when the tuner says so), stops, pauses and
+continues trials as the tuner and the assessor ask, and tells the search every result and
+status change. A trial the search paused and never continued before it ran out of work ends
+EARLY_STOPPED; one paused by someone else keeps the experiment from ending DONE: it ends
+STOPPED, and ``resume`` continues its paused trials first.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -14,17 +23,34 @@ from . import experimentlog
 from .config.experiment import ExperimentConfig
 from .core import Coordinator
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
+from .engine.states import TrialStatus
 from .read.model import EnvSnapshot, best_trial, optimize_mode
 from .read.model import ranked as _ranked
 from .search.algorithms import create_assessor, create_tuner
-from .search.search import IntermediateStored, Mirror, Search, StopTrial, TrialEnded
+from .search.search import (
+    ContinueTrial,
+    Instruction,
+    IntermediateStored,
+    Mirror,
+    PauseTrial,
+    Search,
+    StopTrial,
+    SubmitTrial,
+    TrialContinued,
+    TrialEnded,
+    TrialPaused,
+)
 from .search.search import TrialSubmitted as SearchTrialSubmitted
 from .search.space import is_batch_tuner
 from .search.tuners import PastTrial, Tuner, TunerError, normalized
+from .store.reads import StoreReader
 
 log = logging.getLogger(__name__)
 
 LOG_FILENAME = experimentlog.LOG_FILENAME
+# Where NNI's tuners keep checkpoints by default, in the experiment's checkpoint directory
+# (a name no trial id takes: they have no "-").
+NNI_CHECKPOINTS = "nni-pbt"
 
 
 @dataclass
@@ -86,12 +112,28 @@ async def resume_experiment(
     stop: asyncio.Event | None = None,
     on_start: Callable[[Coordinator], None] | None = None,
 ) -> ExperimentResult:
-    """Carry on an experiment whose coordinator died: its trials, environments and agents
-    are taken over, and the tuner goes on from where it was."""
+    """Carry on an experiment whose coordinator died or was stopped: its trials,
+    environments and agents are taken over, and the tuner goes on from where it was. A
+    stopped experiment's paused trials are continued first."""
+    was = _stored_status(experiment_dir)
     coordinator = Coordinator.resume(experiment_dir, config=config)
     return await _drive(
-        coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start
+        coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start,
+        continue_paused=was == "STOPPED",
     )
+
+
+def _stored_status(experiment_dir: Path) -> str:
+    """The status the store holds for the experiment ('' when it cannot say)."""
+    try:
+        store = StoreReader.in_dir(Path(experiment_dir).resolve())
+    except Exception:  # noqa: BLE001 - Coordinator.resume says what is wrong with the directory
+        return ""
+    try:
+        exp = store.experiment()
+    finally:
+        store.close()
+    return str(exp.get("status") or "") if exp else ""
 
 
 async def _drive(
@@ -101,12 +143,13 @@ async def _drive(
     progress_interval_s: float,
     stop: asyncio.Event | None,
     on_start: Callable[[Coordinator], None] | None = None,
+    continue_paused: bool = False,
 ) -> ExperimentResult:
     # Everything this experiment's tasks log is its own (several may share a process).
     scope = experimentlog.enter(coordinator.experiment_id)
     try:
         return await _drive_in_scope(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s,
-                                     stop=stop, on_start=on_start)
+                                     stop=stop, on_start=on_start, continue_paused=continue_paused)
     finally:
         experimentlog.leave(scope)
 
@@ -118,24 +161,29 @@ async def _drive_in_scope(
     progress_interval_s: float,
     stop: asyncio.Event | None,
     on_start: Callable[[Coordinator], None] | None,
+    continue_paused: bool,
 ) -> ExperimentResult:
     config = coordinator.config
-    search = _search(config, coordinator.experiment_id)
+    search = _search(config, coordinator.experiment_id, coordinator.experiment_dir)
     mode = optimize_mode_of(config)
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
-    to_stop: list[StopTrial] = []
+    to_do: list[Instruction] = []  # what the search asked, carried out at the next pass
 
     def on_metric(ev: MetricEvent) -> None:
         if ev.kind == "intermediate":
-            to_stop.extend(search.handle(IntermediateStored(ev.trial_id, ev.value)))
-            if to_stop:
+            to_do.extend(search.handle(IntermediateStored(ev.trial_id, ev.value, ev.index)))
+            if to_do:
                 changed.set()
 
     def on_status(ev: StatusEvent) -> None:
         t = ev.trial
         if t.status.terminal:
-            search.handle(TrialEnded(t.id, t.status, t.final_metric))
+            to_do.extend(search.handle(TrialEnded(t.id, t.status, t.final_metric)))
+        elif t.status is TrialStatus.PAUSED:
+            to_do.extend(search.handle(TrialPaused(t.id, t.reason)))
+        elif ev.old is TrialStatus.PAUSED:
+            to_do.extend(search.handle(TrialContinued(t.id, t.parameters)))
         changed.set()
 
     if search.hears_intermediate:  # otherwise no metric is published: nothing per metric
@@ -144,6 +192,7 @@ async def _drive_in_scope(
     started = time.monotonic()
     reason = ""
     ok = True
+    pause = False  # the experiment ends STOPPED with its trials paused, to be resumed
     await coordinator.start()
     log_file = experimentlog.open_log(coordinator.experiment_id, coordinator.experiment_dir)
     try:
@@ -151,23 +200,24 @@ async def _drive_in_scope(
             on_start(coordinator)
         # Nothing is awaited between start() and here, so no result arrives unheard.
         submitted = _resume(search, coordinator)
+        if continue_paused:
+            await _continue_paused(coordinator)
         last_progress = 0.0
+        given_up: set[str] = set()  # paused trials the search held and was done with
         while True:
             # Cleared before the state is read, not after: a change that comes while this
             # pass awaits (a submit, an early stop) wakes the next pass at once.
             changed.clear()
-            while to_stop:
-                order = to_stop.pop(0)
-                if not coordinator.trial(order.trial_id).status.terminal:
-                    await coordinator.early_stop(order.trial_id, order.reason)
+            while to_do:
+                await _carry_out(coordinator, to_do.pop(0))
             trials = coordinator.trials()
             # A trial being stopped gives up its slot now: the next one is queued at once
-            # and placed as soon as the slot is free.
-            active = sum(1 for t in trials if not t.status.terminal and not t.stopping)
+            # and placed as soon as the slot is free. A paused one holds none.
+            active = sum(1 for t in trials if _holds_a_slot(t))
             limit_reached = config.max_trial_number is not None and submitted >= config.max_trial_number
             elapsed = time.monotonic() - started
             if stop.is_set():
-                ok, reason = False, "stopped by the user"
+                ok, reason, pause = False, "stopped by the user", True
                 break
             if config.max_experiment_duration is not None and elapsed >= config.max_experiment_duration:
                 reason = f"maxExperimentDuration ({config.max_experiment_duration:g} s) reached"
@@ -178,24 +228,52 @@ async def _drive_in_scope(
             if coordinator.failure:
                 ok, reason = False, coordinator.failure
                 break
+            idle = limit_reached  # nothing more to submit, for now
             while not limit_reached and active < config.trial_concurrency:
-                params = search.propose(submitted)
-                if params is None:
+                proposal = search.propose_trial(submitted)
+                if proposal is None:
+                    idle = True
                     break
+                params = proposal.parameters
+                source = _checkpoint_source(coordinator, proposal)
                 try:
-                    handle = await coordinator.submit(params)
+                    if source is None:
+                        handle = await coordinator.submit(params)
+                    else:
+                        handle = await coordinator.submit(params, checkpoint_from=source)
                 except (TypeError, ValueError) as e:  # not JSON, or no environment could run it
                     search.refused(params, e)
+                    idle = True
                     break
-                search.handle(SearchTrialSubmitted(handle.id, submitted, params))
+                to_do.extend(search.handle(SearchTrialSubmitted(handle.id, submitted, params, source)))
                 submitted += 1
                 active += 1
                 limit_reached = config.max_trial_number is not None and submitted >= config.max_trial_number
-            if all(t.status.terminal for t in coordinator.trials()):
+            to_do.extend(search.take_orders())
+            if to_do:
+                changed.set()
+            trials = coordinator.trials()
+            # Ends when nothing more will happen by itself: no trial runs, waits, or is ending.
+            if idle and not to_do and all(t.status.terminal or t.status is TrialStatus.PAUSED for t in trials):
+                paused = [t for t in trials if t.status is TrialStatus.PAUSED]
                 if search.failure:
                     ok, reason = False, f"{search.failure} (its traceback is in {LOG_FILENAME})"
                     break
-                if search.exhausted or limit_reached:
+                held = [t for t in paused if search.holds(t.id) and t.id not in given_up]
+                for t in held:  # nothing will continue them: the search is done with them
+                    given_up.add(t.id)
+                    await coordinator.early_stop(t.id, "paused by the search, which ended without continuing it")
+                if held:
+                    continue  # their ends reach the search, which may propose more
+                if any(not search.holds(t.id) for t in paused):
+                    ok, pause = False, True
+                    reason = (
+                        f"{len(paused)} trials are paused ({', '.join(t.id for t in paused[:5])}"
+                        f"{', ...' if len(paused) > 5 else ''}) and nothing else runs: resume the experiment to "
+                        "continue them"
+                    )
+                    break
+                if not paused and (search.exhausted or limit_reached):
                     break
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
@@ -212,7 +290,11 @@ async def _drive_in_scope(
             reason = f"{len(unfinished)} trials had not finished"
         status = "DONE" if ok else ("FAILED" if coordinator.failure or search.failure else "STOPPED")
         try:
-            await coordinator.stop(status=status, reason=reason)
+            if pause and status == "STOPPED":
+                # Trials that checkpoint pause, to be continued by a resume; the others are canceled.
+                await coordinator.stop(status=status, reason=reason, pause_trials=True)
+            else:
+                await coordinator.stop(status=status, reason=reason)
         finally:
             experimentlog.close_log(coordinator.experiment_id, log_file)
     trials = coordinator.trials()
@@ -228,8 +310,74 @@ async def _drive_in_scope(
     )
 
 
-def _search(config: ExperimentConfig, experiment_id: str) -> Search:
-    """The config's tuner and assessor; TunerError or SearchSpaceError when they cannot be made."""
+def _holds_a_slot(t: TrialInfo) -> bool:
+    return not t.status.terminal and t.status is not TrialStatus.PAUSED and not t.stopping
+
+
+def _checkpoint_source(coordinator: Coordinator, proposal: SubmitTrial) -> str | None:
+    """The trial whose checkpoint the proposed trial starts from: the one the tuner named,
+    when it saved a checkpoint; else None (a fresh start)."""
+    source = proposal.checkpoint_from
+    if source is None:
+        return None
+    try:
+        step = coordinator.trial(source).checkpoint_step
+    except KeyError:
+        step = None
+    if step is None:
+        log.info("trial %d would start from trial %s's checkpoint, but it saved none: it starts afresh",
+                 proposal.parameter_id, source)
+        return None
+    return source
+
+
+async def _carry_out(coordinator: Coordinator, order: Instruction) -> None:
+    """Stop, pause or continue a trial as the search asked, if its status still allows."""
+    try:
+        status = coordinator.trial(order.trial_id).status
+        if isinstance(order, StopTrial):
+            if not status.terminal:
+                await coordinator.early_stop(order.trial_id, order.reason)
+        elif isinstance(order, PauseTrial):
+            if status in (TrialStatus.WAITING, TrialStatus.RUNNING):
+                await coordinator.pause(order.trial_id, reason=order.reason)
+        elif isinstance(order, ContinueTrial) and status is TrialStatus.PAUSED:
+            await coordinator.resume_trial(order.trial_id, parameters=order.parameters)
+    except (KeyError, ValueError) as e:  # it changed status meanwhile, or the parameters are refused
+        log.warning("trial %s: cannot %s it as the search asked: %s", order.trial_id,
+                    type(order).__name__.removesuffix("Trial").lower(), e)
+
+
+async def _continue_paused(coordinator: Coordinator) -> None:
+    """After a stop, the trials it paused go on first, from their checkpoints."""
+    for t in coordinator.trials():
+        if t.status is TrialStatus.PAUSED:
+            log.info("trial %s: continued from its checkpoint after the resume", t.id)
+            await coordinator.resume_trial(t.id)
+
+
+def _search(config: ExperimentConfig, experiment_id: str, experiment_dir: Path | None = None) -> Search:
+    """The config's tuner and assessor; TunerError or SearchSpaceError when they cannot be made.
+    ``experiment_dir`` holds the default directory of NNI's checkpoints."""
+    if experiment_dir is None:
+        return _make_search(config, experiment_id)
+    with _nni_checkpoints(config, experiment_dir):
+        return _make_search(config, experiment_id)
+
+
+def _nni_checkpoints(config: ExperimentConfig, experiment_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """NNI_CHECKPOINT_DIRECTORY while the tuner is built, as NNI's manager sets it: NNI's
+    PBT keeps its trials' checkpoints there unless classArgs.all_checkpoint_dir says where."""
+    from .search.nnialgos import checkpoint_directory, is_pbt
+
+    directory = experiment_dir / "checkpoints" / NNI_CHECKPOINTS
+    t = config.tuner
+    if config.advisor is None and is_pbt(t.name, t.class_name) and not t.class_args.get("all_checkpoint_dir"):
+        directory.mkdir(parents=True, exist_ok=True)
+    return checkpoint_directory(directory)
+
+
+def _make_search(config: ExperimentConfig, experiment_id: str) -> Search:
     t, a = config.tuner, config.assessor
     if config.advisor is not None:
         if config.advisor.class_name is not None or config.advisor.name is None:
@@ -281,13 +429,16 @@ def _resume(search: Search, coordinator: Coordinator) -> int:
     assert coordinator.store is not None
     intermediate: dict[str, list[float]] = {}
     # Every stored metric is read only for a search that uses intermediate results.
+    indexes: dict[str, list[int]] = {}
     for row in coordinator.store.metrics() if search.hears_intermediate else ():
         if row.kind == "intermediate":
             intermediate.setdefault(row.trial_id, []).append(row.value)
+            indexes.setdefault(row.trial_id, []).append(row.index)
     search.resume([
         PastTrial(
             t.id, t.sequence_id, t.parameters, tuple(intermediate.get(t.id, ())), t.final_metric,
-            t.status if t.status.terminal else None,
+            t.status if t.status.terminal else None, paused=t.status is TrialStatus.PAUSED,
+            intermediate_indexes=tuple(indexes.get(t.id, ())),
         )
         for t in trials
     ])

@@ -5,6 +5,7 @@ JSON object with what it saw into the file its argument names (NNI logs on stdou
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import warnings
@@ -149,6 +150,10 @@ def main() -> None:
         "fresh": [p["x"] for p in drive(fresh, 10)],
     }
     report["hyperband"] = hyperband()
+    report["pbt_defaults"] = pbt_with_its_defaults()
+    # BOHB, min_budget 1, max_budget 9, eta 3: 9 configurations for 1, the best 3 for 3, the best for 9.
+    bohb = {"optimize_mode": "maximize", "min_budget": 1, "max_budget": 9, "eta": 3}
+    report["bohb"] = rounds(create_tuner("BOHB", None, bohb, MIXED), 13)
     # NNI's Batch tuner, in its own search-space format: the parameter sets, in order, then exhausted.
     batch = Search(create_tuner("Batch", None, {}, {"combine_params": {"_type": "choice", "_value": BATCH_SETS}}))
     report["batch"] = {"points": drive(batch, 5), "exhausted": batch.exhausted, "failure": batch.failure}
@@ -157,26 +162,54 @@ def main() -> None:
 
 def hyperband() -> dict[str, Any]:
     """Hyperband (serial: one bracket at a time) with R=9, eta=3: its first bracket runs 9
-    configurations for budget 1, then the best 3 for budget 3, then the best for 9."""
-    search = Search(
-        create_tuner("hyperband", None, {"optimize_mode": "maximize", "R": 9, "eta": 3, "exec_mode": "serial"}, MIXED)
+    configurations for budget 1, then the best 3 for budget 3, then the best for 9. Each
+    promoted trial names the trial of the round before that ran its configuration."""
+    return rounds(
+        create_tuner("hyperband", None, {"optimize_mode": "maximize", "R": 9, "eta": 3, "exec_mode": "serial"}, MIXED),
+        13,
     )
+
+
+def rounds(advisor: Any, n: int) -> dict[str, Any]:
+    """``n`` trials of an advisor, each ended (scored by x) when the advisor waits for its round."""
+    search = Search(advisor)
     running: list[tuple[str, dict[str, Any]]] = []
-    proposed, waits = [], 0
-    for i in range(13):
-        p = search.propose(i)
+    proposed, sources, waits = [], [], 0
+    for i in range(n):
+        p = search.propose_trial(i)
         while p is None and running:  # it waits for the round: end the oldest trial
             waits += 1
             tid, params = running.pop(0)
             for step in range(int(params["TRIAL_BUDGET"])):
-                search.handle(IntermediateStored(tid, params["x"] * (step + 1) / 9))
+                search.handle(IntermediateStored(tid, params["x"] * (step + 1) / 9, step))
             search.handle(TrialEnded(tid, TrialStatus.SUCCEEDED, params["x"]))
-            p = search.propose(i)
+            p = search.propose_trial(i)
         assert p is not None, search.failure
-        proposed.append(p)
-        running.append((f"t{i}", p))
-        search.handle(TrialSubmitted(f"t{i}", i, p))
-    return {"proposed": proposed, "waits": waits, "failure": search.failure}
+        proposed.append(p.parameters)
+        sources.append(p.checkpoint_from)
+        running.append((f"t{i}", p.parameters))
+        search.handle(TrialSubmitted(f"t{i}", i, p.parameters, p.checkpoint_from))
+    return {"proposed": proposed, "sources": sources, "waits": waits, "failure": search.failure}
+
+
+def pbt_with_its_defaults() -> dict[str, Any]:
+    """NNI's PBT named without all_checkpoint_dir, built as an experiment builds it: with
+    NNI_CHECKPOINT_DIRECTORY set to the experiment's directory for it, only while it is built."""
+    from trialkeeper.coordinator.config.experiment import parse_config
+    from trialkeeper.coordinator.experiment import _search
+
+    exp = Path(tempfile.mkdtemp()) / "exp"
+    config = parse_config({
+        "trialCommand": "python3 trial.py", "trialConcurrency": 2, "searchSpace": MIXED,
+        "trainingService": {"platform": "local"},
+        "tuner": {"name": "PBT", "classArgs": {"optimize_mode": "maximize", "population_size": 4}},
+    }, exp.parent)
+    search = _search(config, "e1", exp)
+    points = drive(search, 8)
+    return {
+        "points": points, "failure": search.failure, "directory": str(exp / "checkpoints" / "nni-pbt"),
+        "made": (exp / "checkpoints" / "nni-pbt").is_dir(), "left_set": os.environ.get("NNI_CHECKPOINT_DIRECTORY"),
+    }
 
 
 if __name__ == "__main__":

@@ -205,6 +205,40 @@ def test_hyperband_as_an_advisor_promotes_the_best_to_larger_budgets(report: dic
     assert hb["proposed"][12]["x"] == max(p["x"] for p in promoted)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("advisor", ["hyperband", "bohb"])
+def test_an_advisor_continues_a_promoted_configuration_from_the_trial_that_ran_it_before(
+    report: dict[str, Any], advisor: str
+) -> None:
+    seen = report[advisor]
+    assert seen["failure"] == ""
+    proposed, sources = seen["proposed"], seen["sources"]
+    assert [p["TRIAL_BUDGET"] for p in proposed] == [1] * 9 + [3] * 3 + [9]
+    assert sources[:9] == [None] * 9  # new configurations start afresh
+
+    def config(p: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in p.items() if k != "TRIAL_BUDGET"}
+
+    for i in range(9, 13):
+        source = sources[i]
+        assert source is not None, (i, sources)
+        before = int(source.removeprefix("t"))
+        # The same configuration, from the round just before (budget 1 -> 3 -> 9).
+        assert config(proposed[before]) == config(proposed[i])
+        assert proposed[before]["TRIAL_BUDGET"] * 3 == proposed[i]["TRIAL_BUDGET"]
+    assert int(sources[12].removeprefix("t")) in (9, 10, 11)
+
+
+@pytest.mark.slow
+def test_nnis_pbt_starts_with_its_defaults_keeping_checkpoints_in_the_experiment(report: dict[str, Any]) -> None:
+    pbt = report["pbt_defaults"]
+    assert pbt["failure"] == "" and len(pbt["points"]) == 8 and pbt["made"]
+    assert all(in_space(p) for p in pbt["points"]), pbt["points"]
+    for p in pbt["points"]:
+        assert p["save_checkpoint_dir"].startswith(pbt["directory"] + "/"), p
+    assert pbt["left_set"] is None  # set only while the tuner was built
+
+
 BUDGETED = """
 from trialkeeper.agent import trial
 
