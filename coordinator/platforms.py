@@ -315,4 +315,5 @@ def policy_of(
         placement=ts.placement, checkpoint_storage=config.checkpoint_storage or "",
         max_checkpoint_bytes=config.max_checkpoint_size, checkpoints_per_trial=config.checkpoints_per_trial,
         pause_grace_s=config.pause_grace_period, progress_resets_retries=config.progress_resets_retries,
+        checkpoints_after_end=config.checkpoints_after_end,
     )

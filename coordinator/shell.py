@@ -39,6 +39,8 @@ MAX_TRIAL_LOG_BYTES = 1 << 30
 # how long one waits for room.
 CHECKPOINT_WINDOW = 8
 CHECKPOINT_SEND_TIMEOUT_S = 120.0
+# How long the end of an experiment waits for checkpoints being removed.
+REMOVAL_WAIT_S = 60.0
 _WRITES = (*ev.STORE_WRITES, ev.WriteLog, ck.WriteCheckpointChunk)
 # Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
 # the ones behind them (group commit).
@@ -100,6 +102,7 @@ class Shell:
         self._told: set[str] = set()  # the failures logged
         self.on_failure: Callable[[str], None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._removals: set[asyncio.Task[Any]] = set()  # checkpoints being removed
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
         self._inbox_pending = False
         # What joins decided, applied with the next batch (see agent_connected).
@@ -227,7 +230,9 @@ class Shell:
                 case ck.SendCheckpoint():
                     self.spawn(self._send_checkpoint(i), f"send checkpoint {i.checkpoint.step} of {i.trial_id}")
                 case ck.RemoveCheckpoint():
-                    self.spawn(self.checkpoints.remove(i.checkpoint), f"remove checkpoint of {i.checkpoint.trial_id}")
+                    task = self.spawn(self.checkpoints.remove(i.checkpoint), f"remove {i.checkpoint.trial_id}'s")
+                    self._removals.add(task)
+                    task.add_done_callback(self._removals.discard)
                 case _:
                     raise TypeError(f"not an instruction: {i!r}")
 
@@ -515,6 +520,8 @@ class Shell:
         self.closed = True
         self._inbox.clear()
         self._joined.clear()
+        if self._removals:  # the store says they are gone: let them go before the end
+            await asyncio.wait(list(self._removals), timeout=REMOVAL_WAIT_S)
         for task in list(self._tasks):
             task.cancel()
 

@@ -271,7 +271,8 @@ class ControlServer:
         status = getattr(info.status, "value", str(info.status))
         valid = APPLIES_TO[op]
         if status not in valid:
-            return f"trial {trial_id} is {status}: {op} applies to a trial that is {' or '.join(valid)}"
+            either = valid[0] if len(valid) == 1 else f"{', '.join(valid[:-1])} or {valid[-1]}"
+            return f"trial {trial_id} is {status}: {op} applies to a trial that is {either}"
         return ""
 
     async def _act(self, op: str, trial_id: str) -> None:
@@ -293,8 +294,9 @@ class ControlHook:
     """For ``run`` and ``resume``: :meth:`on_start` opens the control socket once the
     coordinator runs (the hook ``run_experiment`` calls), :meth:`close` removes it at the end.
 
-    A ``stop`` request first tells the run to end (``end_run``, what SIGINT does), then stops
-    the coordinator pausing its trials: the run's own stop, coming next, waits for that one."""
+    A ``stop`` request ends the run as SIGINT does (``end_run``): the run stops its
+    coordinator pausing the trials that checkpoint and canceling the others, and the
+    experiment ends STOPPED."""
 
     def __init__(self, end_run: Callable[[], None], say: Callable[[str], None]) -> None:
         self._end_run = end_run
@@ -305,7 +307,6 @@ class ControlHook:
     def on_start(self, coordinator: Any) -> None:
         async def stop() -> None:
             self._end_run()
-            await coordinator.stop(pause_trials=True, status="STOPPED", reason=STOP_REASON)
 
         server = ControlServer(coordinator, coordinator.experiment_dir, stop=stop)
         try:

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..engine.states import TrialStatus
 from ..read.model import (
     EnvSnapshot,
     ExperimentSnapshot,
@@ -27,6 +28,10 @@ from ..read.model import (
 from ..read.pages import MAX_PAGE, PageError, trial_page
 from ..read.results import result_keys
 from ..store.reads import StoreError
+
+# The experiment's checkpoint directory, in the experiment directory (checkpoints without
+# an object storage URL are there: <trial>/<step>/).
+CHECKPOINTS_DIR = "checkpoints"
 
 
 class _Console(Console):
@@ -55,6 +60,22 @@ def _when(at: float | None) -> str:
 
 def _gib(n: int | None) -> str:
     return f"{(n or 0) / 2**30:.1f}"
+
+
+def size_text(n: int | None) -> str:
+    """Bytes as a person reads them: 512 B, 1.5 KiB, 2.0 GiB."""
+    value = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def checkpoint_where(location: str, experiment_dir: Path, trial_id: str, step: int) -> str:
+    """Where a checkpoint's files are: its object storage URL, or its directory in the
+    experiment's checkpoint directory."""
+    return location or str(Path(experiment_dir) / CHECKPOINTS_DIR / trial_id / str(step))
 
 
 def _status(t: TrialSnapshot) -> str:
@@ -263,10 +284,15 @@ def cmd_trial(args: argparse.Namespace) -> int:
         detail = model.trial_detail(args.trial_id)
         if detail is None:
             return no_trial(model, args)
+        checkpoints = model.checkpoints(args.trial_id)
     results, final = detail.intermediate_results, detail.trial.final_metric_value
     if args.json:
         data = _flat(detail)  # intermediate_results: every key of dict results, as reported
         data.update(final_result=to_json(final), result_keys=result_keys([*results, final]))
+        data["checkpoints"] = [
+            {**to_json(c), "where": checkpoint_where(c.location, args.experiment_dir, c.trial_id, c.step)}
+            for c in checkpoints
+        ]
         print(json.dumps(data, indent=2))
         return 0
     t = detail.trial
@@ -296,6 +322,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
     for ev in detail.history:
         at = time.strftime("%H:%M:%S", time.localtime(ev.at)) if ev.at is not None else "--:--:--"
         print(f"  {at} {ev.old or '-'} -> {ev.new}: {ev.reason}")
+    if checkpoints:
+        print(f"checkpoints ({len(checkpoints)}, newest last):")
+        for c in checkpoints:
+            where = checkpoint_where(c.location, args.experiment_dir, c.trial_id, c.step)
+            print(f"  step {c.step}: {size_text(c.size_bytes)}, saved {_when(c.saved_at)}, in {where}")
+    else:
+        print("checkpoints: none")
     print(f"logs: {detail.stdout}, {detail.stderr}")
     return 0
 
@@ -335,7 +368,10 @@ def add_commands(sub: Any) -> None:
     trials = sub.add_parser("trials", help="list an experiment's trials", description="List an experiment's trials.")
     trials.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
     trials.add_argument("--json", action="store_true", help="print a JSON list")
-    trials.add_argument("--status", help="only trials with this status (e.g. FAILED)")
+    trials.add_argument(
+        "--status", metavar="STATUS",
+        help=f"only trials with this status: {', '.join(s.value for s in TrialStatus)} (or UNREADABLE)",
+    )
     trials.add_argument("--limit", type=int, default=100, help="show this many trials at most (default 100; 0: all)")
     trials.add_argument("--offset", type=int, default=0, help="skip this many trials first (default 0)")
     trials.set_defaults(func=cmd_trials)

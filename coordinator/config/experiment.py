@@ -253,6 +253,9 @@ class ExperimentConfig:
     # A trial lost with its environment after it saved a checkpoint since its last loss is
     # retried without using up maxTrialRetries (preemptible capacity does not exhaust them).
     progress_resets_retries: bool = True
+    # Which checkpoints are kept once the experiment has finished (one stopped to be resumed
+    # keeps them all): those of succeeded trials, all, or none.
+    checkpoints_after_end: Literal["succeeded", "all", "none"] = "succeeded"
     tuner: TunerConfig = field(default_factory=TunerConfig)
     assessor: AssessorConfig | None = None
     advisor: AdvisorConfig | None = None

@@ -269,6 +269,21 @@ def record(
     return c, ""
 
 
+def after_end(trials: Iterable[Any], rule: str, wall: float, out: list[Any]) -> None:
+    """An experiment finished (not stopped to be resumed): the checkpoints of its trials
+    (TrialStates) that ``rule`` (checkpointsAfterEnd) does not keep go. ``succeeded``: those of
+    succeeded trials stay; ``all``: every one; ``none``: none."""
+    if rule == "all":
+        return
+    for t in trials:
+        if rule == "succeeded" and t.status.value == "SUCCEEDED":
+            continue
+        for c in t.checkpoints:
+            out.append(CheckpointRemoved(t.id, c.step, wall))
+            out.append(RemoveCheckpoint(c))
+        t.checkpoints = []
+
+
 def to_remove(kept: Sequence[Checkpoint], keep: int, referenced: Iterable[tuple[str, int]]) -> list[Checkpoint]:
     """Of a trial's checkpoints (oldest first), those beyond the newest ``keep`` that no other
     trial still counts on (``referenced``: (trial, step) pairs)."""

@@ -47,6 +47,7 @@ class Engine:
         self.supply = Supply(policy)
         # Something a pass or reconcile may act on happened since the last tick.
         self._dirty = True
+        self._pausing = False  # the experiment stops to be resumed: its trials pause
         self._out: list[ev.Instruction] = []
         self.now = 0.0
         self.wall = 0.0
@@ -161,6 +162,9 @@ class Engine:
             case ev.StopCompleted():
                 self.fleet.stop_completed()
                 self.book.stop_completed()
+                if not self._pausing:  # finished: what checkpointsAfterEnd does not keep goes
+                    self._take()
+                    ck.after_end(self.book.trials.values(), self.policy.checkpoints_after_end, self.wall, self._out)
             case _:
                 raise TypeError(f"not an event: {event!r}")
         return self._flush()
@@ -316,6 +320,7 @@ class Engine:
         if self.fleet.stopping:
             return
         why = "the experiment stopped"
+        self._pausing = pause
         for env_id, trial_id in self.book.stop(pause=pause):
             stop = ck.PauseTrial(trial_id, self.policy.pause_grace_s, why) if pause else None
             self.fleet.send(env_id, stop or ev.CancelTrial(trial_id, CANCEL_GRACE_S, why))

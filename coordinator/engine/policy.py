@@ -75,6 +75,8 @@ class Policy:
     checkpoints_per_trial: int = 1
     pause_grace_s: float = 120.0
     progress_resets_retries: bool = True
+    # Which checkpoints an experiment that finished keeps: succeeded | all | none.
+    checkpoints_after_end: str = "succeeded"
 
     def __post_init__(self) -> None:
         if not self.platforms:

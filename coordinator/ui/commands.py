@@ -69,7 +69,9 @@ def dashboard_starter(
     def on_start(coordinator: Any) -> None:
         loop = asyncio.get_running_loop()
         controls = Controls(
-            loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes
+            loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes,
+            pause=lambda trial_id: coordinator.pause(trial_id, reason="paused from the dashboard"),
+            resume_trial=coordinator.resume_trial,
         )
         thread = DashboardThread(coordinator.experiment_dir, sock, controls)
         url = thread.start()

@@ -64,6 +64,16 @@ class Controls:
     cancel: Callable[[str], Awaitable[None]]
     stop: Callable[[], None]
     scheduling: Callable[[], tuple[int, float, float]] | None = None  # passes, total s, last s
+    pause: Callable[[str], Awaitable[None]] | None = None
+    resume_trial: Callable[[str], Awaitable[None]] | None = None  # a paused trial continues
+
+
+# Which trial statuses each action applies to (the trial state machine's edges out of them).
+ACTIONS: dict[str, tuple[str, ...]] = {
+    "cancel": ("WAITING", "RUNNING", "PAUSED"),
+    "pause": ("WAITING", "RUNNING"),
+    "continue": ("PAUSED",),
+}
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -129,7 +139,8 @@ def build_app(
         "/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"]))
     )
     app.router.add_get("/api/events", state.events)
-    app.router.add_post("/api/trials/{id}/cancel", state.cancel)
+    for action in ACTIONS:
+        app.router.add_post(f"/api/trials/{{id}}/{action}", state.trial_action(action))
     app.router.add_post("/api/experiment/stop", state.stop)
     app.router.add_get("/metrics", state.metrics)
     app.on_cleanup.append(state.close)
@@ -290,25 +301,41 @@ class _State:
         future: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(coro, self.controls.loop)  # type: ignore[arg-type]
         await asyncio.wait_for(asyncio.wrap_future(future), ACTION_TIMEOUT_S)
 
-    async def cancel(self, request: web.Request) -> web.Response:
-        refused = self._authorised(request)
-        if refused is not None:
-            return refused
+    def _coordinator_call(self, action: str) -> Callable[[str], Awaitable[None]] | None:
         assert self.controls is not None
-        trial_id = request.match_info["id"]
-        trial = await self.read(lambda m: m.trial(trial_id))
-        if trial is None:
-            return _error(404, f"no trial {trial_id!r}")
-        if not trial.active:
-            return _error(
-                409, f"trial {trial_id} has already ended ({trial.status.value if trial.status else 'unreadable'})"
-            )
-        try:
-            await self._on_experiment_loop(self.controls.cancel(trial_id))
-        except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
-            return _error(409, f"cannot cancel trial {trial_id}: {e}")
-        log.info("trial %s canceled from the dashboard", trial_id)
-        return web.json_response({"ok": True, "trial": trial_id})
+        return {"cancel": self.controls.cancel, "pause": self.controls.pause,
+                "continue": self.controls.resume_trial}[action]
+
+    def trial_action(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """Cancel, pause or continue a trial, on the experiment's loop."""
+        valid = ACTIONS[action]
+
+        async def handler(request: web.Request) -> web.Response:
+            refused = self._authorised(request)
+            if refused is not None:
+                return refused
+            call = self._coordinator_call(action)
+            if call is None:
+                return _error(409, f"this experiment's coordinator cannot {action} trials")
+            trial_id = request.match_info["id"]
+            trial = await self.read(lambda m: m.trial(trial_id))
+            if trial is None:
+                return _error(404, f"no trial {trial_id!r}")
+            status = trial.status.value if trial.status else "UNREADABLE"
+            if status not in valid:
+                ended = " (it has already ended)" if trial.status is not None and trial.status.terminal else ""
+                return _error(
+                    409, f"trial {trial_id} is {status}{ended}: {action} applies to a trial that is "
+                    f"{_either(valid)}",
+                )
+            try:
+                await self._on_experiment_loop(call(trial_id))
+            except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
+                return _error(409, f"cannot {action} trial {trial_id}: {e}")
+            log.info("trial %s: %s asked from the dashboard", trial_id, action)
+            return web.json_response({"ok": True, "trial": trial_id, "action": action})
+
+        return handler
 
     async def stop(self, request: web.Request) -> web.Response:
         refused = self._authorised(request)
@@ -339,6 +366,10 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _either(states: tuple[str, ...]) -> str:
+    return states[0] if len(states) == 1 else f"{', '.join(states[:-1])} or {states[-1]}"
 
 
 def _dumps(value: Any) -> str:

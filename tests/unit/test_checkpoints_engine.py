@@ -252,3 +252,26 @@ def test_restore_brings_back_paused_trials_and_their_checkpoints() -> None:
     assert t.status is TrialStatus.PAUSED and [c.step for c in t.checkpoints] == [2]
     assert t.checkpoints[0].files == (ck.CheckpointFile("model.pt", 7, 420),)
     assert "t1" not in sim.engine.queue  # a paused trial waits to be continued, not placed
+
+
+def test_a_finished_experiment_keeps_the_checkpoints_of_succeeded_trials_only() -> None:
+    sim = ready_sim()
+    env1 = running(sim, "t1")
+    env2 = running(sim, "t2")
+    sim.report(env1, saved("t1", 1))
+    sim.report(env2, saved("t2", 1))
+    sim.end(env1, "t1", ev.Outcome.SUCCEEDED)
+    sim.end(env2, "t2", ev.Outcome.FAILED)
+    sim.take(ck.RemoveCheckpoint)
+    sim.feed(ev.StopRequested(5.0))
+    sim.feed(ev.StopCompleted())
+    assert [r.checkpoint.trial_id for r in sim.take(ck.RemoveCheckpoint)] == ["t2"]
+
+
+def test_a_stop_to_be_resumed_keeps_every_checkpoint() -> None:
+    sim = ready_sim(checkpoints_after_end="none")
+    env = running(sim)
+    sim.report(env, saved("t1", 1))
+    sim.feed(ev.StopRequested(5.0, pause=True))
+    sim.feed(ev.StopCompleted())
+    assert sim.take(ck.RemoveCheckpoint) == [] and sim.status("t1") is TrialStatus.PAUSED

@@ -3,7 +3,9 @@
 "use strict";
 
 const main = document.getElementById("main");
-const STATUSES = ["WAITING", "RUNNING", "SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED"];
+const STATUSES = ["WAITING", "RUNNING", "PAUSED", "SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED"];
+// Which statuses each trial action applies to (as the server checks).
+const ACTIONS = {cancel: ["WAITING", "RUNNING", "PAUSED"], pause: ["WAITING", "RUNNING"], continue: ["PAUSED"]};
 const ROW_H = 28;
 const PAGE = 200;
 let current = null; // the page shown: {name, refresh(), dispose()}
@@ -24,6 +26,13 @@ function dur(s) {
 }
 function when(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
 function gib(b) { return b === null || b === undefined ? "" : (b / 2 ** 30).toFixed(1) + " GiB"; }
+function size(b) {
+  if (b === null || b === undefined) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+  return (i ? b.toFixed(1) : String(b)) + " " + units[i];
+}
 function status(s) { return `<span class="status ${esc(s)}">${esc(s || "UNREADABLE")}</span>`; }
 function toast(text) {
   const t = document.getElementById("toast");
@@ -260,13 +269,19 @@ function resultCurves(d) {
 
 function trialPage(id) {
   main.innerHTML = `<h1>Trial <span id="trial-id"></span> <span id="trial-status"></span></h1>
-    <div class="toolbar"><button class="danger" id="cancel">Cancel trial</button><span id="trial-reason" class="muted"></span></div>
+    <div class="toolbar"><button id="pause" title="save a checkpoint and end, freeing the slot">Pause</button>
+      <button id="continue" title="go on from the last checkpoint">Continue</button>
+      <button class="danger" id="cancel">Cancel trial</button><span id="trial-reason" class="muted"></span></div>
     <div class="grid2"><div><h2>Parameters</h2><table class="plain" id="params"></table>
-      <h2>Status history</h2><table class="plain" id="history"></table></div>
+      <h2>Status history</h2><table class="plain" id="history"></table>
+      <h2>Checkpoints</h2><table class="plain" id="checkpoints"></table></div>
       <div><div class="chart" id="curve-chart"></div><div class="chart small" id="gpu-chart" style="margin-top:12px"></div></div></div>
     <h2>stdout</h2><pre class="log" id="stdout"></pre><h2>stderr</h2><pre class="log" id="stderr"></pre>`;
   document.getElementById("trial-id").textContent = id;
-  document.getElementById("cancel").addEventListener("click", () => act(`/api/trials/${encodeURIComponent(id)}/cancel`, `trial ${id}: cancel asked`));
+  for (const action of Object.keys(ACTIONS)) {
+    document.getElementById(action).addEventListener("click", () =>
+      act(`/api/trials/${encodeURIComponent(id)}/${action}`, `trial ${id}: ${action} asked`).then(() => refresh().catch(() => {})));
+  }
   const curve = chart(document.getElementById("curve-chart"), lineOption("Intermediate results", [], {xType: "value", xName: "report"}));
   const gpu = chart(document.getElementById("gpu-chart"), lineOption("GPU utilisation (%)", [], {legend: true}));
   const offsets = {stdout: 0, stderr: 0};
@@ -287,13 +302,19 @@ function trialPage(id) {
     const t = d.trial;
     document.getElementById("trial-status").innerHTML = status(t.status) + (t.stopping ? " <span class='muted'>(stopping)</span>" : "");
     document.getElementById("trial-reason").textContent = [t.reason || t.waiting_reason, t.final_metric !== null ? "final metric " + num(t.final_metric) : ""].filter(Boolean).join(" \u2014 ");
-    document.getElementById("cancel").style.display = t.status === "WAITING" || t.status === "RUNNING" ? "" : "none";
+    for (const [action, states] of Object.entries(ACTIONS)) {
+      document.getElementById(action).style.display = states.includes(t.status) && !t.stopping ? "" : "none";
+    }
     document.getElementById("params").innerHTML = Object.entries(t.parameters || {}).map(([k, v]) =>
       `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
       + `<tr><th>environment</th><td>${esc(t.environment_id || "")}</td></tr><tr><th>duration</th><td>${dur(t.duration_s)}</td></tr>`;
     document.getElementById("params").innerHTML += resultRows(d.final_result);
     document.getElementById("history").innerHTML = "<tr><th>when</th><th>from</th><th>to</th><th>why</th></tr>" + d.history.map(h =>
       `<tr><td>${esc(when(h.at))}</td><td>${esc(h.old)}</td><td>${esc(h.new)}</td><td>${esc(h.reason)}</td></tr>`).join("");
+    document.getElementById("checkpoints").innerHTML = d.checkpoints.length
+      ? "<tr><th>step</th><th>size</th><th>saved</th><th>where</th></tr>" + d.checkpoints.map(c =>
+        `<tr data-step="${esc(c.step)}"><td>${esc(c.step)}</td><td>${esc(size(c.size_bytes))}</td><td>${esc(when(c.saved_at))}</td><td>${esc(c.where)}</td></tr>`).join("")
+      : `<tr><td class="muted">none saved</td></tr>`;
     const keyed = d.result_keys.length > 1;
     curve.setOption({legend: keyed ? {top: 6, right: 10, type: "scroll", width: "55%"} : undefined,
       series: resultCurves(d)}, {replaceMerge: ["series"]});
