@@ -270,6 +270,52 @@ def test_trialkeeper_run_with_nni_hyperband_as_advisor(tmp_path: Path) -> None:
     assert {t["status"] for t in trials} == {"SUCCEEDED"}
 
 
+# Trains TRIAL_BUDGET epochs, saving a checkpoint after each; a trial continued from one
+# goes on from its epoch. Each run appends "<trial> <first epoch> <budget>" to runs.log.
+CHECKPOINTED = """
+import json, os
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+here = os.environ["TRIALKEEPER_CHECKPOINT_DIR"]
+start = trial.checkpoint_step() or 0
+if start:
+    with open(os.path.join(here, "state.json")) as f:
+        state = json.load(f)
+    assert state == {{"epoch": start, "x": p["x"]}}, state
+with open({log!r}, "a") as f:
+    f.write(f"{{trial.get_trial_id()}} {{start}} {{p['TRIAL_BUDGET']}}\\n")
+for epoch in range(start, int(p["TRIAL_BUDGET"])):
+    trial.report_intermediate_result(p["x"])
+    with open(os.path.join(here, "state.json"), "w") as f:
+        json.dump({{"epoch": epoch + 1, "x": p["x"]}}, f)
+    trial.save_checkpoint(epoch + 1)
+trial.report_final_result(p["x"])
+"""
+
+
+@pytest.mark.slow
+def test_hyperband_continues_a_promoted_trial_from_the_checkpoint_of_its_previous_round(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", CHECKPOINTED.format(log=str(tmp_path / "runs.log")))
+    trials, _ = run_cli(nni_python(), tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": 4, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3,
+                                                        "exec_mode": "serial"}},
+    })
+    assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["status"], t["reason"]) for t in trials]
+    params = [json.loads(t["parameters_json"]) for t in trials]
+    assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3]
+    best = max(range(3), key=lambda i: params[i]["x"])
+    assert params[3]["x"] == params[best]["x"]
+    runs = {}
+    for line in (tmp_path / "runs.log").read_text().splitlines():
+        trial_id, start, budget = line.split()
+        runs[trial_id] = (int(start), int(budget))
+    # The promoted trial went on from the epoch its configuration had trained at budget 1:
+    # two epochs more, not three.
+    assert [runs[t["id"]] for t in trials] == [(0, 1), (0, 1), (0, 1), (1, 3)], runs
+
+
 @pytest.mark.slow
 def test_trialkeeper_resume_goes_on_with_nnis_grid_search_where_it_was(tmp_path: Path) -> None:
     python = nni_python()
