@@ -19,7 +19,7 @@ from typing import Any
 
 from .assessors import Assessor, AssessorError
 from .space import is_batch_tuner
-from .tuners import NoMoreTrials, PastTrial, Tuner, TunerError, normalized
+from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner, TunerError, normalized
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +264,8 @@ class NniTuner(Tuner):
         try:
             params = self.nni_tuner.generate_parameters(parameter_id)
         except self._no_more as e:
+            if self._between_generations():
+                raise TryLater(f"{self.label}: {e}") from None
             raise NoMoreTrials(f"{self.label}: {e}") from None
         if params is None:
             raise NoMoreTrials(f"{self.label} proposed nothing more")
@@ -275,6 +277,17 @@ class NniTuner(Tuner):
                 f"(with Batch, make the choice's items such mappings)"
             )
         return params
+
+    def _between_generations(self) -> bool:
+        """Whether NNI's PBT said NoMoreTrialError because its generation still runs. It then
+        keeps the request, to answer later through a callback of NNI's manager; here the
+        request is taken back and asked again once a trial ends."""
+        t = self.nni_tuner
+        if type(t).__name__ != "PBTTuner" or not getattr(t, "param_ids", None) or not getattr(t, "credit", 0):
+            return False
+        t.credit -= 1
+        t.param_ids.pop()
+        return True
 
     def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
         if parameter_id in self._adopted:

@@ -316,6 +316,42 @@ def test_hyperband_continues_a_promoted_trial_from_the_checkpoint_of_its_previou
     assert [runs[t["id"]] for t in trials] == [(0, 1), (0, 1), (0, 1), (1, 3)], runs
 
 
+# NNI's PBT trial: goes on from the model in load_checkpoint_dir (if any), saves one step more
+# in save_checkpoint_dir, and scores x plus the steps the model had.
+PBT_TRIAL = """
+import json, os
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+model = os.path.join(p["load_checkpoint_dir"], "model.json")
+steps = 0
+if os.path.isfile(model):
+    with open(model) as f:
+        steps = json.load(f)["steps"]
+os.makedirs(p["save_checkpoint_dir"], exist_ok=True)
+with open(os.path.join(p["save_checkpoint_dir"], "model.json"), "w") as f:
+    json.dump({"steps": steps + 1}, f)
+trial.report_final_result(p["x"] + steps)
+"""
+
+
+@pytest.mark.slow
+def test_trialkeeper_run_with_nnis_pbt_and_its_defaults_runs_generation_after_generation(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", PBT_TRIAL)
+    trials, _ = run_cli(nni_python(), tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": 6, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "PBT", "classArgs": {"optimize_mode": "maximize", "population_size": 2}},
+    })
+    assert [t["status"] for t in trials] == ["SUCCEEDED"] * 6, [(t["status"], t["reason"]) for t in trials]
+    params = [json.loads(t["parameters_json"]) for t in trials]
+    home = str(tmp_path / "exp" / "checkpoints" / "nni-pbt") + "/"
+    assert all(p["save_checkpoint_dir"].startswith(home) for p in params), params
+    # Each generation goes on from the models the one before saved (its own, or a better one's).
+    for generation, pair in enumerate((trials[0:2], trials[2:4], trials[4:6])):
+        for t, p in zip(pair, params[2 * generation: 2 * generation + 2]):
+            assert t["final_metric"] == pytest.approx(p["x"] + generation), (generation, p, t["final_metric"])
+
+
 @pytest.mark.slow
 def test_trialkeeper_resume_goes_on_with_nnis_grid_search_where_it_was(tmp_path: Path) -> None:
     python = nni_python()
