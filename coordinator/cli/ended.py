@@ -87,20 +87,39 @@ def _raises_a_limit(config: ExperimentConfig, stored: dict[str, Any]) -> bool:
 
 def stop_note(trials: Sequence[TrialInfo], experiment_dir: Path) -> str:
     """What a stop did to the trials, and what ``resume`` will and will not run: added to
-    the reason ``run`` prints when it was stopped (SIGINT, SIGTERM)."""
+    the reason ``run`` prints when it was stopped (SIGINT, SIGTERM, ``trialkeeper stop``).
+    A stop pauses the trials it can; one that saved no checkpoint when asked is canceled."""
+    paused = [t for t in trials if t.status is TrialStatus.PAUSED]
     canceled = [
         t for t in trials
-        if t.status is TrialStatus.SYS_CANCELED and t.reason.startswith("the experiment stopped")
+        if t.status is TrialStatus.SYS_CANCELED
+        and (t.reason.startswith("the experiment stopped") or "no checkpoint to continue from" in t.reason)
     ]
+    resume = f"`trialkeeper resume {experiment_dir}`"
+    if not canceled and not paused:
+        return f"{resume} goes on with the trials not started yet"
+    if not paused:
+        return (
+            f"{_canceled(canceled)}; {resume} does not run {_them(canceled)} again: it goes on with the trials "
+            "not submitted yet"
+        )
+    several = len(paused) > 1
+    what = f"{len(paused)} trial{'s' if several else ''} paused"
     if not canceled:
-        return f"`trialkeeper resume {experiment_dir}` goes on with the trials not started yet"
+        return f"{what}; {resume} continues {_them(paused)} first, then goes on with the trials not submitted yet"
+    return (
+        f"{what}, {_canceled(canceled)}; {resume} continues the paused {'ones' if several else 'one'} first and "
+        f"does not run the canceled {'ones' if len(canceled) > 1 else 'one'} again"
+    )
+
+
+def _them(trials: Sequence[TrialInfo]) -> str:
+    return "them" if len(trials) > 1 else "it"
+
+
+def _canceled(canceled: Sequence[TrialInfo]) -> str:
     running = sum(1 for t in canceled if t.started_at is not None)
     waiting = len(canceled) - running
     parts = (f"{running} running" if running else "", f"{waiting} waiting" if waiting else "")
     which = " and ".join(part for part in parts if part)
-    several = len(canceled) > 1
-    return (
-        f"{which} trial{'s' if several else ''} canceled as SYS_CANCELED; "
-        f"`trialkeeper resume {experiment_dir}` does not run {'them' if several else 'it'} "
-        "again: it goes on with the trials not submitted yet"
-    )
+    return f"{which} trial{'s' if len(canceled) > 1 else ''} canceled as SYS_CANCELED"

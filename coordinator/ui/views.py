@@ -16,7 +16,7 @@ from trialkeeper.agent import nnicompat
 
 from .. import TrialStatus  # the public API
 from ..read import pages
-from ..read.model import ReadModel, TrialSnapshot, optimize_mode, to_json
+from ..read.model import CheckpointInfo, ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..read.pages import GpuPoint
 from ..read.results import result_keys
 
@@ -124,6 +124,15 @@ def trial(model: ReadModel, trial_id: str) -> dict[str, Any]:
     data["intermediate_results"] = [[i, to_json(r)] for i, r in shown]
     data["final_result"] = to_json(final)
     data["gpu_series"] = gpu_series(pages.gpu_series(model, trial_id=trial_id))
+    data["checkpoints"] = [checkpoint_json(c, model.experiment_dir) for c in model.checkpoints(trial_id)]
+    return data
+
+
+def checkpoint_json(c: CheckpointInfo, experiment_dir: Path) -> dict[str, Any]:
+    """A checkpoint kept, with ``where`` its files are: its object storage URL, or its
+    directory in the experiment's checkpoint directory (on the coordinator's machine)."""
+    data = to_json(c)
+    data["where"] = c.location or str(Path(experiment_dir) / "checkpoints" / c.trial_id / str(c.step))
     return data
 
 
