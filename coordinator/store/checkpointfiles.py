@@ -135,6 +135,29 @@ class CheckpointFiles:
             log.warning("could not remove checkpoint %d of trial %s: %s", c.step, c.trial_id, e)
 
 
+def prune(root: Path, kept: set[tuple[str, int]]) -> tuple[int, int]:
+    """Remove from an experiment's checkpoint directory what no kept checkpoint (``kept``:
+    (trial, step) the store records and has not let go) holds: interrupted uploads and saves,
+    trials' live directories, checkpoints replaced or let go. Only for an experiment no
+    coordinator runs. Returns (directories removed, bytes freed)."""
+    removed = freed = 0
+    if not root.is_dir():
+        return 0, 0
+    for trial_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for entry in sorted(trial_dir.iterdir()):
+            if entry.name.isdigit() and (trial_dir.name, int(entry.name)) in kept:
+                continue
+            size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file() and not f.is_symlink())
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed, freed = removed + 1, freed + size
+        if not any(trial_dir.iterdir()):
+            trial_dir.rmdir()
+    return removed, freed
+
+
 def _read(path: Path, offset: int, size: int) -> bytes:
     try:
         with open(path, "rb") as f:

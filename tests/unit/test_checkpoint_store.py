@@ -106,3 +106,17 @@ def test_a_checkpoint_goes_down_in_pieces_from_where_a_download_stopped(tmp_path
 
 async def _gather(files: CheckpointFiles, c: ck.Checkpoint) -> list[ck.CheckpointData]:
     return [p async for p in files.pieces("t1", c, "", 0)]
+
+
+def test_prune_removes_what_no_kept_checkpoint_holds(tmp_path: Path) -> None:
+    from trialkeeper.coordinator.store.checkpointfiles import prune
+
+    root = tmp_path / "checkpoints"
+    for rel in ("t1/3/model.pt", "t1/2/model.pt", "t1/.incoming-4/model.pt", "t2/live-1-ab/x", "t3/1/y"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"12345")
+    (root / MARKER).write_text("exp\n")
+    assert prune(root, {("t1", 3)}) == (4, 20)
+    assert (root / "t1" / "3" / "model.pt").exists() and (root / MARKER).exists()
+    assert sorted(p.name for p in root.iterdir()) == [MARKER, "t1"]
+    assert [p.name for p in (root / "t1").iterdir()] == ["3"]
