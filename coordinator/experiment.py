@@ -48,9 +48,9 @@ from .store.reads import StoreReader
 log = logging.getLogger(__name__)
 
 LOG_FILENAME = experimentlog.LOG_FILENAME
-# Where NNI's tuners keep checkpoints by default, in the experiment's checkpoint directory
-# (a name no trial id takes: they have no "-").
-NNI_CHECKPOINTS = "nni-pbt"
+# Where NNI's tuners keep checkpoints by default, in the experiment directory: beside
+# trialkeeper's own checkpoints (checkpoints/), whose upkeep removes what it did not record.
+NNI_CHECKPOINTS = "nni-checkpoints"
 
 
 @dataclass
@@ -370,7 +370,7 @@ def _nni_checkpoints(config: ExperimentConfig, experiment_dir: Path) -> contextl
     PBT keeps its trials' checkpoints there unless classArgs.all_checkpoint_dir says where."""
     from .search.nnialgos import checkpoint_directory, is_pbt
 
-    directory = experiment_dir / "checkpoints" / NNI_CHECKPOINTS
+    directory = experiment_dir / NNI_CHECKPOINTS
     t = config.tuner
     if config.advisor is None and is_pbt(t.name, t.class_name) and not t.class_args.get("all_checkpoint_dir"):
         directory.mkdir(parents=True, exist_ok=True)

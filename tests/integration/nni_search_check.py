@@ -207,8 +207,8 @@ def pbt_with_its_defaults() -> dict[str, Any]:
     search = _search(config, "e1", exp)
     points = drive(search, 8)
     return {
-        "points": points, "failure": search.failure, "directory": str(exp / "checkpoints" / "nni-pbt"),
-        "made": (exp / "checkpoints" / "nni-pbt").is_dir(), "left_set": os.environ.get("NNI_CHECKPOINT_DIRECTORY"),
+        "points": points, "failure": search.failure, "directory": str(exp / "nni-checkpoints"),
+        "made": (exp / "nni-checkpoints").is_dir(), "left_set": os.environ.get("NNI_CHECKPOINT_DIRECTORY"),
     }
 
 

@@ -344,7 +344,7 @@ def test_trialkeeper_run_with_nnis_pbt_and_its_defaults_runs_generation_after_ge
     })
     assert [t["status"] for t in trials] == ["SUCCEEDED"] * 6, [(t["status"], t["reason"]) for t in trials]
     params = [json.loads(t["parameters_json"]) for t in trials]
-    home = str(tmp_path / "exp" / "checkpoints" / "nni-pbt") + "/"
+    home = str(tmp_path / "exp" / "nni-checkpoints") + "/"
     assert all(p["save_checkpoint_dir"].startswith(home) for p in params), params
     # Each generation goes on from the models the one before saved (its own, or a better one's).
     for generation, pair in enumerate((trials[0:2], trials[2:4], trials[4:6])):
