@@ -28,12 +28,13 @@ from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialS
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
 from .engine.policy import Policy
 from .engine.states import EnvStatus, TrialStatus
-from .platforms import policy_of
+from .platforms import checkpoint_root, policy_of
 from .read.model import CheckpointInfo, EnvSnapshot, ReadModel
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
 from .services.hybrid import HybridEnvironmentService
 from .shell import Shell
+from .store.checkpointfiles import CheckpointFiles
 from .store.lock import ExperimentLock
 from .store.reads import StoreReader
 from .store.store import Store
@@ -175,9 +176,9 @@ class Coordinator:
 
     def _policy(self, service: EnvironmentService) -> Policy:
         broken = service.broken() if isinstance(service, HybridEnvironmentService) else {}
-        return policy_of(
-            self.config, self.experiment_id, self._platforms(service), broken, self.experiment_dir / "checkpoints"
-        )
+        sections = self._platforms(service)
+        root = checkpoint_root(self.experiment_dir, [m for _, m in sections])
+        return policy_of(self.config, self.experiment_id, sections, broken, self.experiment_dir, root)
 
     def _gpu_sharing(self, env_id: str, platform: str) -> tuple[int, bool]:
         """(maxTrialNumberPerGpu, useActiveGpu) of one environment of ``platform``: as its
@@ -268,6 +269,9 @@ class Coordinator:
         self._shell = shell = Shell(
             engine, store, service, self.experiment_dir, self._request_for,
             gpu_sharing_for=lambda env_id: self._gpu_sharing(env_id, engine.envs[env_id].platform),
+            checkpoints=CheckpointFiles(
+                checkpoint_root(self.experiment_dir, [m for _, m in self._platforms(service)]), self.experiment_id
+            ),
         )
         shell.metric_callbacks, shell.status_callbacks, shell.subscribers = (
             self._metric_callbacks, self._status_callbacks, self._subscribers

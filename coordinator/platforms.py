@@ -280,11 +280,12 @@ def factory(name: str) -> Factory | None:
 
 def policy_of(
     config: Any, experiment_id: str, sections: list[tuple[TrainingServiceConfig, Any]], broken: dict[str, str],
-    checkpoint_dir: Path,
+    experiment_dir: Path, checkpoint_root: Path,
 ) -> Policy:
     """What the decision core needs of an experiment's config (an ExperimentConfig) and of
     each platform's section with its service (``broken``: platforms that could not be
-    prepared, with why)."""
+    prepared, with why). ``checkpoint_root``: the experiment's checkpoint directory here;
+    a platform whose agents see it too writes checkpoints straight into it."""
     settings = config.coordinator
 
     def platform_policy(ts: TrainingServiceConfig, member: Any) -> PlatformPolicy:
@@ -298,8 +299,7 @@ def policy_of(
             # A platform that could not be prepared starts nothing, and knows no directory.
             working_directory="" if ts.platform in broken else member.working_directory(),
             unusable=broken.get(ts.platform, ""), gpu_sharing=tuple(ts.gpu_sharing()),
-            # Its agents write checkpoints straight into the experiment's directory.
-            checkpoint_dir=str(checkpoint_dir) if member.shares_filesystem else "",
+            checkpoint_dir=shared_checkpoint_dir(member, experiment_dir, checkpoint_root),
         )
 
     ts = config.training_service
@@ -317,3 +317,20 @@ def policy_of(
         pause_grace_s=config.pause_grace_period, progress_resets_retries=config.progress_resets_retries,
         checkpoints_after_end=config.checkpoints_after_end,
     )
+
+
+def checkpoint_root(experiment_dir: Path, services: list[Any]) -> Path:
+    """The experiment's checkpoint directory on this machine: on the shared storage the
+    platforms' agents see, if one does, else in the experiment's directory."""
+    for member in services:
+        shared = member.shared_checkpoints(experiment_dir)
+        if shared is not None:
+            return Path(shared[0])
+    return experiment_dir / "checkpoints"
+
+
+def shared_checkpoint_dir(member: Any, experiment_dir: Path, root: Path) -> str:
+    """Where ``member``'s agents see the checkpoint directory ``root`` ("": they do not, and
+    upload checkpoints to the coordinator)."""
+    shared = member.shared_checkpoints(experiment_dir)
+    return shared[1] if shared is not None and Path(shared[0]) == root else ""

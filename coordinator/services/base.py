@@ -117,6 +117,14 @@ class EnvironmentService(abc.ABC, Generic[PlatformConfig]):
     def working_directory(self) -> str:
         """Where trials of this experiment run, as a path the agent sees (the code dir)."""
 
+    def shared_checkpoints(self, experiment_dir: Path) -> tuple[Path, str] | None:
+        """Where this platform's agents see a directory the coordinator sees too, for the
+        experiment's checkpoints: (the coordinator's path, the agents' path); None when
+        agents upload them. Agents that share the coordinator's file system see its own."""
+        if self.shares_filesystem:
+            return experiment_dir / "checkpoints", str(experiment_dir / "checkpoints")
+        return None
+
     @abc.abstractmethod
     async def start(self, request: EnvironmentRequest) -> StartResult:
         """Ask the platform for an environment running one agent."""

@@ -91,6 +91,12 @@ class DltsEnvironmentService(JobEnvironmentService[DltsConfig]):
 
     # ---- the contract -----------------------------------------------------------------
 
+    def shared_checkpoints(self, experiment_dir: Path) -> tuple[Path, str] | None:
+        # On the shared storage every environment mounts (when there is one): saved there by rename.
+        if self.layout is None:
+            return super().shared_checkpoints(experiment_dir)
+        return self.layout.local_root / "checkpoints", f"{self.layout.remote_root}/checkpoints"
+
     def working_directory(self) -> str:
         return self.layout.remote_code if self.layout is not None else str(self.code_directory)
 

@@ -101,6 +101,10 @@ class OpenPaiEnvironmentService(JobEnvironmentService[OpenPaiConfig]):
 
     # ---- the contract -----------------------------------------------------------------
 
+    def shared_checkpoints(self, experiment_dir: Path) -> tuple[Path, str] | None:
+        # On the shared storage every environment mounts: saved there by rename.
+        return self.layout.local_root / "checkpoints", f"{self.layout.remote_root}/checkpoints"
+
     def working_directory(self) -> str:
         return self.layout.remote_code
 
