@@ -65,7 +65,9 @@ class CheckpointFiles:
                 log.warning("trial %s: checkpoint %d: piece of %s at %d past its end (%d); dropped",
                             trial_id, step, path, offset, size)
                 return
-            with open(target, "r+b" if size else "wb") as f:
+            # A file's first piece starts it anew: what an earlier, interrupted upload of the
+            # same step left there goes (a replay resends every piece after it too).
+            with open(target, "r+b" if size and offset else "wb") as f:
                 f.seek(offset)
                 f.write(data)
         except OSError as e:  # the save is refused when the files do not add up
@@ -81,6 +83,7 @@ class CheckpointFiles:
             if incoming.exists():
                 if _missing(incoming, files):
                     return f"the coordinator did not get all of it: {_missing(incoming, files)}"
+                _drop_extra(incoming, files)  # left by an earlier, interrupted upload of the step
                 if final.exists():  # saved again at the same step: the new one replaces it
                     shutil.rmtree(final)
                 os.replace(incoming, final)
@@ -165,6 +168,14 @@ def _read(path: Path, offset: int, size: int) -> bytes:
             return f.read(size)
     except OSError as e:
         raise CheckpointFilesError(f"cannot read {path.name}: {e}") from e
+
+
+def _drop_extra(directory: Path, files: tuple[CheckpointFile, ...]) -> None:
+    wanted = {f.path for f in files}
+    for p in sorted(directory.rglob("*"), reverse=True):
+        rel = p.relative_to(directory).as_posix()
+        if p.is_file() and rel not in wanted:
+            p.unlink()
 
 
 def _missing(directory: Path, files: tuple[CheckpointFile, ...]) -> str:

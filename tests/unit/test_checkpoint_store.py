@@ -120,3 +120,13 @@ def test_prune_removes_what_no_kept_checkpoint_holds(tmp_path: Path) -> None:
     assert (root / "t1" / "3" / "model.pt").exists() and (root / MARKER).exists()
     assert sorted(p.name for p in root.iterdir()) == [MARKER, "t1"]
     assert [p.name for p in (root / "t1").iterdir()] == ["3"]
+
+
+def test_an_upload_of_a_step_again_replaces_what_an_interrupted_one_left(tmp_path: Path) -> None:
+    files = CheckpointFiles(tmp_path, "exp")
+    files.write_chunk("t1", 2, "model.pt", 0, b"old-and-longer")
+    files.write_chunk("t1", 2, "stale.bin", 0, b"x")
+    files.write_chunk("t1", 2, "model.pt", 0, b"new")
+    assert files.finish("t1", 2, (ck.CheckpointFile("model.pt", 3),)) == ""
+    final = files.dir_of("t1", 2)
+    assert (final / "model.pt").read_bytes() == b"new" and not (final / "stale.bin").exists()
