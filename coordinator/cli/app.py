@@ -282,13 +282,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     async def go() -> ExperimentResult:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+
         def say(line: str) -> None:
             console.print(line, highlight=False, soft_wrap=True)
 
-        start_dashboard, state["stop_dashboard"] = dashboard_starter(args, stop.set, say)
         control = ControlHook(stop.set, say)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, control.signalled)
+        start_dashboard, state["stop_dashboard"] = dashboard_starter(args, stop.set, say)
 
         def on_start(coordinator: Any) -> None:
             control.on_start(coordinator)  # `trialkeeper pause`, `stop`, ... reach it from here on

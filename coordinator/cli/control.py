@@ -32,6 +32,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.states import TrialStatus
+
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "control.sock"
@@ -296,15 +298,44 @@ class ControlHook:
 
     A ``stop`` request ends the run as SIGINT does (``end_run``): the run stops its
     coordinator pausing the trials that checkpoint and canceling the others, and the
-    experiment ends STOPPED."""
+    experiment ends STOPPED. :meth:`signalled` is the run's SIGINT and SIGTERM handler."""
 
     def __init__(self, end_run: Callable[[], None], say: Callable[[str], None]) -> None:
         self._end_run = end_run
         self._say = say
         self.server: ControlServer | None = None
         self._serving: asyncio.Task[Path] | None = None
+        self._coordinator: Any = None
+        self._signals = 0
+        self._canceling: asyncio.Task[None] | None = None
+
+    def signalled(self) -> None:
+        """The first signal stops the run, pausing its trials; the next one cancels those
+        that have not paused yet, instead of waiting up to pauseGracePeriod for them."""
+        self._signals += 1
+        if self._signals == 1:
+            self._end_run()
+            self._say(
+                "trialkeeper: stopping: trials that save checkpoints pause, the others are canceled after "
+                "pauseGracePeriod; a second Ctrl-C cancels the trials still running now"
+            )
+        elif self._coordinator is not None and self._canceling is None:
+            self._say("trialkeeper: canceling the trials that have not paused")
+            self._canceling = asyncio.get_running_loop().create_task(self._cancel_unpaused())
+            self._canceling.add_done_callback(_said_if_failed)
+
+    async def _cancel_unpaused(self) -> None:
+        for t in self._coordinator.trials():
+            if t.status in (TrialStatus.WAITING, TrialStatus.RUNNING):
+                with contextlib.suppress(KeyError, ValueError):  # it ended meanwhile
+                    await self._coordinator.cancel(
+                        t.id, reason="the experiment stopped: canceled by a second signal before it paused",
+                        status=TrialStatus.SYS_CANCELED,
+                    )
 
     def on_start(self, coordinator: Any) -> None:
+        self._coordinator = coordinator
+
         async def stop() -> None:
             self._end_run()
 
