@@ -332,6 +332,8 @@ class Download:
 
 
 def marked_root(directory: Path, experiment_id: str) -> tuple[Path | None, str]:
+    """``directory`` when its marker names ``experiment_id`` (this machine sees the
+    experiment's checkpoint directory), else None and why not."""
     marker = directory / MARKER_FILE
     try:
         found = marker.read_text(encoding="utf-8").strip()
@@ -345,6 +347,8 @@ def marked_root(directory: Path, experiment_id: str) -> tuple[Path | None, str]:
 
 
 def make_live(root: Path, live: Path, clean: bool) -> None:
+    """Make a trial's empty live directory (``clean``: in the local cache, where what an
+    earlier run of the trial left half done is removed first)."""
     root.mkdir(parents=True, exist_ok=True)
     if clean:
         # Left by an earlier run of the trial on this machine that ended with its agent.
@@ -356,6 +360,7 @@ def make_live(root: Path, live: Path, clean: bool) -> None:
 
 
 def snapshot(live: Path, staging: Path) -> None:
+    """Take the live directory's files whole (one rename) and leave it empty at its path."""
     os.rename(live, staging)
     try:
         live.mkdir()
@@ -365,6 +370,7 @@ def snapshot(live: Path, staging: Path) -> None:
 
 
 def place(staging: Path, final: Path) -> None:
+    """Make a taken snapshot the checkpoint directory of its step (one rename)."""
     if final.exists() or final.is_symlink():
         # A copy of the same step that was never recorded (its run ended before the coordinator had it).
         old = final.with_name(f".saving-old-{final.name}-{uuid.uuid4().hex[:8]}")
@@ -374,6 +380,8 @@ def place(staging: Path, final: Path) -> None:
 
 
 def restore(copy: Path, live: Path, running: bool) -> str:
+    """Put a refused checkpoint's files back into the live directory when it is still empty
+    and its trial runs, else remove them; what became of them, for the trial's error."""
     if not copy.exists():
         return " (its files are gone)"
     if running and live.is_dir() and is_empty(live):
@@ -399,6 +407,7 @@ def drop_index(copy: Path) -> None:
 
 
 def write_index(copy: Path, manifest: Manifest) -> None:
+    """``<step>.json`` beside a local copy: its digest and files, whole or absent."""
     data = {"digest": manifest.digest, "files": [[f.path, f.size, f.mode] for f in manifest.files]}
     tmp = copy.with_name(f".{copy.name}.json.tmp")
     tmp.write_text(json.dumps(data), encoding="utf-8")
@@ -406,6 +415,7 @@ def write_index(copy: Path, manifest: Manifest) -> None:
 
 
 def cached_digest(copy: Path) -> str | None:
+    """The digest of a local copy, None when there is none."""
     try:
         data = json.loads(index_path(copy).read_text(encoding="utf-8"))
     except (OSError, ValueError):

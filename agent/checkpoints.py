@@ -235,6 +235,9 @@ class CheckpointKeeper:
             f.done.set_exception(CheckpointFilesError(reason))
 
     async def close(self) -> None:
+        for lt in self._trials.values():
+            if lt.pause_deadline is not None:
+                lt.pause_deadline.cancel()
         for f in self._fetches.values():
             if not f.done.done():
                 f.done.set_exception(CheckpointFilesError("the agent is shutting down"))
