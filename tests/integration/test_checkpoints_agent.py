@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import async_wait_until, build_config, run_async, write_script
+from netproxy import CuttingProxy
 from s3server import S3Server, s3_server  # noqa: F401 - the fixture
 from trialkeeper.coordinator.core import Coordinator, TrialHandle
 from trialkeeper.coordinator.engine.states import TrialStatus
@@ -47,13 +48,13 @@ start, total = 0, 0
 if step is not None:
     state = json.loads((ckpt / "state.json").read_text())
     assert state["epoch"] == step, state
-    assert (ckpt / "blob.bin").read_bytes() == bytes([step]) * {BLOB}
+    assert (ckpt / "blob.bin").read_bytes() == bytes([step]) * p.get("blob", {BLOB})
     start, total = step + 1, state["total"]
 for epoch in range(start, p["epochs"]):
     total += epoch
     trial.report_intermediate_result(float(epoch))
     (ckpt / "state.json").write_text(json.dumps({{"epoch": epoch, "total": total}}))
-    (ckpt / "blob.bin").write_bytes(bytes([epoch]) * {BLOB})
+    (ckpt / "blob.bin").write_bytes(bytes([epoch]) * p.get("blob", {BLOB}))
     trial.save_checkpoint(epoch)
     if step is None and epoch == p.get("gate_at"):
         if p.get("extra"):
@@ -230,6 +231,56 @@ def test_without_shared_storage_checkpoints_go_up_the_stream_and_down_to_another
             assert "downloaded" in service.log(second_env)  # nothing of it was on that agent's disk
             _one_curve(c, h.id, 4)
             assert [k.step for k in c.checkpoints(h.id)] == [3]
+
+    run_async(body)
+
+
+@UPLOAD_FINISHED_EARLY
+def test_uploads_and_downloads_go_on_across_cut_connections(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", TRAIN)
+    out, gate = tmp_path / "out", tmp_path / "gate"
+    service = _OwnDiskAgents(tmp_path / "agents", tmp_path)
+
+    async def body() -> None:
+        proxy = await CuttingProxy().start()
+        config = build_config(tmp_path, trialConcurrency=1, coordinator={
+            **TIMERS, "advertiseAddress": f"127.0.0.1:{proxy.port}", "reconnectWindow": 30,
+        })
+        stop = asyncio.Event()
+
+        async def cut_now_and_then() -> None:
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    proxy.cut()
+
+        try:
+            async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
+                assert c.store is not None
+                host, port = str(c.store.meta("bound_address")).rsplit(":", 1)
+                proxy.target = (host, int(port))
+                cutter = asyncio.ensure_future(cut_now_and_then())
+                try:
+                    blob = 12 << 20
+                    h = await c.submit({"epochs": 4, "gate_at": 1, "gate": str(gate), "out": str(out), "blob": blob})
+                    await _held(c, h, out, extra=False)
+                    first_env = h.info.environment_id
+                    assert first_env is not None
+                    service.procs[first_env].kill()
+                    await async_wait_until(lambda: len(_runs(out, h.id)) == 2 or c.trial(h.id).done, WAIT_S)
+                    gate.write_text("")
+                    info = await h.wait(WAIT_S)
+                finally:
+                    stop.set()
+                    await cutter
+                assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason)
+                assert proxy.cuts >= 3, f"only {proxy.cuts} cuts: the test did not test anything"
+                # The continued run checked the blob it found: the one epoch 1 wrote, whole.
+                assert _runs(out, h.id)[1] == {"step": 1, "files": ["blob.bin", "state.json"]}
+                _one_curve(c, h.id, 4)
+        finally:
+            await proxy.close()
 
     run_async(body)
 
