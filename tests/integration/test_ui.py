@@ -4,11 +4,13 @@ prometheus-client."""
 
 from __future__ import annotations
 
+import json
 import socket
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import wait_until, write_script
 from dashboard import (
     every_answer,
     first_event,
@@ -21,6 +23,7 @@ from dashboard import (
     tk_bare,
 )
 from prometheus_client.parser import text_string_to_metric_families
+from test_control import TRIAL as CHECKPOINTING_TRIAL
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
@@ -37,7 +40,8 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 @pytest.mark.slow
 def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
-    with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
+    # Its trials save no checkpoint: at the stop they are canceled once pauseGracePeriod has passed.
+    with live_experiment(tmp_path, trials=6, concurrency=2, pauseGracePeriod=2) as (served, gates):
         url, token = served.url, served.token
         assert url.startswith("http://127.0.0.1:")
         running = wait_until(
@@ -134,6 +138,59 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert http("POST", url + "/api/experiment/stop", token=token)[0] == 200
         served.proc.wait(WAIT_S)
     assert served.proc.returncode == 1 and "stopped by the user" in "".join(served.lines), "".join(served.lines)
+
+
+def test_pause_and_continue_a_trial_from_the_dashboard(tmp_path: Path) -> None:
+    write_script(tmp_path, "steps.py", CHECKPOINTING_TRIAL)
+    command = f"{sys.executable} steps.py"
+    with live_experiment(tmp_path, trials=2, concurrency=2, trialCommand=command, pauseGracePeriod=30) as (served, _):
+        url, token = served.url, served.token
+        running = wait_until(
+            lambda: (p := get_json(url + "/api/trials?status=RUNNING"))["total"] == 2
+            and all(t["checkpoint_step"] for t in p["trials"]) and p["trials"],
+            timeout=WAIT_S, message="two trials running, each with a checkpoint",
+        )
+        a, b = running[0]["id"], running[1]["id"]
+
+        # Actions need the token, and apply only to the states they name.
+        assert http("POST", f"{url}/api/trials/{a}/pause")[0] == 403
+        status, _, body = http("POST", f"{url}/api/trials/{a}/continue", token=token)
+        assert status == 409 and json.loads(body)["error"] == (
+            f"trial {a} is RUNNING: continue applies to a trial that is PAUSED"
+        )
+        assert http("POST", f"{url}/api/trials/nope/pause", token=token)[0] == 404
+        status, _, body = http("POST", f"{url}/api/trials/{a}/pause", token=token)
+        assert status == 200 and json.loads(body) == {"ok": True, "trial": a, "action": "pause"}
+        detail = wait_until(
+            lambda: (d := get_json(f"{url}/api/trials/{a}"))["trial"]["status"] == "PAUSED" and d,
+            timeout=WAIT_S, message="the trial paused",
+        )
+
+        # Shown PAUSED, with its checkpoint, counted and filtered.
+        step = detail["trial"]["checkpoint_step"]
+        assert [(c["step"], c["size_bytes"]) for c in detail["checkpoints"]] == [(step, len(str(step)))]
+        assert detail["checkpoints"][0]["where"] == str(served.experiment_dir.resolve() / "checkpoints" / a / str(step))
+        assert detail["checkpoints"][0]["saved_at"] > 0 and detail["history"][-1]["new"] == "PAUSED"
+        assert [t["id"] for t in get_json(url + "/api/trials?status=PAUSED")["trials"]] == [a]
+        assert get_json(url + "/api/experiment")["trials"]["PAUSED"] == 1
+        assert _samples(http("GET", url + "/metrics")[2].decode())[("trialkeeper_trials", (("status", "PAUSED"),))] == 1
+        status, _, body = http("POST", f"{url}/api/trials/{a}/pause", token=token)
+        assert status == 409 and json.loads(body)["error"] == (
+            f"trial {a} is PAUSED: pause applies to a trial that is WAITING or RUNNING"
+        )
+
+        # Continued, it goes on from its checkpoint.
+        assert http("POST", f"{url}/api/trials/{a}/continue", token=token)[0] == 200
+        wait_until(
+            lambda: f"continued from {step} holding {step}" in get_json(f"{url}/api/trials/{a}/log")["text"],
+            timeout=WAIT_S, message="the trial continued from its checkpoint",
+        )
+        assert get_json(f"{url}/api/trials/{b}")["trial"]["status"] == "RUNNING"
+        # A paused trial can be canceled too.
+        assert http("POST", f"{url}/api/trials/{b}/pause", token=token)[0] == 200
+        wait_until(lambda: get_json(f"{url}/api/trials/{b}")["trial"]["status"] == "PAUSED", timeout=WAIT_S)
+        assert http("POST", f"{url}/api/trials/{b}/cancel", token=token)[0] == 200
+        wait_until(lambda: get_json(f"{url}/api/trials/{b}")["trial"]["status"] == "USER_CANCELED", timeout=WAIT_S)
 
 
 def test_a_stored_experiment_pages_sorts_and_filters(tmp_path: Path) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from conftest import wait_until, write_script
 from dashboard import get_json, live_experiment, many_trials, stored_dashboard
+from test_control import TRIAL as CHECKPOINTING_TRIAL
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium: pip install -e '.[dev]'")
@@ -56,6 +58,12 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def visible(driver: Any, element_id: str) -> bool:
+    return bool(driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return !!e && e.style.display !== 'none';", element_id,
+    ))
+
+
 def console_errors(driver: Any) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -87,7 +95,8 @@ def painted(driver: Any, element_id: str) -> bool:
 
 @pytest.mark.slow
 def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None:
-    with live_experiment(tmp_path, trials=6, concurrency=2) as (served, gates):
+    # Its trials save no checkpoint: at the stop they are canceled once pauseGracePeriod has passed.
+    with live_experiment(tmp_path, trials=6, concurrency=2, pauseGracePeriod=2) as (served, gates):
         url, token = served.url, served.token
         browser.get(url + "/")
         wait_until(
@@ -143,9 +152,12 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         assert "local" in text(browser, "#envs") and "connected" in text(browser, "#envs")
 
         # An environment's trials, by the link on its row.
-        env_id = browser.find_element(By.CSS_SELECTOR, "#envs tr[data-env]").get_attribute("data-env")
+        # Read and clicked in one step each: the live table is redrawn under any reference held.
+        env_id = browser.execute_script("return document.querySelector('#envs tr[data-env]').dataset.env;")
         on_env = get_json(f"{url}/api/trials?environment={env_id}&limit=1")["total"]
-        browser.find_element(By.CSS_SELECTOR, f"#envs tr[data-env='{env_id}'] a[href*='environment=']").click()
+        browser.execute_script(
+            "document.querySelector(arguments[0]).click();", f"#envs tr[data-env='{env_id}'] a[href*='environment=']"
+        )
         wait_until(
             lambda: text(browser, "#trial-total") == f"{on_env} trials",
             timeout=WAIT_S,
@@ -190,6 +202,54 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         browser.switch_to.alert.accept()
         served.proc.wait(WAIT_S)
     assert served.proc.returncode == 1 and "stopped by the user" in "".join(served.lines), "".join(served.lines)
+
+
+@pytest.mark.slow
+def test_pause_and_continue_a_trial_in_a_browser(tmp_path: Path, browser: Any) -> None:
+    write_script(tmp_path, "steps.py", CHECKPOINTING_TRIAL)
+    command = f"{sys.executable} steps.py"
+    with live_experiment(tmp_path, trials=2, concurrency=2, trialCommand=command, pauseGracePeriod=30) as (served, _):
+        url, token = served.url, served.token
+        running = wait_until(
+            lambda: (p := get_json(url + "/api/trials?status=RUNNING&sort=sequence"))["total"] == 2
+            and all(t["checkpoint_step"] for t in p["trials"]) and p["trials"],
+            timeout=WAIT_S, message="two trials running, each with a checkpoint",
+        )
+        trial_id = running[0]["id"]
+        browser.get(f"{url}/#/trial/{trial_id}")
+        wait_until(lambda: "RUNNING" in text(browser, "#trial-status"), timeout=WAIT_S)
+        assert visible(browser, "pause") and visible(browser, "cancel") and not visible(browser, "continue")
+        browser.find_element(By.ID, "token").send_keys(token + "\n")
+        wait_until(lambda: "token accepted" in text(browser, "#toast"), timeout=WAIT_S)
+
+        browser.find_element(By.ID, "pause").click()
+        wait_until(lambda: "PAUSED" in text(browser, "#trial-status"), timeout=WAIT_S, message="paused, shown live")
+        step = get_json(f"{url}/api/trials/{trial_id}")["trial"]["checkpoint_step"]
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f"#checkpoints tr[data-step='{step}']"),
+                   timeout=WAIT_S, message="its checkpoint listed")
+        row = text(browser, f"#checkpoints tr[data-step='{step}']")
+        assert row.startswith(f"{step}\t{len(str(step))} B\t") and row.endswith(f"checkpoints/{trial_id}/{step}"), row
+        assert visible(browser, "continue") and visible(browser, "cancel") and not visible(browser, "pause")
+        colour = browser.execute_script(
+            "return getComputedStyle(document.querySelector('#trial-status .status')).color;"
+        )
+        assert colour == "rgb(123, 79, 201)", colour  # PAUSED's own colour
+
+        # The trials table filters on it.
+        browser.get(f"{url}/#/trials?status=PAUSED")
+        wait_until(lambda: text(browser, "#trial-total") == "1 trial", timeout=WAIT_S, message="the paused one")
+        assert trial_id in text(browser, "#vbody")
+        options = browser.find_elements(By.CSS_SELECTOR, "#status-filter option")
+        assert "PAUSED" in [o.get_attribute("value") for o in options]
+        browser.get(url + "/")
+        wait_until(lambda: text(browser, "[data-count=PAUSED]") == "1", timeout=WAIT_S, message="counted paused")
+
+        browser.get(f"{url}/#/trial/{trial_id}")
+        wait_until(lambda: visible(browser, "continue"), timeout=WAIT_S)
+        browser.find_element(By.ID, "continue").click()
+        wait_until(lambda: "RUNNING" in text(browser, "#trial-status"), timeout=WAIT_S, message="continued, shown live")
+        wait_until(lambda: f"continued from {step}" in text(browser, "#stdout"), timeout=WAIT_S)
+        assert console_errors(browser) == []
 
 
 @pytest.mark.slow

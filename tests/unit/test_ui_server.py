@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import async_wait_until, run_async
 from trialkeeper.coordinator.store.store import Store
 from trialkeeper.coordinator.ui.live import LiveChanges
-from trialkeeper.coordinator.ui.server import STATE, DashboardError, bind, build_app
+from trialkeeper.coordinator.ui.server import STATE, Controls, DashboardError, bind, build_app
 
 HELD_S = 20.0  # how long the slow read may wait to be let go (it is let go at once when all is well)
 
@@ -118,3 +118,32 @@ def test_every_live_stream_shares_one_look_at_the_store() -> None:
         await live.close()
 
     run_async(body)
+
+
+def test_trial_actions_need_the_token_and_an_experiment_running_here(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "actions", {})
+    store.insert_trial({"id": "t0", "seq": 0, "status": "PAUSED", "parameters_json": "{}", "command": "c",
+                        "gpu_number": 0, "submitted_at": 1.0})
+    store.close()
+
+    async def body() -> None:
+        async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=True))) as client:
+            for action in ("pause", "continue", "cancel"):
+                refused = await client.post(f"/api/trials/t0/{action}")
+                assert refused.status == 403, action
+                stored = await client.post(f"/api/trials/t0/{action}", headers={"Authorization": "Bearer t0ken"})
+                assert stored.status == 409 and "trialkeeper run --ui" in (await stored.json())["error"], action
+        # A coordinator that cannot pause (an older embedding) is said to be one.
+        controls = Controls(loop=asyncio.get_running_loop(), cancel=_never, stop=lambda: None)
+        app = build_app(tmp_path, token="t0ken", open_reads=True, controls=controls)
+        async with TestClient(TestServer(app)) as client:
+            answer = await client.post("/api/trials/t0/continue", headers={"Authorization": "Bearer t0ken"})
+            assert answer.status == 409
+            assert (await answer.json())["error"] == "this experiment's coordinator cannot continue trials"
+
+    run_async(body)
+
+
+async def _never(trial_id: str) -> None:
+    raise AssertionError("not called")

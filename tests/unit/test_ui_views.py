@@ -152,3 +152,30 @@ def test_run_names_carry_id_and_parameters_safely() -> None:
     )
     assert run_name(t) == "ab12_lr=0.01235,n=_1,2_,opt=a_b_c"
     assert run_name(trial_snapshot({"id": "zz", "status": "WAITING", "parameters_json": "{}"})) == "zz"
+
+
+def test_a_paused_trial_and_its_checkpoints(tmp_path: Path) -> None:
+    from trialkeeper.coordinator.engine import checkpoints as ck
+
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "paused", {})
+    for seq, status in enumerate(["PAUSED", "RUNNING"]):
+        store.insert_trial({
+            "id": f"t{seq}", "seq": seq, "status": status, "parameters_json": "{}", "command": "c",
+            "gpu_number": 0, "submitted_at": 100.0 + seq,
+        })
+    for step, location in ((4, ""), (8, "s3://b/p/e1/t0/8")):
+        store.keep(ck.CheckpointRecorded(ck.Checkpoint(
+            "t0", step, step, 1000 * step, "sha256:00", (ck.CheckpointFile("m", 1000 * step),), location, 200.0 + step,
+        )))
+    store.close()
+    with ReadModel.open(tmp_path) as model:
+        t0 = views.trial(model, "t0")
+        assert t0["trial"]["status"] == "PAUSED" and t0["trial"]["checkpoint_step"] == 8
+        assert [(c["step"], c["size_bytes"], c["saved_at"], c["where"]) for c in t0["checkpoints"]] == [
+            (4, 4000, 204.0, str(tmp_path / "checkpoints" / "t0" / "4")), (8, 8000, 208.0, "s3://b/p/e1/t0/8"),
+        ]
+        assert views.trial(model, "t1")["checkpoints"] == []
+        assert views.overview(model)["trials"] == {"PAUSED": 1, "RUNNING": 1}
+        assert [t["id"] for t in views.trials(model, {"status": "PAUSED"})["trials"]] == ["t0"]
+        assert views.change_marker(model)["trials"] == {"PAUSED": 1, "RUNNING": 1}

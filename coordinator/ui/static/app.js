@@ -118,7 +118,8 @@ function overviewPage() {
     <h2>Best trial</h2><div id="best" class="muted">none yet</div>
     <div class="grid2" style="margin-top:14px"><div class="chart" id="finished-chart"></div><div class="chart" id="best-chart"></div></div>`;
   document.getElementById("stop").addEventListener("click", () => {
-    if (confirm("Stop the experiment? Its running trials are canceled.")) act("/api/experiment/stop", "experiment: stop asked");
+    if (confirm("Stop the experiment? Its running trials pause at their next checkpoint (those that save none are canceled); resume continues them."))
+      act("/api/experiment/stop", "experiment: stop asked");
   });
   const finished = chart(document.getElementById("finished-chart"), lineOption("Trials ended over time", []));
   const best = chart(document.getElementById("best-chart"), lineOption("Best metric over time", []));
