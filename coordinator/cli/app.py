@@ -89,9 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run, resume_dir=None)
 
     resume = sub.add_parser(
-        "resume", help="carry on an experiment whose coordinator died",
-        description="Carry on an experiment after its coordinator crashed or was killed: rebuild its state from "
-        "the store, listen on the same address so running agents reconnect, and go on to the end.",
+        "resume", help="carry on an experiment that crashed or was stopped, or extend a finished one",
+        description="Carry on an experiment after its coordinator crashed, was killed or was stopped: rebuild its "
+        "state from the store, listen on the same address so running agents reconnect, continue its paused "
+        "trials, and go on to the end. A finished experiment goes on only with a limit raised (--max-trials, "
+        "--max-duration, or --config).",
     )
     resume.add_argument("resume_dir", type=Path, metavar="EXP_DIR")
     resume.add_argument(
