@@ -254,7 +254,7 @@ async def _drive_in_scope(
                 changed.set()
             trials = coordinator.trials()
             # Ends when nothing more will happen by itself: no trial runs, waits, or is ending.
-            if idle and not to_do and all(t.status.terminal or t.status is TrialStatus.PAUSED for t in trials):
+            if idle and not to_do and all(_settled(t) for t in trials):
                 paused = [t for t in trials if t.status is TrialStatus.PAUSED]
                 if search.failure:
                     ok, reason = False, f"{search.failure} (its traceback is in {LOG_FILENAME})"
@@ -311,7 +311,12 @@ async def _drive_in_scope(
 
 
 def _holds_a_slot(t: TrialInfo) -> bool:
-    return not t.status.terminal and t.status is not TrialStatus.PAUSED and not t.stopping
+    return not _settled(t) and not t.stopping
+
+
+def _settled(t: TrialInfo) -> bool:
+    """Ended, or paused: nothing happens to it by itself."""
+    return t.status is None or t.status.terminal or t.status is TrialStatus.PAUSED
 
 
 def _checkpoint_source(coordinator: Coordinator, proposal: SubmitTrial) -> str | None:
@@ -336,7 +341,7 @@ async def _carry_out(coordinator: Coordinator, order: Instruction) -> None:
     try:
         status = coordinator.trial(order.trial_id).status
         if isinstance(order, StopTrial):
-            if not status.terminal:
+            if status is not None and not status.terminal:
                 await coordinator.early_stop(order.trial_id, order.reason)
         elif isinstance(order, PauseTrial):
             if status in (TrialStatus.WAITING, TrialStatus.RUNNING):
