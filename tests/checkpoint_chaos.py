@@ -219,16 +219,17 @@ class Losses:
 
 
 def _victim(now: Seen, losses: Losses, epochs: int) -> tuple[TrialSnapshot, EnvSnapshot] | None:
-    """A running trial on a live environment not taken before, which has saved a checkpoint
-    since its environment was last taken away: one with epochs still to go and the fewest
-    losses so far first, so that the losses fall on different trials."""
+    """A running trial with epochs still to go, on a live environment not taken before, which
+    has saved a checkpoint since its environment was last taken away; the one with the fewest
+    losses so far, so that they fall on different trials."""
     found = []
     for t in now.trials:
         env = now.env(t.environment_id)
+        step = t.checkpoint_step or 0
         if (t.status is TrialStatus.RUNNING and env is not None and env.status in LIVE and env.connected
-                and env.id not in losses.env_ids() and (t.checkpoint_step or 0) > losses.last_step(t.id)):
+                and env.id not in losses.env_ids() and losses.last_step(t.id) < step < epochs):
             found.append((t, env))
-    found.sort(key=lambda te: ((te[0].checkpoint_step or 0) >= epochs, losses.of(te[0].id)))
+    found.sort(key=lambda te: losses.of(te[0].id))
     return found[0] if found else None
 
 
