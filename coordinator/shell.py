@@ -313,6 +313,9 @@ class Shell:
             reported = reported or isinstance(event, ev.AgentReported)
             try:
                 if type(event) is ev.AgentReported and type(event.report) is ck.CheckpointSavedReported:
+                    # Its pieces, decided in this batch, are written first: then its files are looked at.
+                    self.apply(out)
+                    out = []
                     event = self._finished(event, event.report)
                 out += self.engine.handle(event, now=now, wall=wall)
             except Exception:

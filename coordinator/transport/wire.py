@@ -30,6 +30,7 @@ _OUTCOMES = {
     pb.TRIAL_OUTCOME_SUCCEEDED: ev.Outcome.SUCCEEDED,
     pb.TRIAL_OUTCOME_CANCELED: ev.Outcome.CANCELED,
     pb.TRIAL_OUTCOME_LOST: ev.Outcome.LOST,
+    pb.TRIAL_OUTCOME_PAUSED: ev.Outcome.PAUSED,
 }
 
 

@@ -120,17 +120,6 @@ class _OwnDiskAgents(EnvironmentService):
 
 
 # Known coordinator bugs these tests find (remove the marks once they are fixed).
-UPLOAD_FINISHED_EARLY = pytest.mark.xfail(
-    reason="coordinator/shell.py drain_inbox finishes an uploaded checkpoint (_finished) before the chunk writes "
-    "of the same inbox batch are applied, and refuses it as incomplete",
-    strict=False,
-)
-PAUSED_TAKEN_AS_FAILED = pytest.mark.xfail(
-    reason="coordinator/transport/wire.py _OUTCOMES has no TRIAL_OUTCOME_PAUSED: a paused trial's end is taken "
-    "as FAILED",
-    strict=False,
-)
-
 
 def _runs(out: Path, trial_id: str) -> list[dict[str, Any]]:
     path = out / trial_id / "runs"
@@ -202,7 +191,6 @@ def test_a_killed_agents_trial_continues_from_its_checkpoint_on_shared_storage(t
     run_async(body)
 
 
-@UPLOAD_FINISHED_EARLY
 def test_without_shared_storage_checkpoints_go_up_the_stream_and_down_to_another_agent(tmp_path: Path) -> None:
     write_script(tmp_path, "trial.py", TRAIN)
     out, gate = tmp_path / "out", tmp_path / "gate"
@@ -235,7 +223,6 @@ def test_without_shared_storage_checkpoints_go_up_the_stream_and_down_to_another
     run_async(body)
 
 
-@UPLOAD_FINISHED_EARLY
 def test_uploads_and_downloads_go_on_across_cut_connections(tmp_path: Path) -> None:
     write_script(tmp_path, "trial.py", TRAIN)
     out, gate = tmp_path / "out", tmp_path / "gate"
@@ -285,8 +272,6 @@ def test_uploads_and_downloads_go_on_across_cut_connections(tmp_path: Path) -> N
     run_async(body)
 
 
-@UPLOAD_FINISHED_EARLY
-@PAUSED_TAKEN_AS_FAILED
 def test_a_paused_trial_ends_at_its_next_save_and_continues_there(tmp_path: Path) -> None:
     write_script(tmp_path, "trial.py", TRAIN)
     out, gate = tmp_path / "out", tmp_path / "gate"
@@ -323,7 +308,6 @@ time.sleep(120)
 """
 
 
-@PAUSED_TAKEN_AS_FAILED
 def test_a_trial_that_saves_nothing_within_the_pause_grace_is_stopped_and_canceled(tmp_path: Path) -> None:
     write_script(tmp_path, "trial.py", SILENT)
     config = build_config(tmp_path, trialConcurrency=1, pauseGracePeriod=1, coordinator=TIMERS)
