@@ -611,3 +611,52 @@ def test_outside_an_agent_a_save_says_how_to_run_by_hand(monkeypatch: pytest.Mon
         trial.save_checkpoint(1)
     with pytest.raises(trial.TrialSdkError, match="TRIALKEEPER_STANDALONE=1"):
         trial.get_checkpoint_dir()
+
+
+# ---- the session's side -----------------------------------------------------------------------
+
+
+def test_the_wire_numbers_chunks_reads_them_when_sent_and_answers_saves_by_ack_or_refusal(tmp_path: Path) -> None:
+    from trialkeeper.agent.checkpoint_link import CheckpointWire, with_file_data
+    from trialkeeper.protos.v1 import coordinator_pb2 as pb
+
+    files = {"a/empty": b"", "big": bytes(range(256)) * 4097, "small": b"xyz"}  # big: 1 MiB and 256 bytes
+    _tree(tmp_path, files)
+
+    async def body() -> None:
+        journal: list[pb.AgentMessage] = []
+        ranges: dict[int, tuple[Path, int]] = {}
+        woken: list[int] = []
+
+        def enqueue(msg: pb.AgentMessage) -> None:
+            msg.seq = len(journal) + 1
+            journal.append(msg)
+
+        wire = CheckpointWire(enqueue, ranges, lambda: woken.append(1))
+        wire.upload("t1", 7, tmp_path, _entries(files))
+        sent = [with_file_data(m, ranges) for m in journal]
+        assert all(not m.checkpoint_chunk.data for m in journal)  # the journal holds no bytes
+        chunks = [(m.checkpoint_chunk.path, m.checkpoint_chunk.offset, len(m.checkpoint_chunk.data),
+                   m.checkpoint_chunk.last) for m in sent]
+        assert chunks == [("a/empty", 0, 0, False), ("big", 0, cf.CHUNK_BYTES, False),
+                          ("big", cf.CHUNK_BYTES, 256, False), ("small", 0, 3, True)]
+        assert b"".join(m.checkpoint_chunk.data for m in sent if m.checkpoint_chunk.path == "big") == files["big"]
+        manifest = cf.make_manifest(tmp_path)
+        recorded = wire.saved(SavedCheckpoint("t1", 7, 2, manifest, "", 1.0))
+        refused = wire.saved(SavedCheckpoint("t1", 8, 3, manifest, "", 2.0))
+        saved = journal[-2].checkpoint_saved
+        assert (saved.step, saved.metric_index, saved.digest, saved.size_bytes) == (
+            7, 2, manifest.digest, manifest.size_bytes)
+        assert [(f.path, f.size) for f in saved.files] == [(f.path, f.size) for f in manifest.files]
+        wire.acked(journal[-2].seq)
+        assert recorded.done() and recorded.result() is None and not refused.done()
+        wire.refused("t1", 8, "no room")
+        wire.acked(journal[-1].seq)
+        assert refused.result() == "no room"
+        wire.fetch("t2", 3, "big", 4096)
+        assert woken and [m.fetch_checkpoint.offset for m in wire.take_once()] == [4096]
+        wire.fetch("t2", 3, "big", 8192)
+        wire.new_stream()  # asked again by the keeper on the new stream, not twice
+        assert wire.take_once() == []
+
+    run_async(body)
