@@ -13,20 +13,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from conftest import stored_rows, wait_until, write_script
 from test_cli import assert_one_line_error, tk
 from trialkeeper.coordinator.cli.control import socket_path
 from trialkeeper.coordinator.read.model import ExperimentSnapshot, ReadModel
 
-# Until the transport maps the agent's TRIAL_OUTCOME_PAUSED (coordinator/transport/wire.py
-# _OUTCOMES), a paused trial's end is taken as FAILED; once it does, these pass.
-PAUSED_TAKEN_AS_FAILED = pytest.mark.xfail(
-    reason="coordinator/transport/wire.py _OUTCOMES has no TRIAL_OUTCOME_PAUSED: a paused trial's end is taken "
-    "as FAILED",
-    strict=False,
-)
 WAIT_S = 60.0
 RUN_EXIT_S = 90.0
 
@@ -126,7 +118,6 @@ def _experiment(exp: Path) -> ExperimentSnapshot:
     return found
 
 
-@PAUSED_TAKEN_AS_FAILED
 def test_pause_continue_cancel_and_stop_a_running_experiment_then_resume_it(tmp_path: Path) -> None:
     exp = tmp_path / "exp"
     # Two trials, two slots: a paused trial's slot stays free for it to continue in.

@@ -27,13 +27,6 @@ from test_control import TRIAL as CHECKPOINTING_TRIAL
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
-# Until the transport maps the agent's TRIAL_OUTCOME_PAUSED (coordinator/transport/wire.py
-# _OUTCOMES), a paused trial's end is taken as FAILED; once it does, these pass.
-PAUSED_TAKEN_AS_FAILED = pytest.mark.xfail(
-    reason="coordinator/transport/wire.py _OUTCOMES has no TRIAL_OUTCOME_PAUSED: a paused trial's end is taken "
-    "as FAILED",
-    strict=False,
-)
 WAIT_S = 60.0
 
 
@@ -147,7 +140,6 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
     assert served.proc.returncode == 1 and "stopped by the user" in "".join(served.lines), "".join(served.lines)
 
 
-@PAUSED_TAKEN_AS_FAILED
 def test_pause_and_continue_a_trial_from_the_dashboard(tmp_path: Path) -> None:
     write_script(tmp_path, "steps.py", CHECKPOINTING_TRIAL)
     command = f"{sys.executable} steps.py"

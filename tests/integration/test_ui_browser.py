@@ -20,13 +20,6 @@ pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip ins
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium: pip install -e '.[dev]'")
 from selenium.webdriver.common.by import By
 
-# Until the transport maps the agent's TRIAL_OUTCOME_PAUSED (coordinator/transport/wire.py
-# _OUTCOMES), a paused trial's end is taken as FAILED; once it does, these pass.
-PAUSED_TAKEN_AS_FAILED = pytest.mark.xfail(
-    reason="coordinator/transport/wire.py _OUTCOMES has no TRIAL_OUTCOME_PAUSED: a paused trial's end is taken "
-    "as FAILED",
-    strict=False,
-)
 WAIT_S = 60.0
 INSTALL = "apt-get install chromium chromium-driver"
 
@@ -211,7 +204,6 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
     assert served.proc.returncode == 1 and "stopped by the user" in "".join(served.lines), "".join(served.lines)
 
 
-@PAUSED_TAKEN_AS_FAILED
 @pytest.mark.slow
 def test_pause_and_continue_a_trial_in_a_browser(tmp_path: Path, browser: Any) -> None:
     write_script(tmp_path, "steps.py", CHECKPOINTING_TRIAL)
