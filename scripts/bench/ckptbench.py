@@ -53,7 +53,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # trials, epochs, epoch_s, lifetime (trial lengths), seeds; transfer MiB, repeats, rounds
     "full": {"chaos": (12, 10, 0.5, 3.0, (1, 2, 3)), "transfer": (100, 5, 3)},
     "quick": {"chaos": (8, 10, 0.3, 3.0, (1,)), "transfer": (100, 3, 2)},
-    "smoke": {"chaos": (3, 4, 0.2, 1.0, (1,)), "transfer": (2, 2, 1)},
+    "smoke": {"chaos": (3, 4, 0.2, 3.0, (1,)), "transfer": (2, 2, 1)},
 }
 
 
@@ -273,7 +273,8 @@ def run_chaos(prof: dict[str, Any], a: argparse.Namespace, R: dict[str, Any]) ->
     trial_s = epochs * epoch_s
     lifetime_s = lifetime * trial_s
     ideal = trials / 2 * trial_s
-    timeout = 30 + 25 * ideal
+    # Room for trialkeeper's retry backoff (1, 2, 4, ... s for a trial lost without progress).
+    timeout = 120 + 25 * ideal
     common = ["--trials", trials, "--epochs", epochs, "--epoch-s", epoch_s, "--work", a.work, "--blob", a.blob]
     R["chaos"] = {"trials": trials, "epochs": epochs, "epoch_s": epoch_s, "work": a.work, "lifetime_s": lifetime_s,
                   "ideal_wall_s": ideal, "seeds": list(seeds), "runs": []}
