@@ -75,7 +75,6 @@ __all__ = [
 ]
 
 _SEARCHSPACE_MODULE = "trialkeeper.coordinator.search.space"
-_NNIALGOS_MODULE = "trialkeeper.coordinator.search.nnialgos"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,22 +95,7 @@ class TunerConfig:
         code_directory = values.get("code_directory")
         if code_directory is not None and not is_dir(code_directory):
             issues.append(("code_directory", f"not an existing directory: {code_directory}"))
-        if cls is TunerConfig:
-            refusal = _tuner_refusal(values)
-            if refusal is not None:
-                issues.append(("name" if values.get("name") is not None else "class_name", refusal))
         return issues
-
-
-def _tuner_refusal(values: dict[str, Any]) -> str | None:
-    """Why the tuner named cannot run here (NNI's PBT without its checkpoint directory)."""
-    try:
-        module = importlib.import_module(_NNIALGOS_MODULE)
-    except ImportError:
-        return None
-    get = values.get
-    refusal = module.tuner_refusal(get("name"), get("class_name"), get("class_args"))
-    return refusal if isinstance(refusal, str) else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,6 @@ __all__ = [
     "create_nni_tuner",
     "nni_custom_assessor",
     "nni_custom_tuner",
-    "tuner_refusal",
 ]
 
 # NNI's registered names and aliases (nni 2.10 and 3.0 agree), as normalized() compares
@@ -73,12 +72,6 @@ def is_pbt(name: object, class_name: object = None) -> bool:
     if isinstance(name, str):
         return NNI_TUNER_NAMES.get(normalized(name)) == "PBT"
     return isinstance(class_name, str) and class_name.replace(":", ".").endswith(".PBTTuner")
-
-
-def tuner_refusal(name: object, class_name: object, class_args: object) -> str | None:
-    """Why a tuner the config names cannot run here, or None: checked when the config is read.
-    None for every tuner now: NNI's PBT gets its checkpoint directory from the experiment."""
-    return None
 
 
 def _pbt_refusal(name: object, class_name: object, class_args: object) -> str | None:
