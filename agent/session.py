@@ -414,6 +414,8 @@ class AgentSession(RunnerEvents):
         if welcome.heartbeat_interval_s > 0:
             self._heartbeat_s = welcome.heartbeat_interval_s
         self._gpu_report.new_stream(welcome.gpu_sample_interval_s)
+        for r in welcome.checkpoint_refusals:  # before the ack that covers those saves
+            self._checkpoints.refused(r.trial_id, r.step, r.reason)
         self._on_ack(welcome.acked_seq)
         self._sent = 0
         for trial_id in welcome.cancel_trial_ids:

@@ -261,6 +261,7 @@ def record(
     t.checkpoints = [k for k in t.checkpoints if k.step != c.step] + [c]
     t.forked_from = None
     t.progressed = True
+    t.refusals = {}
     out.append(CheckpointRecorded(c))
     for old in to_remove(t.checkpoints, policy.checkpoints_per_trial, held):
         t.checkpoints.remove(old)

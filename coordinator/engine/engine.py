@@ -242,7 +242,11 @@ class Engine:
             self._lost([Lost(joined.env_id, joined.lost, "its agent restarted", joined.platform)])
         if joined.new_instance:
             self._refuse_unfittable()
-        fleet.welcome(joined, book.unwanted(joined.env_id, reg.active_trial_ids))
+        refusals = tuple(
+            ck.CheckpointRefused(tid, step, why)
+            for tid in joined.held for step, why in book.trials[tid].refusals.items()
+        )
+        fleet.welcome(joined, book.unwanted(joined.env_id, reg.active_trial_ids), refusals)
         self._take()
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
         self._send_starts(joined, book.to_resend(joined.env_id, joined.held, reg.active_trial_ids))
@@ -347,6 +351,7 @@ class Engine:
             saved, why = ck.record(t, report, env_id, self.policy, self.wall, held, self._out)
             if saved is not None:
                 return
+            t.refusals[report.step] = why
             log.warning("trial %s: checkpoint at step %d refused: %s", t.id, report.step, why)
         self.fleet.send(env_id, ck.CheckpointRefused(report.trial_id, report.step, why))
         if report.location == "" and t is not None and all(c.step != report.step for c in t.checkpoints):

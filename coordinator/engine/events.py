@@ -233,6 +233,7 @@ class Welcome:
     checkpoint_dir: str = ""
     checkpoint_storage: str = ""
     max_checkpoint_bytes: int = 0
+    checkpoint_refusals: tuple[ck.CheckpointRefused, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import checkpoints as ck
 from . import environments, scheduler
 from . import events as ev
 from .environments import Joined, Lost, heartbeat_scale
@@ -229,13 +230,16 @@ class Fleet:
                 self._to(env, EnvStatus.BUSY, f"it runs {len(env.holders)} trial(s)")
         return Joined(env.id, env.platform, reg.link, new_instance, lost, tuple(env.holders))
 
-    def welcome(self, joined: Joined, unwanted: tuple[str, ...]) -> None:
+    def welcome(
+        self, joined: Joined, unwanted: tuple[str, ...], refusals: tuple[ck.CheckpointRefused, ...] = ()
+    ) -> None:
         """The agent's first message: what it must stop, how often to beat."""
         env = self.envs[joined.env_id]
         policy = self.policy
         self._out.append(ev.Send(joined.link, ev.Welcome(
             policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval,
             policy.section(env.platform).checkpoint_dir, policy.checkpoint_storage, policy.max_checkpoint_bytes,
+            refusals,
         )))
 
     def disconnected(self, d: ev.AgentDisconnected) -> None:

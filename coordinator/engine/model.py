@@ -137,6 +137,8 @@ class TrialState:
     retries: int = 0
     progressed: bool = False
     refused_steps: set[int] = field(default_factory=set)  # a part of that save was refused
+    # Saves refused since its last recorded one, told again to an agent that reconnects.
+    refusals: dict[int, str] = field(default_factory=dict)
 
     @property
     def placed(self) -> bool:

@@ -275,3 +275,15 @@ def test_a_stop_to_be_resumed_keeps_every_checkpoint() -> None:
     sim.feed(ev.StopRequested(5.0, pause=True))
     sim.feed(ev.StopCompleted())
     assert sim.take(ck.RemoveCheckpoint) == [] and sim.status("t1") is TrialStatus.PAUSED
+
+
+def test_an_agent_that_reconnects_is_told_again_of_the_saves_refused_since_its_last_recorded_one() -> None:
+    sim = ready_sim(max_checkpoint_bytes=5)
+    env = running(sim)
+    sim.report(env, saved("t1", 1))  # 10 bytes: refused; the refusal may be lost with the stream
+    sim.take(ev.Send)
+    sim.feed(ev.AgentDisconnected(env, sim.links[env]))
+    link = sim.register(env, instance=f"i-{env}-{sim.links[env]}", active=("t1",))
+    welcome = next(s.message for s in sim.take(ev.Send) if s.link == link and isinstance(s.message, ev.Welcome))
+    assert [(r.trial_id, r.step) for r in welcome.checkpoint_refusals] == [("t1", 1)]
+    assert "maxCheckpointSize" in welcome.checkpoint_refusals[0].reason
