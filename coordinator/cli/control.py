@@ -107,7 +107,7 @@ class ControlServer:
     """Serves the control socket of ``coordinator``'s experiment on the running loop.
 
     ``stop`` is what a ``stop`` request runs (default: ``coordinator.stop(pause_trials=True)``);
-    ``run`` and ``resume`` give one that also tells the experiment's driver to end."""
+    ``run`` and ``resume`` give theirs, which ends the run as SIGINT does (:class:`ControlHook`)."""
 
     def __init__(
         self, coordinator: Any, experiment_dir: Path, *, stop: Callable[[], Awaitable[None]] | None = None
