@@ -257,7 +257,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     if args.resume_dir is not None and holds_experiment(args.resume_dir):
         refusal = resume_refusal(
-            args.resume_dir, config, config_given=args.config is not None or extended,
+            args.resume_dir, config, file_given=args.config is not None, limits_given=extended,
             duration_given=getattr(args, "max_duration", None) is not None,
         )
         if refusal:  # it has ended: no agent is started only to be told so

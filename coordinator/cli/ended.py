@@ -33,14 +33,17 @@ def extended_config(config: ExperimentConfig, args: argparse.Namespace) -> tuple
 
 
 def resume_refusal(
-    experiment_dir: Path, config: ExperimentConfig, config_given: bool, *, duration_given: bool = False
+    experiment_dir: Path, config: ExperimentConfig, *, file_given: bool, limits_given: bool = False,
+    duration_given: bool = False,
 ) -> str:
     """Why ``resume`` must start nothing for this experiment, or "".
 
     One that crashed, was stopped or failed is carried on. One that reached its end is
     carried on only with limits (``resume --config``, ``--max-trials``, ``--max-duration``)
     that raise one it reached: otherwise it would start agents only to find there is nothing
-    to do. A duration given on the command line counts from the resume: it always raises."""
+    to do. A duration given on the command line counts from the resume: it always raises.
+    One whose search had nothing more to propose is carried on only with a config (which
+    may change the search): more trials or time alone would find nothing to run either."""
     store = StoreReader.in_dir(experiment_dir)
     try:
         exp = store.experiment()
@@ -52,22 +55,36 @@ def resume_refusal(
         return ""
     submitted = sum(counts.values())
     limit = config.max_trial_number
-    if config_given and (limit is None or submitted < limit) and (duration_given or _raises_a_limit(config, stored)):
-        return ""
+    room = limit is None or submitted < limit
     reason = str(exp.get("reason") or "")
+    old_limit = stored.get("maxTrialNumber")
+    # Ended with no reason said and below its trial limit: its search ran out, not a limit.
+    exhausted = not reason and not (isinstance(old_limit, int) and submitted >= old_limit)
+    if file_given and room and (exhausted or duration_given or _raises_a_limit(config, stored)):
+        return ""
+    if limits_given and room and not exhausted and (duration_given or _raises_a_limit(config, stored)):
+        return ""
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
     ended = f"{exp.get('status')}{f' ({reason})' if reason else ''}"
-    if config_given:
+    head = f"experiment {exp.get('id')} has ended: {ended}, {submitted} trials ({tally})"
+    if exhausted and not file_given:
+        below = f"below its maxTrialNumber ({old_limit})" if isinstance(old_limit, int) else "with no maxTrialNumber"
+        return (
+            f"{head}; nothing to resume: its search had nothing more to propose (it ended {below}), so more "
+            "trials or time would start agents with nothing to run. To go on, change its search (searchSpace, "
+            f"tuner) in its config and run `trialkeeper resume {experiment_dir} --config FILE`"
+        )
+    if file_given or limits_given:
         how = (
             "the limits given raise neither maxTrialNumber nor maxExperimentDuration above what the experiment reached"
-            if limit is None or submitted < limit
+            if room
             else f"its maxTrialNumber ({limit}) counts the {submitted} trials already submitted"
         )
         advice = f"nothing to resume: {how}"
     else:
         advice = "nothing to resume"
     return (
-        f"experiment {exp.get('id')} has ended: {ended}, {submitted} trials ({tally}); {advice}. "
+        f"{head}; {advice}. "
         "To go on, raise maxTrialNumber (which counts the trials already run) or "
         f"maxExperimentDuration: `trialkeeper resume {experiment_dir} --max-trials N` (N above {submitted}) "
         f"or `--max-duration D`, or in its config and run `trialkeeper resume {experiment_dir} --config FILE`"

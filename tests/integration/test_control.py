@@ -269,6 +269,29 @@ def test_resume_extends_a_finished_experiment_only_when_asked_to(tmp_path: Path)
     assert refused.returncode == 2 and "argument --max-duration: expected a duration" in refused.stderr
 
 
+def test_resume_does_not_extend_an_experiment_whose_search_ran_out(tmp_path: Path) -> None:
+    (tmp_path / "gates").mkdir()
+    (tmp_path / "gates" / "all").touch()
+    exp = tmp_path / "exp"
+    two = {"x": {"_type": "choice", "_value": [1, 2]}}  # a grid of two: done after two trials
+    code, out = _finish(_start("run", _config(tmp_path, trials=5, searchSpace=two), "--experiment-dir", exp, "--quiet"))
+    assert code == 0, out
+    envs_before = stored_rows(exp, "envs")
+    for more in (["--max-trials", "10"], ["--max-duration", "1h"], []):
+        code, out = _finish(_start("resume", exp, "--quiet", *more))
+        assert code == 3, (more, out)
+        assert len(out) == 1 and (
+            "nothing to resume: its search had nothing more to propose (it ended below its maxTrialNumber (5)), so "
+            "more trials or time would start agents with nothing to run"
+        ) in out[0], (more, out)
+    assert stored_rows(exp, "envs") == envs_before, "no agent was started"
+    # A config that changes the search carries it on, up to its maxTrialNumber.
+    wider = {"x": {"_type": "choice", "_value": [1, 2, 3, 4, 5, 6]}}
+    code, out = _finish(_start("resume", exp, "--quiet", "--config", _config(tmp_path, trials=5, searchSpace=wider)))
+    assert code == 0, out
+    assert len(_trials(exp)) == 5 and _experiment(exp).status == "DONE"
+
+
 # Waits for its gate without ever saving a checkpoint.
 NO_CHECKPOINTS = """
 import os, pathlib, time
