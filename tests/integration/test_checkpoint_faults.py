@@ -25,8 +25,9 @@ Two ways checkpoints travel:
   checkpoints up the stream in chunks (the coordinator gathers them in ``.incoming-<step>``)
   and a trial continued on another agent downloads its checkpoint.
 
-The coordinator's own death is staged with the coordinator in a process of its own (the
-same script), killed with SIGKILL and started again with Coordinator.resume.
+The coordinator's own death is staged with the coordinator in a process of its own
+(tests/checkpoint_fault_coordinator.py run as a script), killed with SIGKILL and started
+again with Coordinator.resume; the agents it started, and the proxy, outlive it.
 """
 
 from __future__ import annotations
