@@ -163,15 +163,15 @@ class TrialBook:
         return t.env_id
 
     def stop(self, *, pause: bool = False) -> list[tuple[str, str]]:
-        """The experiment ends: every trial is canceled (``pause``: paused, to be continued
-        when it is resumed; paused trials stay so). Returns (environment, trial) for those an
-        agent must stop (or pause)."""
+        """The experiment ends: every trial is canceled (``pause``: those that saved a
+        checkpoint, and those waiting, are paused instead, to be continued when it is
+        resumed). Returns (environment, trial) for those an agent must stop or pause."""
         self.stopping = True
         stops = []
         for t in sorted(self.trials.values(), key=lambda t: t.seq):
             if pause and t.status is TrialStatus.PAUSED:
                 continue
-            if pause:
+            if pause and (t.checkpoint is not None or not t.placed):
                 env_id = self.pause(t.id, "the experiment stopped")
             else:
                 env_id = self.cancel(t.id, "the experiment stopped", TrialStatus.SYS_CANCELED)

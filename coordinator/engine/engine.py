@@ -326,7 +326,8 @@ class Engine:
         why = "the experiment stopped"
         self._pausing = pause
         for env_id, trial_id in self.book.stop(pause=pause):
-            stop = ck.PauseTrial(trial_id, self.policy.pause_grace_s, why) if pause else None
+            pausing = self.book.trials[trial_id].pausing
+            stop = ck.PauseTrial(trial_id, self.policy.pause_grace_s, why) if pausing else None
             self.fleet.send(env_id, stop or ev.CancelTrial(trial_id, CANCEL_GRACE_S, why))
         self.fleet.stop(grace_s, drain=pause)
 

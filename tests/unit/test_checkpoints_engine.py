@@ -185,15 +185,16 @@ def test_a_waiting_trial_is_paused_at_once_and_continues_ahead_of_the_others() -
 
 
 def test_a_stop_that_pauses_pauses_running_trials_and_drains_the_agents() -> None:
-    sim = ready_sim(pause_grace_s=20.0, environment_count=1, trial_concurrency=1)
+    sim = ready_sim(pause_grace_s=20.0, environment_count=2, trial_concurrency=2)
     env = running(sim)
     sim.report(env, saved("t1", 1))
+    running(sim, "t0")  # it never saved a checkpoint: canceled, as a stop always did
     sim.submit("t2")
     sim.out.clear()
     sim.feed(ev.StopRequested(25.0, pause=True))
     messages = [s.message for s in sim.take(ev.Send)]
     assert [m.trial_id for m in messages if isinstance(m, ck.PauseTrial)] == ["t1"]
-    assert not [m for m in messages if isinstance(m, ev.CancelTrial)]
+    assert [m.trial_id for m in messages if isinstance(m, ev.CancelTrial)] == ["t0"]
     shutdowns = [m for m in messages if isinstance(m, ev.Shutdown)]
     assert shutdowns and all(m.drain for m in shutdowns)
     assert sim.status("t2") is TrialStatus.PAUSED  # it waited: held back at once
