@@ -415,6 +415,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
         parse_config,
     )
     from ..services import create_service
+    from ..store.checkpointfiles import prune_experiment
 
     exp_dir = _experiment_dir(args.target, _default_working_directory())
     if exp_dir is None:
@@ -462,6 +463,7 @@ def _cmd_clean(args: argparse.Namespace) -> int:
         # Held while cleaning: a coordinator resumed meanwhile would lose what it adopts.
         with ExperimentLock.acquire(exp_dir):
             removed = asyncio.run(sweep())
+            pruned, freed = prune_experiment(exp_dir)
     except DirectoryInUse as e:
         print(f"trialkeeper: refusing to clean experiment {exp.id}: {e}", file=sys.stderr)
         return 1
@@ -473,6 +475,8 @@ def _cmd_clean(args: argparse.Namespace) -> int:
         print(f"experiment {exp.id}: removed {len(removed)} environment(s) from {platform}: {', '.join(removed)}")
     else:
         print(f"experiment {exp.id}: nothing left to remove on {platform}")
+    if pruned:
+        print(f"experiment {exp.id}: removed {pruned} checkpoint director(ies) no longer needed ({freed} bytes)")
     return 0
 
 

@@ -161,6 +161,26 @@ def prune(root: Path, kept: set[tuple[str, int]]) -> tuple[int, int]:
     return removed, freed
 
 
+def prune_experiment(experiment_dir: Path, root: Path | None = None) -> tuple[int, int]:
+    """:func:`prune` an experiment no coordinator runs, against what its store keeps; and the
+    local agents' copies (``checkpoint-cache``), which only their agents used. Returns
+    (directories removed, bytes freed)."""
+    from .reads import StoreReader
+
+    store = StoreReader.in_dir(experiment_dir)
+    try:
+        kept = {(r["trial_id"], int(r["step"])) for r in store.checkpoints() if not r["location"]}
+    finally:
+        store.close()
+    removed, freed = prune(root or experiment_dir / "checkpoints", kept)
+    cache = experiment_dir / "checkpoint-cache"
+    if cache.is_dir():
+        freed += sum(f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(cache, ignore_errors=True)
+        removed += 1
+    return removed, freed
+
+
 def _read(path: Path, offset: int, size: int) -> bytes:
     try:
         with open(path, "rb") as f:

@@ -142,6 +142,14 @@ def test_clean_refuses_a_live_coordinator_then_removes_what_a_killed_one_left(
 
     assert cli.main(["clean", str(exp)]) == 0
     assert "nothing left to remove" in capsys.readouterr().out
+    # What the store records no checkpoint of goes: an interrupted upload, a step let go, the
+    # local agents' copies.
+    for rel in ("checkpoints/t1/.incoming-3/model.pt", "checkpoints/t1/2/model.pt", "checkpoint-cache/t1/2/m"):
+        (exp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (exp / rel).write_bytes(b"12345")
+    assert cli.main(["clean", str(exp)]) == 0
+    assert "removed 3 checkpoint director(ies) no longer needed (15 bytes)" in capsys.readouterr().out
+    assert not (exp / "checkpoints" / "t1").exists() and not (exp / "checkpoint-cache").exists()
     assert cli.main(["clean", "no-such-experiment"]) == 1
     assert "no experiment 'no-such-experiment'" in capsys.readouterr().err
 
