@@ -273,6 +273,45 @@ def take_environments(
     return losses
 
 
+# ---- stopping to be resumed ---------------------------------------------------------------
+
+
+def stop_experiment(w: Workload, run: subprocess.Popen[bytes], *, after: int, timeout: float) -> list[Loss]:
+    """Once the trials have saved ``after`` epochs in all and each running trial has a
+    checkpoint, `trialkeeper stop` and assert what must hold: the run ends saying it was
+    stopped, the experiment is STOPPED, the trials that ran PAUSED at their next save (none
+    failed or canceled), every environment stopped. The paused trials, as losses whose
+    steps :func:`check_finished` makes sure are not computed again."""
+
+    def checkpointed() -> Seen | None:
+        now = seen(w.exp)
+        if now is None or now.progress < after:
+            return None
+        running = [t for t in now.trials if t.status is TrialStatus.RUNNING]
+        return now if running and all(t.checkpoint_step for t in running) else None
+
+    wait_for(run, checkpointed, timeout, f"the trials never saved {after} epochs in all")
+    stop = cli("stop", str(w.exp), "--timeout", str(timeout))
+    said = finish(stop, timeout + 30, "trialkeeper stop")
+    assert "STOPPED" in said and "resume" in said, said
+    out, _ = run.communicate(timeout=timeout)
+    text = out.decode(errors="replace")
+    assert run.returncode == 1 and "stopped by the user" in text, text  # it did not complete: it was stopped
+
+    now = seen(w.exp)
+    assert now is not None and now.experiment is not None and now.experiment.status == "STOPPED", now
+    statuses = {t.id: t.status for t in now.trials}
+    paused = [t for t in now.trials if t.status is TrialStatus.PAUSED]
+    assert paused, statuses
+    assert set(statuses.values()) <= {TrialStatus.PAUSED, TrialStatus.SUCCEEDED, TrialStatus.WAITING}, statuses
+    assert all(t.checkpoint_step for t in paused), [(t.id, t.checkpoint_step) for t in paused]
+    assert all(e.status is not None and e.status.terminal for e in now.envs), [(e.id, e.status) for e in now.envs]
+    assert not any(e.status is EnvStatus.FAILED for e in now.envs), [(e.id, e.reason) for e in now.envs]
+    # Nothing runs now: whatever is computed from here on is the resumed experiment's.
+    computed_before = len(w.computed())
+    return [Loss("", t.id, t.checkpoint_step or 0, computed_before) for t in paused]
+
+
 # ---- what must hold at the end ---------------------------------------------------------------------
 
 

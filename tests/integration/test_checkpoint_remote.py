@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from checkpoint_chaos import Seen, check_finished, cli, end, finish, take_environments, workload
+from checkpoint_chaos import (
+    Losses,
+    Seen,
+    check_finished,
+    cli,
+    end,
+    finish,
+    stop_experiment,
+    take_environments,
+    workload,
+)
 from conftest import wait_until
 from sshd import Credentials, Machine, SshdUnavailable, make_credentials, start_machine
 from trialkeeper.coordinator.read.model import EnvSnapshot, ReadModel
@@ -108,5 +118,36 @@ def test_agents_killed_with_their_files_deleted_continue_from_uploaded_checkpoin
             last = model.checkpoints(trial_id)[-1]
             assert last.step == w.epochs and last.location == "", last
             assert (w.exp / "checkpoints" / trial_id / str(last.step) / "state.pkl").is_file(), last
+    wait_until(lambda: not any(m.processes() for m in ms), timeout=15.0,
+               message=f"processes left on the machines: {[(p.pid, p.cmdline()) for m in ms for p in m.processes()]}")
+
+
+@pytest.mark.timeout(300)
+def test_stopped_and_resumed_on_other_agents_the_trials_continue_from_uploaded_checkpoints(
+    tmp_path: Path, machines: tuple[list[Machine], Credentials, Path]
+) -> None:
+    """`trialkeeper stop` pauses the trials (their checkpoints uploaded); with every work
+    directory of the machines deleted, `trialkeeper resume` continues them on new agents,
+    which download them from the resumed coordinator."""
+    ms = machines[0]
+    w = workload(tmp_path, trials=4, epochs=6)
+    config = w.write_config(_training_service(machines), pauseGracePeriod="60s")
+    first = cli("run", str(config), "--experiment-dir", str(w.exp), "--quiet")
+    resumed = None
+    try:
+        paused = stop_experiment(w, first, after=4, timeout=WAIT_S)
+        with ReadModel.open(w.exp) as model:
+            experiment = model.experiment()
+        assert experiment is not None
+        agent_dirs = [d for m in ms if (d := m.home / "trialkeeper-experiments" / experiment.id / "envs").is_dir()]
+        assert agent_dirs
+        for d in agent_dirs:
+            shutil.rmtree(d)
+        # The stored config has the key's passphrase redacted: the config file gives it again.
+        resumed = cli("resume", str(w.exp), "--config", str(config), "--quiet")
+        finish(resumed, RUN_S, "trialkeeper resume")
+    finally:
+        end(first, resumed)
+    check_finished(w, Losses(paused))
     wait_until(lambda: not any(m.processes() for m in ms), timeout=15.0,
                message=f"processes left on the machines: {[(p.pid, p.cmdline()) for m in ms for p in m.processes()]}")
