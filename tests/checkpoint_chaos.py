@@ -37,6 +37,8 @@ ALPHAS = (1e-4, 1e-3)
 ETA0S = (0.02, 0.05)
 POLL_S = 0.05
 LIVE = (EnvStatus.READY, EnvStatus.BUSY)
+# Epochs a running trial still has to go when the experiment is stopped.
+STOP_MARGIN = 3
 
 
 @dataclass
@@ -278,17 +280,21 @@ def take_environments(
 
 def stop_experiment(w: Workload, run: subprocess.Popen[bytes], *, after: int, timeout: float) -> list[Loss]:
     """Once the trials have saved ``after`` epochs in all and each running trial has a
-    checkpoint, `trialkeeper stop` and assert what must hold: the run ends saying it was
-    stopped, the experiment is STOPPED, the trials that ran PAUSED at their next save (none
-    failed or canceled), every environment stopped. The paused trials, as losses whose
-    steps :func:`check_finished` makes sure are not computed again."""
+    checkpoint and at least STOP_MARGIN epochs to go, `trialkeeper stop` and assert what
+    must hold: the run ends saying it was stopped, the experiment is STOPPED, the trials that
+    ran PAUSED at their next save (none failed or canceled), every environment stopped. The
+    paused trials, as losses whose steps :func:`check_finished` makes sure are not computed
+    again.
+
+    (A stop cancels a trial that has saved no checkpoint yet: the margin keeps a trial from
+    ending, and the next from starting, while the stop command starts.)"""
 
     def checkpointed() -> Seen | None:
         now = seen(w.exp)
         if now is None or now.progress < after:
             return None
-        running = [t for t in now.trials if t.status is TrialStatus.RUNNING]
-        return now if running and all(t.checkpoint_step for t in running) else None
+        running = [t.checkpoint_step or 0 for t in now.trials if t.status is TrialStatus.RUNNING]
+        return now if running and all(1 <= step <= w.epochs - STOP_MARGIN for step in running) else None
 
     wait_for(run, checkpointed, timeout, f"the trials never saved {after} epochs in all")
     stop = cli("stop", str(w.exp), "--timeout", str(timeout))

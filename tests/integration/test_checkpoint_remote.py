@@ -135,7 +135,7 @@ def test_stopped_and_resumed_on_other_agents_the_trials_continue_from_uploaded_c
     first = cli("run", str(config), "--experiment-dir", str(w.exp), "--quiet")
     resumed = None
     try:
-        paused = stop_experiment(w, first, after=4, timeout=WAIT_S)
+        paused = stop_experiment(w, first, after=2, timeout=WAIT_S)
         with ReadModel.open(w.exp) as model:
             experiment = model.experiment()
         assert experiment is not None
