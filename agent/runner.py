@@ -546,6 +546,8 @@ class TrialRunner:
             offset = t.log_offsets[stream]
             try:
                 size = min(path.stat().st_size, MAX_STREAMED_LOG_BYTES)
+            except FileNotFoundError:
+                continue  # not started yet (its checkpoint still coming, say): nothing to send
             except OSError as e:
                 log.warning("trial %s: cannot read %s: %s", t.spec.trial_id, path, e)
                 continue
