@@ -446,6 +446,11 @@ def _checkpoint_timeout() -> float:
     return value
 
 
+# While it waits for the agent's answer to a save, a trial checks this often that its agent is
+# still there (an agent killed meanwhile never answers).
+_ALIVE_CHECK_S = 1.0
+
+
 def _ask_agent(trial_id: str, step: int) -> dict[str, Any]:
     """Send the save to the agent and wait for its answer on a socket of our own."""
     timeout = _checkpoint_timeout()
@@ -475,10 +480,12 @@ def _ask_agent(trial_id: str, step: int) -> dict[str, Any]:
                 raise CheckpointError(
                     f"the agent did not answer within {timeout:g} s ({ENV_CHECKPOINT_TIMEOUT} sets how long to wait)"
                 )
-            sock.settimeout(left)
+            sock.settimeout(min(left, _ALIVE_CHECK_S))
             try:
                 data, ancillary, _, _ = sock.recvmsg(_REPLY_BYTES, socket.CMSG_SPACE(_CREDENTIALS.size))
             except TimeoutError:
+                if not _agent_listens():
+                    raise CheckpointError("the agent went away before the checkpoint was safe") from None
                 continue
             if not path and _sender_uid(ancillary) != os.getuid():
                 continue
@@ -494,6 +501,24 @@ def _ask_agent(trial_id: str, step: int) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 os.unlink(path)
                 os.rmdir(os.path.dirname(path))
+
+
+def _agent_listens() -> bool:
+    """Whether the agent's socket still has its agent: a datagram socket whose process died
+    refuses a connection (nothing is sent)."""
+    name = os.environ.get(ENV_SOCKET, "")
+    if not name:
+        return True
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(socket_address(name))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # not a sign that it is gone
+    finally:
+        probe.close()
+    return True
 
 
 def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:

@@ -281,3 +281,32 @@ def test_what_waits_is_sent_by_the_helper_thread_when_the_trial_stops_reporting(
     clock.now += 2 * trial.BATCH_LINGER_S  # due now; the thread wakes within the linger and sends
     server.settimeout(10.0)
     assert json.loads(server.recv(65536)) == {"trial": "t1", "kind": "intermediate", "values": [1.0, 2.0]}
+
+
+def test_a_save_whose_agent_dies_before_answering_raises_instead_of_waiting(tmp_path: Path) -> None:
+    # The agent's side of the socket, real: it takes the save request, then its process is gone
+    # (its socket closed) without an answer, as an agent killed mid-save is.
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent_path = tmp_path / "agent.sock"
+    agent.bind(str(agent_path))
+    script = (
+        "import sys, time\n"
+        "from trialkeeper.agent import trial\n"
+        "started = time.monotonic()\n"
+        "try:\n"
+        "    trial.save_checkpoint(1)\n"
+        "except trial.CheckpointError as e:\n"
+        "    print('raised', round(time.monotonic() - started), e)\n"
+    )
+    env = {**os.environ, "TRIALKEEPER_TRIAL_ID": "t1", "TRIALKEEPER_SOCKET": str(agent_path),
+           "TRIALKEEPER_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "TRIALKEEPER_CHECKPOINT_TIMEOUT": "60"}
+    (tmp_path / "ckpt").mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        agent.settimeout(30)
+        request = json.loads(agent.recv(65536))
+        assert request["kind"] == "checkpoint" and request["step"] == 1
+    finally:
+        agent.close()
+    out, _ = proc.communicate(timeout=30)
+    assert out.startswith("raised") and "the agent went away" in out, out
