@@ -242,7 +242,83 @@ def stage_tcp(a: argparse.Namespace) -> dict[str, Any]:
     return {"bytes": size, "tcp_s": times, "sha256_s": digests}
 
 
-STAGES = {"chaos": stage_chaos, "upload": stage_upload, "local": stage_local, "tcp": stage_tcp, "recv": stage_recv}
+def stage_grpcrecv(a: argparse.Namespace) -> dict[str, Any]:
+    """The gRPC floor's receiver: a bare grpc.aio server with one bidirectional stream of
+    raw bytes; each message written to the current file, an empty one closes it and is
+    answered with one byte."""
+    import grpc
+
+    async def serve() -> None:
+        async def transfer(requests: Any, context: Any) -> Any:
+            n, previous, f = 0, None, None
+            async for data in requests:
+                if f is None:
+                    target = Path(a.dir) / f"copy-{n}"
+                    # On the loop, as the coordinator writes an upload's pieces; closed by the empty message.
+                    f = open(target, "wb")  # noqa: ASYNC230, SIM115
+                if data:
+                    f.write(data)
+                    continue
+                f.close()
+                f = None
+                yield b"k"
+                if previous is not None:
+                    previous.unlink()
+                previous, n = target, n + 1
+
+        handler = grpc.stream_stream_rpc_method_handler(transfer)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 * MIB)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Floor", {"Transfer": handler}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(port, flush=True)
+        await server.wait_for_termination(a.timeout)
+
+    asyncio.run(serve())
+    return {}
+
+
+def stage_grpc(a: argparse.Namespace) -> dict[str, Any]:
+    """A second floor: the same bytes, read from the file 1 MiB at a time (the chunk size of
+    an upload), sent as messages of one bidirectional gRPC stream (grpc.aio, no protobuf) to
+    a bare server (another process) that writes them to disk; timed to its answer."""
+    import grpc
+
+    size = int(a.sizes.split(",")[-1])
+    piece = os.urandom(MIB)
+
+    async def send(port: int, src: Path) -> list[float]:
+        times = []
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.stream_stream("/bench.Floor/Transfer")()
+            for _ in range(a.repeats):
+                _write_blob(src, size, piece)
+                os.sync()
+                t = time.perf_counter()
+                with open(src, "rb", buffering=0) as f:  # noqa: ASYNC230 - read as the agent reads its chunks
+                    while data := f.read(MIB):
+                        await call.write(data)
+                await call.write(b"")
+                if await asyncio.wait_for(call.read(), a.timeout) != b"k":
+                    raise ConnectionError("the receiver did not answer")
+                times.append(time.perf_counter() - t)
+            await call.done_writing()
+        return times
+
+    with tempfile.TemporaryDirectory(prefix="tk-ckptbench-") as d:
+        recv = subprocess.Popen([PYTHON, __file__, "stage", "grpcrecv", "--dir", d, "--timeout", str(a.timeout)],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert recv.stdout is not None
+            port = int(recv.stdout.readline())
+            times = asyncio.run(send(port, Path(d) / "blob.bin"))
+        finally:
+            kill_group(recv)
+    return {"bytes": size, "grpc_s": times}
+
+
+STAGES = {"chaos": stage_chaos, "upload": stage_upload, "local": stage_local, "tcp": stage_tcp, "recv": stage_recv,
+          "grpc": stage_grpc, "grpcrecv": stage_grpcrecv}
 
 
 def stage_main(argv: list[str]) -> None:
@@ -304,14 +380,17 @@ def run_chaos(prof: dict[str, Any], a: argparse.Namespace, R: dict[str, Any]) ->
 def run_transfer(prof: dict[str, Any], R: dict[str, Any]) -> None:
     mib, repeats, rounds = prof["transfer"]
     size = str(mib * MIB)
-    R["transfer"] = {"bytes": mib * MIB, "repeats": repeats, "upload": [], "tcp": []}
+    R["transfer"] = {"bytes": mib * MIB, "repeats": repeats, "upload": [], "tcp": [], "grpc": []}
     for i in range(rounds):
         # Taken in turn: the load on a shared machine drifts over minutes.
-        log(f"transfer, round {i + 1}/{rounds}: {mib} MiB saved by upload, then over plain TCP ({repeats} each)")
+        log(f"transfer, round {i + 1}/{rounds}: {mib} MiB saved by upload, then over plain TCP, then over a bare "
+            f"gRPC stream ({repeats} each)")
         R["transfer"]["upload"].append(run_json_child(
             [PYTHON, __file__, "stage", "upload", "--sizes", size, "--repeats", str(repeats)], 600))
         R["transfer"]["tcp"].append(run_json_child(
             [PYTHON, __file__, "stage", "tcp", "--sizes", size, "--repeats", str(repeats)], 600))
+        R["transfer"]["grpc"].append(run_json_child(
+            [PYTHON, __file__, "stage", "grpc", "--sizes", size, "--repeats", str(repeats)], 600))
     sizes = ",".join(str(s) for s in sorted({1024, MIB, mib * MIB}))
     log(f"transfer: saves on the shared directory, sizes {sizes} bytes")
     R["transfer"]["local"] = run_json_child(
@@ -380,7 +459,7 @@ def table(R: dict[str, Any]) -> list[tuple[str, str, str]]:
         tcp = [x for r in tr["tcp"] if _ok(r) for x in r["tcp_s"]]
         sha = [x for r in tr["tcp"] if _ok(r) for x in r["sha256_s"]]
         mib = tr["bytes"] // MIB
-        for r in tr["upload"] + tr["tcp"]:
+        for r in tr["upload"] + tr["tcp"] + tr.get("grpc", []):
             if not _ok(r):
                 rows.append(("2. transfer stage", f"failed: {r['error']}", r.get("stderr_tail", "")[-300:]))
         refused = [e for r in tr["upload"] if _ok(r) for e in r.get("refused", [])]
@@ -391,6 +470,11 @@ def table(R: dict[str, Any]) -> list[tuple[str, str, str]]:
                      note))
         rows.append((f"2. floor: {mib} MiB over loopback TCP to a process writing it to disk (s)",
                      fmt(summary(tcp), digits=3), f"sha256 of the same bytes: {fmt(summary(sha), digits=3)} s"))
+        grpc_s = [x for r in tr.get("grpc", []) if _ok(r) for x in r["grpc_s"]]
+        if grpc_s:
+            rows.append((f"2. floor: {mib} MiB as 1 MiB messages of a bare gRPC stream to a process writing it (s)",
+                         fmt(summary(grpc_s), digits=3), "grpc.aio, no protobuf; upload / this: "
+                         + (f"{statistics.median(up) / statistics.median(grpc_s):.2f}×" if up else "—")))
         if up and tcp:
             per_round = [statistics.median(next(iter(u["saves"].values()))) / statistics.median(t["tcp_s"])
                          for u, t in zip(tr["upload"], tr["tcp"], strict=True) if _ok(u) and _ok(t)]

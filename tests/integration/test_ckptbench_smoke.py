@@ -53,9 +53,9 @@ def test_checkpoint_benchmark_runs_and_produces_figures(tmp_path: Path) -> None:
         if not run["kills"]:
             assert run["losses"] == 0 and run["epochs_computed"] == run["epochs_needed"]
     transfer = data["results"]["transfer"]
-    [upload], [tcp], local = transfer["upload"], transfer["tcp"], transfer["local"]
+    [upload], [tcp], [grpc], local = transfer["upload"], transfer["tcp"], transfer["grpc"], transfer["local"]
     assert upload["way"] == "upload" and local["way"] == "shared", (upload, local)
-    assert len(tcp["tcp_s"]) == len(tcp["sha256_s"]) == transfer["repeats"]
+    assert len(tcp["tcp_s"]) == len(tcp["sha256_s"]) == len(grpc["grpc_s"]) == transfer["repeats"], (tcp, grpc)
     # Each save is timed or refused with its reason (refusals are reported, not hidden).
     assert sum(map(len, upload["saves"].values())) + len(upload["refused"]) == transfer["repeats"]
     assert all(reason for reason in upload["refused"] + local["refused"])
@@ -66,6 +66,7 @@ def test_checkpoint_benchmark_runs_and_produces_figures(tmp_path: Path) -> None:
         "1. trialkeeper, no checkpoints: epochs computed / needed",
         "2. save_checkpoint of 2 MiB, uploaded",
         "2. floor: 2 MiB over loopback TCP",
+        "2. floor: 2 MiB as 1 MiB messages of a bare gRPC stream",
         "2. upload / TCP floor",
         "2. save_checkpoint of 1 KiB on the shared",
     ):
