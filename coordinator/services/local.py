@@ -66,6 +66,7 @@ class LocalEnvironmentService(LifecycleService[LocalConfig, _Agent]):
         self.experiment_dir = experiment_dir
         self.code_directory = code_directory
         self.python = python
+        self._experiment_id = ""  # known once an agent is started or adopted
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, platform: LocalConfig, experiment_dir: Path) -> Self:
@@ -81,7 +82,12 @@ class LocalEnvironmentService(LifecycleService[LocalConfig, _Agent]):
 
     # ---- the provider ---------------------------------------------------------------
 
+    async def ready_adopted(self, experiment_id: str) -> None:
+        self._experiment_id = experiment_id
+        await super().ready_adopted(experiment_id)
+
     async def launch(self, record: _Agent, request: EnvironmentRequest) -> str:
+        self._experiment_id = request.experiment_id
         env_dir = self.experiment_dir / "envs" / request.env_id
         env_dir.mkdir(parents=True, exist_ok=True)
         cert = write_tls_cert(env_dir, request.tls_cert_pem)
@@ -115,17 +121,31 @@ class LocalEnvironmentService(LifecycleService[LocalConfig, _Agent]):
         # The agent and every trial process it left go down hard; our own child is reaped
         # by its asyncio watcher, an adopted agent here.
         if record.proc is not None:
+            # Its trials are its descendants while it lives; a dead agent's are orphans.
+            orphaned = record.proc.returncode is not None
             await asyncio.to_thread(kill_process_tree, record.proc.pid)
             await asyncio.wait_for(record.proc.wait(), 10.0)
-            return
-        for pid in record.pids:
-            await asyncio.to_thread(kill_process_tree, pid, reap_root=record.adopted)
+        else:
+            orphaned = True
+            for pid in record.pids:
+                await asyncio.to_thread(kill_process_tree, pid, reap_root=record.adopted)
+        if orphaned:
+            await asyncio.to_thread(self._end_orphans, record.env_id)
+
+    def _end_orphans(self, env_id: str) -> None:
+        """What the environment's agent started and outlives it (its trials, in sessions of
+        their own, once a killed agent is gone): found by the environment they inherited."""
+        if self._experiment_id:
+            for pid in _find_experiment_processes(self._experiment_id).get(env_id, []):
+                kill_process_tree(pid)
 
     async def list_alive(self, experiment_id: str) -> dict[str, str]:
         found = await asyncio.to_thread(_find_experiment_processes, experiment_id)
         return {env_id: "pid " + " ".join(map(str, pids)) for env_id, pids in found.items()}
 
     def ended(self, record: _Agent) -> Observation:
+        # A killed agent's trials go too: they would run on, their work already given to a retry.
+        self._end_orphans(record.env_id)
         if record.proc is None:
             return Observation("exited", "agent exited", record.platform_id)
         if record.phase == "succeeded":

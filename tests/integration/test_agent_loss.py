@@ -61,10 +61,14 @@ def test_killed_agent_fails_its_trial_with_environment_lost_and_is_replaced(tmp_
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             doomed, env_id, pid = await _one_running(c, go)
+            trial_pid = int((c.experiment_dir / "trials" / doomed.id / "output" / "started").read_text())
             os.kill(pid, signal.SIGKILL)
             info = await doomed.wait(WAIT_S)
             assert info.status is TrialStatus.FAILED
             assert info.reason.startswith("environment lost"), info.reason
+            # The trial its agent left behind (in a session of its own) does not run on.
+            await async_wait_until(lambda: not psutil.pid_exists(trial_pid), WAIT_S,
+                                   message="the killed agent's trial still runs")
             # The environment was replaced and the experiment goes on.
             go.write_text("")
             after = await c.submit({"go": str(go)})
