@@ -293,11 +293,14 @@ def test_resume_does_not_extend_an_experiment_whose_search_ran_out(tmp_path: Pat
 
 
 # Waits for its gate without ever saving a checkpoint.
-NO_CHECKPOINTS = """
+# Saves one checkpoint, then none: asked to pause, it is waited on for pauseGracePeriod.
+SAVES_ONCE = """
 import os, pathlib, time
 from trialkeeper.agent import trial
 
 trial.get_next_parameter()
+(pathlib.Path(os.environ["TRIALKEEPER_CHECKPOINT_DIR"]) / "state.txt").write_text("1")
+trial.save_checkpoint(1)
 gates = pathlib.Path(os.environ["GATES"])
 deadline = time.monotonic() + 120
 while not (gates / "all").exists() and time.monotonic() < deadline:
@@ -307,12 +310,15 @@ trial.report_final_result(1.0)
 
 
 def test_a_second_signal_cancels_the_trials_a_stop_waits_on(tmp_path: Path) -> None:
-    write_script(tmp_path, "waits.py", NO_CHECKPOINTS)
+    write_script(tmp_path, "waits.py", SAVES_ONCE)
     config = _config(tmp_path, trialCommand=f"{sys.executable} waits.py", pauseGracePeriod=600)
     exp = tmp_path / "exp"
     run = _start("run", config, "--experiment-dir", exp, "--quiet")
     try:
-        wait_until(lambda: [t["status"] for t in _by_seq(exp)] == ["RUNNING"] * 2, timeout=WAIT_S)
+        wait_until(
+            lambda: [(t["status"], t["checkpoint_step"]) for t in _by_seq(exp)] == [("RUNNING", 1)] * 2,
+            timeout=WAIT_S,
+        )
         run.send_signal(signal.SIGINT)  # they would be waited on for pauseGracePeriod (10 min)
         wait_until(lambda: any(line.startswith("trialkeeper: stopping: ") for line in run.lines), timeout=WAIT_S)
         run.send_signal(signal.SIGINT)
