@@ -12,6 +12,7 @@ from typing import Any
 from ..config.experiment import ExperimentConfig
 from ..engine.model import TrialInfo
 from ..engine.states import TrialStatus
+from ..read.failures import failure_summary
 from ..read.model import ReadModel
 from ..store.reads import StoreReader
 
@@ -19,6 +20,27 @@ from ..store.reads import StoreReader
 ENDED_EXIT = 3
 # The stored status of an experiment that reached its end (tuner exhausted, a limit reached).
 _ENDED = "DONE"
+
+
+def add_exit_option(parser: argparse.ArgumentParser) -> None:
+    """``--fail-on-trial-failure``, on ``run`` and ``resume``."""
+    parser.add_argument(
+        "--fail-on-trial-failure", action="store_true",
+        help="exit 1 when any trial FAILED (default: 0 once the experiment has completed, failed trials or not)",
+    )
+
+
+def failed_note(trials: Sequence[TrialInfo], experiment_dir: Path) -> str:
+    """What ``run`` says of the trials that FAILED, the first one's reason and the last line
+    of its stderr with it; "" when none did."""
+    failed = [t for t in trials if t.status is TrialStatus.FAILED]
+    if not failed:
+        return ""
+    first = failure_summary(failed[0]) or "no reason given"
+    return (
+        f"{len(failed)} of {len(trials)} trials failed (first: trial {failed[0].id}: {first}); "
+        f"`trialkeeper trials {experiment_dir} --status FAILED` lists them"
+    )
 
 
 def extended_config(config: ExperimentConfig, args: argparse.Namespace) -> tuple[ExperimentConfig, bool]:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..engine.states import TrialStatus
+from ..read.failures import failure_summary
 from ..read.model import (
     EnvSnapshot,
     ExperimentSnapshot,
@@ -27,7 +28,8 @@ from ..read.model import (
 )
 from ..read.pages import MAX_PAGE, PageError, trial_page
 from ..read.results import result_keys
-from ..store.reads import StoreError
+from ..store.reads import StoreError, holds_experiment
+from .steer import resolve_experiment
 
 # The experiment's checkpoint directory, in the experiment directory (checkpoints without
 # an object storage URL are there: <trial>/<step>/).
@@ -88,7 +90,8 @@ def _params(parameters: dict[str, Any] | None) -> str:
 
 
 def _why(t: TrialSnapshot) -> str:
-    return "; ".join(filter(None, [t.reason or t.waiting_reason, *(f"unreadable {n}" for n in t.unreadable)]))
+    said = failure_summary(t) or t.reason or t.waiting_reason
+    return "; ".join(filter(None, [said, *(f"unreadable {n}" for n in t.unreadable)]))
 
 
 # ---- list ----------------------------------------------------------------------------------
@@ -184,8 +187,12 @@ def cmd_trials(args: argparse.Namespace) -> int:
         except PageError as e:
             print(f"trialkeeper: --{e}", file=sys.stderr)
             return 2
-    if args.json:
-        _print_json(trials)
+    if args.json or args.jsonl:
+        shown = [{**to_json(t), "failure_summary": failure_summary(t)} for t in trials]
+        if args.jsonl:  # JSON Lines: one trial a line, for jq and line-by-line readers
+            sys.stdout.writelines(json.dumps(t, separators=(",", ":")) + "\n" for t in shown)
+        else:
+            print(json.dumps(shown, indent=2))
         return 0
     table = Table()
     for col in ("trial", "seq", "status", "env", "final metric", "duration", "parameters", "reason"):
@@ -246,8 +253,20 @@ def _gpu_line(g: GpuSnapshot) -> str:
     return label
 
 
+# The ended trials of an environment its row names, latest last (the count says how many in all).
+ENV_TRIALS_NAMED = 5
+
+
 def _env_trials(e: EnvSnapshot) -> str:
-    return " ".join(t + (" (stopping)" if t in e.stopping_trials else "") for t in e.running_trials)
+    """How many trials ran on an environment, those running now and the latest ended ones."""
+    if not e.trials:
+        return ""
+    running = set(e.running_trials)
+    ended = [t for t in e.trials if t not in running]
+    parts = [t + (" (stopping)" if t in e.stopping_trials else " (running)") for t in e.running_trials]
+    parts += ended[-ENV_TRIALS_NAMED:]
+    more = len(ended) - min(len(ended), ENV_TRIALS_NAMED)
+    return f"{len(e.trials)}: " + " ".join(parts) + (f" and {more} earlier" if more else "")
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -348,6 +367,18 @@ def no_trial(model: ReadModel, args: argparse.Namespace) -> int:
     return 1
 
 
+EXP_HELP = "the experiment's directory, or its id (`trialkeeper list` shows them)"
+
+
+def experiment_path(target: str) -> Path:
+    """An experiment named by its directory or its id, as the steering commands take it; a
+    path that holds none stays as given, for the reading commands to say so."""
+    given = Path(target)
+    if holds_experiment(given):
+        return given
+    return resolve_experiment(target) or given
+
+
 def add_commands(sub: Any) -> None:
     """The reading commands' parsers, on the CLI's subparsers."""
     listing = sub.add_parser(
@@ -366,8 +397,10 @@ def add_commands(sub: Any) -> None:
     listing.set_defaults(func=cmd_list)
 
     trials = sub.add_parser("trials", help="list an experiment's trials", description="List an experiment's trials.")
-    trials.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
-    trials.add_argument("--json", action="store_true", help="print a JSON list")
+    trials.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
+    output = trials.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print a JSON list")
+    output.add_argument("--jsonl", action="store_true", help="print JSON Lines: one trial's JSON object a line")
     trials.add_argument(
         "--status", metavar="STATUS",
         help=f"only trials with this status: {', '.join(s.value for s in TrialStatus)} (or UNREADABLE)",
@@ -381,7 +414,7 @@ def add_commands(sub: Any) -> None:
         help="an experiment's state in a few lines",
         description="Show an experiment's status, counts and best trial.",
     )
-    status.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    status.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
@@ -390,7 +423,7 @@ def add_commands(sub: Any) -> None:
         help="list an experiment's environments",
         description="List an experiment's environments and their GPUs.",
     )
-    envs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    envs.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     envs.add_argument("--json", action="store_true")
     envs.set_defaults(func=cmd_envs)
 
@@ -399,7 +432,7 @@ def add_commands(sub: Any) -> None:
         help="one trial in detail",
         description="Show one trial: parameters, metrics, GPU usage, status history.",
     )
-    trial.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    trial.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     trial.add_argument("trial_id", metavar="TRIAL_ID")
     trial.add_argument("--json", action="store_true")
     trial.set_defaults(func=cmd_trial)

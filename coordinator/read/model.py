@@ -25,6 +25,7 @@ from ..engine.model import TrialInfo
 from ..engine.rows import GpuSampleRow
 from ..engine.states import EnvStatus, TrialStatus
 from ..store.reads import StoreError, StoreReader, holds_experiment
+from .failures import failure_summary
 from .results import reported
 
 # One picture of a trial, live or stored: the core's (see engine/model.py).
@@ -64,6 +65,8 @@ class TrialDetail:
     stderr: str
     # Its checkpoints kept, oldest first.
     checkpoints: tuple[CheckpointInfo, ...] = ()
+    # A FAILED trial's reason with the last meaningful line of its stderr ("" otherwise).
+    failure_summary: str = ""
 
 
 @dataclass(frozen=True)
@@ -375,6 +378,7 @@ class ReadModel:
             stdout=str(trial_dir / "stdout.log"),
             stderr=str(trial_dir / "stderr.log"),
             checkpoints=tuple(self.checkpoints(trial_id)),
+            failure_summary=failure_summary(trial),
         )
 
     def checkpoints(self, trial_id: str | None = None) -> list[CheckpointInfo]:
