@@ -78,8 +78,11 @@ def main() -> None:
             w = [wi - lr * g for wi, g in zip(w, gw)]
             b -= lr * gb
         loss = log_loss(w, b, train)
-        print(f"epoch {epoch + 1}/{epochs}: training loss {loss:.4f}", flush=True)
-        trial.report_intermediate_result(loss)
+        # The intermediate result is the final one's measure (accuracy, maximized), so that the
+        # curves run the way of the goal and an assessor judges them the right way round.
+        acc = accuracy(w, b, held_out)
+        print(f"epoch {epoch + 1}/{epochs}: training loss {loss:.4f}, held-out accuracy {acc:.3f}", flush=True)
+        trial.report_intermediate_result(acc)
 
     acc = accuracy(w, b, held_out)
     print(f"held-out accuracy {acc:.3f}", flush=True)
