@@ -23,7 +23,7 @@ from ..store.index import record_or_warn
 from ..store.lock import DirectoryInUse, ExperimentLock
 from ..store.reads import StoreError, holds_experiment
 from ..ui.commands import add_commands as add_ui_commands
-from ..ui.commands import add_ui_option, dashboard_starter
+from ..ui.commands import add_ui_option, dashboard_starter, linger_dashboard
 from .control import ControlHook
 from .ended import ENDED_EXIT, add_exit_option, extended_config, failed_note, resume_refusal, stop_note
 from .livelog import LiveLog
@@ -206,6 +206,12 @@ _NNI_LOG_LEVELS = {
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    code = _run(args)
+    linger_dashboard(args)  # run --ui in a terminal: its dashboard serves on, read-only, until Ctrl-C
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     if getattr(args, "print_config", False):  # reads the config only: nothing else is loaded
         from .printconfig import print_config
 

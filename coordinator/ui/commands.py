@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,7 +58,9 @@ def dashboard_starter(
     args: argparse.Namespace, stop: Callable[[], None], say: Callable[[str], None]
 ) -> tuple[Callable[[Any], None] | None, Callable[[], None]]:
     """For ``run --ui``: a hook that starts the dashboard once the coordinator runs, and a
-    function that stops it. (None, no-op) without ``--ui``."""
+    function to call when the run has ended. That one stops the dashboard, or, with a terminal
+    attached, makes it read-only and leaves it serving for :func:`linger_dashboard`.
+    (None, no-op) without ``--ui``."""
     if getattr(args, "ui", None) is None:
         return None, lambda: None
     try:
@@ -78,12 +84,49 @@ def dashboard_starter(
         started.append(thread)
         say(f"dashboard: {url}")
 
-    def stop_dashboard() -> None:
+    def end_dashboard() -> None:
+        if started and started[0].alive and terminal_attached():
+            started[0].read_only()
+            args.lingering_dashboard = started[0]
+            return
         for thread in started:
             thread.stop()
         sock.close()  # never served (the run ended before it started), or already closed with its server
 
-    return on_start, stop_dashboard
+    return on_start, end_dashboard
+
+
+def terminal_attached() -> bool:
+    """Whether this process runs in the foreground of a terminal (where Ctrl-C reaches it)."""
+    try:
+        fd = sys.stdin.fileno()
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):  # no stdin, or not a terminal of ours
+        return False
+
+
+def linger_dashboard(args: argparse.Namespace) -> None:
+    """After ``run --ui`` in a terminal has printed its summary: serve the ended experiment's
+    dashboard on, read-only, until Ctrl-C (or the terminal closes, or SIGTERM)."""
+    thread = getattr(args, "lingering_dashboard", None)
+    if thread is None:
+        return
+    print(
+        f"the experiment has ended; its dashboard goes on serving it, read-only, at {thread.url} "
+        "(press Ctrl-C to leave)", flush=True,
+    )
+    leave = threading.Event()
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    previous = {sig: signal.signal(sig, lambda *_: leave.set()) for sig in signals}
+    try:
+        while thread.alive and not leave.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        thread.stop()
+    with contextlib.suppress(OSError):  # the terminal may be gone
+        print("dashboard stopped", flush=True)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

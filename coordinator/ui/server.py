@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Awaitable, Callable
@@ -127,12 +128,16 @@ def build_app(
     app.router.add_get("/", state.index)
     app.router.add_get("/static/{path:.+}", state.static)
     app.router.add_post("/api/login", state.login)
-    app.router.add_get("/api/experiment", state.view(lambda m, r: views.overview(m)))
+    app.router.add_get("/api/experiment", state.view(lambda m, r: state.with_actions(views.overview(m))))
     app.router.add_get("/api/trials", state.view(lambda m, r: views.trials(m, r.query)))
-    app.router.add_get("/api/trials/{id}", state.view(lambda m, r: views.trial(m, r.match_info["id"])))
+    app.router.add_get(
+        "/api/trials/{id}", state.view(lambda m, r: state.with_actions(views.trial(m, r.match_info["id"])))
+    )
     app.router.add_get("/api/trials/{id}/log", state.view(lambda m, r: views.log(
         m, r.match_info["id"], r.query.get("stream", "stdout"), views.int_arg(r.query, "offset", 0),
-        r.query.get("nni_results") == "1")))
+        r.query.get("nni_results") == "1", tail=views.int_arg(r.query, "tail", 0),
+        before=views.int_arg(r.query, "before", -1) if "before" in r.query else None)))
+    app.router.add_get("/api/trials/{id}/log/download", state.download)
     app.router.add_get("/api/compare", state.view(lambda m, r: views.compare(m)))
     app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
     app.router.add_get(
@@ -153,6 +158,7 @@ class _State:
         self.token = token
         self.open_reads = open_reads
         self.controls = controls
+        self.ended = False  # the run it served has ended (see read_only)
         self._model: ReadModel | None = None
         # Reads run on one thread of their own: a slow one (a parameter sort over 100,000
         # trials) never holds up the server's loop, so pages, live streams and actions keep
@@ -171,9 +177,20 @@ class _State:
 
     async def _change_marker(self) -> dict[str, Any]:
         try:
-            return await self.read(views.change_marker)
+            return self.with_actions(await self.read(views.change_marker))
         except StoreError as e:
             return {"error": str(e)}
+
+    def with_actions(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` and whether this dashboard can act on the experiment (a page shows its
+        buttons only then): not for a stored experiment, nor once the run it served has ended."""
+        data["actions"] = self.controls is not None
+        return data
+
+    def read_only(self) -> None:
+        """The run this dashboard served has ended: it goes on serving the store, and acts no more."""
+        self.ended = True
+        self.controls = None
 
     async def close(self, app: web.Application) -> None:
         await self.live.close()
@@ -283,6 +300,24 @@ class _State:
             pass  # the page went away
         return response
 
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        """A trial's whole stdout or stderr as a file (a page shows only its end)."""
+        trial_id, stream = request.match_info["id"], request.query.get("stream", "stdout")
+        try:
+            path = await self.read(lambda m: views.log_path(m, trial_id, stream))
+        except views.NotFound as e:
+            return _error(404, str(e))
+        except ValueError as e:
+            return _error(400, str(e))
+        except StoreError as e:
+            return _error(503, str(e))
+        if not path.is_file():
+            return _error(404, f"trial {trial_id} has written no {stream}")
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{trial_id}-{stream}.log")
+        return web.FileResponse(path, headers={
+            "Content-Disposition": f'attachment; filename="{name}"', "Content-Type": "text/plain; charset=utf-8",
+        })
+
     # -- actions
 
     def _authorised(self, request: web.Request) -> web.Response | None:
@@ -290,6 +325,8 @@ class _State:
             return _error(403, "no token is set for this dashboard, so it takes no actions")
         if not self._valid(self._presented(request, cookie=False)):
             return _error(403, "actions need the experiment's token in an Authorization: Bearer header")
+        if self.controls is None and self.ended:
+            return _error(409, "the experiment has ended: this dashboard now only reads its store")
         if self.controls is None:
             return _error(
                 409, "this dashboard reads a stored experiment; actions need the one `trialkeeper run --ui` serves"
@@ -435,6 +472,7 @@ class DashboardThread:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
+        self._state: _State | None = None
         self.url = ""
         self._thread = threading.Thread(target=self._run, name="dashboard", daemon=True)
 
@@ -458,12 +496,22 @@ class DashboardThread:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         app = build_app(experiment_dir, token=self.token, open_reads=is_loopback(host), controls=controls)
+        self._state = app[STATE]
         runner, self.url = await serve(app, sock)
         self._ready.set()
         try:
             await self._stopped.wait()
         finally:
             await runner.cleanup()
+
+    def read_only(self) -> None:
+        """The experiment's run has ended: serve its store on, taking no actions."""
+        if self._state is not None:
+            self._state.read_only()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._loop is not None and self._stopped is not None and self._thread.is_alive():

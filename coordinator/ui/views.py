@@ -24,6 +24,7 @@ SERIES_POINTS = 400  # points a time series is thinned to
 CURVES = 100  # trials whose intermediate curves the comparison draws
 SCATTER_TRIALS = 2000  # trials the parameter charts draw
 LOG_CHUNK = 256 * 1024  # bytes of a log answered at once
+TAIL_BYTES = 1024 * 1024  # at most this much of a log's end is answered for its last lines
 WAITING_SHOWN = 200
 ENV_TRIALS_SHOWN = 10  # trial ids listed with each environment (a thousand environments stay light)
 
@@ -152,36 +153,100 @@ def gpu_series(points: Sequence[GpuPoint]) -> list[dict[str, Any]]:
     ]
 
 
-def log(model: ReadModel, trial_id: str, stream: str, offset: int, nni_results: bool = False) -> dict[str, Any]:
-    """The trial's output from ``offset`` on (a chunk at most), and whether more may come.
-    The lines NNI trials report results with are left out unless ``nni_results``."""
+def log_path(model: ReadModel, trial_id: str, stream: str) -> Path:
+    """Where the trial's ``stream`` is written (it may not exist yet)."""
+    return _trial_log(model, trial_id, stream)[1]
+
+
+def _trial_log(model: ReadModel, trial_id: str, stream: str) -> tuple[TrialSnapshot, Path]:
     if stream not in ("stdout", "stderr"):
         raise ValueError(f"stream: {stream!r} is not stdout or stderr")
     t = model.trial(trial_id)
     if t is None:
         raise NotFound(f"no trial {trial_id!r}")
-    path = Path(model.experiment_dir) / "trials" / trial_id / f"{stream}.log"
-    data = b""
-    size = 0
+    return t, Path(model.experiment_dir) / "trials" / trial_id / f"{stream}.log"
+
+
+def log(
+    model: ReadModel, trial_id: str, stream: str, offset: int, nni_results: bool = False, *,
+    tail: int = 0, before: int | None = None,
+) -> dict[str, Any]:
+    """The trial's output from ``offset`` on (a chunk at most), and whether more may come.
+    ``tail``: its last ``tail`` lines instead (``TAIL_BYTES`` at most), what a page shows first;
+    ``before``: the chunk that ends at that offset, from a line's start, for a page going back.
+    The lines NNI trials report results with are left out unless ``nni_results``."""
+    t, path = _trial_log(model, trial_id, stream)
+    if tail < 0 or (before is not None and before < 0):
+        raise ValueError("tail and before: not below 0")
+    data, size, start = b"", 0, 0
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
-            f.seek(max(0, min(offset, size)))
-            data = f.read(LOG_CHUNK)
+            end = size
+            if tail:
+                start = max(0, size - TAIL_BYTES)
+            elif before is not None:
+                end = min(before, size)
+                start = max(0, end - LOG_CHUNK)
+            else:
+                start = max(0, min(offset, size))
+                end = min(size, start + LOG_CHUNK)
+            f.seek(start)
+            data = f.read(end - start)
     except FileNotFoundError:
         pass
-    start = max(0, min(offset, size))
+    if before is None and (start + len(data) < size or t.active):
+        data = data[:_whole_chars(data)]  # a character cut in two comes whole with the next chunk
+    if tail or before is not None:
+        cut = _last_lines(data, tail, whole=start == 0) if tail else _first_line_start(data, whole=start == 0)
+        start, data = start + cut, data[cut:]
     consumed = len(data)
     if stream == "stdout" and not nni_results:
-        data, held = nnicompat.without_results(data, final=not t.active and start + len(data) >= size)
+        # What comes before an offset is whole: only a chunk that ends at the file's end may
+        # stop inside a result line still being written.
+        final = before is not None or (not t.active and start + len(data) >= size)
+        data, held = nnicompat.without_results(data, final=final)
         if len(held) < LOG_CHUNK:  # a result line the chunk cut is asked for again, whole
             consumed -= len(held)
         else:
             data += held
+    text = data.decode("utf-8", "replace")
     return {
-        "offset": start, "next_offset": start + consumed, "size": size,
-        "text": data.decode("utf-8", "replace"), "following": t.active,
+        "offset": start, "next_offset": start + consumed, "size": size, "text": text, "following": t.active,
+        # The text is the file's bytes as they are: a page may cut it at a line and know the offset.
+        "exact": len(data) == consumed and text.encode() == data,
     }
+
+
+def _last_lines(data: bytes, n: int, *, whole: bool) -> int:
+    """Where the last ``n`` lines of ``data`` begin; a first line cut short (``data`` is not
+    ``whole``, from the file's start) is left out."""
+    pos = len(data) - 1 if data.endswith(b"\n") else len(data)  # the last newline ends the last line
+    for _ in range(n):
+        pos = data.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0 if whole else _first_line_start(data, whole=False)
+    return pos + 1
+
+
+def _whole_chars(data: bytes) -> int:
+    """``len(data)`` less a UTF-8 character cut short at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return len(data)
+        if byte >= 0xC0:  # the character's first byte says how long it is
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return len(data) if back >= length else len(data) - back
+    return len(data)
+
+
+def _first_line_start(data: bytes, *, whole: bool) -> int:
+    """Where the first whole line of ``data`` begins (0 when ``whole``, or when it is all one line)."""
+    if whole:
+        return 0
+    cut = data.find(b"\n") + 1
+    return cut if 0 < cut < len(data) else 0
 
 
 def compare(model: ReadModel) -> dict[str, Any]:
