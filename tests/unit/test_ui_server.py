@@ -147,3 +147,59 @@ def test_trial_actions_need_the_token_and_an_experiment_running_here(tmp_path: P
 
 async def _never(trial_id: str) -> None:
     raise AssertionError("not called")
+
+
+def test_a_log_downloads_whole_and_only_with_the_token_where_reads_need_it(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "download", {})
+    store.insert_trial({"id": "t0", "seq": 0, "status": "RUNNING", "parameters_json": "{}", "command": "c",
+                        "gpu_number": 0, "submitted_at": 1.0})
+    store.close()
+    (tmp_path / "trials" / "t0").mkdir(parents=True)
+    data = b"".join(f"line {i}\n".encode() for i in range(200_000))
+    (tmp_path / "trials" / "t0" / "stdout.log").write_bytes(data)
+
+    async def body() -> None:
+        async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=False))) as client:
+            path = "/api/trials/t0/log/download?stream=stdout"
+            assert (await client.get(path)).status == 401
+            assert (await client.post("/api/login", json={"token": "t0ken"})).status == 200  # the page's cookie
+            answer = await client.get(path)
+            assert answer.status == 200 and await answer.read() == data
+            assert answer.headers["Content-Disposition"] == 'attachment; filename="t0-stdout.log"'
+            assert answer.headers["Content-Type"].startswith("text/plain")
+            assert answer.headers["X-Content-Type-Options"] == "nosniff"
+            none = await client.get("/api/trials/t0/log/download?stream=stderr")
+            assert none.status == 404 and "no stderr" in (await none.json())["error"]
+            assert (await client.get("/api/trials/nope/log/download")).status == 404
+            bad = await client.get("/api/trials/t0/log/download?stream=../x")
+            assert bad.status == 400 and "not stdout or stderr" in (await bad.json())["error"]
+
+    run_async(body)
+
+
+def test_after_its_run_a_dashboard_reads_on_and_acts_no_more(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "ended", {})
+    store.insert_trial({"id": "t0", "seq": 0, "status": "RUNNING", "parameters_json": "{}", "command": "c",
+                        "gpu_number": 0, "submitted_at": 1.0})
+    store.close()
+    stops: list[bool] = []
+
+    async def body() -> None:
+        controls = Controls(loop=asyncio.get_running_loop(), cancel=_never, stop=lambda: stops.append(True))
+        app = build_app(tmp_path, token="t0ken", open_reads=True, controls=controls)
+        bearer = {"Authorization": "Bearer t0ken"}
+        async with TestClient(TestServer(app)) as client:
+            assert (await (await client.get("/api/experiment")).json())["actions"] is True
+            assert (await (await client.get("/api/trials/t0")).json())["actions"] is True
+            app[STATE].read_only()
+            assert (await (await client.get("/api/experiment")).json())["actions"] is False
+            assert (await (await client.get("/api/trials/t0")).json())["actions"] is False
+            for path in ("/api/experiment/stop", "/api/trials/t0/cancel"):
+                refused = await client.post(path, headers=bearer)
+                assert refused.status == 409, path
+                assert (await refused.json())["error"].startswith("the experiment has ended: this dashboard now only")
+        assert stops == []
+
+    run_async(body)

@@ -179,3 +179,51 @@ def test_a_paused_trial_and_its_checkpoints(tmp_path: Path) -> None:
         assert views.overview(model)["trials"] == {"PAUSED": 1, "RUNNING": 1}
         assert [t["id"] for t in views.trials(model, {"status": "PAUSED"})["trials"]] == ["t0"]
         assert views.change_marker(model)["trials"] == {"PAUSED": 1, "RUNNING": 1}
+
+
+def test_a_log_answers_its_last_lines_and_the_chunk_before_an_offset(tmp_path: Path) -> None:
+    _store(tmp_path)
+    lines = [f"line {i:06d} é\n".encode() for i in range(100_000)]  # 1.5 MB: more than TAIL_BYTES
+    whole = b"".join(lines[:50]) + RESULT_LINE + b"".join(lines[50:])
+    (tmp_path / "trials" / "t0").mkdir(parents=True)
+    (tmp_path / "trials" / "t0" / "stdout.log").write_bytes(whole)
+    with ReadModel.open(tmp_path) as model:
+        tail = views.log(model, "t0", "stdout", 0, tail=2000)
+        assert tail["text"].splitlines() == [line.decode().rstrip("\n") for line in lines[-2000:]]
+        assert tail["next_offset"] == tail["size"] == len(whole) and tail["following"] is False
+        assert tail["exact"] is True and whole[tail["offset"]:].decode() == tail["text"]
+        # Going back a chunk at a time, from a line's start each, meets the beginning with nothing
+        # lost or doubled, and without the result line (stored as a metric).
+        parts, before = [tail["text"]], tail["offset"]
+        while before > 0:
+            part = views.log(model, "t0", "stdout", 0, before=before)
+            assert part["next_offset"] == before and part["offset"] < before
+            assert part["offset"] == 0 or whole[part["offset"] - 1:part["offset"]] == b"\n"
+            parts.insert(0, part["text"])
+            before = part["offset"]
+        assert "".join(parts) == b"".join(lines).decode()
+        around = views.log(model, "t0", "stdout", 0, before=len(b"".join(lines[:51])) + len(RESULT_LINE))
+        assert around["offset"] == 0 and around["exact"] is False  # the result line left out
+
+        # Fewer lines than asked for: the whole of it; one line longer than TAIL_BYTES: its end.
+        assert views.log(model, "t2", "stdout", 0, tail=2000)["text"] == "héllo\n" * 3
+        (tmp_path / "trials" / "t0" / "stderr.log").write_bytes(b"x" * (views.TAIL_BYTES + 10))
+        long = views.log(model, "t0", "stderr", 0, tail=10)
+        assert long["offset"] == 10 and len(long["text"]) == views.TAIL_BYTES
+        with pytest.raises(ValueError, match="not below 0"):
+            views.log(model, "t0", "stdout", 0, before=-1)
+        with pytest.raises(views.NotFound):
+            views.log_path(model, "nope", "stdout")
+
+
+def test_a_chunk_never_ends_inside_a_character(tmp_path: Path) -> None:
+    _store(tmp_path)
+    (tmp_path / "trials" / "t0").mkdir(parents=True)
+    data = b"a" + "é".encode() * views.LOG_CHUNK  # a chunk boundary falls inside an é
+    (tmp_path / "trials" / "t0" / "stdout.log").write_bytes(data)
+    with ReadModel.open(tmp_path) as model:
+        text, offset = "", 0
+        while offset < len(data):
+            part = views.log(model, "t0", "stdout", offset)
+            text, offset = text + part["text"], part["next_offset"]
+        assert text == data.decode() and "\ufffd" not in text
