@@ -116,8 +116,8 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert samples[("trialkeeper_trials", (("status", "SUCCEEDED"),))] == 1
         assert samples[("trialkeeper_trials", (("status", "USER_CANCELED"),))] == 1
         assert samples[("trialkeeper_metrics_stored_total", ())] >= 4  # the first trial: 3 intermediate, 1 final
-        assert samples[("trialkeeper_scheduling_passes_total", ())] >= 1
-        assert samples[("trialkeeper_scheduling_pass_seconds_total", ())] > 0
+        assert samples[("trialkeeper_scheduling_pass_seconds_count", ())] >= 1
+        assert samples[("trialkeeper_scheduling_pass_seconds_sum", ())] > 0
         assert sum(v for (n, _), v in samples.items() if n == "trialkeeper_environments") >= 1
         assert samples[("trialkeeper_agents_connected", ())] >= 1
         assert ("trialkeeper_queue_length", ()) in samples
@@ -215,18 +215,74 @@ def test_a_stored_experiment_pages_sorts_and_filters(tmp_path: Path) -> None:
         envs = get_json(url + "/api/environments")
         assert envs["waiting_total"] == 0
 
-        # Each GPU's latest sample, per environment, in Prometheus's terms.
+        # In Prometheus's terms: the environments ended (env-0 had a GPU) leave no GPU series.
         samples = _samples(http("GET", url + "/metrics")[2].decode())
-        gpu = (("environment", "env-0"), ("gpu", "0"), ("uuid", "GPU-0000"))
-        assert samples[("trialkeeper_gpu_utilization_percent", gpu)] == 50.0
-        assert samples[("trialkeeper_gpu_memory_used_bytes", gpu)] == 5 * 2**30
-        assert samples[("trialkeeper_gpu_memory_total_bytes", gpu)] == 80 * 2**30
-        assert samples[("trialkeeper_environments", (("state", "STOPPED"),))] == 7
+        assert not [k for k in samples if k[0].startswith("trialkeeper_gpu_")], samples
+        assert samples[("trialkeeper_environments", (("status", "STOPPED"),))] == 7
         assert samples[("trialkeeper_trials", (("status", "SUCCEEDED"),))] == overview["trials"]["SUCCEEDED"]
+        ended = {s: samples[("trialkeeper_trials_ended_total", (("status", s),))] for s in ("SUCCEEDED", "FAILED")}
+        assert ended == {s: overview["trials"][s] for s in ended}
+        # Every trial ran 1 to 100 s (see many_trials): all of them in the histogram, under 120 s.
+        assert samples[("trialkeeper_trial_duration_seconds_count", ())] == 3000
+        assert samples[("trialkeeper_trial_duration_seconds_bucket", (("le", "1"),))] == 0
+        assert samples[("trialkeeper_trial_duration_seconds_bucket", (("le", "120"),))] == 3000
+        assert 3000 < samples[("trialkeeper_trial_duration_seconds_sum", ())] < 300_000
+        assert samples[("trialkeeper_best_final_metric", (("optimize_mode", "maximize"),))] == overview["best"][
+            "final_metric"
+        ]
+        assert samples[("trialkeeper_experiment_status", (("status", "DONE"),))] == 1
+        assert samples[("trialkeeper_experiment_status", (("status", "RUNNING"),))] == 0
 
         # Read from the store: no experiment in this process to act on.
         status, _, body = http("POST", url + "/api/experiment/stop", token=served.token)
         assert status == 409 and b"trialkeeper run --ui" in body
+
+
+@pytest.mark.slow
+def test_metrics_show_only_what_is_alive(tmp_path: Path) -> None:
+    """Without reuse each trial gets an environment of its own, with two simulated GPUs: the
+    GPU series are those of the environments still alive, and go when they end."""
+    service = {"platform": "local", "reuseMode": False, "simulatedGpus": 2}
+    with live_experiment(tmp_path, trials=4, concurrency=2, trainingService=service) as (served, gates):
+        url = served.url
+
+        def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            return _samples(http("GET", url + "/metrics")[2].decode())
+
+        def gpu_envs(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> set[str]:
+            return {dict(k[1])["environment"] for k in samples if k[0] == "trialkeeper_gpu_utilization_ratio"}
+
+        def alive() -> set[str]:
+            envs = get_json(url + "/api/environments")["environments"]
+            return {e["id"] for e in envs if e["status"] not in ("STOPPED", "FAILED")}
+
+        first = wait_until(
+            lambda: len(found := gpu_envs(scrape())) == 2 and found, timeout=WAIT_S,
+            message="two environments' GPUs sampled",
+        )
+        samples = scrape()
+        gpus = [k for k in samples if k[0] == "trialkeeper_gpu_utilization_ratio"]
+        assert len(gpus) == 4 and all(dict(k[1])["simulated"] == "true" for k in gpus), gpus
+        assert all(0.0 <= samples[k] <= 1.0 for k in gpus)
+        assert samples[("trialkeeper_experiment_status", (("status", "RUNNING"),))] == 1
+        assert [k for k in samples if k[0] == "trialkeeper_build_info"]
+
+        # The first two trials end, and their environments with them: their series go.
+        gates.release(0)
+        gates.release(1)
+        wait_until(
+            lambda: scrape().get(("trialkeeper_trials_ended_total", (("status", "SUCCEEDED"),))) == 2,
+            timeout=WAIT_S, message="two trials ended",
+        )
+        later = wait_until(
+            lambda: (s := scrape()) and gpu_envs(s) and not gpu_envs(s) & first and s, timeout=WAIT_S,
+            message="the ended environments' GPU series gone, the new ones' there",
+        )
+        assert gpu_envs(later) <= alive() and len(gpu_envs(later)) <= 2
+        assert later[("trialkeeper_environments", (("status", "STOPPED"),))] >= 2
+        assert later[("trialkeeper_trial_duration_seconds_count", ())] == 2
+        assert later[("trialkeeper_best_final_metric", (("optimize_mode", "maximize"),))] > 0
+        assert "trialkeeper_gpu_utilization_percent" not in http("GET", url + "/metrics")[2].decode()
 
 
 def test_beyond_loopback_every_read_needs_the_token(tmp_path: Path) -> None:
