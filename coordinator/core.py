@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from .config.experiment import ExperimentConfig, config_to_dict
 from .config.platform import TrainingServiceConfig
 from .engine.checkpoints import ContinueRequested, PauseRequested
 from .engine.engine import CANCEL_GRACE_S, Engine
-from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted
+from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted, UpdateRequested
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
 from .engine.policy import Policy
 from .engine.states import EnvStatus, TrialStatus
@@ -39,9 +41,13 @@ from .store.lock import ExperimentLock
 from .store.reads import StoreReader
 from .store.store import Store
 from .transport import tls as tls_identity
+from .transport.bulk import BulkReceiver
 from .transport.server import Servicer, create_server
 
 log = logging.getLogger(__name__)
+
+UPDATED_META = "updated_limits"  # the store's meta entry of the limits changed while running
+LIMITS = ("trial_concurrency", "max_trial_number", "max_experiment_duration")  # what `update` may change
 
 # The stored statuses of the environments a resume takes back (one asked for but never
 # answered is failed instead).
@@ -113,6 +119,7 @@ class Coordinator:
         self._last_envs: tuple[EnvSnapshot, ...] = ()
         self._fail_stop: asyncio.Task[None] | None = None
         self._server: Any = None
+        self._bulk: BulkReceiver | None = None
         self.store: Store | None = None
         self._lock: ExperimentLock | None = None
         self._engine: Engine | None = None
@@ -152,6 +159,7 @@ class Coordinator:
         try:
             exp = store.experiment()
             stored = ReadModel(store).stored_config()  # None when unreadable
+            updated = json.loads(store.meta(UPDATED_META) or "{}")  # as `trialkeeper update` left them
         finally:
             store.close()
         if exp is None:
@@ -160,7 +168,7 @@ class Coordinator:
             from .config.redacted import stored_config_for
 
             try:
-                config = stored_config_for(stored, experiment_dir, os.environ)
+                config = replace(stored_config_for(stored, experiment_dir, os.environ), **updated)
             except ValueError as e:
                 raise CoordinatorError(str(e)) from e
         c = cls(config, experiment_dir=experiment_dir, experiment_id=exp["id"], service=service)
@@ -265,13 +273,17 @@ class Coordinator:
             self._service = create_service(self.config, self.experiment_dir)
         service = self._service
         await service.prepare()  # before the policy: a service knows its working directory then
-        self._engine = engine = Engine(self._policy(service))
+        root = checkpoint_root(self.experiment_dir, [m for _, m in self._platforms(service)])
+        files = CheckpointFiles(root, self.experiment_id)
+        policy = self._policy(service)
+        if not self.config.coordinator.tls:  # uploads' bytes straight to disk (not over TLS: by the stream)
+            self._bulk = BulkReceiver(self._token, files.incoming_dir, self._placed_on, policy.max_checkpoint_bytes)
+            policy = dataclasses.replace(policy, checkpoint_data_port=self._bulk.start(bind.rsplit(":", 1)[0]))
+        self._engine = engine = Engine(policy)
         self._shell = shell = Shell(
             engine, store, service, self.experiment_dir, self._request_for,
             gpu_sharing_for=lambda env_id: self._gpu_sharing(env_id, engine.envs[env_id].platform),
-            checkpoints=CheckpointFiles(
-                checkpoint_root(self.experiment_dir, [m for _, m in self._platforms(service)]), self.experiment_id
-            ),
+            checkpoints=files,
         )
         shell.metric_callbacks, shell.status_callbacks, shell.subscribers = (
             self._metric_callbacks, self._status_callbacks, self._subscribers
@@ -282,7 +294,7 @@ class Coordinator:
         if self._resuming:
             self._restore(engine, store, service)
             await service.ready_adopted(self.experiment_id)  # before the server: no trial is placed yet
-            await self._sweep_orphans()
+            await shell.sweep_orphans()
         settings = self.config.coordinator
         # With TLS, agents are launched with the certificate's fingerprint and pin it.
         identity = tls_identity.load_or_create(self.experiment_dir) if settings.tls else None
@@ -300,12 +312,8 @@ class Coordinator:
             self.address = f"{host}:{port}"
         store.set_coordinator_address(self.address)
         self._started = True
-        log.info(
-            "experiment %s: coordinator listening on %s; directory %s",
-            self.experiment_id,
-            self.address,
-            self.experiment_dir,
-        )
+        log.info("experiment %s: coordinator listening on %s; directory %s", self.experiment_id, self.address,
+                 self.experiment_dir)
         shell.start_monitor(min(0.5, settings.heartbeat_interval))
         shell.apply(engine.start(now=time.monotonic(), wall=time.time()))
 
@@ -353,6 +361,8 @@ class Coordinator:
         await service.close()
         if self._server:
             await self._server.stop(1.0)
+        if self._bulk is not None:
+            self._bulk.close()
         await shell.close()
         try:
             store.set_experiment_status(status, reason, ended=True)
@@ -363,25 +373,6 @@ class Coordinator:
         if self._lock is not None:
             self._lock.release()
         self._started = False
-
-    async def _sweep_orphans(self) -> None:
-        """After a crash: remove what the platform still runs for this experiment that the
-        store does not count on (an environment started just before the crash and never
-        recorded, or one the store had already ended), so that nothing is left orphaned."""
-        assert self._service is not None and self._engine is not None
-        keep = {e.id for e in self._engine.live_envs()}
-        try:
-            removed = await self._service.sweep(self.experiment_id, keep=keep)
-        except Exception:  # a service must return errors, but resume goes on without the sweep
-            log.exception("environment service %s raised on sweep", self._service.platform)
-            return
-        if removed:
-            log.info(
-                "experiment %s: removed %d orphaned environment(s): %s",
-                self.experiment_id,
-                len(removed),
-                ", ".join(removed),
-            )
 
     # ---- the embedding API ---------------------------------------------------------------------
 
@@ -481,6 +472,15 @@ class Coordinator:
         self._shell.handle(ContinueRequested(trial_id, None if parameters is None else dict(parameters)))
         self._shell.pass_soon()
 
+    async def update(self, **limits: Any) -> None:
+        """Change trial_concurrency, max_trial_number or max_experiment_duration while it runs (values checked by
+        the caller): placement follows at once, and the store keeps them for a resume."""
+        shell = self._running()[1]
+        assert self.store is not None and self._service is not None
+        self.config = replace(self.config, **limits)
+        self.store.set_meta(UPDATED_META, json.dumps({k: getattr(self.config, k) for k in LIMITS}))
+        shell.handle(UpdateRequested(self._policy(self._service)))
+
     def checkpoints(self, trial_id: str) -> list[CheckpointInfo]:
         """The checkpoints of a trial that are kept, oldest first."""
         self._trial_state(trial_id)
@@ -576,6 +576,11 @@ class Coordinator:
         if self._engine is None:
             return self.config.coordinator.heartbeat_interval
         return self._engine.heartbeat_interval
+
+    def _placed_on(self, env_id: str, trial_id: str) -> bool:
+        # Asked from the bulk port's threads: a read of one trial's placement.
+        t = self._engine.trials.get(trial_id) if self._engine is not None else None
+        return t is not None and t.env_id == env_id
 
     def _trial_state(self, trial_id: str) -> TrialInfo:
         if self._engine is None or trial_id not in self._engine.trials:

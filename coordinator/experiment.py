@@ -42,6 +42,7 @@ from .search.search import (
 )
 from .search.search import TrialSubmitted as SearchTrialSubmitted
 from .search.space import is_batch_tuner
+from .search.steering import Limits, Steering, submit_customized
 from .search.tuners import PastTrial, Tuner, TunerError, normalized
 from .store.reads import StoreReader
 
@@ -94,12 +95,16 @@ async def run_experiment(
     progress_interval_s: float = 0.5,
     stop: asyncio.Event | None = None,
     on_start: Callable[[Coordinator], None] | None = None,
+    steering: Steering | None = None,
+    experiment_id: str | None = None,
 ) -> ExperimentResult:
     """Run the experiment to its end: tuner exhausted, maxTrialNumber reached, or
-    maxExperimentDuration passed. ``stop`` ends it early (trials are canceled)."""
-    coordinator = Coordinator(config, experiment_dir=experiment_dir)
+    maxExperimentDuration passed. ``stop`` ends it early (trials are canceled).
+    ``steering``: how the control socket changes limits and submits trials while it runs."""
+    coordinator = Coordinator(config, experiment_dir=experiment_dir, experiment_id=experiment_id)
     return await _drive(
-        coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start
+        coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start,
+        steering=steering,
     )
 
 
@@ -111,6 +116,7 @@ async def resume_experiment(
     progress_interval_s: float = 0.5,
     stop: asyncio.Event | None = None,
     on_start: Callable[[Coordinator], None] | None = None,
+    steering: Steering | None = None,
 ) -> ExperimentResult:
     """Carry on an experiment whose coordinator died or was stopped: its trials,
     environments and agents are taken over, and the tuner goes on from where it was. A
@@ -119,7 +125,7 @@ async def resume_experiment(
     coordinator = Coordinator.resume(experiment_dir, config=config)
     return await _drive(
         coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s, stop=stop, on_start=on_start,
-        continue_paused=was == "STOPPED",
+        continue_paused=was == "STOPPED", steering=steering,
     )
 
 
@@ -144,12 +150,14 @@ async def _drive(
     stop: asyncio.Event | None,
     on_start: Callable[[Coordinator], None] | None = None,
     continue_paused: bool = False,
+    steering: Steering | None = None,
 ) -> ExperimentResult:
     # Everything this experiment's tasks log is its own (several may share a process).
     scope = experimentlog.enter(coordinator.experiment_id)
     try:
         return await _drive_in_scope(coordinator, on_progress=on_progress, progress_interval_s=progress_interval_s,
-                                     stop=stop, on_start=on_start, continue_paused=continue_paused)
+                                     stop=stop, on_start=on_start, continue_paused=continue_paused,
+                                     steering=steering or Steering())
     finally:
         experimentlog.leave(scope)
 
@@ -162,8 +170,10 @@ async def _drive_in_scope(
     stop: asyncio.Event | None,
     on_start: Callable[[Coordinator], None] | None,
     continue_paused: bool,
+    steering: Steering,
 ) -> ExperimentResult:
     config = coordinator.config
+    limits = Limits.of(config)
     search = _search(config, coordinator.experiment_id, coordinator.experiment_dir)
     mode = optimize_mode_of(config)
     stop = stop or asyncio.Event()
@@ -195,6 +205,7 @@ async def _drive_in_scope(
     pause = False  # the experiment ends STOPPED with its trials paused, to be resumed
     await coordinator.start()
     log_file = experimentlog.open_log(coordinator.experiment_id, coordinator.experiment_dir)
+    steering.attach(coordinator, limits, changed.set)
     try:
         if on_start is not None:  # e.g. the dashboard, once there is a store to read
             on_start(coordinator)
@@ -210,17 +221,18 @@ async def _drive_in_scope(
             changed.clear()
             while to_do:
                 await _carry_out(coordinator, to_do.pop(0))
+            submitted = await submit_customized(coordinator, search, steering, limits, submitted, to_do)
             trials = coordinator.trials()
             # A trial being stopped gives up its slot now: the next one is queued at once
             # and placed as soon as the slot is free. A paused one holds none.
             active = sum(1 for t in trials if _holds_a_slot(t))
-            limit_reached = config.max_trial_number is not None and submitted >= config.max_trial_number
+            limit_reached = limits.max_trial_number is not None and submitted >= limits.max_trial_number
             elapsed = time.monotonic() - started
             if stop.is_set():
                 ok, reason, pause = False, "stopped by the user", True
                 break
-            if config.max_experiment_duration is not None and elapsed >= config.max_experiment_duration:
-                reason = f"maxExperimentDuration ({config.max_experiment_duration:g} s) reached"
+            if limits.max_experiment_duration is not None and elapsed >= limits.max_experiment_duration:
+                reason = f"maxExperimentDuration ({limits.max_experiment_duration:g} s) reached"
                 break
             if coordinator.environment_error:
                 ok, reason = False, coordinator.environment_error
@@ -229,7 +241,7 @@ async def _drive_in_scope(
                 ok, reason = False, coordinator.failure
                 break
             idle = limit_reached  # nothing more to submit, for now
-            while not limit_reached and active < config.trial_concurrency:
+            while not limit_reached and active < limits.trial_concurrency:
                 proposal = search.propose_trial(submitted)
                 if proposal is None:
                     idle = True
@@ -248,7 +260,8 @@ async def _drive_in_scope(
                 to_do.extend(search.handle(SearchTrialSubmitted(handle.id, submitted, params, source)))
                 submitted += 1
                 active += 1
-                limit_reached = config.max_trial_number is not None and submitted >= config.max_trial_number
+                limit_reached = limits.max_trial_number is not None and submitted >= limits.max_trial_number
+            steering.submitted = submitted
             to_do.extend(search.take_orders())
             if to_do:
                 changed.set()
@@ -278,12 +291,13 @@ async def _drive_in_scope(
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
                 last_progress = now
-                on_progress(_progress(coordinator, trials, submitted, config, mode, elapsed))
+                on_progress(_progress(coordinator, trials, submitted, limits, mode, elapsed))
             try:
                 await asyncio.wait_for(changed.wait(), progress_interval_s)
             except asyncio.TimeoutError:
                 pass
     finally:
+        steering.detach("the experiment is ending")
         trials = coordinator.trials()
         unfinished = [t for t in trials if not t.status.terminal]
         if unfinished and not reason:
@@ -299,7 +313,7 @@ async def _drive_in_scope(
             experimentlog.close_log(coordinator.experiment_id, log_file)
     trials = coordinator.trials()
     if on_progress:
-        on_progress(_progress(coordinator, trials, len(trials), config, mode, time.monotonic() - started))
+        on_progress(_progress(coordinator, trials, len(trials), limits, mode, time.monotonic() - started))
     return ExperimentResult(
         experiment_id=coordinator.experiment_id,
         experiment_dir=coordinator.experiment_dir,
@@ -464,7 +478,7 @@ def _env_detail(e: EnvSnapshot) -> str:
 
 
 def _progress(
-    c: Coordinator, trials: list[TrialInfo], submitted: int, config: ExperimentConfig, mode: str, elapsed: float
+    c: Coordinator, trials: list[TrialInfo], submitted: int, config: Limits, mode: str, elapsed: float
 ) -> Progress:
     counts = Counter(t.status.value for t in trials)
     done = sum(1 for t in trials if t.status.terminal)

@@ -136,6 +136,10 @@ class SyncCoordinator:
     def resume_trial(self, trial_id: str, **kwargs: Any) -> None:
         self._call(self._coordinator.resume_trial(trial_id, **kwargs), _START_TIMEOUT_S)
 
+    def update(self, **limits: Any) -> None:
+        """Change trial_concurrency, max_trial_number or max_experiment_duration while it runs."""
+        self._call(self._coordinator.update(**limits), _START_TIMEOUT_S)
+
     def checkpoints(self, trial_id: str) -> list[CheckpointInfo]:
         return self._on_loop(lambda: self._coordinator.checkpoints(trial_id))
 

@@ -88,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_ui_option(run)
     add_exit_option(run)
+    run.add_argument(
+        "--detach", action="store_true",
+        help="run in the background (output to the experiment's log); print its directory and return once it runs",
+    )
+    run.add_argument("--detach-timeout", type=float, default=120.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    run.add_argument("--experiment-id", help=argparse.SUPPRESS)  # the id `--detach` chose for the run
     run.set_defaults(func=_cmd_run, resume_dir=None)
 
     resume = sub.add_parser(
@@ -216,6 +222,10 @@ def _run(args: argparse.Namespace) -> int:
         from .printconfig import print_config
 
         return print_config(args.config)
+    if getattr(args, "detach", False):
+        from .steer import run_detached
+
+        return run_detached(args)
     from ..config.experiment import ConfigError, load_config
     from ..core import CoordinatorError
     from ..experiment import (
@@ -316,9 +326,11 @@ def _run(args: argparse.Namespace) -> int:
                     on_progress=on_progress,
                     stop=stop,
                     on_start=on_start,
+                    steering=control.steering,
                 )
             return await run_experiment(
-                config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start
+                config, experiment_dir=args.experiment_dir, on_progress=on_progress, stop=stop, on_start=on_start,
+                steering=control.steering, experiment_id=getattr(args, "experiment_id", None),
             )
         finally:
             await control.close()

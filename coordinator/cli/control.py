@@ -13,6 +13,12 @@ Requests: ``pause {trials}``, ``continue {trials}``, ``cancel {trials}`` and ``s
 trials that checkpoint are paused, the others canceled, the experiment ends STOPPED). A
 request naming a trial that does not exist, or is in a state the request does not apply to,
 changes nothing and says why for each. Every read and connect has a timeout.
+
+``update {limits}`` changes ``trialConcurrency``, ``maxTrialNumber`` or
+``maxExperimentDuration`` (seconds) of the running experiment; ``submit {parameters}`` adds a
+trial of the user's own parameters and ``rerun {trials}`` (or ``rerun {failed: true}``) a new
+trial with each named (or each FAILED) trial's parameters: the experiment loop submits them
+and tells its tuner, as NNI does with customized trials.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -30,9 +37,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engine.states import TrialStatus
+
+if TYPE_CHECKING:
+    from ..search.steering import Steering
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +62,14 @@ APPLIES_TO: dict[str, tuple[str, ...]] = {
     "continue": ("PAUSED",),
     "cancel": ("WAITING", "RUNNING", "PAUSED"),
 }
-OPS = (*APPLIES_TO, "stop", "ping")
+OPS = (*APPLIES_TO, "stop", "ping", "update", "submit", "rerun")
+# What `update` changes: the config's name -> the coordinator's, and what a valid value is.
+LIMITS = {
+    "trialConcurrency": ("trial_concurrency", "an integer >= 1"),
+    "maxTrialNumber": ("max_trial_number", "an integer >= 1"),
+    "maxExperimentDuration": ("max_experiment_duration", "a number of seconds > 0"),
+}
+SUBMIT_TIMEOUT_S = 20.0  # for the experiment loop to take a submitted trial
 
 
 class ControlError(RuntimeError):
@@ -110,9 +127,11 @@ class ControlServer:
     ``run`` and ``resume`` give theirs, which ends the run as SIGINT does (:class:`ControlHook`)."""
 
     def __init__(
-        self, coordinator: Any, experiment_dir: Path, *, stop: Callable[[], Awaitable[None]] | None = None
+        self, coordinator: Any, experiment_dir: Path, *, stop: Callable[[], Awaitable[None]] | None = None,
+        steering: Steering | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self.steering = steering  # the experiment loop's, when one drives the coordinator
         self.experiment_dir = Path(experiment_dir)
         self.path = socket_path(self.experiment_dir)
         self._stop = stop or self._default_stop
@@ -228,6 +247,12 @@ class ControlServer:
             return {"ok": True, "experiment": self.coordinator.experiment_id}
         if op == "stop":
             return self._stop_asked()
+        if op == "update":
+            return await self._update(request.get("limits"))
+        if op == "submit":
+            return await self._submit(request.get("parameters"))
+        if op == "rerun":
+            return await self._rerun(request)
         trials = request.get("trials")
         if (
             not isinstance(trials, list) or not trials or len(trials) > MAX_TRIALS
@@ -235,6 +260,104 @@ class ControlServer:
         ):
             return {"ok": False, "error": f"trials: a list of 1 to {MAX_TRIALS} trial ids is needed"}
         return await self._on_trials(op, list(dict.fromkeys(trials)))
+
+    async def _update(self, limits: Any) -> dict[str, Any]:
+        if not isinstance(limits, dict) or not limits:
+            return {"ok": False, "error": f"limits: an object with one or more of {', '.join(LIMITS)} is needed"}
+        changes, errors = {}, []
+        for name, value in limits.items():
+            if name not in LIMITS:
+                errors.append(f"{name!r} cannot be updated (only {', '.join(LIMITS)})")
+                continue
+            field, valid = LIMITS[name]
+            if not valid_limit(field, value):
+                errors.append(f"{name}: {value!r} is not valid: {valid} is needed")
+                continue
+            changes[field] = float(value) if field == "max_experiment_duration" else value
+        if errors:
+            return {"ok": False, "error": "; ".join(errors) + "; nothing was changed"}
+        from ..core import CoordinatorError
+        from ..search.steering import SteeringError
+
+        try:
+            if self.steering is not None:
+                await self.steering.update(**changes)
+            else:
+                await self.coordinator.update(**changes)
+        except (CoordinatorError, SteeringError) as e:
+            return {"ok": False, "error": f"cannot update: {e}"}
+        config = self.coordinator.config
+        now = {name: getattr(config, field) for name, (field, _) in LIMITS.items()}
+        log.info("limits updated on the control socket: %s", now)
+        submitted = self.steering.submitted if self.steering is not None else len(self.coordinator.trials())
+        return {"ok": True, "limits": now, "submitted": submitted}
+
+    async def _submit(self, parameters: Any) -> dict[str, Any]:
+        if not isinstance(parameters, dict):
+            return {"ok": False, "error": "parameters: a JSON object of parameter names to values is needed"}
+        why = _outside_space(parameters, self.coordinator.config.search_space or {})
+        if why:
+            return {"ok": False, "error": f"parameters: {why}"}
+        try:
+            trial_id = await self._new_trial(parameters, "submitted by the user (trialkeeper submit)")
+        except ValueError as e:
+            return {"ok": False, "error": str(e)}
+        return {"ok": True, "done": [trial_id]}
+
+    async def _rerun(self, request: dict[str, Any]) -> dict[str, Any]:
+        trials = request.get("trials")
+        if request.get("failed") is True and not trials:
+            trials = [t.id for t in self.coordinator.trials() if t.status is TrialStatus.FAILED]
+            if not trials:
+                return {"ok": False, "error": f"no trial of experiment {self.coordinator.experiment_id} is FAILED"}
+        if (
+            not isinstance(trials, list) or not trials or len(trials) > MAX_TRIALS
+            or not all(isinstance(t, str) for t in trials)
+        ):
+            return {"ok": False, "error": f"trials: a list of 1 to {MAX_TRIALS} trial ids, or failed: true, is needed"}
+        trials = list(dict.fromkeys(trials))
+        unknown = [t for t in trials if not self._knows(t)]
+        if unknown:
+            return {"ok": False, "error": "; ".join(
+                f"no trial {t!r} in experiment {self.coordinator.experiment_id}" for t in unknown
+            ) + "; nothing was done"}
+        done, rerun, failed = [], [], []
+        for old in trials:
+            try:
+                new = await self._new_trial(
+                    dict(self.coordinator.trial(old).parameters), f"a rerun of trial {old} (trialkeeper rerun)"
+                )
+            except ValueError as e:
+                failed.append(f"trial {old}: {e}")
+                continue
+            done.append(new)
+            rerun.append([old, new])
+        answer: dict[str, Any] = {"ok": not failed, "done": done, "rerun": rerun}
+        if failed:
+            answer["error"] = "; ".join(failed)
+        return answer
+
+    def _knows(self, trial_id: str) -> bool:
+        try:
+            self.coordinator.trial(trial_id)
+        except KeyError:
+            return False
+        return True
+
+    async def _new_trial(self, parameters: dict[str, Any], why: str) -> str:
+        """A new trial of ``parameters``, submitted by the experiment loop (its tuner hears
+        of it) or, without one, by the coordinator; ValueError says why not."""
+        from ..core import CoordinatorError
+        from ..search.steering import SteeringError
+
+        try:
+            if self.steering is None:
+                return str((await self.coordinator.submit(parameters)).id)
+            return await asyncio.wait_for(self.steering.submit(parameters, why), SUBMIT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ValueError(f"the experiment did not take the trial within {SUBMIT_TIMEOUT_S:g} s") from None
+        except (CoordinatorError, SteeringError, TypeError) as e:
+            raise ValueError(str(e)) from e
 
     def _stop_asked(self) -> dict[str, Any]:
         if self._stopping is None:
@@ -287,6 +410,29 @@ class ControlServer:
             await c.cancel(trial_id, reason="canceled by the user (trialkeeper cancel)")
 
 
+def valid_limit(field: str, value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if field == "max_experiment_duration":
+        return math.isfinite(value) and value > 0
+    return isinstance(value, int) and value >= 1
+
+
+def _outside_space(parameters: dict[str, Any], space: dict[str, Any]) -> str:
+    """Why ``parameters`` do not fit the search space's names ("" when they do, or when
+    there is no search space)."""
+    if not space:
+        return ""
+    unknown = sorted(set(parameters) - set(space))
+    missing = sorted(set(space) - set(parameters))
+    said = []
+    if unknown:
+        said.append(f"{', '.join(map(repr, unknown))} not in the search space")
+    if missing:
+        said.append(f"{', '.join(map(repr, missing))} missing")
+    return f"{'; '.join(said)} (the search space has {', '.join(sorted(space))})" if said else ""
+
+
 def _said_if_failed(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("stopping the experiment failed: %s", task.exception())
@@ -308,6 +454,10 @@ class ControlHook:
         self._coordinator: Any = None
         self._signals = 0
         self._canceling: asyncio.Task[None] | None = None
+        from ..search.steering import Steering
+
+        #: What the experiment loop (``run_experiment``) takes, for update, submit and rerun.
+        self.steering = Steering()
 
     def signalled(self) -> None:
         """The first signal stops the run, pausing its trials; the next one cancels those
@@ -339,12 +489,13 @@ class ControlHook:
         async def stop() -> None:
             self._end_run()
 
-        server = ControlServer(coordinator, coordinator.experiment_dir, stop=stop)
+        server = ControlServer(coordinator, coordinator.experiment_dir, stop=stop, steering=self.steering)
         try:
             server.bind()
         except ControlError as e:
             # The run goes on; only the commands that steer it cannot reach it.
-            self._say(f"trialkeeper: {e}; `trialkeeper pause`, `continue`, `cancel` and `stop` cannot reach this run")
+            self._say(f"trialkeeper: {e}; `trialkeeper pause`, `continue`, `cancel`, `stop`, `update`, `submit` and "
+                      "`rerun` cannot reach this run")
             return
         self.server = server
         self._serving = asyncio.get_running_loop().create_task(server.start())
@@ -366,17 +517,18 @@ def no_coordinator(experiment: str) -> str:
 
 def request(
     experiment_dir: Path, op: str, trials: Sequence[str] = (), *, timeout: float = REPLY_TIMEOUT_S,
-    shown: str | None = None,
+    shown: str | None = None, fields: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Send one request to the experiment's coordinator and return its answer (a dict with
     ``ok``). Raises NoCoordinator when none listens, ControlError when it cannot be asked
-    or does not answer in time. ``shown``: how the experiment is named in messages."""
+    or does not answer in time. ``shown``: how the experiment is named in messages;
+    ``fields``: the request's other fields (``limits``, ``parameters``, ``failed``)."""
     name = shown or str(experiment_dir)
     path = socket_path(experiment_dir)
     if _in_temp(path, experiment_dir) and path.parent.exists():
         _check_private(path.parent)
-    body: dict[str, Any] = {"op": op}
-    if op in APPLIES_TO:
+    body: dict[str, Any] = {**(fields or {}), "op": op}
+    if op in APPLIES_TO or trials:
         body["trials"] = list(trials)
     deadline = time.monotonic() + timeout
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

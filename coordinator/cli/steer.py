@@ -1,9 +1,11 @@
 """The commands that steer a running experiment through its control socket (``control.py``):
-``pause``, ``continue``, ``cancel`` and ``stop``."""
+``pause``, ``continue``, ``cancel``, ``stop``, ``update``, ``rerun`` and ``submit``; and
+``view``, the dashboard of any experiment named by its directory or id."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 
 from ..read.model import ReadModel
 from ..store.reads import holds_experiment
-from .control import ControlError, NoCoordinator, alive, request
+from .control import LIMITS, ControlError, NoCoordinator, alive, request, valid_limit
 
 # How long `stop` waits past the experiment's pauseGracePeriod for the run to end: its
 # environments stop, its store closes.
@@ -147,6 +149,220 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_limits(limits: dict[str, Any], submitted: Any) -> str:
+    concurrency, trials, duration = (limits.get(k) for k in LIMITS)
+    return (
+        f"trialConcurrency {concurrency}, maxTrialNumber {trials if trials is not None else 'none'} "
+        f"({submitted} submitted), maxExperimentDuration {f'{duration:g} s' if duration is not None else 'none'}"
+    )
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    limits = {
+        name: value
+        for name, value in zip(LIMITS, (args.concurrency, args.max_trials, args.max_duration), strict=True)
+        if value is not None
+    }
+    if not limits:
+        return _err("nothing to update: give --concurrency, --max-trials or --max-duration")
+    exp_dir = _experiment(args)
+    if exp_dir is None:
+        return 1
+    try:
+        answer = request(exp_dir, "update", shown=args.experiment, fields={"limits": limits})
+    except ControlError as e:
+        return _err(str(e))
+    if not answer.get("ok"):
+        return _err(str(answer.get("error") or "refused"))
+    print(f"updated {args.experiment}: {_show_limits(answer.get('limits') or {}, answer.get('submitted'))}")
+    return 0
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    if bool(args.trial_ids) == bool(args.failed):
+        return _err("name the trials to run again, or give --failed (not both)")
+    exp_dir = _experiment(args)
+    if exp_dir is None:
+        return 1
+    fields = {"failed": True} if args.failed else None
+    try:
+        answer = request(exp_dir, "rerun", args.trial_ids, shown=args.experiment, fields=fields)
+    except ControlError as e:
+        return _err(str(e))
+    for old, new in answer.get("rerun") or []:
+        print(f"trial {old} runs again as trial {new}")
+    if not answer.get("ok"):
+        return _err(str(answer.get("error") or "refused"))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        parameters = json.loads(args.params)
+    except ValueError as e:
+        return _err(f"--params: not JSON: {e}")
+    if not isinstance(parameters, dict):
+        return _err(f"--params: a JSON object of parameter names to values is needed, got {args.params}")
+    exp_dir = _experiment(args)
+    if exp_dir is None:
+        return 1
+    try:
+        answer = request(exp_dir, "submit", shown=args.experiment, fields={"parameters": parameters})
+    except ControlError as e:
+        return _err(str(e))
+    if not answer.get("ok"):
+        return _err(str(answer.get("error") or "refused"))
+    print(f"submitted trial {' '.join(answer.get('done') or [])}")
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from ..ui.commands import cmd_ui
+
+    exp_dir = _experiment(args)
+    if exp_dir is None:
+        return 1
+    args.experiment_dir = exp_dir
+    return cmd_ui(args)
+
+
+def _limit(field: str, name: str, valid: str, parse: Any) -> Any:
+    def check(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not valid_limit(field, value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not valid for {name}: {valid} is needed")
+        return value
+
+    return check
+
+
+def _add_control_commands(sub: Any, exp_help: str) -> None:
+    update = sub.add_parser(
+        "update", help="change a running experiment's concurrency, trial limit or duration",
+        description="Change the limits of a running experiment at once: trialConcurrency (more trials are "
+        "placed now; with fewer, running trials finish and no new one starts until there is room), "
+        "maxTrialNumber and maxExperimentDuration (counted from when the coordinator started). A resume keeps "
+        "the new limits.",
+    )
+    update.add_argument("experiment", metavar="EXP", help=exp_help)
+    for flag, name, parse in (
+        ("--concurrency", "trialConcurrency", int), ("--max-trials", "maxTrialNumber", int),
+        ("--max-duration", "maxExperimentDuration", _seconds),
+    ):
+        field, valid = LIMITS[name]
+        update.add_argument(
+            flag, metavar="N" if parse is int else "DURATION", type=_limit(field, name, valid, parse),
+            help=f"the new {name}: {valid}" + (" (90s, 30m, 2h)" if parse is _seconds else ""),
+        )
+    update.set_defaults(func=cmd_update)
+
+    rerun = sub.add_parser(
+        "rerun", help="run trials again with the same parameters",
+        description="Submit a new trial with the parameters of each trial named (or of every FAILED trial with "
+        "--failed) to the running experiment. The tuner hears its result as it hears a customized trial's.",
+    )
+    rerun.add_argument("experiment", metavar="EXP", help=exp_help)
+    rerun.add_argument("trial_ids", nargs="*", metavar="TRIAL_ID")
+    rerun.add_argument("--failed", action="store_true", help="every trial that is FAILED")
+    rerun.set_defaults(func=cmd_rerun)
+
+    submit = sub.add_parser(
+        "submit", help="run a trial of your own parameters",
+        description="Submit a trial of the parameters given to the running experiment (NNI's customized trial): "
+        "it counts towards maxTrialNumber, and the tuner hears its result. The names must be the search space's.",
+    )
+    submit.add_argument("experiment", metavar="EXP", help=exp_help)
+    submit.add_argument("--params", required=True, metavar="JSON", help='e.g. \'{"lr": 0.01, "batch": 64}\'')
+    submit.set_defaults(func=cmd_submit)
+
+    from ..ui.commands import UI_DEFAULT
+
+    view = sub.add_parser(
+        "view", help="serve the dashboard of any experiment, by directory or id",
+        description="Serve the dashboard of an experiment, running or not, read from its store (as "
+        "`trialkeeper ui`, also by experiment id).",
+    )
+    view.add_argument("experiment", metavar="EXP", help=exp_help)
+    view.add_argument(
+        "--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})"
+    )
+    view.set_defaults(func=cmd_view)
+
+
+def _seconds(text: str) -> float:
+    from ..config.rules import parse_duration
+
+    return parse_duration(text)
+
+
+def run_detached(args: argparse.Namespace) -> int:
+    """``run --detach``: the run goes on in a process of its own (its output to the
+    experiment's log); return once its coordinator answers on its control socket."""
+    import os
+    import secrets
+    import subprocess
+
+    from ..config.experiment import ConfigError, load_config
+    from ..experimentlog import LOG_FILENAME
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"trialkeeper: invalid config {args.config}:", file=sys.stderr)
+        for issue in e.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return 2
+    experiment_id = "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz23456789") for _ in range(8))
+    exp_dir = Path(args.experiment_dir or Path(config.experiment_working_directory) / experiment_id).resolve()
+    if holds_experiment(exp_dir):
+        return _err(f"{exp_dir} already holds an experiment; choose another directory")
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "trialkeeper.coordinator.cli", "run", str(Path(args.config).resolve()),
+        "--experiment-dir", str(exp_dir), "--experiment-id", experiment_id, "--quiet",
+    ]
+    if args.ui is not None:
+        command += ["--ui", args.ui]
+    if args.log_level is not None:
+        command += ["--log-level", args.log_level]
+    log_path = exp_dir / LOG_FILENAME
+    with open(log_path, "ab") as out:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    deadline = time.monotonic() + args.detach_timeout
+    while True:
+        try:
+            request(exp_dir, "ping", timeout=5.0, shown=experiment_id)
+            break
+        except ControlError:
+            pass
+        code = child.poll()
+        if code is not None:
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            print("\n".join(tail), file=sys.stderr)
+            _err(f"the run ended at once (exit code {code}); its output is in {log_path}")
+            return code or 1
+        if time.monotonic() >= deadline:
+            return _err(
+                f"the run (pid {child.pid}) has not answered on its control socket within {args.detach_timeout:g} s; "
+                f"it may still be starting: its output is in {log_path}"
+            )
+        time.sleep(POLL_S / 2)  # the child is polled: there is nothing to wait on here
+    print(f"experiment {experiment_id} runs in the background (pid {child.pid})")
+    print(f"experiment directory: {exp_dir}")
+    if args.ui is not None:
+        said = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("dashboard: ")]
+        print(said[-1] if said else f"dashboard: http://{args.ui}/")
+    print(f"output: {log_path}; `trialkeeper stop {experiment_id}` stops it, `trialkeeper view {experiment_id}` "
+          "shows it")
+    return 0
+
+
 def add_commands(sub: Any) -> None:
     """The steering commands' parsers, on the CLI's subparsers."""
     exp_help = "an experiment directory, or an experiment id (`trialkeeper list` shows them)"
@@ -180,6 +396,7 @@ def add_commands(sub: Any) -> None:
     )
     stop.add_argument("--no-wait", action="store_true", help="ask, and return at once")
     stop.set_defaults(func=cmd_stop)
+    _add_control_commands(sub, exp_help)
 
 
 __all__ = ["NoCoordinator", "add_commands", "resolve_experiment"]

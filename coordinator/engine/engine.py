@@ -157,6 +157,10 @@ class Engine:
                 self._schedule()
                 self._reconcile()
                 self.fleet.store_gpu_rows()
+            case ev.UpdateRequested():  # each machine decides with the new limits from now on
+                self.policy = self.book.policy = self.fleet.policy = self.supply.policy = event.policy
+                self._schedule()
+                self._reconcile()
             case ev.StopRequested():
                 self._stop(event.grace_s, pause=event.pause)
             case ev.StopCompleted():

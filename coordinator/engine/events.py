@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 from . import checkpoints as ck
 from .model import MetricEvent, StatusEvent
+from .policy import Policy
 from .rows import GpuSampleRow, MetricRun
 from .states import EnvStatus, TrialStatus
 
@@ -212,10 +213,20 @@ class StopCompleted:
     """The shell waited for the agents: what is still open is ended without them."""
 
 
+@dataclass(frozen=True)
+class UpdateRequested:
+    """The experiment's limits changed while it runs (``trialkeeper update``): the engine
+    decides with ``policy`` from now on (a new trialConcurrency, and the environments it
+    asks for)."""
+
+    policy: Policy
+
+
 Event = (
     AgentRegistered | AgentDisconnected | AgentReported | HeartbeatReceived | TrialSubmitted
     | CancelRequested | EnvironmentStarted | EnvironmentStartFailed | EnvironmentsPolled | Ticked
     | StopRequested | StopCompleted | ck.CheckpointFetchRequested | ck.PauseRequested | ck.ContinueRequested
+    | UpdateRequested
 )
 
 # ---- messages to agents (the transport turns them into protobuf) ---------------------------
@@ -234,6 +245,7 @@ class Welcome:
     checkpoint_storage: str = ""
     max_checkpoint_bytes: int = 0
     checkpoint_refusals: tuple[ck.CheckpointRefused, ...] = ()
+    checkpoint_data_port: int = 0
 
 
 @dataclass(frozen=True)
