@@ -541,3 +541,93 @@ def test_reading_a_directory_without_an_experiment(tmp_path: Path, command: str)
 def test_logs_of_an_unknown_trial(quickstart: Run) -> None:
     line = assert_one_line_error(tk("logs", quickstart.exp, "no-such-trial"), "no trial 'no-such-trial'")
     assert quickstart.trials()[0]["id"] in line  # it names some trials that do exist
+
+
+# ---- the live view -------------------------------------------------------------------------
+
+NOISY_TUNER = """
+import logging
+import warnings
+
+from trialkeeper.coordinator.search.tuners import Tuner
+
+
+class Noisy(Tuner):
+    def generate_parameters(self, parameter_id):
+        warnings.warn("noisy tuner: a deprecated option", UserWarning)
+        logging.getLogger("noisy.library").warning("noisy library: retrying")
+        logging.getLogger("trialkeeper.noisy").warning("noisy trialkeeper module: slow")
+        return {"x": parameter_id}
+"""
+
+
+def _on_a_terminal(args: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run ``trialkeeper ARGS`` with a pseudo-terminal as its stdout and stderr, as a person
+    at a terminal runs it; returns its exit status and everything the terminal showed."""
+    import pty
+    import select
+    import time
+
+    main_fd, sub_fd = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "160", "LINES": "50"}
+    env.pop("TRIALKEEPER_TOKEN", None)
+    proc = subprocess.Popen(
+        [_script(), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=sub_fd, stderr=sub_fd,
+    )
+    os.close(sub_fd)
+    shown = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main_fd], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main_fd)
+    return proc.returncode, shown.decode(errors="replace")
+
+
+def test_warnings_go_to_the_experiment_log_while_the_live_view_is_up(tmp_path: Path) -> None:
+    (tmp_path / "noisy_tuner.py").write_text(textwrap.dedent(NOISY_TUNER).lstrip())
+    (tmp_path / "trial.py").write_text("from trialkeeper.agent import trial\ntrial.report_final_result(1.0)\n")
+    (tmp_path / "config.yml").write_text(textwrap.dedent(
+        f"""
+        trialCommand: python3 trial.py
+        trialCodeDirectory: .
+        trialConcurrency: 2
+        maxTrialNumber: 3
+        searchSpace:
+          x: {{_type: choice, _value: [1, 2, 3]}}
+        tuner: {{className: "noisy_tuner:Noisy", codeDirectory: "{tmp_path}"}}
+        trainingService:
+          platform: local
+        """
+    ))
+    exp = tmp_path / "exp"
+    try:
+        code, shown = _on_a_terminal(
+            ["run", "config.yml", "--experiment-dir", str(exp)], tmp_path, RUN_TIMEOUT_S
+        )
+    finally:
+        assert_no_leftovers(tmp_path)
+    assert code == 0, shown
+    assert "best trial:" in shown  # the live view and the summary were on the terminal
+    assert "noisy" not in shown, shown  # nothing the tuner logged or warned tore the view
+    log = (exp / "experiment.log").read_text()
+    assert "noisy tuner: a deprecated option" in log and "noisy library: retrying" in log, log
+    # A trialkeeper module's warning is in the file once: the experiment's own log handler has it.
+    assert log.count("noisy trialkeeper module: slow") == 3, log  # one per trial proposed
+    assert f"in {exp.resolve() / 'experiment.log'}" in shown or f"in {exp / 'experiment.log'}" in shown, shown
