@@ -159,6 +159,7 @@ class Engine:
                 self.fleet.store_gpu_rows()
             case ev.UpdateRequested():  # each machine decides with the new limits from now on
                 self.policy = self.book.policy = self.fleet.policy = self.supply.policy = event.policy
+                self.book.slot_freed()  # a higher trialConcurrency may let waiting trials go
                 self._schedule()
                 self._reconcile()
             case ev.StopRequested():

@@ -15,8 +15,8 @@ from .search import Instruction, Search
 from .search import TrialSubmitted as SearchTrialSubmitted
 
 if TYPE_CHECKING:
-    from ..config.experiment import ExperimentConfig
     from .. import Coordinator
+    from ..config.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
