@@ -112,7 +112,7 @@ async def submit_customized(
             answer.set_exception(SteeringError(f"cannot submit parameters {params}: {e}"))
             continue
         log.info("trial %s: %s, parameters %.200s", handle.id, why, params)
-        _adopt(search, submitted, params)
+        adopt_customized(search, submitted, params)
         to_do.extend(search.handle(SearchTrialSubmitted(handle.id, submitted, params)))
         submitted += 1
         answer.set_result(handle.id)
@@ -120,7 +120,7 @@ async def submit_customized(
     return submitted
 
 
-def _adopt(search: Search, parameter_id: int, params: dict[str, Any]) -> None:
+def adopt_customized(search: Search, parameter_id: int, params: dict[str, Any]) -> None:
     """Make a tuner that did not propose ``params`` ready to hear their result."""
     tuner = search.tuner
     try:
