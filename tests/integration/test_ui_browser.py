@@ -4,16 +4,21 @@ experiment of 20,000 trials."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import shutil
+import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import wait_until, write_script
-from dashboard import get_json, live_experiment, many_trials, stored_dashboard
+from dashboard import first_line, gated_config, get_json, live_experiment, many_trials, stored_dashboard
+from test_cli import _script
 from test_control import TRIAL as CHECKPOINTING_TRIAL
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
@@ -322,3 +327,175 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         )
         assert "NVIDIA H100" in text(browser, "#envs") and "gpu-host" in text(browser, "#envs")
         assert console_errors(browser) == []
+
+
+def banner_shown(driver: Any) -> bool:
+    return bool(driver.execute_script("return !document.getElementById('banner').hidden;"))
+
+
+def shown_lines(driver: Any, stream: str = "stdout") -> list[str]:
+    return list(driver.execute_script("return document.getElementById(arguments[0]).textContent.split('\\n');", stream))
+
+
+# A trial that prints a numbered line every 10 ms until $GATES/all exists (90 s at most).
+TICKER = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+
+trial.get_next_parameter()
+done, deadline, n = pathlib.Path(os.environ["GATES"]) / "all", time.monotonic() + 90, 0
+while not done.exists() and time.monotonic() < deadline:
+    print("tick", n, flush=True)
+    n += 1
+    time.sleep(0.01)
+trial.report_final_result(float(n))
+"""
+
+
+@pytest.mark.slow
+def test_a_fresh_load_of_a_running_trials_page_shows_each_line_once(tmp_path: Path, browser: Any) -> None:
+    write_script(tmp_path, "ticker.py", TICKER)
+    command = f"{sys.executable} ticker.py"
+    with live_experiment(tmp_path, trials=1, concurrency=1, trialCommand=command) as (served, _):
+        url = served.url
+        running = wait_until(
+            lambda: (r := get_json(url + "/api/trials?status=RUNNING")["trials"]) and r[0],
+            timeout=WAIT_S, message="a trial running",
+        )
+        for _ in range(4):  # the first refresh and the live stream's first change race on each load
+            browser.get("about:blank")
+            browser.get(f"{url}/#/trial/{running['id']}")
+            wait_until(
+                lambda: "live" in text(browser, "#live") and browser.execute_script("return pending === false;")
+                and "tick" in text(browser, "#stdout"),
+                timeout=WAIT_S, message="its output, the live stream's change, and the refresh it asked for, done",
+            )
+            lines = shown_lines(browser)[:-1]  # the last one may be still coming
+            ticks = [int(line.removeprefix("tick ")) for line in lines]
+            assert ticks == list(range(ticks[0], ticks[0] + len(ticks))), lines
+
+
+def _big_log_experiment(exp: Path, lines: int) -> Path:
+    """A stored experiment whose first trial is RUNNING with ``lines`` lines of stdout."""
+    many_trials(exp, 3)
+    from trialkeeper.coordinator.store.store import Store
+
+    store = Store.in_dir(exp)
+    store.update_trial("tr00000", status="RUNNING", ended_at=None)
+    store.close()
+    log = exp / "trials" / "tr00000" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    with open(log, "wb") as f:
+        f.writelines(
+            "".join(f"output line {i:09d}\n" for i in range(start, min(lines, start + 100_000))).encode()
+            for start in range(0, lines, 100_000)
+        )
+    return log
+
+
+@pytest.mark.slow
+def test_a_big_output_shows_its_tail_earlier_parts_on_request_and_downloads_whole(
+    tmp_path: Path, browser: Any
+) -> None:
+    exp = tmp_path / "exp"
+    total = 1_500_000  # 33 MiB: kept whole, the page would hold 33 M characters
+    log = _big_log_experiment(exp, total)
+    with stored_dashboard(exp) as served:
+        url = served.url
+        browser.get(f"{url}/#/trial/tr00000")
+        last = f"output line {total - 1:09d}"
+        wait_until(lambda: last in text(browser, "#stdout"), timeout=WAIT_S, message="the end of the output")
+        lines = [line for line in shown_lines(browser) if line]
+        assert lines == [f"output line {i:09d}" for i in range(total - 2000, total)]
+        assert visible(browser, "stdout-earlier") and "MiB before" in text(browser, "#stdout-earlier")
+
+        # Earlier: the chunk before what is shown, joined on without a gap.
+        browser.find_element(By.ID, "stdout-earlier").click()
+        wait_until(lambda: len(shown_lines(browser)) > 3000, timeout=WAIT_S, message="an earlier chunk shown")
+        lines = [line for line in shown_lines(browser) if line]
+        first = int(lines[0].split()[-1])
+        assert lines == [f"output line {i:09d}" for i in range(first, total)]
+
+        # Followed: what the trial writes next is shown, and the window stays bounded (what was
+        # asked for with "earlier" stays too; older lines go).
+        shown_before = len(lines)
+        with open(log, "a") as f:
+            f.write("".join(f"output line {i:09d}\n" for i in range(total, total + 5000)))
+        wait_until(lambda: f"output line {total + 4999:09d}" in text(browser, "#stdout"), timeout=WAIT_S,
+                   message="new output followed")
+        lines = [line for line in shown_lines(browser) if line]
+        first = int(lines[0].split()[-1])
+        assert lines == [f"output line {i:09d}" for i in range(first, total + 5000)]
+        assert len(lines) == shown_before  # as many lines as before: the oldest dropped for the new
+        assert browser.execute_script("return document.getElementById('main').textContent.length;") < 500_000
+
+        # The whole file, by the link.
+        href = browser.find_element(By.ID, "stdout-download").get_attribute("href")
+        assert href == f"{url}/api/trials/tr00000/log/download?stream=stdout"
+        disposition = browser.execute_async_script(
+            "const done = arguments[1]; fetch(arguments[0]).then(r => r.blob().then(b => "
+            "done([r.status, r.headers.get('content-disposition'), b.size])));", href,
+        )
+        assert disposition == [200, 'attachment; filename="tr00000-stdout.log"', log.stat().st_size]
+        assert console_errors(browser) == []
+
+
+@pytest.mark.slow
+def test_run_ui_shows_the_final_state_after_the_run_and_says_when_the_dashboard_stopped(
+    tmp_path: Path, browser: Any
+) -> None:
+    gates = tmp_path / "gates"
+    config = gated_config(tmp_path, trials=2, concurrency=2, gates=gates)
+    exp = tmp_path / "exp"
+    # In a terminal of its own (as a user runs it), where Ctrl-C reaches it.
+    controller, terminal = pty.openpty()
+
+    def take_the_terminal() -> None:  # one system call in the child, no lock taken: safe beside threads
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [_script(), "run", str(config), "--experiment-dir", str(exp), "--quiet", "--ui", "127.0.0.1:0"],
+        stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"}, start_new_session=True,
+        preexec_fn=take_the_terminal,  # noqa: PLW1509
+    )
+    os.close(terminal)
+    try:
+        url, lines = first_line(proc, lambda line: line.removeprefix("dashboard: ").strip() or None
+                                if line.startswith("dashboard: ") else None)
+        assert url, "".join(lines)
+        browser.get(url)
+        wait_until(lambda: text(browser, "[data-count=RUNNING]") == "2", timeout=WAIT_S, message="2 running")
+        assert visible(browser, "stop") and "ETA" in text(browser, "#cards")
+
+        (gates / "all").touch()
+        wait_until(lambda: any("press Ctrl-C to leave" in line for line in lines), timeout=WAIT_S,
+                   message="the run ended, and said its dashboard serves on")
+        assert proc.poll() is None and any(line.startswith("best trial:") for line in lines)
+        wait_until(lambda: "SUCCEEDED" not in text(browser, "#cards .status") and text(browser, "#cards .status"),
+                   timeout=WAIT_S, message="the experiment's final status")
+        wait_until(lambda: text(browser, "[data-count=SUCCEEDED]") == "2", timeout=WAIT_S)
+        status = text(browser, "#cards .status")
+        assert status == get_json(url.rstrip("/") + "/api/experiment")["status"] and status != "RUNNING"
+        assert not visible(browser, "stop") and "ETA" not in text(browser, "#cards")
+        # Other pages still answer, read-only.
+        browser.get(url.rstrip("/") + "/#/trials")
+        wait_until(lambda: text(browser, "#trial-total") == "2 trials", timeout=WAIT_S, message="the trials page")
+        first = get_json(url.rstrip("/") + "/api/trials?limit=1")["trials"][0]
+        browser.get(f"{url.rstrip('/')}/#/trial/{first['id']}")
+        wait_until(lambda: "SUCCEEDED" in text(browser, "#trial-status"), timeout=WAIT_S)
+        assert not visible(browser, "cancel") and not visible(browser, "pause")
+        assert not banner_shown(browser)
+        assert console_errors(browser) == []
+
+        os.write(controller, b"\x03")  # Ctrl-C
+        assert proc.wait(WAIT_S) == 0, "".join(lines)
+        wait_until(lambda: banner_shown(browser), timeout=WAIT_S, message="the page says the dashboard stopped")
+        assert "dashboard has stopped" in text(browser, "#banner")
+        assert "stopped" in text(browser, "#live")
+    finally:
+        (gates / "all").touch()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT_S)
+        os.close(controller)

@@ -41,7 +41,14 @@ function toast(text) {
 }
 
 async function api(path, options) {
-  const res = await fetch(path, Object.assign({credentials: "same-origin"}, options || {}));
+  let res;
+  try {
+    res = await fetch(path, Object.assign({credentials: "same-origin"}, options || {}));
+  } catch (e) { // no answer at all: the dashboard's server has gone
+    serverLost();
+    throw new ApiError(0, "the dashboard is not answering");
+  }
+  serverBack();
   let body = null;
   try { body = await res.json(); } catch (e) { body = null; }
   if (res.status === 401) { askToken(); throw new ApiError(401, (body && body.error) || "token needed"); }
@@ -96,18 +103,49 @@ window.addEventListener("resize", () => charts.forEach(c => c.resize()));
 
 let source = null;
 let pending = false;
+let lost = false; // the server stopped answering: the page shows what it last read, and says so
+function refreshNow() {
+  // One refresh at a time: a burst of changes while one runs costs one more, not many.
+  if (pending || !current) return;
+  pending = true;
+  Promise.resolve(current.refresh()).catch(() => {}).finally(() => { pending = false; });
+}
+function serverLost() {
+  if (lost) return;
+  lost = true;
+  const live = document.getElementById("live");
+  live.textContent = "\u25CF stopped"; live.classList.remove("on");
+  const banner = document.getElementById("banner");
+  banner.textContent = "The dashboard has stopped: this page shows what it last read and no longer updates. "
+    + "It comes back by itself when the dashboard serves again (trialkeeper ui EXP_DIR).";
+  banner.hidden = false;
+}
+function serverBack() {
+  if (!lost) return;
+  lost = false;
+  document.getElementById("banner").hidden = true;
+  refreshNow();
+}
+// Whether the server still answers at all (an answer of any status will do).
+async function probe() {
+  const abort = new AbortController(), timer = setTimeout(() => abort.abort(), 5000);
+  try { await fetch("/", {method: "HEAD", cache: "no-store", signal: abort.signal}); serverBack(); }
+  catch (e) { serverLost(); }
+  finally { clearTimeout(timer); }
+}
 function connect() {
   if (source) source.close();
   const live = document.getElementById("live");
   source = new EventSource("/api/events");
+  source.addEventListener("open", () => serverBack());
   source.addEventListener("change", () => {
     live.textContent = "\u25CF live"; live.classList.add("on");
-    // One refresh at a time: a burst of changes while one runs costs one more, not many.
-    if (pending || !current) return;
-    pending = true;
-    Promise.resolve(current.refresh()).catch(() => {}).finally(() => { pending = false; });
+    refreshNow();
   });
-  source.onerror = () => { live.textContent = "\u25CF reconnecting"; live.classList.remove("on"); };
+  source.onerror = () => {
+    if (!lost) { live.textContent = "\u25CF reconnecting"; live.classList.remove("on"); }
+    probe(); // a stream that broke is tried again by the browser; a stopped server shows in the probe
+  };
 }
 
 // ---- overview ----------------------------------------------------------------------------
@@ -126,11 +164,11 @@ function overviewPage() {
   async function refresh() {
     const e = await api("/api/experiment");
     document.getElementById("exp-title").textContent = `Experiment ${e.id}${e.name ? " \u2014 " + e.name : ""}`;
-    document.getElementById("stop").style.display = e.status === "RUNNING" ? "" : "none";
+    document.getElementById("stop").style.display = e.actions && e.status === "RUNNING" ? "" : "none";
     const cards = [["Status", status(e.status) + (e.reason ? `<div class="muted" style="font-size:12px">${esc(e.reason)}</div>` : "")],
       ["Trials", `<span id="count-total">${e.trial_count}</span>${e.max_trials ? " / " + e.max_trials : ""}`],
       ...STATUSES.filter(s => e.trials[s]).map(s => [s.toLowerCase().replace("_", " "), `<span data-count="${s}">${e.trials[s]}</span>`]),
-      ["Elapsed", dur(e.elapsed_s)], ["ETA", e.eta_s === null ? "\u2014" : dur(e.eta_s)],
+      ["Elapsed", dur(e.elapsed_s)], ...(e.ended_at ? [] : [["ETA", e.eta_s === null ? "\u2014" : dur(e.eta_s)]]),
       ["Metrics stored", e.metrics], ["Environments", e.environments]];
     document.getElementById("cards").innerHTML = cards.map(([l, v]) =>
       `<div class="card"><div class="label">${esc(l)}</div><div class="value">${v}</div></div>`).join("");
@@ -268,6 +306,95 @@ function resultCurves(d) {
   return curves;
 }
 
+// A trial's output as the page shows it: its last lines (LOG_WINDOW of them), followed live,
+// with earlier parts loaded on request. The lines beyond the window are dropped as new ones
+// come, so a trial that prints without end costs the page no more than the window.
+const LOG_WINDOW = 2000;
+const LOG_CHARS = 4 * 2 ** 20; // and no more than this much text, however long the lines
+const LOG_JUMP = 4 * 2 ** 20; // this far behind, the page goes to the end rather than read it all
+function logWindow(id, stream) {
+  const base = `/api/trials/${encodeURIComponent(id)}/log?stream=${stream}`;
+  // This page's own elements: a read that ends after the page was left writes into nothing shown.
+  const el = document.getElementById(stream), button = document.getElementById(stream + "-earlier");
+  const note = document.getElementById(stream + "-note");
+  const pre = () => el;
+  // blocks: {node, offset, end, lines, exact} in file order; start: where the first begins, end: where to read on.
+  let blocks = [], start = 0, end = null, total = 0, lines = 0, chars = 0, following = true;
+  let allowance = LOG_WINDOW, charAllowance = LOG_CHARS; // grown by what is asked for with "earlier"
+  // Every read of this stream runs one after the other (a follow begun twice would read the
+  // same offset twice and show its lines twice), and a follow asked for while one waits is that one.
+  let chain = Promise.resolve(), queued = null;
+  function serial(fn) { const p = chain.then(fn); chain = p.catch(() => {}); return p; }
+  const count = text => { let n = 0; for (let i = text.indexOf("\n"); i >= 0; i = text.indexOf("\n", i + 1)) n++; return n; };
+  function block(part) {
+    return {node: document.createTextNode(part.text), offset: part.offset, end: part.next_offset, lines: count(part.text), exact: part.exact};
+  }
+  function add(b, first) {
+    const el = pre();
+    if (first) { el.insertBefore(b.node, el.firstChild); blocks.unshift(b); start = b.offset; }
+    else {
+      const atEnd = el.scrollTop + el.clientHeight >= el.scrollHeight - 4;
+      el.appendChild(b.node); blocks.push(b); end = b.end;
+      if (atEnd) el.scrollTop = el.scrollHeight; // kept at the end while it is read there
+    }
+    lines += b.lines; chars += b.node.length;
+  }
+  function drop() { // the lines beyond the window, oldest first
+    while (blocks.length) {
+      const b = blocks[0], excess = lines - allowance, over = chars - charAllowance;
+      if (excess <= 0 && over <= 0) break;
+      if (blocks.length > 1 && (b.lines <= excess || over > 0)) {
+        blocks.shift(); b.node.remove(); lines -= b.lines; chars -= b.node.length; start = blocks[0].offset; continue;
+      }
+      if (!b.exact || excess <= 0 || excess >= b.lines) break;
+      let cut = -1; // after the excess-th newline: the block's text is its bytes, so the new offset is known
+      for (let n = 0; n < excess; n++) cut = b.node.data.indexOf("\n", cut + 1);
+      const gone = b.node.data.slice(0, cut + 1);
+      b.offset += new TextEncoder().encode(gone).length; b.node.deleteData(0, gone.length);
+      b.lines -= excess; lines -= excess; chars -= gone.length; start = b.offset;
+    }
+  }
+  function show() {
+    button.style.display = start > 0 ? "" : "none";
+    button.textContent = `Load earlier output (${size(start)} before)`;
+    note.textContent = start > 0 ? `the last ${lines} lines of ${size(total)} shown` : "";
+  }
+  async function tail() {
+    const part = await api(`${base}&tail=${LOG_WINDOW}`);
+    pre().textContent = ""; blocks = []; lines = 0; chars = 0; allowance = LOG_WINDOW; charAllowance = LOG_CHARS;
+    add(block(part), false); start = part.offset; total = part.size; following = part.following;
+    pre().scrollTop = pre().scrollHeight;
+  }
+  async function followNow() {
+    if (end === null) await tail();
+    for (let i = 0; i < 50; i++) { // a chunk at a time, up to a bounded amount per call
+      const part = await api(`${base}&offset=${end}`);
+      total = part.size; following = part.following;
+      if (part.size - end > LOG_JUMP) { await tail(); continue; }
+      const moved = part.next_offset > end;
+      if (part.text) add(block(part), false);
+      end = part.next_offset;
+      drop();
+      if (part.next_offset >= part.size || !moved) break; // not moved: a result line not yet complete
+    }
+    show();
+    return following;
+  }
+  return {
+    follow() {
+      if (!queued) queued = serial(() => { queued = null; return followNow(); });
+      return queued;
+    },
+    earlier: () => serial(async () => {
+      if (!start) return;
+      const part = await api(`${base}&before=${start}`);
+      const b = block(part);
+      allowance += b.lines; charAllowance += b.node.length; // what was asked for stays while the end is followed
+      add(b, true); show();
+    }),
+  };
+}
+
 function trialPage(id) {
   main.innerHTML = `<h1>Trial <span id="trial-id"></span> <span id="trial-status"></span></h1>
     <div class="toolbar"><button id="pause" title="save a checkpoint and end, freeing the slot">Pause</button>
@@ -277,7 +404,10 @@ function trialPage(id) {
       <h2>Status history</h2><table class="plain" id="history"></table>
       <h2>Checkpoints</h2><table class="plain" id="checkpoints"></table></div>
       <div><div class="chart" id="curve-chart"></div><div class="chart small" id="gpu-chart" style="margin-top:12px"></div></div></div>
-    <h2>stdout</h2><pre class="log" id="stdout"></pre><h2>stderr</h2><pre class="log" id="stderr"></pre>`;
+    ${["stdout", "stderr"].map(s => `<h2>${s} <a class="download" id="${s}-download" download
+        href="/api/trials/${encodeURIComponent(id)}/log/download?stream=${s}">download</a></h2>
+      <div class="log-head"><button id="${s}-earlier" style="display:none">Load earlier output</button>
+        <span id="${s}-note" class="muted"></span></div><pre class="log" id="${s}"></pre>`).join("")}`;
   document.getElementById("trial-id").textContent = id;
   for (const action of Object.keys(ACTIONS)) {
     document.getElementById(action).addEventListener("click", () =>
@@ -285,26 +415,19 @@ function trialPage(id) {
   }
   const curve = chart(document.getElementById("curve-chart"), lineOption("Intermediate results", [], {xType: "value", xName: "report"}));
   const gpu = chart(document.getElementById("gpu-chart"), lineOption("GPU utilisation (%)", [], {legend: true}));
-  const offsets = {stdout: 0, stderr: 0};
-  let following = true, timer = null, disposed = false;
-
-  async function follow(stream) {
-    for (let i = 0; i < 50; i++) { // a chunk at a time, up to a bounded amount per refresh
-      const part = await api(`/api/trials/${encodeURIComponent(id)}/log?stream=${stream}&offset=${offsets[stream]}`);
-      if (part.text) document.getElementById(stream).append(document.createTextNode(part.text));
-      const moved = part.next_offset > offsets[stream];
-      offsets[stream] = part.next_offset;
-      following = part.following;
-      if (part.next_offset >= part.size || !moved) break; // not moved: a result line not yet complete
-    }
+  const logs = {stdout: logWindow(id, "stdout"), stderr: logWindow(id, "stderr")};
+  for (const stream of Object.keys(logs)) {
+    document.getElementById(stream + "-earlier").addEventListener("click", () => logs[stream].earlier().catch(e => toast(e.message)));
   }
+  let following = true, timer = null, disposed = false;
+  async function follow(stream) { following = await logs[stream].follow(); }
   async function refresh() {
     const d = await api(`/api/trials/${encodeURIComponent(id)}`);
     const t = d.trial;
     document.getElementById("trial-status").innerHTML = status(t.status) + (t.stopping ? " <span class='muted'>(stopping)</span>" : "");
     document.getElementById("trial-reason").textContent = [t.reason || t.waiting_reason, t.final_metric !== null ? "final metric " + num(t.final_metric) : ""].filter(Boolean).join(" \u2014 ");
     for (const [action, states] of Object.entries(ACTIONS)) {
-      document.getElementById(action).style.display = states.includes(t.status) && !t.stopping ? "" : "none";
+      document.getElementById(action).style.display = d.actions && states.includes(t.status) && !t.stopping ? "" : "none";
     }
     document.getElementById("params").innerHTML = Object.entries(t.parameters || {}).map(([k, v]) =>
       `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
