@@ -241,6 +241,10 @@ def _run(args: argparse.Namespace) -> int:
     from ..search.tuners import TunerError
 
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "experiment_id", None):  # a detached run: its output is experiment.log already
+        from .steer import said_once
+
+        said_once()
     tune_for_fleets()  # this process is the coordinator's own: see gcpolicy
     extended = False  # resume --max-trials or --max-duration given
     try:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .. import experimentlog
 from ..read.model import ReadModel
 from ..store.reads import holds_experiment
 from .control import LIMITS, ControlError, NoCoordinator, alive, request, valid_limit
@@ -361,6 +363,21 @@ def run_detached(args: argparse.Namespace) -> int:
     print(f"output: {log_path}; `trialkeeper stop {experiment_id}` stops it, `trialkeeper view {experiment_id}` "
           "shows it")
     return 0
+
+
+class _InTheLogFile(logging.Filter):
+    """Drops what the experiment's own log handler writes to experiment.log anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        mine = record.name.split(".", 1)[0] in ("trialkeeper", "nni")
+        return not (mine and record.levelno >= logging.WARNING and experimentlog.current_experiment.get())
+
+
+def said_once() -> None:
+    """For a detached run, whose output goes to experiment.log: the warnings and errors the
+    experiment's log handler writes there are not written again by the stderr handler."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_InTheLogFile())
 
 
 def add_commands(sub: Any) -> None:

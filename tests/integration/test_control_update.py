@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import pid_gone, stored_rows, wait_until, write_script
+from conftest import build_config, pid_gone, stored_rows, wait_until, write_script
 from test_cli import assert_one_line_error, tk
 from trialkeeper.coordinator.core import UPDATED_META, Coordinator
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.store.reads import StoreReader
+from trialkeeper.coordinator.sync import SyncCoordinator
 
 WAIT_S = 60.0
 STOP_S = 120.0
@@ -227,3 +229,39 @@ def test_a_detached_run_whose_config_is_wrong_says_so_and_starts_nothing(tmp_pat
     assert refused.returncode == 2
     assert "trialConcurrency" in refused.stderr, refused.stderr
     assert not (tmp_path / "exp").exists(), "nothing was started"
+
+
+def test_a_detached_run_that_cannot_start_says_why_with_its_output(tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        refused = tk("run", _config(tmp_path), "--detach", "--experiment-dir", tmp_path / "exp",
+                     "--ui", f"127.0.0.1:{port}", timeout=STOP_S)
+    finally:
+        taken.close()
+    assert refused.returncode == 2, refused.stdout + refused.stderr  # the run's own exit status
+    said = refused.stderr.strip().splitlines()
+    assert said[-1].startswith("trialkeeper: the run ended at once (exit code 2); its output is in "), said
+    assert f"trialkeeper: the dashboard cannot listen on 127.0.0.1:{port}: " in said[-2], "the run's own words first"
+    assert not stored_rows(tmp_path / "exp", "trials")
+
+
+def test_the_embedding_api_updates_the_concurrency_of_a_running_coordinator(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", TRIAL)
+    (tmp_path / "gates").mkdir()
+    config = build_config(tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=1,
+                          trialEnv={"GATES": str(tmp_path / "gates")})
+    with SyncCoordinator(config) as c:
+        try:
+            handles = [c.submit({"x": x}) for x in (1, 2, 3)]
+            wait_until(lambda: [h.info.status.value for h in handles] == ["RUNNING", "WAITING", "WAITING"],
+                       timeout=WAIT_S)
+            c.update(trial_concurrency=3)
+            wait_until(lambda: all(h.info.status.value == "RUNNING" for h in handles), timeout=WAIT_S,
+                       message="the waiting trials started once the concurrency was raised")
+            assert c.coordinator.config.trial_concurrency == 3
+        finally:
+            (tmp_path / "gates" / "all").touch()
+        assert [h.wait(WAIT_S).final_metric for h in handles] == [1.0, 2.0, 3.0]
