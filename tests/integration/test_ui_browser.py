@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_until, write_script
-from dashboard import first_line, gated_config, get_json, live_experiment, many_trials, stored_dashboard
+from dashboard import first_line, gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
 from test_cli import _script
 from test_control import TRIAL as CHECKPOINTING_TRIAL
 
@@ -429,6 +429,16 @@ def test_a_big_output_shows_its_tail_earlier_parts_on_request_and_downloads_whol
         assert len(lines) == shown_before  # as many lines as before: the oldest dropped for the new
         assert browser.execute_script("return document.getElementById('main').textContent.length;") < 500_000
 
+        # Far behind a trial that prints fast, the page goes to the end rather than read it all.
+        more = total + 5000 + 300_000  # 6.6 MiB more at once
+        with open(log, "a") as f:
+            f.write("".join(f"output line {i:09d}\n" for i in range(total + 5000, more)))
+        wait_until(lambda: f"output line {more - 1:09d}" in text(browser, "#stdout"), timeout=WAIT_S,
+                   message="the end reached")
+        lines = [line for line in shown_lines(browser) if line]
+        assert lines == [f"output line {i:09d}" for i in range(more - 2000, more)]
+        assert browser.execute_script("return performance.memory.usedJSHeapSize;") < 200 * 2**20
+
         # The whole file, by the link.
         href = browser.find_element(By.ID, "stdout-download").get_attribute("href")
         assert href == f"{url}/api/trials/tr00000/log/download?stream=stdout"
@@ -487,6 +497,9 @@ def test_run_ui_shows_the_final_state_after_the_run_and_says_when_the_dashboard_
         assert not visible(browser, "cancel") and not visible(browser, "pause")
         assert not banner_shown(browser)
         assert console_errors(browser) == []
+        token = (exp / ".token").read_text().strip()
+        status_code, _, body = http("POST", url.rstrip("/") + "/api/experiment/stop", token=token)
+        assert status_code == 409 and b"the experiment has ended" in body
 
         os.write(controller, b"\x03")  # Ctrl-C
         assert proc.wait(WAIT_S) == 0, "".join(lines)
