@@ -87,6 +87,12 @@ class CheckpointLink:
     def checkpoint_upload(self, trial_id: str, step: int, directory: Path, files: Sequence[FileEntry]) -> None:
         """Send the files (under ``directory``) up as numbered chunks, read when sent."""
 
+    async def checkpoint_send_direct(
+        self, trial_id: str, step: int, directory: Path, files: Sequence[FileEntry]
+    ) -> set[str]:
+        """Send what files it can straight to the coordinator's bulk port; the paths sent."""
+        return set()
+
     def checkpoint_saved(self, saved: SavedCheckpoint) -> asyncio.Future[str | None]:
         """Send CheckpointSaved; the future gives None once acknowledged (recorded), or the
         reason of a CheckpointRefused that came first."""
@@ -437,7 +443,10 @@ class CheckpointKeeper:
         if not lt.shared:
             await asyncio.to_thread(cf.write_index, final, manifest)
             if not location:
-                self.link.checkpoint_upload(lt.trial_id, step, final, manifest.files)
+                direct = await self.link.checkpoint_send_direct(lt.trial_id, step, final, manifest.files)
+                rest = [f for f in manifest.files if f.path not in direct]
+                if rest or not manifest.files:
+                    self.link.checkpoint_upload(lt.trial_id, step, final, rest)
         saved = SavedCheckpoint(lt.trial_id, step, metric_index, manifest, location, time.time())
         answer = self.link.checkpoint_saved(saved)
         sent()

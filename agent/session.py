@@ -29,7 +29,7 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
-from . import __version__
+from . import __version__, bulk
 from .beats import GpuReport
 from .checkpoint_files import FileEntry
 from .checkpoint_link import CheckpointWire, checkpoint_ref, with_file_data
@@ -129,6 +129,7 @@ class AgentSession(RunnerEvents):
         # length) to read them from when they are sent, and again after a reconnect.
         self._file_ranges: dict[int, tuple[Path, int]] = {}
         self._checkpoints = CheckpointWire(self._enqueue, self._file_ranges, self._wakeup.set)
+        self._bulk_port = 0  # the coordinator's port for uploads' bytes (Welcome), 0: by the stream
         self.runner = TrialRunner(
             options.workdir,
             self,
@@ -210,6 +211,20 @@ class AgentSession(RunnerEvents):
 
     def checkpoint_saved(self, saved: SavedCheckpoint) -> asyncio.Future[str | None]:
         return self._checkpoints.saved(saved)
+
+    async def checkpoint_send_direct(
+        self, trial_id: str, step: int, directory: Path, files: Sequence[FileEntry]
+    ) -> set[str]:
+        port = self._bulk_port
+        if not port or not files:
+            return set()
+        address = (self.o.coordinator.rsplit(":", 1)[0].strip("[]"), port)
+        token, env_id = self.o.token, self.o.environment_id
+        sent, why = await asyncio.to_thread(bulk.send_files, address, token, env_id, trial_id, step, directory, files)
+        if why:  # the stream takes the rest, and the next saves, until the next Welcome
+            log.info("checkpoint %d of trial %s: the rest goes by the stream: %s", step, trial_id, why)
+            self._bulk_port = 0
+        return sent
 
     def fetch_checkpoint(self, trial_id: str, step: int, path: str, offset: int) -> None:
         self._checkpoints.fetch(trial_id, step, path, offset)
@@ -414,6 +429,8 @@ class AgentSession(RunnerEvents):
         if welcome.heartbeat_interval_s > 0:
             self._heartbeat_s = welcome.heartbeat_interval_s
         self._gpu_report.new_stream(welcome.gpu_sample_interval_s)
+        # Not over TLS: the coordinator offers the port only when it does not serve TLS.
+        self._bulk_port = welcome.checkpoint_data_port if self.o.tls_root_cert is None else 0
         for r in welcome.checkpoint_refusals:  # before the ack that covers those saves
             self._checkpoints.refused(r.trial_id, r.step, r.reason)
         self._on_ack(welcome.acked_seq)

@@ -276,7 +276,8 @@ class Coordinator:
         root = checkpoint_root(self.experiment_dir, [m for _, m in self._platforms(service)])
         files = CheckpointFiles(root, self.experiment_id)
         policy = self._policy(service)
-        if not self.config.coordinator.tls:  # uploads' bytes straight to disk (not over TLS: by the stream)
+        settings = self.config.coordinator
+        if settings.checkpoint_port and not settings.tls:  # uploads' bytes straight to disk, not by the stream
             self._bulk = BulkReceiver(self._token, files.incoming_dir, self._placed_on, policy.max_checkpoint_bytes)
             policy = dataclasses.replace(policy, checkpoint_data_port=self._bulk.start(bind.rsplit(":", 1)[0]))
         self._engine = engine = Engine(policy)

@@ -328,6 +328,21 @@ class Shell:
         if reported and self.engine.wants_pass():
             self.pass_soon()
 
+    async def sweep_orphans(self) -> None:
+        """After a crash: remove what the platform still runs for this experiment that the
+        store does not count on (an environment started just before the crash and never
+        recorded, or one the store had already ended), so that nothing is left orphaned."""
+        experiment_id = self.engine.policy.experiment_id
+        keep = {e.id for e in self.engine.live_envs()}
+        try:
+            removed = await self.service.sweep(experiment_id, keep=keep)
+        except Exception:  # a service must return errors, but resume goes on without the sweep
+            log.exception("environment service %s raised on sweep", self.service.platform)
+            return
+        if removed:
+            log.info("experiment %s: removed %d orphaned environment(s): %s", experiment_id, len(removed),
+                     ", ".join(removed))
+
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def _finished(self, event: ev.AgentReported, saved: ck.CheckpointSavedReported) -> ev.AgentReported:

@@ -140,6 +140,10 @@ class CoordinatorSettings:
     max_heartbeats_per_second: float = field(default=2000.0, metadata=POSITIVE_NUMBER)
     # Serve agents over TLS with a certificate made for this experiment, which they pin.
     tls: bool = False
+    # Take the bytes of checkpoints uploaded by agents on a plain TCP port of their own (one
+    # per file, sendfile), not as 1 MiB messages of their stream; never with TLS. False: by
+    # the stream only (where only the gRPC port is reachable).
+    checkpoint_port: bool = True
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:

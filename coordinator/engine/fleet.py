@@ -239,7 +239,7 @@ class Fleet:
         self._out.append(ev.Send(joined.link, ev.Welcome(
             policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval,
             policy.section(env.platform).checkpoint_dir, policy.checkpoint_storage, policy.max_checkpoint_bytes,
-            refusals,
+            refusals, policy.checkpoint_data_port,
         )))
 
     def disconnected(self, d: ev.AgentDisconnected) -> None:

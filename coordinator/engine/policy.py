@@ -77,6 +77,8 @@ class Policy:
     progress_resets_retries: bool = True
     # Which checkpoints an experiment that finished keeps: succeeded | all | none.
     checkpoints_after_end: str = "succeeded"
+    # The coordinator's port for uploads' bytes (transport/bulk.py; 0: by the stream only).
+    checkpoint_data_port: int = 0
 
     def __post_init__(self) -> None:
         if not self.platforms:

@@ -47,7 +47,7 @@ class CheckpointFiles:
     def dir_of(self, trial_id: str, step: int) -> Path:
         return self.root / trial_id / str(step)
 
-    def _incoming(self, trial_id: str, step: int) -> Path:
+    def incoming_dir(self, trial_id: str, step: int) -> Path:
         return self.root / trial_id / f".incoming-{step}"
 
     # ---- uploads ---------------------------------------------------------------------------
@@ -57,7 +57,7 @@ class CheckpointFiles:
         past the end of its file would leave a hole and is dropped, loudly."""
         if path_problem(path) or path_problem(trial_id):
             return
-        target = self._incoming(trial_id, step) / path
+        target = self.incoming_dir(trial_id, step) / path
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             size = target.stat().st_size if target.exists() else 0
@@ -78,7 +78,7 @@ class CheckpointFiles:
         wrong ("" when it is whole). Written through shared storage it is there already."""
         if path_problem(trial_id):
             return f"trial id {trial_id!r} cannot name a directory"
-        final, incoming = self.dir_of(trial_id, step), self._incoming(trial_id, step)
+        final, incoming = self.dir_of(trial_id, step), self.incoming_dir(trial_id, step)
         try:
             if incoming.exists():
                 if _missing(incoming, files):

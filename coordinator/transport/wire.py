@@ -277,6 +277,7 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
                 cancel_trial_ids=list(message.cancel_trial_ids),
                 gpu_sample_interval_s=message.gpu_sample_interval_s, checkpoint_dir=message.checkpoint_dir,
                 checkpoint_storage=message.checkpoint_storage, max_checkpoint_bytes=message.max_checkpoint_bytes,
+                checkpoint_data_port=message.checkpoint_data_port,
                 checkpoint_refusals=[
                     pb.CheckpointRefused(trial_id=r.trial_id, step=r.step, reason=r.reason)
                     for r in message.checkpoint_refusals

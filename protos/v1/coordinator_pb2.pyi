@@ -363,7 +363,7 @@ class Settings(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., gpu_sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids", "gpu_sample_interval_s", "checkpoint_dir", "checkpoint_storage", "max_checkpoint_bytes", "checkpoint_refusals")
+    __slots__ = ("experiment_id", "acked_seq", "heartbeat_interval_s", "protocol_version", "cancel_trial_ids", "gpu_sample_interval_s", "checkpoint_dir", "checkpoint_storage", "max_checkpoint_bytes", "checkpoint_refusals", "checkpoint_data_port")
     EXPERIMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -374,6 +374,7 @@ class Welcome(_message.Message):
     CHECKPOINT_STORAGE_FIELD_NUMBER: _ClassVar[int]
     MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     experiment_id: str
     acked_seq: int
     heartbeat_interval_s: float
@@ -384,7 +385,8 @@ class Welcome(_message.Message):
     checkpoint_storage: str
     max_checkpoint_bytes: int
     checkpoint_refusals: _containers.RepeatedCompositeFieldContainer[CheckpointRefused]
-    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ..., gpu_sample_interval_s: _Optional[float] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_storage: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., checkpoint_refusals: _Optional[_Iterable[_Union[CheckpointRefused, _Mapping]]] = ...) -> None: ...
+    checkpoint_data_port: int
+    def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ..., gpu_sample_interval_s: _Optional[float] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_storage: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., checkpoint_refusals: _Optional[_Iterable[_Union[CheckpointRefused, _Mapping]]] = ..., checkpoint_data_port: _Optional[int] = ...) -> None: ...
 
 class StartTrial(_message.Message):
     __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids", "checkpoint")

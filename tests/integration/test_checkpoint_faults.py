@@ -82,7 +82,8 @@ def _config_data(tmp_path: Path, proxy: HoldingProxy) -> dict[str, Any]:
         "retryFailedTrials": True,
         "checkpointsPerTrial": 2,
         "trainingService": {"platform": "local"},
-        "coordinator": {**TIMERS, "advertiseAddress": f"127.0.0.1:{proxy.port}"},
+        # Uploads go up the stream, through the proxy that holds them: not by the bulk port.
+        "coordinator": {**TIMERS, "advertiseAddress": f"127.0.0.1:{proxy.port}", "checkpointPort": False},
     }
 
 

@@ -208,6 +208,8 @@ def test_without_shared_storage_checkpoints_go_up_the_stream_and_down_to_another
             assert (uploaded / "blob.bin").read_bytes() == bytes([1]) * BLOB
             cached = tmp_path / "agents" / first_env / "checkpoint-cache" / h.id / "1"
             assert (cached / "blob.bin").stat().st_size == BLOB
+            # Its bytes went by the coordinator's bulk port, none by the stream.
+            assert "goes by the stream" not in service.log(first_env)
             service.procs[first_env].kill()
             await async_wait_until(lambda: len(_runs(out, h.id)) == 2, WAIT_S, message="it was not continued")
             gate.write_text("")
@@ -232,6 +234,7 @@ def test_uploads_and_downloads_go_on_across_cut_connections(tmp_path: Path) -> N
         proxy = await CuttingProxy().start()
         config = build_config(tmp_path, trialConcurrency=1, coordinator={
             **TIMERS, "advertiseAddress": f"127.0.0.1:{proxy.port}", "reconnectWindow": 30,
+            "checkpointPort": False,  # by the stream, through the proxy that cuts it
         })
         stop = asyncio.Event()
 

@@ -242,7 +242,7 @@ def test_unknown_key_without_a_close_match_lists_the_valid_ones(tmp_path: Path) 
     assert found == {
         "coordinator.zzz": (
             "unknown key; valid keys are: address, advertiseAddress, heartbeatInterval, "
-            "agentLostTimeout, trialLostTimeout, reconnectWindow, maxHeartbeatsPerSecond, tls"
+            "agentLostTimeout, trialLostTimeout, reconnectWindow, maxHeartbeatsPerSecond, tls, checkpointPort"
         )
     }
 
