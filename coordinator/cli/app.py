@@ -28,7 +28,7 @@ from .control import ControlHook
 from .ended import ENDED_EXIT, add_exit_option, extended_config, failed_note, resume_refusal, stop_note
 from .livelog import LiveLog
 from .steer import add_commands as add_steer_commands
-from .views import add_commands, no_trial
+from .views import EXP_HELP, add_commands, experiment_path, no_trial
 from .views import console as _console
 
 # The exit status of a command whose output pipe was closed (128 + SIGPIPE), as a shell
@@ -159,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     logs = sub.add_parser(
         "logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr)."
     )
-    logs.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    logs.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     logs.add_argument("trial_id", metavar="TRIAL_ID")
     logs.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the trial ends")

@@ -303,6 +303,9 @@ def test_logs(quickstart: Run, failing: Run) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout == (quickstart.exp / "trials" / trial_id / "stdout.log").read_text()
     assert "held-out accuracy" in out.stdout and "epoch 1/" in out.stdout
+    with quickstart.db() as db:
+        exp_id = db.execute("SELECT id FROM experiment").fetchone()[0]
+    assert tk("logs", exp_id, trial_id).stdout == out.stdout  # by the experiment's id too
 
     failed_id = failing.trials()[0]["id"]
     err = tk("logs", failing.exp, failed_id, "--stderr")
