@@ -212,7 +212,10 @@ def _raw(path: Path, data: bytes) -> dict[str, Any]:
     [
         (b"not json\n", "a request is one JSON object on one line"),
         (b"[1, 2]\n", "a request is one JSON object on one line"),
-        (b'{"op": "explode"}\n', "op: 'explode' is not one of pause, continue, cancel, stop, ping, update, submit, rerun"),
+        (
+            b'{"op": "explode"}\n',
+            "op: 'explode' is not one of pause, continue, cancel, stop, ping, update, submit, rerun",
+        ),
         (b'{"op": "pause"}\n', "trials: a list of 1 to 10000 trial ids is needed"),
         (b'{"op": "pause", "trials": []}\n', "trials: a list of 1 to 10000 trial ids is needed"),
         (b'{"op": "pause", "trials": [3]}\n', "trials: a list of 1 to 10000 trial ids is needed"),
