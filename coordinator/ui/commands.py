@@ -23,7 +23,8 @@ INSTALL_HINT = "the dashboard needs the ui extra: pip install 'trialkeeper[ui]'"
 def add_ui_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ui", nargs="?", const=UI_DEFAULT, default=None, metavar="HOST:PORT",
-        help=f"serve the dashboard while it runs (default {UI_DEFAULT}; beyond loopback every page needs the token)",
+        help=f"serve the dashboard while it runs, and in a terminal after it ends until Ctrl-C (default {UI_DEFAULT}; "
+        "beyond loopback every page needs the token)",
     )
 
 
