@@ -146,13 +146,19 @@ def digest_of(directory: Path, files: Sequence[FileEntry]) -> str:
 
 def make_manifest(directory: Path, max_bytes: int = 0) -> Manifest:
     """Scan ``directory``, refuse it when larger than ``max_bytes`` (0: no limit), digest it."""
+    files = scan_within(directory, max_bytes)
+    return Manifest(tuple(files), digest_of(directory, files))
+
+
+def scan_within(directory: Path, max_bytes: int = 0) -> list[FileEntry]:
+    """:func:`scan`, refused when larger than ``max_bytes`` (0: no limit)."""
     files = scan(directory)
     size = sum(f.size for f in files)
     if max_bytes and size > max_bytes:
         raise CheckpointFilesError(
             f"the checkpoint is {size} bytes, more than the experiment's maxCheckpointSize ({max_bytes} bytes)"
         )
-    return Manifest(tuple(files), digest_of(directory, files))
+    return files
 
 
 def manifest_problem(files: Sequence[FileEntry], size_bytes: int) -> str:

@@ -425,10 +425,17 @@ class CheckpointKeeper:
         except OSError as e:
             raise _Refused(f"cannot take the files of {lt.live}: {e.strerror or e}") from e
         final = lt.root / str(step)
+        direct: asyncio.Future[set[str]] | None = None
         try:
-            manifest = await asyncio.to_thread(cf.make_manifest, staging, self.max_bytes)
+            files = await asyncio.to_thread(cf.scan_within, staging, self.max_bytes)
             await asyncio.to_thread(cf.place, staging, final)
+            if not lt.shared and not self.storage_url:
+                # Its bytes go to the coordinator while its digest is computed, not after.
+                direct = asyncio.ensure_future(self.link.checkpoint_send_direct(lt.trial_id, step, final, files))
+            manifest = cf.Manifest(tuple(files), await asyncio.to_thread(cf.digest_of, final, files))
         except (CheckpointFilesError, OSError) as e:
+            if direct is not None:
+                await asyncio.wait([direct])
             where = staging if staging.exists() else final
             raise _Refused(f"{_reason(e)}{await self._give_back(lt, where)}") from e
         location = ""
@@ -443,8 +450,8 @@ class CheckpointKeeper:
         if not lt.shared:
             await asyncio.to_thread(cf.write_index, final, manifest)
             if not location:
-                direct = await self.link.checkpoint_send_direct(lt.trial_id, step, final, manifest.files)
-                rest = [f for f in manifest.files if f.path not in direct]
+                took = await direct if direct is not None else set()
+                rest = [f for f in manifest.files if f.path not in took]
                 if rest or not manifest.files:
                     self.link.checkpoint_upload(lt.trial_id, step, final, rest)
         saved = SavedCheckpoint(lt.trial_id, step, metric_index, manifest, location, time.time())
