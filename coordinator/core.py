@@ -474,8 +474,9 @@ class Coordinator:
         self._shell.pass_soon()
 
     async def update(self, **limits: Any) -> None:
-        """Change trial_concurrency, max_trial_number or max_experiment_duration while it runs (values checked by
-        the caller): placement follows at once, and the store keeps them for a resume."""
+        """Change trial_concurrency, max_trial_number or max_experiment_duration now; a resume keeps them."""
+        if set(limits) - set(LIMITS) or any(type(v) not in (int, float) or v <= 0 for v in limits.values()):
+            raise ValueError(f"only {', '.join(LIMITS)} may change, each to a number above 0; got {limits}")
         shell = self._running()[1]
         assert self.store is not None and self._service is not None
         self.config = replace(self.config, **limits)

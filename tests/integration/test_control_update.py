@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from conftest import build_config, pid_gone, stored_rows, wait_until, write_script
 from test_cli import assert_one_line_error, tk
@@ -258,6 +259,9 @@ def test_the_embedding_api_updates_the_concurrency_of_a_running_coordinator(tmp_
             handles = [c.submit({"x": x}) for x in (1, 2, 3)]
             wait_until(lambda: [h.info.status.value for h in handles] == ["RUNNING", "WAITING", "WAITING"],
                        timeout=WAIT_S)
+            for wrong in ({"trial_concurrency": 0}, {"max_trial_number": True}, {"trial_gpu_number": 1}):
+                with pytest.raises(ValueError, match="only trial_concurrency, max_trial_number, max_experiment_dur"):
+                    c.update(**wrong)
             c.update(trial_concurrency=3)
             wait_until(lambda: all(h.info.status.value == "RUNNING" for h in handles), timeout=WAIT_S,
                        message="the waiting trials started once the concurrency was raised")
