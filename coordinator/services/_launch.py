@@ -8,6 +8,7 @@ never on a command line: it travels in the agent's environment (:func:`agent_env
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -78,13 +79,18 @@ def write_tls_cert(directory: Path, cert_pem: bytes | None) -> str | None:
 
 
 def log_tail(path: Path, limit: int = 600) -> str:
-    """The last non-blank line of an agent's log, for a message saying why it ended."""
+    """The last non-blank line of an agent's log that is not an INFO or DEBUG line of its own
+    (those say what went well), for a message saying why it ended."""
     try:
         data = path.read_bytes()[-limit:]
     except OSError:
         return ""
-    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip() and not _QUIET.match(ln)]
     return lines[-1] if lines else ""
+
+
+# "2026-11-27 16:50:49,250 INFO agent[21372] ...": how the agent logs what went well.
+_QUIET = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:INFO|DEBUG) ")
 
 
 def copy_code(source: Path, target: Path, exclude: Collection[Path] = ()) -> None:

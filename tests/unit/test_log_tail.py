@@ -1,0 +1,20 @@
+"""What an ended agent's log says of why it ended: its last line that is not an INFO or DEBUG
+line of its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trialkeeper.coordinator.services._launch import log_tail
+
+
+def test_the_reason_skips_what_went_well(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    warning = "2026-11-27 16:50:49,250 WARNING agent[1] trialkeeper.agent.session: the coordinator is unreachable"
+    log.write_text(f"{warning}\n2026-11-27 16:50:49,427 INFO agent[1] x: checkpoint at step 0 taken\n\n")
+    assert log_tail(log) == warning
+    log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n2026-11-27 16:50:49,427 DEBUG agent[1] x\n")
+    assert log_tail(log) == "RuntimeError: boom"
+    log.write_text("2026-11-27 16:50:49,427 INFO agent[1] x: all well\n")
+    assert log_tail(log) == ""
+    assert log_tail(tmp_path / "missing.log") == ""
