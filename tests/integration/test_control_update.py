@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 import yaml
 from conftest import build_config, pid_gone, stored_rows, wait_until, write_script
 from test_cli import assert_one_line_error, tk
+from test_control import _finish, _Run
 from trialkeeper.coordinator.core import UPDATED_META, Coordinator
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.store.reads import StoreReader
@@ -182,23 +182,16 @@ def test_a_detached_run_is_updated_given_trials_and_viewed_by_id_then_stopped(tm
         )
 
         # The dashboard of the experiment, by its id.
-        view = subprocess.Popen(
-            [sys.executable, "-m", "trialkeeper.coordinator.cli", "view", exp_id, "--address", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-        )
+        view = _Run("view", exp_id, "--address", "127.0.0.1:0")
         try:
-            assert view.stdout is not None
-            said = view.stdout.readline().strip()
+            said = wait_until(lambda: [line for line in view.lines if line.startswith("dashboard: ")], timeout=WAIT_S,
+                              message="the dashboard's address")[0]
             assert said.startswith("dashboard: http://127.0.0.1:"), said
             with urllib.request.urlopen(said.split(" ", 1)[1], timeout=30) as page:
                 assert page.status == 200
         finally:
             view.send_signal(signal.SIGINT)
-            try:
-                view.wait(30)
-            except subprocess.TimeoutExpired:
-                view.kill()
-                view.wait(30)
+            _finish(view, 30)
 
         stopped = tk("stop", exp_id, "--timeout", str(STOP_S), timeout=STOP_S + 30)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
