@@ -567,9 +567,9 @@ class Coordinator:
         return self._shell.failure if self._shell is not None else ""
 
     @property
-    def scheduling_passes(self) -> tuple[int, float, float]:
+    def scheduling_passes(self) -> tuple[int, float, float, tuple[tuple[float, int], ...]]:
         """Scheduling passes run so far, the seconds they took in all, and the latest one's."""
-        return self._shell.pass_stats if self._shell is not None else (0, 0.0, 0.0)
+        return self._shell.pass_stats if self._shell is not None else (0, 0.0, 0.0, ())
 
     @property
     def heartbeat_interval(self) -> float:

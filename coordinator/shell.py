@@ -41,6 +41,8 @@ CHECKPOINT_WINDOW = 8
 CHECKPOINT_SEND_TIMEOUT_S = 120.0
 # How long the end of an experiment waits for checkpoints being removed.
 REMOVAL_WAIT_S = 60.0
+# Upper bounds (seconds) of the scheduling pass histogram.
+PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _WRITES = (*ev.STORE_WRITES, ev.WriteLog, ck.WriteCheckpointChunk)
 # Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
 # the ones behind them (group commit).
@@ -110,8 +112,11 @@ class Shell:
         self.closed = False  # the store is closed: nothing more is applied
         self._drained_at = 0.0
         self._pass_pending = False
-        # Scheduling passes run and the time they took (what /metrics shows): count, total, latest.
-        self.pass_stats: tuple[int, float, float] = (0, 0.0, 0.0)
+        # Scheduling passes run and the time they took (what /metrics shows): count, total,
+        # latest, and how many took at most each of PASS_BUCKETS (cumulative).
+        self.pass_stats: tuple[int, float, float, tuple[tuple[float, int], ...]] = (
+            0, 0.0, 0.0, tuple((b, 0) for b in PASS_BUCKETS)
+        )
         self._check_now = False
         self._refused_logs: set[tuple[str, str]] = set()
         self._monitor: asyncio.Task[None] | None = None
@@ -423,8 +428,8 @@ class Shell:
         except Exception as e:  # noqa: BLE001 - reported by fail()
             self.fail(f"a scheduling pass failed: {type(e).__name__}: {e}", exc=e)
         took = time.perf_counter() - began
-        count, total, _ = self.pass_stats
-        self.pass_stats = (count + 1, total + took, took)
+        count, total, _, under = self.pass_stats
+        self.pass_stats = (count + 1, total + took, took, tuple((b, n + (took <= b)) for b, n in under))
 
     def start_monitor(self, interval: float) -> None:
         self._exit_check.horizon_s = interval

@@ -22,15 +22,13 @@ from ..read.model import EnvSnapshot, ReadModel
 
 # Upper bounds (seconds) of the trial duration histogram: a second to a day.
 TRIAL_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
-# Upper bounds (seconds) of the scheduling pass histogram, for a shell that counts passes in them.
-SCHEDULING_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # The statuses a stored experiment has (a status this version does not know is shown too).
 EXPERIMENT_STATUSES = ("RUNNING", "DONE", "STOPPED", "FAILED")
 
 # What the coordinator says of its scheduling passes: (passes, seconds in all, the latest
-# one's seconds), optionally followed by the passes that took at most each of
-# SCHEDULING_BUCKETS (cumulative); without them the histogram has its +Inf bucket only.
-Scheduling = tuple[int, float, float] | tuple[int, float, float, Sequence[int]]
+# one's seconds), optionally followed by (upper bound, passes that took at most that) pairs,
+# cumulative; without them the histogram has its +Inf bucket only.
+Scheduling = tuple[int, float, float] | tuple[int, float, float, Sequence[tuple[float, int]]]
 
 
 def _version() -> str:
@@ -133,12 +131,12 @@ class ExperimentCollector(Collector):
     @staticmethod
     def _scheduling(experiment: str, scheduling: Scheduling) -> list[Metric]:
         passes, total, last = scheduling[0], scheduling[1], scheduling[2]
-        under: Sequence[int] = scheduling[3] if len(scheduling) > 3 else ()  # type: ignore[misc]
-        bounds = SCHEDULING_BUCKETS if len(under) == len(SCHEDULING_BUCKETS) else ()
+        pairs: Sequence[tuple[float, int]] = scheduling[3] if len(scheduling) > 3 else ()  # type: ignore[misc]
+        bounds, under = [b for b, _ in pairs], [n for _, n in pairs]
         seconds = HistogramMetricFamily(
             "trialkeeper_scheduling_pass_seconds", "How long scheduling passes took.", labels=["experiment"]
         )
-        seconds.add_metric([experiment], _buckets(bounds, under if bounds else (), passes), total)
+        seconds.add_metric([experiment], _buckets(bounds, under, passes), total)
         latest = GaugeMetricFamily(
             "trialkeeper_scheduling_pass_last_seconds", "How long the latest scheduling pass took.",
             labels=["experiment"],

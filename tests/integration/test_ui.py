@@ -118,6 +118,9 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         assert samples[("trialkeeper_metrics_stored_total", ())] >= 4  # the first trial: 3 intermediate, 1 final
         assert samples[("trialkeeper_scheduling_pass_seconds_count", ())] >= 1
         assert samples[("trialkeeper_scheduling_pass_seconds_sum", ())] > 0
+        # The passes counted in buckets too: the +Inf one holds them all, each bound at most as many.
+        bucket = [v for (n, labels), v in samples.items() if n == "trialkeeper_scheduling_pass_seconds_bucket"]
+        assert len(bucket) == 13 and max(bucket) == samples[("trialkeeper_scheduling_pass_seconds_count", ())]
         assert sum(v for (n, _), v in samples.items() if n == "trialkeeper_environments") >= 1
         assert samples[("trialkeeper_agents_connected", ())] >= 1
         assert ("trialkeeper_queue_length", ()) in samples
