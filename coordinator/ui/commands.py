@@ -98,10 +98,11 @@ def dashboard_starter(
 
 
 def terminal_attached() -> bool:
-    """Whether this process runs in the foreground of a terminal (where Ctrl-C reaches it)."""
+    """Whether this process runs in the foreground of a terminal, in and out: someone reads
+    what it says and can press Ctrl-C (not a script that keeps its output, nor a background job)."""
     try:
         fd = sys.stdin.fileno()
-        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+        return os.isatty(fd) and sys.stdout.isatty() and os.tcgetpgrp(fd) == os.getpgrp()
     except (OSError, ValueError, AttributeError):  # no stdin, or not a terminal of ours
         return False
 

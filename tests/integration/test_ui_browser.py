@@ -11,13 +11,14 @@ import shutil
 import subprocess
 import sys
 import termios
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import wait_until, write_script
-from dashboard import first_line, gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
+from dashboard import gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
 from test_cli import _script
 from test_control import TRIAL as CHECKPOINTING_TRIAL
 
@@ -329,6 +330,28 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         assert console_errors(browser) == []
 
 
+def terminal_lines(controller: int) -> list[str]:
+    """The lines a process writes to the terminal ``controller`` is the other end of, read by a
+    thread into the list returned (it grows until the terminal's last user closes it)."""
+    lines: list[str] = []
+
+    def read() -> None:
+        rest = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: no process holds the terminal any more
+                chunk = b""
+            if not chunk:
+                break
+            rest += chunk
+            *done, rest = rest.split(b"\n")
+            lines.extend(line.decode(errors="replace").rstrip("\r") for line in done)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def banner_shown(driver: Any) -> bool:
     return bool(driver.execute_script("return !document.getElementById('banner').hidden;"))
 
@@ -465,15 +488,16 @@ def test_run_ui_shows_the_final_state_after_the_run_and_says_when_the_dashboard_
 
     proc = subprocess.Popen(
         [_script(), "run", str(config), "--experiment-dir", str(exp), "--quiet", "--ui", "127.0.0.1:0"],
-        stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        stdin=terminal, stdout=terminal, stderr=terminal, cwd=tmp_path,
         env={**os.environ, "COLUMNS": "200"}, start_new_session=True,
         preexec_fn=take_the_terminal,  # noqa: PLW1509
     )
     os.close(terminal)
+    lines = terminal_lines(controller)
     try:
-        url, lines = first_line(proc, lambda line: line.removeprefix("dashboard: ").strip() or None
-                                if line.startswith("dashboard: ") else None)
-        assert url, "".join(lines)
+        url = wait_until(lambda: next((line.removeprefix("dashboard: ").strip() for line in lines
+                                       if line.startswith("dashboard: ")), None), timeout=WAIT_S,
+                         message="the dashboard's address")
         browser.get(url)
         wait_until(lambda: text(browser, "[data-count=RUNNING]") == "2", timeout=WAIT_S, message="2 running")
         assert visible(browser, "stop") and "ETA" in text(browser, "#cards")
@@ -502,7 +526,7 @@ def test_run_ui_shows_the_final_state_after_the_run_and_says_when_the_dashboard_
         assert status_code == 409 and b"the experiment has ended" in body
 
         os.write(controller, b"\x03")  # Ctrl-C
-        assert proc.wait(WAIT_S) == 0, "".join(lines)
+        assert proc.wait(WAIT_S) == 0, "\n".join(lines)
         wait_until(lambda: banner_shown(browser), timeout=WAIT_S, message="the page says the dashboard stopped")
         assert "dashboard has stopped" in text(browser, "#banner")
         assert "stopped" in text(browser, "#live")
