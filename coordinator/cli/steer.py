@@ -309,6 +309,7 @@ def run_detached(args: argparse.Namespace) -> int:
 
     from ..config.experiment import ConfigError, load_config
     from ..experimentlog import LOG_FILENAME
+    from ..store.index import record_or_warn
 
     try:
         config = load_config(args.config)
@@ -355,6 +356,7 @@ def run_detached(args: argparse.Namespace) -> int:
                 f"it may still be starting: its output is in {log_path}"
             )
         time.sleep(POLL_S / 2)  # the child is polled: there is nothing to wait on here
+    record_or_warn(experiment_id, exp_dir)  # the commands that follow find it by id at once
     print(f"experiment {experiment_id} runs in the background (pid {child.pid})")
     print(f"experiment directory: {exp_dir}")
     if args.ui is not None:

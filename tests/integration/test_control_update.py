@@ -112,6 +112,8 @@ def test_a_detached_run_is_updated_given_trials_and_viewed_by_id_then_stopped(tm
         assert lines[1] == f"experiment directory: {exp.resolve()}", lines
         assert f"`trialkeeper stop {exp_id}` stops it" in lines[-1], lines
         assert not pid_gone(pid), "the run goes on in the background"
+        listed = json.loads(tk("list", "--json").stdout)
+        assert any(e.get("id") == exp_id for e in listed), "known by its id as soon as run returns"
         wait_until(lambda: _statuses(exp) == ["RUNNING"], timeout=WAIT_S, message="the first trial running")
 
         # Invalid values are refused with the field and what is valid; nothing changes.
