@@ -284,7 +284,7 @@ class ControlServer:
                 await self.steering.update(**changes)
             else:
                 await self.coordinator.update(**changes)
-        except (CoordinatorError, SteeringError) as e:
+        except (CoordinatorError, SteeringError, ValueError) as e:
             return {"ok": False, "error": f"cannot update: {e}"}
         config = self.coordinator.config
         now = {name: getattr(config, field) for name, (field, _) in LIMITS.items()}
