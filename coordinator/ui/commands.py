@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 UI_DEFAULT = "127.0.0.1:8080"
-INSTALL_HINT = "the dashboard needs the ui extra: pip install 'trialkeeper[ui]'"
+INSTALL_HINT = "the dashboard's libraries (aiohttp, prometheus-client) are missing: pip install trialkeeper"
 
 
 def add_ui_option(parser: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from trialkeeper.agent import nnicompat
 
 from .. import TrialStatus  # the public API
 from ..read import pages
+from ..read.failures import failure_summary
 from ..read.model import CheckpointInfo, ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..read.pages import GpuPoint
 from ..read.results import result_keys
@@ -55,6 +56,7 @@ def _mode(config: Mapping[str, Any] | None) -> str:
 
 def trial_json(t: TrialSnapshot) -> dict[str, Any]:
     data = to_json(t)
+    data["failure_summary"] = failure_summary(t)  # a failed trial's reason with its stderr's last word
     data["duration_s"] = (t.ended_at or time.time()) - t.started_at if t.started_at is not None else None
     return data
 

@@ -425,7 +425,7 @@ function trialPage(id) {
     const d = await api(`/api/trials/${encodeURIComponent(id)}`);
     const t = d.trial;
     document.getElementById("trial-status").innerHTML = status(t.status) + (t.stopping ? " <span class='muted'>(stopping)</span>" : "");
-    document.getElementById("trial-reason").textContent = [t.reason || t.waiting_reason, t.final_metric !== null ? "final metric " + num(t.final_metric) : ""].filter(Boolean).join(" \u2014 ");
+    document.getElementById("trial-reason").textContent = [d.failure_summary || t.reason || t.waiting_reason, t.final_metric !== null ? "final metric " + num(t.final_metric) : ""].filter(Boolean).join(" \u2014 ");
     for (const [action, states] of Object.entries(ACTIONS)) {
       document.getElementById(action).style.display = d.actions && states.includes(t.status) && !t.stopping ? "" : "none";
     }
