@@ -273,6 +273,13 @@ def loads_or_none(raw: str | None) -> Any:
     return _Fields({"v": raw}).json("v", lambda _: True, "JSON")
 
 
+# The limits `trialkeeper update` changes (core.LIMITS), as the config names them.
+_UPDATED_KEYS = {
+    "trial_concurrency": "trialConcurrency", "max_trial_number": "maxTrialNumber",
+    "max_experiment_duration": "maxExperimentDuration",
+}
+
+
 def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
     """A trial from its stored row (a mapping of column to value)."""
     f = _Fields(row)
@@ -472,10 +479,19 @@ class ReadModel:
     # -- the experiment
 
     def stored_config(self) -> dict[str, Any] | None:
-        """The config the experiment was started with (secrets redacted); None when there is
-        no experiment or its stored text cannot be read (the snapshot's ``unreadable`` says)."""
+        """The config the experiment was started with (secrets redacted), with the limits
+        ``trialkeeper update`` changed since; None when there is no experiment or its stored
+        text cannot be read (the snapshot's ``unreadable`` says)."""
         row = self._read("experiment", self.store.experiment)
-        return None if row is None else _Fields(row).json("config_json", lambda v: isinstance(v, dict), "a JSON object")
+        if row is None:
+            return None
+        config = _Fields(row).json("config_json", lambda v: isinstance(v, dict), "a JSON object")
+        if config is not None:  # with the limits `trialkeeper update` changed while it ran
+            updated = loads_or_none(self._read("meta", lambda: self.store.meta("updated_limits")))
+            for name, key in _UPDATED_KEYS.items():
+                if isinstance(updated, dict) and name in updated:
+                    config[key] = updated[name]
+        return config
 
     def bound_address(self) -> str:
         """The address the experiment's coordinator listened on last ("" if never)."""

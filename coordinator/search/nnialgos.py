@@ -282,6 +282,11 @@ class NniTuner(Tuner):
         t.param_ids.pop()
         return True
 
+    def adopt(self, parameter_id: int, parameters: dict[str, Any]) -> None:
+        """A trial it did not propose (a user's own parameters): its result reaches NNI's
+        tuner as imported data, not as the answer to a proposal."""
+        self._adopted.add(parameter_id)
+
     def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
         if parameter_id in self._adopted:
             self._adopted.discard(parameter_id)

@@ -125,10 +125,7 @@ def adopt_customized(search: Search, parameter_id: int, params: dict[str, Any]) 
     tuner = search.tuner
     try:
         adopt = getattr(tuner, "adopt", None)
-        if callable(adopt):  # Optuna: a trial of the study, enqueued with these parameters
+        if callable(adopt):  # Optuna: a trial of the study; NNI's tuners: its result as imported data
             adopt(parameter_id, params)
-        adopted = getattr(tuner, "_adopted", None)
-        if isinstance(adopted, set):  # NNI's tuners: the result comes as imported data
-            adopted.add(parameter_id)
     except Exception:  # the trial runs all the same; the tuner does not learn from it
         log.exception("the tuner could not take customized parameters %.200s", params)
