@@ -82,7 +82,8 @@ def main() -> None:
 
     out: dict = {"system": "ray", "ray": ray.__version__, "ckpt": not a.no_ckpt, "width": a.width}
     t = time.perf_counter()
-    ray.init(num_cpus=a.width, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # A cluster of its own, whatever one runs on this machine (ray.init would join that one).
+    ray.init(address="local", num_cpus=a.width, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     out["init_s"] = time.perf_counter() - t
     with tempfile.TemporaryDirectory(prefix="tk-ckptbench-ray-") as d:
         events = Path(d) / "events"

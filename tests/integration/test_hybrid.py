@@ -467,7 +467,8 @@ def test_clean_after_kill_9_removes_what_each_platform_still_runs(
         assert cli.main(["clean", str(exp), "--config", str(tmp_path / "config.yml")]) == 0
     out = capsys.readouterr().out
     envs = stored_rows(exp, "envs")
-    assert sorted(e["id"] for e in envs) == sorted(out.split(": ")[-1].strip().split(", ")), out
+    removed = next(line for line in out.splitlines() if "environment(s)" in line)
+    assert sorted(e["id"] for e in envs) == sorted(removed.split(": ")[-1].strip().split(", ")), out
     wait_until(
         lambda: all(pid_gone(p) for p in pids), 30.0, message=f"trial processes {pids}: some still run after clean"
     )

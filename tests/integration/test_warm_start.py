@@ -86,7 +86,9 @@ def _normalized(seen: dict[str, Any]) -> dict[str, Any]:
     """What a trial observes, with what differs from trial to trial by design (its id, its
     directories, its pid) replaced by names."""
     env = seen["env"]
-    subs = [(env["TRIALKEEPER_TRIAL_DIR"], "<trial dir>"), (env["TRIALKEEPER_TRIAL_ID"], "<trial id>"),
+    # The trial's checkpoint directory is one of its own (its name made at random) under the experiment's.
+    subs = [(env["TRIALKEEPER_CHECKPOINT_DIR"], "<checkpoint dir>"),
+            (env["TRIALKEEPER_TRIAL_DIR"], "<trial dir>"), (env["TRIALKEEPER_TRIAL_ID"], "<trial id>"),
             (env["TRIALKEEPER_EXPERIMENT_ID"], "<experiment>"), ("/cold/exp/", "/<exp>/"), ("/warm/exp/", "/<exp>/")]
 
     def norm(value: Any) -> Any:
