@@ -294,7 +294,10 @@ class CheckpointKeeper:
         if why := cf.manifest_problem(ref.files, ref.size_bytes):
             raise CheckpointFilesError(f"its manifest cannot be used: {why}")
         local = self.cache / ref.trial_id / str(ref.step)
-        if await asyncio.to_thread(cf.cached_digest, local) == ref.digest:
+        cached = await asyncio.to_thread(cf.cached_digest, local)
+        # Its digest not known yet (uploaded a moment ago, the coordinator still reading it):
+        # this agent's own copy of that step, file for file.
+        if cached == ref.digest or (not ref.digest and await asyncio.to_thread(_same_files, local, ref.files)):
             try:
                 await asyncio.to_thread(cf.copy_files, local, live, ref.files)
                 log.info("trial %s: continues from step %d, copied from this machine's %s", trial_id, ref.step, local)
@@ -321,7 +324,7 @@ class CheckpointKeeper:
         url = self.storage_url or ref.location
         await asyncio.to_thread(_with_store, url, lambda store: store.get_dir(ref.location, live, list(_pairs(ref))))
         got = await asyncio.to_thread(cf.digest_of, live, ref.files)
-        if got != ref.digest:
+        if ref.digest and got != ref.digest:
             raise CheckpointFilesError(f"downloaded from {ref.location}, its digest is {got}, expected {ref.digest}")
         await asyncio.to_thread(cf.set_modes, live, ref.files)
         log.info("trial %s: continues from step %d, downloaded from %s", trial_id, ref.step, ref.location)
@@ -430,9 +433,11 @@ class CheckpointKeeper:
             files = await asyncio.to_thread(cf.scan_within, staging, self.max_bytes)
             await asyncio.to_thread(cf.place, staging, final)
             if not lt.shared and not self.storage_url:
-                # Its bytes go to the coordinator while its digest is computed, not after.
                 direct = asyncio.ensure_future(self.link.checkpoint_send_direct(lt.trial_id, step, final, files))
-            manifest = cf.Manifest(tuple(files), await asyncio.to_thread(cf.digest_of, final, files))
+                # Uploaded: the coordinator takes its digest from the files it got, off the save's way.
+                manifest = cf.Manifest(tuple(files), "")
+            else:
+                manifest = cf.Manifest(tuple(files), await asyncio.to_thread(cf.digest_of, final, files))
         except (CheckpointFilesError, OSError) as e:
             if direct is not None:
                 await asyncio.wait([direct])
@@ -448,7 +453,10 @@ class CheckpointKeeper:
             except CheckpointFilesError as e:
                 raise _Refused(f"cannot upload it to {self.storage_url}: {e}{await self._give_back(lt, final)}") from e
         if not lt.shared:
-            await asyncio.to_thread(cf.write_index, final, manifest)
+            if manifest.digest:
+                await asyncio.to_thread(cf.write_index, final, manifest)
+            else:  # this copy's index, its digest computed meanwhile (a continue here reuses it by digest)
+                self._background(asyncio.to_thread(_index_digested, final, files))
             if not location:
                 took = await direct if direct is not None else set()
                 rest = [f for f in manifest.files if f.path not in took]
@@ -520,3 +528,15 @@ def _with_store(url: str, action: Callable[[Any], T]) -> T:
         return action(ObjectStore.from_url(url))
     except ObjectStoreError as e:
         raise CheckpointFilesError(str(e)) from e
+
+
+def _index_digested(copy: Path, files: list[FileEntry]) -> None:
+    cf.write_index(copy, cf.Manifest(tuple(files), cf.digest_of(copy, files)))
+
+
+def _same_files(copy: Path, files: Sequence[FileEntry]) -> bool:
+    try:
+        cf.check_sizes(copy, files)
+    except CheckpointFilesError:
+        return False
+    return copy.is_dir()

@@ -294,6 +294,7 @@ class Coordinator:
         shell.checkpoints.mark()
         if self._resuming:
             self._restore(engine, store, service)
+            shell.digest_missing()
             await service.ready_adopted(self.experiment_id)  # before the server: no trial is placed yet
             await shell.sweep_orphans()
         settings = self.config.coordinator
@@ -579,8 +580,7 @@ class Coordinator:
             return self.config.coordinator.heartbeat_interval
         return self._engine.heartbeat_interval
 
-    def _placed_on(self, env_id: str, trial_id: str) -> bool:
-        # Asked from the bulk port's threads: a read of one trial's placement.
+    def _placed_on(self, env_id: str, trial_id: str) -> bool:  # asked from the bulk port's threads
         t = self._engine.trials.get(trial_id) if self._engine is not None else None
         return t is not None and t.env_id == env_id
 

@@ -27,16 +27,14 @@ from .engine.model import MetricEvent, StatusEvent
 from .exitcheck import ExitCheck
 from .services.base import EnvironmentRequest, EnvironmentService
 from .store.checkpointfiles import CheckpointFiles, CheckpointFilesError
+from .store.logfiles import TrialLogs
 from .store.store import Store
 
 log = logging.getLogger(__name__)
 
-# A trial's stdout or stderr streamed from an agent is kept up to this size.
-MAX_TRIAL_LOG_BYTES = 1 << 30
 # What apply() carries out inside the transaction: the store's writes, and a trial's streamed
 # output, written before the commit that records its message.
-# Pieces of a checkpoint going down that wait in a stream's queue at most (1 MiB each), and
-# how long one waits for room.
+# Pieces of a checkpoint going down waiting in a stream's queue (1 MiB each), how long one waits.
 CHECKPOINT_WINDOW = 8
 CHECKPOINT_SEND_TIMEOUT_S = 120.0
 # How long the end of an experiment waits for checkpoints being removed.
@@ -118,7 +116,7 @@ class Shell:
             0, 0.0, 0.0, tuple((b, 0) for b in PASS_BUCKETS)
         )
         self._check_now = False
-        self._refused_logs: set[tuple[str, str]] = set()
+        self._logs = TrialLogs(experiment_dir)
         self._monitor: asyncio.Task[None] | None = None
         # Polls again soon after a stream's end while the platform still says its agent runs.
         self._exit_check = ExitCheck(horizon_s=0.5)
@@ -126,8 +124,7 @@ class Shell:
     # ---- feeding the engine ------------------------------------------------------------------
 
     def handle(self, event: ev.Event) -> list[ev.Instruction]:
-        """Hand one event to the engine and carry out what it decides; returns the
-        instructions (the caller may look for a refusal)."""
+        """Hand one event to the engine and carry out what it decides; returns the instructions."""
         instructions = self.engine.handle(event, now=time.monotonic(), wall=time.time())
         self.apply(instructions)
         return instructions
@@ -171,6 +168,9 @@ class Shell:
                 # end of the experiment does not wait for their timeouts.
                 self._carry_out([i for i in rest if _stops(i)])
                 return
+            for w in writes:
+                if type(w) is ck.CheckpointRecorded and not w.checkpoint.digest and not w.checkpoint.location:
+                    self.spawn(self._digest(w.checkpoint), f"the digest of {w.checkpoint.trial_id}'s checkpoint")
         self._carry_out(rest)
 
     def _write(self, i: ev.Instruction) -> None:
@@ -181,7 +181,7 @@ class Shell:
             case ev.WriteLog():
                 # Before the commit that records the message: a replay after a crash finds
                 # its chunk written or writes it again, never a hole.
-                self._write_log(i)
+                self._logs.write(i.trial_id, i.stream, i.offset, i.data)
             case ck.WriteCheckpointChunk():  # the same, for a piece of a checkpoint
                 self.checkpoints.write_chunk(i.trial_id, i.step, i.path, i.offset, i.data)
             case _:
@@ -334,9 +334,7 @@ class Shell:
             self.pass_soon()
 
     async def sweep_orphans(self) -> None:
-        """After a crash: remove what the platform still runs for this experiment that the
-        store does not count on (an environment started just before the crash and never
-        recorded, or one the store had already ended), so that nothing is left orphaned."""
+        """After a crash: remove what the platform runs for this experiment that the store does not count on."""
         experiment_id = self.engine.policy.experiment_id
         keep = {e.id for e in self.engine.live_envs()}
         try:
@@ -364,6 +362,20 @@ class Shell:
             self.drain_inbox()
             self.handle(request)
 
+    async def _digest(self, c: ck.Checkpoint) -> None:
+        """An uploaded checkpoint's digest, read here from its files off the trial's save's way."""
+        try:
+            digest = await asyncio.to_thread(self.checkpoints.digest, c)
+        except OSError as e:  # removed meanwhile, say: it stays without one
+            return log.info("no digest for checkpoint %d of trial %s: %s", c.step, c.trial_id, e)
+        if not self.closed:
+            self.handle(ck.CheckpointDigested(c.trial_id, c.step, digest))
+
+    def digest_missing(self) -> None:
+        """After a crash: the uploaded checkpoints whose digest was not taken yet."""
+        for c in {c for t in self.engine.trials.values() for c in t.checkpoints if not c.digest and not c.location}:
+            self.spawn(self._digest(c), f"the digest of {c.trial_id}'s checkpoint")
+
     async def _send_checkpoint(self, i: ck.SendCheckpoint) -> None:
         link = self.links.get(i.link)
         if link is None:
@@ -381,33 +393,6 @@ class Shell:
         t = self.engine.trials.get(trial_id)
         if t is not None and t.env_id == env_id:
             append_note(self.experiment_dir / "trials" / trial_id / "stderr.log", text)
-
-    def _write_log(self, chunk: ev.WriteLog) -> None:
-        path = self.experiment_dir / "trials" / chunk.trial_id / f"{chunk.stream}.log"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            size = path.stat().st_size if path.exists() else 0
-        except OSError as e:
-            log.warning("could not write %s output of trial %s: %s", chunk.stream, chunk.trial_id, e)
-            return
-        # Chunks come in order (replays may repeat one): an offset past the end would leave a
-        # hole, and a huge one would make a huge sparse file.
-        if chunk.offset > size or chunk.offset + len(chunk.data) > MAX_TRIAL_LOG_BYTES:
-            if (chunk.trial_id, chunk.stream) not in self._refused_logs:
-                self._refused_logs.add((chunk.trial_id, chunk.stream))
-                log.warning(
-                    "refused %s output of trial %s at offset %d (file has %d bytes, limit %d)",
-                    chunk.stream, chunk.trial_id, chunk.offset, size, MAX_TRIAL_LOG_BYTES,
-                )
-            return
-        try:
-            with open(path, "r+b" if path.exists() else "wb") as f:
-                f.seek(chunk.offset)
-                f.write(chunk.data)
-        except OSError as e:  # that chunk is lost, loudly; the message and its batch go on
-            log.warning(
-                "could not write %s output of trial %s at offset %d: %s", chunk.stream, chunk.trial_id, chunk.offset, e
-            )
 
     # ---- passes, the monitor, background work --------------------------------------------------
 

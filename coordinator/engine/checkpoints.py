@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # Bytes of one file of a checkpoint in one message, up or down.
@@ -81,6 +81,15 @@ class CheckpointFetchRequested:
 
 
 # ---- what the embedding API says -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointDigested:
+    """The shell read an uploaded checkpoint's files and found their digest."""
+
+    trial_id: str
+    step: int
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -195,12 +204,22 @@ class TrialRetried:
 
 
 @dataclass(frozen=True)
+class CheckpointDigestKnown:
+    trial_id: str
+    step: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class TrialParametersChanged:
     trial_id: str
     parameters: Mapping[str, Any]
 
 
-CHECKPOINT_FACTS = (CheckpointRecorded, CheckpointRemoved, MetricsSuperseded, TrialRetried, TrialParametersChanged)
+CHECKPOINT_FACTS = (
+    CheckpointRecorded, CheckpointRemoved, MetricsSuperseded, TrialRetried, TrialParametersChanged,
+    CheckpointDigestKnown,
+)
 
 
 # ---- rules -------------------------------------------------------------------------------------
@@ -268,6 +287,20 @@ def record(
         out.append(CheckpointRemoved(t.id, old.step, wall))
         out.append(RemoveCheckpoint(old))
     return c, ""
+
+
+def digested(trials: Iterable[Any], d: CheckpointDigested, out: list[Any]) -> None:
+    """An uploaded checkpoint's digest, now known: in every trial (TrialState) that holds it."""
+    found = False
+    for t in trials:
+        for i, c in enumerate(t.checkpoints):
+            if (c.trial_id, c.step) == (d.trial_id, d.step) and not c.digest:
+                t.checkpoints[i], found = replace(c, digest=d.digest), True
+        fork = t.forked_from
+        if fork is not None and (fork.trial_id, fork.step) == (d.trial_id, d.step) and not fork.digest:
+            t.forked_from = replace(fork, digest=d.digest)
+    if found:
+        out.append(CheckpointDigestKnown(d.trial_id, d.step, d.digest))
 
 
 def after_end(trials: Iterable[Any], rule: str, wall: float, out: list[Any]) -> None:

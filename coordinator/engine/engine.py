@@ -146,6 +146,8 @@ class Engine:
                 self._dirty = self.book.resume(event.trial_id, event.parameters) or self._dirty
             case ck.CheckpointFetchRequested():
                 self._fetch(event)
+            case ck.CheckpointDigested():
+                ck.digested(self.book.trials.values(), event, self._out)
             case ev.EnvironmentStarted() | ev.EnvironmentStartFailed():
                 self.fleet.start_answered(event)
                 self._starts_failed()

@@ -226,6 +226,7 @@ Event = (
     AgentRegistered | AgentDisconnected | AgentReported | HeartbeatReceived | TrialSubmitted
     | CancelRequested | EnvironmentStarted | EnvironmentStartFailed | EnvironmentsPolled | Ticked
     | StopRequested | StopCompleted | ck.CheckpointFetchRequested | ck.PauseRequested | ck.ContinueRequested
+    | ck.CheckpointDigested
     | UpdateRequested
 )
 
@@ -521,7 +522,7 @@ Fact = (
     | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
     | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
     | ck.CheckpointRecorded | ck.CheckpointRemoved | ck.MetricsSuperseded | ck.TrialRetried
-    | ck.TrialParametersChanged
+    | ck.TrialParametersChanged | ck.CheckpointDigestKnown
 )
 
 FACTS = (

@@ -96,6 +96,16 @@ class CheckpointFiles:
         except OSError as e:
             return f"the coordinator could not keep it: {e}"
 
+    def digest(self, c: Checkpoint) -> str:
+        """The digest of a checkpoint's files here, as agents take it (raises OSError)."""
+        from trialkeeper.agent.checkpoint_files import CheckpointFilesError as Unreadable
+        from trialkeeper.agent.checkpoint_files import FileEntry, digest_of
+
+        try:
+            return digest_of(self.dir_of(c.trial_id, c.step), [FileEntry(f.path, f.size, f.mode) for f in c.files])
+        except Unreadable as e:
+            raise OSError(str(e)) from e
+
     # ---- downloads -------------------------------------------------------------------------
 
     async def pieces(self, trial_id: str, c: Checkpoint, path: str, offset: int) -> AsyncIterator[CheckpointData]:

@@ -64,6 +64,10 @@ def record(db: sqlite3.Connection, c: Checkpoint) -> None:
     db.execute("UPDATE trials SET checkpoint_step = ?, progressed = 1 WHERE id = ?", (c.step, c.trial_id))
 
 
+def set_digest(db: sqlite3.Connection, trial_id: str, step: int, digest: str) -> None:
+    db.execute("UPDATE checkpoints SET digest = ? WHERE trial_id = ? AND step = ?", (digest, trial_id, step))
+
+
 def removed(db: sqlite3.Connection, trial_id: str, step: int, at: float) -> None:
     db.execute("UPDATE checkpoints SET removed_at = ? WHERE trial_id = ? AND step = ?", (at, trial_id, step))
 

@@ -65,7 +65,16 @@ class Superseded:
     at: float
 
 
-Write = Insert | Update | Transition | WaitingReasons | CheckpointKept | CheckpointGone | Superseded
+@dataclass(frozen=True)
+class CheckpointDigest:
+    trial_id: str
+    step: int
+    digest: str
+
+
+Write = (
+    Insert | Update | Transition | WaitingReasons | CheckpointKept | CheckpointGone | Superseded | CheckpointDigest
+)
 
 
 def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
@@ -127,6 +136,7 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     ck.CheckpointRecorded: lambda f: (CheckpointKept(f.checkpoint),),
     ck.CheckpointRemoved: lambda f: (CheckpointGone(f.trial_id, f.step, f.removed_at),),
     ck.MetricsSuperseded: lambda f: (Superseded(f.trial_id, f.from_index, f.at),),
+    ck.CheckpointDigestKnown: lambda f: (CheckpointDigest(f.trial_id, f.step, f.digest),),
     ck.TrialRetried: lambda f: (Update("trials", f.trial_id, {"retries": f.retries, "progressed": int(f.progressed)}),),
     ck.TrialParametersChanged: lambda f: (Update("trials", f.trial_id, {
         "parameters_json": json.dumps(dict(f.parameters)),

@@ -19,7 +19,17 @@ from ..engine.events import Fact
 from ..engine.rows import GpuSampleRow, MetricRow, MetricRun
 from . import checkpointrows
 from . import metrics as metricstore
-from .facts import CheckpointGone, CheckpointKept, Insert, Superseded, Transition, Update, WaitingReasons, writes_of
+from .facts import (
+    CheckpointDigest,
+    CheckpointGone,
+    CheckpointKept,
+    Insert,
+    Superseded,
+    Transition,
+    Update,
+    WaitingReasons,
+    writes_of,
+)
 from .reads import FILENAME, StoreError, StoreReader
 
 SCHEMA_VERSION = 1
@@ -270,6 +280,8 @@ class Store(StoreReader):
                     checkpointrows.record(self._db, w.checkpoint)
                 case CheckpointGone():
                     checkpointrows.removed(self._db, w.trial_id, w.step, w.at)
+                case CheckpointDigest():
+                    checkpointrows.set_digest(self._db, w.trial_id, w.step, w.digest)
                 case Superseded():
                     self._metric_ends.pop(w.trial_id, None)  # its results end before from_index now
                     checkpointrows.supersede(self._db, w.trial_id, w.from_index, w.at, has_runs=True)

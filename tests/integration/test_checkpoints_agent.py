@@ -221,6 +221,8 @@ def test_without_shared_storage_checkpoints_go_up_the_stream_and_down_to_another
             assert "downloaded" in service.log(second_env)  # nothing of it was on that agent's disk
             _one_curve(c, h.id, 4)
             assert [k.step for k in c.checkpoints(h.id)] == [3]
+            # Uploaded, its digest is taken by the coordinator from the files it got.
+            await async_wait_until(lambda: c.checkpoints(h.id)[0].digest.startswith("sha256:"), WAIT_S)
 
     run_async(body)
 

@@ -288,3 +288,18 @@ def test_an_agent_that_reconnects_is_told_again_of_the_saves_refused_since_its_l
     welcome = next(s.message for s in sim.take(ev.Send) if s.link == link and isinstance(s.message, ev.Welcome))
     assert [(r.trial_id, r.step) for r in welcome.checkpoint_refusals] == [("t1", 1)]
     assert "maxCheckpointSize" in welcome.checkpoint_refusals[0].reason
+
+
+def test_an_uploaded_checkpoints_digest_comes_later_and_reaches_every_trial_that_holds_it() -> None:
+    sim = ready_sim(environment_count=1, trial_concurrency=1)
+    env = running(sim)
+    sim.report(env, ck.CheckpointSavedReported("t1", 2, 1, 10, "", FILES, "", 0.0))  # uploaded: no digest yet
+    sim.feed(ev.TrialSubmitted("t2", {"x": 3}, "python trial.py", 0, 0, checkpoint_from="t1"))
+    sim.out.clear()
+    sim.feed(ck.CheckpointDigested("t1", 2, "sha256:abc"))
+    assert [(f.trial_id, f.step, f.digest) for f in sim.take(ck.CheckpointDigestKnown)] == [("t1", 2, "sha256:abc")]
+    t1, t2 = sim.engine.trials["t1"], sim.engine.trials["t2"]
+    assert t1.checkpoints[0].digest == "sha256:abc" and t2.forked_from is not None
+    assert t2.forked_from.digest == "sha256:abc"
+    sim.feed(ck.CheckpointDigested("t1", 9, "sha256:zzz"))  # none such: nothing to record
+    assert sim.take(ck.CheckpointDigestKnown) == []

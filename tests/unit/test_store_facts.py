@@ -41,6 +41,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ck.CheckpointRecorded(ck.Checkpoint(
         "t1", 3, 2, 10, "sha256:ab", (ck.CheckpointFile("model.pt", 10, 0o644),), "", WALL + 1, "env-1",
     )),
+    ck.CheckpointDigestKnown("t1", 3, "sha256:cd"),
     ck.CheckpointRemoved("t1", 3, WALL + 3),
     ck.MetricsSuperseded("t1", 2, WALL + 3),
     ck.TrialRetried("t1", 1, False),
