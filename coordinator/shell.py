@@ -39,6 +39,8 @@ CHECKPOINT_WINDOW = 8
 CHECKPOINT_SEND_TIMEOUT_S = 120.0
 # How long the end of an experiment waits for checkpoints being removed.
 REMOVAL_WAIT_S = 60.0
+# An uploaded checkpoint's digest is taken this long after it was recorded.
+DIGEST_DELAY_S = 2.0
 # Upper bounds (seconds) of the scheduling pass histogram.
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _WRITES = (*ev.STORE_WRITES, ev.WriteLog, ck.WriteCheckpointChunk)
@@ -103,6 +105,8 @@ class Shell:
         self.on_failure: Callable[[str], None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._removals: set[asyncio.Task[Any]] = set()  # checkpoints being removed
+        self._digests: set[asyncio.Task[Any]] = set()  # uploaded checkpoints' digests being taken
+        self._ending = asyncio.Event()
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
         self._inbox_pending = False
         # What joins decided, applied with the next batch (see agent_connected).
@@ -170,7 +174,7 @@ class Shell:
                 return
             for w in writes:
                 if type(w) is ck.CheckpointRecorded and not w.checkpoint.digest and not w.checkpoint.location:
-                    self.spawn(self._digest(w.checkpoint), f"the digest of {w.checkpoint.trial_id}'s checkpoint")
+                    self._take_digest(w.checkpoint)
         self._carry_out(rest)
 
     def _write(self, i: ev.Instruction) -> None:
@@ -362,8 +366,16 @@ class Shell:
             self.drain_inbox()
             self.handle(request)
 
+    def _take_digest(self, c: ck.Checkpoint) -> None:
+        task = self.spawn(self._digest(c), "a checkpoint's digest")
+        self._digests.add(task)
+        task.add_done_callback(self._digests.discard)
+
     async def _digest(self, c: ck.Checkpoint) -> None:
         """An uploaded checkpoint's digest, read here from its files off the trial's save's way."""
+        # After the saves coming behind it, not in their way; at once when the experiment ends.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ending.wait(), DIGEST_DELAY_S)
         try:
             digest = await asyncio.to_thread(self.checkpoints.digest, c)
         except OSError as e:  # removed meanwhile, say: it stays without one
@@ -374,7 +386,7 @@ class Shell:
     def digest_missing(self) -> None:
         """After a crash: the uploaded checkpoints whose digest was not taken yet."""
         for c in {c for t in self.engine.trials.values() for c in t.checkpoints if not c.digest and not c.location}:
-            self.spawn(self._digest(c), f"the digest of {c.trial_id}'s checkpoint")
+            self._take_digest(c)
 
     async def _send_checkpoint(self, i: ck.SendCheckpoint) -> None:
         link = self.links.get(i.link)
@@ -525,6 +537,9 @@ class Shell:
 
     async def close(self) -> None:
         """Cancel what runs in the background; apply nothing from now on."""
+        self._ending.set()  # the digests still to take are taken now, and stored
+        if self._digests:
+            await asyncio.wait(list(self._digests), timeout=REMOVAL_WAIT_S)
         self.closed = True
         self._inbox.clear()
         self._joined.clear()
