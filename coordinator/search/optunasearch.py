@@ -242,7 +242,10 @@ def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaA
         return OptunaAssessor(tuner.study, tuner)
     direction = _direction(args.get("optimize_mode", getattr(tuner, "optimize_mode", "maximize")), AssessorError)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return OptunaAssessor(optuna.create_study(direction=direction, pruner=pruner), None)
+    # Named: Hyperband's pruner puts a trial in a bracket by the study's name and the trial's
+    # number, so a run is the same run again (Optuna names a study at random otherwise).
+    study = optuna.create_study(study_name="trialkeeper-assessor", direction=direction, pruner=pruner)
+    return OptunaAssessor(study, None)
 
 
 class OptunaTuner(Tuner):
