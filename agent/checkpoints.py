@@ -295,6 +295,8 @@ class CheckpointKeeper:
             raise CheckpointFilesError(f"its manifest cannot be used: {why}")
         local = self.cache / ref.trial_id / str(ref.step)
         cached = await asyncio.to_thread(cf.cached_digest, local)
+        if cached is None and ref.digest:  # its index still being written: its files read now
+            cached = await asyncio.to_thread(_digest_if_same, local, ref.files)
         # Its digest not known yet (uploaded a moment ago, the coordinator still reading it):
         # this agent's own copy of that step, file for file.
         if cached == ref.digest or (not ref.digest and await asyncio.to_thread(_same_files, local, ref.files)):
@@ -540,3 +542,13 @@ def _same_files(copy: Path, files: Sequence[FileEntry]) -> bool:
     except CheckpointFilesError:
         return False
     return copy.is_dir()
+
+
+def _digest_if_same(copy: Path, files: Sequence[FileEntry]) -> str | None:
+    """The digest of a local copy whose files are those of ``files`` (None otherwise)."""
+    if not _same_files(copy, files):
+        return None
+    try:
+        return cf.digest_of(copy, files)
+    except CheckpointFilesError:
+        return None
