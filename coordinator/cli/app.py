@@ -121,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("--quiet", action="store_true", help="no live view; print the summary only")
     resume.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    resume.add_argument(
+        "--detach", action="store_true",
+        help="carry on in the background (output to the experiment's log); return once it runs",
+    )
+    resume.add_argument("--detach-timeout", type=float, default=120.0, metavar="SECONDS", help=argparse.SUPPRESS)
     add_ui_option(resume)
     add_exit_option(resume)
     resume.set_defaults(func=_cmd_run, experiment_dir=None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -301,15 +302,11 @@ def _seconds(text: str) -> float:
 
 
 def run_detached(args: argparse.Namespace) -> int:
-    """``run --detach``: the run goes on in a process of its own (its output to the
-    experiment's log); return once its coordinator answers on its control socket."""
-    import os
-    import secrets
-    import subprocess
-
+    """``run --detach`` and ``resume --detach``: the run goes on in a process of its own (its
+    output to the experiment's log); return once its coordinator answers on its control socket."""
+    if getattr(args, "resume_dir", None) is not None:
+        return _resume_detached(args)
     from ..config.experiment import ConfigError, load_config
-    from ..experimentlog import LOG_FILENAME
-    from ..store.index import record_or_warn
 
     try:
         config = load_config(args.config)
@@ -324,19 +321,58 @@ def run_detached(args: argparse.Namespace) -> int:
         return _err(f"{exp_dir} already holds an experiment; choose another directory")
     exp_dir.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "trialkeeper.coordinator.cli", "run", str(Path(args.config).resolve()),
-        "--experiment-dir", str(exp_dir), "--experiment-id", experiment_id, "--quiet",
+        "run", str(Path(args.config).resolve()), "--experiment-dir", str(exp_dir), "--experiment-id", experiment_id,
     ]
+    return _detached(args, command, exp_dir, experiment_id)
+
+
+def _resume_detached(args: argparse.Namespace) -> int:
+    """``resume --detach``: the resumed run in a process of its own, as ``run --detach``."""
+    exp_dir = Path(args.resume_dir).resolve()
+    if not holds_experiment(exp_dir):
+        return _err(f"no experiment to resume in {args.resume_dir}")
+    with ReadModel.open(exp_dir) as model:
+        exp = model.experiment()
+    experiment_id = exp.id if exp is not None else exp_dir.name
+    if alive(exp_dir):
+        return _err(f"experiment {experiment_id} is running already: its coordinator answers on its control socket")
+    command = ["resume", str(exp_dir)]
+    if args.config is not None:
+        command += ["--config", str(Path(args.config).resolve())]
+    if args.max_trials is not None:
+        command += ["--max-trials", str(args.max_trials)]
+    if args.max_duration is not None:
+        command += ["--max-duration", f"{args.max_duration}s"]
+    return _detached(args, command, exp_dir, experiment_id)
+
+
+def _detached(args: argparse.Namespace, command: list[str], exp_dir: Path, experiment_id: str) -> int:
+    """Start ``trialkeeper COMMAND`` in a session of its own, its output to the experiment's log,
+    and wait until it answers on the control socket (or ends, or the wait times out)."""
+    import os
+    import subprocess
+
+    from ..experimentlog import LOG_FILENAME
+    from ..store.index import record_or_warn
+
+    command = [sys.executable, "-m", "trialkeeper.coordinator.cli", *command, "--quiet"]
     if args.ui is not None:
         command += ["--ui", args.ui]
     if args.log_level is not None:
         command += ["--log-level", args.log_level]
     log_path = exp_dir / LOG_FILENAME
+    said_before = log_path.stat().st_size if log_path.exists() else 0  # a resume's log has the runs before
     with open(log_path, "ab") as out:
         child = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+    def said() -> list[str]:
+        with open(log_path, "rb") as f:
+            f.seek(said_before)
+            return f.read().decode(errors="replace").splitlines()
+
     deadline = time.monotonic() + args.detach_timeout
     while True:
         try:
@@ -346,8 +382,7 @@ def run_detached(args: argparse.Namespace) -> int:
             pass
         code = child.poll()
         if code is not None:
-            tail = log_path.read_text(errors="replace").splitlines()[-15:]
-            print("\n".join(tail), file=sys.stderr)
+            print("\n".join(said()[-15:]), file=sys.stderr)
             _err(f"the run ended at once (exit code {code}); its output is in {log_path}")
             return code or 1
         if time.monotonic() >= deadline:
@@ -360,8 +395,8 @@ def run_detached(args: argparse.Namespace) -> int:
     print(f"experiment {experiment_id} runs in the background (pid {child.pid})")
     print(f"experiment directory: {exp_dir}")
     if args.ui is not None:
-        said = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("dashboard: ")]
-        print(said[-1] if said else f"dashboard: http://{args.ui}/")
+        dashboard = [line for line in said() if line.startswith("dashboard: ")]
+        print(dashboard[-1] if dashboard else f"dashboard: http://{args.ui}/")
     print(f"output: {log_path}; `trialkeeper stop {experiment_id}` stops it, `trialkeeper view {experiment_id}` "
           "shows it")
     return 0

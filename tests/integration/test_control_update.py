@@ -217,6 +217,27 @@ def test_a_detached_run_is_updated_given_trials_and_viewed_by_id_then_stopped(tm
     assert snapshot is not None and snapshot.status == "STOPPED"
     assert "experiment directory" in (exp / "experiment.log").read_text(), "the run's output went to its log"
 
+    # `resume --detach` carries it on in the background, as `run --detach` started it.
+    (tmp_path / "gates" / "all").unlink()
+    resumed = tk("resume", exp, "--detach", "--max-trials", "7", timeout=STOP_S)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    lines = resumed.stdout.splitlines()
+    assert lines[0].startswith(f"experiment {exp_id} runs in the background (pid "), lines
+    assert lines[1] == f"experiment directory: {exp.resolve()}", lines
+    pid = int(lines[0].rsplit("(pid ", 1)[1].rstrip(")"))
+    try:
+        assert_one_line_error(tk("resume", exp, "--detach"), f"experiment {exp_id} is running already")
+        wait_until(lambda: "RUNNING" in _statuses(exp), timeout=WAIT_S, message="a trial runs in the resumed run")
+        assert len(_by_seq(exp)) == 7
+        stopped = tk("stop", exp_id, "--timeout", str(STOP_S), timeout=STOP_S + 30)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        wait_until(lambda: pid_gone(pid), timeout=WAIT_S, message="the resumed run ended")
+    finally:
+        (tmp_path / "gates" / "all").touch()
+        if not pid_gone(pid):
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: pid_gone(pid), timeout=STOP_S, message="the resumed run ended after SIGTERM")
+
 
 def test_a_detached_run_whose_config_is_wrong_says_so_and_starts_nothing(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yml"
