@@ -8,7 +8,7 @@ finished or crashed experiment."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -65,6 +65,7 @@ TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
     "environment": "environment_id",
 })
 PARAMETER_SORT = "param:"  # followed by a parameter's name
+RESULT_SORT = "result:"  # followed by a key of dict final results
 MAX_PAGE = 1000  # the most trials one page holds
 
 
@@ -78,11 +79,40 @@ def trial_page(
     descending: bool = False,
     offset: int = 0,
     limit: int = 100,
+    ids: Sequence[str] = (),
 ) -> TrialPage:
     """A page of trials: those of ``status`` (any when None), placed last on ``environment``
-    (any when None), whose id, parameters or environment contain ``search``, sorted by a key
-    of :data:`TRIAL_SORTS` or by ``param:NAME``; trials without a value for the key come
-    last either way."""
+    (any when None), whose id, parameters or environment contain ``search``, among ``ids``
+    when given, sorted by a key of :data:`TRIAL_SORTS`, by ``param:NAME`` or by ``result:KEY``
+    (a key of dict final results); trials without a value for the key come last either way."""
+    where, args, key, key_args = _selection(status, environment, search, sort, ids)
+    offset, limit = max(0, int(offset)), max(0, min(int(limit), MAX_PAGE))
+    total, rows = model._read("trials", lambda: model.store.trials_page(
+        where=where, args=args, key=key, key_args=key_args, descending=descending, offset=offset, limit=limit,
+    ))
+    return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
+
+
+def every_trial(
+    model: ReadModel, *, status: str | None = None, environment: str | None = None, search: str = "",
+    sort: str = "sequence", descending: bool = False, ids: Sequence[str] = (),
+) -> Iterator[TrialSnapshot]:
+    """Every trial :func:`trial_page` would page through, in its order, read as they are used."""
+    where, args, key, key_args = _selection(status, environment, search, sort, ids)
+    rows = model._read("trials", lambda: model.store.trials_sorted(
+        where=where, args=args, key=key, key_args=key_args, descending=descending,
+    ))
+    while True:
+        row = model._read("trials", lambda: next(rows, None))
+        if row is None:
+            return
+        yield trial_snapshot(row)
+
+
+def _selection(
+    status: str | None, environment: str | None, search: str, sort: str, ids: Sequence[str]
+) -> tuple[str, list[Any], str, list[Any]]:
+    """The SQL that selects and sorts the trials asked for: (where, its arguments, sort key, its arguments)."""
     where, args = ["1=1"], []
     if status is not None:
         if status not in {s.value for s in TrialStatus}:
@@ -99,21 +129,24 @@ def trial_page(
             " OR coalesce(environment_id, '') LIKE ? ESCAPE '\\')"
         )
         args += [pattern] * 3
+    if ids:
+        where.append(f"id IN ({','.join('?' * len(ids))})")
+        args += list(ids)
     key_args: list[Any] = []
     if sort.startswith(PARAMETER_SORT) and len(sort) > len(PARAMETER_SORT):
         # A JSON path with the name quoted, so any name is one key.
         key = "(CASE WHEN json_valid(parameters_json) THEN json_extract(parameters_json, ?) END)"
         key_args = [f'$."{sort[len(PARAMETER_SORT):]}"']
+    elif sort.startswith(RESULT_SORT) and len(sort) > len(RESULT_SORT):
+        key = "(CASE WHEN json_valid(final_metric_json) THEN json_extract(final_metric_json, ?) END)"
+        key_args = [f'$."{sort[len(RESULT_SORT):]}"']
     elif sort in TRIAL_SORTS:
         key = TRIAL_SORTS[sort]
     else:
-        raise PageError(f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)} or {PARAMETER_SORT}NAME")
-    offset, limit = max(0, int(offset)), max(0, min(int(limit), MAX_PAGE))
-    total, rows = model._read("trials", lambda: model.store.trials_page(
-        where=" AND ".join(where), args=args, key=key, key_args=key_args, descending=descending,
-        offset=offset, limit=limit,
-    ))
-    return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
+        raise PageError(
+            f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)}, {PARAMETER_SORT}NAME or {RESULT_SORT}KEY"
+        )
+    return " AND ".join(where), args, key, key_args
 
 
 def sample(model: ReadModel, n: int) -> tuple[TrialSnapshot, ...]:
@@ -137,6 +170,12 @@ def ended_series(model: ReadModel, mode: str, points: int = 400) -> tuple[EndedP
 def parameter_names(model: ReadModel, recent: int = 1000) -> tuple[str, ...]:
     """The names of the parameters of the last ``recent`` trials."""
     return tuple(model._read("trials", lambda: model.store.parameter_names(recent)))
+
+
+def result_keys(model: ReadModel, recent: int = 1000) -> tuple[str, ...]:
+    """The keys of the dict final results of the last ``recent`` trials, ``default`` first."""
+    keys = model._read("trials", lambda: model.store.result_keys(recent))
+    return tuple(sorted(keys, key=lambda k: k != "default"))
 
 
 def curves(model: ReadModel, trial_ids: Sequence[str]) -> dict[str, tuple[float, ...]]:

@@ -145,6 +145,24 @@ def read(db: sqlite3.Connection, where: str, args: Sequence[object], *, has_runs
     return [next(same) for _, same in groupby(rows, key=_by_trial_and_index)]
 
 
+def last(db: sqlite3.Connection, trial_id: str, kind: str, *, has_runs: bool) -> MetricRow | None:
+    """The trial's result of ``kind`` with the highest index, from either table."""
+    row = db.execute(
+        "SELECT trial_id, idx, kind, value, value_json, reported_at FROM metrics"
+        " WHERE trial_id = ? AND kind = ? ORDER BY idx DESC LIMIT 1", (trial_id, kind),
+    ).fetchone()
+    found = MetricRow(*row) if row else None
+    if has_runs:
+        run = db.execute(
+            "SELECT * FROM metric_runs WHERE trial_id = ? AND kind = ? ORDER BY idx DESC LIMIT 1", (trial_id, kind)
+        ).fetchone()
+        if run is not None:
+            *_, newest = _expand(run)
+            if found is None or newest.index > found.index:
+                found = newest
+    return found
+
+
 def next_index(db: sqlite3.Connection, trial_id: str, *, has_runs: bool) -> int:
     """The index after the trial's last stored result (0 when it has none)."""
     (n,) = db.execute("SELECT coalesce(max(idx) + 1, 0) FROM metrics WHERE trial_id = ?", (trial_id,)).fetchone()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,18 @@ class StoreReader:
         ).fetchall()
         return int(total), [dict(r) for r in rows]
 
+    def trials_sorted(
+        self, *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any], descending: bool
+    ) -> Iterator[dict[str, Any]]:
+        """Every trial ``where`` selects, sorted as :meth:`trials_page` sorts, read as iterated."""
+        direction = "DESC" if descending else "ASC"
+        cursor = self._db.execute(
+            f"SELECT trials.*, {key} AS sort_key FROM trials WHERE {where}"
+            f" ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction}",
+            [*key_args, *args],
+        )
+        return (dict(r) for r in cursor)
+
     def trials_every(self, step: int, limit: int) -> list[dict[str, Any]]:
         """Every ``step``-th trial in submission order, ``limit`` at most."""
         return [dict(r) for r in self._db.execute(
@@ -205,11 +217,25 @@ class StoreReader:
 
     def parameter_names(self, sample: int) -> list[str]:
         """The parameter names of the last ``sample`` trials submitted."""
+        return self._object_keys("parameters_json", sample)
+
+    def result_keys(self, sample: int) -> list[str]:
+        """The keys of the dict final results of the last ``sample`` trials submitted."""
+        return self._object_keys("final_metric_json", sample)
+
+    def _object_keys(self, column: str, sample: int) -> list[str]:
+        """The keys of the JSON objects in ``column`` (a fixed name) of the last ``sample`` trials."""
         return [str(r[0]) for r in self._db.execute(
-            "SELECT DISTINCT j.key FROM (SELECT parameters_json FROM trials ORDER BY seq DESC LIMIT ?) t,"
-            " json_each(CASE WHEN json_valid(t.parameters_json) AND json_type(t.parameters_json) = 'object'"
-            " THEN t.parameters_json ELSE '{}' END) j ORDER BY j.key",
+            f"SELECT DISTINCT j.key FROM (SELECT {column} AS v FROM trials ORDER BY seq DESC LIMIT ?) t,"
+            " json_each(CASE WHEN json_valid(t.v) AND json_type(t.v) = 'object' THEN t.v ELSE '{}' END) j"
+            " ORDER BY j.key",
             (sample,),
+        )]
+
+    def final_metrics(self) -> list[float]:
+        """Every numeric final metric, lowest first (read from the index on final_metric)."""
+        return [r[0] for r in self._db.execute(
+            "SELECT final_metric FROM trials WHERE final_metric BETWEEN -1e999 AND 1e999 ORDER BY final_metric"
         )]
 
     def next_trial_seq(self) -> int:
@@ -225,6 +251,10 @@ class StoreReader:
         """The metrics of these trials, by trial and index."""
         marks = ",".join("?" * len(trial_ids))
         return metricstore.read(self._db, f"WHERE trial_id IN ({marks})", list(trial_ids), has_runs=self._has_runs)
+
+    def last_metric(self, trial_id: str, kind: str) -> MetricRow | None:
+        """The trial's last stored result of ``kind`` (None when it has none)."""
+        return metricstore.last(self._db, trial_id, kind, has_runs=self._has_runs)
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""

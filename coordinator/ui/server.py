@@ -34,7 +34,7 @@ from aiohttp import web
 from ..read.model import ReadModel
 from ..read.pages import PageError
 from ..store.reads import StoreError
-from . import views
+from . import export, plots, views
 from .live import LiveChanges
 from .metrics import metrics_text
 
@@ -130,6 +130,7 @@ def build_app(
     app.router.add_post("/api/login", state.login)
     app.router.add_get("/api/experiment", state.view(lambda m, r: state.with_actions(views.overview(m))))
     app.router.add_get("/api/trials", state.view(lambda m, r: views.trials(m, r.query)))
+    app.router.add_get("/api/trials/export", state.export)  # before /api/trials/{id}, which it would match
     app.router.add_get(
         "/api/trials/{id}", state.view(lambda m, r: state.with_actions(views.trial(m, r.match_info["id"])))
     )
@@ -138,7 +139,8 @@ def build_app(
         r.query.get("nni_results") == "1", tail=views.int_arg(r.query, "tail", 0),
         before=views.int_arg(r.query, "before", -1) if "before" in r.query else None)))
     app.router.add_get("/api/trials/{id}/log/download", state.download)
-    app.router.add_get("/api/compare", state.view(lambda m, r: views.compare(m)))
+    app.router.add_get("/api/compare", state.view(lambda m, r: plots.compare(m, r.query)))
+    app.router.add_get("/api/importance", state.view(lambda m, r: plots.importance(m)))
     app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
     app.router.add_get(
         "/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"]))
@@ -317,6 +319,25 @@ class _State:
         return web.FileResponse(path, headers={
             "Content-Disposition": f'attachment; filename="{name}"', "Content-Type": "text/plain; charset=utf-8",
         })
+
+    async def export(self, request: web.Request) -> web.Response:
+        """The trials table as a CSV or JSON file, read on a thread and a connection of its own
+        (a hundred thousand trials take seconds, and hold up no other page meanwhile)."""
+        query = dict(request.query)
+
+        def write() -> tuple[bytes, str, str]:
+            with ReadModel.open(self.experiment_dir) as model:
+                return export.export(model, query)
+
+        try:
+            body, kind, name = await asyncio.get_running_loop().run_in_executor(None, write)
+        except (PageError, ValueError) as e:
+            return _error(400, str(e))
+        except StoreError as e:
+            return _error(503, str(e))
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        return web.Response(body=body, content_type=kind, charset="utf-8",
+                            headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     # -- actions
 

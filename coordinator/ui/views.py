@@ -19,11 +19,9 @@ from ..read import pages
 from ..read.failures import failure_summary
 from ..read.model import CheckpointInfo, ReadModel, TrialSnapshot, optimize_mode, to_json
 from ..read.pages import GpuPoint
-from ..read.results import result_keys
+from ..read.results import reported, result_keys
 
 SERIES_POINTS = 400  # points a time series is thinned to
-CURVES = 100  # trials whose intermediate curves the comparison draws
-SCATTER_TRIALS = 2000  # trials the parameter charts draw
 LOG_CHUNK = 256 * 1024  # bytes of a log answered at once
 TAIL_BYTES = 1024 * 1024  # at most this much of a log's end is answered for its last lines
 WAITING_SHOWN = 200
@@ -48,7 +46,7 @@ def _max_trials(config: Mapping[str, Any] | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _mode(config: Mapping[str, Any] | None) -> str:
+def config_mode(config: Mapping[str, Any] | None) -> str:
     tuner = (config or {}).get("tuner")
     args = tuner.get("classArgs", tuner.get("class_args")) if isinstance(tuner, dict) else None
     return optimize_mode(args if isinstance(args, dict) else None)
@@ -96,9 +94,19 @@ def trials(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         offset=int_arg(query, "offset", 0), limit=int_arg(query, "limit", 100),
     )
     return {
-        "total": page.total, "offset": page.offset, "trials": [trial_json(t) for t in page.trials],
-        "parameters": list(pages.parameter_names(model)),
+        "total": page.total, "offset": page.offset, "trials": [table_row(model, t) for t in page.trials],
+        "parameters": list(pages.parameter_names(model)), "result_keys": list(pages.result_keys(model)),
     }
+
+
+def table_row(model: ReadModel, t: TrialSnapshot) -> dict[str, Any]:
+    """A trial as the trials table shows it: with its latest intermediate result (as reported:
+    a number, or a dict of keys), what a running or stopped trial is judged by."""
+    data = trial_json(t)
+    last = model._read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
+    data["latest_intermediate"] = to_json(reported(last.value, last.value_json)) if last is not None else None
+    data["latest_index"] = last.index if last is not None else None
+    return data
 
 
 def int_arg(query: Mapping[str, str], name: str, default: int) -> int:
@@ -249,28 +257,6 @@ def _first_line_start(data: bytes, *, whole: bool) -> int:
         return 0
     cut = data.find(b"\n") + 1
     return cut if 0 < cut < len(data) else 0
-
-
-def compare(model: ReadModel) -> dict[str, Any]:
-    """Curves of the best and latest trials, and a sample of every trial's parameters and metric."""
-    config = model.stored_config()
-    descending = _mode(config) == "maximize"
-    best = pages.trial_page(model, sort="metric", descending=descending, limit=CURVES // 2).trials
-    latest = pages.trial_page(model, sort="sequence", descending=True, limit=CURVES // 2).trials
-    chosen = list({t.id: t for t in (*best, *latest)})
-    curves = pages.curves(model, chosen)
-    sample = pages.sample(model, SCATTER_TRIALS)
-    return {
-        "optimize_mode": "maximize" if descending else "minimize",
-        "parameters": list(pages.parameter_names(model)),
-        "curves": [{"id": tid, "values": thin(list(v), SERIES_POINTS)} for tid, v in curves.items() if v],
-        "trials": [
-            {"id": t.id, "status": t.status.value if t.status else None, "final_metric": t.final_metric,
-             "parameters": t.parameters or {}}
-            for t in sample
-        ],
-        "sampled": len(sample) < sum(model.trial_counts().values()),
-    }
 
 
 def environments(model: ReadModel) -> dict[str, Any]:

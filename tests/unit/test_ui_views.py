@@ -13,7 +13,7 @@ pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip ins
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.read.pages import PageError
 from trialkeeper.coordinator.store.store import MetricRow, Store
-from trialkeeper.coordinator.ui import views
+from trialkeeper.coordinator.ui import plots, views
 from trialkeeper.coordinator.ui.server import DashboardError, check_bind, is_loopback, parse_address
 from trialkeeper.coordinator.ui.tensorboard import run_name
 
@@ -135,7 +135,7 @@ def test_answers_from_a_store(tmp_path: Path) -> None:
 
         envs = views.environments(model)
         assert envs["waiting_total"] == 1 and envs["waiting"][0]["reason"].startswith("waiting: ")
-        compare = views.compare(model)
+        compare = plots.compare(model, {})
         assert compare["optimize_mode"] == "minimize" and compare["sampled"] is False and len(compare["trials"]) == 4
         assert [c["id"] for c in compare["curves"]] == ["t2"]
 

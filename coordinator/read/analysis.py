@@ -1,0 +1,142 @@
+"""What the dashboard's analysis charts compute from trials already read: each parameter's
+importance to the final metric, the empirical distribution of the final metric, and the
+Pareto front of trials scored on several objectives.
+
+Importance is Optuna's PED-ANOVA evaluator (``optuna.importance.PedAnovaImportanceEvaluator``)
+over an in-memory study of the trials given, each parameter with the distribution its search
+space gives it (a ``choice`` categorical, the log types on a log scale). It needs Optuna
+(``pip install 'trialkeeper[optuna]'``); without it the answer says so. PED-ANOVA rather than
+fANOVA: it takes milliseconds over two thousand trials, where fANOVA's forest takes seconds."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .space import LOG_TYPES, Axis
+
+INSTALL = "pip install 'trialkeeper[optuna]'"
+EVALUATOR = "PED-ANOVA (Optuna)"
+MIN_TRIALS = 5  # fewer trials with a final metric than this rank nothing
+
+
+@dataclass(frozen=True)
+class Importance:
+    """Each parameter's importance (they add up to 1), most important first; ``error`` says why
+    there is none."""
+
+    evaluator: str
+    trials: int
+    importances: tuple[tuple[str, float], ...] = ()
+    error: str = ""
+
+
+def importance(
+    rows: Sequence[tuple[Mapping[str, Any], float]], axes: Sequence[Axis], mode: str
+) -> Importance:
+    """The importance of each parameter of ``axes`` to the metric of ``rows`` ((parameters,
+    final metric) pairs), for a study that ``mode`` ("maximize" or "minimize")."""
+    try:
+        import optuna
+        from optuna.distributions import CategoricalDistribution, FloatDistribution
+    except ImportError:
+        return Importance(EVALUATOR, 0, error=f"parameter importance needs Optuna: {INSTALL}")
+    rows = [(p, v) for p, v in rows if math.isfinite(v)]
+    if len(rows) < MIN_TRIALS:
+        return Importance(EVALUATOR, len(rows), error=f"{len(rows)} trial(s) with a final metric: too few to rank")
+    distributions: dict[str, Any] = {}
+    for axis in axes:
+        if axis.kind == "category" and len(axis.categories) > 1:
+            distributions[axis.name] = CategoricalDistribution(axis.categories)
+        elif axis.kind != "category" and axis.low is not None and axis.high is not None and axis.high > axis.low:
+            log = axis.kind == "log" or axis.source in LOG_TYPES
+            distributions[axis.name] = FloatDistribution(axis.low, axis.high, log=log and axis.low > 0)
+    if not distributions:
+        return Importance(EVALUATOR, len(rows), error="no parameter takes more than one value")
+    trials = []
+    for params, value in rows:
+        given = {name: _value(params.get(name), d) for name, d in distributions.items()}
+        if any(v is None for v in given.values()):
+            continue  # a trial without one of the parameters (a nested space's branch) is left out
+        trials.append(optuna.trial.create_trial(params=given, distributions=distributions, value=value))
+    if len(trials) < MIN_TRIALS:
+        return Importance(EVALUATOR, len(trials), error=f"{len(trials)} trial(s) hold every parameter: too few")
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(logging.WARNING)
+    try:
+        study = optuna.create_study(direction="maximize" if mode == "maximize" else "minimize")
+        study.add_trials(trials)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PED-ANOVA's note that few trials make a coarse estimate
+            found = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), normalize=True
+            )
+    finally:
+        optuna.logging.set_verbosity(level)
+    ranked = sorted(((str(k), float(v)) for k, v in found.items()), key=lambda kv: (-kv[1], kv[0]))
+    return Importance(EVALUATOR, len(trials), tuple(ranked))
+
+
+def _value(v: Any, distribution: Any) -> Any:
+    from optuna.distributions import CategoricalDistribution
+
+    from .space import label
+
+    if v is None:
+        return None
+    if isinstance(distribution, CategoricalDistribution):
+        shown = label(v)
+        return shown if shown in distribution.choices else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return min(max(float(v), distribution.low), distribution.high)
+    return None
+
+
+def edf(sorted_values: Sequence[float], points: int) -> list[tuple[float, float]]:
+    """The empirical distribution of ``sorted_values`` (lowest first): (value, fraction of
+    values at most it), at about ``points`` values spread evenly, the lowest and highest kept."""
+    n = len(sorted_values)
+    if n == 0:
+        return []
+    picks = range(n) if n <= points else sorted({round(i * (n - 1) / (points - 1)) for i in range(points)})
+    out: list[tuple[float, float]] = []
+    for i in picks:
+        value = float(sorted_values[i])
+        if out and out[-1][0] == value:
+            out.pop()  # equal values: the point of the last of them
+        out.append((value, (i + 1) / n))
+    return out
+
+
+def objective_values(result: Any, keys: Sequence[str]) -> tuple[float, ...] | None:
+    """The numbers a dict result holds under ``keys``, in that order (None when one is missing)."""
+    if isinstance(result, str):
+        try:
+            result = json.loads(result)
+        except ValueError:
+            return None
+    if not isinstance(result, dict):
+        return None
+    values = [result.get(k) for k in keys]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        return None
+    return tuple(float(v) for v in values)
+
+
+def pareto_front(points: Iterable[tuple[str, tuple[float, ...]]], maximize: Sequence[bool]) -> list[str]:
+    """The ids of the points no other point dominates (as good on every objective and better on
+    one), ``maximize`` saying each objective's direction; in the order given."""
+    signed = [(pid, tuple(v if up else -v for v, up in zip(values, maximize))) for pid, values in points]
+    # Sorted best first on the first objective: a point can be dominated only by one before it.
+    order = sorted(range(len(signed)), key=lambda i: tuple(-x for x in signed[i][1]))
+    front: list[int] = []
+    for i in order:
+        v = signed[i][1]
+        if not any(all(a >= b for a, b in zip(signed[j][1], v)) and signed[j][1] != v for j in front):
+            front.append(i)
+    return [signed[i][0] for i in sorted(front)]

@@ -1,0 +1,115 @@
+"""The comparison page's JSON answers: curves of chosen trials, the parameters of a sample of
+trials with the axis each should be drawn on, the final metric's distribution, the Pareto
+front, and each parameter's importance. Built from read-model reads only, each bounded
+whatever the experiment's size (a sample, a cache)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ..read import analysis, pages
+from ..read.model import ReadModel, TrialSnapshot, to_json
+from ..read.space import axes as parameter_axes
+from ..read.space import search_space
+from .views import SERIES_POINTS, config_mode, thin
+
+CURVES = 100  # trials whose intermediate curves the comparison draws
+CHOSEN_MAX = 100  # trials one may pick to compare
+SCATTER_TRIALS = 2000  # trials the parameter charts draw
+IMPORTANCE_TRIALS = 2000  # trials importance is computed over (spread evenly when there are more)
+STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED", "RUNNING", "PAUSED")  # may end without a final metric
+
+
+def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
+    """Curves of the trials asked for (``ids``, comma-separated), else of the best and latest;
+    a sample of every trial's parameters and metric, with each parameter's axis."""
+    config = model.stored_config()
+    mode = config_mode(config)
+    ids = [i for i in query.get("ids", "").split(",") if i][:CHOSEN_MAX]
+    if ids:
+        found = [t for t in (model.trial(i) for i in ids) if t is not None]
+        missing = sorted(set(ids) - {t.id for t in found})
+        if missing:
+            raise ValueError(f"ids: no trial {', '.join(missing)}")
+        chosen = found
+        title = f"Intermediate results of the {len(chosen)} selected trial{'s' if len(chosen) != 1 else ''}"
+    else:
+        half = CURVES // 2
+        best = pages.trial_page(model, sort="metric", descending=mode == "maximize", limit=half).trials
+        latest = pages.trial_page(model, sort="sequence", descending=True, limit=half).trials
+        chosen = list({t.id: t for t in (*best, *latest)}.values())
+        total = sum(model.trial_counts().values())
+        title = (f"Intermediate results of every trial ({total})" if len(chosen) >= total
+                 else f"Intermediate results of the {len(best)} best and the {len(latest)} latest trials")
+    curves = pages.curves(model, [t.id for t in chosen])
+    sample = pages.sample(model, SCATTER_TRIALS)
+    names = list(pages.parameter_names(model))
+    rows = [_sampled(model, t) for t in sample]
+    seen: dict[str, list[Any]] = {n: [] for n in names}
+    for t in sample:
+        for n in names:
+            if n in (t.parameters or {}):
+                seen[n].append((t.parameters or {})[n])
+    return {
+        "optimize_mode": mode,
+        "parameters": names,
+        "axes": [to_json(a) for a in parameter_axes(search_space(config), names, seen)],
+        "curves_title": title,
+        "selected": [t.id for t in chosen] if ids else [],
+        "curves": [
+            {"id": t.id, "status": t.status.value if t.status else None, "final_metric": t.final_metric,
+             "values": thin(list(curves.get(t.id, ())), SERIES_POINTS)}
+            for t in chosen if curves.get(t.id)
+        ],
+        "trials": rows,
+        "sampled": len(sample) < sum(model.trial_counts().values()),
+        "edf": analysis.edf(model._read("trials", model.store.final_metrics), SERIES_POINTS),
+    }
+
+
+def _sampled(model: ReadModel, t: TrialSnapshot) -> dict[str, Any]:
+    """A trial as the parameter charts take it: an early-stopped one (no final metric) with its
+    last intermediate result in its place, marked ``stopped``."""
+    status = t.status.value if t.status else None
+    value, stopped = t.final_metric, False
+    if value is None and status in STOPPED:
+        last = model._read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
+        if last is not None and isinstance(last.value, (int, float)):
+            value, stopped = float(last.value), True
+    return {"id": t.id, "status": status, "final_metric": t.final_metric, "value": value, "stopped": stopped,
+            "parameters": t.parameters or {}}
+
+
+# Importance is computed once for each state of the trials: a finished experiment's once.
+_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
+_cache_lock = threading.Lock()
+
+
+def importance(model: ReadModel) -> dict[str, Any]:
+    """Each parameter's importance to the final metric, over at most ``IMPORTANCE_TRIALS``
+    trials spread evenly; computed again only when the trials' counts or results change."""
+    counts = model.trial_counts()
+    key = (tuple(sorted(counts.items())), model._read("metrics", model.store.metric_count))
+    where = str(model.experiment_dir)
+    with _cache_lock:
+        cached = _cache.get(where)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    config = model.stored_config()
+    sample = [t for t in pages.sample(model, IMPORTANCE_TRIALS) if t.final_metric is not None]
+    names = list(pages.parameter_names(model))
+    seen = {n: [(t.parameters or {})[n] for t in sample if n in (t.parameters or {})] for n in names}
+    axes = parameter_axes(search_space(config), names, seen)
+    found = analysis.importance([(t.parameters or {}, t.final_metric) for t in sample if t.final_metric is not None],
+                                axes, config_mode(config))
+    answer = {
+        "evaluator": found.evaluator, "trials": found.trials, "of": sum(counts.values()),
+        "importances": [list(kv) for kv in found.importances], "error": found.error,
+    }
+    with _cache_lock:
+        if len(_cache) > 16:
+            _cache.clear()
+        _cache[where] = (key, answer)
+    return answer

@@ -1,0 +1,186 @@
+"""The comparison's and the trials table's answers from a real store (no server): axes from
+the search space, importance, the final metric's distribution, early-stopped trials, the
+Pareto front, the latest intermediate result, dict result keys, and the table's export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
+
+from trialkeeper.coordinator.read import analysis
+from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.read.space import axes, label
+from trialkeeper.coordinator.store.store import MetricRow, Store
+from trialkeeper.coordinator.ui import export, plots, views
+
+SPACE = {
+    "lr": {"_type": "loguniform", "_value": [1e-5, 1.0]},
+    "noise": {"_type": "uniform", "_value": [0, 1]},
+    "opt": {"_type": "choice", "_value": ["sgd", "adam", "rmsprop"]},
+    "layers": {"_type": "randint", "_value": [1, 9]},
+    "width": {"_type": "qloguniform", "_value": [16, 1024, 16]},
+}
+
+
+def _experiment(exp: Path, n: int = 200, seed: int = 3) -> None:
+    """``n`` trials whose metric depends on lr alone (noise, opt and layers do not matter); one
+    early stopped, one running, both with intermediate results; dict final results."""
+    rng = random.Random(seed)
+    store = Store.in_dir(exp)
+    store.create_experiment("ex1", "plots", {
+        "searchSpace": SPACE, "tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}},
+    })
+    with store.transaction():
+        for seq in range(n):
+            p = {"lr": math.exp(rng.uniform(math.log(1e-5), 0)), "noise": rng.random(),
+                 "opt": rng.choice(["sgd", "adam", "rmsprop"]), "layers": rng.randint(1, 8),
+                 "width": rng.choice([16, 64, 256, 1024])}
+            status = "SUCCEEDED"
+            metric: float | None = (math.log10(p["lr"]) + 3) ** 2
+            if seq == 5:
+                status, metric = "EARLY_STOPPED", None
+            elif seq == 6:
+                status, metric = "RUNNING", None
+            store.insert_trial({
+                "id": f"t{seq:03d}", "seq": seq, "status": status, "parameters_json": json.dumps(p),
+                "command": "c", "gpu_number": 0, "submitted_at": 1000.0 + seq, "started_at": 1000.0 + seq,
+                "ended_at": 1010.0 + seq if status != "RUNNING" else None, "final_metric": metric,
+                "final_metric_json": json.dumps({"default": metric, "loss": seq / 10}) if metric is not None else None,
+            })
+    store.add_metrics([MetricRow("t005", i, "intermediate", 9.0 - i, json.dumps(9.0 - i), 1.0) for i in range(4)])
+    store.add_metrics([MetricRow("t006", i, "intermediate", float(i), json.dumps({"default": float(i), "acc": i / 4}),
+                                 1.0) for i in range(3)])
+    store.close()
+
+
+def test_each_parameter_gets_the_axis_its_search_space_says() -> None:
+    seen = {"lr": [1e-4, 0.1], "noise": [0.5], "opt": ["adam", "old"], "layers": [1, 3], "width": [16, 64],
+            "extra": ["a", 2], "count": [1, 2, 5]}
+    found = {a.name: a for a in axes(SPACE, list(seen), seen)}
+    assert found["lr"].kind == "log" and (found["lr"].low, found["lr"].high) == (1e-5, 1.0)
+    assert found["width"].kind == "log" and found["width"].source == "qloguniform"
+    assert found["noise"].kind == "value" and found["noise"].source == "uniform"
+    # The choice's options in their order, then a value the space no longer offers.
+    assert found["opt"].kind == "category" and found["opt"].categories == ("sgd", "adam", "rmsprop", "old")
+    assert found["layers"].kind == "value" and found["layers"].integer
+    # Not in the space: as the values say.
+    assert found["extra"].kind == "category" and found["extra"].categories == ("2", "a")
+    assert found["count"].kind == "value" and found["count"].source == "observed" and found["count"].integer
+    assert label({"_name": "conv", "k": 3}) == "conv" and label(0.5) == "0.5" and label(True) == "true"
+    # A log type whose values are not all positive cannot be drawn on a log axis.
+    assert axes({"x": {"_type": "lognormal", "_value": [0, 1]}}, ["x"], {"x": [0.0, 1.0]})[0].kind == "value"
+
+
+def test_importance_ranks_the_parameter_that_matters_first(tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    _experiment(tmp_path)
+    with ReadModel.open(tmp_path) as model:
+        answer = plots.importance(model)
+        assert answer["error"] == "" and answer["trials"] == 198 and answer["of"] == 200
+        ranked = [name for name, _ in answer["importances"]]
+        assert ranked[0] == "lr", answer
+        values = dict(answer["importances"])
+        assert values["lr"] > 0.5 and all(values[p] < values["lr"] / 3 for p in ("noise", "opt", "layers"))
+        assert sum(values.values()) == pytest.approx(1.0)
+        assert plots.importance(model) is answer  # cached while the trials are as they were
+
+
+def test_importance_says_why_there_is_none() -> None:
+    pytest.importorskip("optuna")
+    few = analysis.importance([({"x": 1.0}, 1.0)], axes({}, ["x"], {"x": [1.0]}), "maximize")
+    assert few.importances == () and "too few" in few.error
+    flat = analysis.importance([({"x": 1.0}, float(i)) for i in range(10)], axes({}, ["x"], {"x": [1.0]}), "maximize")
+    assert "no parameter takes more than one value" in flat.error
+
+
+def test_the_comparison_draws_stopped_trials_and_says_what_its_curves_are(tmp_path: Path) -> None:
+    _experiment(tmp_path)
+    with ReadModel.open(tmp_path) as model:
+        c = plots.compare(model, {})
+        assert {a["name"]: a["kind"] for a in c["axes"]} == {
+            "layers": "value", "lr": "log", "noise": "value", "opt": "category", "width": "log"}
+        assert c["curves_title"] == "Intermediate results of the 50 best and the 50 latest trials"
+        stopped = next(t for t in c["trials"] if t["id"] == "t005")
+        assert stopped["status"] == "EARLY_STOPPED" and stopped["stopped"] and stopped["value"] == 6.0
+        running = next(t for t in c["trials"] if t["id"] == "t006")
+        assert running["stopped"] and running["value"] == 2.0 and running["final_metric"] is None
+        done = next(t for t in c["trials"] if t["id"] == "t000")
+        assert not done["stopped"] and done["value"] == done["final_metric"]
+        # The distribution of the final metric: every trial with one, rising to 1.
+        xs, ys = zip(*c["edf"])
+        assert list(xs) == sorted(xs) and ys[-1] == 1.0 and list(ys) == sorted(ys)
+
+        picked = plots.compare(model, {"ids": "t005,t006,t000"})
+        assert picked["curves_title"] == "Intermediate results of the 3 selected trials"
+        assert [cv["id"] for cv in picked["curves"]] == ["t005", "t006"]  # t000 reported none
+        assert picked["curves"][0]["status"] == "EARLY_STOPPED" and picked["curves"][0]["values"] == [9, 8, 7, 6]
+        with pytest.raises(ValueError, match="ids: no trial nope"):
+            plots.compare(model, {"ids": "t000,nope"})
+
+
+def test_the_final_metrics_distribution() -> None:
+    assert analysis.edf([], 10) == []
+    assert analysis.edf([1.0, 2.0, 2.0, 3.0], 10) == [(1.0, 0.25), (2.0, 0.75), (3.0, 1.0)]
+    thinned = analysis.edf([float(i) for i in range(1000)], 11)
+    assert len(thinned) == 11 and thinned[0] == (0.0, 0.001) and thinned[-1] == (999.0, 1.0)
+
+
+def test_the_pareto_front() -> None:
+    points = [("a", (1.0, 5.0)), ("b", (2.0, 4.0)), ("c", (2.0, 2.0)), ("d", (3.0, 1.0)), ("e", (0.5, 0.5))]
+    assert analysis.pareto_front(points, [True, True]) == ["a", "b", "d"]
+    assert analysis.pareto_front(points, [False, False]) == ["e"]
+    assert analysis.pareto_front(points, [True, False]) == ["d", "e"]
+    assert analysis.objective_values('{"acc": 0.9, "lat": 3}', ["acc", "lat"]) == (0.9, 3.0)
+    assert analysis.objective_values({"acc": 0.9}, ["acc", "lat"]) is None
+
+
+def test_the_table_shows_the_latest_intermediate_and_every_result_key(tmp_path: Path) -> None:
+    _experiment(tmp_path, n=10)
+    with ReadModel.open(tmp_path) as model:
+        page = views.trials(model, {"status": "RUNNING"})
+        assert page["result_keys"] == ["default", "loss"]
+        row = page["trials"][0]
+        assert row["latest_intermediate"] == {"default": 2.0, "acc": 0.5} and row["latest_index"] == 2
+        stopped = views.trials(model, {"status": "EARLY_STOPPED"})["trials"][0]
+        assert stopped["latest_intermediate"] == 6.0
+        by_loss = views.trials(model, {"sort": "result:loss", "order": "desc", "limit": "3"})
+        assert [t["id"] for t in by_loss["trials"]] == ["t009", "t008", "t007"]
+
+
+def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path) -> None:
+    _experiment(tmp_path, n=10)
+    with ReadModel.open(tmp_path) as model:
+        query = {"format": "csv", "sort": "metric", "order": "asc", "q": "adam",
+                 "columns": "id,status,metric,latest,started,param:opt,result:loss"}
+        body, kind, name = export.export(model, query)
+        assert kind == "text/csv" and name == "ex1-trials.csv"
+        rows = list(csv.reader(io.StringIO(body.decode())))
+        assert rows[0] == ["id", "status", "metric", "latest", "started", "param:opt", "result:loss"]
+        shown = views.trials(model, {"sort": "metric", "order": "asc", "q": "adam"})["trials"]
+        assert [r[0] for r in rows[1:]] == [t["id"] for t in shown] and len(rows) > 2
+        for r, t in zip(rows[1:], shown):
+            assert r[1] == t["status"] and r[5] == "adam"
+            assert r[2] == ("" if t["final_metric"] is None else repr(t["final_metric"]))
+            seconds = 1000 + t["sequence_id"]  # started at
+            assert r[4] == f"1970-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}+00:00"
+        body, kind, _ = export.export(model, {"format": "json", "ids": "t006,t005", "columns": "id,latest,metric"})
+        assert kind == "application/json"
+        assert json.loads(body) == [
+            {"id": "t005", "latest": 6.0, "metric": None},
+            {"id": "t006", "latest": {"default": 2.0, "acc": 0.5}, "metric": None},
+        ]
+        everything = json.loads(export.export(model, {"format": "json"})[0])
+        assert len(everything) == 10 and list(everything[0]) == [*export.FIXED, "param:layers", "param:lr",
+                                                                 "param:noise", "param:opt", "param:width"]
+        with pytest.raises(ValueError, match="columns: 'secret' is not one of"):
+            export.export(model, {"columns": "id,secret"})
+        with pytest.raises(ValueError, match="format: 'xml' is not csv or json"):
+            export.export(model, {"format": "xml"})
