@@ -457,8 +457,6 @@ class CheckpointKeeper:
         if not lt.shared:
             if manifest.digest:
                 await asyncio.to_thread(cf.write_index, final, manifest)
-            else:  # this copy's index, its digest computed meanwhile (a continue here reuses it by digest)
-                self._background(asyncio.to_thread(_index_digested, final, files))
             if not location:
                 took = await direct if direct is not None else set()
                 rest = [f for f in manifest.files if f.path not in took]
@@ -478,6 +476,10 @@ class CheckpointKeeper:
                 self._background(asyncio.to_thread(_with_store, self.storage_url, lambda s: s.delete(location)))
             raise _Refused(f"the coordinator refused it: {refusal}{await self._give_back(lt, final)}")
         lt.last_step = step
+        if not lt.shared and not manifest.digest:
+            # This copy's index, its digest taken once the save is answered: off the way of the bytes
+            # (a continue here meanwhile reads the files and compares them).
+            self._background(asyncio.to_thread(_index_digested, final, files))
         if not lt.shared:
             self._background(asyncio.to_thread(cf.drop_older, lt.root, step))
         if lt.pause_reason:

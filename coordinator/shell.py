@@ -59,7 +59,7 @@ class Link(Protocol):
 
     async def send_paced(self, message: ev.ToAgent, *, max_queued: int, timeout: float) -> bool: ...
 
-    def ack(self, seq: int) -> None: ...
+    def ack(self, seq: int, *, now: bool = False) -> None: ...
 
     def close(self) -> None: ...
 
@@ -108,6 +108,7 @@ class Shell:
         self._digests: set[asyncio.Task[Any]] = set()  # uploaded checkpoints' digests being taken
         self._ending = asyncio.Event()
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
+        self._saving_links: set[int] = set()  # links whose messages being handled hold a finished save
         self._inbox_pending = False
         # What joins decided, applied with the next batch (see agent_connected).
         self._joined: list[ev.Instruction] = []
@@ -196,8 +197,8 @@ class Shell:
             match i:
                 case ev.Ack():
                     link = self.links.get(i.link)
-                    if link is not None:
-                        link.ack(i.seq)
+                    if link is not None:  # at once where a trial's save waits on it
+                        link.ack(i.seq, now=i.link in self._saving_links)
                 case ev.Send():
                     link = self.links.get(i.link)
                     if link is not None:
@@ -326,12 +327,14 @@ class Shell:
                     self.apply(out)
                     out = []
                     event = self._finished(event, event.report)
+                    self._saving_links.add(link.id)
                 out += self.engine.handle(event, now=now, wall=wall)
             except Exception:
                 # A bug, or input the core did not foresee: this stream ends, the others go on.
                 log.exception("environment %s: a message could not be handled; ending its stream", event.env_id)
                 link.fail("the coordinator could not handle a message; see its log")
         self.apply(out)
+        self._saving_links.clear()
         # Only when the messages changed something a pass acts on (a trial ended, an agent
         # left): a metric or a log line does not. A heartbeat that frees GPUs places trials itself.
         if reported and self.engine.wants_pass():

@@ -66,6 +66,7 @@ class AgentLink:
         self.error = ""
         self._queue: collections.deque[pb.CoordinatorMessage | None] = collections.deque()
         self._ack: int | None = None
+        self._ack_now = False
         self._wakeup = asyncio.Event()
         self._urgent = asyncio.Event()
         self._wrote = asyncio.Event()  # set after each write: what send_paced waits on
@@ -99,8 +100,10 @@ class AgentLink:
         self.send(message)
         return True
 
-    def ack(self, seq: int) -> None:
+    def ack(self, seq: int, *, now: bool = False) -> None:
+        """Acknowledge up to ``seq``; ``now``: without lingering (someone waits on it, a trial's save)."""
         self._ack = seq if self._ack is None else max(self._ack, seq)
+        self._ack_now = self._ack_now or now
         self._wakeup.set()
 
     def fail(self, details: str) -> None:
@@ -120,7 +123,7 @@ class AgentLink:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if not self._queue and self._ack is not None and ACK_LINGER_S > 0:
+            if not self._queue and self._ack is not None and ACK_LINGER_S > 0 and not self._ack_now:
                 # Only an ack to send: let the acks of messages already arriving join it,
                 # but go at once when something else is to be sent.
                 self._urgent.clear()
@@ -134,7 +137,7 @@ class AgentLink:
                 await context.write(msg)
                 self._wrote.set()
             if self._ack is not None:
-                seq, self._ack = self._ack, None
+                seq, self._ack, self._ack_now = self._ack, None, False
                 await context.write(pb.CoordinatorMessage(ack=pb.Ack(seq=seq)))
 
 

@@ -481,6 +481,8 @@ def table(R: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.append(("2. upload / TCP floor (ratio of medians; per round)",
                          f"{statistics.median(up) / statistics.median(tcp):.2f}×",
                          "target ≤ 1.5×; rounds: " + ", ".join(f"{x:.2f}×" for x in per_round)))
+            rows.append(("2. upload / TCP floor (fastest of each)", f"{min(up) / min(tcp):.2f}×",
+                         "what is left when neither waits on the rest of a loaded machine"))
         loc = tr.get("local")
         if loc is not None and not _ok(loc):
             rows.append(("2. local saves", f"failed: {loc['error']}", loc.get("stderr_tail", "")[-300:]))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from trialkeeper.agent.bulk import send_files
 from trialkeeper.agent.checkpoint_files import FileEntry
 from trialkeeper.coordinator.engine.checkpoints import CheckpointFile
@@ -88,3 +89,42 @@ def test_a_port_nobody_listens_on_sends_nothing_and_says_so(tmp_path: Path) -> N
     src, files = _files(tmp_path)
     sent, why = send_files(("127.0.0.1", free), "secret", "env-1", "t1", 1, src, files)
     assert sent == set() and f"bulk port at 127.0.0.1:{free}" in why
+
+
+def _send(port: int, header: dict[str, object], data: bytes) -> str:
+    """Header and bytes in one write (the receiver finds the first bytes behind the header);
+    the port's last answer."""
+    h = {"token": "secret", "env": "env-1", "trial": "t1", "step": 2, **header}
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.settimeout(10)
+        conn.sendall(json.dumps(h).encode() + b"\n" + data)
+        answers = b""
+        while not answers.endswith(b"\n") or answers.count(b"\n") < 2:
+            more = conn.recv(4096)
+            if not more:
+                break
+            answers += more
+    return answers.decode().strip().splitlines()[-1]
+
+
+def test_bytes_behind_the_header_and_a_later_offset_land_in_place(tmp_path: Path, port: int) -> None:
+    big = bytes(range(256)) * 8192  # 2 MiB: more than one pipe's worth after the first bytes
+    assert _send(port, {"path": "a.bin", "offset": 0, "size": 4}, b"abcd") == "done 4"
+    assert _send(port, {"path": "a.bin", "offset": 4, "size": len(big)}, big) == f"done {len(big)}"
+    got = (CheckpointFiles(tmp_path / "root", "exp").incoming_dir("t1", 2) / "a.bin").read_bytes()
+    assert got == b"abcd" + big
+
+
+def test_a_sender_gone_mid_file_leaves_a_file_the_save_cannot_be_recorded_from(tmp_path: Path, port: int) -> None:
+    files = CheckpointFiles(tmp_path / "root", "exp")
+    target = files.incoming_dir("t1", 2) / "a.bin"
+    h = {"token": "secret", "env": "env-1", "trial": "t1", "step": 2, "path": "a.bin", "offset": 0, "size": 1 << 20}
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.settimeout(10)
+        conn.sendall(json.dumps(h).encode() + b"\n")
+        assert conn.recv(16) == b"ok\n"
+        conn.sendall(b"x" * 1000)
+    wait_until(lambda: target.exists() and target.stat().st_size == 1000, timeout=30,
+               message="the receiver did not write what came before the sender went away")
+    problem = files.finish("t1", 2, (CheckpointFile("a.bin", 1 << 20),))
+    assert problem == f"the coordinator did not get all of it: a.bin has 1000 bytes, not {1 << 20}"

@@ -29,7 +29,7 @@ class Link:
     def send(self, message: ev.ToAgent) -> None:
         self.sent.append(message)
 
-    def ack(self, seq: int) -> None:
+    def ack(self, seq: int, *, now: bool = False) -> None:
         self.acks.append(seq)
 
     def close(self) -> None:
