@@ -320,7 +320,7 @@ def _run(args: argparse.Namespace) -> int:
         control = ControlHook(stop.set, say)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, control.signalled)
-        start_dashboard, state["stop_dashboard"] = dashboard_starter(args, stop.set, say)
+        start_dashboard, state["stop_dashboard"] = dashboard_starter(args, control, say)
 
         def on_start(coordinator: Any) -> None:
             control.on_start(coordinator)  # `trialkeeper pause`, `stop`, ... reach it from here on

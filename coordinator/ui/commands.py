@@ -56,15 +56,17 @@ def _err(message: str) -> None:
 
 
 def dashboard_starter(
-    args: argparse.Namespace, stop: Callable[[], None], say: Callable[[str], None]
+    args: argparse.Namespace, control: Any, say: Callable[[str], None]
 ) -> tuple[Callable[[Any], None] | None, Callable[[], None]]:
-    """For ``run --ui``: a hook that starts the dashboard once the coordinator runs, and a
-    function to call when the run has ended. That one stops the dashboard, or, with a terminal
-    attached, makes it read-only and leaves it serving for :func:`linger_dashboard`.
-    (None, no-op) without ``--ui``."""
+    """For ``run --ui``: a hook that starts the dashboard once the coordinator runs (after
+    ``control``, the run's ControlHook, has opened its control server: the dashboard's actions
+    are that server's requests, answered on the experiment's loop), and a function to call
+    when the run has ended. That one stops the dashboard, or, with a terminal attached, makes
+    it read-only and leaves it serving for :func:`linger_dashboard`. (None, no-op) without ``--ui``."""
     if getattr(args, "ui", None) is None:
         return None, lambda: None
     try:
+        from .actions import on_loop
         from .server import Controls, DashboardThread, bind, parse_address
     except ImportError:
         raise SystemExit(f"trialkeeper: {INSTALL_HINT}") from None
@@ -74,12 +76,10 @@ def dashboard_starter(
     started: list[Any] = []
 
     def on_start(coordinator: Any) -> None:
-        loop = asyncio.get_running_loop()
+        server = control.server
         controls = Controls(
-            loop=loop, cancel=coordinator.cancel, stop=stop, scheduling=lambda: coordinator.scheduling_passes,
-            pause=lambda trial_id: coordinator.pause(trial_id, reason="paused from the dashboard"),
-            resume_trial=coordinator.resume_trial,
-        )
+            ask=on_loop(server, asyncio.get_running_loop()), scheduling=lambda: coordinator.scheduling_passes,
+        ) if server is not None else None  # no control server: nothing can act, not even the dashboard
         thread = DashboardThread(coordinator.experiment_dir, sock, controls)
         url = thread.start()
         started.append(thread)

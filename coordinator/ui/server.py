@@ -24,7 +24,6 @@ import re
 import socket
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +34,8 @@ from ..read.model import ReadModel
 from ..read.pages import PageError
 from ..store.reads import StoreError
 from . import export, plots, views
+from .actions import Acting, Controls, add_routes
+from .context import context
 from .live import LiveChanges
 from .metrics import metrics_text
 
@@ -46,7 +47,6 @@ UI_TOKEN_ENV = "TRIALKEEPER_UI_TOKEN"
 COOKIE = "trialkeeper_ui"
 LIVE_INTERVAL_S = 1.0  # how often the live stream looks for changes
 KEEPALIVE_S = 15.0
-ACTION_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 2.0
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
@@ -54,27 +54,6 @@ CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline
 
 class DashboardError(ValueError):
     """The dashboard cannot serve as asked (a bad address, a port taken, no token)."""
-
-
-@dataclass
-class Controls:
-    """What the dashboard may do to the experiment it shows; only while that experiment runs
-    in this process. ``cancel`` and ``stop`` run on the experiment's loop."""
-
-    loop: asyncio.AbstractEventLoop
-    cancel: Callable[[str], Awaitable[None]]
-    stop: Callable[[], None]
-    scheduling: Callable[[], tuple[int, float, float]] | None = None  # passes, total s, last s
-    pause: Callable[[str], Awaitable[None]] | None = None
-    resume_trial: Callable[[str], Awaitable[None]] | None = None  # a paused trial continues
-
-
-# Which trial statuses each action applies to (the trial state machine's edges out of them).
-ACTIONS: dict[str, tuple[str, ...]] = {
-    "cancel": ("WAITING", "RUNNING", "PAUSED"),
-    "pause": ("WAITING", "RUNNING"),
-    "continue": ("PAUSED",),
-}
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -128,11 +107,11 @@ def build_app(
     app.router.add_get("/", state.index)
     app.router.add_get("/static/{path:.+}", state.static)
     app.router.add_post("/api/login", state.login)
-    app.router.add_get("/api/experiment", state.view(lambda m, r: state.with_actions(views.overview(m))))
+    app.router.add_get("/api/experiment", state.view(lambda m, r: views.overview(m), actions=True))
     app.router.add_get("/api/trials", state.view(lambda m, r: views.trials(m, r.query)))
     app.router.add_get("/api/trials/export", state.export)  # before /api/trials/{id}, which it would match
     app.router.add_get(
-        "/api/trials/{id}", state.view(lambda m, r: state.with_actions(views.trial(m, r.match_info["id"])))
+        "/api/trials/{id}", state.view(lambda m, r: views.trial(m, r.match_info["id"]), actions=True)
     )
     app.router.add_get("/api/trials/{id}/log", state.view(lambda m, r: views.log(
         m, r.match_info["id"], r.query.get("stream", "stdout"), views.int_arg(r.query, "offset", 0),
@@ -145,10 +124,9 @@ def build_app(
     app.router.add_get(
         "/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"]))
     )
+    app.router.add_get("/api/context", state.view(lambda m, r: context(m), actions=True))
     app.router.add_get("/api/events", state.events)
-    for action in ACTIONS:
-        app.router.add_post(f"/api/trials/{{id}}/{action}", state.trial_action(action))
-    app.router.add_post("/api/experiment/stop", state.stop)
+    add_routes(app, state.acting, state.authorised, state.knows)
     app.router.add_get("/metrics", state.metrics)
     app.on_cleanup.append(state.close)
     return app
@@ -159,8 +137,7 @@ class _State:
         self.experiment_dir = experiment_dir
         self.token = token
         self.open_reads = open_reads
-        self.controls = controls
-        self.ended = False  # the run it served has ended (see read_only)
+        self.acting = Acting(experiment_dir, controls)
         self._model: ReadModel | None = None
         # Reads run on one thread of their own: a slow one (a parameter sort over 100,000
         # trials) never holds up the server's loop, so pages, live streams and actions keep
@@ -179,20 +156,14 @@ class _State:
 
     async def _change_marker(self) -> dict[str, Any]:
         try:
-            return self.with_actions(await self.read(views.change_marker))
+            marker = await self.read(views.change_marker)
         except StoreError as e:
             return {"error": str(e)}
-
-    def with_actions(self, data: dict[str, Any]) -> dict[str, Any]:
-        """``data`` and whether this dashboard can act on the experiment (a page shows its
-        buttons only then): not for a stored experiment, nor once the run it served has ended."""
-        data["actions"] = self.controls is not None
-        return data
+        return {**marker, **await self.acting.about()}  # a page redraws its actions when they come or go
 
     def read_only(self) -> None:
         """The run this dashboard served has ended: it goes on serving the store, and acts no more."""
-        self.ended = True
-        self.controls = None
+        self.acting.read_only()
 
     async def close(self, app: web.Application) -> None:
         await self.live.close()
@@ -271,10 +242,17 @@ class _State:
 
     # -- the JSON API
 
-    def view(self, view: Callable[[ReadModel, web.Request], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def view(
+        self, view: Callable[[ReadModel, web.Request], Any], *, actions: bool = False
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """``view``'s answer; with ``actions``, whether the page may offer the actions (see actions.py)."""
+
         async def handler(request: web.Request) -> web.Response:
             try:
-                return web.json_response(await self.read(lambda m: view(m, request)), dumps=_dumps)
+                data = await self.read(lambda m: view(m, request))
+                if actions:
+                    data.update(await self.acting.about())
+                return web.json_response(data, dumps=_dumps)
             except views.NotFound as e:
                 return _error(404, str(e))
             except (PageError, ValueError) as e:
@@ -341,73 +319,22 @@ class _State:
 
     # -- actions
 
-    def _authorised(self, request: web.Request) -> web.Response | None:
+    def authorised(self, request: web.Request) -> web.Response | None:
+        """None when ``request`` may act: it carries the token in its Authorization header."""
         if not self.token:
             return _error(403, "no token is set for this dashboard, so it takes no actions")
         if not self._valid(self._presented(request, cookie=False)):
             return _error(403, "actions need the experiment's token in an Authorization: Bearer header")
-        if self.controls is None and self.ended:
-            return _error(409, "the experiment has ended: this dashboard now only reads its store")
-        if self.controls is None:
-            return _error(
-                409, "this dashboard reads a stored experiment; actions need the one `trialkeeper run --ui` serves"
-            )
         return None
 
-    async def _on_experiment_loop(self, coro: Awaitable[None]) -> None:
-        assert self.controls is not None
-        future: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(coro, self.controls.loop)  # type: ignore[arg-type]
-        await asyncio.wait_for(asyncio.wrap_future(future), ACTION_TIMEOUT_S)
-
-    def _coordinator_call(self, action: str) -> Callable[[str], Awaitable[None]] | None:
-        assert self.controls is not None
-        return {"cancel": self.controls.cancel, "pause": self.controls.pause,
-                "continue": self.controls.resume_trial}[action]
-
-    def trial_action(self, action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        """Cancel, pause or continue a trial, on the experiment's loop."""
-        valid = ACTIONS[action]
-
-        async def handler(request: web.Request) -> web.Response:
-            refused = self._authorised(request)
-            if refused is not None:
-                return refused
-            call = self._coordinator_call(action)
-            if call is None:
-                return _error(409, f"this experiment's coordinator cannot {action} trials")
-            trial_id = request.match_info["id"]
-            trial = await self.read(lambda m: m.trial(trial_id))
-            if trial is None:
-                return _error(404, f"no trial {trial_id!r}")
-            status = trial.status.value if trial.status else "UNREADABLE"
-            if status not in valid:
-                ended = " (it has already ended)" if trial.status is not None and trial.status.terminal else ""
-                return _error(
-                    409, f"trial {trial_id} is {status}{ended}: {action} applies to a trial that is "
-                    f"{_either(valid)}",
-                )
-            try:
-                await self._on_experiment_loop(call(trial_id))
-            except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
-                return _error(409, f"cannot {action} trial {trial_id}: {e}")
-            log.info("trial %s: %s asked from the dashboard", trial_id, action)
-            return web.json_response({"ok": True, "trial": trial_id, "action": action})
-
-        return handler
-
-    async def stop(self, request: web.Request) -> web.Response:
-        refused = self._authorised(request)
-        if refused is not None:
-            return refused
-        assert self.controls is not None
-        self.controls.loop.call_soon_threadsafe(self.controls.stop)
-        log.info("experiment stop asked from the dashboard")
-        return web.json_response({"ok": True})
+    async def knows(self, trial_id: str) -> bool:
+        return await self.read(lambda m: m.trial(trial_id)) is not None
 
     # -- Prometheus
 
     async def metrics(self, request: web.Request) -> web.Response:
-        scheduling = self.controls.scheduling if self.controls is not None else None
+        controls = self.acting.controls
+        scheduling = controls.scheduling if controls is not None else None
         try:
             passes = scheduling() if scheduling else None
             body, kind = await self.read(lambda m: metrics_text(m, passes))
@@ -424,10 +351,6 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
-
-
-def _either(states: tuple[str, ...]) -> str:
-    return states[0] if len(states) == 1 else f"{', '.join(states[:-1])} or {states[-1]}"
 
 
 def _dumps(value: Any) -> str:

@@ -101,7 +101,11 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
                 message="the same counts from the store",
             )
             assert get_json(beside.url + "/api/experiment")["best"]["id"] == first["id"]
-            assert http("POST", beside.url + "/api/experiment/stop", token=token)[0] == 409  # only run --ui acts
+            # It acts through the experiment's control socket, as the commands do.
+            assert get_json(beside.url + "/api/experiment")["actions"] is True
+            status, _, body = http("POST", f"{beside.url}/api/trials/{victim['id']}/cancel", token=token)
+            assert status == 409 and f"trial {victim['id']} is USER_CANCELED".encode() in body, body
+            assert http("POST", f"{beside.url}/api/trials/{victim['id']}/cancel")[0] == 403
         output = get_json(f"{url}/api/trials/{first['id']}/log?stream=stdout")
         assert f"trial output for x = {x}" in output["text"] and output["following"] is False
         assert (
@@ -163,7 +167,7 @@ def test_pause_and_continue_a_trial_from_the_dashboard(tmp_path: Path) -> None:
         )
         assert http("POST", f"{url}/api/trials/nope/pause", token=token)[0] == 404
         status, _, body = http("POST", f"{url}/api/trials/{a}/pause", token=token)
-        assert status == 200 and json.loads(body) == {"ok": True, "trial": a, "action": "pause"}
+        assert status == 200 and json.loads(body) == {"ok": True, "done": [a]}
         detail = wait_until(
             lambda: (d := get_json(f"{url}/api/trials/{a}"))["trial"]["status"] != "RUNNING" and d,
             timeout=WAIT_S, message="the trial ended its run",
@@ -236,9 +240,10 @@ def test_a_stored_experiment_pages_sorts_and_filters(tmp_path: Path) -> None:
         assert samples[("trialkeeper_experiment_status", (("status", "DONE"),))] == 1
         assert samples[("trialkeeper_experiment_status", (("status", "RUNNING"),))] == 0
 
-        # Read from the store: no experiment in this process to act on.
+        # Read from the store: no coordinator runs it, so nothing acts, and the answers say why.
         status, _, body = http("POST", url + "/api/experiment/stop", token=served.token)
-        assert status == 409 and b"trialkeeper run --ui" in body
+        assert status == 409 and b"no coordinator runs this experiment" in body
+        assert overview["actions"] is False and "trialkeeper resume" in overview["actions_why"]
 
 
 @pytest.mark.slow

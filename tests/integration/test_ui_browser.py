@@ -143,6 +143,8 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         field.send_keys(token + "\n")
         wait_until(lambda: "token accepted" in text(browser, "#toast"), timeout=WAIT_S)
         browser.find_element(By.ID, "cancel").click()
+        assert browser.switch_to.alert.text.startswith(f"Cancel trial {running['id']}?")  # asked to confirm first
+        browser.switch_to.alert.accept()
         wait_until(
             lambda: "USER_CANCELED" in text(browser, "#trial-status"), timeout=WAIT_S, message="canceled, shown live"
         )
@@ -536,3 +538,87 @@ def test_run_ui_shows_the_final_state_after_the_run_and_says_when_the_dashboard_
             proc.kill()
         proc.wait(WAIT_S)
         os.close(controller)
+
+
+def _set(driver: Any, element_id: str, value: str) -> None:
+    driver.execute_script("document.getElementById(arguments[0]).value = arguments[1];", element_id, value)
+
+
+def _log_in(driver: Any, token: str) -> None:
+    driver.find_element(By.ID, "token").send_keys(token + "\n")
+    wait_until(lambda: "token accepted" in text(driver, "#toast"), timeout=WAIT_S, message="the token accepted")
+
+
+@pytest.mark.slow
+def test_the_context_page_steers_a_running_experiment_and_says_why_not_once_it_ended(
+    tmp_path: Path, browser: Any
+) -> None:
+    with live_experiment(tmp_path, trials=3, concurrency=1, pauseGracePeriod=2) as (served, gates):
+        url, token = served.url, served.token
+        wait_until(lambda: get_json(url + "/api/experiment")["trials"].get("RUNNING") == 1, timeout=WAIT_S,
+                   message="a trial running")
+        browser.get(url + "/#/context")
+        wait_until(lambda: "Context of experiment" in text(browser, "#ctx-title"), timeout=WAIT_S)
+        assert text(browser, "#ctx-tuner") == "random"
+        assert text(browser, "#ctx-space tr[data-param=x]").split("\t")[:2] == ["x", "choice"]
+        assert '"GATES": ' in text(browser, "#ctx-config") and "local" in text(browser, "#ctx-platforms")
+        assert visible(browser, "ctx-steer") and text(browser, "#ctx-why") == ""
+        _log_in(browser, token)
+
+        # New limits, live: a second trial starts at once.
+        _set(browser, "limit-concurrency", "2")
+        _set(browser, "limit-max-trials", "8")
+        _set(browser, "limit-duration", "2h")
+        browser.find_element(By.ID, "limits-save").click()
+        wait_until(lambda: "limits updated: trialConcurrency 2, maxTrialNumber 8, maxExperimentDuration 7200"
+                   in text(browser, "#toast"), timeout=WAIT_S, message="the limits updated")
+        wait_until(lambda: get_json(url + "/api/experiment")["trials"].get("RUNNING") == 2, timeout=WAIT_S,
+                   message="two trials running")
+        wait_until(lambda: text(browser, "[data-card=Concurrency]") == "2", timeout=WAIT_S, message="shown")
+        assert get_json(url + "/api/context")["limits"]["maxExperimentDuration"] == 7200
+
+        # A trial of the user's own parameters (x is a choice: picked from its values).
+        _set(browser, "param-x", "5")  # the sixth value, 6
+        browser.find_element(By.ID, "submit-trial").click()
+        said = wait_until(lambda: (t := text(browser, "#toast")).startswith("submitted trial ") and t, timeout=WAIT_S)
+        mine = said.split()[-1]
+        assert get_json(f"{url}/api/trials/{mine}")["trial"]["parameters"] == {"x": 6}
+
+        # The trial page of a dashboard beside the run (trialkeeper ui) acts through the control socket.
+        first = get_json(url + "/api/trials?sort=sequence&limit=1")["trials"][0]
+        with stored_dashboard(served.experiment_dir) as beside:
+            browser.get(f"{beside.url}/#/trial/{first['id']}")
+            wait_until(lambda: visible(browser, "rerun") and visible(browser, "cancel"), timeout=WAIT_S,
+                       message="its actions offered")
+            _log_in(browser, token)  # another address, another tab's storage
+            browser.find_element(By.ID, "rerun").click()
+            wait_until(lambda: "rerun asked" in text(browser, "#toast"), timeout=WAIT_S, message="run again")
+            again = wait_until(lambda: [t for t in get_json(url + "/api/trials?limit=100")["trials"]
+                                        if t["parameters"] == first["parameters"] and t["id"] != first["id"]],
+                               timeout=WAIT_S, message="a new trial of the same parameters")
+            assert len(again) == 1
+            # Cancel asks first: dismissed, nothing happens; accepted, the trial is canceled.
+            browser.find_element(By.ID, "cancel").click()
+            browser.switch_to.alert.dismiss()
+            assert get_json(f"{url}/api/trials/{first['id']}")["trial"]["status"] == "RUNNING"
+            browser.find_element(By.ID, "cancel").click()
+            browser.switch_to.alert.accept()
+            wait_until(lambda: "USER_CANCELED" in text(browser, "#trial-status"), timeout=WAIT_S,
+                       message="canceled through the control socket")
+
+            # The run stops: the page beside it hides its actions and says why, live.
+            browser.get(f"{beside.url}/#/context")
+            wait_until(lambda: visible(browser, "ctx-steer"), timeout=WAIT_S)
+            assert console_errors(browser) == []
+            assert http("POST", url + "/api/experiment/stop", token=token)[0] == 200
+            gates.release_all()
+            served.proc.wait(WAIT_S)
+            wait_until(lambda: not visible(browser, "ctx-steer"), timeout=WAIT_S, message="its actions hidden")
+            assert text(browser, "#ctx-why").startswith("no coordinator runs this experiment")
+            browser.get(f"{beside.url}/#/trial/{mine}")
+            wait_until(lambda: "no coordinator runs" in text(browser, "#actions-why"), timeout=WAIT_S)
+            assert not visible(browser, "rerun") and not visible(browser, "cancel")
+            status, _, body = http("POST", f"{beside.url}/api/trials/{mine}/rerun", token=token)
+            assert status == 409 and b"no coordinator runs this experiment" in body
+            # (the stopped run's own dashboard, gone, is what the browser may have logged meanwhile)
+            assert [e for e in console_errors(browser) if e.startswith(beside.url)] == []

@@ -120,33 +120,53 @@ def test_every_live_stream_shares_one_look_at_the_store() -> None:
     run_async(body)
 
 
-def test_trial_actions_need_the_token_and_an_experiment_running_here(tmp_path: Path) -> None:
+def test_actions_need_the_token_and_a_coordinator_that_runs_the_experiment(tmp_path: Path) -> None:
     store = Store.in_dir(tmp_path)
     store.create_experiment("e1", "actions", {})
     store.insert_trial({"id": "t0", "seq": 0, "status": "PAUSED", "parameters_json": "{}", "command": "c",
                         "gpu_number": 0, "submitted_at": 1.0})
     store.close()
+    bearer = {"Authorization": "Bearer t0ken"}
+    posts = [*(f"/api/trials/t0/{a}" for a in ("pause", "continue", "cancel", "rerun")),
+             "/api/experiment/stop", "/api/experiment/update", "/api/experiment/submit", "/api/experiment/rerun"]
 
     async def body() -> None:
         async with TestClient(TestServer(build_app(tmp_path, token="t0ken", open_reads=True))) as client:
-            for action in ("pause", "continue", "cancel"):
-                refused = await client.post(f"/api/trials/t0/{action}")
-                assert refused.status == 403, action
-                stored = await client.post(f"/api/trials/t0/{action}", headers={"Authorization": "Bearer t0ken"})
-                assert stored.status == 409 and "trialkeeper run --ui" in (await stored.json())["error"], action
-        # A coordinator that cannot pause (an older embedding) is said to be one.
-        controls = Controls(loop=asyncio.get_running_loop(), cancel=_never, stop=lambda: None)
-        app = build_app(tmp_path, token="t0ken", open_reads=True, controls=controls)
+            about = await (await client.get("/api/experiment")).json()
+            assert about["actions"] is False and about["actions_why"].startswith("no coordinator runs this experiment")
+            for path in posts:
+                refused = await client.post(path, json={"limits": {"trialConcurrency": 2}})
+                assert refused.status == 403 and "token" in (await refused.json())["error"], path
+                wrong = await client.post(path, headers={"Authorization": "Bearer nope"}, json={})
+                assert wrong.status == 403, path
+            # With the token: nothing runs the experiment, and the answer says so.
+            stored = await client.post("/api/trials/t0/continue", headers=bearer)
+            assert stored.status == 409 and "no coordinator runs this experiment" in (await stored.json())["error"]
+            assert (await client.post("/api/trials/nope/cancel", headers=bearer)).status == 404
+            bad = await client.post("/api/experiment/update", headers=bearer, json={"limits": 3})
+            assert bad.status == 400 and (await bad.json())["error"].startswith("limits: an object of trialConcurrency")
+        # The dashboard of run --ui hands each action to the run's control channel, as asked.
+        asked: list[dict[str, object]] = []
+
+        async def ask(request: dict[str, object]) -> dict[str, object]:
+            asked.append(request)
+            return {"ok": request["op"] != "submit", "error": "parameters: 'y' not in the search space"}
+
+        app = build_app(tmp_path, token="t0ken", open_reads=True, controls=Controls(ask=ask))
         async with TestClient(TestServer(app)) as client:
-            answer = await client.post("/api/trials/t0/continue", headers={"Authorization": "Bearer t0ken"})
-            assert answer.status == 409
-            assert (await answer.json())["error"] == "this experiment's coordinator cannot continue trials"
+            assert (await (await client.get("/api/experiment")).json())["actions"] is True
+            assert (await client.post("/api/trials/t0/continue", headers=bearer)).status == 200
+            update = {"limits": {"trialConcurrency": 3, "maxExperimentDuration": 60}}
+            assert (await client.post("/api/experiment/update", headers=bearer, json=update)).status == 200
+            assert (await client.post("/api/experiment/rerun", headers=bearer, json={"failed": True})).status == 200
+            submit = await client.post("/api/experiment/submit", headers=bearer, json={"parameters": {"y": 1}})
+            assert submit.status == 409 and (await submit.json())["error"] == "parameters: 'y' not in the search space"
+        assert asked == [
+            {"op": "continue", "trials": ["t0"]}, {"op": "update", **update}, {"op": "rerun", "failed": True},
+            {"op": "submit", "parameters": {"y": 1}},
+        ]
 
     run_async(body)
-
-
-async def _never(trial_id: str) -> None:
-    raise AssertionError("not called")
 
 
 def test_a_log_downloads_whole_and_only_with_the_token_where_reads_need_it(tmp_path: Path) -> None:
@@ -187,7 +207,11 @@ def test_after_its_run_a_dashboard_reads_on_and_acts_no_more(tmp_path: Path) -> 
     stops: list[bool] = []
 
     async def body() -> None:
-        controls = Controls(loop=asyncio.get_running_loop(), cancel=_never, stop=lambda: stops.append(True))
+        async def ask(request: dict[str, object]) -> dict[str, object]:
+            stops.append(True)
+            return {"ok": True}
+
+        controls = Controls(ask=ask)
         app = build_app(tmp_path, token="t0ken", open_reads=True, controls=controls)
         bearer = {"Authorization": "Bearer t0ken"}
         async with TestClient(TestServer(app)) as client:

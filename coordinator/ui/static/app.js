@@ -3,6 +3,8 @@
 "use strict";
 
 const main = document.getElementById("main");
+// Where this experiment's pages and API are: "" at the root, "/x/ID" in the experiments home (home.js).
+const BASE = location.pathname.replace(/\/+$/, "");
 const STATUSES = ["WAITING", "RUNNING", "PAUSED", "SUCCEEDED", "FAILED", "USER_CANCELED", "EARLY_STOPPED", "SYS_CANCELED"];
 // Which statuses each trial action applies to (as the server checks).
 const ACTIONS = {cancel: ["WAITING", "RUNNING", "PAUSED"], pause: ["WAITING", "RUNNING"], continue: ["PAUSED"]};
@@ -43,7 +45,7 @@ function toast(text) {
 async function api(path, options) {
   let res;
   try {
-    res = await fetch(path, Object.assign({credentials: "same-origin"}, options || {}));
+    res = await fetch(BASE + path, Object.assign({credentials: "same-origin"}, options || {}));
   } catch (e) { // no answer at all: the dashboard's server has gone
     serverLost();
     throw new ApiError(0, "the dashboard is not answering");
@@ -129,14 +131,14 @@ function serverBack() {
 // Whether the server still answers at all (an answer of any status will do).
 async function probe() {
   const abort = new AbortController(), timer = setTimeout(() => abort.abort(), 5000);
-  try { await fetch("/", {method: "HEAD", cache: "no-store", signal: abort.signal}); serverBack(); }
+  try { await fetch(BASE + "/", {method: "HEAD", cache: "no-store", signal: abort.signal}); serverBack(); }
   catch (e) { serverLost(); }
   finally { clearTimeout(timer); }
 }
 function connect() {
   if (source) source.close();
   const live = document.getElementById("live");
-  source = new EventSource("/api/events");
+  source = new EventSource(BASE + "/api/events");
   source.addEventListener("open", () => serverBack());
   source.addEventListener("change", () => {
     live.textContent = "\u25CF live"; live.classList.add("on");
@@ -399,19 +401,23 @@ function trialPage(id) {
   main.innerHTML = `<h1>Trial <span id="trial-id"></span> <span id="trial-status"></span></h1>
     <div class="toolbar"><button id="pause" title="save a checkpoint and end, freeing the slot">Pause</button>
       <button id="continue" title="go on from the last checkpoint">Continue</button>
-      <button class="danger" id="cancel">Cancel trial</button><span id="trial-reason" class="muted"></span></div>
+      <button class="danger" id="cancel">Cancel trial</button>
+      <button id="rerun" title="a new trial with the same parameters">Run again</button>
+      <span id="trial-reason" class="muted"></span><span id="actions-why" class="muted"></span></div>
     <div class="grid2"><div><h2>Parameters</h2><table class="plain" id="params"></table>
       <h2>Status history</h2><table class="plain" id="history"></table>
       <h2>Checkpoints</h2><table class="plain" id="checkpoints"></table></div>
       <div><div class="chart" id="curve-chart"></div><div class="chart small" id="gpu-chart" style="margin-top:12px"></div></div></div>
     ${["stdout", "stderr"].map(s => `<h2>${s} <a class="download" id="${s}-download" download
-        href="/api/trials/${encodeURIComponent(id)}/log/download?stream=${s}">download</a></h2>
+        href="${BASE}/api/trials/${encodeURIComponent(id)}/log/download?stream=${s}">download</a></h2>
       <div class="log-head"><button id="${s}-earlier" style="display:none">Load earlier output</button>
         <span id="${s}-note" class="muted"></span></div><pre class="log" id="${s}"></pre>`).join("")}`;
   document.getElementById("trial-id").textContent = id;
-  for (const action of Object.keys(ACTIONS)) {
-    document.getElementById(action).addEventListener("click", () =>
-      act(`/api/trials/${encodeURIComponent(id)}/${action}`, `trial ${id}: ${action} asked`).then(() => refresh().catch(() => {})));
+  for (const action of [...Object.keys(ACTIONS), "rerun"]) {
+    document.getElementById(action).addEventListener("click", () => {
+      if (action === "cancel" && token() && !confirm(`Cancel trial ${id}? A running trial is stopped (SIGTERM, then SIGKILL) and ends USER_CANCELED.`)) return;
+      act(`/api/trials/${encodeURIComponent(id)}/${action}`, `trial ${id}: ${action} asked`).then(() => refresh().catch(() => {}));
+    });
   }
   const curve = chart(document.getElementById("curve-chart"), lineOption("Intermediate results", [], {xType: "value", xName: "report"}));
   const gpu = chart(document.getElementById("gpu-chart"), lineOption("GPU utilisation (%)", [], {legend: true}));
@@ -429,6 +435,8 @@ function trialPage(id) {
     for (const [action, states] of Object.entries(ACTIONS)) {
       document.getElementById(action).style.display = d.actions && states.includes(t.status) && !t.stopping ? "" : "none";
     }
+    document.getElementById("rerun").style.display = d.actions ? "" : "none";
+    document.getElementById("actions-why").textContent = d.actions ? "" : d.actions_why || "";
     document.getElementById("params").innerHTML = Object.entries(t.parameters || {}).map(([k, v]) =>
       `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
       + `<tr><th>environment</th><td>${esc(t.environment_id || "")}</td></tr><tr><th>duration</th><td>${dur(t.duration_s)}</td></tr>`;
@@ -561,6 +569,7 @@ function route() {
   else if (name === "trials") current = trialsPage(params);
   else if (name === "compare") current = comparePage();
   else if (name === "environments") current = environmentsPage(params);
+  else if (name === "context") current = contextPage(params);
   else { name = "overview"; current = overviewPage(); }
   document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.dataset.page === (name === "trial" ? "trials" : name)));
   delete document.body.dataset.drawn;
