@@ -220,8 +220,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
+    from ..config.experiment import _default_working_directory
     from ..ui.commands import cmd_ui
 
+    if args.experiment is None:  # the experiments home, of the default working directory unless --dir
+        args.experiment_dir, args.home_dir = None, args.home_dir or _default_working_directory()
+        return cmd_ui(args)
     exp_dir = _experiment(args)
     if exp_dir is None:
         return 1
@@ -281,14 +285,16 @@ def _add_control_commands(sub: Any, exp_help: str) -> None:
     submit.add_argument("--params", required=True, metavar="JSON", help='e.g. \'{"lr": 0.01, "batch": 64}\'')
     submit.set_defaults(func=cmd_submit)
 
-    from ..ui.commands import UI_DEFAULT
+    from ..ui.commands import UI_DEFAULT, add_home_option
 
     view = sub.add_parser(
         "view", help="serve the dashboard of any experiment, by directory or id",
         description="Serve the dashboard of an experiment, running or not, read from its store (as "
-        "`trialkeeper ui`, also by experiment id).",
+        "`trialkeeper ui`, also by experiment id); without EXP, the experiments home of the default working "
+        "directory (or of --dir DIR).",
     )
-    view.add_argument("experiment", metavar="EXP", help=exp_help)
+    view.add_argument("experiment", metavar="EXP", help=exp_help, nargs="?")
+    add_home_option(view)
     view.add_argument(
         "--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})"
     )

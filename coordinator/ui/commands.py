@@ -31,9 +31,11 @@ def add_ui_option(parser: argparse.ArgumentParser) -> None:
 def add_commands(sub: Any) -> None:
     ui = sub.add_parser(
         "ui", help="serve the dashboard of an experiment",
-        description="Serve the dashboard of a running, finished or crashed experiment, read from its store.",
+        description="Serve the dashboard of a running, finished or crashed experiment, read from its store; "
+        "with --dir, the experiments home: every experiment in a directory, to open or compare.",
     )
-    ui.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    ui.add_argument("experiment_dir", type=Path, metavar="EXP_DIR", nargs="?")
+    add_home_option(ui)
     ui.add_argument(
         "--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})"
     )
@@ -131,20 +133,40 @@ def linger_dashboard(args: argparse.Namespace) -> None:
         print("dashboard stopped", flush=True)
 
 
+def add_home_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dir", type=Path, metavar="DIR", dest="home_dir",
+        help="the experiments home: every experiment in DIR's subdirectories, with status, progress and best "
+        "result, to open each or compare several",
+    )
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from ..store.reads import holds_experiment
 
     try:
+        from .home import build_home
         from .server import DashboardError, parse_address, serve_forever
     except ImportError:
         _err(INSTALL_HINT)
         return 1
-    if not holds_experiment(args.experiment_dir):
+    home = getattr(args, "home_dir", None)
+    if (home is None) == (args.experiment_dir is None):
+        _err("give an experiment directory, or --dir DIR for the experiments home (not both)")
+        return 2
+    if home is not None and not home.is_dir():
+        _err(f"--dir: {home} is not a directory")
+        return 1
+    if home is None and not holds_experiment(args.experiment_dir):
         _err(f"no experiment in {args.experiment_dir}")
         return 1
+    say = lambda url: print(f"dashboard: {url}", flush=True)
     try:
         host, port = parse_address(args.address)
-        asyncio.run(serve_forever(args.experiment_dir, host, port, lambda url: print(f"dashboard: {url}", flush=True)))
+        if home is not None:
+            asyncio.run(serve_forever(home.resolve(), host, port, say, build=build_home))
+        else:
+            asyncio.run(serve_forever(args.experiment_dir, host, port, say))
     except DashboardError as e:
         _err(str(e))
         return 1

@@ -49,6 +49,7 @@ LIVE_INTERVAL_S = 1.0  # how often the live stream looks for changes
 KEEPALIVE_S = 15.0
 START_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 2.0
+PUBLIC = ("page", "static", "login")  # the routes that need no token: the page asks for it
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
 
 
@@ -104,9 +105,9 @@ def build_app(
     state = _State(experiment_dir, token, open_reads, controls)
     app = web.Application(middlewares=[state.guard])
     app[STATE] = state
-    app.router.add_get("/", state.index)
-    app.router.add_get("/static/{path:.+}", state.static)
-    app.router.add_post("/api/login", state.login)
+    app.router.add_get("/", state.index, name=PUBLIC[0])
+    app.router.add_get("/static/{path:.+}", state.static, name=PUBLIC[1])
+    app.router.add_post("/api/login", state.login, name=PUBLIC[2])
     app.router.add_get("/api/experiment", state.view(lambda m, r: views.overview(m), actions=True))
     app.router.add_get("/api/trials", state.view(lambda m, r: views.trials(m, r.query)))
     app.router.add_get("/api/trials/export", state.export)  # before /api/trials/{id}, which it would match
@@ -189,7 +190,7 @@ class _State:
     async def guard(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        public = request.path == "/" or request.path.startswith("/static/") or request.path == "/api/login"
+        public = request.match_info.route.name in PUBLIC  # (also under the prefix of the experiments home)
         if self.open_reads and not is_loopback(_host_name(request.host)):
             # Open reads are for this machine: a page of another site that has its name point
             # at 127.0.0.1 (DNS rebinding) still sends its own name, and is refused.
@@ -463,11 +464,15 @@ class DashboardThread:
         self._thread.join(timeout)
 
 
-async def serve_forever(experiment_dir: Path, host: str, port: int, on_url: Callable[[str], None]) -> None:
-    """``trialkeeper ui``: serve a stored experiment until cancelled."""
+async def serve_forever(
+    experiment_dir: Path, host: str, port: int, on_url: Callable[[str], None],
+    build: Callable[..., web.Application] = build_app,
+) -> None:
+    """``trialkeeper ui``: serve a stored experiment (or with ``build``, another app of a
+    directory: the experiments home) until cancelled."""
     token = read_token(experiment_dir)
     check_bind(host, token)
-    app = build_app(experiment_dir, token=token, open_reads=is_loopback(host))
+    app = build(experiment_dir, token=token, open_reads=is_loopback(host))
     runner, url = await serve(app, bind(host, port))
     on_url(url)
     try:

@@ -242,6 +242,16 @@ def stored_dashboard(
         _end(served)
 
 
+@contextmanager
+def home_dashboard(directory: Path, address: str = "127.0.0.1:0", command: str = "ui") -> Iterator[Served]:
+    """`trialkeeper ui --dir DIRECTORY` (or `view --dir`): the experiments home."""
+    served = _start([command, "--dir", str(directory), "--address", address], directory, directory)
+    try:
+        yield served
+    finally:
+        _end(served)
+
+
 def many_trials(experiment_dir: Path, n: int, *, seed: int = 1) -> None:
     """A finished experiment's store with ``n`` trials (as a long experiment leaves it)."""
     rng = random.Random(seed)

@@ -16,6 +16,7 @@ from dashboard import (
     first_event,
     gated_config,
     get_json,
+    home_dashboard,
     http,
     live_experiment,
     many_trials,
@@ -349,3 +350,18 @@ def test_ui_refuses_bad_input(tmp_path: Path) -> None:
     (tmp_path / "exp" / ".token").unlink()
     proc = tk_bare("ui", tmp_path / "exp", "--address", "0.0.0.0:0")
     assert proc.returncode == 1 and "only with a token" in proc.stderr and "TRIALKEEPER_UI_TOKEN" in proc.stderr
+
+
+def test_ui_and_view_serve_one_experiment_or_the_home_of_a_directory(tmp_path: Path) -> None:
+    neither = tk_bare("ui")
+    assert neither.returncode == 2
+    assert neither.stderr.strip() == (
+        "trialkeeper: give an experiment directory, or --dir DIR for the experiments home (not both)"
+    )
+    missing = tk_bare("ui", "--dir", tmp_path / "nope")
+    assert missing.returncode == 1 and f"--dir: {tmp_path / 'nope'} is not a directory" in missing.stderr
+    many_trials(tmp_path / "exp1", 10)
+    with home_dashboard(tmp_path, command="view") as home:
+        assert [e["key"] for e in get_json(home.url + "/api/home")["experiments"]] == ["exp1"]
+        assert get_json(home.url + "/x/exp1/api/experiment")["trial_count"] == 10
+        assert http("GET", home.url + "/x/nope/api/experiment")[0] == 404

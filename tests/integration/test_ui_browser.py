@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 from conftest import wait_until, write_script
-from dashboard import gated_config, get_json, http, live_experiment, many_trials, stored_dashboard
+from dashboard import (
+    gated_config,
+    get_json,
+    home_dashboard,
+    http,
+    live_experiment,
+    many_trials,
+    stored_dashboard,
+)
 from test_cli import _script
 from test_control import TRIAL as CHECKPOINTING_TRIAL
 
@@ -622,3 +630,70 @@ def test_the_context_page_steers_a_running_experiment_and_says_why_not_once_it_e
             assert status == 409 and b"no coordinator runs this experiment" in body
             # (the stopped run's own dashboard, gone, is what the browser may have logged meanwhile)
             assert [e for e in console_errors(browser) if e.startswith(beside.url)] == []
+
+
+def series_count(driver: Any, element_id: str) -> int:
+    return int(driver.execute_script(
+        "const c = echarts.getInstanceByDom(document.getElementById(arguments[0]));"
+        "return c && c.getOption().series ? c.getOption().series.length : 0;", element_id,
+    ))
+
+
+@pytest.mark.slow
+def test_the_experiments_home_lists_opens_and_compares_experiments(tmp_path: Path, browser: Any) -> None:
+    many_trials(tmp_path / "first", 300, seed=1)
+    many_trials(tmp_path / "second", 200, seed=2)
+    (tmp_path / "not-an-experiment").mkdir()
+    with home_dashboard(tmp_path) as home:
+        url = home.url
+        listed = get_json(url + "/api/home")["experiments"]
+        assert [e["key"] for e in listed] == ["second", "first"]  # newest first
+        assert listed[1]["ended"] == 300 and listed[1]["max_trials"] == 300 and listed[1]["best"]["final_metric"]
+        assert http("GET", url + "/api/home/compare?keys=first")[0] == 400
+        assert http("GET", url + "/api/home/compare?keys=first,nope")[0] == 404
+
+        browser.get(url + "/")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key]")) == 2,
+                   timeout=WAIT_S, message="both experiments listed")
+        row = text(browser, "#experiments tr[data-key=first]")
+        assert "DONE" in row and "300 / 300" in row and "maximize" in row, row
+        best = get_json(url + "/x/first/api/experiment")["best"]
+        assert text(browser, "#experiments tr[data-key=first] [data-col=best]").startswith(str(best["final_metric"]))
+
+        # Two picked, compared: a best-so-far curve and a distribution of each.
+        assert not browser.find_element(By.ID, "compare-picked").is_enabled()
+        for key in ("first", "second"):
+            browser.execute_script("document.querySelector(arguments[0]).click();", f"[data-pick={key}]")
+        browser.find_element(By.ID, "compare-picked").click()
+        wait_until(lambda: series_count(browser, "best-curves") == 2 and series_points(browser, "best-curves") > 10,
+                   timeout=WAIT_S, message="two best-so-far curves")
+        assert series_count(browser, "distribution") == 2
+        browser.execute_script("const s = document.getElementById('dist-param'); s.value = 'opt';"
+                               "s.dispatchEvent(new Event('change'));")
+        categories = browser.execute_script(
+            "return echarts.getInstanceByDom(document.getElementById('distribution')).getOption().xAxis[0].data;")
+        assert sorted(categories) == ["adam", "rmsprop", "sgd"]
+        shares = browser.execute_script(
+            "return echarts.getInstanceByDom(document.getElementById('distribution')).getOption().series"
+            ".map(s => s.data.reduce((a, b) => a + b, 0));")
+        assert shares == [pytest.approx(1.0), pytest.approx(1.0)]
+
+        # Each opens as a dashboard of its own, under /x/NAME/, with a way back.
+        browser.execute_script("document.querySelector('#experiments tr[data-key=first] a').click();")
+        wait_until(lambda: text(browser, "#exp-title").startswith("Experiment bigexp"), timeout=WAIT_S)
+        assert browser.current_url.startswith(url + "/x/first/")
+        assert visible(browser, "home-link")
+        wait_until(lambda: text(browser, "[data-count=SUCCEEDED]") == str(
+            get_json(url + "/x/first/api/experiment")["trials"]["SUCCEEDED"]), timeout=WAIT_S)
+        browser.get(url + "/x/first/#/trial/tr00001")
+        wait_until(lambda: "tr00001" in text(browser, "#trial-id"), timeout=WAIT_S)
+        href = browser.find_element(By.ID, "stdout-download").get_attribute("href")
+        assert href.startswith(url + "/x/first/api/trials/tr00001/log/download"), href
+        browser.get(url + "/x/second/#/context")
+        wait_until(lambda: "no coordinator runs this experiment" in text(browser, "#ctx-why"), timeout=WAIT_S)
+        assert not visible(browser, "ctx-steer")
+        stored_token = (tmp_path / "second" / ".token").read_text()
+        status, _, body = http("POST", url + "/x/second/api/experiment/stop", token=stored_token)
+        assert status == 409 and b"no coordinator runs this experiment" in body
+        assert http("POST", url + "/x/second/api/experiment/stop")[0] == 403
+        assert console_errors(browser) == []

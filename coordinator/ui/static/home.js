@@ -1,0 +1,133 @@
+// The experiments home (trialkeeper ui --dir DIR): every experiment of a directory with its
+// status, progress, best result and start; each opens at /x/NAME/; two or more picked are
+// compared: best result as their trials ended, and each parameter's distribution.
+"use strict";
+
+const picked = new Set();
+let compared = null, curves = null, dist = null;
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+function num(v) { return v === null || v === undefined ? "" : (typeof v === "number" ? Number(v.toPrecision(6)).toString() : String(v)); }
+function toast(text) {
+  const t = document.getElementById("toast");
+  t.textContent = text; t.classList.add("show");
+  clearTimeout(toast.timer); toast.timer = setTimeout(() => t.classList.remove("show"), 4000);
+}
+async function get(path) {
+  let res;
+  try { res = await fetch(path, {credentials: "same-origin"}); } catch (e) {
+    const banner = document.getElementById("banner");
+    banner.textContent = "The dashboard has stopped: this page shows what it last read and no longer updates.";
+    banner.hidden = false;
+    throw e;
+  }
+  document.getElementById("banner").hidden = true;
+  const body = await res.json().catch(() => null);
+  if (!res.ok) throw new Error((body && body.error) || res.statusText);
+  return body;
+}
+
+function progress(e) {
+  if (!e.max_trials) return `${e.ended} of ${e.trial_count} ended`;
+  const share = Math.min(1, e.ended / e.max_trials);
+  return `<span class="progress" title="${Math.round(share * 100)}%"><span style="width:${share * 100}%"></span></span> ${e.ended} / ${e.max_trials}`;
+}
+
+async function refresh() {
+  const d = await get("/api/home");
+  document.getElementById("home-dir").textContent = d.directory;
+  const rows = d.experiments.map(e => e.error
+    ? `<tr data-key="${esc(e.key)}"><td></td><td>${esc(e.key)}</td><td colspan="5" class="muted">${esc(e.error)}</td></tr>`
+    : `<tr data-key="${esc(e.key)}" class="${picked.has(e.key) ? "picked" : ""}">
+      <td><input type="checkbox" aria-label="pick ${esc(e.key)}" data-pick="${esc(e.key)}" ${picked.has(e.key) ? "checked" : ""}></td>
+      <td><a href="/x/${encodeURIComponent(e.key)}/">${esc(e.id)}</a>${e.name ? ` <span class="muted">${esc(e.name)}</span>` : ""}
+        ${e.key !== e.id ? `<div class="muted" style="font-size:12px">${esc(e.key)}</div>` : ""}</td>
+      <td><span class="status ${esc(e.status)}">${esc(e.status)}</span>${e.reason ? `<div class="muted" style="font-size:12px">${esc(e.reason)}</div>` : ""}</td>
+      <td data-col="progress">${progress(e)}</td>
+      <td data-col="best">${e.best ? `<b>${esc(num(e.best.final_metric))}</b> <span class="muted">(${esc(e.optimize_mode)}, ${esc(e.best.id)})</span>` : `<span class="muted">none yet</span>`}</td>
+      <td>${esc(e.started_at ? new Date(e.started_at * 1000).toLocaleString() : "")}</td></tr>`);
+  document.getElementById("experiments").innerHTML = "<tr><th></th><th>experiment</th><th>status</th><th>progress</th><th>best</th><th>started</th></tr>"
+    + (rows.join("") || `<tr><td colspan="6" class="muted">no experiment in ${esc(d.directory)}</td></tr>`);
+  document.querySelectorAll("[data-pick]").forEach(box => box.addEventListener("change", () => {
+    if (box.checked) picked.add(box.dataset.pick); else picked.delete(box.dataset.pick);
+    box.closest("tr").classList.toggle("picked", box.checked);
+    pickedChanged();
+  }));
+  pickedChanged();
+}
+function pickedChanged() {
+  const button = document.getElementById("compare-picked");
+  button.disabled = picked.size < 2 || picked.size > 8;
+  document.getElementById("picked-note").textContent = picked.size < 2
+    ? "pick two or more to compare their best results and parameters" : picked.size > 8 ? "8 at most" : `${picked.size} picked`;
+}
+
+// An experiment's name in a legend: its id, and its directory's name where that differs.
+function label(e) { return e.key === e.id ? e.id : `${e.id} (${e.key})`; }
+
+async function compare() {
+  const keys = [...picked];
+  compared = await get("/api/home/compare?keys=" + keys.map(encodeURIComponent).join(","));
+  document.getElementById("comparison").hidden = false;
+  document.getElementById("comparison-title").textContent = "Comparison of " + compared.experiments.map(label).join(", ");
+  if (!curves) {
+    curves = echarts.init(document.getElementById("best-curves"));
+    dist = echarts.init(document.getElementById("distribution"));
+    window.addEventListener("resize", () => { curves.resize(); dist.resize(); });
+  }
+  curves.setOption({
+    animation: false, title: {text: "Best final metric so far, by trials ended", left: 10, top: 6, textStyle: {fontSize: 13}},
+    legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 46},
+    xAxis: {type: "value", name: "trials ended", nameLocation: "middle", nameGap: 26, minInterval: 1},
+    yAxis: {type: "value", scale: true, name: "best"},
+    series: compared.experiments.map(e => ({type: "line", step: "end", showSymbol: false, name: label(e),
+      data: e.best_curve.map(([n, best]) => [n, best])})),
+  }, {replaceMerge: ["series"]});
+  const names = [...new Set(compared.experiments.flatMap(e => e.trials.flatMap(t => Object.keys(t.parameters))))];
+  const pick = document.getElementById("dist-param"), keep = pick.value;
+  pick.innerHTML = names.map(n => `<option>${esc(n)}</option>`).join("");
+  if (names.includes(keep)) pick.value = keep;
+  drawDistribution();
+  document.body.dataset.drawn = "home-compare";
+}
+
+// Each experiment's share of its sampled trials per value (a choice, or any text) or per bin
+// (numbers: 12 bins over all of them, on a log scale where the search space says log).
+function drawDistribution() {
+  const p = document.getElementById("dist-param").value;
+  const values = compared.experiments.map(e => e.trials.map(t => t.parameters[p]).filter(v => v !== undefined && v !== null));
+  const all = values.flat();
+  const numeric = all.length && all.every(v => typeof v === "number");
+  const log = numeric && all.every(v => v > 0) && compared.experiments.some(e => /^q?log/.test(e.space[p] || ""));
+  let labels, count;
+  if (numeric) {
+    const f = log ? Math.log10 : (x => x), inv = log ? (x => 10 ** x) : (x => x);
+    const lo = Math.min(...all.map(f)), hi = Math.max(...all.map(f)), bins = hi > lo ? 12 : 1, width = (hi - lo) / bins || 1;
+    labels = [...Array(bins).keys()].map(i => `${num(inv(lo + i * width))}\u2013${num(inv(lo + (i + 1) * width))}`);
+    count = vs => { const c = Array(bins).fill(0); vs.forEach(v => c[Math.min(bins - 1, Math.floor((f(v) - lo) / width))]++); return c; };
+  } else {
+    labels = [...new Set(all.map(v => typeof v === "object" ? JSON.stringify(v) : String(v)))];
+    count = vs => labels.map(l => vs.filter(v => (typeof v === "object" ? JSON.stringify(v) : String(v)) === l).length);
+  }
+  document.getElementById("dist-note").textContent = numeric ? (log ? "log-spaced bins" : "even bins") : "";
+  dist.setOption({
+    animation: false, title: {text: `${p}: share of each experiment's trials`, left: 10, top: 6, textStyle: {fontSize: 13}},
+    legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 60},
+    xAxis: {type: "category", data: labels, name: p, nameLocation: "middle", nameGap: 40, axisLabel: {rotate: numeric ? 20 : 0}},
+    yAxis: {type: "value", name: "share", max: 1},
+    series: compared.experiments.map((e, i) => {
+      const c = count(values[i]), total = values[i].length || 1;
+      return {type: "bar", name: label(e), data: c.map(n => n / total)};
+    }),
+  }, {replaceMerge: ["series", "xAxis"]});
+}
+
+document.getElementById("compare-picked").addEventListener("click", () => compare().catch(e => toast(e.message)));
+document.getElementById("dist-param").addEventListener("change", drawDistribution);
+async function tick() {
+  try { await refresh(); document.body.dataset.drawn = document.body.dataset.drawn || "home"; } catch (e) { /* said in the banner */ }
+  setTimeout(tick, 5000);
+}
+tick();
