@@ -17,9 +17,10 @@ AdaptDL's scheduler is a Python package (``adaptdl-sched``): it gets a virtual e
 of its own in ``~/.cache/trialkeeper/kube/operators/adaptdl-sched-<version>/venv``, since it
 pins an old aiohttp and kubernetes-asyncio that the project's own environment must not get.
 
-FrameworkController is not here: the Go module proxy refuses
-``github.com/microsoft/frameworkcontroller`` (403, it serves no version of it), so its tests
-keep the fake API server of tests/fake_k8s.py.
+FrameworkController is not here: no registry serves its source (the Go module proxy refuses
+``github.com/microsoft/frameworkcontroller``, 403), so nothing here builds it. Given a binary
+of it (``TRIALKEEPER_FRAMEWORKCONTROLLER``), tests/kube/operators.py runs it on the test
+cluster; otherwise its tests keep the fake API server of tests/fake_k8s.py.
 """
 
 from __future__ import annotations

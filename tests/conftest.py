@@ -343,6 +343,15 @@ def kubeflow_operator(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
+def framework_controller(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """FrameworkController against ``kube_cluster``, where a binary of it is given
+    (tests/kube/operators.py says how); skipped without one."""
+    from kube.operators import session_framework_controller
+
+    yield from session_framework_controller(kube_cluster, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def adaptdl_scheduler(kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """AdaptDL's scheduler (its controller and allocator) against ``kube_cluster``."""
     from kube.operators import session_adaptdl_scheduler

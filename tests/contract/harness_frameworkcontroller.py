@@ -1,7 +1,7 @@
 """Contract harness for FrameworkController, against the fake API server of tests/fake_k8s.py.
 
-FrameworkController cannot run here: the Go module proxy serves no version of its module
-(github.com/microsoft/frameworkcontroller answers 403), so the fake plays its part, running
+CI cannot build FrameworkController: no registry serves its source (the Go module proxy
+answers 403 for its module), so the fake plays its part, running
 each pod's container command as a local process with this interpreter first on PATH.
 """
 

@@ -7,9 +7,11 @@ local process, so the agents are real and dial back to a real coordinator.
 
 The tests take a flavour, (platform, trainingService fields), from the lists below: plain Pods
 and Jobs, Kubeflow's PyTorchJob and TFJob run by the real training operator, and AdaptDLJobs
-run by AdaptDL's real scheduler (tests/kube/operators.py; a flavour's operator is started for
-the session when a test first takes it). FrameworkController alone still runs on the fake, in
-test_kubernetes_operators.py. The config tests need no cluster.
+run by AdaptDL's real scheduler, and Frameworks run by FrameworkController where a binary of it
+is given (tests/kube/operators.py; a flavour's operator is started for the session when a test
+first takes it). No registry serves FrameworkController's source, so without that binary (in
+CI) its flavour is skipped here and runs on the fake, in test_kubernetes_operators.py. The
+config tests need no cluster.
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ FLAVOURS = [
     pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
     pytest.param("kubeflow", {"operator": "tfjob"}, id="tfjob"),
     pytest.param("adl", {"adaptive": True}, id="adl"),
+    pytest.param("frameworkcontroller", {}, id="framework"),
 ]
 # The session fixture that runs each operator platform's operator.
-OPERATORS = {"kubeflow": "kubeflow_operator", "adl": "adaptdl_scheduler"}
+OPERATORS = {"kubeflow": "kubeflow_operator", "adl": "adaptdl_scheduler", "frameworkcontroller": "framework_controller"}
 # Where the operator takes a deleted pod for a rescale and starts another in its place
 # (AdaptDL, for a preemptible job); elsewhere (restartPolicy Never) the workload fails.
 REPLACES_PODS = ("adl",)
@@ -86,11 +89,13 @@ QUICKSTARTS = [
     pytest.param("adl", {"adaptive": True}, id="adl"),
     pytest.param("adl", {"adaptive": True, "checkpoint": {"storageClass": "standard", "storageSize": "1Gi"}},
                  id="adl-checkpoint"),
+    pytest.param("frameworkcontroller", {}, id="framework"),
 ]
 # What an experiment may leave on the cluster: (plural, API group/version); operators' kinds
 # are asked for only once their CRDs are there.
 LEFT_BEHIND = [("pods", ""), ("secrets", ""), ("persistentvolumeclaims", ""), ("jobs", "batch"),
-               ("pytorchjobs", "kubeflow.org"), ("tfjobs", "kubeflow.org"), ("adaptdljobs", "adaptdl.petuum.com")]
+               ("pytorchjobs", "kubeflow.org"), ("tfjobs", "kubeflow.org"), ("adaptdljobs", "adaptdl.petuum.com"),
+               ("frameworks", "frameworkcontroller.microsoft.com")]
 
 
 @pytest.fixture(autouse=True)
@@ -541,7 +546,7 @@ def test_pod_placement_fields_reach_the_scheduler(
         assert (await service.start(request)).error is None
         # The node has fewer GPUs: the pod waits, and the service says why.
         seen = await poll_until(service, "env-1", "starting", "Insufficient nvidia.com/gpu", wait_s=WAIT_S)
-        assert seen.platform_id == f"tk-{request.experiment_id}-env-1"
+        assert seen.platform_id == object_name(request.experiment_id, "env-1", kind_of(service.config))
         await service.stop("env-1", 0.0)
         await service.close()
 

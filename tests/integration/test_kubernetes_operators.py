@@ -1,9 +1,10 @@
 """FrameworkController against the fake API server of tests/fake_k8s.py.
 
-FrameworkController cannot run here: the Go module proxy serves no version of its module
-(github.com/microsoft/frameworkcontroller answers 403), so the fake plays its part. Every
-other flavour (plain pods and Jobs, Kubeflow, AdaptDL) runs on the real API server with its
-real operator, in test_kubernetes.py. The fake runs each pod's container command as a local
+No registry these machines reach serves FrameworkController's source (the Go module proxy
+answers 403 for github.com/microsoft/frameworkcontroller), so CI cannot build it and the fake
+plays its part. Where a binary of it is given (TRIALKEEPER_FRAMEWORKCONTROLLER), the same
+flavour also runs on the real API server with the real controller, in test_kubernetes.py, as
+every other flavour (plain pods and Jobs, Kubeflow, AdaptDL) does. The fake runs each pod's container command as a local
 process, so the agents are real and dial back to a real coordinator.
 """
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from trialkeeper.coordinator.config.experiment import parse_config
+import pytest
+from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.kubernetes.objects import (
     kind_of,
+    object_name,
     observe,
     template_pod,
     workload,
@@ -35,9 +38,11 @@ def test_an_adaptdl_template_is_checked_as_the_pod_it_makes(tmp_path: Path) -> N
 
 
 def test_the_operators_whose_schemas_check_their_templates_need_no_dry_run(tmp_path: Path) -> None:
-    for platform, fields in (("kubeflow", {"operator": "tfjob"}), ("kubeflow", {}), ("kubernetes", {}),
-                             ("frameworkcontroller", {})):
+    for platform, fields in (("kubeflow", {"operator": "tfjob"}), ("kubeflow", {}), ("kubernetes", {})):
         assert kind_of(_section(tmp_path, platform, **fields)).checks_template, platform  # type: ignore[arg-type]
+    # AdaptDL's and FrameworkController's CRDs keep the pod template as free-form JSON.
+    for platform in ("adl", "frameworkcontroller"):
+        assert not kind_of(_section(tmp_path, platform)).checks_template, platform  # type: ignore[arg-type]
 
 
 def test_an_adaptdl_job_says_what_it_waits_for_and_why_it_failed(tmp_path: Path) -> None:
@@ -52,3 +57,22 @@ def test_an_adaptdl_job_says_what_it_waits_for_and_why_it_failed(tmp_path: Path)
     assert observe(kind, {"status": {"phase": "Succeeded", "allocation": None}}) == ("exited", "")
     failed = {"phase": "Failed", "reason": "PodFailure", "message": "tk-x-env-1-0-0 Failed"}
     assert observe(kind, {"status": failed}) == ("failed", "PodFailure: tk-x-env-1-0-0 Failed")
+
+
+def test_framework_names_take_frameworkcontrollers_form_and_a_dry_run_checks_its_template(tmp_path: Path) -> None:
+    # Its CRD takes ^[a-z0-9]{1,63}$ for Frameworks and task roles: no '-', unlike Kubernetes.
+    config = _section(tmp_path, "frameworkcontroller")
+    kind = kind_of(config)  # type: ignore[arg-type]
+    plain = re.compile(r"[a-z0-9]{1,50}")
+    names = {object_name(e, v, kind) for e, v in (("exp1", "env-1"), ("exp1", "env-11"), ("Exp_1", "env-1"),
+                                                  ("e" * 80, "env-1"), ("e" * 80, "env-2"), ("---", "_"))}
+    assert len(names) == 6 and all(plain.fullmatch(n) for n in names), names
+    assert object_name("exp1", "env-1", kind) == "tkexp1env1"
+    assert object_name("exp1", "env-1") == "tk-exp1-env-1"  # other kinds keep their dashes
+    body = workload(kind, config, EnvironmentRequest("env-1", "exp1", "127.0.0.1:9", "t"), "tkexp1env1",  # type: ignore[arg-type]
+                    ["python", "-m", "trialkeeper.agent"])
+    assert not kind.checks_template
+    pod = template_pod(body)
+    assert pod["spec"] is body["spec"]["taskRoles"][0]["task"]["pod"]["spec"]
+    with pytest.raises(ConfigError, match=r"taskRoleName.*lowercase letters and digits only"):
+        _section(tmp_path, "frameworkcontroller", taskRoleName="task-role")

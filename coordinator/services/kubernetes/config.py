@@ -75,6 +75,11 @@ _DNS_LABEL = rule(
     "a Kubernetes name (lowercase letters, digits and '-', at most 63)",
     lambda v: re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v) is not None,
 )
+# FrameworkController's CRD allows only this for the names of Frameworks and task roles.
+_FRAMEWORK_NAME = rule(
+    "a FrameworkController name (lowercase letters and digits only, no '-', at most 63)",
+    lambda v: re.fullmatch(r"[a-z0-9]{1,63}", v) is not None,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +181,7 @@ class FrameworkControllerConfig(KubernetesPlatformConfig):
     """`platform: frameworkcontroller`: each environment is a Framework with one task role."""
 
     PLATFORM: ClassVar[str] = "frameworkcontroller"
-    task_role_name: str = field(default="agent", metadata=_DNS_LABEL)
+    task_role_name: str = field(default="agent", metadata=_FRAMEWORK_NAME)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,8 +42,9 @@ class Kind:
     kind: str
     container: str = "agent"  # the name the operator expects for the main container
     # Whether the server checks the pod template inside the object against the pod schema.
-    # AdaptDL's CRD keeps the template as free-form JSON: a misspelt field there would be
-    # dropped without a word when the scheduler creates the pod, so it is checked first.
+    # AdaptDL's and FrameworkController's CRDs keep the template as free-form JSON: a misspelt
+    # field there would be dropped without a word when the operator creates the pod, so it is
+    # checked first.
     checks_template: bool = True
 
     @property
@@ -68,7 +69,7 @@ def kind_of(config: KubernetesPlatformConfig) -> Kind:
             return Kind("kubeflow.org", config.api_version, "tfjobs", "TFJob", "tensorflow")
         return Kind("kubeflow.org", config.api_version, "pytorchjobs", "PyTorchJob", "pytorch")
     if isinstance(config, FrameworkControllerConfig):
-        return Kind("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework")
+        return Kind("frameworkcontroller.microsoft.com", "v1", "frameworks", "Framework", checks_template=False)
     if isinstance(config, AdlConfig):
         return Kind("adaptdl.petuum.com", "v1", "adaptdljobs", "AdaptDLJob", "main", checks_template=False)
     if isinstance(config, KubernetesConfig) and config.workload == "job":
@@ -92,8 +93,21 @@ def _label_value(text: str) -> str:
     return _dns_name(text, 63)
 
 
-def object_name(experiment_id: str, env_id: str) -> str:
+def _plain_name(text: str, limit: int) -> str:
+    """``text`` as lowercase letters and digits only, FrameworkController's form for the names
+    of Frameworks and task roles (``^[a-z0-9]{1,63}$`` in its CRD); hashed if anything but
+    dashes was dropped or it was cut."""
+    kept = text.lower().replace("-", "")
+    name = re.sub(r"[^a-z0-9]+", "", kept) or "x"
+    if len(name) > limit or name != kept:
+        name = name[: limit - 8] + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return name
+
+
+def object_name(experiment_id: str, env_id: str, kind: Kind | None = None) -> str:
     # Short enough for what controllers append (-worker-0, -ckpt, a Job's pod suffix).
+    if kind is not None and kind.plural == "frameworks":
+        return _plain_name(f"tk{experiment_id}{env_id}", 50)
     return _dns_name(f"tk-{experiment_id}-{env_id}", 50)
 
 
@@ -235,8 +249,10 @@ def workload(kind: Kind, config: KubernetesPlatformConfig, request: EnvironmentR
 
 
 def template_pod(body: dict[str, Any]) -> dict[str, Any]:
-    """The pod an AdaptDLJob's template makes, for the server to check (a dry run)."""
-    template = body["spec"]["template"]
+    """The pod an AdaptDLJob's template or a Framework's (first) task role makes, for the server
+    to check (a dry run)."""
+    spec = body["spec"]
+    template = spec["taskRoles"][0]["task"]["pod"] if "taskRoles" in spec else spec["template"]
     meta = {**template.get("metadata", {}), "name": body["metadata"]["name"]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
 

@@ -156,7 +156,7 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
     # ---- the provider ---------------------------------------------------------------
 
     async def launch(self, env: _Env, request: EnvironmentRequest) -> str:
-        name = env.platform_id = object_name(request.experiment_id, request.env_id)
+        name = env.platform_id = object_name(request.experiment_id, request.env_id, self._kind)
         await self._ensure_secret(request)
         if claim := isinstance(self.config, AdlConfig) and self.config.checkpoint is not None:
             assert isinstance(self.config, AdlConfig)
@@ -174,7 +174,7 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
         return name
 
     def launch_error(self, request: EnvironmentRequest, error: PlatformError) -> str:
-        name = object_name(request.experiment_id, request.env_id)
+        name = object_name(request.experiment_id, request.env_id, self._kind)
         return f"{self.platform}: could not create {self.kind} {name}: {error}"
 
     async def observe(self, records: Sequence[_Env]) -> dict[str, State]:
