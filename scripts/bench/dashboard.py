@@ -2,7 +2,9 @@
 
 Builds a store of 100,000 trials (3 intermediate results each) and 1,000 environments with
 2 GPUs sampled 20 times each, serves it with `trialkeeper ui`, and times every request the
-pages make (the median of 5, with min and max), through real HTTP.
+pages make (the median of 5, with min and max), through real HTTP. A copy of it beside it
+makes a directory of two such experiments, served by `trialkeeper ui --dir` (the experiments
+home: its list, a comparison of the two, an experiment's page under /x/NAME/).
 
     python scripts/bench/dashboard.py [--trials 100000] [--envs 1000]
 """
@@ -93,21 +95,30 @@ def main() -> int:
         exp = Path(tmp) / "exp"
         took = build(exp, args.trials, args.envs)
         print(f"store of {args.trials} trials and {args.envs} environments built in {took:.1f} s")
+        shutil.copytree(exp, Path(tmp) / "exp2")  # the experiments home compares two
         ui = subprocess.Popen([str(tk), "ui", str(exp), "--address", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+        home = subprocess.Popen(
+            [str(tk), "ui", "--dir", tmp, "--address", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True
+        )
         try:
-            assert ui.stdout is not None
+            assert ui.stdout is not None and home.stdout is not None
             url = ui.stdout.readline().removeprefix("dashboard: ").strip().rstrip("/")
+            home_url = home.stdout.readline().removeprefix("dashboard: ").strip().rstrip("/")
             print(f"{'request':55} {'median':>8} {'min':>8} {'max':>8} {'bytes':>9}")
             for path in (
                 "/api/experiment", "/api/trials?limit=200", "/api/trials?sort=metric&order=desc&limit=200",
                 "/api/trials?sort=param:lr&limit=200&offset=50000", "/api/trials?status=FAILED&q=adam&limit=200",
                 "/api/trials/t050000", "/api/compare", "/api/environments", "/api/environments/env-7/gpus", "/metrics",
+                "/api/context", "home: /api/home", "home: /api/home/compare?keys=exp,exp2",
+                "home: /x/exp2/api/experiment",
             ):
-                median, low, high, size = timed(url + path)
+                at = home_url + path.removeprefix("home: ") if path.startswith("home: ") else url + path
+                median, low, high, size = timed(at)
                 print(f"{path:55} {median * 1000:7.0f}ms {low * 1000:7.0f}ms {high * 1000:7.0f}ms {size:9d}")
         finally:
-            ui.terminate()
-            ui.wait(30)
+            for served in (ui, home):
+                served.terminate()
+                served.wait(30)
     return 0
 
 

@@ -81,7 +81,7 @@ async function compare() {
     animation: false, title: {text: "Best final metric so far, by trials ended", left: 10, top: 6, textStyle: {fontSize: 13}},
     legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 46},
     xAxis: {type: "value", name: "trials ended", nameLocation: "middle", nameGap: 26, minInterval: 1},
-    yAxis: {type: "value", scale: true, name: "best"},
+    yAxis: {type: "value", scale: true},
     series: compared.experiments.map(e => ({type: "line", step: "end", showSymbol: false, name: label(e),
       data: e.best_curve.map(([n, best]) => [n, best])})),
   }, {replaceMerge: ["series"]});
@@ -116,7 +116,7 @@ function drawDistribution() {
     animation: false, title: {text: `${p}: share of each experiment's trials`, left: 10, top: 6, textStyle: {fontSize: 13}},
     legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 60},
     xAxis: {type: "category", data: labels, name: p, nameLocation: "middle", nameGap: 40, axisLabel: {rotate: numeric ? 20 : 0}},
-    yAxis: {type: "value", name: "share", max: 1},
+    yAxis: {type: "value", max: 1},
     series: compared.experiments.map((e, i) => {
       const c = count(values[i]), total = values[i].length || 1;
       return {type: "bar", name: label(e), data: c.map(n => n / total)};
