@@ -182,7 +182,8 @@ async def _drive_in_scope(
 
     def on_metric(ev: MetricEvent) -> None:
         if ev.kind == "intermediate":
-            to_do.extend(search.handle(IntermediateStored(ev.trial_id, ev.value, ev.index)))
+            checkpointed = coordinator.trial(ev.trial_id).checkpoint_step is not None
+            to_do.extend(search.handle(IntermediateStored(ev.trial_id, ev.value, ev.index, checkpointed, ev.raw)))
             if to_do:
                 changed.set()
 
@@ -212,7 +213,7 @@ async def _drive_in_scope(
         # Nothing is awaited between start() and here, so no result arrives unheard.
         submitted = _resume(search, coordinator)
         if continue_paused:
-            await _continue_paused(coordinator)
+            await _continue_paused(coordinator, search)
         last_progress = 0.0
         given_up: set[str] = set()  # paused trials the search held and was done with
         while True:
@@ -367,10 +368,11 @@ async def _carry_out(coordinator: Coordinator, order: Instruction) -> None:
                     type(order).__name__.removesuffix("Trial").lower(), e)
 
 
-async def _continue_paused(coordinator: Coordinator) -> None:
-    """After a stop, the trials it paused go on first, from their checkpoints."""
+async def _continue_paused(coordinator: Coordinator, search: Search) -> None:
+    """After a stop, the trials it paused go on first, from their checkpoints; those the
+    search keeps paused (waiting at a rung) stay as they are."""
     for t in coordinator.trials():
-        if t.status is TrialStatus.PAUSED:
+        if t.status is TrialStatus.PAUSED and not search.holds(t.id):
             log.info("trial %s: continued from its checkpoint after the resume", t.id)
             await coordinator.resume_trial(t.id)
 

@@ -100,11 +100,13 @@ class TunerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AssessorConfig(TunerConfig):
-    """What stops unpromising trials early: a built-in assessor by `name` (`median`),
+    """What stops unpromising trials early: a built-in assessor by `name` (`median`, `asha`),
     `optuna` (its pruners), NNI's (`Medianstop`, `Curvefitting`), or one by `class_name`."""
 
     name: str | None = field(default=None, metadata=NON_EMPTY_STR)
-    _NEEDS: typing.ClassVar[str] = "an assessor needs name (median, optuna, Medianstop, Curvefitting) or className"
+    _NEEDS: typing.ClassVar[str] = (
+        "an assessor needs name (median, asha, optuna, Medianstop, Curvefitting) or className"
+    )
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:

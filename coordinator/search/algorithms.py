@@ -1,7 +1,7 @@
 """The registry of search algorithms: what a config's ``tuner``, ``assessor`` and
 ``advisor`` name, made into objects behind the Tuner and Assessor interfaces.
 
-Built-in ones first (``random``, ``grid``; ``median``), then ``optuna`` (its samplers and
+Built-in ones first (``random``, ``grid``; ``median``, ``asha``), then ``optuna`` (its samplers and
 pruners), then NNI's by their names and aliases; ``className`` imports a trialkeeper
 class or an NNI one. NNI and Optuna are imported only when named.
 """
@@ -13,7 +13,8 @@ import inspect
 import sys
 from typing import Any
 
-from .assessors import BUILTIN_ASSESSORS, Assessor, AssessorError, construct
+from .asha import Asha
+from .assessors import Assessor, AssessorError, MedianStopAssessor, construct
 from .space import SearchSpaceError, is_batch_tuner, is_discrete, validate_search_space
 from .tuners import (
     BUILTIN_TUNERS,
@@ -26,7 +27,9 @@ from .tuners import (
     one_line,
 )
 
-__all__ = ["create_assessor", "create_tuner"]
+__all__ = ["BUILTIN_ASSESSORS", "create_assessor", "create_tuner"]
+
+BUILTIN_ASSESSORS: dict[str, type[Assessor]] = {"median": MedianStopAssessor, "asha": Asha}
 
 
 def create_tuner(

@@ -1,6 +1,6 @@
 """Assessors: what decides, from a running trial's intermediate results, whether it is worth
-finishing. Built-in ones here; NNI's (``nnialgos``) and Optuna's pruners (``optunasearch``)
-behind the same interface.
+finishing. The interface and the median rule here, ASHA in ``asha``; NNI's (``nnialgos``)
+and Optuna's pruners (``optunasearch``) behind the same interface.
 
 An assessor follows NNI's interface, so an NNI user's assessor ports with few changes::
 
@@ -26,7 +26,7 @@ from .tuners import TunerError, check_class_args
 if TYPE_CHECKING:
     from .tuners import PastTrial
 
-__all__ = ["BUILTIN_ASSESSORS", "Assessor", "AssessorError", "MedianStopAssessor", "Verdict", "construct"]
+__all__ = ["Assessor", "AssessorError", "MedianStopAssessor", "Verdict", "construct"]
 
 
 class AssessorError(TunerError):
@@ -70,6 +70,14 @@ class Assessor(Requesting, abc.ABC):
         if type(self).decide is Assessor.decide:
             raise NotImplementedError(f"{type(self).__name__} implements neither decide nor assess_trial")
         return self.decide(trial_id, history) is not Verdict.STOP
+
+    def trial_checkpointed(self, trial_id: str) -> None:
+        """Learn that the trial saved a checkpoint (so it can be paused), told once, before
+        the verdict on the result it reports next."""
+
+    def result_reported(self, trial_id: str, result: Any) -> None:
+        """See an intermediate result as the trial reported it (a number, or a dict with more
+        keys), before the verdict on it."""
 
     def trial_paused(self, trial_id: str) -> None:
         """Learn that the trial saved a checkpoint and ended its process, paused."""
@@ -139,8 +147,6 @@ class MedianStopAssessor(Assessor):
                 averages.append(total / i)
             self._completed_averages.append(averages)
 
-
-BUILTIN_ASSESSORS: dict[str, type[Assessor]] = {"median": MedianStopAssessor}
 
 
 def construct(label: str, cls: type[Assessor], args: dict[str, Any]) -> Assessor:

@@ -49,6 +49,8 @@ class IntermediateStored:
     trial_id: str
     value: float
     index: int | None = None  # the result's stored index; None: after the last one
+    checkpointed: bool = False  # the trial had saved a checkpoint when it reported it
+    result: Any = None  # the result as reported (a number, or a dict with more keys)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class _Tracked:
     history: list[float] = field(default_factory=list)
     indexes: list[int] = field(default_factory=list)  # the stored index of each result in history
     stopping: bool = False
+    checkpointed: bool = False  # it saved a checkpoint (the assessor was told)
     pausing: bool = False  # the search asked it to pause; not paused yet
     paused: bool = False
     held: bool = False  # paused because the search asked
@@ -263,6 +266,11 @@ class Search:
         step = len(t.history) - 1
         self._tuner_call("receive_intermediate_result", t.parameter_id, step, event.value)
         self._mirror_call("receive_intermediate_result", t.parameter_id, step, event.value)
+        if event.checkpointed and not t.checkpointed:
+            t.checkpointed = True
+            self._assessor_call("trial_checkpointed", event.trial_id)
+        if event.result is not None:
+            self._assessor_call("result_reported", event.trial_id, event.result)
         if t.stopping or t.pausing or t.paused or self.assessor is None:
             return
         verdict = self._assessor_call("decide", event.trial_id, list(t.history))
@@ -332,7 +340,9 @@ class Search:
             t.stopping = True
             self._orders.append(StopTrial(trial_id, request.reason or f"stopped early by the {who}"))
         elif request.kind is RequestKind.PAUSE:
-            if not (t.pausing or t.paused) or t.continuing:
+            if t.paused and not t.continuing:
+                t.held = True  # paused already (after a resume, say): now the search's to continue or end
+            elif not (t.pausing or t.paused) or t.continuing:
                 self._pause(trial_id, t, request.reason or f"paused by the {who}")
         elif t.paused and not t.continuing:
             t.continuing = True
@@ -355,6 +365,8 @@ class Search:
                 self._trials[t.trial_id] = _Tracked(
                     t.parameter_id, t.parameters, list(t.intermediate), indexes, paused=t.paused
                 )
+        # What they asked while hearing the past (keep a paused trial paused, continue it) is for now.
+        self._take_requests()
 
     def _tuner_call(self, method: str, *args: Any) -> Any:
         if self.failure:
