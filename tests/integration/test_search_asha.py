@@ -1,0 +1,56 @@
+"""ASHA and asynchronous Hyperband end to end: the real coordinator, real agents, real trial
+processes that save checkpoints; trials paused at their rungs, continued from their
+checkpoints when promoted, the best configuration trained to its end once, epoch by epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_async
+from test_search_paused_trials import _config, _curves, _runs
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.experiment import run_experiment
+
+# Arrival order at the rungs mixes good and bad: some wait paused until the rung fills.
+XS = [0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4, 0.6]
+EPOCHS = 9
+
+
+def _run(tmp_path: Path, brackets: int) -> None:
+    config = _config(
+        tmp_path, epochs=EPOCHS, pause=0.05, trialConcurrency=2,
+        searchSpace={"x": {"_type": "choice", "_value": XS}}, tuner={"name": "grid"},
+        assessor={"name": "asha", "classArgs": {"max_resource": EPOCHS, "reduction_factor": 3, "brackets": brackets}},
+    )
+    result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
+    assert result.ok, result.reason
+    assert len(result.trials) == len(XS)  # each configuration one trial, however often paused
+    by_x = {t.parameters["x"]: t for t in result.trials if t.parameters is not None}
+    best = by_x[0.9]
+    assert best.status is TrialStatus.SUCCEEDED, (best.status, best.reason)
+    assert best.final_metric == pytest.approx(0.9 * EPOCHS)
+    runs, curves = _runs(tmp_path), _curves(tmp_path / "exp")
+    # Every trial's curve holds each epoch's result once, in order: a continued run went on
+    # from its checkpoint, training no epoch again.
+    for t in result.trials:
+        x = t.parameters["x"] if t.parameters else None
+        assert curves[t.id] == [(i, pytest.approx(x * (i + 1))) for i in range(len(curves[t.id]))], (t.id, runs)
+        starts = runs[t.id]
+        assert starts[0] == 0 and starts == sorted(starts) and len(set(starts)) == len(starts), (t.id, starts)
+    continued = [t for t in result.trials if len(runs[t.id]) > 1]
+    assert continued, runs  # some trials were paused at a rung and continued from their checkpoints
+    stopped = [t for t in result.trials if t.status is TrialStatus.EARLY_STOPPED]
+    assert stopped and all("paused by the search" in t.reason for t in stopped), [(t.id, t.reason) for t in stopped]
+    # Far fewer epochs than training every configuration to the end.
+    assert sum(len(c) for c in curves.values()) < len(XS) * EPOCHS * 0.7
+
+
+@pytest.mark.slow
+def test_asha_pauses_trials_at_rungs_and_continues_the_promoted_from_their_checkpoints(tmp_path: Path) -> None:
+    _run(tmp_path, brackets=1)
+
+
+@pytest.mark.slow
+def test_asynchronous_hyperband_runs_its_brackets_on_the_same_checkpoints(tmp_path: Path) -> None:
+    _run(tmp_path, brackets=2)
