@@ -19,12 +19,15 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_urldispatcher import AbstractResource, AbstractRoute
 
+from ..cli.control import alive
 from ..read import pages
 from ..read.model import ReadModel, to_json
 from ..store.reads import StoreError, holds_experiment
 from .server import PUBLIC, _State, build_app, read_token
 
 PREFIX = "/x"
+PING_S = 2.0  # how long a running experiment's coordinator has to answer the list's look
+CRASHED = "no coordinator answers: it crashed or was killed (`trialkeeper resume` carries it on)"
 COMPARED = 8  # experiments one comparison takes at most
 SAMPLE = 1000  # trials of each experiment whose parameters a comparison draws
 CURVE_POINTS = 200
@@ -60,8 +63,11 @@ def listing(directory: Path) -> dict[str, Any]:
             continue
         ended = sum(n for s, n in exp.trials.items() if s not in ("WAITING", "RUNNING", "PAUSED"))
         best = exp.best
+        reason = exp.reason
+        if exp.status == "RUNNING" and not alive(path, timeout=PING_S):
+            reason = reason or CRASHED
         rows.append({
-            **row, "id": exp.id, "name": exp.name, "status": exp.status, "reason": exp.reason,
+            **row, "id": exp.id, "name": exp.name, "status": exp.status, "reason": reason,
             "started_at": exp.started_at, "ended_at": exp.ended_at, "optimize_mode": exp.optimize_mode,
             "trials": dict(exp.trials), "trial_count": exp.trial_count, "ended": ended,
             "max_trials": _max_trials(config),

@@ -141,6 +141,17 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         )
         assert headers["X-Frame-Options"] == "DENY"
 
+        # The experiments home of its directory lists it running, and acts on it through its control socket.
+        with home_dashboard(tmp_path) as home:
+            [listed] = get_json(home.url + "/api/home")["experiments"]
+            assert (listed["key"], listed["status"], listed["reason"]) == ("exp", "RUNNING", "")
+            assert listed["max_trials"] == 6
+            update = {"limits": {"maxTrialNumber": 7}}
+            assert http("POST", home.url + "/x/exp/api/experiment/update", body=update)[0] == 403
+            status, _, body = http("POST", home.url + "/x/exp/api/experiment/update", token=token, body=update)
+            assert status == 200 and json.loads(body)["limits"]["maxTrialNumber"] == 7, body
+            assert get_json(home.url + "/api/home")["experiments"][0]["max_trials"] == 7
+
         # Stop the experiment from the dashboard: refused without the token, then done.
         assert http("POST", url + "/api/experiment/stop")[0] == 403
         assert http("POST", url + "/api/experiment/stop", token=token)[0] == 200

@@ -1,0 +1,77 @@
+"""The experiments home's answers over real stores: the list (newest first, a store that
+cannot be read said so, a running experiment whose coordinator is gone said so), and a
+comparison's best-so-far curves and samples, with its arguments checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
+
+from aiohttp.test_utils import TestClient, TestServer
+from conftest import run_async
+from trialkeeper.coordinator.store.store import Store
+from trialkeeper.coordinator.ui.home import CRASHED, build_home, compare, listing
+
+SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1.0]}, "opt": {"_type": "choice", "_value": ["a", "b"]}}
+
+
+def _experiment(directory: Path, exp_id: str, metrics: list[float | None], *, done: bool = True) -> None:
+    store = Store.in_dir(directory)
+    store.create_experiment(exp_id, f"name-{exp_id}", {
+        "maxTrialNumber": 10, "searchSpace": SPACE,
+        "tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}},
+    })
+    for seq, metric in enumerate(metrics):
+        store.insert_trial({
+            "id": f"{exp_id}-{seq}", "seq": seq, "status": "SUCCEEDED" if metric is not None else "RUNNING",
+            "parameters_json": json.dumps({"lr": 10 ** -(seq % 4), "opt": "ab"[seq % 2]}), "command": "c",
+            "gpu_number": 0, "submitted_at": 1.0 + seq, "started_at": 1.0 + seq,
+            "ended_at": 2.0 + seq if metric is not None else None, "final_metric": metric,
+        })
+    if done:
+        store.set_experiment_status("DONE", ended=True)
+    store.close()
+
+
+def test_the_list_says_status_progress_best_and_what_cannot_be_read(tmp_path: Path) -> None:
+    _experiment(tmp_path / "old", "old", [0.5, 0.2, 0.9])
+    _experiment(tmp_path / "gone", "gone", [0.4, None], done=False)  # RUNNING in its store, no coordinator
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "trialkeeper.db").write_bytes(b"not a database at all" * 100)
+    (tmp_path / "plain").mkdir()
+    rows = {r["key"]: r for r in listing(tmp_path)["experiments"]}
+    assert set(rows) == {"old", "gone", "broken"}
+    old = rows["old"]
+    assert (old["status"], old["ended"], old["trial_count"], old["max_trials"]) == ("DONE", 3, 3, 10)
+    assert old["best"] == {"id": "old-1", "final_metric": 0.2}  # minimized
+    assert rows["gone"]["status"] == "RUNNING" and rows["gone"]["reason"] == CRASHED
+    assert (rows["gone"]["ended"], rows["gone"]["trial_count"]) == (1, 2)
+    assert rows["broken"]["error"]
+
+
+def test_a_comparison_gives_each_experiments_best_so_far_and_parameters(tmp_path: Path) -> None:
+    _experiment(tmp_path / "a", "a", [0.5, 0.7, 0.2, 0.3])
+    _experiment(tmp_path / "b", "b", [0.9, 0.1])
+    got = compare(tmp_path, ["a", "b"])["experiments"]
+    assert [e["key"] for e in got] == ["a", "b"]
+    assert [(n, best) for n, best, _ in got[0]["best_curve"]] == [(1, 0.5), (2, 0.5), (3, 0.2), (4, 0.2)]
+    assert [(n, best) for n, best, _ in got[1]["best_curve"]] == [(1, 0.9), (2, 0.1)]
+    assert got[0]["space"] == {"lr": "loguniform", "opt": "choice"}
+    assert [t["parameters"]["opt"] for t in got[0]["trials"]] == ["a", "b", "a", "b"]
+    with pytest.raises(ValueError, match="keys: name 2 to 8 experiments"):
+        compare(tmp_path, ["a"])
+    with pytest.raises(LookupError, match="no experiment 'zz'"):
+        compare(tmp_path, ["a", "zz"])
+
+    async def body() -> None:
+        async with TestClient(TestServer(build_home(tmp_path, token="", open_reads=True))) as client:
+            assert (await client.get("/api/home/compare?keys=a")).status == 400
+            assert (await client.get("/api/home/compare?keys=a,zz")).status == 404
+            assert (await client.get("/x/..%2F..%2Fetc/api/experiment")).status == 404
+            assert (await (await client.get("/x/b/api/experiment")).json())["trial_count"] == 2
+
+    run_async(body)
