@@ -154,7 +154,8 @@ function connect() {
 
 function overviewPage() {
   main.innerHTML = `<h1 id="exp-title">Experiment</h1>
-    <div class="toolbar"><button class="danger" id="stop" style="display:none">Stop experiment</button></div><div class="cards" id="cards"></div>
+    <div class="toolbar"><button class="danger" id="stop" style="display:none">Stop experiment</button>
+      <span id="actions-why" class="muted"></span></div><div class="cards" id="cards"></div>
     <h2>Best trial</h2><div id="best" class="muted">none yet</div>
     <div class="grid2" style="margin-top:14px"><div class="chart" id="finished-chart"></div><div class="chart" id="best-chart"></div></div>`;
   document.getElementById("stop").addEventListener("click", () => {
@@ -167,6 +168,7 @@ function overviewPage() {
     const e = await api("/api/experiment");
     document.getElementById("exp-title").textContent = `Experiment ${e.id}${e.name ? " \u2014 " + e.name : ""}`;
     document.getElementById("stop").style.display = e.actions && e.status === "RUNNING" ? "" : "none";
+    document.getElementById("actions-why").textContent = e.actions ? "" : e.actions_why || "";
     const cards = [["Status", status(e.status) + (e.reason ? `<div class="muted" style="font-size:12px">${esc(e.reason)}</div>` : "")],
       ["Trials", `<span id="count-total">${e.trial_count}</span>${e.max_trials ? " / " + e.max_trials : ""}`],
       ...STATUSES.filter(s => e.trials[s]).map(s => [s.toLowerCase().replace("_", " "), `<span data-count="${s}">${e.trials[s]}</span>`]),
