@@ -190,7 +190,7 @@ async def _drive_in_scope(
     def on_status(ev: StatusEvent) -> None:
         t = ev.trial
         if t.status.terminal:
-            to_do.extend(search.handle(TrialEnded(t.id, t.status, t.final_metric)))
+            to_do.extend(search.handle(TrialEnded(t.id, t.status, t.final_metric, t.final_metric_value)))
         elif t.status is TrialStatus.PAUSED:
             to_do.extend(search.handle(TrialPaused(t.id, t.reason)))
         elif ev.old is TrialStatus.PAUSED:

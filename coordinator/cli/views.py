@@ -27,7 +27,9 @@ from ..read.model import (
     to_json,
 )
 from ..read.pages import MAX_PAGE, PageError, trial_page
+from ..read.pareto import objectives_of, pareto_front
 from ..read.results import result_keys
+from ..search.objectives import Objectives, number
 from ..store.reads import StoreError, holds_experiment
 from .steer import resolve_experiment
 
@@ -182,29 +184,44 @@ def cmd_trials(args: argparse.Namespace) -> int:
         )
         return 2
     with ReadModel.open(args.experiment_dir) as model:
+        objectives = objectives_of(model.stored_config())
+        # The front is judged over every trial; with several objectives each row says whether it is on it.
+        front = {t.id for t in pareto_front(model.trials(), objectives)} if args.pareto or objectives.several else set()
         try:
-            total, trials = _trials_shown(model, wanted, args.offset, args.limit)
+            if args.pareto:
+                found = tuple(t for t in model.trials()
+                              if t.id in front and (wanted is None or getattr(t.status, "value", None) == wanted))
+                total, trials = len(found), found[args.offset:args.offset + args.limit or None]
+            else:
+                total, trials = _trials_shown(model, wanted, args.offset, args.limit)
         except PageError as e:
             print(f"trialkeeper: --{e}", file=sys.stderr)
             return 2
     if args.json or args.jsonl:
-        shown = [{**to_json(t), "failure_summary": failure_summary(t)} for t in trials]
+        shown = [{**to_json(t), "failure_summary": failure_summary(t),
+                  **({"pareto": t.id in front} if objectives.several else {})} for t in trials]
         if args.jsonl:  # JSON Lines: one trial a line, for jq and line-by-line readers
             sys.stdout.writelines(json.dumps(t, separators=(",", ":")) + "\n" for t in shown)
         else:
             print(json.dumps(shown, indent=2))
         return 0
     table = Table()
+    several = objectives.several
     for col in ("trial", "seq", "status", "env", "final metric", "duration", "parameters", "reason"):
         table.add_column(col, overflow="fold")
+        if col == "final metric" and several:
+            table.add_column("objectives", overflow="fold")
+            table.add_column("pareto")
     for t in trials:
         dur = f"{t.ended_at - t.started_at:.1f} s" if t.started_at and t.ended_at else ""
+        shown_objectives = (_objectives(t, objectives), "front" if t.id in front else "") if several else ()
         table.add_row(
             t.id,
             str(t.sequence_id) if t.sequence_id is not None else "",
             _status(t),
             t.environment_id or "",
             _metric(t.final_metric),
+            *shown_objectives,
             dur,
             _params(t.parameters),
             _why(t),
@@ -218,6 +235,13 @@ def cmd_trials(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _objectives(t: TrialSnapshot, objectives: Objectives) -> str:
+    """The final result's value of each objective, ``key=value``."""
+    result = t.final_metric_value if t.final_metric_value is not None else t.final_metric
+    values = [(k, number(result, k)) for k in objectives.keys]
+    return " ".join(f"{k}={_metric(v)}" for k, v in values if v is not None)
 
 
 def _trials_shown(
@@ -407,6 +431,10 @@ def add_commands(sub: Any) -> None:
     )
     trials.add_argument("--limit", type=int, default=100, help="show this many trials at most (default 100; 0: all)")
     trials.add_argument("--offset", type=int, default=0, help="skip this many trials first (default 0)")
+    trials.add_argument(
+        "--pareto", action="store_true",
+        help="only the trials on the Pareto front of the experiment's objectives (with one objective: its best)",
+    )
     trials.set_defaults(func=cmd_trials)
 
     status = sub.add_parser(

@@ -75,6 +75,7 @@ __all__ = [
 ]
 
 _SEARCHSPACE_MODULE = "trialkeeper.coordinator.search.space"
+_OBJECTIVES_MODULE = "trialkeeper.coordinator.search.objectives"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,6 +254,9 @@ class ExperimentConfig:
     # the tuner (optuna-dashboard and Optuna's analysis functions read it).
     optuna_storage: str | None = field(default=None, metadata=NON_EMPTY_STR)
     optuna_study_name: str | None = field(default=None, metadata=NON_EMPTY_STR)
+    # Several objectives: the result keys optimized with their directions, the constraints,
+    # and how one number ranks trials (docs/search.md, "Several objectives").
+    objectives: dict[str, Any] | None = None
     experiment_working_directory: Path = field(default_factory=_default_working_directory)
     trial_env: dict[str, str] = field(default_factory=dict, metadata=ENV)
     # Modules a template process imports once per agent, forking each Python trial from it.
@@ -299,6 +303,8 @@ class ExperimentConfig:
                 issues.append(
                     (f"trial_preload[{i}]", f"expected a module name like numpy or sklearn.svm, got {module!r}")
                 )
+        if values.get("objectives") is not None:
+            issues += _objectives_issues(values["objectives"])
         # NNI's rule: an advisor replaces both the tuner and the assessor.
         issues += not_both(given, names, "advisor", "tuner") + not_both(given, names, "advisor", "assessor")
         return issues
@@ -346,6 +352,18 @@ def _search_space_issues(space: dict[str, Any], tuner_name: object, tuner_class:
             (_subpath("search_space", where), str(message))
             for where, message in getattr(e, "issues", [])
         ]
+    return []
+
+
+def _objectives_issues(raw: Any) -> Issues:
+    try:
+        module = importlib.import_module(_OBJECTIVES_MODULE)
+    except ImportError:
+        return []
+    try:
+        module.parse(raw)
+    except module.ObjectivesError as e:
+        return list(e.issues)
     return []
 
 

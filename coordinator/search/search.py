@@ -70,6 +70,7 @@ class TrialEnded:
     trial_id: str
     status: TrialStatus
     final: float | None
+    result: Any = None  # the final result as reported (a number, or a dict with more keys)
 
 
 SearchEvent = TrialSubmitted | IntermediateStored | TrialPaused | TrialContinued | TrialEnded

@@ -1,0 +1,137 @@
+"""Several objectives: the config's section read and refused by field, the ranking one number
+makes of a result, the Pareto front, and `trialkeeper trials --pareto` over a stored experiment."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trialkeeper.coordinator import cli
+from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.read.pareto import objectives_of, pareto_trials
+from trialkeeper.coordinator.search.objectives import ObjectivesError, dominates, pareto_front, parse, single
+from trialkeeper.coordinator.store.store import Store
+
+SECTION = {
+    "optimize": {"accuracy": "maximize", "latency": "minimize"},
+    "constraints": {"memory": {"max": 8}},
+}
+
+
+def test_a_section_gives_keys_directions_constraints_and_the_first_objective_ranks() -> None:
+    o = parse(SECTION)
+    assert o.keys == ("accuracy", "latency") and o.directions == ("maximize", "minimize") and o.several
+    assert o.score({"accuracy": 0.9, "latency": 3, "memory": 4}) == 0.9
+    assert o.score({"accuracy": 0.9, "latency": 3, "memory": 9}) is None  # breaks its constraint
+    assert o.score({"accuracy": 0.9, "latency": 3}) is None  # the constrained key is missing
+    assert o.violation({"accuracy": 0.9, "memory": 9.5}) == 1.5
+    by_latency = parse({**SECTION, "rank": "latency"})
+    assert by_latency.rank_direction == "minimize"
+    assert by_latency.score({"accuracy": 0.9, "latency": 3, "memory": 1}) == -3  # bigger is better
+    weighted = parse({**SECTION, "rank": {"weights": {"accuracy": 10, "latency": -0.5}}})
+    assert weighted.rank_direction == "maximize"
+    assert weighted.rank_value({"accuracy": 0.5, "latency": 2, "memory": 1}) == 4.0
+    assert weighted.rank_value({"accuracy": 0.5}) is None
+
+
+def test_a_bare_number_is_the_default_key() -> None:
+    o = single("minimize")
+    assert o.values(0.25) == (0.25,) and o.score(0.25) == -0.25
+    assert parse({"optimize": {"loss": "minimize"}}).values(0.25) is None
+    assert o.values(math.nan) is None and o.values(True) is None
+
+
+@pytest.mark.parametrize(("raw", "field", "says"), [
+    ([], "objectives", "expected a mapping with optimize"),
+    ({}, "objectives.optimize", "expected a mapping of result key to maximize or minimize"),
+    ({"optimize": {"acc": "max"}}, "objectives.optimize.acc", "expected maximize or minimize, got 'max'"),
+    ({"optimize": {"acc": "maximize"}, "constraint": {}}, "objectives.constraint", "unknown field"),
+    ({"optimize": {"acc": "maximize"}, "constraints": {"m": 8}}, "objectives.constraints.m", "{min: number}"),
+    ({"optimize": {"acc": "maximize"}, "constraints": {"m": {"min": 2, "max": 1}}}, "objectives.constraints.m",
+     "min (2) is above max (1)"),
+    ({"optimize": {"acc": "maximize"}, "constraints": {"m": {"max": "x"}}}, "objectives.constraints.m.max",
+     "expected a finite number"),
+    ({"optimize": {"acc": "maximize"}, "rank": "loss"}, "objectives.rank", "one of the objectives (acc)"),
+    ({"optimize": {"acc": "maximize"}, "rank": {"acc": 1}}, "objectives.rank", "{weights: {key: number"),
+    ({"optimize": {"acc": "maximize"}, "rank": {"weights": {"acc": None}}}, "objectives.rank.weights.acc",
+     "expected a finite number"),
+])
+def test_a_bad_section_names_the_field_and_what_is_valid(raw: Any, field: str, says: str) -> None:
+    with pytest.raises(ObjectivesError) as e:
+        parse(raw)
+    assert any(where == field and says in what for where, what in e.value.issues), e.value.issues
+
+
+def test_the_config_refuses_a_bad_section_by_its_field(tmp_path: Path) -> None:
+    from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
+
+    raw = {"trialCommand": "python t.py", "trialConcurrency": 1, "trainingService": {"platform": "local"},
+           "objectives": {"optimize": {"acc": "maximise"}}}
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw, base_dir=tmp_path)
+    assert "objectives.optimize.acc: expected maximize or minimize, got 'maximise'" in str(e.value)
+    ok = parse_config({**raw, "objectives": SECTION}, base_dir=tmp_path)
+    assert ok.objectives == SECTION
+
+
+def test_dominance_and_the_front_keep_only_what_nothing_beats() -> None:
+    assert dominates((1, 1), (1, 2), ("maximize", "minimize"))
+    assert not dominates((1, 1), (1, 1), ("maximize", "minimize"))
+    assert not dominates((2, 3), (1, 1), ("maximize", "minimize"))
+    o = parse(SECTION)
+    results = {
+        "a": {"accuracy": 0.9, "latency": 10, "memory": 1},
+        "b": {"accuracy": 0.8, "latency": 5, "memory": 1},
+        "c": {"accuracy": 0.7, "latency": 6, "memory": 1},  # b beats it in both
+        "d": {"accuracy": 0.99, "latency": 1, "memory": 20},  # beats all, but breaks its constraint
+        "e": {"accuracy": 0.9, "latency": 10, "memory": 2},  # ties a: neither dominates
+        "f": {"accuracy": 0.95},  # misses an objective
+    }
+    assert pareto_front(results, o, results.__getitem__) == ["a", "b", "e"]
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> Path:
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp1", "demo", {"trialCommand": "python t.py", "objectives": SECTION})
+    finals = [{"accuracy": 0.9, "latency": 10, "memory": 1}, {"accuracy": 0.8, "latency": 5, "memory": 1},
+              {"accuracy": 0.7, "latency": 6, "memory": 1}, None]
+    with store.transaction():
+        for seq, final in enumerate(finals):
+            row = {"id": f"t{seq}", "seq": seq, "status": "SUCCEEDED" if final else "FAILED",
+                   "parameters_json": json.dumps({"x": seq}), "command": "python t.py", "gpu_number": 0,
+                   "submitted_at": 1000.0 + seq}
+            if final is not None:
+                row.update(final_metric=final["accuracy"], final_metric_json=json.dumps(final))
+            store.insert_trial(row)
+    store.close()
+    return tmp_path / "exp"
+
+
+def test_the_read_side_and_trials_show_the_front(exp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with ReadModel.open(exp) as model:
+        assert objectives_of(model.stored_config()).keys == ("accuracy", "latency")
+        assert [t.id for t in pareto_trials(model)] == ["t0", "t1"]
+    assert cli.main(["trials", str(exp), "--pareto", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(t["id"], t["pareto"]) for t in shown] == [("t0", True), ("t1", True)]
+    assert cli.main(["trials", str(exp)]) == 0
+    table = capsys.readouterr().out
+    assert "accuracy=0.7 latency=6" in table and table.count("front") == 2
+
+
+def test_with_one_objective_the_front_is_the_best_trial(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp1", "demo", {"trialCommand": "python t.py",
+                                             "tuner": {"name": "random", "classArgs": {"optimize_mode": "minimize"}}})
+    with store.transaction():
+        for seq, final in enumerate([0.5, 0.2, 0.9]):
+            store.insert_trial({"id": f"t{seq}", "seq": seq, "status": "SUCCEEDED", "parameters_json": "{}",
+                                "command": "python t.py", "gpu_number": 0, "submitted_at": 1.0, "final_metric": final,
+                                "final_metric_json": json.dumps(final)})
+    store.close()
+    with ReadModel.open(tmp_path / "exp") as model:
+        assert [t.id for t in pareto_trials(model)] == ["t1"]
