@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
 
-from . import nnicompat, processes, trialfiles
+from . import nnicompat, processes, rendezvous, trialfiles
 from . import trial as sdk
 from .attribution import Attribution
 from .checkpoints import CheckpointKeeper, CheckpointLink, CheckpointUnavailable
@@ -70,7 +71,7 @@ class TrialResult:
 class RunnerEvents(CheckpointLink):
     """What the runner tells the session. All calls happen on the event loop thread."""
 
-    def trial_started(self, trial_id: str, pid: int, started_at: float) -> None: ...
+    def trial_started(self, trial_id: str, pid: int, started_at: float, address: str = "", port: int = 0) -> None: ...
 
     def metrics(
         self, trial_id: str, kind: str, first_index: int, values: list[float], value_jsons: list[str] | None
@@ -96,6 +97,7 @@ class _Trial:
         self.outcome_if_canceled = "canceled"
         self.metric_index = spec.first_metric_index
         self.final_reported = False
+        self.rank_noted = False  # rank > 0 of a multi-node trial: told its results are ignored
         self.log_offsets = {"stdout": 0, "stderr": 0}
         # Results of trials written for NNI, printed on their stdout.
         self.nni_lines = nnicompat.NniStdoutScanner(directory / "stdout.log")
@@ -120,8 +122,10 @@ class TrialRunner:
         copy_working_directory: bool = False,
         stream_logs: bool = True,
         preload: tuple[str, ...] = (),
+        node_address: str = "127.0.0.1",
     ) -> None:
         self.workdir = workdir
+        self.node_address = node_address  # where the other nodes of a multi-node trial reach this one
         # False where the coordinator reads the trials' log files in place (--logs-shared).
         self.stream_logs = stream_logs
         self.events = events
@@ -207,6 +211,8 @@ class TrialRunner:
     def start(self, spec: TrialSpec) -> None:
         """Start a trial; its start or its failure to start arrives as an event."""
         directory = self.workdir / "trials" / spec.trial_id
+        if spec.node_rank:  # the other ranks of a multi-node trial keep their files beside rank 0's
+            directory = directory / f"rank{spec.node_rank}"
         t = _Trial(spec, directory)
         self._trials[spec.trial_id] = t
         self.idle.clear()
@@ -222,6 +228,10 @@ class TrialRunner:
         if t.cancel_reason is not None:  # canceled (or paused) while its checkpoint came
             self._end(t, t.outcome_if_canceled, None, 0, t.cancel_reason, False)
             return
+        held = None
+        if spec.nodes > 1 and spec.node_rank == 0:  # held until the trial's process starts, which binds it
+            held = rendezvous.HeldPort()
+            t.spec = spec = dataclasses.replace(spec, master_addr=self.node_address, master_port=held.port)
         try:
             env, cwd = trialfiles.prepare(spec, t.dir, self.base_env, self.socket_name, checkpoint_env)
         except OSError as e:
@@ -240,6 +250,8 @@ class TrialRunner:
             return
         argv = processes.command_argv(spec.command)
         self._spawning += 1
+        if held is not None:
+            held.release()
         try:
             with open(t.dir / "stdout.log", "ab") as out, open(t.dir / "stderr.log", "ab") as err:  # noqa: ASYNC230 - local files, opened once per trial
                 t.proc = await self._spawn(argv, cwd, env, out.fileno(), err.fileno())
@@ -256,7 +268,8 @@ class TrialRunner:
             self._spawning -= 1
         if self._warm is not None and self._warm.refused:
             _note(t, f"started cold: {self._warm.refused}")
-        self.events.trial_started(spec.trial_id, t.proc.pid, time.time())
+        self.events.trial_started(spec.trial_id, t.proc.pid, time.time(), spec.master_addr if held else "",
+                                  spec.master_port if held else 0)
         log.info("trial %s started (pid %d, gpus %r)", spec.trial_id, t.proc.pid, spec.gpu_indices)
         timer = None
         if spec.max_duration_s > 0:
@@ -507,6 +520,11 @@ class TrialRunner:
 
     def _accept(self, t: _Trial, kind: object, value: object) -> None:
         """Check a result however it came and hand it on, numbered in the trial's order."""
+        if t.spec.node_rank:  # a multi-node trial's results are its rank 0's: said once
+            if not t.rank_noted:
+                t.rank_noted = True
+                _note(t, f"{kind} result ignored: results are taken from rank 0, this is rank {t.spec.node_rank}")
+            return
         problem = sdk.check_metric(value)
         if problem is None and kind not in ("intermediate", "final"):
             problem = f"unknown result kind {kind!r}"

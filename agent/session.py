@@ -29,7 +29,7 @@ from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
 from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
 
-from . import __version__, bulk
+from . import __version__, bulk, rendezvous
 from .beats import GpuReport
 from .checkpoint_files import FileEntry
 from .checkpoint_link import CheckpointWire, checkpoint_ref, with_file_data
@@ -137,6 +137,7 @@ class AgentSession(RunnerEvents):
             copy_working_directory=options.copy_working_directory,
             stream_logs=options.stream_logs,
             preload=options.preload,
+            node_address=rendezvous.node_address(options.coordinator),
         )
         self._inventory = options.probe.inventory()
         self._mig_uuids = frozenset(g.uuid for g in self._inventory.gpus if g.mig)
@@ -144,8 +145,10 @@ class AgentSession(RunnerEvents):
 
     # ---- RunnerEvents: what the trials did ---------------------------------------------
 
-    def trial_started(self, trial_id: str, pid: int, started_at: float) -> None:
-        self._enqueue(pb.AgentMessage(trial_started=pb.TrialStarted(trial_id=trial_id, pid=pid, started_at=started_at)))
+    def trial_started(self, trial_id: str, pid: int, started_at: float, address: str = "", port: int = 0) -> None:
+        self._enqueue(pb.AgentMessage(trial_started=pb.TrialStarted(
+            trial_id=trial_id, pid=pid, started_at=started_at, rendezvous_address=address, rendezvous_port=port,
+        )))
 
     def metrics(
         self, trial_id: str, kind: str, first_index: int, values: list[float], value_jsons: list[str] | None
@@ -558,6 +561,7 @@ class AgentSession(RunnerEvents):
             attempt=st.attempt,
             first_metric_index=st.first_metric_index,
             checkpoint=checkpoint_ref(st.checkpoint) if st.HasField("checkpoint") else None,
+            node_rank=st.node_rank, nodes=max(1, st.nodes), master_addr=st.master_addr, master_port=st.master_port,
         )
         self.runner.start(spec)
 

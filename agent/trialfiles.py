@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import nnicompat
+from . import nnicompat, rendezvous
 from . import trial as sdk
 
 if TYPE_CHECKING:
@@ -42,6 +42,11 @@ class TrialSpec:
     first_metric_index: int = 0
     # Continue from this checkpoint (None: a fresh start).
     checkpoint: CheckpointRef | None = None
+    # A multi-node trial: this node's rank among ``nodes``, and rank 0's address and port.
+    node_rank: int = 0
+    nodes: int = 1
+    master_addr: str = ""
+    master_port: int = 0
 
 
 def prepare(
@@ -85,6 +90,9 @@ def prepare(
             checkpoint_dir=env.get(sdk.ENV_CHECKPOINT_DIR, ""),
         )
     )
+    env.update(rendezvous.environment(
+        node_rank=spec.node_rank, nodes=spec.nodes, master_addr=spec.master_addr, master_port=spec.master_port,
+    ))
     env.pop(sdk.ENV_STANDALONE, None)
     # Trials find the agent's own Python first (and so the trial SDK), as NNI's
     # pythonPath does, even when the agent was started from an unactivated venv.

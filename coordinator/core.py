@@ -24,6 +24,7 @@ from typing import Any
 
 from .config.experiment import ExperimentConfig, config_to_dict
 from .config.platform import TrainingServiceConfig
+from .engine import submits
 from .engine.checkpoints import ContinueRequested, PauseRequested
 from .engine.engine import CANCEL_GRACE_S, Engine
 from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted, UpdateRequested
@@ -395,6 +396,7 @@ class Coordinator:
         env: dict[str, str] | None = None,
         platforms: list[str] | None = None,
         checkpoint_from: str | None = None,
+        nodes: int | None = None,
     ) -> TrialHandle:
         """Queue a trial with these parameters; returns at once with its handle.
 
@@ -403,7 +405,8 @@ class Coordinator:
         on, most preferred first (default: the config's ``trialPlatforms``, else every
         platform in the order of ``trainingService``). Raises :class:`TrialRefused` when no
         environment could ever run it. ``checkpoint_from``: a trial whose newest checkpoint
-        this one starts from (a search continuing another's work).
+        this one starts from (a search continuing another's work). ``nodes``: environments
+        it runs on at once (default: the config's ``trialNodes``; see docs/multinode.md).
         """
         engine, shell = self._running()
         if not isinstance(parameters, dict):
@@ -418,19 +421,10 @@ class Coordinator:
         memory = self.config.trial_gpu_memory if gpu_memory is None else gpu_memory
         if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
             raise ValueError(f"gpu_memory must be a number of bytes >= 0, got {memory!r}")
-        allowed = tuple(platforms or ())
-        known = [p.name for p in engine.policy.platforms]
-        unknown = [p for p in allowed if p not in known]
-        if unknown or len(set(allowed)) != len(allowed) or isinstance(platforms, str):
-            raise ValueError(
-                f"platforms must be a list of distinct platforms of this experiment ({', '.join(known)}), "
-                f"got {platforms!r}"
-            )
-        if checkpoint_from is not None and (
-            checkpoint_from not in engine.trials or engine.trials[checkpoint_from].checkpoint is None
-        ):
-            raise ValueError(f"checkpoint_from: trial {checkpoint_from!r} has saved no checkpoint to start from")
-        refusal = engine.never_fits(gpus, memory)
+        allowed = submits.checked_platforms(engine.policy, platforms)
+        submits.checked_fork(engine.trials, checkpoint_from)
+        n = submits.checked_nodes(engine.policy, nodes)
+        refusal = engine.never_fits(gpus, memory) or submits.never_gangs(engine.policy, n, allowed)
         if refusal:
             raise TrialRefused(refusal)
         trial_id = _new_id(6)
@@ -438,7 +432,7 @@ class Coordinator:
             trial_id = _new_id(6)
         shell.handle(TrialSubmitted(
             trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {}), platforms=allowed,
-            checkpoint_from=checkpoint_from or "",
+            checkpoint_from=checkpoint_from or "", nodes=n,
         ))
         shell.pass_soon()
         return TrialHandle(self, trial_id)

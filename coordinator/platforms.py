@@ -316,6 +316,7 @@ def policy_of(
         max_checkpoint_bytes=config.max_checkpoint_size, checkpoints_per_trial=config.checkpoints_per_trial,
         pause_grace_s=config.pause_grace_period, progress_resets_retries=config.progress_resets_retries,
         checkpoints_after_end=config.checkpoints_after_end,
+        trial_nodes=config.trial_nodes, gang_across_platforms=config.gang_across_platforms,
     )
 
 

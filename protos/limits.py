@@ -69,6 +69,7 @@ FIELD_LIMITS: dict[str, str] = {
     "GpuSample.processes": "MAX_PROCESSES_PER_GPU",
     "GpuProcess.trial_id": "MAX_ID_CHARS",
     "TrialStarted.trial_id": "MAX_ID_CHARS",
+    "TrialStarted.rendezvous_address": "MAX_NAME_CHARS",
     "MetricBatch.metrics": "MAX_METRICS_PER_BATCH",
     "Metric.trial_id": "MAX_ID_CHARS",
     "Metric.value_json": "MAX_VALUE_JSON_CHARS",

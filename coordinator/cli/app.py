@@ -167,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     logs.add_argument("trial_id", metavar="TRIAL_ID")
     logs.add_argument("--stderr", action="store_true", help="print stderr instead of stdout")
+    logs.add_argument("--rank", type=int, default=0, metavar="R", help="a multi-node trial's rank R (default 0)")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the trial ends")
     logs.add_argument(
         "--nni-results",
@@ -557,7 +558,8 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     model = ReadModel.open(args.experiment_dir)
     if model.trial(args.trial_id) is None:
         return no_trial(model, args)
-    path = args.experiment_dir / "trials" / args.trial_id / ("stderr.log" if args.stderr else "stdout.log")
+    rank_dir = f"rank{args.rank}" if args.rank else ""
+    path = args.experiment_dir / "trials" / args.trial_id / rank_dir / ("stderr.log" if args.stderr else "stdout.log")
     offset = 0
     pending = b""  # an unfinished result line, held back while following
     out = sys.stdout.buffer

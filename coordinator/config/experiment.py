@@ -204,6 +204,26 @@ class SharedStorageConfig:
         return issues
 
 
+def gang_shortfall(service: TrainingServiceConfig, nodes: int, concurrency: object, across: object) -> str:
+    """Why a trial of ``nodes`` environments could never start on ``service`` ("" if it could):
+    no platform (all together, ``across``) keeps that many environments at once."""
+    concurrency = concurrency if isinstance(concurrency, int) else 1
+    allowed = set(service.preferred_platforms())
+    counts = {s.platform: s.effective_environment_count(concurrency) for s in service.sections()
+              if s.platform in allowed and s.reuse_mode}
+    if not counts:
+        return f"a trial of {nodes} nodes needs reuseMode: true (environments that wait for its other nodes)"
+    most = sum(counts.values()) if across else max(counts.values())
+    if most >= nodes:
+        return ""
+    kept = ", ".join(f"{p}: {n}" for p, n in counts.items())
+    return (
+        f"a trial of {nodes} nodes needs {nodes} environments at once{'' if across else ' of one platform'}, "
+        f"but the experiment keeps at most {most} ({kept}); set trainingService.environmentCount "
+        f"(or list as many machines) to {nodes} or more, or lower trialNodes"
+    )
+
+
 def _default_working_directory() -> Path:
     return Path("~/trialkeeper-experiments").expanduser()
 
@@ -226,6 +246,10 @@ class ExperimentConfig:
     trial_gpu_number: int = field(default=0, metadata=NON_NEGATIVE_INT)
     # Free memory each trial needs on each of its GPUs, checked against what NVML measures.
     trial_gpu_memory: int = field(default=0, metadata=SIZE)
+    # Environments each trial runs on at once (one process each, docs/multinode.md), and
+    # whether they may be of several platforms of a hybrid experiment.
+    trial_nodes: int = field(default=1, metadata=POSITIVE_INT)
+    gang_across_platforms: bool = False
     max_trial_number: int | None = field(default=None, metadata=POSITIVE_INT)
     max_experiment_duration: float | None = field(default=None, metadata=POSITIVE_DURATION)
     max_trial_duration: float | None = field(default=None, metadata=POSITIVE_DURATION)
@@ -287,6 +311,11 @@ class ExperimentConfig:
             shortfall = service.gpu_shortfall(gpus)
             if shortfall is not None:
                 issues.append((f"training_service.{shortfall[0]}", shortfall[1]))
+        nodes = values.get("trial_nodes")
+        if isinstance(service, TrainingServiceConfig) and isinstance(nodes, int) and nodes > 1:
+            why = gang_shortfall(service, nodes, values.get("trial_concurrency"), values.get("gang_across_platforms"))
+            if why:
+                issues.append(("trial_nodes", why))
         if values.get("shared_storage") is not None and isinstance(service, TrainingServiceConfig):
             ignored = [s.platform for s in service.sections() if not s.MOUNTS_SHARED_STORAGE]
             if ignored:

@@ -107,7 +107,7 @@ class TrialBook:
         order = t.platforms or self.policy.preference()
         if t.lost_on in order and len(order) > 1:
             order = (*(p for p in order if p != t.lost_on), t.lost_on)
-        return Demand(t.id, t.gpu_number, t.gpu_memory, platforms=order, only_these=restricted)
+        return Demand(t.id, t.gpu_number, t.gpu_memory, platforms=order, only_these=restricted, nodes=t.nodes)
 
     def start_message(self, trial_id: str, working_directory: str) -> ev.StartTrial:
         t = self.trials[trial_id]
@@ -132,7 +132,7 @@ class TrialBook:
         t = TrialState(
             id=e.trial_id, seq=self._next_seq, status=TrialStatus.WAITING, parameters=e.parameters,
             command=e.command, gpu_number=e.gpu_number, gpu_memory=e.gpu_memory if e.gpu_number else 0,
-            submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms),
+            submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms), nodes=e.nodes,
         )
         if e.checkpoint_from:
             t.forked_from = self.trials[e.checkpoint_from].checkpoint

@@ -341,3 +341,12 @@ def from_row(r: Mapping[str, Any]) -> Checkpoint:
         ),
         location=r["location"] or "", saved_at=float(r["saved_at"] or 0.0), env_id=r["env_id"] or "",
     )
+
+
+def fetch_answer(saved: Checkpoint | None, f: CheckpointFetchRequested) -> SendCheckpoint | CheckpointRefused:
+    """The answer to an agent asking for the checkpoint a trial continues from (``saved``):
+    its files, or a refusal (to send on its link) when the trial does not continue from that one."""
+    if saved is None or saved.step != f.step:
+        why = f"trial {f.trial_id} does not continue from a checkpoint at step {f.step} on {f.env_id}"
+        return CheckpointRefused(f.trial_id, f.step, why)
+    return SendCheckpoint(f.link, f.trial_id, saved, f.path, f.offset)

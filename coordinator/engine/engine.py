@@ -27,6 +27,7 @@ from . import scheduler
 from .book import CANCEL_GRACE_S, TrialBook
 from .fleet import Fleet, Joined, Lost
 from .model import EnvState, TrialInfo, TrialState
+from .multinode import GangRoom
 from .policy import Policy
 from .states import TrialStatus
 from .supply import Supply
@@ -45,6 +46,7 @@ class Engine:
         self.book = TrialBook(policy)
         self.fleet = Fleet(policy)
         self.supply = Supply(policy)
+        self.gangs = GangRoom()  # multi-node trials: their pass and their ranks
         # Something a pass or reconcile may act on happened since the last tick.
         self._dirty = True
         self._pausing = False  # the experiment stops to be resumed: its trials pause
@@ -253,7 +255,8 @@ class Engine:
             ck.CheckpointRefused(tid, step, why)
             for tid in joined.held for step, why in book.trials[tid].refusals.items()
         )
-        fleet.welcome(joined, book.unwanted(joined.env_id, reg.active_trial_ids), refusals)
+        unwanted = self.gangs.ranks.keep(joined.env_id, book.unwanted(joined.env_id, reg.active_trial_ids))
+        fleet.welcome(joined, unwanted, refusals)
         self._take()
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
         self._send_starts(joined, book.to_resend(joined.env_id, joined.held, reg.active_trial_ids))
@@ -275,7 +278,9 @@ class Engine:
         env = fleet.envs[m.env_id]
         report = m.report
         try:
-            if isinstance(report, ev.MetricsReported):
+            if self.gangs.reported(book, fleet, env.id, report):
+                pass  # a multi-node trial's start, end, or another rank's log
+            elif isinstance(report, ev.MetricsReported):
                 book.metrics(env.id, report.runs)
             elif isinstance(report, ev.TrialStartReported):
                 book.started(env.id, report)
@@ -314,9 +319,10 @@ class Engine:
         """Environments gone with their trials: the book retries or fails each."""
         self._take()
         for gone in lost:
-            if gone.trial_ids:
+            trial_ids = self.gangs.lost(self.book, self.fleet, gone)
+            if trial_ids:
                 self.book.slot_freed()
-                self.book.lose(gone.trial_ids, gone.reason, platform=gone.platform)
+                self.book.lose(trial_ids, gone.reason, platform=gone.platform)
                 self._dirty = True
         self._take()
 
@@ -326,6 +332,7 @@ class Engine:
             self._dirty = True  # a waiting trial left the queue
         else:
             self.fleet.send(env_id, ev.CancelTrial(trial_id, CANCEL_GRACE_S, reason))
+            self.gangs.cancel_others(self.fleet, trial_id, reason)  # a multi-node trial's other ranks
 
     def _stop(self, grace_s: float, *, pause: bool) -> None:
         if self.fleet.stopping:
@@ -336,6 +343,7 @@ class Engine:
             pausing = self.book.trials[trial_id].pausing
             stop = ck.PauseTrial(trial_id, self.policy.pause_grace_s, why) if pausing else None
             self.fleet.send(env_id, stop or ev.CancelTrial(trial_id, CANCEL_GRACE_S, why))
+            self.gangs.cancel_others(self.fleet, trial_id, why, pausing=stop is not None)
         self.fleet.stop(grace_s, drain=pause)
 
     # ---- checkpoints ---------------------------------------------------------------------------
@@ -370,13 +378,9 @@ class Engine:
 
     def _fetch(self, f: ck.CheckpointFetchRequested) -> None:
         t = self.book.own(f.env_id, f.trial_id, "a checkpoint request")
-        saved = t.checkpoint if t is not None else None
         self._take()
-        if saved is None or saved.step != f.step:
-            why = f"trial {f.trial_id} does not continue from a checkpoint at step {f.step} on {f.env_id}"
-            self._out.append(ev.Send(f.link, ck.CheckpointRefused(f.trial_id, f.step, why)))
-        else:
-            self._out.append(ck.SendCheckpoint(f.link, f.trial_id, saved, f.path, f.offset))
+        answer = ck.fetch_answer(t.checkpoint if t is not None else None, f)
+        self._out.append(answer if isinstance(answer, ck.SendCheckpoint) else ev.Send(f.link, answer))
 
     def _starts_failed(self) -> None:
         for platform in self.fleet.take_start_failures():
@@ -426,11 +430,13 @@ class Engine:
         views = fleet.views()
         # Environments new to the scheduler: this pass looks at them, no other is wanted.
         book.queue.changed_envs |= fleet.take_changed()
+        book.queue.release_due(self.now)
+        told = self.gangs.place(book, fleet, self.policy, views, wall=self.wall)  # multi-node trials first
         decision = scheduler.place_waiting(
             book.queue, views, now=self.now, max_running=self.policy.trial_concurrency,
-            running=fleet.running(), policy=self.policy.placement,
+            running=fleet.running() - self.gangs.ranks.extra_holders(), policy=self.policy.placement,
         )
-        told: dict[str, str] = {}
+        self.gangs.reopen(views)
         for p in decision.placements:
             book.placed(p.trial_id, p.env_id, p.gpu_uuids, p.gpu_indices)
             told[p.trial_id] = f"starting on {p.env_id}"

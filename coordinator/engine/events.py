@@ -61,6 +61,9 @@ class TrialStartReported:
     trial_id: str
     pid: int
     started_at: float  # wall clock on the agent; 0 when it did not say
+    # Rank 0 of a multi-node trial: where the other ranks reach it (MASTER_ADDR, MASTER_PORT).
+    address: str = ""
+    port: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class TrialSubmitted:
     platforms: tuple[str, ...] = ()
     # Start from this trial's newest checkpoint ("": a fresh start).
     checkpoint_from: str = ""
+    nodes: int = 1  # environments it runs on at once (trialNodes)
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,12 @@ class StartTrial:
     resumes_metrics: bool  # a retry: its metric indices go on after those already stored
     first_metric_index: int = 0  # filled in by the shell from the store when resumes_metrics
     checkpoint: ck.Checkpoint | None = None  # continue from it
+    # A multi-node trial: this process's rank among ``nodes`` and rank 0's address and port
+    # ("" and 0 for rank 0 itself: its agent chooses them).
+    node_rank: int = 0
+    nodes: int = 1
+    master_addr: str = ""
+    master_port: int = 0
 
 
 @dataclass(frozen=True)

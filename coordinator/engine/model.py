@@ -105,6 +105,7 @@ class TrialState:
     gpu_number: int
     submitted_at: float
     gpu_memory: int = 0
+    nodes: int = 1  # environments it runs on at once; rank 0's is env_id (the others: ranks.py)
     env_id: str | None = None
     gpu_uuids: tuple[str, ...] = ()
     gpu_indices: tuple[int, ...] = ()

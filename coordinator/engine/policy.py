@@ -67,6 +67,10 @@ class Policy:
     trial_lost_timeout_s: float = 30.0
     agent_start_timeout_s: float = AGENT_START_TIMEOUT_S
     placement: str = "pack"
+    # Environments per trial (trialNodes; a trial may ask for its own), and whether the
+    # environments of one trial may be of several platforms.
+    trial_nodes: int = 1
+    gang_across_platforms: bool = False
     # Checkpoints: object storage for them ("" none), the largest taken (0: no limit), how many
     # of each trial's are kept, how long a trial asked to pause has to save one, and whether
     # a loss after one does not count against max_trial_retries.

@@ -200,7 +200,7 @@ def place_waiting(
     offers = _Offers()
     heads: list[tuple[int, Shape]] = []
     for shape in waiting.shapes():
-        head = waiting.head(shape)
+        head = waiting.head(shape) if shape.nodes == 1 else None  # gangs: gangs.place_gangs
         if head is not None:
             heads.append((head[0], shape))
     heapq.heapify(heads)

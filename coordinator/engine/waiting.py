@@ -33,6 +33,7 @@ class Demand:
     # without it they come last.
     platforms: tuple[str, ...] = ()
     only_these: bool = False
+    nodes: int = 1  # environments it takes at once: more than one, a gang (gangs.py)
 
     def rank(self, platform: str) -> int | None:
         """Where ``platform`` stands in this trial's preference; None: not to be used."""
@@ -47,10 +48,11 @@ class Shape(NamedTuple):
     gpu_memory_bytes: int
     platforms: tuple[str, ...]
     only_these: bool
+    nodes: int = 1
 
 
 def shape_of(d: Demand) -> Shape:
-    return Shape(d.gpus, d.gpu_memory_bytes, d.platforms, d.only_these)
+    return Shape(d.gpus, d.gpu_memory_bytes, d.platforms, d.only_these, d.nodes)
 
 
 class WaitingTrials:
@@ -149,6 +151,10 @@ class WaitingTrials:
 
     def demand(self, trial_id: str) -> Demand:
         return self._entries[trial_id][1]
+
+    def head_of(self, trial_id: str) -> tuple[int, Demand]:
+        """A waiting trial's place in the queue, and what it asks for."""
+        return self._entries[trial_id]
 
     def release_due(self, now: float) -> None:
         """Retried trials whose backoff is over join their shape's queue."""

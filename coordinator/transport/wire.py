@@ -67,7 +67,7 @@ def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> ev.AgentReporte
     report: ev.Report | None
     if kind == "trial_started":
         m = msg.trial_started
-        report = ev.TrialStartReported(m.trial_id, m.pid, m.started_at)
+        report = ev.TrialStartReported(m.trial_id, m.pid, m.started_at, m.rendezvous_address, m.rendezvous_port)
     elif kind == "trial_ended":
         e = msg.trial_ended
         report = ev.TrialEndReported(
@@ -269,6 +269,8 @@ def to_agent(message: ev.ToAgent) -> pb.CoordinatorMessage:
                 experiment_id=message.experiment_id, attempt=message.attempt,
                 first_metric_index=message.first_metric_index,
                 checkpoint=_ref(message.checkpoint) if message.checkpoint is not None else None,
+                node_rank=message.node_rank, nodes=message.nodes if message.nodes > 1 else 0,
+                master_addr=message.master_addr, master_port=message.master_port,
             ))
         case ev.Welcome():
             return pb.CoordinatorMessage(welcome=pb.Welcome(

@@ -151,14 +151,18 @@ class GpuProcess(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., used_memory_bytes: _Optional[int] = ..., trial_id: _Optional[str] = ...) -> None: ...
 
 class TrialStarted(_message.Message):
-    __slots__ = ("trial_id", "pid", "started_at")
+    __slots__ = ("trial_id", "pid", "started_at", "rendezvous_address", "rendezvous_port")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     pid: int
     started_at: float
-    def __init__(self, trial_id: _Optional[str] = ..., pid: _Optional[int] = ..., started_at: _Optional[float] = ...) -> None: ...
+    rendezvous_address: str
+    rendezvous_port: int
+    def __init__(self, trial_id: _Optional[str] = ..., pid: _Optional[int] = ..., started_at: _Optional[float] = ..., rendezvous_address: _Optional[str] = ..., rendezvous_port: _Optional[int] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("trial_id", "kind", "index", "value", "value_json", "reported_at")
@@ -389,7 +393,7 @@ class Welcome(_message.Message):
     def __init__(self, experiment_id: _Optional[str] = ..., acked_seq: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., protocol_version: _Optional[int] = ..., cancel_trial_ids: _Optional[_Iterable[str]] = ..., gpu_sample_interval_s: _Optional[float] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_storage: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., checkpoint_refusals: _Optional[_Iterable[_Union[CheckpointRefused, _Mapping]]] = ..., checkpoint_data_port: _Optional[int] = ...) -> None: ...
 
 class StartTrial(_message.Message):
-    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids", "checkpoint")
+    __slots__ = ("trial_id", "sequence_id", "command", "parameters_json", "env", "gpu_indices", "working_directory", "max_duration_s", "experiment_id", "attempt", "first_metric_index", "gpu_uuids", "checkpoint", "node_rank", "nodes", "master_addr", "master_port")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +414,10 @@ class StartTrial(_message.Message):
     FIRST_METRIC_INDEX_FIELD_NUMBER: _ClassVar[int]
     GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     sequence_id: int
     command: str
@@ -423,7 +431,11 @@ class StartTrial(_message.Message):
     first_metric_index: int
     gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
     checkpoint: CheckpointRef
-    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ...) -> None: ...
+    node_rank: int
+    nodes: int
+    master_addr: str
+    master_port: int
+    def __init__(self, trial_id: _Optional[str] = ..., sequence_id: _Optional[int] = ..., command: _Optional[str] = ..., parameters_json: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., working_directory: _Optional[str] = ..., max_duration_s: _Optional[float] = ..., experiment_id: _Optional[str] = ..., attempt: _Optional[int] = ..., first_metric_index: _Optional[int] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., checkpoint: _Optional[_Union[CheckpointRef, _Mapping]] = ..., node_rank: _Optional[int] = ..., nodes: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ...) -> None: ...
 
 class CancelTrial(_message.Message):
     __slots__ = ("trial_id", "grace_s", "reason")

@@ -473,7 +473,7 @@ out = []
 class Events(RunnerEvents):
     def __init__(self):
         self.done = asyncio.Event()
-    def trial_started(self, trial_id, pid, started_at):
+    def trial_started(self, trial_id, pid, started_at, address="", port=0):
         if cfg.get("pause_grace") is not None:
             runner.pause(trial_id, cfg["pause_grace"], "paused by the test")
             Path(cfg["gate"]).touch()

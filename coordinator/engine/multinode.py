@@ -1,0 +1,157 @@
+"""Multi-node trials between the book and the fleet: what the engine does for a gang.
+
+The book knows a multi-node trial as one trial placed on its rank 0's environment; the
+fleet holds a slot (and the trial's GPUs) for it on every rank's environment. This room
+carries the gang's events between the two: the gang pass and its reservation
+(:mod:`.gangs`), the ranks' starts (rank 0 first, the others with its rendezvous), their
+ends (:mod:`.ranks`), their logs (``trials/<id>/rank<r>/``), and cancels to every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from . import events as ev
+from .book import CANCEL_GRACE_S, TrialBook
+from .environments import Lost
+from .fleet import Fleet
+from .gangs import place_gangs, waiting_gangs
+from .policy import Policy
+from .ranks import Ranks
+from .scheduler import EnvCapacity, Placement
+
+
+class GangRoom:
+    def __init__(self) -> None:
+        self.ranks = Ranks()
+        # The environments held for the first gang that cannot start yet (see gangs.py).
+        self.reserved: tuple[str, ...] = ()
+        self._closed: dict[str, bool] = {}  # reserved views closed for one pass: their state before
+
+    # ---- the scheduling pass -------------------------------------------------------------------
+
+    def place(self, book: TrialBook, fleet: Fleet, policy: Policy, views: Mapping[str, EnvCapacity],
+              *, wall: float) -> dict[str, str]:
+        """Place the gangs that can start, reserve for the first that cannot, and close the
+        reserved environments to the one-node pass that follows (:meth:`reopen` after it).
+        Returns why each gang waits, or where it starts."""
+        gangs = waiting_gangs(book.queue)
+        before = self.reserved
+        told: dict[str, str] = {}
+        if gangs:
+            running = fleet.running() - self.ranks.extra_holders()
+            decision = place_gangs(
+                gangs, views, budget=policy.trial_concurrency - running, policy=policy.placement,
+                across_platforms=policy.gang_across_platforms, reserved_before=before,
+                ends_by=lambda env_id: self._ends_by(book, fleet, policy, env_id, wall),
+                now=wall, max_duration=policy.max_trial_duration_s,
+            )
+            for g in decision.placements:
+                self._placed(book, fleet, g.trial_id, g.ranks)
+                told[g.trial_id] = f"starting on {', '.join(p.env_id for p in g.ranks)}"
+            told.update(decision.waiting)
+            self.reserved = decision.reserved
+            closing = () if decision.backfill else decision.reserved
+        else:
+            self.reserved = closing = ()
+        # What the one-node pass may use changed where a reservation came or went.
+        book.queue.changed_envs |= set(before).symmetric_difference(self.reserved)
+        for env_id in closing:
+            view = views.get(env_id)
+            if view is not None:
+                self._closed[env_id] = view.accepting
+                view.accepting = False
+        return told
+
+    def reopen(self, views: Mapping[str, EnvCapacity]) -> None:
+        for env_id, accepting in self._closed.items():
+            if env_id in views:
+                views[env_id].accepting = accepting
+        self._closed = {}
+
+    def _placed(self, book: TrialBook, fleet: Fleet, trial_id: str, ranks: tuple[Placement, ...]) -> None:
+        r0 = ranks[0]
+        book.placed(trial_id, r0.env_id, r0.gpu_uuids, r0.gpu_indices)
+        book.queue.remove(trial_id)
+        self.ranks.placed(trial_id, [(p.env_id, p.gpu_uuids, p.gpu_indices) for p in ranks])
+        for p in ranks:
+            fleet.occupied(p.env_id, trial_id)
+        self._start(book, fleet, trial_id, r0.env_id, 0)
+
+    def _start(self, book: TrialBook, fleet: Fleet, trial_id: str, env_id: str, rank: int) -> None:
+        message = book.start_message(trial_id, fleet.section(env_id).working_directory)
+        fleet.send(env_id, dataclasses.replace(message, **self.ranks.start_args(trial_id, rank)))  # type: ignore[arg-type]
+
+    def _ends_by(self, book: TrialBook, fleet: Fleet, policy: Policy, env_id: str, wall: float) -> float | None:
+        """When the last trial on ``env_id`` is bound to end (maxTrialDuration), wall clock."""
+        if policy.max_trial_duration_s <= 0:
+            return None
+        starts = [book.trials[t].started_at or wall for t in fleet.envs[env_id].holders if t in book.trials]
+        return max(starts, default=wall) + policy.max_trial_duration_s
+
+    # ---- what the ranks' agents report ---------------------------------------------------------
+
+    def reported(self, book: TrialBook, fleet: Fleet, env_id: str, report: ev.Report) -> bool:
+        """A gang's rank reported: True when handled here (a start, an end, another rank's
+        log); False for what the book takes as for any trial (rank 0's results, checkpoints)."""
+        trial_id = getattr(report, "trial_id", "")
+        rank = self.ranks.rank_of(trial_id, env_id)
+        if rank is None:
+            return False
+        if isinstance(report, ev.TrialStartReported):
+            if rank == 0:
+                book.started(env_id, report)
+            for other, r in self.ranks.started(trial_id, env_id, report.address, report.port):
+                self._start(book, fleet, trial_id, other, r)
+            return True
+        if isinstance(report, ev.TrialEndReported):
+            self._ended(book, fleet, env_id, report, gone=report.outcome is ev.Outcome.LOST)
+            return True
+        if isinstance(report, ev.LogReported) and rank:
+            t = book.trials[trial_id]
+            if not fleet.writes_own_logs(env_id) and t.env_id is not None:
+                book.log(t.env_id, dataclasses.replace(report, stream=f"rank{rank}/{report.stream}"))
+            return True
+        return False
+
+    def lost(self, book: TrialBook, fleet: Fleet, gone: Lost) -> tuple[str, ...]:
+        """An environment is lost: its gangs' ranks end with it. Returns its other trials."""
+        rest = []
+        for trial_id in gone.trial_ids:
+            if self.ranks.rank_of(trial_id, gone.env_id) is None:
+                rest.append(trial_id)
+                continue
+            end = ev.TrialEndReported(trial_id, ev.Outcome.LOST, None, None, gone.reason, "", 0.0)
+            self._ended(book, fleet, gone.env_id, end, gone=True, released=True)
+        return tuple(rest)
+
+    def _ended(self, book: TrialBook, fleet: Fleet, env_id: str, end: ev.TrialEndReported, *,
+               gone: bool, released: bool = False) -> None:
+        trial_id = end.trial_id
+        t = book.trials[trial_id]
+        rank0_env = t.env_id
+        result = self.ranks.ended(trial_id, env_id, end)
+        if result is None:
+            return
+        if not released:
+            fleet.release(env_id, trial_id, processes_gone=gone, still_in_use=end.gpus_still_in_use)
+            if not gone:
+                fleet.trial_done(env_id)
+        book.slot_freed()
+        for other in result.stop:
+            fleet.send(other, ev.CancelTrial(trial_id, CANCEL_GRACE_S, f"stopped with its gang: {result.why}"))
+        if result.trial_end is not None and rank0_env is not None:
+            platform = fleet.envs[rank0_env].platform if rank0_env in fleet.envs else ""
+            book.ended(rank0_env, result.trial_end, platform=platform)
+
+    # ---- cancel, pause, stop -------------------------------------------------------------------
+
+    def cancel_others(self, fleet: Fleet, trial_id: str, reason: str, *, pausing: bool = False) -> None:
+        """Rank 0 was told to stop: the other ranks are stopped too (told to pause, rank 0
+        saves first; the others are stopped as it ends, see ranks.py)."""
+        if pausing:
+            return
+        for env_id in self.ranks.envs_of(trial_id):
+            if self.ranks.rank_of(trial_id, env_id):
+                fleet.send(env_id, ev.CancelTrial(trial_id, CANCEL_GRACE_S, reason))

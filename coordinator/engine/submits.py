@@ -1,0 +1,52 @@
+"""What a trial submitted through the embedding API may ask for, checked before it is queued."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .model import TrialState
+from .policy import Policy
+
+
+def checked_platforms(policy: Policy, platforms: Any) -> tuple[str, ...]:
+    """``platforms`` as the trial's preference, or ValueError naming what would do."""
+    allowed = tuple(platforms or ())
+    known = [p.name for p in policy.platforms]
+    unknown = [p for p in allowed if p not in known]
+    if unknown or len(set(allowed)) != len(allowed) or isinstance(platforms, str):
+        raise ValueError(
+            f"platforms must be a list of distinct platforms of this experiment ({', '.join(known)}), "
+            f"got {platforms!r}"
+        )
+    return allowed
+
+
+def checked_fork(trials: Mapping[str, TrialState], checkpoint_from: str | None) -> None:
+    if checkpoint_from is not None and (checkpoint_from not in trials or trials[checkpoint_from].checkpoint is None):
+        raise ValueError(f"checkpoint_from: trial {checkpoint_from!r} has saved no checkpoint to start from")
+
+
+def checked_nodes(policy: Policy, nodes: Any) -> int:
+    """``nodes`` (None: the config's trialNodes), or ValueError."""
+    n = policy.trial_nodes if nodes is None else nodes
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
+    return n
+
+
+def never_gangs(policy: Policy, nodes: int, platforms: tuple[str, ...]) -> str:
+    """Why a trial of ``nodes`` environments could never start here ("" if it could): no
+    platform it may use keeps that many environments (all together, gangAcrossPlatforms)."""
+    if nodes <= 1:
+        return ""
+    names = platforms or policy.preference()
+    counts = [p.environment_count for p in policy.platforms if p.name in names and p.reuse]
+    most = (sum(counts) if policy.gang_across_platforms else max(counts, default=0))
+    if most >= nodes:
+        return ""
+    return (
+        f"a trial of {nodes} nodes needs {nodes} environments at once, but the experiment keeps at most "
+        f"{most}{'' if policy.gang_across_platforms else ' of one platform'} in reuse mode; "
+        f"lower nodes or raise environmentCount"
+    )

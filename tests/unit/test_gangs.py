@@ -1,0 +1,209 @@
+"""Multi-node trials in the decision core, in virtual time: gangs placed whole or not at all,
+the rendezvous handed from rank 0 to the others, the ranks' ends making the trial's one end,
+reservations that keep a stream of small trials from starving a gang, and a randomized
+scenario that checks no deadlock and no wait past the bound."""
+
+from __future__ import annotations
+
+import random
+
+from test_engine import Sim
+from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.gangs import place_gangs
+from trialkeeper.coordinator.engine.scheduler import EnvCapacity
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.engine.submits import never_gangs
+from trialkeeper.coordinator.engine.waiting import Demand
+
+
+def gang_sim(envs: int, **policy: object) -> Sim:
+    policy.setdefault("trial_concurrency", envs)
+    sim = Sim(environment_count=envs, **policy)
+    sim.start()
+    for env_id in sim.started_envs():
+        sim.register(env_id)
+    return sim
+
+
+def submit(sim: Sim, trial_id: str, nodes: int) -> None:
+    sim.feed(ev.TrialSubmitted(trial_id, {"x": 1}, "python trial.py", 0, 0, nodes=nodes))
+    sim.feed(ev.Ticked())
+
+
+def start_gang(sim: Sim, trial_id: str) -> list[str]:
+    """Rank 0 starts, reporting its rendezvous; the others are started with it. Returns the
+    ranks' environments in rank order."""
+    first = sim.starts()[trial_id]
+    assert (first.node_rank, first.master_addr, first.master_port) == (0, "", 0)
+    rank0 = sim.engine.trials[trial_id].env_id
+    assert rank0 is not None
+    sim.report(rank0, ev.TrialStartReported(trial_id, 7, 0.0, "10.0.0.5", 29500))
+    others = [s for s in sim.take(ev.Send) if isinstance(s.message, ev.StartTrial)]
+    by_link = {link: env for env, link in sim.links.items()}
+    envs = [rank0] + [by_link[s.link] for s in sorted(others, key=lambda s: s.message.node_rank)]
+    for s in others:
+        m = s.message
+        assert (m.nodes, m.master_addr, m.master_port) == (first.nodes, "10.0.0.5", 29500)
+        sim.run(by_link[s.link], trial_id)
+    assert len(set(envs)) == first.nodes
+    return envs
+
+
+def cancels(sim: Sim) -> dict[str, str]:
+    by_link = {link: env for env, link in sim.links.items()}
+    return {by_link[s.link]: s.message.trial_id for s in sim.take(ev.Send) if isinstance(s.message, ev.CancelTrial)}
+
+
+def test_a_gang_starts_whole_and_succeeds_when_every_rank_exits_0() -> None:
+    sim = gang_sim(3)
+    submit(sim, "g", 3)
+    envs = start_gang(sim, "g")
+    assert sim.status("g") is TrialStatus.RUNNING
+    sim.end(envs[0], "g", ev.Outcome.SUCCEEDED)
+    sim.end(envs[2], "g", ev.Outcome.SUCCEEDED)
+    assert sim.status("g") is TrialStatus.RUNNING  # rank 1 still runs
+    sim.end(envs[1], "g", ev.Outcome.SUCCEEDED)
+    assert sim.status("g") is TrialStatus.SUCCEEDED
+    assert all(not sim.engine.envs[e].holders for e in envs)
+
+
+def test_one_rank_failing_stops_the_others_and_fails_the_trial_as_a_whole() -> None:
+    sim = gang_sim(2)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.end(envs[1], "g", ev.Outcome.FAILED)
+    assert cancels(sim) == {envs[0]: "g"}
+    assert sim.status("g") is TrialStatus.RUNNING  # until rank 0's processes are gone
+    sim.end(envs[0], "g", ev.Outcome.CANCELED)
+    assert sim.status("g") is TrialStatus.FAILED
+    assert sim.engine.trials["g"].reason.startswith("rank 1")
+
+
+def test_a_rank_lost_with_its_environment_has_the_whole_trial_retried() -> None:
+    sim = gang_sim(3, max_trial_retries=1)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    for _ in range(12):  # rank 1's agent falls silent; the others go on
+        sim.advance(1.0)
+        for e in sim.engine.envs:
+            if e != envs[1] and e in sim.links:
+                sim.feed(ev.HeartbeatReceived(e, sim.links[e], False))
+        sim.feed(ev.EnvironmentsPolled({}))
+    sim.advance(25.0)
+    sim.feed(ev.HeartbeatReceived(envs[0], sim.links[envs[0]], False))
+    sim.feed(ev.EnvironmentsPolled({}))
+    assert cancels(sim).get(envs[0]) == "g"
+    sim.end(envs[0], "g", ev.Outcome.CANCELED)
+    assert sim.status("g") is TrialStatus.WAITING
+    assert "retry 1 of 1" in sim.engine.trials["g"].waiting_reason
+
+
+def test_cancel_acts_on_every_rank() -> None:
+    sim = gang_sim(2)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.feed(ev.CancelRequested("g", "enough", TrialStatus.USER_CANCELED))
+    assert set(cancels(sim)) == set(envs)
+    sim.end(envs[0], "g", ev.Outcome.CANCELED)
+    sim.end(envs[1], "g", ev.Outcome.CANCELED)
+    assert sim.status("g") is TrialStatus.USER_CANCELED
+
+
+def test_another_ranks_log_goes_to_its_own_file() -> None:
+    sim = gang_sim(2)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.out.clear()
+    sim.report(envs[1], ev.LogReported("g", "stdout", 0, b"hello\n"))
+    writes = sim.take(ev.WriteLog)
+    assert [(w.trial_id, w.stream) for w in writes] == [("g", "rank1/stdout")]
+
+
+def test_two_gangs_competing_for_too_few_environments_both_finish() -> None:
+    sim = gang_sim(3)
+    submit(sim, "a", 2)
+    submit(sim, "b", 2)
+    a = start_gang(sim, "a")
+    assert sim.status("b") is TrialStatus.WAITING
+    assert "waiting for 2 environments at once" in sim.engine.trials["b"].waiting_reason
+    assert sim.engine.trials["b"].env_id is None  # it holds nothing while it waits
+    for e in a:
+        sim.end(e, "a", ev.Outcome.SUCCEEDED)
+    sim.feed(ev.Ticked())
+    b = start_gang(sim, "b")
+    for e in b:
+        sim.end(e, "b", ev.Outcome.SUCCEEDED)
+    assert sim.status("a") is sim.status("b") is TrialStatus.SUCCEEDED
+
+
+def test_a_waiting_gang_reserves_environments_against_a_stream_of_small_trials() -> None:
+    sim = gang_sim(3)
+    submit(sim, "s0", 1)
+    sim.run(sim.engine.trials["s0"].env_id or "", "s0")
+    submit(sim, "g", 3)
+    assert "reserved for it until their trials end" in sim.engine.trials["g"].waiting_reason
+    for i in range(1, 6):  # small trials keep coming: none takes the reserved environments
+        submit(sim, f"s{i}", 1)
+        assert sim.engine.trials[f"s{i}"].env_id is None
+    sim.end(sim.engine.trials["s0"].env_id or "", "s0", ev.Outcome.SUCCEEDED)
+    sim.feed(ev.Ticked())
+    envs = start_gang(sim, "g")
+    assert len(envs) == 3
+
+
+def test_a_gang_that_can_never_fit_is_refused_with_the_reason() -> None:
+    policy = Sim(environment_count=2).engine.policy
+    assert "needs 3 environments at once" in never_gangs(policy, 3, ())
+    assert never_gangs(policy, 2, ()) == ""
+
+
+def test_gangs_stay_within_one_platform_unless_the_config_says_otherwise() -> None:
+    envs = {f"{p}{i}": EnvCapacity(f"{p}{i}", 1, platform=p) for p in ("a", "b") for i in range(2)}
+    d = Demand("g", nodes=3, platforms=("a", "b"))
+    assert place_gangs([(0, d)], envs).placements == []
+    across = place_gangs([(0, d)], envs, across_platforms=True).placements
+    assert len(across[0].ranks) == 3
+
+
+def test_random_gangs_and_small_trials_never_deadlock_nor_wait_past_the_bound() -> None:
+    """Virtual time: trials of 1 to 4 nodes arrive at random on 5 environments and run for
+    up to D seconds. Every trial ends, and a gang that became the oldest waiting one starts
+    within D (and a tick) of that."""
+    D = 20.0
+    for seed in range(12):
+        rng = random.Random(seed)
+        sim = gang_sim(5)
+        ends: list[tuple[float, str, str, ev.Outcome]] = []  # (when, env, trial)
+        nodes: dict[str, int] = {}
+        oldest_since: dict[str, float] = {}
+        started: dict[str, float] = {}
+        by_link = {link: env for env, link in sim.links.items()}
+        n = 0
+        for step in range(3000):
+            if step > 200 and all(t.status.terminal for t in sim.engine.trials.values()):
+                break
+            sim.advance(1.0)
+            if step < 200 and rng.random() < 0.25:
+                n += 1
+                tid = f"t{n}"
+                nodes[tid] = rng.choice((1, 1, 1, 2, 3, 4))
+                submit(sim, tid, nodes[tid])
+            for when, env_id, tid, outcome in [e for e in ends if e[0] <= sim.now]:
+                ends.remove((when, env_id, tid, outcome))
+                sim.end(env_id, tid, outcome)
+            for e in sim.engine.envs:
+                if e in sim.links:
+                    sim.feed(ev.HeartbeatReceived(e, sim.links[e], False))
+            sim.feed(ev.Ticked())
+            for s in [s for s in sim.take(ev.Send) if isinstance(s.message, ev.StartTrial)]:
+                m, env_id = s.message, by_link[s.link]
+                sim.report(env_id, ev.TrialStartReported(m.trial_id, 1, 0.0, "h", 1 + m.node_rank))
+                started.setdefault(m.trial_id, sim.now)
+                ends.append((sim.now + rng.uniform(1.0, D - 1.0), env_id, m.trial_id, ev.Outcome.SUCCEEDED))
+            waiting = sorted((t for t in sim.engine.trials.values() if t.status is TrialStatus.WAITING
+                              and nodes[t.id] > 1), key=lambda t: t.seq)
+            if waiting:
+                oldest_since.setdefault(waiting[0].id, sim.now)
+        assert all(t.status is TrialStatus.SUCCEEDED for t in sim.engine.trials.values()), seed
+        for tid, since in oldest_since.items():
+            assert started[tid] - since <= D + 2.0, (seed, tid, started[tid] - since)
