@@ -28,7 +28,7 @@ import yaml
 from ..platforms import TRAINING_SERVICES, register_training_service
 from . import nniv1
 from .nni import translate as translate_nni
-from .platform import TrainingServiceConfig
+from .platform import TrainingServiceConfig, gang_shortfall
 from .rules import (
     BIND_ADDRESS,
     CHECKPOINT_URL,
@@ -202,26 +202,6 @@ class SharedStorageConfig:
                 ("local_mounted", "nomount is not supported: this machine must see the storage to put the code there")
             )
         return issues
-
-
-def gang_shortfall(service: TrainingServiceConfig, nodes: int, concurrency: object, across: object) -> str:
-    """Why a trial of ``nodes`` environments could never start on ``service`` ("" if it could):
-    no platform (all together, ``across``) keeps that many environments at once."""
-    concurrency = concurrency if isinstance(concurrency, int) else 1
-    allowed = set(service.preferred_platforms())
-    counts = {s.platform: s.effective_environment_count(concurrency) for s in service.sections()
-              if s.platform in allowed and s.reuse_mode}
-    if not counts:
-        return f"a trial of {nodes} nodes needs reuseMode: true (environments that wait for its other nodes)"
-    most = sum(counts.values()) if across else max(counts.values())
-    if most >= nodes:
-        return ""
-    kept = ", ".join(f"{p}: {n}" for p, n in counts.items())
-    return (
-        f"a trial of {nodes} nodes needs {nodes} environments at once{'' if across else ' of one platform'}, "
-        f"but the experiment keeps at most {most} ({kept}); set trainingService.environmentCount "
-        f"(or list as many machines) to {nodes} or more, or lower trialNodes"
-    )
 
 
 def _default_working_directory() -> Path:

@@ -129,3 +129,23 @@ class EnvironmentPoolConfig(TrainingServiceConfig):
 
     def trial_slots_per_environment(self, trial_concurrency: int) -> int:
         return self.trials_per_environment
+
+
+def gang_shortfall(service: TrainingServiceConfig, nodes: int, concurrency: object, across: object) -> str:
+    """Why a trial of ``nodes`` environments could never start on ``service`` ("" if it could):
+    no platform (all together, ``across``) keeps that many environments at once."""
+    concurrency = concurrency if isinstance(concurrency, int) else 1
+    allowed = set(service.preferred_platforms())
+    counts = {s.platform: s.effective_environment_count(concurrency) for s in service.sections()
+              if s.platform in allowed and s.reuse_mode}
+    if not counts:
+        return f"a trial of {nodes} nodes needs reuseMode: true (environments that wait for its other nodes)"
+    most = sum(counts.values()) if across else max(counts.values())
+    if most >= nodes:
+        return ""
+    kept = ", ".join(f"{p}: {n}" for p, n in counts.items())
+    return (
+        f"a trial of {nodes} nodes needs {nodes} environments at once{'' if across else ' of one platform'}, "
+        f"but the experiment keeps at most {most} ({kept}); set trainingService.environmentCount "
+        f"(or list as many machines) to {nodes} or more, or lower trialNodes"
+    )
