@@ -24,6 +24,7 @@ class Axis:
     kind: str
     source: str
     categories: tuple[str, ...] = ()
+    options: tuple[Any, ...] = ()  # the values the categories name, in the same order
     low: float | None = None
     high: float | None = None
     integer: bool = False
@@ -55,9 +56,10 @@ def _axis(name: str, spec: Any, seen: list[Any]) -> Axis:
     given = spec.get("_value") if isinstance(spec, dict) else None
     given = given if isinstance(given, list) else []
     if kind == "choice" and given:
-        options = [label(v) for v in given]
-        extra = [x for x in dict.fromkeys(label(v) for v in seen) if x not in options]  # values since removed
-        return Axis(name, "category", "choice", tuple(options + extra))
+        named = {label(v): v for v in given}
+        for v in seen:  # values the space no longer offers, after its own
+            named.setdefault(label(v), v)
+        return Axis(name, "category", "choice", tuple(named), tuple(named.values()))
     numbers = [float(v) for v in seen if _number(v)]
     if kind in LOG_TYPES and all(v > 0 for v in numbers):
         low, high = _bounds(kind, given, numbers)
@@ -68,7 +70,9 @@ def _axis(name: str, spec: Any, seen: list[Any]) -> Axis:
     if seen and len(numbers) == len(seen):
         integer = all(float(v).is_integer() for v in numbers)
         return Axis(name, "value", "observed", low=min(numbers), high=max(numbers), integer=integer)
-    return Axis(name, "category", "observed", tuple(sorted(dict.fromkeys(label(v) for v in seen))))
+    named = {label(v): v for v in seen}
+    order = sorted(named)
+    return Axis(name, "category", "observed", tuple(order), tuple(named[k] for k in order))
 
 
 def _number(v: Any) -> bool:

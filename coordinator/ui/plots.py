@@ -52,6 +52,7 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         for n in names:
             if n in (t.parameters or {}):
                 seen[n].append((t.parameters or {})[n])
+    finals = model._read("trials", model.store.final_metrics)
     return {
         "optimize_mode": mode,
         "parameters": names,
@@ -65,7 +66,8 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         ],
         "trials": rows,
         "sampled": len(sample) < sum(model.trial_counts().values()),
-        "edf": analysis.edf(model._read("trials", model.store.final_metrics), SERIES_POINTS),
+        "edf": analysis.edf(finals, SERIES_POINTS),
+        "edf_trials": len(finals),
     }
 
 

@@ -293,7 +293,7 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         metric = browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort=metric]")
         metric.click()  # twice: best first
         best = get_json(url + "/api/trials?sort=metric&order=desc&limit=10")["trials"]
-        wait_until(lambda: shown(1) == [t["id"] for t in best], timeout=WAIT_S, message="sorted by metric, descending")
+        wait_until(lambda: shown(2) == [t["id"] for t in best], timeout=WAIT_S, message="sorted by metric, descending")
         assert (
             browser.execute_script("return document.querySelector('#vhead [data-sort=metric]').className;")
             == "sorted desc"
@@ -301,7 +301,7 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
 
         browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort='param:lr']").click()
         lowest = get_json(url + "/api/trials?sort=param:lr&limit=10")["trials"]
-        wait_until(lambda: shown(1) == [t["id"] for t in lowest], timeout=WAIT_S, message="sorted by a parameter")
+        wait_until(lambda: shown(2) == [t["id"] for t in lowest], timeout=WAIT_S, message="sorted by a parameter")
 
         browser.find_element(By.CSS_SELECTOR, "#status-filter option[value=FAILED]").click()
         failed = get_json(url + "/api/trials?status=FAILED&limit=1")["total"]
@@ -312,7 +312,7 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         both = get_json(url + "/api/trials?status=FAILED&q=rmsprop&limit=1")["total"]
         assert 0 < both < failed
         wait_until(lambda: text(browser, "#trial-total") == f"{both} trials", timeout=WAIT_S, message="searched")
-        wait_until(lambda: all(s == "FAILED" for s in shown(2)) and shown(2), timeout=WAIT_S)
+        wait_until(lambda: all(s == "FAILED" for s in shown(3)) and shown(3), timeout=WAIT_S)
 
         # Scrolled to the end, the last rows are fetched and drawn.
         browser.find_element(By.CSS_SELECTOR, "#status-filter option[value='']").click()
@@ -320,7 +320,7 @@ def test_the_trials_table_sorts_and_filters_20000_trials(tmp_path: Path, browser
         browser.execute_script("document.getElementById('search').dispatchEvent(new Event('input'));")
         wait_until(lambda: text(browser, "#trial-total") == "20000 trials", timeout=WAIT_S)
         browser.find_element(By.CSS_SELECTOR, "#vhead [data-sort=sequence]").click()
-        wait_until(lambda: shown(1)[:1] == ["tr00000"], timeout=WAIT_S, message="sorted by sequence")
+        wait_until(lambda: shown(2)[:1] == ["tr00000"], timeout=WAIT_S, message="sorted by sequence")
         browser.execute_script("const b = document.getElementById('vtable'); b.scrollTop = b.scrollHeight;")
         wait_until(
             lambda: browser.find_elements(By.CSS_SELECTOR, "#vbody .row[data-id=tr19999]"),

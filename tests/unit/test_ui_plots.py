@@ -73,6 +73,7 @@ def test_each_parameter_gets_the_axis_its_search_space_says() -> None:
     assert found["layers"].kind == "value" and found["layers"].integer
     # Not in the space: as the values say.
     assert found["extra"].kind == "category" and found["extra"].categories == ("2", "a")
+    assert found["extra"].options == (2, "a") and found["opt"].options[-1] == "old"
     assert found["count"].kind == "value" and found["count"].source == "observed" and found["count"].integer
     assert label({"_name": "conv", "k": 3}) == "conv" and label(0.5) == "0.5" and label(True) == "true"
     # A log type whose values are not all positive cannot be drawn on a log axis.

@@ -9,7 +9,6 @@ const STATUSES = ["WAITING", "RUNNING", "PAUSED", "SUCCEEDED", "FAILED", "USER_C
 // Which statuses each trial action applies to (as the server checks).
 const ACTIONS = {cancel: ["WAITING", "RUNNING", "PAUSED"], pause: ["WAITING", "RUNNING"], continue: ["PAUSED"]};
 const ROW_H = 28;
-const PAGE = 200;
 let current = null; // the page shown: {name, refresh(), dispose()}
 let charts = [];
 
@@ -82,9 +81,12 @@ async function act(path, what) {
   } catch (e) { toast(e.message); }
 }
 
+// Charts follow the system's colour scheme (prefers-color-scheme), as the page does.
+const DARK = window.matchMedia("(prefers-color-scheme: dark)");
+DARK.addEventListener("change", () => route()); // the page's charts drawn again in the other scheme
 function chart(el, option) {
-  const c = echarts.init(el, null, {renderer: "canvas"});
-  c.setOption(option);
+  const c = echarts.init(el, DARK.matches ? "dark" : null, {renderer: "canvas"});
+  c.setOption(Object.assign({backgroundColor: "transparent"}, option));
   charts.push(c);
   return c;
 }
@@ -94,8 +96,9 @@ function lineOption(title, series, opts) {
     animation: false, title: {text: title, left: 10, top: 6, textStyle: {fontSize: 13}},
     grid: {left: 60, right: 20, top: 40, bottom: opts.xName ? 46 : 30}, tooltip: {trigger: opts.item ? "item" : "axis"},
     legend: opts.legend ? {top: 6, right: 10, type: "scroll", width: "55%"} : undefined,
-    xAxis: {type: opts.xType || "time", name: opts.xName || "", nameLocation: "middle", nameGap: 26, scale: true},
-    yAxis: {type: "value", scale: true, name: opts.yName || ""},
+    xAxis: {type: opts.xType || "time", name: opts.xName || "", nameLocation: "middle", nameGap: 26, scale: true,
+      minInterval: opts.integer ? 1 : undefined},
+    yAxis: {type: "value", scale: true, name: opts.yName || "", nameLocation: "middle", nameGap: 44},
     series: series,
   };
 }
@@ -162,8 +165,8 @@ function overviewPage() {
     if (confirm("Stop the experiment? Its running trials pause at their next checkpoint (those that save none are canceled); resume continues them."))
       act("/api/experiment/stop", "experiment: stop asked");
   });
-  const finished = chart(document.getElementById("finished-chart"), lineOption("Trials ended over time", []));
-  const best = chart(document.getElementById("best-chart"), lineOption("Best metric over time", []));
+  const finished = chart(document.getElementById("finished-chart"), lineOption("Trials ended over time", [], {xName: "time", yName: "trials ended"}));
+  const best = chart(document.getElementById("best-chart"), lineOption("Best final metric over time", [], {xName: "time", yName: "best final metric"}));
   async function refresh() {
     const e = await api("/api/experiment");
     document.getElementById("exp-title").textContent = `Experiment ${e.id}${e.name ? " \u2014 " + e.name : ""}`;
@@ -179,113 +182,15 @@ function overviewPage() {
     document.getElementById("best").innerHTML = e.best
       ? `<a href="#/trial/${encodeURIComponent(e.best.id)}">${esc(e.best.id)}</a>: <b>${num(e.best.final_metric)}</b> (${esc(e.optimize_mode)}) ${esc(JSON.stringify(e.best.parameters))}`
       : "none yet";
+    const since = {xAxis: {min: e.started_at ? e.started_at * 1000 : undefined}}; // time from the experiment's start
+    finished.setOption(since); best.setOption(since);
     finished.setOption({series: [{type: "line", step: "end", showSymbol: false, name: "ended", data: e.finished_over_time.map(([t, n]) => [t * 1000, n])}]});
     best.setOption({series: [{type: "line", step: "end", showSymbol: false, name: "best", data: e.best_over_time.map(([t, v]) => [t * 1000, v])}]});
   }
   return {name: "overview", refresh};
 }
 
-// ---- trials: a virtualised table paged by the server ---------------------------------------
-
-function trialsPage(params) {
-  const state = {status: params.get("status") || "", q: params.get("q") || "", environment: params.get("environment") || "",
-    sort: params.get("sort") || "sequence",
-    order: params.get("order") || "asc", total: 0, pages: new Map(), columns: [], version: 0};
-  main.innerHTML = `<h1>Trials</h1><div class="toolbar">
-      <select id="status-filter" aria-label="status"><option value="">every status</option>${STATUSES.map(s => `<option value="${s}">${s}</option>`).join("")}</select>
-      <input id="search" type="search" placeholder="search id, parameters, environment" size="36">
-      <span id="env-filter"></span><span id="trial-total" class="muted"></span></div>
-    <div class="vtable" id="vtable"><div class="head" id="vhead"></div><div id="vbody" style="position:relative"></div></div>`;
-  const box = document.getElementById("vtable"), head = document.getElementById("vhead"), body = document.getElementById("vbody");
-  function drawEnvFilter() {
-    const box = document.getElementById("env-filter");
-    box.innerHTML = state.environment ? `environment <b>${esc(state.environment)}</b> <button id="env-clear" title="every environment">\u2715</button>` : "";
-    if (state.environment) document.getElementById("env-clear").addEventListener("click", () => { state.environment = ""; drawEnvFilter(); reset(); });
-  }
-  drawEnvFilter();
-  document.getElementById("status-filter").value = state.status;
-  document.getElementById("search").value = state.q;
-  document.getElementById("status-filter").addEventListener("change", ev => { state.status = ev.target.value; reset(); });
-  let typing = null;
-  document.getElementById("search").addEventListener("input", ev => {
-    clearTimeout(typing); typing = setTimeout(() => { state.q = ev.target.value; reset(); }, 250);
-  });
-  box.addEventListener("scroll", () => draw());
-
-  function columns(parameters) {
-    return [["sequence", "#", "50px"], ["id", "trial", "90px"], ["status", "status", "120px"], ["metric", "metric", "100px"],
-      ["duration", "duration", "100px"], ["environment", "environment", "130px"],
-      ...parameters.map(p => ["param:" + p, p, "110px"])];
-  }
-  function drawHead() {
-    head.style.gridTemplateColumns = state.columns.map(c => c[2]).join(" ");
-    head.innerHTML = state.columns.map(([key, label]) =>
-      `<div data-sort="${esc(key)}" class="${key === state.sort ? "sorted" + (state.order === "desc" ? " desc" : "") : ""}">${esc(label)}</div>`).join("");
-    head.querySelectorAll("div").forEach(d => d.addEventListener("click", () => {
-      const key = d.dataset.sort;
-      state.order = key === state.sort && state.order === "asc" ? "desc" : "asc";
-      state.sort = key; reset();
-    }));
-  }
-  function query(offset) {
-    const q = new URLSearchParams({sort: state.sort, order: state.order, offset: offset, limit: PAGE});
-    if (state.status) q.set("status", state.status);
-    if (state.environment) q.set("environment", state.environment);
-    if (state.q) q.set("q", state.q);
-    return "/api/trials?" + q;
-  }
-  async function load(page, version) {
-    const data = await api(query(page * PAGE));
-    if (version !== state.version) return;
-    state.pages.set(page, data.trials);
-    if (data.total !== state.total || state.columns.length !== 6 + data.parameters.length) {
-      state.total = data.total;
-      state.columns = columns(data.parameters);
-      drawHead();
-    }
-    document.getElementById("trial-total").textContent = `${data.total} trial${data.total === 1 ? "" : "s"}`;
-    body.style.height = (state.total * ROW_H) + "px";
-    draw();
-  }
-  function cells(t) {
-    const p = t.parameters || {};
-    return [t.sequence_id, `<a href="#/trial/${encodeURIComponent(t.id)}">${esc(t.id)}</a>`, status(t.status), num(t.final_metric),
-      dur(t.duration_s), esc(t.environment_id || ""), ...state.columns.slice(6).map(c => esc(num(p[c[1]])))];
-  }
-  function draw() {
-    const first = Math.max(0, Math.floor(box.scrollTop / ROW_H) - 5);
-    const last = Math.min(state.total, first + Math.ceil(box.clientHeight / ROW_H) + 10);
-    const rows = [];
-    const template = state.columns.map(c => c[2]).join(" ");
-    for (let i = first; i < last; i++) {
-      const page = Math.floor(i / PAGE), rows_ = state.pages.get(page);
-      if (!rows_) { if (!state.pages.has(page)) { state.pages.set(page, null); load(page, state.version).catch(e => toast(e.message)); } continue; }
-      const t = rows_[i - page * PAGE];
-      if (!t) continue;
-      rows.push(`<div class="row" data-id="${esc(t.id)}" style="top:${i * ROW_H}px;grid-template-columns:${template}">${cells(t).map(c => `<div>${c}</div>`).join("")}</div>`);
-    }
-    body.innerHTML = rows.join("");
-  }
-  function reset() {
-    state.version++; state.pages = new Map();
-    if (state.columns.length) drawHead(); // the sorted column's mark
-    const q = new URLSearchParams();
-    for (const k of ["status", "environment", "q", "sort", "order"]) if (state[k]) q.set(k, state[k]);
-    history.replaceState(null, "", "#/trials?" + q);
-    box.scrollTop = 0;
-    return load(0, state.version);
-  }
-  async function refresh() {
-    // Live: reload the pages in view, keeping the scroll position.
-    const version = ++state.version;
-    const first = Math.floor(box.scrollTop / ROW_H / PAGE);
-    const keep = [first, first + 1].filter(p => p * PAGE < Math.max(state.total, 1));
-    state.pages = new Map();
-    await Promise.all(keep.map(p => load(p, version)));
-  }
-  reset().then(drawn, e => toast(e.message));
-  return {name: "trials", refresh};
-}
+// ---- trials: table.js ------------------------------------------------------------------------
 
 // ---- one trial -----------------------------------------------------------------------------
 
@@ -409,7 +314,7 @@ function trialPage(id) {
     <div class="grid2"><div><h2>Parameters</h2><table class="plain" id="params"></table>
       <h2>Status history</h2><table class="plain" id="history"></table>
       <h2>Checkpoints</h2><table class="plain" id="checkpoints"></table></div>
-      <div><div class="chart" id="curve-chart"></div><div class="chart small" id="gpu-chart" style="margin-top:12px"></div></div></div>
+      <div><div class="chart" id="curve-chart"></div><div class="chart small" id="gpu-chart" style="margin-top:12px" hidden></div></div></div>
     ${["stdout", "stderr"].map(s => `<h2>${s} <a class="download" id="${s}-download" download
         href="${BASE}/api/trials/${encodeURIComponent(id)}/log/download?stream=${s}">download</a></h2>
       <div class="log-head"><button id="${s}-earlier" style="display:none">Load earlier output</button>
@@ -421,8 +326,8 @@ function trialPage(id) {
       act(`/api/trials/${encodeURIComponent(id)}/${action}`, `trial ${id}: ${action} asked`).then(() => refresh().catch(() => {}));
     });
   }
-  const curve = chart(document.getElementById("curve-chart"), lineOption("Intermediate results", [], {xType: "value", xName: "report"}));
-  const gpu = chart(document.getElementById("gpu-chart"), lineOption("GPU utilisation (%)", [], {legend: true}));
+  const curve = chart(document.getElementById("curve-chart"), lineOption("Intermediate results", [], {xType: "value", xName: "report", yName: "result", integer: true}));
+  const gpu = chart(document.getElementById("gpu-chart"), lineOption("GPU utilisation (%)", [], {legend: true, xName: "time"}));
   const logs = {stdout: logWindow(id, "stdout"), stderr: logWindow(id, "stderr")};
   for (const stream of Object.keys(logs)) {
     document.getElementById(stream + "-earlier").addEventListener("click", () => logs[stream].earlier().catch(e => toast(e.message)));
@@ -452,14 +357,17 @@ function trialPage(id) {
     const keyed = d.result_keys.length > 1;
     curve.setOption({legend: keyed ? {top: 6, right: 10, type: "scroll", width: "55%"} : undefined,
       series: resultCurves(d)}, {replaceMerge: ["series"]});
-    gpu.setOption({title: {text: "GPU utilisation (%) and memory (GiB)" + (d.gpu_series.length ? "" : " \u2014 no GPU samples")},
+    const gpuBox = document.getElementById("gpu-chart"), hadGpus = !gpuBox.hidden;
+    gpuBox.hidden = !d.gpu_series.length; // no empty frame for a trial that held no GPU
+    if (!gpuBox.hidden && !hadGpus) gpu.resize();
+    gpu.setOption({title: {text: "GPU utilisation (%) and memory (GiB)"}, xAxis: {min: t.started_at ? t.started_at * 1000 : undefined},
       yAxis: [{type: "value", name: "%", min: 0, max: 100}, {type: "value", name: "GiB", min: 0}],
       series: d.gpu_series.flatMap(g => [
         {type: "line", showSymbol: false, name: g.uuid.slice(0, 12) + " %", data: g.utilization.map(([at, u]) => [at * 1000, u])},
         {type: "line", showSymbol: false, yAxisIndex: 1, lineStyle: {type: "dashed"}, name: g.uuid.slice(0, 12) + " GiB",
           data: g.memory_used_bytes.map(([at, b]) => [at * 1000, b / 2 ** 30])}])}, {replaceMerge: ["series", "yAxis"]});
     document.getElementById("gpu-chart").dataset.samples = d.gpu_usage.samples;
-    await follow("stdout"); await follow("stderr");
+    if (!disposed) { await follow("stdout"); await follow("stderr"); }
   }
   // Output is not a store change: while the trial runs, its logs are polled each second.
   async function tick() {
@@ -467,72 +375,27 @@ function trialPage(id) {
     try { if (following) { await follow("stdout"); await follow("stderr"); } } catch (e) { /* shown on the next refresh */ }
     timer = setTimeout(tick, 1000);
   }
-  refresh().then(() => { drawn(); tick(); }).catch(e => toast(e.message));
+  refresh().then(() => { drawn(); tick(); }).catch(e => {
+    if (e.status !== 404) { toast(e.message); return; }
+    disposed = true; // no such trial: a page that says so, and nothing more
+    main.innerHTML = `<h1>No trial ${esc(id)}</h1><p class="muted">This experiment has no trial of that id.
+      <a href="#/trials">See its trials</a>.</p>`;
+    drawn();
+  });
   return {name: "trial", refresh, dispose: () => { disposed = true; clearTimeout(timer); }};
 }
 
-// ---- comparison ----------------------------------------------------------------------------
-
-function comparePage() {
-  main.innerHTML = `<h1>Comparison</h1><div id="compare-note" class="muted"></div>
-    <div class="chart" id="curves-chart" style="height:340px"></div>
-    <div class="toolbar" style="margin-top:14px"><label>parameter <select id="param-pick"></select></label></div>
-    <div class="grid2"><div class="chart" id="scatter-chart"></div><div class="chart" id="parallel-chart"></div></div>`;
-  const curves = chart(document.getElementById("curves-chart"), lineOption("Intermediate results of every trial", [], {xType: "value", xName: "report", item: true}));
-  const scatter = chart(document.getElementById("scatter-chart"), lineOption("Parameter against final metric", [], {xType: "value", xName: " ", item: true}));
-  const parallel = chart(document.getElementById("parallel-chart"), {animation: false});
-  let data = null;
-  const pick = document.getElementById("param-pick");
-  pick.addEventListener("change", drawScatter);
-  function drawScatter() {
-    if (!data) return;
-    const p = pick.value;
-    const categories = [...new Set(data.trials.map(t => t.parameters[p]).filter(v => typeof v === "string"))];
-    const points = data.trials.filter(t => t.final_metric !== null && t.parameters[p] !== undefined)
-      .map(t => [typeof t.parameters[p] === "number" ? t.parameters[p] : categories.indexOf(String(t.parameters[p])), t.final_metric, t.id]);
-    scatter.setOption({xAxis: categories.length ? {type: "category", data: categories, name: p, nameLocation: "middle", nameGap: 26}
-        : {type: "value", name: p, scale: true, nameLocation: "middle", nameGap: 26},
-      tooltip: {formatter: x => `${esc(x.value[2])}: ${esc(p)}=${esc(categories.length ? categories[x.value[0]] : x.value[0])}, metric ${num(x.value[1])}`},
-      series: [{type: "scatter", symbolSize: 6, data: categories.length ? points.map(([x, y, id]) => [x, y, id]) : points}]}, {replaceMerge: ["xAxis", "series"]});
-  }
-  async function refresh() {
-    data = await api("/api/compare");
-    document.getElementById("compare-note").textContent = data.sampled
-      ? `A sample of ${data.trials.length} trials (the curves: the best and the latest ${data.curves.length}).` : `${data.trials.length} trials.`;
-    curves.setOption({series: data.curves.map(c => ({type: "line", name: c.id, showSymbol: false, data: c.values.map((v, i) => [i, v])}))}, {replaceMerge: ["series"]});
-    const keep = pick.value;
-    pick.innerHTML = data.parameters.map(p => `<option>${esc(p)}</option>`).join("");
-    if (data.parameters.includes(keep)) pick.value = keep;
-    drawScatter();
-    const dims = data.parameters.map((p, i) => {
-      const strings = [...new Set(data.trials.map(t => t.parameters[p]).filter(v => typeof v === "string"))];
-      return strings.length ? {dim: i, name: p, type: "category", data: strings} : {dim: i, name: p};
-    });
-    dims.forEach(d => { if (d.type !== "category") d.scale = true; });
-    dims.push({dim: dims.length, name: "metric", scale: true});
-    const metrics = data.trials.map(t => t.final_metric).filter(v => v !== null);
-    const rows = data.trials.filter(t => t.final_metric !== null).map(t => [...data.parameters.map(p => {
-      const v = t.parameters[p]; return typeof v === "number" || typeof v === "string" ? v : null; }), t.final_metric]);
-    parallel.setOption({
-      title: {text: "Parameters, coloured by the final metric", left: 10, top: 6, textStyle: {fontSize: 13}},
-      parallel: {left: 50, right: 120, top: 60, bottom: 30}, parallelAxis: dims,
-      visualMap: metrics.length ? {min: Math.min(...metrics), max: Math.max(...metrics), dimension: dims.length - 1, right: 0, top: 40,
-        calculable: true, precision: 3, inRange: {color: ["#d0443b", "#f0c040", "#1e9e5a"]}} : undefined,
-      series: [{type: "parallel", lineStyle: {width: 1, opacity: 0.5}, data: rows}],
-    }, {replaceMerge: ["parallelAxis", "series", "visualMap"]});
-  }
-  return {name: "compare", refresh};
-}
+// ---- comparison: plots.js --------------------------------------------------------------------
 
 // ---- environments --------------------------------------------------------------------------
 
 function environmentsPage(params) {
   main.innerHTML = `<h1>Environments</h1><table class="plain" id="envs"></table>
-    <h2 id="gpu-title">GPUs over time</h2><div class="grid2"><div class="chart small" id="env-util"></div><div class="chart small" id="env-mem"></div></div>
+    <div id="gpu-section" hidden><h2 id="gpu-title">GPUs over time</h2><div class="grid2"><div class="chart small" id="env-util"></div><div class="chart small" id="env-mem"></div></div></div>
     <h2>Waiting trials</h2><div id="waiting-total" class="muted"></div><table class="plain" id="waiting"></table>`;
   let selected = params.get("env") || "";
-  const util = chart(document.getElementById("env-util"), lineOption("Utilisation (%)", [], {legend: true}));
-  const mem = chart(document.getElementById("env-mem"), lineOption("Memory used (GiB)", [], {legend: true}));
+  const util = chart(document.getElementById("env-util"), lineOption("Utilisation (%)", [], {legend: true, xName: "time", yName: "%"}));
+  const mem = chart(document.getElementById("env-mem"), lineOption("Memory used (GiB)", [], {legend: true, xName: "time", yName: "GiB"}));
   async function refresh() {
     const d = await api("/api/environments");
     if (!selected && d.environments.length) selected = d.environments[0].id;
@@ -548,8 +411,9 @@ function environmentsPage(params) {
     if (selected) {
       document.getElementById("gpu-title").textContent = `GPUs of ${selected} over time`;
       const g = await api(`/api/environments/${encodeURIComponent(selected)}/gpus`);
-      const none = g.gpus.length ? "" : " \u2014 no GPU samples";
-      util.setOption({title: {text: "Utilisation (%)" + none}}); mem.setOption({title: {text: "Memory used (GiB)" + none}});
+      const section = document.getElementById("gpu-section"), had = !section.hidden;
+      section.hidden = !g.gpus.length; // no empty frames where no GPU was sampled
+      if (g.gpus.length && !had) { util.resize(); mem.resize(); }
       util.setOption({series: g.gpus.map(s => ({type: "line", showSymbol: false, name: s.uuid.slice(0, 12), data: s.utilization.map(([t, v]) => [t * 1000, v])}))}, {replaceMerge: ["series"]});
       mem.setOption({series: g.gpus.map(s => ({type: "line", showSymbol: false, name: s.uuid.slice(0, 12), data: s.memory_used_bytes.map(([t, v]) => [t * 1000, v / 2 ** 30])}))}, {replaceMerge: ["series"]});
     }
@@ -569,7 +433,7 @@ function route() {
   let name = parts[0] || "overview";
   if (name === "trial" && parts[1]) current = trialPage(decodeURIComponent(parts.slice(1).join("/")));
   else if (name === "trials") current = trialsPage(params);
-  else if (name === "compare") current = comparePage();
+  else if (name === "compare") current = comparePage(params);
   else if (name === "environments") current = environmentsPage(params);
   else if (name === "context") current = contextPage(params);
   else { name = "overview"; current = overviewPage(); }
