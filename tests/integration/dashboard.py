@@ -243,9 +243,11 @@ def stored_dashboard(
 
 
 @contextmanager
-def home_dashboard(directory: Path, address: str = "127.0.0.1:0", command: str = "ui") -> Iterator[Served]:
+def home_dashboard(
+    directory: Path, address: str = "127.0.0.1:0", command: str = "ui", env: dict[str, str] | None = None
+) -> Iterator[Served]:
     """`trialkeeper ui --dir DIRECTORY` (or `view --dir`): the experiments home."""
-    served = _start([command, "--dir", str(directory), "--address", address], directory, directory)
+    served = _start([command, "--dir", str(directory), "--address", address], directory, directory, env)
     try:
         yield served
     finally:

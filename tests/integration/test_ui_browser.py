@@ -700,3 +700,20 @@ def test_the_experiments_home_lists_opens_and_compares_experiments(tmp_path: Pat
         assert status == 409 and b"no coordinator runs this experiment" in body
         assert http("POST", url + "/x/second/api/experiment/stop")[0] == 403
         assert console_errors(browser) == []
+
+
+@pytest.mark.slow
+def test_the_experiments_home_beyond_loopback_asks_for_the_token_once(tmp_path: Path, browser: Any) -> None:
+    many_trials(tmp_path / "only", 50)
+    with home_dashboard(tmp_path, address="0.0.0.0:0", env={"TRIALKEEPER_UI_TOKEN": "home-token"}) as home:
+        url = home.url.replace("0.0.0.0", "127.0.0.1")
+        browser.get(url + "/")
+        wait_until(lambda: "token" in text(browser, "#toast"), timeout=WAIT_S, message="the token asked for")
+        assert not browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key]")
+        browser.find_element(By.ID, "token").send_keys("home-token\n")
+        wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key=only]"), timeout=WAIT_S,
+                   message="listed once the token is in")
+        browser.execute_script("document.querySelector('#experiments tr[data-key=only] a').click();")
+        wait_until(lambda: text(browser, "[data-count=SUCCEEDED]") != "", timeout=WAIT_S,
+                   message="the experiment's page reads with the same session")
+        assert "home-token" not in browser.page_source

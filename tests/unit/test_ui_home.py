@@ -75,3 +75,24 @@ def test_a_comparison_gives_each_experiments_best_so_far_and_parameters(tmp_path
             assert (await (await client.get("/x/b/api/experiment")).json())["trial_count"] == 2
 
     run_async(body)
+
+
+def test_beyond_loopback_the_home_and_its_experiments_need_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _experiment(tmp_path / "a", "a", [0.5])
+    monkeypatch.setenv("TRIALKEEPER_UI_TOKEN", "h0me-token")  # what a home served beyond loopback takes
+
+    async def body() -> None:
+        async with TestClient(TestServer(build_home(tmp_path, token="h0me-token", open_reads=False))) as client:
+            assert (await client.get("/")).status == 200  # the pages and their scripts: they ask for it
+            assert (await client.get("/static/home.js")).status == 200
+            assert (await client.get("/x/a/")).status == 200
+            for path in ("/api/home", "/api/home/compare?keys=a,a", "/x/a/api/experiment"):
+                assert (await client.get(path)).status == 401, path
+            assert (await client.post("/x/a/api/login", json={"token": "wrong"})).status == 403
+            assert (await client.post("/x/a/api/login", json={"token": "h0me-token"})).status == 200
+            assert (await client.get("/api/home")).status == 200
+            assert (await (await client.get("/x/a/api/experiment")).json())["trial_count"] == 1
+
+    run_async(body)

@@ -25,9 +25,21 @@ async function get(path) {
   }
   document.getElementById("banner").hidden = true;
   const body = await res.json().catch(() => null);
+  if (res.status === 401) document.getElementById("token").focus();
   if (!res.ok) throw new Error((body && body.error) || res.statusText);
   return body;
 }
+
+// Bound beyond this machine, reads need the token: traded once for the session's cookie.
+document.getElementById("token-form").addEventListener("submit", async ev => {
+  ev.preventDefault();
+  const field = document.getElementById("token"), value = field.value.trim();
+  field.value = "";
+  const res = await fetch("/api/login", {method: "POST", credentials: "same-origin",
+    headers: {"Content-Type": "application/json"}, body: JSON.stringify({token: value})}).catch(() => null);
+  toast(res && res.ok ? "token accepted" : "wrong token");
+  if (res && res.ok) { field.placeholder = "token set"; refresh().catch(e => toast(e.message)); }
+});
 
 function progress(e) {
   if (!e.max_trials) return `${e.ended} of ${e.trial_count} ended`;
@@ -127,7 +139,8 @@ function drawDistribution() {
 document.getElementById("compare-picked").addEventListener("click", () => compare().catch(e => toast(e.message)));
 document.getElementById("dist-param").addEventListener("change", drawDistribution);
 async function tick() {
-  try { await refresh(); document.body.dataset.drawn = document.body.dataset.drawn || "home"; } catch (e) { /* said in the banner */ }
+  try { await refresh(); document.body.dataset.drawn = document.body.dataset.drawn || "home"; }
+  catch (e) { if (e instanceof Error && !(e instanceof TypeError)) toast(e.message); } // a lost server: the banner says so
   setTimeout(tick, 5000);
 }
 tick();
