@@ -107,9 +107,12 @@ class Acting:
             self._looked = (time.monotonic(), reachable)
         return "" if reachable else NOT_RUNNING
 
-    async def about(self) -> dict[str, Any]:
-        """What a page needs to show or hide its actions: ``actions`` and, without, ``actions_why``."""
+    async def about(self, status: Any = None) -> dict[str, Any]:
+        """What a page needs to show or hide its actions: ``actions`` and, without, ``actions_why``
+        (which names the experiment's ``status`` when it is one it ended with)."""
         why = await self.why_not()
+        if why == NOT_RUNNING and isinstance(status, str) and status and status != "RUNNING":
+            why = f"the experiment is {status}: {why}"
         return {"actions": not why, "actions_why": why}
 
     async def ask(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -160,7 +160,8 @@ class _State:
             marker = await self.read(views.change_marker)
         except StoreError as e:
             return {"error": str(e)}
-        return {**marker, **await self.acting.about()}  # a page redraws its actions when they come or go
+        # A page redraws its actions when they come or go.
+        return {**marker, **await self.acting.about(marker.get("status"))}
 
     def read_only(self) -> None:
         """The run this dashboard served has ended: it goes on serving the store, and acts no more."""
@@ -252,7 +253,7 @@ class _State:
             try:
                 data = await self.read(lambda m: view(m, request))
                 if actions:
-                    data.update(await self.acting.about())
+                    data.update(await self.acting.about(data.get("status")))
                 return web.json_response(data, dumps=_dumps)
             except views.NotFound as e:
                 return _error(404, str(e))

@@ -622,7 +622,7 @@ def test_the_context_page_steers_a_running_experiment_and_says_why_not_once_it_e
             gates.release_all()
             served.proc.wait(WAIT_S)
             wait_until(lambda: not visible(browser, "ctx-steer"), timeout=WAIT_S, message="its actions hidden")
-            assert text(browser, "#ctx-why").startswith("no coordinator runs this experiment")
+            assert text(browser, "#ctx-why").startswith("the experiment is STOPPED: no coordinator runs this")
             browser.get(f"{beside.url}/#/")
             wait_until(lambda: "no coordinator runs" in text(browser, "#actions-why"), timeout=WAIT_S)
             assert not visible(browser, "stop")
