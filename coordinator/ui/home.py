@@ -29,7 +29,7 @@ PREFIX = "/x"
 PING_S = 2.0  # how long a running experiment's coordinator has to answer the list's look
 CRASHED = "no coordinator answers: it crashed or was killed (`trialkeeper resume` carries it on)"
 COMPARED = 8  # experiments one comparison takes at most
-SAMPLE = 1000  # trials of each experiment whose parameters a comparison draws
+SAMPLE = 500  # trials of each experiment whose parameters a comparison draws
 CURVE_POINTS = 200
 
 
