@@ -570,6 +570,7 @@ def test_the_context_page_steers_a_running_experiment_and_says_why_not_once_it_e
         assert text(browser, "#ctx-tuner") == "random"
         assert text(browser, "#ctx-space tr[data-param=x]").split("\t")[:2] == ["x", "choice"]
         assert '"GATES": ' in text(browser, "#ctx-config") and "local" in text(browser, "#ctx-platforms")
+        assert Path(text(browser, "#ctx-directory")).resolve() == served.experiment_dir.resolve()
         assert visible(browser, "ctx-steer") and text(browser, "#ctx-why") == ""
         _log_in(browser, token)
 
