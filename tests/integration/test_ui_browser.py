@@ -661,6 +661,15 @@ def test_the_experiments_home_lists_opens_and_compares_experiments(tmp_path: Pat
                    timeout=WAIT_S, message="both experiments listed")
         row = text(browser, "#experiments tr[data-key=first]")
         assert "DONE" in row and "300 / 300" in row and "maximize" in row, row
+        browser.find_element(By.ID, "home-search").send_keys("seco")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key]")) == 1,
+                   timeout=WAIT_S, message="the search leaves one")
+        assert browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key=second]")
+        browser.find_element(By.ID, "home-search").clear()
+        browser.execute_script("const s = document.getElementById('home-search'); s.value = '';"
+                               "s.dispatchEvent(new Event('input'));")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key]")) == 2,
+                   timeout=WAIT_S, message="both again")
         best = get_json(url + "/x/first/api/experiment")["best"]
         assert text(browser, "#experiments tr[data-key=first] [data-col=best]").startswith(str(best["final_metric"]))
 
