@@ -457,15 +457,15 @@ class Coordinator:
         assert self._shell is not None
         self._shell.handle(PauseRequested(trial_id, reason))
 
-    async def resume_trial(self, trial_id: str, *, parameters: dict[str, Any] | None = None) -> None:
-        """Continue a PAUSED trial from its last checkpoint, anywhere, ahead of the waiting
-        ones (``parameters``: new ones it reads when it continues). Raises ValueError when the
-        trial is not paused."""
+    async def resume_trial(self, trial_id: str, *, parameters: dict[str, Any] | None = None,
+                           checkpoint_from: str = "") -> None:
+        """Continue a PAUSED trial, anywhere, ahead of the waiting ones, from its last checkpoint (or the newest
+        of trial ``checkpoint_from``), with new ``parameters`` if given. Raises ValueError when it is not paused."""
         info = self._trial_state(trial_id)
         if info.status is not TrialStatus.PAUSED:
             raise ValueError(f"trial {trial_id} is {info.status.value}, not PAUSED: only a paused trial continues")
         assert self._shell is not None
-        self._shell.handle(ContinueRequested(trial_id, None if parameters is None else dict(parameters)))
+        self._shell.handle(ContinueRequested(trial_id, parameters and dict(parameters), checkpoint_from))
         self._shell.pass_soon()
 
     async def update(self, **limits: Any) -> None:

@@ -27,6 +27,7 @@ from .engine.states import TrialStatus
 from .read.model import EnvSnapshot, best_trial, optimize_mode
 from .read.model import ranked as _ranked
 from .search.algorithms import create_assessor, create_tuner
+from .search.objectives import from_config as objectives_from_config
 from .search.search import (
     ContinueTrial,
     Instruction,
@@ -362,7 +363,12 @@ async def _carry_out(coordinator: Coordinator, order: Instruction) -> None:
             if status in (TrialStatus.WAITING, TrialStatus.RUNNING):
                 await coordinator.pause(order.trial_id, reason=order.reason)
         elif isinstance(order, ContinueTrial) and status is TrialStatus.PAUSED:
-            await coordinator.resume_trial(order.trial_id, parameters=order.parameters)
+            source = order.checkpoint_from
+            if source is not None and coordinator.trial(source).checkpoint_step is None:
+                log.info("trial %s would continue from trial %s's checkpoint, but it saved none: it continues "
+                         "from its own", order.trial_id, source)
+                source = None
+            await coordinator.resume_trial(order.trial_id, parameters=order.parameters, checkpoint_from=source or "")
     except (KeyError, ValueError) as e:  # it changed status meanwhile, or the parameters are refused
         log.warning("trial %s: cannot %s it as the search asked: %s", order.trial_id,
                     type(order).__name__.removesuffix("Trial").lower(), e)
@@ -415,6 +421,8 @@ def _make_search(config: ExperimentConfig, experiment_id: str) -> Search:
         t.name, t.class_name, class_args, config.search_space or {},
         str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id,
     )
+    if config.objectives is not None and callable(getattr(tuner, "use_objectives", None)):
+        tuner.use_objectives(objectives_from_config(config.objectives))  # type: ignore[attr-defined]
     assessor = None
     if a is not None:
         assessor = create_assessor(

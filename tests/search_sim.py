@@ -41,6 +41,9 @@ class SimTrial:
     end: TrialStatus | None = None
     trained: int = 0  # epochs trained, over all its runs
     held_by_search: bool = False
+    state: float = 0.0  # with a cumulative curve: the result, what its checkpoint keeps
+    saved: dict[int, float] = field(default_factory=dict)  # checkpoint step -> its state then
+    took_from: list[str] = field(default_factory=list)  # the trials whose checkpoints it continued from
 
 
 @dataclass
@@ -52,6 +55,9 @@ class Sim:
     max_trials: int | None = None
     checkpoints: bool = True  # whether trials save checkpoints
     checkpoint_every: int = 1  # the epochs between two checkpoints
+    # The curve gives what each epoch adds to the trial's state, its result; a checkpoint keeps
+    # the state, so a trial continued from another's checkpoint goes on from that one's state.
+    cumulative: bool = False
     trials: dict[str, SimTrial] = field(default_factory=dict)
     log: list[tuple[int, str, str, int]] = field(default_factory=list)  # (tick, what, trial, epoch)
     tick: int = 0
@@ -88,6 +94,7 @@ class Sim:
         for t in self.trials.values():  # continued trials go first
             if active < self.concurrency and t.status == "waiting":
                 t.status, t.epoch = "running", t.checkpoint or 0
+                t.state = t.saved.get(t.epoch, 0.0)
                 active += 1
         while active < self.concurrency and (self.max_trials is None or self.submitted < self.max_trials):
             proposal = self.search.propose_trial(self.submitted)
@@ -106,6 +113,8 @@ class Sim:
         t.epoch += 1
         t.trained += 1
         value = self.curve(t.parameters, t.epoch)
+        if self.cumulative:
+            t.state = value = t.state + value
         del t.curve[t.epoch - 1:]
         t.curve.append(value)
         self.log.append((self.tick, "result", t.id, t.epoch))
@@ -117,6 +126,7 @@ class Sim:
             return
         if self.checkpoints and t.epoch % self.checkpoint_every == 0:
             t.checkpoint = t.epoch
+            t.saved[t.epoch] = t.state
             if t.pausing:
                 self._pause(t)
                 return
@@ -134,12 +144,21 @@ class Sim:
                 if t.status == "running":
                     t.pausing = True
             elif isinstance(order, ContinueTrial) and t.status == "paused":
-                self.continue_trial(t)
+                self.continue_trial(t, order)
 
-    def continue_trial(self, t: SimTrial) -> None:
+    def continue_trial(self, t: SimTrial, order: ContinueTrial | None = None) -> None:
+        """Continue a paused trial from its checkpoint, or (``order.checkpoint_from``) from
+        another trial's newest one, copied into it, with the order's parameters if any."""
+        source = self.trials[order.checkpoint_from] if order and order.checkpoint_from else None
+        if source is not None and source.checkpoint is not None:
+            t.checkpoint, t.saved = source.checkpoint, {source.checkpoint: source.saved[source.checkpoint]}
+            t.took_from.append(source.id)
+        parameters = order.parameters if order else None
+        if parameters is not None:
+            t.parameters = dict(parameters)
         t.status = "waiting"
         self.log.append((self.tick, "continued", t.id, t.checkpoint or 0))
-        self.orders += self.search.handle(TrialContinued(t.id))
+        self.orders += self.search.handle(TrialContinued(t.id, parameters))
 
     def _pause(self, t: SimTrial) -> None:
         t.status, t.pausing = "paused", False
@@ -168,6 +187,7 @@ class Sim:
         t = self.trials[trial_id]
         assert t.status == "running"
         t.epoch = t.checkpoint or 0
+        t.state = t.saved.get(t.epoch, 0.0)
         self.log.append((self.tick, "lost", t.id, t.epoch))
 
     def stop_experiment(self) -> list[PastTrial]:

@@ -139,7 +139,7 @@ class TrialBook:
         fork = (t.forked_from.trial_id, t.forked_from.step) if t.forked_from else None
         self._next_seq += 1
         self._out.append(ev.TrialAdded(
-            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork, t.nodes
+            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork
         ))
         self.trials[t.id] = t
         self.queue.append(self.demand(t))
@@ -207,12 +207,15 @@ class TrialBook:
         self._out.append(ev.TrialStopping(t.id, f"pausing: {reason}"))
         return t.env_id
 
-    def resume(self, trial_id: str, parameters: Mapping[str, Any] | None) -> bool:
-        """Continue a paused trial (with new parameters, if given): it waits for a place,
-        ahead of the others. False when it is not paused."""
+    def resume(self, trial_id: str, parameters: Mapping[str, Any] | None, source: str = "") -> bool:
+        """Continue a paused trial (with new parameters, and from trial ``source``'s newest checkpoint,
+        if given): it waits for a place, ahead of the others. False when it is not paused."""
         t = self.trials[trial_id]
         if t.status is not TrialStatus.PAUSED:
             return False
+        forked = self.trials[source].checkpoint if source in self.trials else None
+        if forked is not None and forked != t.checkpoint:
+            ck.fork(t, forked, ck.held_by(self.trials.values(), t.id), self.wall, self._out)
         if parameters is not None:
             t.parameters = dict(parameters)
             self._out.append(ck.TrialParametersChanged(t.id, t.parameters))

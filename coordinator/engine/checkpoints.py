@@ -103,6 +103,9 @@ class ContinueRequested:
     trial_id: str
     # New parameters to continue with (a search's exploit); None: its own.
     parameters: Mapping[str, Any] | None = None
+    # Continue from this other trial's newest checkpoint instead of its own (a population-based
+    # search's exploit); "": its own.
+    checkpoint_from: str = ""
 
 
 # ---- messages to agents ------------------------------------------------------------------------
@@ -216,9 +219,17 @@ class TrialParametersChanged:
     parameters: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class TrialForked:
+    """A trial continues from another trial's checkpoint (trial id, step) until it saves its own."""
+
+    trial_id: str
+    forked_from: tuple[str, int]
+
+
 CHECKPOINT_FACTS = (
     CheckpointRecorded, CheckpointRemoved, MetricsSuperseded, TrialRetried, TrialParametersChanged,
-    CheckpointDigestKnown,
+    CheckpointDigestKnown, TrialForked,
 )
 
 
@@ -287,6 +298,28 @@ def record(
         out.append(CheckpointRemoved(t.id, old.step, wall))
         out.append(RemoveCheckpoint(old))
     return c, ""
+
+
+def held_by(trials: Iterable[Any], but: str) -> list[tuple[str, int]]:
+    """The checkpoints (trial id, step) that live trials (TrialStates) other than ``but``
+    continue from: they stay, whatever checkpointsPerTrial says."""
+    return [(o.checkpoint.trial_id, o.checkpoint.step) for o in trials
+            if o.id != but and o.checkpoint is not None and not o.status.terminal]
+
+
+def fork(t: Any, source: Checkpoint, held: Iterable[tuple[str, int]], wall: float, out: list[Any]) -> None:
+    """The paused trial ``t`` (a TrialState) is to continue from ``source``, another trial's
+    checkpoint (a population-based search's exploit: the better trial's state copied into the
+    worse one), as a trial forked from it does: its own checkpoints go (their files stay while
+    another live trial continues from them), and its results from the checkpoint's on are
+    superseded by the continued run's when it is placed."""
+    keep = set(held)
+    for c in t.checkpoints:
+        out.append(CheckpointRemoved(t.id, c.step, wall))
+        if (c.trial_id, c.step) not in keep:
+            out.append(RemoveCheckpoint(c))
+    t.checkpoints, t.forked_from = [], source
+    out.append(TrialForked(t.id, (source.trial_id, source.step)))
 
 
 def digested(trials: Iterable[Any], d: CheckpointDigested, out: list[Any]) -> None:

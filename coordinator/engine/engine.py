@@ -145,7 +145,7 @@ class Engine:
             case ck.PauseRequested():
                 self._pause(event.trial_id, event.reason)
             case ck.ContinueRequested():
-                self._dirty = self.book.resume(event.trial_id, event.parameters) or self._dirty
+                self._dirty = self.book.resume(event.trial_id, event.parameters, event.checkpoint_from) or self._dirty
             case ck.CheckpointFetchRequested():
                 self._fetch(event)
             case ck.CheckpointDigested():
@@ -219,8 +219,9 @@ class Engine:
         self.wall = self.book.wall = self.fleet.wall = wall
 
     def _take(self) -> None:
-        """Gather what the two machines (and the gangs between them) said, in that order."""
-        self._out += self.book.take() + self.fleet.take() + self.gangs.take()
+        """Gather what the two machines said, in the order they said it."""
+        self._out += self.book.take()
+        self._out += self.fleet.take()
 
     def _flush(self) -> list[ev.Instruction]:
         self._starts_failed()
@@ -360,9 +361,7 @@ class Engine:
         t = book.own(env_id, report.trial_id, "a checkpoint")
         why = "the trial is not placed on this environment"
         if t is not None:
-            # Those another live trial continues from stay, whatever checkpointsPerTrial says.
-            held = [(o.checkpoint.trial_id, o.checkpoint.step) for o in book.trials.values()
-                    if o.id != t.id and o.checkpoint is not None and not o.status.terminal]
+            held = ck.held_by(book.trials.values(), t.id)
             saved, why = ck.record(t, report, env_id, self.policy, self.wall, held, self._out)
             if saved is not None:
                 return

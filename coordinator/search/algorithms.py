@@ -1,7 +1,7 @@
 """The registry of search algorithms: what a config's ``tuner``, ``assessor`` and
 ``advisor`` name, made into objects behind the Tuner and Assessor interfaces.
 
-Built-in ones first (``random``, ``grid``; ``median``, ``asha``), then ``optuna`` (its samplers and
+Built-in ones first (``random``, ``grid``, ``pbt``; ``median``, ``asha``), then ``optuna`` (its samplers and
 pruners), then NNI's by their names and aliases; ``className`` imports a trialkeeper
 class or an NNI one. NNI and Optuna are imported only when named.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 from .asha import Asha
 from .assessors import Assessor, AssessorError, MedianStopAssessor, construct
+from .pbt import PopulationBasedTraining
 from .space import SearchSpaceError, is_batch_tuner, is_discrete, validate_search_space
 from .tuners import (
     BUILTIN_TUNERS,
@@ -30,6 +31,7 @@ from .tuners import (
 __all__ = ["BUILTIN_ASSESSORS", "create_assessor", "create_tuner"]
 
 BUILTIN_ASSESSORS: dict[str, type[Assessor]] = {"median": MedianStopAssessor, "asha": Asha}
+BUILTIN_PBT = "pbt"  # the built-in population-based training (NNI's is "PBT")
 
 
 def create_tuner(
@@ -61,7 +63,9 @@ def create_tuner(
             f"or className, got {which}"
         )
     args_in = {} if class_args is None else class_args
-    if name is not None:
+    if name == BUILTIN_PBT:  # in lower case: built in; PBT in any other case, or PBTTuner, is NNI's
+        label, cls = name, PopulationBasedTraining
+    elif name is not None:
         key = TUNER_ALIASES.get(normalized(name), normalized(name))
         if key == "optuna":
             from .optunasearch import create_optuna_tuner

@@ -69,6 +69,8 @@ CHECKPOINT_VARIABLE = "NNI_CHECKPOINT_DIRECTORY"
 
 def is_pbt(name: object, class_name: object = None) -> bool:
     """Whether a tuner is NNI's PBT, by its name or its class."""
+    if name == "pbt":  # in lower case, the built-in one
+        return False
     if isinstance(name, str):
         return NNI_TUNER_NAMES.get(normalized(name)) == "PBT"
     return isinstance(class_name, str) and class_name.replace(":", ".").endswith(".PBTTuner")

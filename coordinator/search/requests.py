@@ -1,6 +1,6 @@
 """What a tuner or an assessor may ask of the trials it watches, besides proposing new ones:
 pause a trial (it saves a checkpoint and frees its slot), continue a paused one (with new
-parameters, for a population-based search), or stop one.
+parameters, and from another trial's checkpoint, for a population-based search), or stop one.
 
 Both interfaces inherit :class:`Requesting`: an algorithm calls ``request_pause`` and the
 others from any of its methods, and the search takes the requests after each call and
@@ -29,6 +29,7 @@ class Request:
     target: int | str  # a tuner's parameter id, an assessor's trial id
     reason: str = ""
     parameters: dict[str, Any] | None = None  # CONTINUE only: the trial's new parameters
+    checkpoint_from: int | str | None = None  # CONTINUE only: the trial whose checkpoint it continues from
 
 
 class Requesting:
@@ -48,11 +49,15 @@ class Requesting:
         canceled."""
         self._requests().append(Request(RequestKind.PAUSE, trial, reason))
 
-    def request_continue(self, trial: int | str, parameters: dict[str, Any] | None = None) -> None:
+    def request_continue(
+        self, trial: int | str, parameters: dict[str, Any] | None = None, checkpoint_from: int | str | None = None
+    ) -> None:
         """Continue the paused ``trial`` from its last checkpoint, with ``parameters`` in
-        place of its own when given. Asked of a trial still being paused, it is continued
-        once paused."""
-        self._requests().append(Request(RequestKind.CONTINUE, trial, parameters=parameters))
+        place of its own when given; from the newest checkpoint of trial ``checkpoint_from``
+        instead when given (a population-based search's exploit; named as ``trial`` is). Asked
+        of a trial still being paused, it is continued once paused."""
+        self._requests().append(Request(RequestKind.CONTINUE, trial, parameters=parameters,
+                                        checkpoint_from=checkpoint_from))
 
     def request_stop(self, trial: int | str, reason: str = "") -> None:
         """End ``trial`` now as EARLY_STOPPED, running or paused."""

@@ -97,10 +97,13 @@ class PauseTrial:
 
 @dataclass(frozen=True)
 class ContinueTrial:
-    """Continue the paused trial from its last checkpoint, with new parameters if given."""
+    """Continue the paused trial from its last checkpoint, with new parameters if given; from
+    the newest checkpoint of trial ``checkpoint_from`` instead, when given (an exploit: the
+    better trial's state copied into this one)."""
 
     trial_id: str
     parameters: dict[str, Any] | None = None
+    checkpoint_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,6 @@ class Mirror(Protocol):
     def resume(self, history: Sequence[PastTrial]) -> None: ...
 
 
-_NOT_ASKED = object()
-
-
 @dataclass
 class _Tracked:
     """A trial of this search that has not ended."""
@@ -144,8 +144,8 @@ class _Tracked:
     paused: bool = False
     held: bool = False  # paused because the search asked
     continuing: bool = False  # continue asked, not heard yet
-    # A continue asked while the pause was on its way: the parameters, carried out once paused.
-    continue_after_pause: Any = _NOT_ASKED
+    # A continue asked while the pause was on its way, carried out once paused.
+    continue_after_pause: ContinueTrial | None = None
 
     @property
     def active(self) -> bool:
@@ -166,6 +166,8 @@ class Search:
         self._trials: dict[str, _Tracked] = {}
         self._trial_of: dict[int, str] = {}  # parameter id -> trial id, ended trials too
         self._orders: list[Instruction] = []
+        # A tuner that sets takes_reported hears results as reported (dicts of keys too: several objectives).
+        self._reported = getattr(tuner, "takes_reported", False) is True
 
     @property
     def hears_intermediate(self) -> bool:
@@ -265,7 +267,8 @@ class Search:
         t.history.append(event.value)
         t.indexes.append(index)
         step = len(t.history) - 1
-        self._tuner_call("receive_intermediate_result", t.parameter_id, step, event.value)
+        heard = event.result if self._reported and event.result is not None else event.value
+        self._tuner_call("receive_intermediate_result", t.parameter_id, step, heard)
         self._mirror_call("receive_intermediate_result", t.parameter_id, step, event.value)
         if event.checkpointed and not t.checkpointed:
             t.checkpointed = True
@@ -289,10 +292,10 @@ class Search:
         t.held, t.paused, t.pausing, t.continuing = t.pausing, True, False, False
         self._tuner_call("trial_paused", t.parameter_id)
         self._assessor_call("trial_paused", event.trial_id)
-        if t.continue_after_pause is not _NOT_ASKED:
-            parameters, t.continue_after_pause = t.continue_after_pause, _NOT_ASKED
+        if t.continue_after_pause is not None:
+            order, t.continue_after_pause = t.continue_after_pause, None
             t.continuing = True
-            self._orders.append(ContinueTrial(event.trial_id, parameters))
+            self._orders.append(order)
 
     def _continued(self, event: TrialContinued, t: _Tracked) -> None:
         t.paused = t.held = t.continuing = False
@@ -306,7 +309,8 @@ class Search:
         success = event.status is TrialStatus.SUCCEEDED
         past = PastTrial(event.trial_id, t.parameter_id, t.parameters, tuple(t.history), event.final, event.status)
         if past.result is not None:
-            self._tuner_call("receive_trial_result", t.parameter_id, t.parameters, past.result)
+            heard = event.result if self._reported and event.result is not None else past.result
+            self._tuner_call("receive_trial_result", t.parameter_id, t.parameters, heard)
             self._mirror_call("receive_trial_result", t.parameter_id, t.parameters, past.result)
         self._tuner_call("trial_end", t.parameter_id, success)
         self._mirror_call("trial_end", t.parameter_id, success)
@@ -347,12 +351,22 @@ class Search:
                 self._pause(trial_id, t, request.reason or f"paused by the {who}")
         elif t.paused and not t.continuing:
             t.continuing = True
-            self._orders.append(ContinueTrial(trial_id, request.parameters))
+            self._orders.append(self._continue_order(who, request, trial_id))
         elif t.pausing:
-            t.continue_after_pause = request.parameters
+            t.continue_after_pause = self._continue_order(who, request, trial_id)
         elif request.parameters is not None and request.parameters != t.parameters:
             log.warning("the %s asked to continue trial %s with new parameters, but it is not paused: it goes on "
                         "with its own", who, trial_id)
+
+    def _continue_order(self, who: str, request: Request, trial_id: str) -> ContinueTrial:
+        """The continue asked, its checkpoint's trial named as the asker names trials."""
+        source = request.checkpoint_from
+        source_trial = self._trial_of.get(source) if who == "tuner" and isinstance(source, int) else source
+        if source is not None and not isinstance(source_trial, str):
+            log.warning("the %s asked to continue trial %s from the checkpoint of %r, which no trial of this search "
+                        "ran; it continues from its own", who, trial_id, source)
+            source_trial = None
+        return ContinueTrial(trial_id, request.parameters, source_trial)
 
     def resume(self, history: Sequence[PastTrial]) -> None:
         """Tell the tuner and the assessor what an earlier run did; track what has not ended."""

@@ -303,3 +303,94 @@ def test_an_uploaded_checkpoints_digest_comes_later_and_reaches_every_trial_that
     assert t2.forked_from.digest == "sha256:abc"
     sim.feed(ck.CheckpointDigested("t1", 9, "sha256:zzz"))  # none such: nothing to record
     assert sim.take(ck.CheckpointDigestKnown) == []
+
+
+def test_a_paused_trial_continues_from_another_trials_checkpoint_and_its_own_go() -> None:
+    sim = ready_sim(environment_count=2, trial_concurrency=2)
+    env1 = running(sim, "t1")
+    env2 = running(sim, "t2")
+    sim.report(env1, saved("t1", 4, metric_index=4))
+    sim.report(env2, saved("t2", 3, metric_index=3))
+    sim.feed(ck.PauseRequested("t2", "exploit"))
+    sim.report(env2, ev.TrialEndReported("t2", ev.Outcome.PAUSED, 0, None, "", "", 0.0))
+    sim.out.clear()
+    sim.feed(ck.ContinueRequested("t2", {"lr": 0.2}, checkpoint_from="t1"))
+    # Its own checkpoint goes, files too; it now continues from t1's, as a trial forked from it.
+    assert [(r.checkpoint.trial_id, r.checkpoint.step) for r in sim.take(ck.RemoveCheckpoint)] == [("t2", 3)]
+    assert [(f.trial_id, f.step) for f in sim.take(ck.CheckpointRemoved)] == [("t2", 3)]
+    assert [(f.trial_id, f.forked_from) for f in sim.take(ck.TrialForked)] == [("t2", ("t1", 4))]
+    sim.report(env1, saved("t1", 5, metric_index=5))
+    assert sim.take(ck.RemoveCheckpoint) == []  # t2 still continues from t1's step 4
+    sim.feed(ev.Ticked())
+    start = sim.starts()["t2"]
+    assert start.parameters == {"lr": 0.2} and start.checkpoint is not None
+    assert (start.checkpoint.trial_id, start.checkpoint.step) == ("t1", 4) and start.first_metric_index == 4
+    # Its results from t1's checkpoint's on are the continued run's.
+    assert [(f.trial_id, f.from_index) for f in sim.take(ck.MetricsSuperseded)] == [("t2", 4)]
+    env = sim.engine.trials["t2"].env_id
+    assert env is not None
+    link = sim.links[env]
+    sim.feed(ck.CheckpointFetchRequested(env, link, "t2", 4, "", 0))  # its agent downloads t1's files
+    assert [(s.checkpoint.trial_id, s.checkpoint.step) for s in sim.take(ck.SendCheckpoint)] == [("t1", 4)]
+    sim.report(env, saved("t2", 5, metric_index=5))  # its own again: t1's step 4 is let go at t1's next save
+    sim.report(env1, saved("t1", 6, metric_index=6))
+    removed = {(r.checkpoint.trial_id, r.checkpoint.step) for r in sim.take(ck.RemoveCheckpoint)}
+    assert removed == {("t1", 4), ("t1", 5)}
+
+
+def test_a_checkpoint_another_trial_continues_from_keeps_its_files_when_its_trial_is_exploited() -> None:
+    sim = ready_sim(environment_count=3, trial_concurrency=3)
+    env1, env2 = running(sim, "t1"), running(sim, "t2")
+    sim.report(env1, saved("t1", 4, metric_index=4))
+    sim.report(env2, saved("t2", 2, metric_index=2))
+    sim.feed(ev.TrialSubmitted("t3", {"x": 3}, "python trial.py", 0, 0, checkpoint_from="t2"))
+    sim.feed(ck.PauseRequested("t2", "exploit"))
+    sim.report(env2, ev.TrialEndReported("t2", ev.Outcome.PAUSED, 0, None, "", "", 0.0))
+    sim.out.clear()
+    sim.feed(ck.ContinueRequested("t2", None, checkpoint_from="t1"))
+    assert [(f.trial_id, f.step) for f in sim.take(ck.CheckpointRemoved)] == [("t2", 2)]  # no longer t2's
+    assert sim.take(ck.RemoveCheckpoint) == []  # but t3 starts from its files
+
+
+def test_restore_gives_an_exploited_trial_the_checkpoint_it_continues_from() -> None:
+    row = {
+        "seq": 0, "status": "PAUSED", "parameters_json": "{}", "command": "c", "gpu_number": 0,
+        "submitted_at": 1.0, "environment_id": None, "gpu_indices_json": "[]", "gpu_uuids_json": "[]",
+        "exit_code": None, "signal": None, "reason": "", "stderr_tail": "", "final_metric": None,
+        "final_metric_json": None, "attempts": 1, "started_at": None, "ended_at": None, "platforms_json": "[]",
+        "retries": 0, "progressed": 1,
+    }
+    rows = [{**row, "id": "t1", "forked_from_json": None}, {**row, "id": "t2", "forked_from_json": '["t1", 4]'}]
+    checkpoints = [
+        {"trial_id": tid, "step": s, "metric_index": s, "size_bytes": 7, "digest": "d", "location": "",
+         "files_json": '[["model.pt", 7, 420]]', "saved_at": float(s), "env_id": "e", "removed_at": gone}
+        for tid, s, gone in (("t1", 4, None), ("t2", 3, 9.0))
+    ]
+    sim = Sim()
+    sim.engine.restore(rows, [], {}, checkpoints, now=1.0, wall=1.0)
+    t2 = sim.engine.trials["t2"]
+    assert t2.checkpoints == [] and t2.checkpoint is not None and (t2.checkpoint.trial_id, t2.checkpoint.step) == (
+        "t1", 4)
+
+
+def test_an_exploited_trial_lost_before_its_own_save_continues_elsewhere_from_the_checkpoint_it_took() -> None:
+    sim = ready_sim(environment_count=2, trial_concurrency=2, max_trial_retries=1)
+    env1, env2 = running(sim, "t1"), running(sim, "t2")
+    sim.report(env1, saved("t1", 6, metric_index=6))
+    sim.report(env2, saved("t2", 4, metric_index=4))
+    sim.feed(ck.PauseRequested("t2", "exploit"))
+    sim.report(env2, ev.TrialEndReported("t2", ev.Outcome.PAUSED, 0, None, "", "", 0.0))
+    sim.feed(ck.ContinueRequested("t2", {"lr": 0.3}, checkpoint_from="t1"))
+    sim.feed(ev.Ticked())
+    env = sim.engine.trials["t2"].env_id
+    assert env is not None
+    sim.run(env, "t2")
+    sim.out.clear()
+    sim.end(env, "t2", ev.Outcome.LOST)
+    sim.advance(5)
+    sim.feed(ev.Ticked())
+    start = sim.starts()["t2"]
+    assert start.parameters == {"lr": 0.3} and start.checkpoint is not None
+    assert (start.checkpoint.trial_id, start.checkpoint.step, start.first_metric_index) == ("t1", 6, 6)
+    assert [(f.trial_id, f.from_index) for f in sim.take(ck.MetricsSuperseded)] == [("t2", 6)]
+    assert sim.engine.trials["t2"].retries == 0  # it had saved a checkpoint since its last loss
