@@ -21,7 +21,7 @@ from conftest import wait_until, write_script
 from dashboard import HTTP_TIMEOUT_S, first_line, many_trials, tk_bare
 from test_cli import RUN_TIMEOUT_S, _script, tk
 from trialkeeper.coordinator.read.model import ReadModel
-from trialkeeper.coordinator.store.store import Store
+from trialkeeper.coordinator.store.store import MetricRow, Store
 
 START_TIMEOUT_S = 60.0
 LISTED_TIMEOUT_S = 60.0
@@ -100,17 +100,21 @@ def test_tensorboard_serves_one_run_per_trial_of_a_real_experiment(tmp_path: Pat
         url, lines = first_line(proc, lambda line: (m := URL.search(line)) and m.group(1), timeout=START_TIMEOUT_S)
         assert url, f"TensorBoard did not start: {''.join(lines)}"
         assert f"log directory {exp / 'tensorboard'}: 3 run(s)" in "".join(lines)
+        assert "no trial wrote TensorBoard event files" not in "".join(lines)
+        # Beside each trial's own run, its stored results (here its final one) as scalars.
+        stored = {f"stored/{name}" for name in expected}
         runs = wait_until(
-            lambda: (r := _get(url + "/data/runs")) and set(r) == expected and r,
-            timeout=LISTED_TIMEOUT_S, message=f"TensorBoard listing {sorted(expected)}",
+            lambda: (r := _get(url + "/data/runs")) and set(r) == expected | stored and r,
+            timeout=LISTED_TIMEOUT_S, message=f"TensorBoard listing {sorted(expected | stored)}",
         )
-        assert len(runs) == 3
+        assert len(runs) == 6
         # Each run's event file was read through its link: its `loss` scalars are there.
         tags = wait_until(
-            lambda: (t := _get(url + "/data/plugin/scalars/tags")) and set(t) == expected and t,
+            lambda: (t := _get(url + "/data/plugin/scalars/tags")) and set(t) == expected | stored and t,
             timeout=LISTED_TIMEOUT_S, message="the trials' scalars",
         )
         assert all(set(tags[run]) == {"loss"} for run in expected)
+        assert all(set(tags[run]) == {"final"} for run in stored)
     finally:
         proc.terminate()  # TensorBoard itself: the command became it
         try:
@@ -138,7 +142,7 @@ def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: 
     proc = tk_bare("tensorboard", exp)
     assert proc.returncode == 1, proc.stderr
     logdir = exp / "tensorboard"
-    runs = sorted(p.name for p in logdir.iterdir())
+    runs = sorted(p.name for p in logdir.iterdir() if p.name != "stored")
     assert len(runs) == 2 and runs[0].startswith("tr00000_layers=") and "lr=" in runs[0] and "opt=" in runs[0]
     assert all((logdir / r).is_symlink() and (logdir / r / "events.out.tfevents.1").exists() for r in runs)
     assert "trial tr00001: output not on this machine" in proc.stdout and "gpu-box-7" in proc.stdout
@@ -149,6 +153,45 @@ def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: 
 
     # Again, for chosen trials, into another directory: only those runs.
     proc = tk_bare("tensorboard", exp, "tr00002", "--logdir", tmp_path / "tb")
-    assert [p.name.split("_")[0] for p in (tmp_path / "tb").iterdir()] == ["tr00002"]
+    assert sorted(p.name.split("_")[0] for p in (tmp_path / "tb").iterdir()) == ["stored", "tr00002"]
+    assert [p.name.split("_")[0] for p in (tmp_path / "tb" / "stored").iterdir() if p.is_dir()] == ["tr00002"]
     proc = tk_bare("tensorboard", exp, "nope")
     assert proc.returncode == 1 and "no trial nope" in proc.stderr
+
+
+def test_tensorboard_shows_the_stored_results_when_no_trial_wrote_event_files(tmp_path: Path) -> None:
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    exp = tmp_path / "exp"
+    many_trials(exp, 3)  # three intermediate results each, no output directories
+    store = Store.in_dir(exp)
+    store.add_metrics([MetricRow("tr00001", 3, "final", 0.75, json.dumps({"default": 0.75, "loss": 0.2}), 5.0)])
+    store.close()
+    proc = tk_bare("tensorboard", exp)
+    assert "no trial wrote TensorBoard event files (events.out.tfevents.*)" in proc.stdout, proc.stdout
+    assert "stored/: the results of 3 trial(s) as scalars" in proc.stdout
+    root = exp / "tensorboard" / "stored"
+    runs = sorted(p for p in root.iterdir() if p.is_dir())
+    assert [r.name.split("_")[0] for r in runs] == ["tr00000", "tr00001", "tr00002"]
+
+    # Read back by TensorBoard's own reader: every stored result, at its step.
+    board = event_accumulator.EventAccumulator(str(runs[1]))
+    board.Reload()
+    assert sorted(board.Tags()["scalars"]) == ["final", "final/loss", "intermediate"]
+    assert [(e.step, round(e.value, 6)) for e in board.Scalars("intermediate")] == [(0, 0.0), (1, 0.1), (2, 0.2)]
+    assert [(e.step, e.value, e.wall_time) for e in board.Scalars("final")] == [(3, 0.75, 5.0)]
+    assert [round(e.value, 6) for e in board.Scalars("final/loss")] == [0.2]
+
+    # Written once: a second run leaves the files as they are, until a trial reports more.
+    files = {r.name: list(r.glob("events.out.tfevents.*")) for r in runs}
+    assert all(len(f) == 1 for f in files.values())
+    tk_bare("tensorboard", exp)
+    assert {r.name: list(r.glob("events.out.tfevents.*")) for r in runs} == files
+    store = Store.in_dir(exp)
+    store.add_metrics([MetricRow("tr00000", 3, "intermediate", 0.3, "0.3", 6.0)])
+    store.close()
+    tk_bare("tensorboard", exp)
+    again = list(runs[0].glob("events.out.tfevents.*"))
+    assert len(again) == 1
+    board = event_accumulator.EventAccumulator(str(runs[0]))
+    board.Reload()
+    assert [e.step for e in board.Scalars("intermediate")] == [0, 1, 2, 3]

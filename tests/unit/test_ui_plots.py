@@ -185,3 +185,11 @@ def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path) -> None
             export.export(model, {"columns": "id,secret"})
         with pytest.raises(ValueError, match="format: 'xml' is not csv or json"):
             export.export(model, {"format": "xml"})
+
+
+def test_event_files_are_tfrecords_with_crc32c() -> None:
+    from trialkeeper.coordinator.ui import tfevents
+
+    assert tfevents.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    framed = tfevents.record(b"abc")
+    assert framed[:8] == (3).to_bytes(8, "little") and framed[12:15] == b"abc" and len(framed) == 8 + 4 + 3 + 4
