@@ -345,6 +345,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
     if t.gpu_indices:
         where += f", GPUs {','.join(str(i) for i in t.gpu_indices)}"
     print(f"environment: {where}; attempts: {t.attempts}")
+    for r in t.ranks:  # a multi-node trial: every rank's environment, GPUs and state
+        gpus = f", GPUs {','.join(str(i) for i in r.gpu_indices)}" if r.gpu_indices else ""
+        print(f"  rank {r.rank}: {r.environment_id}{gpus}: {r.state}")
     if t.exit_code is not None or t.signal:
         print(f"exit code: {t.exit_code}; signal: {t.signal or 'none'}")
     inter = detail.intermediate

@@ -139,7 +139,7 @@ class TrialBook:
         fork = (t.forked_from.trial_id, t.forked_from.step) if t.forked_from else None
         self._next_seq += 1
         self._out.append(ev.TrialAdded(
-            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork
+            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork, t.nodes
         ))
         self.trials[t.id] = t
         self.queue.append(self.demand(t))

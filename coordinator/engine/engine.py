@@ -219,9 +219,8 @@ class Engine:
         self.wall = self.book.wall = self.fleet.wall = wall
 
     def _take(self) -> None:
-        """Gather what the two machines said, in the order they said it."""
-        self._out += self.book.take()
-        self._out += self.fleet.take()
+        """Gather what the two machines (and the gangs between them) said, in that order."""
+        self._out += self.book.take() + self.fleet.take() + self.gangs.take()
 
     def _flush(self) -> list[ev.Instruction]:
         self._starts_failed()

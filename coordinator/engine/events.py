@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from . import checkpoints as ck
-from .model import MetricEvent, StatusEvent
+from .model import MetricEvent, RankInfo, StatusEvent
 from .policy import Policy
 from .rows import GpuSampleRow, MetricRun
 from .states import EnvStatus, TrialStatus
@@ -370,6 +370,7 @@ class TrialAdded:
     platforms: tuple[str, ...] = ()
     # The checkpoint it starts from, another trial's: (that trial, its step).
     forked_from: tuple[str, int] | None = None
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -396,6 +397,14 @@ class TrialUnplaced:
     """It waits again, placed nowhere (a retry, or its environment ended meanwhile)."""
 
     trial_id: str
+
+
+@dataclass(frozen=True)
+class TrialRanks:
+    """A multi-node trial's ranks changed (placed, started, ended)."""
+
+    trial_id: str
+    ranks: tuple[RankInfo, ...]
 
 
 @dataclass(frozen=True)
@@ -532,13 +541,14 @@ Fact = (
     | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
     | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
     | ck.CheckpointRecorded | ck.CheckpointRemoved | ck.MetricsSuperseded | ck.TrialRetried
-    | ck.TrialParametersChanged | ck.CheckpointDigestKnown | ck.TrialForked
+    | ck.TrialParametersChanged | ck.CheckpointDigestKnown | ck.TrialForked | TrialRanks
 )
 
 FACTS = (
     TrialAdded, TrialStatusChanged, TrialPlaced, TrialUnplaced, TrialRan, TrialStopping, TrialExited,
     FinalResultSet, WaitingReasonsChanged, EnvironmentAdded, EnvironmentStatusChanged,
     EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored, *ck.CHECKPOINT_FACTS,
+    TrialRanks,
 )
 
 # What the shell writes in one transaction before anything goes out.

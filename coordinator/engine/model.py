@@ -17,6 +17,17 @@ from .states import EnvStatus, TrialStatus
 
 
 @dataclass(frozen=True)
+class RankInfo:
+    """One node of a multi-node trial: its environment, GPUs, and where its process is
+    (placed | started | running | ended, with how it ended)."""
+
+    rank: int
+    environment_id: str
+    gpu_indices: tuple[int, ...]
+    state: str
+
+
+@dataclass(frozen=True)
 class TrialInfo:
     """One trial, as the embedding API, the CLI and the dashboard show it.
 
@@ -48,6 +59,9 @@ class TrialInfo:
     unreadable: tuple[str, ...] = ()
     # The step of its newest checkpoint (None: it saved none).
     checkpoint_step: int | None = None
+    # Environments it runs on at once, and (a multi-node trial) each rank's, last placed.
+    nodes: int = 1
+    ranks: tuple[RankInfo, ...] = ()
 
     @property
     def done(self) -> bool:
@@ -106,6 +120,7 @@ class TrialState:
     submitted_at: float
     gpu_memory: int = 0
     nodes: int = 1  # environments it runs on at once; rank 0's is env_id (the others: ranks.py)
+    ranks: tuple[RankInfo, ...] = ()  # as last told (multinode.py)
     env_id: str | None = None
     gpu_uuids: tuple[str, ...] = ()
     gpu_indices: tuple[int, ...] = ()
@@ -172,6 +187,7 @@ class TrialState:
             stopping=self.cancel_status is not None and not self.status.terminal,
             waiting_reason=self.waiting_reason if self.status is TrialStatus.WAITING else "",
             checkpoint_step=self.checkpoints[-1].step if self.checkpoints else None,
+            nodes=self.nodes, ranks=self.ranks,
         )
 
 

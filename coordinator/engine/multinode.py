@@ -28,6 +28,17 @@ class GangRoom:
         # The environments held for the first gang that cannot start yet (see gangs.py).
         self.reserved: tuple[str, ...] = ()
         self._closed: dict[str, bool] = {}  # reserved views closed for one pass: their state before
+        self._out: list[ev.Instruction] = []
+
+    def take(self) -> list[ev.Instruction]:
+        """The facts of the calls since the last take (each gang's ranks as they changed)."""
+        out, self._out = self._out, []
+        return out
+
+    def _tell(self, book: TrialBook, trial_id: str) -> None:
+        t = book.trials[trial_id]
+        t.ranks = self.ranks.infos(trial_id)
+        self._out.append(ev.TrialRanks(trial_id, t.ranks))
 
     # ---- the scheduling pass -------------------------------------------------------------------
 
@@ -78,6 +89,7 @@ class GangRoom:
         for p in ranks:
             fleet.occupied(p.env_id, trial_id)
         self._start(book, fleet, trial_id, r0.env_id, 0)
+        self._tell(book, trial_id)
 
     def _start(self, book: TrialBook, fleet: Fleet, trial_id: str, env_id: str, rank: int) -> None:
         message = book.start_message(trial_id, fleet.section(env_id).working_directory)
@@ -104,6 +116,7 @@ class GangRoom:
                 book.started(env_id, report)
             for other, r in self.ranks.started(trial_id, env_id, report.address, report.port):
                 self._start(book, fleet, trial_id, other, r)
+            self._tell(book, trial_id)
             return True
         if isinstance(report, ev.TrialEndReported):
             self._ended(book, fleet, env_id, report, gone=report.outcome is ev.Outcome.LOST)
@@ -139,9 +152,11 @@ class GangRoom:
             if not gone:
                 fleet.trial_done(env_id)
         book.slot_freed()
+        self._tell(book, trial_id)
         for other in result.stop:
             fleet.send(other, ev.CancelTrial(trial_id, CANCEL_GRACE_S, f"stopped with its gang: {result.why}"))
         if result.trial_end is not None and rank0_env is not None:
+            self.ranks.clear(trial_id)
             platform = fleet.envs[rank0_env].platform if rank0_env in fleet.envs else ""
             book.ended(rank0_env, result.trial_end, platform=platform)
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import events as ev
+from .model import RankInfo
 
 # The ends that let the other ranks go on.
 _GOES_ON = (ev.Outcome.SUCCEEDED,)
@@ -121,7 +122,6 @@ class Ranks:
             why = f"rank {rank} ended ({end.outcome.value}{': ' + end.reason if end.reason else ''})"
         if any(x.state != "ended" for x in gang.ranks):
             return RankEnded(stop, None, why)
-        del self.gangs[trial_id]
         first = gang.first_stop
         if first is None:  # every rank exited 0: rank 0's end is the trial's
             return RankEnded(stop, gang.ranks[0].end, why)
@@ -129,4 +129,15 @@ class Ranks:
         return RankEnded(stop, dataclasses.replace(first, reason=reason), why)
 
     def clear(self, trial_id: str) -> None:
+        """The trial ended as a whole: its ranks are forgotten."""
         self.gangs.pop(trial_id, None)
+
+    def infos(self, trial_id: str) -> tuple[RankInfo, ...]:
+        """Each rank as the read side shows it."""
+        gang = self.gangs.get(trial_id)
+        if gang is None:
+            return ()
+        return tuple(
+            RankInfo(i, r.env_id, r.gpu_indices, f"ended ({r.end.outcome.value})" if r.end is not None else r.state)
+            for i, r in enumerate(gang.ranks)
+        )

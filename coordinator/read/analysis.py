@@ -1,6 +1,6 @@
 """What the dashboard's analysis charts compute from trials already read: each parameter's
-importance to the final metric, the empirical distribution of the final metric, and the
-Pareto front of trials scored on several objectives.
+importance to the final metric, and the empirical distribution of the final metric (the
+Pareto front of several objectives is ``read/pareto.py``'s).
 
 Importance is Optuna's PED-ANOVA evaluator (``optuna.importance.PedAnovaImportanceEvaluator``)
 over an in-memory study of the trials given, each parameter with the distribution its search
@@ -10,11 +10,10 @@ fANOVA: it takes milliseconds over two thousand trials, where fANOVA's forest ta
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,32 +110,3 @@ def edf(sorted_values: Sequence[float], points: int) -> list[tuple[float, float]
             out.pop()  # equal values: the point of the last of them
         out.append((value, (i + 1) / n))
     return out
-
-
-def objective_values(result: Any, keys: Sequence[str]) -> tuple[float, ...] | None:
-    """The numbers a dict result holds under ``keys``, in that order (None when one is missing)."""
-    if isinstance(result, str):
-        try:
-            result = json.loads(result)
-        except ValueError:
-            return None
-    if not isinstance(result, dict):
-        return None
-    values = [result.get(k) for k in keys]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
-        return None
-    return tuple(float(v) for v in values)
-
-
-def pareto_front(points: Iterable[tuple[str, tuple[float, ...]]], maximize: Sequence[bool]) -> list[str]:
-    """The ids of the points no other point dominates (as good on every objective and better on
-    one), ``maximize`` saying each objective's direction; in the order given."""
-    signed = [(pid, tuple(v if up else -v for v, up in zip(values, maximize))) for pid, values in points]
-    # Sorted best first on the first objective: a point can be dominated only by one before it.
-    order = sorted(range(len(signed)), key=lambda i: tuple(-x for x in signed[i][1]))
-    front: list[int] = []
-    for i in order:
-        v = signed[i][1]
-        if not any(all(a >= b for a, b in zip(signed[j][1], v)) and signed[j][1] != v for j in front):
-            front.append(i)
-    return [signed[i][0] for i in sorted(front)]

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from ..engine.model import TrialInfo
+from ..engine.model import RankInfo, TrialInfo
 from ..engine.rows import GpuSampleRow
 from ..engine.states import EnvStatus, TrialStatus
 from ..store.reads import StoreError, StoreReader, holds_experiment
@@ -311,7 +311,20 @@ def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
         stopping=stopping and active,
         unreadable=tuple(f.notes),
         checkpoint_step=f.integer("checkpoint_step") if "checkpoint_step" in row else None,
+        nodes=max(1, f.integer("nodes") or 1) if "nodes" in row else 1,
+        ranks=_ranks(f.json("ranks_json", lambda v: isinstance(v, list), "a list of ranks", []) if "ranks_json" in row
+                     else []),
     )
+
+
+def _ranks(raw: list[Any]) -> tuple[RankInfo, ...]:
+    """A multi-node trial's ranks as stored ([rank, environment, GPUs, state] each); one
+    that cannot be read is left out."""
+    found = []
+    for r in raw:
+        if isinstance(r, list) and len(r) == 4 and isinstance(r[0], int) and _is_int_list(r[2]):
+            found.append(RankInfo(r[0], str(r[1]), tuple(r[2]), str(r[3])))
+    return tuple(found)
 
 
 # ---- the read model ------------------------------------------------------------------------

@@ -86,6 +86,8 @@ def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
         row["platforms_json"] = json.dumps(list(f.platforms))
     if f.forked_from is not None:
         row["forked_from_json"] = json.dumps(list(f.forked_from))
+    if f.nodes > 1:
+        row["nodes"] = f.nodes
     return (Insert("trials", row),)
 
 
@@ -112,6 +114,9 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     ev.TrialUnplaced: lambda f: (Update("trials", f.trial_id, {
         "environment_id": None, "gpu_indices_json": "[]", "gpu_uuids_json": "[]",
     }),),
+    ev.TrialRanks: lambda f: (Update("trials", f.trial_id, {"ranks_json": json.dumps([
+        [r.rank, r.environment_id, list(r.gpu_indices), r.state] for r in f.ranks
+    ])}),),
     ev.TrialRan: lambda f: (Update("trials", f.trial_id, {"started_at": f.started_at}),),
     ev.TrialStopping: lambda f: (Update("trials", f.trial_id, {"reason": f.reason, "stopping": 1}),),
     ev.TrialExited: lambda f: (Update("trials", f.trial_id, {

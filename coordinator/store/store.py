@@ -122,7 +122,7 @@ TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
-    "waiting_reason", "stopping", "platforms_json", *checkpointrows.TRIAL_COLUMNS,
+    "waiting_reason", "stopping", "platforms_json", "nodes", "ranks_json", *checkpointrows.TRIAL_COLUMNS,
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
@@ -166,6 +166,9 @@ _ADDED_COLUMNS = {
         "stopping": "INTEGER NOT NULL DEFAULT 0",
         # The platforms the trial may use, most preferred first ([]: the experiment's).
         "platforms_json": "TEXT NOT NULL DEFAULT '[]'",
+        # A multi-node trial's environments at once, and its ranks as [rank, env, GPUs, state].
+        "nodes": "INTEGER NOT NULL DEFAULT 1",
+        "ranks_json": "TEXT NOT NULL DEFAULT '[]'",
         **checkpointrows.TRIAL_COLUMNS,
     },
     # 1 while the environment's agent has its stream open.

@@ -22,7 +22,7 @@ from aiohttp.web_urldispatcher import AbstractResource, AbstractRoute
 from ..cli.control import alive
 from ..read import pages
 from ..read.model import ReadModel, to_json
-from ..store.reads import StoreError, holds_experiment
+from ..store.reads import FILENAME, StoreError, holds_experiment
 from .server import PUBLIC, _State, build_app, read_token
 
 PREFIX = "/x"
@@ -46,35 +46,66 @@ def _max_trials(config: Mapping[str, Any] | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def listing(directory: Path) -> dict[str, Any]:
-    """Every experiment in ``directory``, newest first; one whose store cannot be read is
-    listed with why."""
-    rows = []
-    for path in experiment_dirs(directory):
-        row: dict[str, Any] = {"key": path.name}
+def _row(path: Path) -> dict[str, Any]:
+    """One experiment's line in the list (``error`` when its store cannot be read)."""
+    row: dict[str, Any] = {"key": path.name}
+    try:
+        with ReadModel.open(path) as model:
+            exp, config = model.experiment(), model.stored_config()
+    except StoreError as e:
+        return {**row, "error": str(e)}
+    if exp is None:
+        return {**row, "error": "the store holds no experiment"}
+    best = exp.best
+    return {
+        **row, "id": exp.id, "name": exp.name, "status": exp.status, "reason": exp.reason,
+        "started_at": exp.started_at, "ended_at": exp.ended_at, "optimize_mode": exp.optimize_mode,
+        "trials": dict(exp.trials), "trial_count": exp.trial_count,
+        "ended": sum(n for s, n in exp.trials.items() if s not in ("WAITING", "RUNNING", "PAUSED")),
+        "max_trials": _max_trials(config),
+        "best": {"id": best.id, "final_metric": to_json(best.final_metric)} if best is not None else None,
+    }
+
+
+def _written(path: Path) -> tuple[tuple[int, int], ...]:
+    """When and how much the experiment's store (its database and write-ahead log) was last written."""
+    found = []
+    for name in (FILENAME, FILENAME + "-wal"):
         try:
-            with ReadModel.open(path) as model:
-                exp, config = model.experiment(), model.stored_config()
-        except StoreError as e:
-            rows.append({**row, "error": str(e)})
+            st = (path / name).stat()
+        except OSError:
             continue
-        if exp is None:
-            rows.append({**row, "error": "the store holds no experiment"})
-            continue
-        ended = sum(n for s, n in exp.trials.items() if s not in ("WAITING", "RUNNING", "PAUSED"))
-        best = exp.best
-        reason = exp.reason
-        if exp.status == "RUNNING" and not alive(path, timeout=PING_S):
-            reason = reason or CRASHED
-        rows.append({
-            **row, "id": exp.id, "name": exp.name, "status": exp.status, "reason": reason,
-            "started_at": exp.started_at, "ended_at": exp.ended_at, "optimize_mode": exp.optimize_mode,
-            "trials": dict(exp.trials), "trial_count": exp.trial_count, "ended": ended,
-            "max_trials": _max_trials(config),
-            "best": {"id": best.id, "final_metric": to_json(best.final_metric)} if best is not None else None,
-        })
-    rows.sort(key=lambda r: -(r.get("started_at") or 0.0))
-    return {"directory": str(directory), "experiments": rows}
+        found.append((st.st_mtime_ns, st.st_size))
+    return tuple(found)
+
+
+class Listing:
+    """Every experiment in a directory, newest first. An experiment's store is read again only
+    once it has been written since (a directory of hundreds of ended experiments costs a look
+    at their files); a running one whose coordinator does not answer is said to have crashed."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._seen: dict[str, tuple[tuple[tuple[int, int], ...], dict[str, Any]]] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        rows, seen = [], {}
+        for path in experiment_dirs(self.directory):
+            written = _written(path)
+            known = self._seen.get(path.name)
+            row = known[1] if known is not None and known[0] == written else _row(path)
+            seen[path.name] = (written, row)
+            if row.get("status") == "RUNNING" and not row["reason"] and not alive(path, timeout=PING_S):
+                row = {**row, "reason": CRASHED}
+            rows.append(row)
+        self._seen = seen
+        rows.sort(key=lambda r: -(r.get("started_at") or 0.0))
+        return {"directory": str(self.directory), "experiments": rows}
+
+
+def listing(directory: Path) -> dict[str, Any]:
+    """Every experiment in ``directory``, read now (see :class:`Listing`)."""
+    return Listing(directory)()
 
 
 def compare(directory: Path, keys: list[str]) -> dict[str, Any]:
@@ -160,6 +191,7 @@ class _Home:
         self.token = token
         self.open_reads = open_reads
         self.apps: dict[str, web.Application] = {}
+        self.listing = Listing(directory)
         self._reader = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="home-reads")
 
     async def experiment_app(self, name: str) -> web.Application | None:
@@ -196,7 +228,7 @@ class _Home:
         return web.json_response(data)
 
     async def experiments(self, request: web.Request) -> web.Response:
-        return await self._answer(lambda: listing(self.directory))
+        return await self._answer(self.listing)
 
     async def compared(self, request: web.Request) -> web.Response:
         keys = [k for k in request.query.get("keys", "").split(",") if k]

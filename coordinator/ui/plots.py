@@ -9,7 +9,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..read import analysis, pages
+from ..read import analysis, pages, pareto
 from ..read.model import ReadModel, TrialSnapshot, to_json
 from ..read.space import axes as parameter_axes
 from ..read.space import search_space
@@ -53,6 +53,7 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
             if n in (t.parameters or {}):
                 seen[n].append((t.parameters or {})[n])
     finals = model._read("trials", model.store.final_metrics)
+    sampled = len(sample) < sum(model.trial_counts().values())
     return {
         "optimize_mode": mode,
         "parameters": names,
@@ -65,9 +66,29 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
             for t in chosen if curves.get(t.id)
         ],
         "trials": rows,
-        "sampled": len(sample) < sum(model.trial_counts().values()),
+        "sampled": sampled,
         "edf": analysis.edf(finals, SERIES_POINTS),
         "edf_trials": len(finals),
+        "pareto": _pareto(config, sample, sampled=sampled),
+    }
+
+
+def _pareto(config: Mapping[str, Any] | None, sample: tuple[TrialSnapshot, ...], *, sampled: bool) -> Any:
+    """With several objectives: each sampled trial's first two objectives, and whether it is on
+    the Pareto front of all of them (among the trials sampled); None with one objective."""
+    objectives = pareto.objectives_of(config)
+    if not objectives.several:
+        return None
+    front = {t.id for t in pareto.pareto_front(sample, objectives)}
+    points = []
+    for t in sample:
+        values = objectives.values(t.final_metric_value if t.final_metric_value is not None else t.final_metric)
+        if values is not None:
+            points.append([t.id, values[0], values[1], t.id in front])
+    return {
+        "objectives": list(objectives.keys[:2]), "all_objectives": list(objectives.keys),
+        "maximize": [d == "maximize" for d in objectives.directions[:2]], "points": points,
+        "trials": len(sample), "sampled": sampled,
     }
 
 

@@ -67,11 +67,17 @@ def test_a_trial_of_n_nodes_runs_a_real_collective_across_n_local_agents(tmp_pat
             assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
             # Results are rank 0's: another rank's report is ignored, said once in its log.
             assert [r.value for r in c.store.metrics(h.id)] == [expected]
+            assert next(t for t in c.store.trials() if t["id"] == h.id)["nodes"] == nodes  # kept for a resume
             note = (exp / "trials" / h.id / "rank1" / "stderr.log").read_text()
             assert note.count("results are taken from rank 0") == 1
 
     run_async(body())
-    # Each rank's output, by the command line.
+    # Each rank's environment and state, and each rank's output, by the command line.
+    shown = subprocess.run([sys.executable, "-m", "trialkeeper.coordinator.cli", "trial", str(exp), ids[0]],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    ranks = [ln.strip() for ln in shown.splitlines() if ln.strip().startswith("rank ")]
+    assert len(ranks) == nodes and all(ln.endswith("ended (succeeded)") for ln in ranks), shown
+    assert len({ln.split(":")[1] for ln in ranks}) == nodes  # each on an environment of its own
     for rank in range(nodes):
         out = subprocess.run([sys.executable, "-m", "trialkeeper.coordinator.cli", "logs", str(exp), ids[0],
                               "--rank", str(rank)], capture_output=True, text=True, timeout=60, check=True).stdout

@@ -201,6 +201,99 @@ def test_killing_the_actor_mid_trial_loses_the_environment(cluster: LocalRay, tm
     assert not _agents_under(tmp_path)
 
 
+# ---- placementStrategy: every actor of the experiment in one placement group ------------------
+
+
+def _groups(experiment_id: str) -> list[dict[str, Any]]:
+    """The experiment's placement groups that Ray still keeps (this process is connected)."""
+    from ray.util import placement_group_table
+
+    return [g for g in placement_group_table().values()
+            if g.get("name") == f"trialkeeper/{experiment_id}" and g.get("state") != "REMOVED"]
+
+
+def test_a_placement_strategy_puts_every_actor_in_the_experiments_placement_group(
+    cluster: LocalRay, tmp_path: Path
+) -> None:
+    write_script(tmp_path, "trial.py", """
+        from trialkeeper.agent import trial
+        trial.report_final_result(trial.get_next_parameter()["x"])
+    """)
+    config = build_config(
+        tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=2,
+        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy="PACK"),
+    )
+
+    async def body() -> None:
+        import ray
+
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            handles = [await c.submit({"x": float(i)}) for i in range(4)]
+            for h in handles:
+                info = await h.wait(WAIT_S)
+                assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason)
+            [group] = _groups(c.experiment_id)
+            assert (group["strategy"], group["state"]) == ("PACK", "CREATED"), group
+            assert group["bundles"] == {0: {"CPU": 0.5}, 1: {"CPU": 0.5}}, group["bundles"]
+            assert len(c.environments()) == 2
+            # Both actors (alive until the experiment ends) hold the group's CPUs, and nothing else does.
+            in_group = f"CPU_group_{group['placement_group_id']}"
+            assert ray.cluster_resources()[in_group] == 1.0
+            wait_until(lambda: ray.available_resources().get(in_group, 0.0) == 0.0, WAIT_S,
+                       message=f"the actors are not in the group: {ray.available_resources()}")
+            experiment_id = c.experiment_id
+        # The group goes with the experiment's actors.
+        wait_until(lambda: not _groups(experiment_id), WAIT_S, message="the placement group outlived the experiment")
+
+    run_async(body, timeout=4 * WAIT_S)
+
+
+def test_strict_spread_waits_for_a_node_per_actor_and_says_so(cluster: LocalRay, tmp_path: Path) -> None:
+    # The local cluster has one node: two actors each on a node of its own can never be placed.
+    config = build_config(
+        tmp_path, trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy="STRICT_SPREAD"),
+    )
+    experiment_id = f"spread{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        service = create_service(config, tmp_path / "exp")
+        await service.prepare()
+        for env_id in ("env-1", "env-2"):
+            result = await service.start(EnvironmentRequest(env_id, experiment_id, "127.0.0.1:9", "t0ken"))
+            assert result.error is None, result.error
+        seen = await service.poll(["env-1", "env-2"])
+        for env_id in ("env-1", "env-2"):
+            assert seen[env_id].state == "starting", seen[env_id]
+            assert f"placement group trialkeeper/{experiment_id} (STRICT_SPREAD: 2 bundles of 0.5 CPU, each on a " \
+                   "node of its own)" in seen[env_id].detail, seen[env_id]
+        [group] = _groups(experiment_id)
+        assert (group["strategy"], group["state"]) == ("STRICT_SPREAD", "PENDING"), group
+        await service.stop("env-1", 0.0)
+        await service.stop("env-2", 0.0)
+        await service.close()
+        assert not _groups(experiment_id) and not _actors(experiment_id)
+
+    run_async(body, timeout=3 * WAIT_S)
+
+
+def test_a_left_over_placement_group_is_swept_with_its_actors(cluster: LocalRay, tmp_path: Path) -> None:
+    config = build_config(tmp_path, trainingService=_section(cluster, tmp_path, placementStrategy="SPREAD"))
+    experiment_id = f"pgorphan{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        crashed = create_service(config, tmp_path / "exp")
+        await crashed.prepare()
+        assert (await crashed.start(EnvironmentRequest("env-1", experiment_id, "127.0.0.1:9", "t0ken"))).error is None
+        await async_wait_until(lambda: len(_groups(experiment_id)) == 1, WAIT_S, message="no placement group")
+        # Its coordinator is gone without a word; a fresh service that keeps nothing sweeps both.
+        fresh = create_service(config, tmp_path / "exp")
+        assert await fresh.sweep(experiment_id) == ["env-1"]
+        assert not _groups(experiment_id) and not _actors(experiment_id)
+        await fresh.close()
+
+    run_async(body, timeout=3 * WAIT_S)
+
+
 # ---- what a crashed coordinator leaves behind -------------------------------------------
 
 
@@ -427,6 +520,16 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         assert expected in text, text
     with pytest.raises(ConfigError, match=r"trainingService\.address: required key is missing"):
         _ray_config(tmp_path)
+
+
+def test_a_placement_strategy_is_one_of_rays_and_needs_a_resource(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"placementStrategy: expected one of PACK, SPREAD, STRICT_PACK, STRICT_"):
+        _ray_config(tmp_path, address="auto", placementStrategy="NEAR")
+    with pytest.raises(ConfigError, match=r"placementStrategy: a placement group's bundles need a resource: set num"):
+        _ray_config(tmp_path, address="auto", numCpus=0, placementStrategy="PACK")
+    spread = _ray_config(tmp_path, address="auto", placementStrategy="STRICT_SPREAD").training_service
+    assert spread.placement_strategy == "STRICT_SPREAD"
+    assert _ray_config(tmp_path, address="auto").training_service.placement_strategy is None
 
 
 def test_config_defaults_and_environment_counts(tmp_path: Path) -> None:

@@ -570,6 +570,7 @@ def test_the_context_page_steers_a_running_experiment_and_says_why_not_once_it_e
         assert text(browser, "#ctx-tuner") == "random"
         assert text(browser, "#ctx-space tr[data-param=x]").split("\t")[:2] == ["x", "choice"]
         assert '"GATES": ' in text(browser, "#ctx-config") and "local" in text(browser, "#ctx-platforms")
+        assert Path(text(browser, "#ctx-directory")).resolve() == served.experiment_dir.resolve()
         assert visible(browser, "ctx-steer") and text(browser, "#ctx-why") == ""
         _log_in(browser, token)
 
@@ -660,6 +661,15 @@ def test_the_experiments_home_lists_opens_and_compares_experiments(tmp_path: Pat
                    timeout=WAIT_S, message="both experiments listed")
         row = text(browser, "#experiments tr[data-key=first]")
         assert "DONE" in row and "300 / 300" in row and "maximize" in row, row
+        browser.find_element(By.ID, "home-search").send_keys("seco")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key]")) == 1,
+                   timeout=WAIT_S, message="the search leaves one")
+        assert browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key=second]")
+        browser.find_element(By.ID, "home-search").clear()
+        browser.execute_script("const s = document.getElementById('home-search'); s.value = '';"
+                               "s.dispatchEvent(new Event('input'));")
+        wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#experiments tr[data-key]")) == 2,
+                   timeout=WAIT_S, message="both again")
         best = get_json(url + "/x/first/api/experiment")["best"]
         assert text(browser, "#experiments tr[data-key=first] [data-col=best]").startswith(str(best["final_metric"]))
 

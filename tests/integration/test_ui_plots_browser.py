@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import wait_until
 from dashboard import get_json, stored_dashboard
+from plotdata import two_objectives
 from test_ui_browser import WAIT_S, browser, console_errors, series_points, text  # noqa: F401 - browser: a fixture
 from trialkeeper.coordinator.store.store import MetricRow, Store
 
@@ -265,3 +266,18 @@ def test_the_pages_details(tmp_path: Path, browser: Any) -> None:  # noqa: F811
         assert dark == "rgb(18, 21, 28)"
         # 404s of the unknown trial are the browser's own lines; nothing else.
         assert [e for e in console_errors(browser) if "/api/trials/nope" not in e] == []
+
+
+@pytest.mark.slow
+def test_the_pareto_front_of_two_objectives(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    exp = tmp_path / "exp"
+    two_objectives(exp)
+    with stored_dashboard(exp) as served:
+        browser.get(served.url + "/#/compare")
+        wait_until(lambda: browser.execute_script("return document.getElementById('pareto-chart').dataset.front;"),
+                   timeout=WAIT_S, message="the Pareto front drawn")
+        front = browser.execute_script("return document.getElementById('pareto-chart').dataset.front;")
+        assert front.split(",") == ["e", "b", "a", "d"]  # by accuracy; c is dominated by b
+        assert option(browser, "pareto-chart", ".title[0].text").startswith("Pareto front of acc (max) and lat (min)")
+        assert option(browser, "pareto-chart", ".series[0].data.length") == 1  # c, dominated
+        assert console_errors(browser) == []

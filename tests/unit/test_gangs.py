@@ -59,6 +59,8 @@ def test_a_gang_starts_whole_and_succeeds_when_every_rank_exits_0() -> None:
     submit(sim, "g", 3)
     envs = start_gang(sim, "g")
     assert sim.status("g") is TrialStatus.RUNNING
+    assert [(r.environment_id, r.state) for r in sim.engine.trial_info("g").ranks] == [(e, "running") for e in envs]
+    assert sim.take(ev.TrialRanks)[-1].ranks == sim.engine.trial_info("g").ranks  # stored as it changes
     sim.end(envs[0], "g", ev.Outcome.SUCCEEDED)
     sim.end(envs[2], "g", ev.Outcome.SUCCEEDED)
     assert sim.status("g") is TrialStatus.RUNNING  # rank 1 still runs

@@ -11,6 +11,7 @@ import pytest
 from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.book import TrialBook
+from trialkeeper.coordinator.engine.model import RankInfo
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.store.facts import WRITES, writes_of
@@ -33,6 +34,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ev.TrialPlaced("t1", "env-1", (0,), ("GPU-a",), 1),
     ev.TrialUnplaced("t1"),
     ev.TrialRan("t1", WALL + 1),
+    ev.TrialRanks("t1", (RankInfo(0, "env-1", (0,), "running"), RankInfo(1, "env-2", (), "ended (failed)"))),
     ev.TrialStopping("t1", "by the user"),
     ev.TrialExited("t1", None, 15, "Terminated", WALL + 2),
     ev.FinalResultSet("t1", 0.5, '{"default": 0.5}'),
@@ -46,6 +48,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ck.MetricsSuperseded("t1", 2, WALL + 3),
     ck.TrialRetried("t1", 1, False),
     ck.TrialParametersChanged("t1", {"lr": 0.2}),
+    ck.TrialForked("t1", ("t0", 4)),
 )}
 
 
@@ -70,6 +73,8 @@ def test_every_fact_is_kept_by_a_real_store(store: Store) -> None:
     assert trial is not None
     assert (trial["status"], trial["exit_code"], trial["signal"], trial["stopping"]) == (
         "USER_CANCELED", None, 15, 1)
+    assert json.loads(trial["forked_from_json"]) == ["t0", 4]
+    assert json.loads(trial["ranks_json"]) == [[0, "env-1", [0], "running"], [1, "env-2", [], "ended (failed)"]]
     (env,) = store.envs()
     assert (env["status"], env["platform_id"], env["reason"]) == (
         "STARTING", "pid-1", "started (pid-1)")

@@ -14,7 +14,7 @@ pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip ins
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import run_async
 from trialkeeper.coordinator.store.store import Store
-from trialkeeper.coordinator.ui.home import CRASHED, build_home, compare, listing
+from trialkeeper.coordinator.ui.home import CRASHED, Listing, build_home, compare, listing
 
 SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1.0]}, "opt": {"_type": "choice", "_value": ["a", "b"]}}
 
@@ -96,3 +96,20 @@ def test_beyond_loopback_the_home_and_its_experiments_need_the_token(
             assert (await (await client.get("/x/a/api/experiment")).json())["trial_count"] == 1
 
     run_async(body)
+
+
+def test_the_list_reads_a_store_again_only_once_it_was_written(tmp_path: Path) -> None:
+    _experiment(tmp_path / "a", "a", [0.5])
+    _experiment(tmp_path / "b", "b", [0.5])
+    lister = Listing(tmp_path)
+    assert [r["trial_count"] for r in lister()["experiments"]] == [1, 1]
+    unchanged = {r["key"]: r for r in lister()["experiments"]}
+    store = Store.in_dir(tmp_path / "a")
+    store.insert_trial({"id": "a-9", "seq": 9, "status": "SUCCEEDED", "parameters_json": "{}", "command": "c",
+                        "gpu_number": 0, "submitted_at": 9.0, "final_metric": 0.1})
+    store.close()
+    again = {r["key"]: r for r in lister()["experiments"]}
+    assert again["a"]["trial_count"] == 2 and again["a"]["best"] == {"id": "a-9", "final_metric": 0.1}
+    assert again["b"] is unchanged["b"], "an experiment whose store was not written is not read again"
+    (tmp_path / "a" / "trialkeeper.db").unlink()
+    assert [r["key"] for r in lister()["experiments"]] == ["b"]

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+from plotdata import two_objectives
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
@@ -134,13 +135,17 @@ def test_the_final_metrics_distribution() -> None:
     assert len(thinned) == 11 and thinned[0] == (0.0, 0.001) and thinned[-1] == (999.0, 1.0)
 
 
-def test_the_pareto_front() -> None:
-    points = [("a", (1.0, 5.0)), ("b", (2.0, 4.0)), ("c", (2.0, 2.0)), ("d", (3.0, 1.0)), ("e", (0.5, 0.5))]
-    assert analysis.pareto_front(points, [True, True]) == ["a", "b", "d"]
-    assert analysis.pareto_front(points, [False, False]) == ["e"]
-    assert analysis.pareto_front(points, [True, False]) == ["d", "e"]
-    assert analysis.objective_values('{"acc": 0.9, "lat": 3}', ["acc", "lat"]) == (0.9, 3.0)
-    assert analysis.objective_values({"acc": 0.9}, ["acc", "lat"]) is None
+def test_the_pareto_front_of_several_objectives(tmp_path: Path) -> None:
+    two_objectives(tmp_path)
+    with ReadModel.open(tmp_path) as model:
+        p = plots.compare(model, {})["pareto"]
+        assert p["objectives"] == ["acc", "lat"] and p["maximize"] == [True, False] and p["trials"] == 5
+        front = sorted(q[0] for q in p["points"] if q[3])
+        assert front == ["a", "b", "d", "e"]  # c: b has more accuracy at less latency
+        assert ["c", 0.7, 3.0, False] in p["points"]
+    _experiment(tmp_path / "single", n=10)
+    with ReadModel.open(tmp_path / "single") as model:
+        assert plots.compare(model, {})["pareto"] is None  # one objective: no front to draw
 
 
 def test_the_table_shows_the_latest_intermediate_and_every_result_key(tmp_path: Path) -> None:

@@ -146,6 +146,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def unreachable(address: str, coordinator: str) -> str:
+    """Why agents on a cluster of other machines cannot dial ``coordinator`` ("" if they can)."""
+    cluster = address.removeprefix("ray://").rpartition(":")[0]
+    if not is_loopback(coordinator.rpartition(":")[0]) or address == "auto" or is_loopback(cluster):
+        return ""
+    return (f"agents will dial the coordinator at {coordinator}, which only this machine can reach; "
+            "on a Ray cluster of several machines set coordinator.address (or "
+            "coordinator.advertiseAddress) to an address the Ray nodes can reach")
+
+
 def put(data: bytes) -> Any:
     return connected_ray().put(data)
 
@@ -165,3 +175,17 @@ def fetch(ray: Any, ref: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
     return {"state": "failed", "detail": f"unexpected answer {value!r}"}
+
+
+def named_actors(prefix: str) -> dict[str, str]:
+    """env id -> ``<namespace>/<name>`` of the actors whose names start with ``prefix``."""
+    connected_ray()
+    from ray.util import list_named_actors
+
+    found: dict[str, str] = {}
+    for entry in list_named_actors(all_namespaces=True):
+        name, namespace = entry["name"], entry["namespace"]
+        env_id = name[len(prefix):] if name.startswith(prefix) else ""
+        if env_id:
+            found[env_id] = f"{namespace}/{name}"
+    return found

@@ -36,6 +36,9 @@ _RESOURCES = rule(
     "a mapping of Ray resource names to non-negative amounts",
     lambda v: all(k.strip() and amount >= 0 for k, amount in v.items()),
 )
+# Ray's placement group strategies (`placementStrategy`).
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_PLACEMENT_STRATEGY = rule(f"one of {', '.join(PLACEMENT_STRATEGIES)}", lambda v: v in PLACEMENT_STRATEGIES)
 # Resources set through their own fields; `resources` may not name them again.
 _RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory"})
 
@@ -67,6 +70,8 @@ class RayConfig(EnvironmentPoolConfig):
     node_working_directory: str | None = field(default=None, metadata=NON_EMPTY_STR)
     # How long connecting to the cluster, or one request to it, may take.
     ray_timeout: float = field(default=60.0, metadata=POSITIVE_DURATION)
+    # Every actor of the experiment in one placement group of this strategy (placement.py).
+    placement_strategy: str | None = field(default=None, metadata=_PLACEMENT_STRATEGY)
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
@@ -82,6 +87,11 @@ class RayConfig(EnvironmentPoolConfig):
                     ),
                 )
             )
+        if values.get("placement_strategy") and not (
+            values.get("num_cpus") or values.get("num_gpus") or values.get("memory") or values.get("resources")
+        ):
+            need = f"set {names['num_cpus']} or {names['num_gpus']} above 0"
+            issues.append(("placement_strategy", f"a placement group's bundles need a resource: {need}"))
         working_dir = (values.get("runtime_env") or {}).get("working_dir")
         if working_dir is not None and not isinstance(working_dir, str):
             issues.append(("runtime_env", f"working_dir must be a path or URI string, got {working_dir!r}"))

@@ -28,7 +28,7 @@ import concurrent.futures
 import contextlib
 import importlib.util
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,14 +41,16 @@ from .cluster import (
     actor_options,
     connected_ray,
     fetch,
-    is_loopback,
     is_ready,
+    named_actors,
     pack_code,
     put,
     resources_asked,
+    unreachable,
 )
 from .config import RayConfig
 from .node import LINGER_S, SETTLE_S, AgentHost, describe_error
+from .placement import ExperimentGroup
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -99,7 +101,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
     PLAIN_ERRORS = (PlatformError, RaySetupError)
 
     def __init__(self, config: RayConfig, experiment_dir: Path, code_directory: Path, *,
-                 exclude: tuple[Path, ...] = ()) -> None:
+                 exclude: tuple[Path, ...] = (), environment_count: int = 1) -> None:
         # Every poll asks (without waiting); a start may pack and upload the code first.
         super().__init__(poll_interval=0.0,
                          call_timeout=max(config.ray_timeout, 300.0) + 3 * config.ray_timeout)
@@ -114,6 +116,8 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
         self._connect_lock = asyncio.Lock()
         self._actor_class: Any = None
         self._warned_loopback = False
+        # With placementStrategy: one bundle per environment the experiment keeps.
+        self._group = ExperimentGroup(config, environment_count) if config.placement_strategy else None
         #: How long an actor outlives its agent if no coordinator collects it.
         self.linger_s = LINGER_S
 
@@ -125,7 +129,8 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
                 f"platform ray needs {' and '.join(missing)}: pip install 'trialkeeper[ray]'"
             )
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
-        return cls(ts, experiment_dir, Path(config.trial_code_directory), exclude=exclude)
+        return cls(ts, experiment_dir, Path(config.trial_code_directory), exclude=exclude,
+                   environment_count=ts.effective_environment_count(config.trial_concurrency))
 
     def working_directory(self) -> str:
         # Relative to the agent's working directory (the experiment's directory on the
@@ -144,7 +149,10 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
             super().adopt(env_id, platform_id)
 
     async def close(self) -> None:
-        await super().close()
+        await super().close()  # its actors stopped first
+        if self._connected and self._group is not None:
+            with contextlib.suppress(TimeoutError):
+                await self._blocking(self._group.remove)
         if self._connected:
             self._connected = False
             await asyncio.get_running_loop().run_in_executor(self._pool, Connection.release)
@@ -183,7 +191,13 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
 
     async def list_alive(self, experiment_id: str) -> dict[str, str]:
         await self._connect()
-        return await self._blocking(_named_actors, actor_name(experiment_id, ""))
+        return await self._blocking(named_actors, actor_name(experiment_id, ""))
+
+    async def sweep(self, experiment_id: str, keep: Collection[str] = ()) -> list[str]:
+        removed = await super().sweep(experiment_id, keep)
+        if self._group is not None and not keep:  # no actor of the experiment left in its group
+            await self._blocking(self._group.remove, experiment_id)
+        return removed
 
     def ended(self, record: _Actor) -> Observation:
         if record.phase == "succeeded":
@@ -202,21 +216,15 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
             where = f"agent pid {record.info.get('pid')} on {record.info.get('node')}"
             gpus = record.info.get("gpus")
             return State("running", f"{where}, GPUs {gpus}" if gpus else where)
-        asked = resources_asked(self.config)
-        return State("waiting", f"waiting for Ray to place the actor ({asked})")
+        group = self._group.waiting() if self._group is not None else ""
+        return State("waiting", group or f"waiting for Ray to place the actor ({resources_asked(self.config)})")
 
     def _warn_if_unreachable(self, coordinator: str) -> None:
         """Once: agents on other machines cannot dial a loopback coordinator address."""
-        if self._warned_loopback or not is_loopback(coordinator.rpartition(":")[0]):
-            return
-        cluster = self.config.address.removeprefix("ray://").rpartition(":")[0]
-        if self.config.address != "auto" and not is_loopback(cluster):
+        why = "" if self._warned_loopback else unreachable(self.config.address, coordinator)
+        if why:
             self._warned_loopback = True
-            log.warning(
-                "agents will dial the coordinator at %s, which only this machine can reach; "
-                "on a Ray cluster of several machines set coordinator.address (or "
-                "coordinator.advertiseAddress) to an address the Ray nodes can reach", coordinator,
-            )
+            log.warning("%s", why)
 
     # ---- Ray calls (blocking; run in the pool) ---------------------------------------
 
@@ -256,8 +264,11 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
         if self._actor_class is None:
             self._actor_class = ray.remote(AgentHost)
         ts = self.config
+        options = actor_options(ts, env.name)
+        if self._group is not None:
+            options.update(self._group.options(request.experiment_id))
         try:
-            env.actor = self._actor_class.options(**actor_options(ts, env.name)).remote()
+            env.actor = self._actor_class.options(**options).remote()
         except ValueError as e:  # the name is taken: an environment of a previous run
             raise RaySetupError(
                 f"cannot create Ray actor {env.name!r} in namespace {ts.namespace!r}: {e}"
@@ -279,6 +290,8 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
     def _take_in(self, envs: list[_Actor]) -> None:
         """Take in, without waiting, every launch and end the cluster has reported."""
         ray = connected_ray()
+        if self._group is not None:
+            self._group.check()
         for env in envs:
             if env.adopted and env.actor is None and not env.stop_requested:
                 self._attach(env)
@@ -334,17 +347,3 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
             ray.kill(actor, no_restart=True)
         env.released = True
         log.info("environment %s: Ray actor %s stopped", env.env_id, env.name)
-
-
-def _named_actors(prefix: str) -> dict[str, str]:
-    """env id -> ``<namespace>/<name>`` of the actors whose names start with ``prefix``."""
-    connected_ray()
-    from ray.util import list_named_actors
-
-    found: dict[str, str] = {}
-    for entry in list_named_actors(all_namespaces=True):
-        name, namespace = entry["name"], entry["namespace"]
-        env_id = name[len(prefix):] if name.startswith(prefix) else ""
-        if env_id:
-            found[env_id] = f"{namespace}/{name}"
-    return found

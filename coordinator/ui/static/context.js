@@ -111,7 +111,8 @@ function contextPage() {
       .filter(([, a]) => a).map(([k, a]) => `<tr><th>${k}</th><td id="ctx-${k}">${esc(a.name)}${a.builtin ? "" : " <span class='muted'>(class)</span>"}</td>
         <td>${jsonText(a.class_args)}</td></tr>`).join("") || `<tr><td class="muted">none</td></tr>`;
     document.getElementById("ctx-trial").innerHTML = Object.entries(c.trial).map(([k, v]) =>
-      `<tr><th>${esc(k)}</th><td>${jsonText(v)}</td></tr>`).join("");
+      `<tr><th>${esc(k)}</th><td>${jsonText(v)}</td></tr>`).join("")
+      + `<tr><th>experiment directory</th><td id="ctx-directory">${esc(c.directory)}</td></tr>`;
     document.getElementById("ctx-platforms").innerHTML = "<tr><th>platform</th><th>settings</th></tr>" + c.platforms.map(p =>
       `<tr><td>${esc(p.platform)}</td><td>${Object.entries(p.settings).map(([k, v]) => `${esc(k)}: ${jsonText(v)}`).join("<br>")}</td></tr>`).join("");
     document.getElementById("ctx-redacted").textContent = c.redacted.length ? `(secrets shown as ***: ${c.redacted.join(", ")})` : "";

@@ -47,10 +47,28 @@ function progress(e) {
   return `<span class="progress" title="${Math.round(share * 100)}%"><span style="width:${share * 100}%"></span></span> ${e.ended} / ${e.max_trials}`;
 }
 
+// The rows the status filter and the search leave.
+function shown(experiments) {
+  const status = document.getElementById("home-status").value;
+  const q = document.getElementById("home-search").value.trim().toLowerCase();
+  return experiments.filter(e => (!status || e.status === status)
+    && (!q || [e.key, e.id, e.name].some(v => String(v || "").toLowerCase().includes(q))));
+}
+
+let listed = null;
 async function refresh() {
-  const d = await get("/api/home");
+  listed = await get("/api/home");
+  draw();
+}
+function draw() {
+  const d = listed;
+  if (!d) return;
   document.getElementById("home-dir").textContent = d.directory;
-  const rows = d.experiments.map(e => e.error
+  const filter = document.getElementById("home-status"), chosen = filter.value;
+  const statuses = [...new Set(d.experiments.map(e => e.status).filter(Boolean))].sort();
+  filter.innerHTML = `<option value="">every status</option>` + statuses.map(s => `<option>${esc(s)}</option>`).join("");
+  filter.value = statuses.includes(chosen) ? chosen : "";
+  const rows = shown(d.experiments).map(e => e.error
     ? `<tr data-key="${esc(e.key)}"><td></td><td>${esc(e.key)}</td><td colspan="5" class="muted">${esc(e.error)}</td></tr>`
     : `<tr data-key="${esc(e.key)}" class="${picked.has(e.key) ? "picked" : ""}">
       <td><input type="checkbox" aria-label="pick ${esc(e.key)}" data-pick="${esc(e.key)}" ${picked.has(e.key) ? "checked" : ""}></td>
@@ -61,7 +79,7 @@ async function refresh() {
       <td data-col="best">${e.best ? `<b>${esc(num(e.best.final_metric))}</b> <span class="muted">(${esc(e.optimize_mode)}, ${esc(e.best.id)})</span>` : `<span class="muted">none yet</span>`}</td>
       <td>${esc(e.started_at ? new Date(e.started_at * 1000).toLocaleString() : "")}</td></tr>`);
   document.getElementById("experiments").innerHTML = "<tr><th></th><th>experiment</th><th>status</th><th>progress</th><th>best</th><th>started</th></tr>"
-    + (rows.join("") || `<tr><td colspan="6" class="muted">no experiment in ${esc(d.directory)}</td></tr>`);
+    + (rows.join("") || `<tr><td colspan="6" class="muted">${d.experiments.length ? "none matches" : "no experiment in " + esc(d.directory)}</td></tr>`);
   document.querySelectorAll("[data-pick]").forEach(box => box.addEventListener("change", () => {
     if (box.checked) picked.add(box.dataset.pick); else picked.delete(box.dataset.pick);
     box.closest("tr").classList.toggle("picked", box.checked);
@@ -138,6 +156,8 @@ function drawDistribution() {
 
 document.getElementById("compare-picked").addEventListener("click", () => compare().catch(e => toast(e.message)));
 document.getElementById("dist-param").addEventListener("change", drawDistribution);
+document.getElementById("home-status").addEventListener("change", draw);
+document.getElementById("home-search").addEventListener("input", draw);
 async function tick() {
   try { await refresh(); document.body.dataset.drawn = document.body.dataset.drawn || "home"; }
   catch (e) { if (e instanceof Error && !(e instanceof TypeError)) toast(e.message); } // a lost server: the banner says so

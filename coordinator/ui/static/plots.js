@@ -243,7 +243,9 @@ function comparePage(params) {
     const [kx, ky] = p.objectives;
     const front = p.points.filter(q => q[3]).sort((a, b) => a[1] - b[1]);
     pareto.setOption({
-      title: titled(`Pareto front of ${kx} (${p.maximize[0] ? "max" : "min"}) and ${ky} (${p.maximize[1] ? "max" : "min"}) over ${p.points.length} trials`),
+      title: titled(`Pareto front of ${kx} (${p.maximize[0] ? "max" : "min"}) and ${ky} (${p.maximize[1] ? "max" : "min"})`
+        + ` among ${p.trials} trials${p.sampled ? " spread evenly over all" : ""}`
+        + (p.all_objectives.length > 2 ? ` (the front of all ${p.all_objectives.length} objectives: ${p.all_objectives.join(", ")})` : "")),
       grid: {left: 70, right: 24, top: 40, bottom: 46}, legend: {top: 6, right: 10},
       tooltip: {trigger: "item", formatter: q => `${esc(q.value[2])}: ${esc(kx)} ${num(q.value[0])}, ${esc(ky)} ${num(q.value[1])}`},
       xAxis: {type: "value", scale: true, name: kx, nameLocation: "middle", nameGap: 26},

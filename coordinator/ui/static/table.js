@@ -115,7 +115,7 @@ function trialsPage(params) {
       const q = filters();
       q.set("format", format); q.set("columns", state.columns.map(c => c[0]).join(","));
       const a = document.getElementById("export-" + format);
-      a.href = "/api/trials/export?" + q;
+      a.href = BASE + "/api/trials/export?" + q;
       a.title = `the ${state.total} trial${state.total === 1 ? "" : "s"} shown, with the columns shown, as ${format.toUpperCase()}`;
     }
   }
