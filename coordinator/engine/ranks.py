@@ -122,10 +122,15 @@ class Ranks:
             why = f"rank {rank} ended ({end.outcome.value}{': ' + end.reason if end.reason else ''})"
         if any(x.state != "ended" for x in gang.ranks):
             return RankEnded(stop, None, why)
-        first = gang.first_stop
+        first, by = gang.first_stop, gang.stopped_by
         if first is None:  # every rank exited 0: rank 0's end is the trial's
             return RankEnded(stop, gang.ranks[0].end, why)
-        reason = first.reason if gang.stopped_by == 0 else f"rank {gang.stopped_by}: {first.reason or 'it ended'}"
+        lost = [(i, x.end) for i, x in enumerate(gang.ranks) if x.end is not None and x.end.outcome is ev.Outcome.LOST]
+        if first.outcome is ev.Outcome.FAILED and lost:
+            # The others failed because a rank's environment went (a collective losing a peer
+            # fails before the loss is declared): the trial was lost, not failed.
+            by, first = lost[0]
+        reason = first.reason if by == 0 else f"rank {by}: {first.reason or 'it ended'}"
         return RankEnded(stop, dataclasses.replace(first, reason=reason), why)
 
     def clear(self, trial_id: str) -> None:

@@ -4,15 +4,19 @@ installed in the interpreter $TRIALKEEPER_JAX_PYTHON names: see .ci/run)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import build_config, run_async
+from conftest import async_wait_until, build_config, run_async
 from trialkeeper.coordinator.config import ConfigError
 from trialkeeper.coordinator.core import Coordinator, TrialRefused
 from trialkeeper.coordinator.engine.states import TrialStatus
@@ -95,5 +99,117 @@ def test_a_gang_that_can_never_fit_is_refused_at_start_and_at_submit(tmp_path: P
                 await c.submit({"x": 1}, nodes=3)
             with pytest.raises(ValueError, match="nodes must be an integer >= 1"):
                 await c.submit({"x": 1}, nodes=0)
+
+    run_async(body())
+
+
+FAST = {"heartbeatInterval": 0.2, "agentLostTimeout": 1.0, "trialLostTimeout": 2.5}
+
+# Joins the collective, says it runs, holds until the file named by "go" exists, then joins a
+# second collective and reports its sum (rank 0's is the trial's).
+HOLD_COLLECTIVE = """
+import os, pathlib, time
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+jax.distributed.initialize(coordinator_address=os.environ["MASTER_ADDR"] + ":" + os.environ["MASTER_PORT"],
+                           num_processes=world, process_id=rank, initialization_timeout=120)
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+from trialkeeper.agent import trial
+p = trial.get_next_parameter()
+multihost_utils.process_allgather(jnp.array([1.0]))
+out = pathlib.Path(os.environ["TRIALKEEPER_OUTPUT_DIR"])
+(out / "started.tmp").write_text(str(os.getpid()))
+(out / "started.tmp").replace(out / "started")
+deadline = time.monotonic() + 120
+while not pathlib.Path(p["go"]).exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+trial.report_final_result(float(multihost_utils.process_allgather(jnp.array([rank + 1.0])).sum()))
+jax.distributed.shutdown()
+"""
+
+SHORT = """
+import time
+from trialkeeper.agent import trial
+p = trial.get_next_parameter()
+time.sleep(p["s"])
+trial.report_final_result(1.0)
+"""
+
+
+def _agent_pid(c: Coordinator, env_id: str) -> int:
+    assert c.store is not None
+    row = next(e for e in c.store.envs() if e["id"] == env_id)
+    return int(json.loads(row["info_json"])["pid"])
+
+
+def test_a_rank_whose_agent_is_killed_stops_the_others_and_the_trial_is_retried_whole(tmp_path: Path) -> None:
+    (tmp_path / "trial.py").write_text(HOLD_COLLECTIVE)
+    go = tmp_path / "go"
+    config = build_config(
+        tmp_path, trialCommand=f"{jax_python()} trial.py", trialConcurrency=1, trialNodes=2, maxTrialRetries=1,
+        trainingService={"environmentCount": 2}, coordinator=FAST,
+    )
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"go": str(go)})
+            started = [c.experiment_dir / "trials" / h.id / d / "output" / "started" for d in ("", "rank1")]
+            await async_wait_until(lambda: all(p.exists() for p in started), WAIT_S, message="both ranks run")
+            rank0_pid = int(started[0].read_text())
+            doomed = h.info.ranks[1].environment_id
+            started[0].unlink()
+            os.kill(_agent_pid(c, doomed), signal.SIGKILL)
+            # Rank 0's process is stopped once rank 1's environment is lost, and the trial
+            # placed again, whole, on the survivor and the replacement.
+            await async_wait_until(lambda: not psutil.pid_exists(rank0_pid), WAIT_S, message="rank 0 still runs")
+            await async_wait_until(lambda: h.info.attempts == 2 and started[0].exists(), WAIT_S)
+            assert doomed not in {r.environment_id for r in h.info.ranks}
+            go.write_text("")
+            info = await h.wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.reason, info.stderr_tail)
+            assert info.final_metric == 3.0 and info.attempts == 2
+
+    run_async(body())
+
+
+def test_two_gangs_competing_for_too_few_environments_both_finish(tmp_path: Path) -> None:
+    (tmp_path / "trial.py").write_text(SHORT)
+    config = build_config(tmp_path, trialConcurrency=3, trainingService={"environmentCount": 3})
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            gangs = [await c.submit({"s": 1.0}, nodes=2) for _ in range(2)]
+            infos = [await g.wait(WAIT_S) for g in gangs]
+            assert [i.status for i in infos] == [TrialStatus.SUCCEEDED] * 2, [i.reason for i in infos]
+            # One waited for the other: never both at once on three environments.
+            first, second = sorted(infos, key=lambda i: i.started_at or 0)
+            assert (second.started_at or 0) >= (first.ended_at or 0) - 0.5
+
+    run_async(body())
+
+
+def test_a_stream_of_small_trials_does_not_starve_a_waiting_gang(tmp_path: Path) -> None:
+    (tmp_path / "trial.py").write_text(SHORT)
+    config = build_config(tmp_path, trialConcurrency=3, trainingService={"environmentCount": 3})
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            small = [await c.submit({"s": 2.0}) for _ in range(3)]
+            await async_wait_until(lambda: all(s.info.status is TrialStatus.RUNNING for s in small), WAIT_S)
+            gang = await c.submit({"s": 0.5}, nodes=3)
+            # Small trials keep coming, always more than the environments can take.
+            while gang.info.status is TrialStatus.WAITING:
+                waiting = sum(1 for s in small if s.info.status is TrialStatus.WAITING)
+                if waiting < 3:
+                    small.append(await c.submit({"s": 2.0}))
+                await asyncio.sleep(0.1)
+                assert time.time() - (gang.info.submitted_at or 0) < WAIT_S, gang.info.waiting_reason
+            # It started once the trials running when it came had ended: within their length.
+            assert (gang.info.started_at or 0) - (gang.info.submitted_at or 0) < 2.0 + 10.0
+            assert (await gang.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
+            for s in small:
+                assert (await s.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
 
     run_async(body())

@@ -100,6 +100,16 @@ def test_a_rank_lost_with_its_environment_has_the_whole_trial_retried() -> None:
     assert "retry 1 of 1" in sim.engine.trials["g"].waiting_reason
 
 
+def test_a_rank_failing_because_another_was_lost_has_the_trial_retried_as_lost() -> None:
+    sim = gang_sim(3, max_trial_retries=1)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.end(envs[0], "g", ev.Outcome.FAILED)  # its collective lost the peer first
+    sim.report(envs[1], ev.TrialEndReported("g", ev.Outcome.LOST, None, 9, "environment stopped", "", 0.0))
+    assert sim.status("g") is TrialStatus.WAITING
+    assert "rank 1: environment stopped" in sim.engine.trials["g"].waiting_reason
+
+
 def test_cancel_acts_on_every_rank() -> None:
     sim = gang_sim(2)
     submit(sim, "g", 2)
