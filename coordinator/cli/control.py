@@ -259,7 +259,8 @@ class ControlServer:
             or not all(isinstance(t, str) for t in trials)
         ):
             return {"ok": False, "error": f"trials: a list of 1 to {MAX_TRIALS} trial ids is needed"}
-        return await self._on_trials(op, list(dict.fromkeys(trials)))
+        by = "the dashboard" if request.get("from") == "dashboard" else f"trialkeeper {op}"  # for the history
+        return await self._on_trials(op, list(dict.fromkeys(trials)), by)
 
     async def _update(self, limits: Any) -> dict[str, Any]:
         if not isinstance(limits, dict) or not limits:
@@ -366,7 +367,7 @@ class ControlServer:
             self._stopping.add_done_callback(_said_if_failed)
         return {"ok": True, "stopping": True}
 
-    async def _on_trials(self, op: str, trials: Sequence[str]) -> dict[str, Any]:
+    async def _on_trials(self, op: str, trials: Sequence[str], by: str) -> dict[str, Any]:
         errors = []
         for tid in trials:
             why = self._refusal(op, tid)
@@ -377,7 +378,7 @@ class ControlServer:
         done, failed = [], []
         for tid in trials:
             try:
-                await self._act(op, tid)
+                await self._act(op, tid, by)
             except Exception as e:  # noqa: BLE001 - the coordinator's refusal, told to the caller
                 failed.append({"trial": tid, "error": f"cannot {op} trial {tid}: {e}"})
             else:
@@ -400,14 +401,14 @@ class ControlServer:
             return f"trial {trial_id} is {status}: {op} applies to a trial that is {either}"
         return ""
 
-    async def _act(self, op: str, trial_id: str) -> None:
+    async def _act(self, op: str, trial_id: str, by: str) -> None:
         c = self.coordinator
         if op == "pause":
-            await c.pause(trial_id, reason="paused by the user (trialkeeper pause)")
+            await c.pause(trial_id, reason=f"paused by the user ({by})")
         elif op == "continue":
             await c.resume_trial(trial_id)
         else:
-            await c.cancel(trial_id, reason="canceled by the user (trialkeeper cancel)")
+            await c.cancel(trial_id, reason=f"canceled by the user ({by})")
 
 
 def valid_limit(field: str, value: Any) -> bool:

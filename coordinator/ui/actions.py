@@ -151,7 +151,7 @@ def add_routes(app: web.Application, acting: Acting, authorised: Callable[[web.R
             trial_id = request.match_info["id"]
             if authorised(request) is None and not await knows(trial_id):
                 return web.json_response({"error": f"no trial {trial_id!r}"}, status=404)
-            body = {"op": "rerun" if op == "rerun" else op, "trials": [trial_id]}
+            body = {"op": op, "trials": [trial_id], "from": "dashboard"}  # the trial's history says who asked
             return await act(request, body, f"trial {trial_id}: {op}")
 
         return handler

@@ -76,6 +76,7 @@ def test_a_running_experiment_through_the_api(tmp_path: Path) -> None:
         wait_until(
             lambda: get_json(f"{url}/api/trials/{victim['id']}")["trial"]["status"] == "USER_CANCELED", timeout=WAIT_S
         )
+        assert get_json(f"{url}/api/trials/{victim['id']}")["trial"]["reason"] == "canceled by the user (the dashboard)"
         assert http("POST", f"{url}/api/trials/{victim['id']}/cancel", token=token)[0] == 409  # it has ended
         assert http("POST", f"{url}/api/trials/nope/cancel", token=token)[0] == 404
 
