@@ -162,8 +162,8 @@ def test_actions_need_the_token_and_a_coordinator_that_runs_the_experiment(tmp_p
             submit = await client.post("/api/experiment/submit", headers=bearer, json={"parameters": {"y": 1}})
             assert submit.status == 409 and (await submit.json())["error"] == "parameters: 'y' not in the search space"
         assert asked == [
-            {"op": "continue", "trials": ["t0"], "from": "dashboard"}, {"op": "update", **update}, {"op": "rerun", "failed": True},
-            {"op": "submit", "parameters": {"y": 1}},
+            {"op": "continue", "trials": ["t0"], "from": "dashboard"}, {"op": "update", **update},
+            {"op": "rerun", "failed": True}, {"op": "submit", "parameters": {"y": 1}},
         ]
 
     run_async(body)
