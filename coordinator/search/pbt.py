@@ -3,9 +3,9 @@
 The tuner proposes ``population_size`` trials from the search space and then none. Every
 ``perturbation_interval`` results a trial reports, it is ranked by its latest result among
 the population's trials still going: one in the bottom ``quantile_fraction`` **exploits** a
-trial of the top one, picked at random: it is paused (it saves a checkpoint and ends its
-process) and continued from the better trial's newest checkpoint, copied into it, with the
-better trial's parameters **explored**: each parameter resampled from the space with
+trial of the top one: it is paused (it saves a checkpoint and ends its process), then
+continued from the newest checkpoint of a top trial still going, picked at random once it is
+paused, copied into it, with that trial's parameters **explored**: each parameter resampled from the space with
 ``resample_probability``, else perturbed (a number multiplied by one of
 ``perturbation_factors``, kept within its bounds and quantization; a choice moved to a
 neighbouring option). The trial reads its new parameters when it continues
@@ -121,30 +121,48 @@ class PopulationBasedTraining(Tuner):
         if m.exploiting or m.results - m.mark < self.interval:
             return
         m.mark = m.results
-        donor = self._donor(parameter_id)
-        if donor is None:
+        if self._bottom(parameter_id):
+            m.exploiting = True
+            self.request_pause(parameter_id, "population-based training: it ranks in the bottom quantile")
+
+    def trial_paused(self, parameter_id: int) -> None:
+        """Paused to exploit: continued from the newest checkpoint of a top trial picked now
+        among those still going, with that trial's parameters explored (from its own, as it
+        is, when none is left)."""
+        m = self._members.get(parameter_id)
+        if m is None or not m.exploiting:
             return
-        m.exploiting = True
+        top = self._top(parameter_id)
+        if not top:
+            m.exploiting = False
+            self.request_continue(parameter_id)
+            return
+        donor = top[self._rng.randrange(len(top))]
         self.exploits.append((parameter_id, donor))
         parameters = explore(self._members[donor].parameters, self.search_space, self.mutations, self._rng,
                              self.resample_probability, self.factors)
-        self.request_pause(parameter_id, f"population-based training: exploits trial {donor}'s checkpoint")
         self.request_continue(parameter_id, parameters, checkpoint_from=donor)
 
-    def _donor(self, parameter_id: int) -> int | None:
-        """A trial of the top quantile whose state trial ``parameter_id`` takes, when it is in
-        the bottom one; None otherwise. Trials that rank nothing (no result, a broken
-        constraint) rank last."""
+    def _ranked(self) -> list[int]:
+        """The trials still going that have reported, best first; those whose result ranks
+        nothing (a missing key, a broken constraint) last."""
         going = [(pid, m) for pid, m in self._members.items() if not m.ended and m.results > 0]
-        if len(going) < 2:
-            return None
-        ranked = sorted(going, key=lambda pm: -math.inf if pm[1].score is None else pm[1].score, reverse=True)
-        n = max(1, int(len(ranked) * self.quantile))
-        top = [pid for pid, m in ranked[:n] if not m.exploiting]
-        bottom = {pid for pid, _ in ranked[-n:]}
-        if parameter_id not in bottom or parameter_id in top or not top:
-            return None
-        return top[self._rng.randrange(len(top))]
+        going.sort(key=lambda pm: -math.inf if pm[1].score is None else pm[1].score, reverse=True)
+        return [pid for pid, _ in going]
+
+    def _quantile(self, n: int) -> int:
+        return max(1, int(n * self.quantile))
+
+    def _bottom(self, parameter_id: int) -> bool:
+        """Whether the trial ranks in the bottom quantile (of two trials or more)."""
+        ranked = self._ranked()
+        return len(ranked) >= 2 and parameter_id in ranked[-self._quantile(len(ranked)):]
+
+    def _top(self, parameter_id: int) -> list[int]:
+        """The top quantile's trials another may take the state of (none exploiting itself)."""
+        ranked = self._ranked()
+        top = ranked[:self._quantile(len(ranked))]
+        return [pid for pid in top if pid != parameter_id and not self._members[pid].exploiting]
 
     def trial_continued(self, parameter_id: int, parameters: dict[str, Any]) -> None:
         m = self._members.get(parameter_id)
