@@ -206,6 +206,7 @@ class Engine:
             if t.status.terminal or t.env_id is None:
                 continue
             book.restore_placement(t.id, fleet.hold_restored(t.env_id, t.id, t.gpu_uuids, t.gpu_indices))
+        self.gangs.restored(book, fleet)
         book.requeue_unplaced()
         log.info(
             "experiment %s resumed: %d trials (%d not finished), %d environments waiting for their agents",

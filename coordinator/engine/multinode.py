@@ -160,6 +160,16 @@ class GangRoom:
             platform = fleet.envs[rank0_env].platform if rank0_env in fleet.envs else ""
             book.ended(rank0_env, result.trial_end, platform=platform)
 
+    def restored(self, book: TrialBook, fleet: Fleet) -> None:
+        """After a crash: a multi-node trial that was placed cannot have its ranks joined
+        again; it is lost with the coordinator (retried whole within maxTrialRetries)."""
+        for t in sorted(book.trials.values(), key=lambda t: t.seq):
+            if t.nodes > 1 and t.env_id is not None and not t.status.terminal:
+                if t.env_id in fleet.envs:
+                    fleet.release(t.env_id, t.id, processes_gone=True)
+                book.lose([t.id], "the coordinator restarted under it", platform=fleet.envs[t.env_id].platform
+                          if t.env_id in fleet.envs else "")
+
     # ---- cancel, pause, stop -------------------------------------------------------------------
 
     def cancel_others(self, fleet: Fleet, trial_id: str, reason: str, *, pausing: bool = False) -> None:

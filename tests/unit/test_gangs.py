@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from test_engine import Sim
+from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.gangs import place_gangs
 from trialkeeper.coordinator.engine.scheduler import EnvCapacity
@@ -108,6 +108,20 @@ def test_a_rank_failing_because_another_was_lost_has_the_trial_retried_as_lost()
     sim.report(envs[1], ev.TrialEndReported("g", ev.Outcome.LOST, None, 9, "environment stopped", "", 0.0))
     assert sim.status("g") is TrialStatus.WAITING
     assert "rank 1: environment stopped" in sim.engine.trials["g"].waiting_reason
+
+
+def test_a_running_gang_is_lost_with_a_restarted_coordinator_and_retried_whole() -> None:
+    sim = gang_sim(2, max_trial_retries=1)
+    submit(sim, "g", 2)
+    start_gang(sim, "g")
+    trial_rows = [{**_trial_row(t), "nodes": t.nodes} for t in sim.engine.trials.values()]
+    env_rows = [_env_row(e) for e in sim.engine.envs.values()]
+    after = Sim(environment_count=2, trial_concurrency=2, max_trial_retries=1)
+    after.engine.restore(trial_rows, env_rows, {}, now=after.now, wall=after.now)
+    t = after.engine.trials["g"]
+    assert (t.nodes, t.status, t.env_id) == (2, TrialStatus.WAITING, None)
+    assert "the coordinator restarted" in t.waiting_reason
+    assert all(not e.holders for e in after.engine.envs.values())
 
 
 def test_cancel_acts_on_every_rank() -> None:
