@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -246,6 +247,33 @@ def test_a_placement_strategy_puts_every_actor_in_the_experiments_placement_grou
         wait_until(lambda: not _groups(experiment_id), WAIT_S, message="the placement group outlived the experiment")
 
     run_async(body, timeout=4 * WAIT_S)
+
+
+def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placement_group(
+    cluster: LocalRay, tmp_path: Path
+) -> None:
+    python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
+    if not python:
+        pytest.fail("TRIALKEEPER_JAX_PYTHON is not set (see .ci/run)")
+    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py", tmp_path)
+    config = build_config(
+        tmp_path, trialCommand=f"{python} collective.py", trialConcurrency=1, trialNodes=2,
+        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy="PACK"),
+    )
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"x": 2.0})
+            info = await h.wait(4 * WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
+            assert info.final_metric == 2.0 * (1 + 2)  # the all-gather joined both ranks
+            [group] = _groups(c.experiment_id)
+            assert group["state"] == "CREATED" and len(group["bundles"]) == 2, group
+            # Each rank ran in its own actor: rank 1's output is kept apart, by its own agent.
+            rank1 = tmp_path / "exp" / "trials" / h.id / "rank1" / "stdout.log"
+            assert "rank 1 of 2 up" in rank1.read_text()
+
+    run_async(body, timeout=6 * WAIT_S)
 
 
 def test_strict_spread_waits_for_a_node_per_actor_and_says_so(cluster: LocalRay, tmp_path: Path) -> None:
