@@ -180,9 +180,11 @@ async def _drive_in_scope(
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
     to_do: list[Instruction] = []  # what the search asked, carried out at the next pass
+    trained = [0]  # intermediate results reported (epochs trained), every trial's: maxTrialResource
 
     def on_metric(ev: MetricEvent) -> None:
         if ev.kind == "intermediate":
+            trained[0] += 1
             checkpointed = coordinator.trial(ev.trial_id).checkpoint_step is not None
             to_do.extend(search.handle(IntermediateStored(ev.trial_id, ev.value, ev.index, checkpointed, ev.raw)))
             if to_do:
@@ -198,7 +200,7 @@ async def _drive_in_scope(
             to_do.extend(search.handle(TrialContinued(t.id, t.parameters)))
         changed.set()
 
-    if search.hears_intermediate:  # otherwise no metric is published: nothing per metric
+    if search.hears_intermediate or limits.max_trial_resource:  # otherwise no metric is published
         coordinator.on_metric(on_metric)
     coordinator.on_status(on_status)
     started = time.monotonic()
@@ -212,7 +214,7 @@ async def _drive_in_scope(
         if on_start is not None:  # e.g. the dashboard, once there is a store to read
             on_start(coordinator)
         # Nothing is awaited between start() and here, so no result arrives unheard.
-        submitted = _resume(search, coordinator)
+        submitted, trained[0] = _resume(search, coordinator, count=limits.max_trial_resource is not None)
         if continue_paused:
             await _continue_paused(coordinator, search)
         last_progress = 0.0
@@ -228,13 +230,15 @@ async def _drive_in_scope(
             # A trial being stopped gives up its slot now: the next one is queued at once
             # and placed as soon as the slot is free. A paused one holds none.
             active = sum(1 for t in trials if _holds_a_slot(t))
-            limit_reached = limits.max_trial_number is not None and submitted >= limits.max_trial_number
+            limit_reached = _configurations_done(search, limits)
             elapsed = time.monotonic() - started
             if stop.is_set():
                 ok, reason, pause = False, "stopped by the user", True
                 break
-            if limits.max_experiment_duration is not None and elapsed >= limits.max_experiment_duration:
-                reason = f"maxExperimentDuration ({limits.max_experiment_duration:g} s) reached"
+            spent = _budget_spent(limits, elapsed, trained[0])
+            if spent:  # the search ends: what it holds paused will not be continued
+                reason = spent
+                await _give_up(coordinator, search, trials, given_up, f"paused by the search when {spent}")
                 break
             if coordinator.environment_error:
                 ok, reason = False, coordinator.environment_error
@@ -242,8 +246,8 @@ async def _drive_in_scope(
             if coordinator.failure:
                 ok, reason = False, coordinator.failure
                 break
-            idle = limit_reached  # nothing more to submit, for now
-            while not limit_reached and active < limits.trial_concurrency:
+            idle = limit_reached and not search.promotions_only  # nothing more to submit, for now
+            while (not limit_reached or search.promotions_only) and active < limits.trial_concurrency:
                 proposal = search.propose_trial(submitted)
                 if proposal is None:
                     idle = True
@@ -262,7 +266,7 @@ async def _drive_in_scope(
                 to_do.extend(search.handle(SearchTrialSubmitted(handle.id, submitted, params, source)))
                 submitted += 1
                 active += 1
-                limit_reached = limits.max_trial_number is not None and submitted >= limits.max_trial_number
+                limit_reached = _configurations_done(search, limits)
             steering.submitted = submitted
             to_do.extend(search.take_orders())
             if to_do:
@@ -274,11 +278,8 @@ async def _drive_in_scope(
                 if search.failure:
                     ok, reason = False, f"{search.failure} (its traceback is in {LOG_FILENAME})"
                     break
-                held = [t for t in paused if search.holds(t.id) and t.id not in given_up]
-                for t in held:  # nothing will continue them: the search is done with them
-                    given_up.add(t.id)
-                    await coordinator.early_stop(t.id, "paused by the search, which ended without continuing it")
-                if held:
+                why = "paused by the search, which ended without continuing it"
+                if await _give_up(coordinator, search, paused, given_up, why):
                     continue  # their ends reach the search, which may propose more
                 if any(not search.holds(t.id) for t in paused):
                     ok, pause = False, True
@@ -288,7 +289,7 @@ async def _drive_in_scope(
                         "continue them"
                     )
                     break
-                if not paused and (search.exhausted or limit_reached):
+                if not paused and (search.exhausted or (limit_reached and not search.promotions_only)):
                     break
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
@@ -448,18 +449,48 @@ def _mirror(config: ExperimentConfig, experiment_id: str) -> Mirror | None:
     )
 
 
-def _resume(search: Search, coordinator: Coordinator) -> int:
+def _budget_spent(limits: Limits, elapsed: float, trained: int) -> str:
+    """Why the search's budget is spent (time, or training), or ''."""
+    if limits.max_experiment_duration is not None and elapsed >= limits.max_experiment_duration:
+        return f"maxExperimentDuration ({limits.max_experiment_duration:g} s) reached"
+    if limits.max_trial_resource is not None and trained >= limits.max_trial_resource:
+        return f"maxTrialResource ({limits.max_trial_resource:g}) reached: {trained} results reported"
+    return ""
+
+
+async def _give_up(
+    coordinator: Coordinator, search: Search, trials: list[TrialInfo], given_up: set[str], why: str
+) -> bool:
+    """End EARLY_STOPPED the paused trials the search holds and will not continue; whether
+    there were any. Their ends reach the search, which may propose more."""
+    held = [t for t in trials if t.status is TrialStatus.PAUSED and search.holds(t.id) and t.id not in given_up]
+    for t in held:
+        given_up.add(t.id)
+        await coordinator.early_stop(t.id, why)
+    return bool(held)
+
+
+def _configurations_done(search: Search, limits: Limits) -> bool:
+    """Whether maxTrialNumber configurations are submitted (the tuner then proposes only
+    promotions of those, if it can; told once)."""
+    if limits.max_trial_number is None or search.configurations < limits.max_trial_number:
+        return False
+    search.no_more_configurations()
+    return True
+
+
+def _resume(search: Search, coordinator: Coordinator, *, count: bool = False) -> tuple[int, int]:
     """After a resume: tell the search every stored trial and result before it proposes or
     judges anything, and track the trials still running. Returns how many trials had been
-    submitted (0 for a new experiment)."""
+    submitted (0 for a new experiment) and, with ``count``, the intermediate results stored."""
     trials = coordinator.trials()
     if not trials:
-        return 0
+        return 0, 0
     assert coordinator.store is not None
     intermediate: dict[str, list[float]] = {}
-    # Every stored metric is read only for a search that uses intermediate results.
+    # Every stored metric is read only for a search that uses intermediate results, or to count them.
     indexes: dict[str, list[int]] = {}
-    for row in coordinator.store.metrics() if search.hears_intermediate else ():
+    for row in coordinator.store.metrics() if search.hears_intermediate or count else ():
         if row.kind == "intermediate":
             intermediate.setdefault(row.trial_id, []).append(row.value)
             indexes.setdefault(row.trial_id, []).append(row.index)
@@ -471,7 +502,7 @@ def _resume(search: Search, coordinator: Coordinator) -> int:
         )
         for t in trials
     ])
-    return len(trials)
+    return len(trials), sum(len(v) for v in intermediate.values())
 
 
 def _env_detail(e: EnvSnapshot) -> str:

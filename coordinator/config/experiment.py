@@ -232,6 +232,8 @@ class ExperimentConfig:
     gang_across_platforms: bool = False
     max_trial_number: int | None = field(default=None, metadata=POSITIVE_INT)
     max_experiment_duration: float | None = field(default=None, metadata=POSITIVE_DURATION)
+    # The training the search may spend, in intermediate results (epochs) over every trial.
+    max_trial_resource: float | None = field(default=None, metadata=POSITIVE_NUMBER)
     max_trial_duration: float | None = field(default=None, metadata=POSITIVE_DURATION)
     max_trial_retries: int = field(default=0, metadata=NON_NEGATIVE_INT)
     # Retry trials that failed on their own (non-zero exit) too, within maxTrialRetries.

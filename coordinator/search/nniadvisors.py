@@ -54,6 +54,8 @@ def build_advisor(name: str, class_args: dict[str, Any]) -> Any:
 class NniAdvisor(Tuner):
     """An NNI advisor instance speaking trialkeeper's Tuner interface."""
 
+    budget_parameter = _BUDGET
+
     def __init__(self, advisor: Any, search_space: dict[str, Any], class_args: dict[str, Any], label: str) -> None:
         mode = class_args.get("optimize_mode", "maximize")
         super().__init__(search_space, optimize_mode=mode if mode in ("maximize", "minimize") else "maximize")
@@ -68,6 +70,7 @@ class NniAdvisor(Tuner):
         # and its parameters without the budget.
         self._ran: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
         self._sources: dict[int, int] = {}  # a promoted trial's parameter id -> its previous round's
+        self._promotions_only = False  # maxTrialNumber configurations ran: no new bracket
         advisor.send = self._sent
         advisor.is_created_in_previous_exp = lambda _parameter_id: False
         try:
@@ -84,8 +87,14 @@ class NniAdvisor(Tuner):
             self._waiting = True
 
     def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        # With no more configurations to start, only promotions NNI holds ready are asked for:
+        # asked for more, it would start a new bracket.
+        if self._promotions_only and not self._drop_new():
+            self._waiting = True  # nothing but promotions to come, and none is ready
         if not self._jobs and not self._waiting:
             self.advisor.handle_request_trial_jobs(1)
+        if self._promotions_only:
+            self._drop_new()
         if not self._jobs:
             self._waiting = True
             raise TryLater(f"{self.label} waits for running trials before it proposes more")
@@ -108,6 +117,48 @@ class NniAdvisor(Tuner):
 
     def checkpoint_from(self, parameter_id: int) -> int | None:
         return self._sources.get(parameter_id)
+
+    def configuration_of(self, parameter_id: int) -> int | None:
+        return self._sources.get(parameter_id)
+
+    def only_promotions(self) -> bool:
+        """No new configuration from now on: those NNI drew and nobody ran yet are dropped,
+        each bracket shrunk to those that ran (an incomplete bracket: its rounds promote the
+        best 1/eta of those), and promotions go on."""
+        self._promotions_only = True
+        if self._drop_new() is None:
+            log.warning("advisor %s: its pending configurations cannot be read; it proposes nothing more", self.label)
+            return False
+        return True
+
+    def _drop_new(self) -> list[Any] | None:
+        """Drop the new configurations (first rounds) NNI holds ready or sent; what it holds
+        ready then (promotions only), None where that cannot be read."""
+        ready = self._ready()
+        if ready is None:
+            return None
+        dropped: dict[str, int] = {}
+        for sid in [str(j["parameter_id"]) for j in self._jobs] + [str(c[0]) for c in ready]:
+            if _first_round(sid):
+                bracket_id = sid.split("_")[0]
+                dropped[bracket_id] = dropped.get(bracket_id, 0) + 1
+        self._jobs = deque(j for j in self._jobs if not _first_round(str(j["parameter_id"])))
+        ready[:] = [c for c in ready if not _first_round(str(c[0]))]
+        brackets = getattr(self.advisor, "brackets", {})
+        for bracket_id, n in dropped.items():
+            bracket = brackets.get(bracket_id, brackets.get(int(bracket_id)) if bracket_id.isdigit() else None)
+            if bracket is not None and bracket.num_configs_to_run:
+                bracket.num_configs_to_run[0] -= n
+                bracket.n -= n
+                log.info("advisor %s: maxTrialNumber reached, bracket %s goes on with the %d configurations that ran",
+                         self.label, bracket_id, bracket.n)
+        return ready
+
+    def _ready(self) -> list[Any] | None:
+        """The configurations NNI holds ready to propose (promotions, and what it drew for its
+        current bracket), or None where its advisor keeps them otherwise."""
+        ready = getattr(self.advisor, "generated_hyper_configs", None)
+        return ready if isinstance(ready, list) else None
 
     def _report(self, parameter_id: int, kind: str, step: int, value: float) -> None:
         sid = self._ids.get(parameter_id)
@@ -141,6 +192,12 @@ class NniAdvisor(Tuner):
         if history:
             log.warning("advisor %s starts new brackets after the resume; %d stored trials are kept but not told to it",
                         self.label, len(history))
+
+
+def _first_round(parameter_id: str) -> bool:
+    """Whether an advisor's ``"<bracket>_<round>_<number>"`` is a configuration's first round."""
+    parts = parameter_id.split("_")
+    return len(parts) == 3 and parts[1] == "0" and parts[0] != "-1"
 
 
 def configuration_key(parameter_id: str) -> tuple[str, str] | None:

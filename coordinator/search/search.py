@@ -20,6 +20,7 @@ curve.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class SubmitTrial:
     parameter_id: int
     parameters: dict[str, Any]
     checkpoint_from: str | None = None
+    promotes: bool = False  # it trains further the configuration of an earlier trial
 
 
 Instruction = StopTrial | PauseTrial | ContinueTrial
@@ -168,6 +170,10 @@ class Search:
         self._orders: list[Instruction] = []
         # A tuner that sets takes_reported hears results as reported (dicts of keys too: several objectives).
         self._reported = getattr(tuner, "takes_reported", False) is True
+        #: Configurations submitted (what maxTrialNumber counts): a promotion is none.
+        self.configurations = 0
+        self._promotions: set[int] = set()  # proposed parameter ids that train an earlier configuration
+        self.promotions_only = False  # the tuner proposes nothing new, only promotions
 
     @property
     def hears_intermediate(self) -> bool:
@@ -208,6 +214,9 @@ class Search:
             self._fail("tuner", "generate_parameters", e)
             return None
         source = self._tuner_call("checkpoint_from", parameter_id)
+        promotes = self._tuner_call("configuration_of", parameter_id) is not None
+        if promotes:
+            self._promotions.add(parameter_id)
         self._take_requests()
         source_trial = None
         if source is not None:
@@ -215,7 +224,14 @@ class Search:
             if source_trial is None:
                 log.warning("the tuner asked trial %d to start from the checkpoint of parameter id %r, which no "
                             "trial of this search ran; it starts afresh", parameter_id, source)
-        return SubmitTrial(parameter_id, parameters, source_trial)
+        return SubmitTrial(parameter_id, parameters, source_trial, promotes)
+
+    def no_more_configurations(self) -> bool:
+        """``maxTrialNumber`` configurations are submitted: whether the tuner still proposes
+        promotions of those (asked once)."""
+        if not self.promotions_only and not self.failure:
+            self.promotions_only = bool(self._tuner_call("only_promotions"))
+        return self.promotions_only
 
     def refused(self, parameters: dict[str, Any], error: Exception) -> None:
         """The tuner's proposal cannot be submitted: the search fails with the reason."""
@@ -237,6 +253,8 @@ class Search:
 
     def _handle(self, event: SearchEvent) -> None:
         if isinstance(event, TrialSubmitted):
+            if event.parameter_id not in self._promotions:
+                self.configurations += 1
             self._trials[event.trial_id] = _Tracked(event.parameter_id, event.parameters)
             self._trial_of[event.parameter_id] = event.trial_id
             self._assessor_call("trial_started", event.trial_id, event.parameter_id, event.parameters)
@@ -373,6 +391,14 @@ class Search:
         self._guarded("tuner", "resume", lambda: self.tuner.resume(history))
         self._assessor_call("resume", history)
         self._mirror_call("resume", history)
+        budget = getattr(self.tuner, "budget_parameter", None)
+        if budget is None:
+            self.configurations += len(history)
+        else:  # trials that differ only in their budget ran one configuration
+            self.configurations += len({
+                json.dumps({k: v for k, v in t.parameters.items() if k != budget}, sort_keys=True, default=repr)
+                for t in history
+            })
         for t in history:
             self._trial_of[t.parameter_id] = t.trial_id
             if t.status is None:

@@ -29,10 +29,14 @@ class Limits:
     trial_concurrency: int
     max_trial_number: int | None
     max_experiment_duration: float | None
+    max_trial_resource: float | None = None  # not changed while it runs
 
     @classmethod
     def of(cls, config: ExperimentConfig) -> Limits:
-        return cls(config.trial_concurrency, config.max_trial_number, config.max_experiment_duration)
+        return cls(
+            config.trial_concurrency, config.max_trial_number, config.max_experiment_duration,
+            config.max_trial_resource,
+        )
 
 
 class SteeringError(RuntimeError):

@@ -164,6 +164,22 @@ class Tuner(Requesting, abc.ABC):
         with no checkpoint saved starts afresh all the same."""
         return None
 
+    #: A parameter a multi-fidelity tuner adds to say how far a trial trains (``TRIAL_BUDGET``
+    #: for NNI's advisors): trials that differ only in it run the same configuration.
+    budget_parameter: str | None = None
+
+    def configuration_of(self, parameter_id: int) -> int | None:
+        """Asked right after ``generate_parameters(parameter_id)``: the parameter id of the
+        earlier trial whose configuration the new one trains further (a promotion to a larger
+        budget), or None for a new configuration. ``maxTrialNumber`` counts configurations."""
+        return None
+
+    def only_promotions(self) -> bool:
+        """``maxTrialNumber`` configurations have been proposed: whether the tuner goes on
+        proposing promotions of those (``configuration_of``), and nothing new, until it raises
+        NoMoreTrials or has nothing to wait for. The default: no, it is asked nothing more."""
+        return False
+
     def trial_paused(self, parameter_id: int) -> None:
         """Learn that the trial saved a checkpoint and ended its process: it holds no slot
         and waits, not ended, until continued (``request_continue``) or stopped."""

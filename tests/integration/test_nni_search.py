@@ -263,7 +263,8 @@ def run_advisor(
 
 @pytest.mark.slow
 def test_trialkeeper_run_with_nni_hyperband_as_advisor(tmp_path: Path) -> None:
-    trials, params, _ = run_advisor(tmp_path, 4, {"name": "Hyperband", "classArgs": {
+    # maxTrialNumber counts configurations: the promoted one is no new configuration.
+    trials, params, _ = run_advisor(tmp_path, 3, {"name": "Hyperband", "classArgs": {
         "optimize_mode": "maximize", "R": 3, "eta": 3, "exec_mode": "serial"}})
     assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 3]
     assert params[3]["x"] == max(p["x"] for p in params[:3])  # the best of the round, promoted
@@ -298,7 +299,7 @@ trial.report_final_result(p["x"])
 def test_hyperband_continues_a_promoted_trial_from_the_checkpoint_of_its_previous_round(tmp_path: Path) -> None:
     write_script(tmp_path, "trial.py", CHECKPOINTED.format(log=str(tmp_path / "runs.log")))
     trials, _ = run_cli(nni_python(), tmp_path, {
-        "trialConcurrency": 2, "maxTrialNumber": 4, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "trialConcurrency": 2, "maxTrialNumber": 3, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3,
                                                         "exec_mode": "serial"}},
     })
@@ -314,6 +315,27 @@ def test_hyperband_continues_a_promoted_trial_from_the_checkpoint_of_its_previou
     # The promoted trial went on from the epoch its configuration had trained at budget 1:
     # two epochs more, not three.
     assert [runs[t["id"]] for t in trials] == [(0, 1), (0, 1), (0, 1), (1, 3)], runs
+
+
+@pytest.mark.slow
+def test_max_trial_number_counts_configurations_and_cuts_a_bracket_short_as_an_incomplete_one(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", CHECKPOINTED.format(log=str(tmp_path / "runs.log")))
+    # R=9, eta=3: the first bracket draws 9 configurations for budget 1. Five of them run; the
+    # bracket goes on with those five: the best floor(5/3) = 1 is promoted to budget 3, from
+    # its checkpoint, and nothing new starts.
+    trials, _ = run_cli(nni_python(), tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": 5, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 9, "eta": 3}},
+    })
+    assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["status"], t["reason"]) for t in trials]
+    params = [json.loads(t["parameters_json"]) for t in trials]
+    assert [p["TRIAL_BUDGET"] for p in params] == [1, 1, 1, 1, 1, 3]
+    assert params[5]["x"] == max(p["x"] for p in params[:5])
+    runs = {}
+    for line in (tmp_path / "runs.log").read_text().splitlines():
+        trial_id, start, budget = line.split()
+        runs[trial_id] = (int(start), int(budget))
+    assert runs[trials[5]["id"]] == (1, 3), runs  # two epochs more, from its checkpoint
 
 
 # NNI's PBT trial: goes on from the model in load_checkpoint_dir (if any), saves one step more
@@ -414,7 +436,7 @@ def test_trialkeeper_run_with_nni_bohb_as_advisor(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'bohb.db'}"
     trials, params, metrics = run_advisor(
         tmp_path,
-        6,
+        5,  # configurations: six trials, one of them a promotion
         {"name": "BOHB", "classArgs": {"optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}},
         optunaStorage=url,
         optunaStudyName="bohb",

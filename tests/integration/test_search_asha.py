@@ -54,3 +54,41 @@ def test_asha_pauses_trials_at_rungs_and_continues_the_promoted_from_their_check
 @pytest.mark.slow
 def test_asynchronous_hyperband_runs_its_brackets_on_the_same_checkpoints(tmp_path: Path) -> None:
     _run(tmp_path, brackets=2)
+
+
+def _budget_run(tmp_path: Path, **budget: object) -> tuple[object, dict[str, list[tuple[int, float]]]]:
+    config = _config(
+        tmp_path, epochs=EPOCHS, pause=0.05, trialConcurrency=2,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}, tuner={"name": "random", "classArgs": {"seed": 3}},
+        assessor={"name": "asha", "classArgs": {"max_resource": EPOCHS}}, **budget,
+    )
+    result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
+    return result, _curves(tmp_path / "exp")
+
+
+@pytest.mark.slow
+def test_a_resource_budget_ends_the_search_once_that_many_epochs_are_trained(tmp_path: Path) -> None:
+    result, curves = _budget_run(tmp_path, maxTrialResource=40)
+    assert result.ok, result.reason
+    assert result.reason.startswith("maxTrialResource (40) reached"), result.reason
+    trained = sum(len(c) for c in curves.values())
+    # Reached, and then ended at once: at most what the two running trials reported meanwhile.
+    assert 40 <= trained <= 40 + 2 * 3, trained
+    assert all(t.status.terminal for t in result.trials), [(t.id, t.status) for t in result.trials]
+    # Those waiting at a rung then end stopped early, not canceled: the search is done with them.
+    waiting = [t for t in result.trials if t.status is TrialStatus.EARLY_STOPPED]
+    assert waiting and all(t.reason.startswith("paused by the search when maxTrialResource (40) reached")
+                           for t in waiting), [(t.id, t.reason) for t in waiting]
+    # Trials paused at their rungs freed their slots for new configurations.
+    assert len(result.trials) > 40 / EPOCHS + 2
+
+
+@pytest.mark.slow
+def test_an_experiment_duration_buys_new_configurations_until_the_time_is_up(tmp_path: Path) -> None:
+    result, curves = _budget_run(tmp_path, maxExperimentDuration="8s")
+    assert result.ok, result.reason
+    assert result.reason == "maxExperimentDuration (8 s) reached", result.reason
+    assert all(t.status.terminal for t in result.trials), [(t.id, t.status) for t in result.trials]
+    # More configurations than the slots trained to the end: the time pauses saved bought them.
+    finished = sum(1 for c in curves.values() if len(c) == EPOCHS)
+    assert len(result.trials) > finished + 2, (len(result.trials), finished)

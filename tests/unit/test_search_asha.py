@@ -13,7 +13,7 @@ from trialkeeper.coordinator.search.algorithms import create_assessor, create_tu
 from trialkeeper.coordinator.search.asha import Asha, bracket_rungs
 from trialkeeper.coordinator.search.assessors import AssessorError
 from trialkeeper.coordinator.search.search import IntermediateStored, PauseTrial, Search, StopTrial, TrialSubmitted
-from trialkeeper.coordinator.search.tuners import NoMoreTrials, Tuner
+from trialkeeper.coordinator.search.tuners import NoMoreTrials, PastTrial, Tuner
 
 
 class Listed(Tuner):
@@ -183,3 +183,48 @@ def test_random_tuner_and_optuna_tpe_propose_for_asha() -> None:
         sim = Sim(s, flat, epochs=9, max_trials=12, concurrency=3).run()
         assert len(sim.trials) == 12 and len(sim.ended(TrialStatus.SUCCEEDED)) >= 1
         assert all(t.trained == len(t.curve) for t in sim.trials.values())
+
+
+class Promoting(Tuner):
+    """Two configurations at budget 1, then the better one again at budget 3 (a promotion)."""
+
+    budget_parameter = "TRIAL_BUDGET"
+
+    def __init__(self, search_space: dict[str, Any]) -> None:
+        super().__init__(search_space)
+        self.plan = [({"x": 1, "TRIAL_BUDGET": 1}, None), ({"x": 2, "TRIAL_BUDGET": 1}, None),
+                     ({"x": 2, "TRIAL_BUDGET": 3}, 1), ({"x": 3, "TRIAL_BUDGET": 1}, None)]
+        self.told_no_more = 0
+
+    def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
+        if self.told_no_more and self.plan[parameter_id][1] is None:
+            raise NoMoreTrials("only promotions now")
+        return self.plan[parameter_id][0]
+
+    def configuration_of(self, parameter_id: int) -> int | None:
+        return self.plan[parameter_id][1]
+
+    def only_promotions(self) -> bool:
+        self.told_no_more += 1
+        return True
+
+
+def test_max_trial_number_counts_configurations_and_the_tuner_goes_on_with_promotions() -> None:
+    s = Search(Promoting({}))
+    for pid in range(2):
+        proposal = s.propose_trial(pid)
+        assert proposal is not None and not proposal.promotes
+        s.handle(TrialSubmitted(f"t{pid}", pid, proposal.parameters))
+    assert s.configurations == 2
+    assert s.no_more_configurations() and s.no_more_configurations()  # a limit of 2: asked once
+    assert s.tuner.told_no_more == 1  # type: ignore[attr-defined]
+    promoted = s.propose_trial(2)
+    assert promoted is not None and promoted.promotes and promoted.parameters["TRIAL_BUDGET"] == 3
+    s.handle(TrialSubmitted("t2", 2, promoted.parameters))
+    assert s.configurations == 2  # the promotion is no new configuration
+    assert s.propose_trial(3) is None and s.exhausted
+    # After a resume, trials that differ only in their budget ran one configuration.
+    resumed = Search(Promoting({}))
+    resumed.resume([PastTrial(f"t{i}", i, p, (), 1.0, TrialStatus.SUCCEEDED) for i, (p, _) in enumerate(
+        Promoting({}).plan[:3])])
+    assert resumed.configurations == 2
