@@ -1,7 +1,8 @@
 """Multi-node trials on the real Kubernetes test cluster (tests/kube): a trial of 2 nodes runs
 one process in each of 2 pods, joined by a real collective (JAX's multi-process CPU backend
-over gloo, as in test_multinode.py), as plain Pods and as Frameworks run by FrameworkController
-(one Framework per node; where a binary of it is given, see tests/kube/operators.py).
+over gloo, as in test_multinode.py), as plain Pods, as PyTorchJobs run by Kubeflow's training
+operator and as Frameworks run by FrameworkController (one object per node; FrameworkController
+where a binary of it is given, see tests/kube/operators.py).
 
 The stand-in kubelet runs each pod as a local process, so MASTER_ADDR is the address rank 0's
 agent reaches the coordinator from, as in a pod of a real cluster (its pod IP)."""
@@ -27,9 +28,12 @@ NODES = 2
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py"
 FLAVOURS = [
     pytest.param("kubernetes", {}, id="pod"),
+    # The training operator gives a PyTorchJob's pods MASTER_ADDR, WORLD_SIZE and RANK of their
+    # own job (of one pod here): a trial's ranks get the gang's, not those.
+    pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
     pytest.param("frameworkcontroller", {}, id="framework"),
 ]
-OPERATORS = {"frameworkcontroller": "framework_controller"}
+OPERATORS = {"kubeflow": "kubeflow_operator", "frameworkcontroller": "framework_controller"}
 
 
 def _jax_python() -> str:
