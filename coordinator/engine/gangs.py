@@ -14,9 +14,10 @@ queue order, for every waiting gang:
   (a one-node trial, or a later gang), so the reserved ones only empty and the gang starts
   at the latest when the trials running on them at the time end: its wait is bounded by the
   longest trial, however many small trials keep coming. They keep the other environments.
-- **backfill**: with ``maxTrialDuration`` set, a one-node trial may still take a reserved
-  environment's free room when it is bound to end before the gang could start (before the
-  latest end of the trials that run on the reserved environments).
+- **backfill**: one-node trials, and later gangs that fit, go on starting on the environments
+  the reservation leaves. A trial is never started on a reserved environment on the bet that
+  it ends in time: trials have no time limit of their own (``maxTrialDuration`` is the same
+  for all, so one started now would end after those the gang waits for).
 
 A waiting gang's reason says what it waits for: how many of the N environments could take
 it now, and which are reserved for it while their trials end.
@@ -24,7 +25,7 @@ it now, and which are reserved for it while their trials end.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .scheduler import EnvCapacity, GpuSlot, Placement
@@ -46,8 +47,6 @@ class GangDecision:
     # or the first waits for environments that do not exist yet).
     reserved: tuple[str, ...] = ()
     reserved_for: str = ""
-    # Whether one-node trials may still take the reserved environments' room (backfill).
-    backfill: bool = False
 
 
 def waiting_gangs(waiting: WaitingTrials) -> list[tuple[int, Demand]]:
@@ -69,16 +68,10 @@ def place_gangs(
     policy: str = "pack",
     across_platforms: bool = False,
     reserved_before: Sequence[str] = (),
-    ends_by: Callable[[str], float | None] | None = None,
-    now: float = 0.0,
-    max_duration: float = 0.0,
 ) -> GangDecision:
     """Place what can start of ``gangs`` (queue order) on ``envs``, and reserve environments
     for the first that cannot. Mutates the holders and GPUs of the environments it places on.
-
-    ``ends_by``: per environment, when the last of the trials on it is bound to end (None:
-    one has no bound), in the clock of ``now``; with ``max_duration`` (a trial's bound), for
-    backfill. ``budget``: how many more trials may start (trialConcurrency; a gang is one)."""
+    ``budget``: how many more trials may start (trialConcurrency; a gang is one)."""
     decision = GangDecision()
     all_envs = [e for e in envs.values() if e.accepting]
     fits = _Fits(all_envs, policy)
@@ -134,7 +127,6 @@ def place_gangs(
             f"waiting for {demand.nodes} environments at once: {now_fit} can take it now, "
             f"{', '.join(busy)} reserved for it until their trials end"
         )
-        decision.backfill = _backfill_ok(busy, ends_by or (lambda _: None), now, max_duration)
     return decision
 
 
@@ -185,19 +177,6 @@ def _reserve(
     best = sorted(best, key=lambda e: (e.env_id not in now_ids, e.env_id not in held_before,
                                        len(e.holders), order[e.env_id]))
     return best[: demand.nodes]
-
-
-def _backfill_ok(
-    busy: Sequence[str], ends_by: Callable[[str], float | None], now: float, max_duration: float
-) -> bool:
-    """Whether a one-node trial started now ends before the gang could start: every trial on
-    the reserved busy environments has a bound, and a new one's ends before the latest."""
-    if max_duration <= 0 or not busy:
-        return False
-    ends = [ends_by(e) for e in busy]
-    if any(end is None for end in ends):
-        return False
-    return now + max_duration <= max(end for end in ends if end is not None)
 
 
 def _take(env: EnvCapacity, demand: Demand, policy: str) -> list[GpuSlot]:

@@ -42,8 +42,7 @@ class GangRoom:
 
     # ---- the scheduling pass -------------------------------------------------------------------
 
-    def place(self, book: TrialBook, fleet: Fleet, policy: Policy, views: Mapping[str, EnvCapacity],
-              *, wall: float) -> dict[str, str]:
+    def place(self, book: TrialBook, fleet: Fleet, policy: Policy, views: Mapping[str, EnvCapacity]) -> dict[str, str]:
         """Place the gangs that can start, reserve for the first that cannot, and close the
         reserved environments to the one-node pass that follows (:meth:`reopen` after it).
         Returns why each gang waits, or where it starts."""
@@ -55,15 +54,13 @@ class GangRoom:
             decision = place_gangs(
                 gangs, views, budget=policy.trial_concurrency - running, policy=policy.placement,
                 across_platforms=policy.gang_across_platforms, reserved_before=before,
-                ends_by=lambda env_id: self._ends_by(book, fleet, policy, env_id, wall),
-                now=wall, max_duration=policy.max_trial_duration_s,
             )
             for g in decision.placements:
                 self._placed(book, fleet, g.trial_id, g.ranks)
                 told[g.trial_id] = f"starting on {', '.join(p.env_id for p in g.ranks)}"
             told.update(decision.waiting)
             self.reserved = decision.reserved
-            closing = () if decision.backfill else decision.reserved
+            closing = decision.reserved
         else:
             self.reserved = closing = ()
         # What the one-node pass may use changed where a reservation came or went.
@@ -94,13 +91,6 @@ class GangRoom:
     def _start(self, book: TrialBook, fleet: Fleet, trial_id: str, env_id: str, rank: int) -> None:
         message = book.start_message(trial_id, fleet.section(env_id).working_directory)
         fleet.send(env_id, dataclasses.replace(message, **self.ranks.start_args(trial_id, rank)))  # type: ignore[arg-type]
-
-    def _ends_by(self, book: TrialBook, fleet: Fleet, policy: Policy, env_id: str, wall: float) -> float | None:
-        """When the last trial on ``env_id`` is bound to end (maxTrialDuration), wall clock."""
-        if policy.max_trial_duration_s <= 0:
-            return None
-        starts = [book.trials[t].started_at or wall for t in fleet.envs[env_id].holders if t in book.trials]
-        return max(starts, default=wall) + policy.max_trial_duration_s
 
     # ---- what the ranks' agents report ---------------------------------------------------------
 
