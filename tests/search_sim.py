@@ -119,7 +119,7 @@ class Sim:
         t.curve.append(value)
         self.log.append((self.tick, "result", t.id, t.epoch))
         self.orders += self.search.handle(IntermediateStored(
-            t.id, value, t.epoch - 1, t.checkpoint is not None, {"default": value, "epoch": t.epoch}
+            t.id, value, t.epoch - 1, t.checkpoint is not None, {"default": value, "step": 100 * t.epoch}
         ))
         self._carry_out()  # what the search answers reaches the trial before its next save
         if t.status != "running":  # stopped by what it reported

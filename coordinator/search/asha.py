@@ -79,28 +79,30 @@ class Asha(Assessor):
     ) -> None:
         for name, value in (("min_resource", min_resource), ("max_resource", max_resource)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise AssessorError(f"asha: classArgs.{name} must be a number > 0, got {value!r}")
+                raise AssessorError(f"assessor 'asha': classArgs.{name} must be a number > 0, got {value!r}")
         if max_resource <= min_resource:
             raise AssessorError(
-                f"asha: classArgs.max_resource ({max_resource:g}) must be larger than min_resource ({min_resource:g})"
+                f"assessor 'asha': classArgs.max_resource ({max_resource:g}) must be larger than min_resource "
+                f"({min_resource:g})"
             )
         eta = reduction_factor
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
-            raise AssessorError(f"asha: classArgs.reduction_factor must be an integer >= 2, got {eta!r}")
+            raise AssessorError(f"assessor 'asha': classArgs.reduction_factor must be an integer >= 2, got {eta!r}")
         most = len(bracket_rungs(min_resource, max_resource, eta, 0))
         if isinstance(brackets, bool) or not isinstance(brackets, int) or not 1 <= brackets <= most:
             raise AssessorError(
-                f"asha: classArgs.brackets must be an integer from 1 to {most} (the rungs between min_resource "
-                f"{min_resource:g} and max_resource {max_resource:g} with reduction_factor {eta}), got {brackets!r}"
+                f"assessor 'asha': classArgs.brackets must be an integer from 1 to {most} (the rungs between "
+                f"min_resource {min_resource:g} and max_resource {max_resource:g} with reduction_factor {eta}), "
+                f"got {brackets!r}"
             )
         if not isinstance(resource, str) or not resource.strip():
             raise AssessorError(
-                f"asha: classArgs.resource must be 'epoch' (one per intermediate result) or the key of a "
+                f"assessor 'asha': classArgs.resource must be 'epoch' (one per intermediate result) or the key of a "
                 f"dict result that holds the resource, got {resource!r}"
             )
         if optimize_mode not in ("maximize", "minimize"):
             raise AssessorError(
-                f"asha: classArgs.optimize_mode must be 'maximize' or 'minimize', got {optimize_mode!r}"
+                f"assessor 'asha': classArgs.optimize_mode must be 'maximize' or 'minimize', got {optimize_mode!r}"
             )
         self.eta, self.max_resource, self.resource_key = eta, float(max_resource), resource
         self.maximize = optimize_mode == "maximize"

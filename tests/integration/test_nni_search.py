@@ -183,6 +183,30 @@ def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     assert study.best_value == max(t["final_metric"] for t in trials if t["status"] == "SUCCEEDED")
 
 
+@pytest.mark.slow
+def test_nnis_tpe_proposes_for_the_built_in_asha_which_pauses_and_continues_checkpointing_trials(
+    tmp_path: Path,
+) -> None:
+    from test_search_paused_trials import TRIAL
+
+    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.log"), epochs=9, pause=0.05))
+    trials, metrics = run_cli(nni_python(), tmp_path, {
+        "trialConcurrency": 2, "maxTrialNumber": 9, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
+        "assessor": {"name": "asha", "classArgs": {"max_resource": 9, "reduction_factor": 3}},
+    })
+    assert len(trials) == 9
+    assert {t["status"] for t in trials} == {"SUCCEEDED", "EARLY_STOPPED"}, [(t["status"], t["reason"]) for t in trials]
+    starts: dict[str, list[int]] = {}
+    for line in (tmp_path / "runs.log").read_text().splitlines():
+        trial_id, start = line.split()
+        starts.setdefault(trial_id, []).append(int(start))
+    assert any(len(runs) > 1 for runs in starts.values()), starts  # paused at a rung, continued from there
+    for t in trials:  # each epoch's result once: no epoch trained again
+        indexes = [m.index for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate"]
+        assert indexes == list(range(len(indexes))), (t["id"], indexes, starts)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")
 def test_without_nni_its_names_say_what_to_install() -> None:
     with pytest.raises(

@@ -176,13 +176,32 @@ def test_a_stopped_experiment_resumed_mid_rung_keeps_waiting_trials_paused_and_p
     assert sum(1 for t in sim.trials.values() if len(t.curve) >= 3) == 3
 
 
-def test_random_tuner_and_optuna_tpe_propose_for_asha() -> None:
-    space = {"q": {"_type": "uniform", "_value": [0, 1]}}
-    for tuner in (create_tuner("random", None, {"seed": 1}, space),):
-        s = Search(tuner, create_assessor("asha", None, {"max_resource": 9}))
-        sim = Sim(s, flat, epochs=9, max_trials=12, concurrency=3).run()
-        assert len(sim.trials) == 12 and len(sim.ended(TrialStatus.SUCCEEDED)) >= 1
-        assert all(t.trained == len(t.curve) for t in sim.trials.values())
+@pytest.mark.parametrize(
+    ("name", "args"), [("random", {"seed": 1}), ("optuna", {"sampler": "TPE", "seed": 1}), ("grid", {})]
+)
+def test_any_tuner_proposes_the_configurations_asha_judges(name: str, args: dict[str, Any]) -> None:
+    space = {"q": {"_type": "quniform", "_value": [0.05, 1, 0.05]}}
+    s = Search(create_tuner(name, None, args, space), create_assessor("asha", None, {"max_resource": 9}))
+    sim = Sim(s, flat, epochs=9, max_trials=15, concurrency=3).run()
+    assert len(sim.trials) == 15 and s.failure == ""
+    assert sim.events("paused")
+    # The grid proposes ever better ones: each goes on at once, and those before it wait.
+    assert sim.events("continued") or name == "grid"
+    assert all(t.trained == len(t.curve) for t in sim.trials.values())  # continued, never trained again
+    # What trained to the end is the best of what reached the last rung.
+    finished = sim.ended(TrialStatus.SUCCEEDED)
+    at_top = [t for t in sim.trials.values() if len(t.curve) >= 3]
+    assert finished and max(at_top, key=lambda t: t.curve[2]).id in finished
+
+
+def test_a_result_key_as_the_resource() -> None:
+    # Each result carries "step": 100 per epoch; rungs at 100 and 300 steps, that is epochs 1 and 3.
+    s = search([0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02], min_resource=100, max_resource=900,
+               resource="step")
+    sim = Sim(s, flat, epochs=9).run()
+    assert {e[3] for e in sim.events("paused") if sim.trials[e[2]].parameter_id >= 2} <= {1, 3}
+    assert sim.ended(TrialStatus.SUCCEEDED) == {"t0"}
+    assert sum(1 for t in sim.trials.values() if len(t.curve) >= 3) == 3
 
 
 class Promoting(Tuner):
