@@ -418,12 +418,11 @@ def _make_search(config: ExperimentConfig, experiment_id: str) -> Search:
         # An Optuna tuner keeps its study there itself: the mirror is the tuner's own study.
         class_args.setdefault("storage", config.optuna_storage)
         class_args.setdefault("study_name", config.optuna_study_name or _study_name(experiment_id))
+    objectives = None if config.objectives is None else objectives_from_config(config.objectives)
     tuner: Tuner = create_tuner(
         t.name, t.class_name, class_args, config.search_space or {},
-        str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id,
+        str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id, objectives=objectives,
     )
-    if config.objectives is not None and callable(getattr(tuner, "use_objectives", None)):
-        tuner.use_objectives(objectives_from_config(config.objectives))  # type: ignore[attr-defined]
     assessor = None
     if a is not None:
         assessor = create_assessor(
@@ -498,7 +497,7 @@ def _resume(search: Search, coordinator: Coordinator, *, count: bool = False) ->
         PastTrial(
             t.id, t.sequence_id, t.parameters, tuple(intermediate.get(t.id, ())), t.final_metric,
             t.status if t.status.terminal else None, paused=t.status is TrialStatus.PAUSED,
-            intermediate_indexes=tuple(indexes.get(t.id, ())),
+            intermediate_indexes=tuple(indexes.get(t.id, ())), reported=t.final_metric_value,
         )
         for t in trials
     ])

@@ -15,6 +15,7 @@ from typing import Any
 
 from .asha import Asha
 from .assessors import Assessor, AssessorError, MedianStopAssessor, construct
+from .objectives import Objectives
 from .pbt import PopulationBasedTraining
 from .space import SearchSpaceError, is_batch_tuner, is_discrete, validate_search_space
 from .tuners import (
@@ -42,6 +43,7 @@ def create_tuner(
     code_directory: str | None = None,
     *,
     experiment_id: str | None = None,
+    objectives: Objectives | None = None,
 ) -> Tuner:
     """Create the tuner an experiment config names.
 
@@ -50,7 +52,9 @@ def create_tuner(
     ``package.module:ClassName`` or ``package.module.ClassName``, imports a Tuner subclass
     or an NNI tuner, with ``code_directory`` put on sys.path first. Exactly one must be
     given. ``class_args`` are passed as keyword arguments. ``experiment_id`` names the
-    Optuna study a tuner keeps in its storage.
+    Optuna study a tuner keeps in its storage. ``objectives`` (the config's section): what
+    an Optuna study optimizes (several objectives, constraints), and how a tuner that
+    ranks by one number (``use_objectives``) ranks.
 
     Raises SearchSpaceError for an invalid space (checked first) and TunerError for
     anything else that prevents creating the tuner.
@@ -70,7 +74,7 @@ def create_tuner(
         if key == "optuna":
             from .optunasearch import create_optuna_tuner
 
-            return create_optuna_tuner(args_in, search_space, experiment_id)
+            return create_optuna_tuner(args_in, search_space, experiment_id, objectives)
         if key not in BUILTIN_TUNERS:
             from .nnialgos import NNI_ADVISOR_NAMES, NNI_TUNER_NAMES, create_nni_tuner
 
@@ -94,11 +98,14 @@ def create_tuner(
             raise TunerError(f"tuner {class_name!r} does not implement {missing}")
     args = check_class_args(label, cls, args_in)
     try:
-        return cls(search_space, **args)
+        tuner = cls(search_space, **args)
     except (TunerError, SearchSpaceError):
         raise
     except Exception as e:
         raise TunerError(f"tuner {label!r} failed to start: {one_line(e)}") from e
+    if objectives is not None and callable(getattr(tuner, "use_objectives", None)):
+        tuner.use_objectives(objectives)
+    return tuner
 
 
 def _nni_grid_search(

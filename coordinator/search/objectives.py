@@ -121,6 +121,18 @@ class Objectives:
             total += c.violation(value)
         return total
 
+    def constraint_values(self, result: Any) -> list[float]:
+        """One number per bound, at most 0 when the result keeps it (Optuna's form of
+        constraints); 1 for a bound whose key the result misses."""
+        found = []
+        for c in self.constraints:
+            value = number(result, c.key)
+            if c.low is not None:
+                found.append(1.0 if value is None else c.low - value)
+            if c.high is not None:
+                found.append(1.0 if value is None else value - c.high)
+        return found
+
     def feasible(self, result: Any) -> bool:
         return self.violation(result) == 0.0
 

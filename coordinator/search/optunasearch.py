@@ -19,6 +19,7 @@ from typing import Any
 from .. import TrialStatus  # the public API
 from ..config.experiment import without_url_password
 from .assessors import Assessor, AssessorError
+from .objectives import Objectives, number
 from .space import SearchSpaceError, validate_search_space
 from .tuners import PastTrial, Tuner, TunerError, normalized
 
@@ -174,14 +175,36 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
         raise error(f"classArgs.{kind}_args for {cls.__name__}: {' '.join(str(e).split())}") from e
 
 
+_CONSTRAINTS_ATTR = "constraints"  # where a trial's constraint values are kept for the sampler
+
+
+def _constraint_values(trial: Any) -> Any:
+    return trial.user_attrs.get(_CONSTRAINTS_ATTR, ())
+
+
+def _constraints(sampler: object) -> Any:
+    """The constraints function of a sampler that takes one (TPE, NSGA-II, GP); TunerError
+    naming the field otherwise."""
+    taking = [name for name, cls in _SAMPLERS.items() if cls in ("TPESampler", "NSGAIISampler", "GPSampler")]
+    if not isinstance(sampler, str) or normalized(sampler) not in taking:
+        raise TunerError(
+            f"objectives.constraints: Optuna's sampler {sampler!r} takes no constraints; give classArgs.sampler "
+            "TPE, NSGA-II or GP, or leave the constraints out"
+        )
+    return _constraint_values
+
+
 def _direction(mode: object, error: type[TunerError]) -> str:
     if mode not in ("maximize", "minimize"):
         raise error(f"classArgs.optimize_mode must be 'maximize' or 'minimize', got {mode!r}")
     return str(mode)
 
 
-def create_optuna_tuner(args: dict[str, Any], search_space: dict[str, Any], experiment_id: str | None) -> OptunaTuner:
-    """The Optuna tuner for ``tuner: {name: optuna, classArgs: args}``."""
+def create_optuna_tuner(
+    args: dict[str, Any], search_space: dict[str, Any], experiment_id: str | None, objectives: Objectives | None = None
+) -> OptunaTuner:
+    """The Optuna tuner for ``tuner: {name: optuna, classArgs: args}``, optimizing the
+    config's ``objectives`` when given."""
     allowed = {"sampler", "sampler_args", "optimize_mode", "seed", "storage", "study_name"}
     unexpected = sorted(set(args) - allowed)
     if unexpected:
@@ -192,6 +215,7 @@ def create_optuna_tuner(args: dict[str, Any], search_space: dict[str, Any], expe
     return OptunaTuner(
         search_space,
         study_name=args.get("study_name") or f"trialkeeper-{experiment_id or 'experiment'}",
+        objectives=objectives,
         **{k: v for k, v in args.items() if k != "study_name"},
     )
 
@@ -237,6 +261,11 @@ def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaA
         None,
         AssessorError,
     )
+    if isinstance(tuner, OptunaTuner) and tuner.objectives is not None and tuner.objectives.several:
+        raise AssessorError(
+            "assessor 'optuna': Optuna's pruners judge one objective, and the tuner's study has several "
+            f"({', '.join(tuner.objectives.keys)}): leave the assessor out, or use asha, which ranks by objectives.rank"
+        )
     if isinstance(tuner, OptunaTuner):
         tuner.study.pruner = pruner
         return OptunaAssessor(tuner.study, tuner)
@@ -261,6 +290,7 @@ class OptunaTuner(Tuner):
         seed: int | None = None,
         storage: str | None = None,
         study_name: str = "trialkeeper",
+        objectives: Objectives | None = None,
     ) -> None:
         validate_search_space(search_space)
         issues = optuna_space_issues(search_space)
@@ -270,10 +300,17 @@ class OptunaTuner(Tuner):
         optuna = _optuna("tuner 'optuna'")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._optuna = optuna
-        made = _make(optuna, "samplers", _SAMPLERS, sampler, sampler_args or {}, "sampler", seed, TunerError)
+        #: The config's objectives: the study's directions, its constraints; results heard as reported.
+        self.objectives = objectives
+        self.takes_reported = objectives is not None
+        sampler_args = dict(sampler_args or {})
+        if objectives is not None and objectives.constraints:
+            sampler_args["constraints_func"] = _constraints(sampler)
+        made = _make(optuna, "samplers", _SAMPLERS, sampler, sampler_args, "sampler", seed, TunerError)
+        directions = {"directions": list(objectives.directions)} if objectives else {"direction": optimize_mode}
         try:
-            self.study = optuna.create_study(storage=storage, study_name=study_name, direction=optimize_mode,
-                                             sampler=made, load_if_exists=True)
+            self.study = optuna.create_study(storage=storage, study_name=study_name, sampler=made,
+                                             load_if_exists=True, **directions)
         except Exception as e:  # a bad URL, an unreachable database, another study's direction
             # Any URL in the error, however the driver wrote it back, loses its password.
             shown, why = without_url_password(str(storage)), without_url_password(str(e))
@@ -300,12 +337,14 @@ class OptunaTuner(Tuner):
         """The Optuna trial of ``parameter_id`` (None once it is told)."""
         return self._trials.get(parameter_id)
 
-    def receive_intermediate_result(self, parameter_id: int, step: int, value: float) -> None:
+    def receive_intermediate_result(self, parameter_id: int, step: int, value: Any) -> None:
         trial = self._trials.get(parameter_id)
-        if trial is not None and math.isfinite(value):
+        if self.objectives is not None:  # Optuna keeps intermediate values for one objective only
+            value = None if self.objectives.several else number(value, self.objectives.keys[0])
+        if trial is not None and value is not None and math.isfinite(value):
             trial.report(value, step)
 
-    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: float) -> None:
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: Any) -> None:
         self._finals[parameter_id] = value
 
     def trial_end(self, parameter_id: int, success: bool) -> None:
@@ -314,7 +353,17 @@ class OptunaTuner(Tuner):
         if trial is None:
             return
         state = self._optuna.trial.TrialState
-        if success and value is not None:
+        if success and value is not None and self.objectives is not None:
+            values = self.objectives.values(value)
+            if values is None:
+                log.warning("trial %d: its final result %.200r lacks a key of the objectives (%s): told FAIL",
+                            parameter_id, value, ", ".join(self.objectives.keys))
+                self.study.tell(trial, state=state.FAIL)
+                return
+            if self.objectives.constraints:
+                trial.set_user_attr(_CONSTRAINTS_ATTR, self.objectives.constraint_values(value))
+            self.study.tell(trial, list(values))
+        elif success and value is not None:
             self.study.tell(trial, value)
         elif value is not None:  # stopped early: Optuna's PRUNED keeps its intermediate results
             self.study.tell(trial, state=state.PRUNED)
@@ -347,8 +396,9 @@ class OptunaTuner(Tuner):
                 self.receive_intermediate_result(t.parameter_id, step, value)
 
     def _end(self, t: PastTrial) -> None:
-        if t.result is not None:
-            self.receive_trial_result(t.parameter_id, t.parameters, t.result)
+        result = t.reported if self.objectives is not None and t.reported is not None else t.result
+        if result is not None:
+            self.receive_trial_result(t.parameter_id, t.parameters, result)
         self.trial_end(t.parameter_id, t.status is TrialStatus.SUCCEEDED)
 
 

@@ -82,6 +82,7 @@ class PastTrial:
     paused: bool = False  # it was paused when the earlier run ended
     # The stored index of each intermediate result (empty: 0, 1, ...).
     intermediate_indexes: tuple[int, ...] = ()
+    reported: Any = None  # the final result as reported (a dict of keys too), when it reported one
 
     @property
     def succeeded(self) -> bool:
