@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..engine.states import EnvStatus, TrialStatus
-from .model import EnvSnapshot, ReadModel, TrialSnapshot, _Ended, _Fields, trial_snapshot
+from .model import EnvSnapshot, ReadModel, _Fields
 
 __all__ = ["Durations", "EnvCensus", "environment_census", "trial_durations"]
 
@@ -47,12 +47,10 @@ def environment_census(model: ReadModel) -> EnvCensus:
             alive_rows.append(row)
     if not alive_rows:
         return EnvCensus(MappingProxyType(counts), ())
-    by_env: dict[str | None, list[TrialSnapshot | _Ended]] = {}
-    for r in model._read("trials", model.store.active_trials):
-        t = trial_snapshot(r)
-        by_env.setdefault(t.environment_id, []).append(t)
+    active = model.active_by_environment()
+    by_env = {env_id: [t.id for t in trials] for env_id, trials in active.items()}
     samples = model._read("GPU samples", model.store.latest_gpu_samples)
-    return EnvCensus(MappingProxyType(counts), tuple(model._env(r, by_env, samples) for r in alive_rows))
+    return EnvCensus(MappingProxyType(counts), tuple(model._env(r, by_env, active, samples) for r in alive_rows))
 
 
 def trial_durations(model: ReadModel, bounds: Sequence[float]) -> Durations:

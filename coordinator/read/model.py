@@ -11,6 +11,7 @@ Only a store that cannot be opened or queried at all raises :class:`StoreError`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
@@ -137,13 +138,6 @@ class ExperimentSnapshot:
     environments: int
     best: TrialSnapshot | None
     unreadable: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """A trial that no longer waits or runs, as an environment's list of trials needs it."""
-
-    id: str
 
 
 # ---- best trial ----------------------------------------------------------------------------
@@ -429,28 +423,45 @@ class ReadModel:
 
     # -- environments
 
-    def environments(self) -> tuple[EnvSnapshot, ...]:
+    def environments(self, latest: int | None = None) -> tuple[EnvSnapshot, ...]:
+        """Every environment. ``latest``: each one's ``trials`` are only its latest ``latest``
+        (:meth:`trials_per_environment` counts them all), read in the store: a hundred
+        thousand trials need not be read for a page of environments."""
         # Only the trials still waiting or running are read whole (their GPUs, whether they
         # stop): with a hundred thousand ended trials, an environment needs just their ids.
-        active = {t.id: t for t in (trial_snapshot(r) for r in self._read("trials", self.store.active_trials))}
-        by_env: dict[str | None, list[TrialSnapshot | _Ended]] = {}
-        for tid, env_id, _ in self._read("trials", self.store.trial_places):
+        active = self.active_by_environment()
+        places = self.store.trial_places if latest is None else lambda: self.store.latest_trial_places(latest)
+        by_env: dict[str | None, list[str]] = {}
+        for tid, env_id, *_ in self._read("trials", places):
             if isinstance(tid, str) and (env_id is None or isinstance(env_id, str)):
-                by_env.setdefault(env_id, []).append(active.get(tid) or _Ended(tid))
+                by_env.setdefault(env_id, []).append(tid)
         samples = self._read("GPU samples", self.store.latest_gpu_samples)
-        return tuple(self._env(r, by_env, samples) for r in self._read("environments", self.store.envs))
+        return tuple(self._env(r, by_env, active, samples) for r in self._read("environments", self.store.envs))
+
+    def trials_per_environment(self) -> dict[str | None, int]:
+        return self._read("trials", self.store.trials_per_environment)
+
+    def active_by_environment(self) -> dict[str | None, list[TrialSnapshot]]:
+        """The trials waiting or running, by the environment they are placed on."""
+        active: dict[str | None, list[TrialSnapshot]] = {}
+        for t in map(trial_snapshot, self._read("trials", self.store.active_trials)):
+            active.setdefault(t.environment_id, []).append(t)
+        return active
 
     def _env(
         self,
         row: Mapping[str, Any],
-        by_env: Mapping[str | None, Sequence[TrialSnapshot | _Ended]],
+        by_env: Mapping[str | None, Sequence[str]],
+        active: Mapping[str | None, Sequence[TrialSnapshot]],
         samples: Mapping[str, Mapping[str, GpuSampleRow]],
     ) -> EnvSnapshot:
+        """An environment's snapshot: ``by_env`` the ids of the trials placed on each, ``active``
+        the waiting and running ones."""
         f = _Fields(row)
         env_id = f.text("id")
         info = f.json("info_json", lambda v: isinstance(v, dict), "a JSON object", {})
-        placed = list(by_env.get(env_id, ()))
-        running = [t for t in placed if isinstance(t, TrialSnapshot) and t.active]
+        placed = by_env.get(env_id, ())
+        running = [t for t in active.get(env_id, ()) if t.active]
         holding: dict[int, list[str]] = {}
         for t in running:
             for i in t.gpu_indices:
@@ -483,7 +494,7 @@ class ReadModel:
             reason=f.text("reason"), hostname=f.text("hostname"), connected=f.flag("connected"),
             instance_id=f.text("agent_instance_id"),
             gpus=tuple(gpus), gpu_unavailable_reason=unavailable if isinstance(unavailable, str) else "",
-            trials=tuple(t.id for t in placed), running_trials=tuple(t.id for t in running),
+            trials=tuple(placed), running_trials=tuple(t.id for t in running),
             stopping_trials=tuple(t.id for t in running if t.stopping),
             stopping=status is EnvStatus.DRAINING,
             created_at=f.number("created_at"), ended_at=f.number("ended_at"), unreadable=tuple(f.notes),
@@ -566,14 +577,24 @@ def _unreadable_experiment(directory: Path, why: str) -> ExperimentSnapshot:
 
 def to_json(value: Any) -> Any:
     """A snapshot (or anything made of them) as plain JSON data."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)}
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # most of what a snapshot holds
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else str(value)  # JSON has no NaN or infinity
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, Mapping):
         return {str(k): to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return {name: to_json(getattr(value, name)) for name in _field_names(kind)}
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN or infinity
+        return str(value)
     return value
+
+
+@functools.cache
+def _field_names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(kind))

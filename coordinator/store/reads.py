@@ -91,6 +91,17 @@ class StoreReader:
         """(id, environment id, status) of every trial, in submission order."""
         return [tuple(r) for r in self._db.execute("SELECT id, environment_id, status FROM trials ORDER BY seq")]
 
+    def latest_trial_places(self, n: int) -> list[tuple[Any, Any]]:
+        """(id, environment id) of each environment's latest ``n`` trials, in submission order."""
+        return [tuple(r) for r in self._db.execute(
+            "SELECT id, environment_id FROM (SELECT id, environment_id, seq, row_number() OVER "
+            "(PARTITION BY environment_id ORDER BY seq DESC) AS back FROM trials) WHERE back <= ? ORDER BY seq", (n,),
+        )]
+
+    def trials_per_environment(self) -> dict[Any, int]:
+        """How many trials were placed on each environment (None: on none yet)."""
+        return dict(self._db.execute("SELECT environment_id, count(*) FROM trials GROUP BY environment_id").fetchall())
+
     def checkpoints(self, trial_id: str | None = None, *, kept: bool = True) -> list[dict[str, Any]]:
         """Checkpoints as stored, oldest first (``kept``: those whose files are still there)."""
         return checkpointrows.rows(self._db, trial_id, kept=kept)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -263,11 +262,12 @@ def environments(model: ReadModel) -> dict[str, Any]:
     """Every environment with its GPUs' latest samples, and why the waiting trials wait."""
     waiting = pages.trial_page(model, status=TrialStatus.WAITING.value, limit=WAITING_SHOWN)
     envs = []
-    for e in model.environments():
-        # The latest trials only (the trials page lists them all): a thousand environments
-        # hold every trial between them, too many to convert for one answer.
-        data = to_json(replace(e, trials=e.trials[-ENV_TRIALS_SHOWN:]))
-        data["trial_count"] = len(e.trials)
+    counts = model.trials_per_environment()
+    # The latest trials only (the trials page lists them all): a thousand environments hold
+    # every trial between them, too many to read for one answer.
+    for e in model.environments(latest=ENV_TRIALS_SHOWN):
+        data = to_json(e)
+        data["trial_count"] = counts.get(e.id, 0)
         envs.append(data)
     return {
         "environments": envs,

@@ -227,3 +227,29 @@ def test_a_chunk_never_ends_inside_a_character(tmp_path: Path) -> None:
             part = views.log(model, "t0", "stdout", offset)
             text, offset = text + part["text"], part["next_offset"]
         assert text == data.decode() and "\ufffd" not in text
+
+
+def test_the_environments_answer_reads_each_ones_latest_trials_and_counts_them_all(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "envs", {})
+    store.insert_env("env-a", "local", "BUSY")
+    store.insert_env("env-b", "local", "STOPPED")
+    for seq in range(15):  # the first one on env-a still runs, behind 14 that ended
+        store.insert_trial({"id": f"a{seq:02d}", "seq": seq, "status": "RUNNING" if seq == 0 else "SUCCEEDED",
+                            "parameters_json": "{}", "command": "c", "gpu_number": 0, "submitted_at": float(seq),
+                            "environment_id": "env-a"})
+    for seq in (15, 16):
+        store.insert_trial({"id": f"b{seq}", "seq": seq, "status": "SUCCEEDED", "parameters_json": "{}",
+                            "command": "c", "gpu_number": 0, "submitted_at": float(seq), "environment_id": "env-b"})
+    store.insert_trial({"id": "w", "seq": 17, "status": "WAITING", "parameters_json": "{}", "command": "c",
+                        "gpu_number": 0, "submitted_at": 17.0})
+    store.close()
+    with ReadModel.open(tmp_path) as model:
+        answer = {e["id"]: e for e in views.environments(model)["environments"]}
+        whole = {e.id: e for e in model.environments()}
+    a, b = answer["env-a"], answer["env-b"]
+    assert a["trial_count"] == 15 and a["trials"] == [f"a{seq:02d}" for seq in range(5, 15)]
+    assert a["running_trials"] == ["a00"], "a running trial is listed however many ended after it"
+    assert b["trial_count"] == 2 and b["trials"] == ["b15", "b16"] and b["running_trials"] == []
+    assert whole["env-a"].trials == tuple(f"a{seq:02d}" for seq in range(15))
+    assert whole["env-a"].running_trials == ("a00",)
