@@ -359,7 +359,7 @@ class Engine:
         """Recorded, or refused: the refusal goes out before the ack that covers the save."""
         book = self.book
         t = book.own(env_id, report.trial_id, "a checkpoint")
-        why = "the trial is not placed on this environment"
+        why = self.gangs.not_saved(report.trial_id, env_id) or "the trial is not placed on this environment"
         if t is not None:
             held = ck.held_by(book.trials.values(), t.id)
             saved, why = ck.record(t, report, env_id, self.policy, self.wall, held, self._out)
@@ -375,7 +375,7 @@ class Engine:
             )))
 
     def _fetch(self, f: ck.CheckpointFetchRequested) -> None:
-        t = self.book.own(f.env_id, f.trial_id, "a checkpoint request")
+        t = self.gangs.rank_trial(self.book, f.env_id, f.trial_id) or self.book.own(f.env_id, f.trial_id, "a fetch")
         self._take()
         answer = ck.fetch_answer(t.checkpoint if t is not None else None, f)
         self._out.append(answer if isinstance(answer, ck.SendCheckpoint) else ev.Send(f.link, answer))

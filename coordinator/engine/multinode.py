@@ -17,6 +17,7 @@ from .book import CANCEL_GRACE_S, TrialBook
 from .environments import Lost
 from .fleet import Fleet
 from .gangs import place_gangs, waiting_gangs
+from .model import TrialState
 from .policy import Policy
 from .ranks import Ranks
 from .scheduler import EnvCapacity, Placement
@@ -159,6 +160,16 @@ class GangRoom:
                     fleet.release(t.env_id, t.id, processes_gone=True)
                 book.lose([t.id], "the coordinator restarted under it", platform=fleet.envs[t.env_id].platform
                           if t.env_id in fleet.envs else "")
+
+    def rank_trial(self, book: TrialBook, env_id: str, trial_id: str) -> TrialState | None:
+        """The trial of a live rank other than 0 on ``env_id``: it continues from the trial's
+        checkpoint too, and fetches it there."""
+        return book.trials.get(trial_id) if self.ranks.rank_of(trial_id, env_id) else None
+
+    def not_saved(self, trial_id: str, env_id: str) -> str:
+        """Why a save of another rank than 0 is refused ("" for any other save)."""
+        rank = self.ranks.rank_of(trial_id, env_id)
+        return f"this is rank {rank} of a multi-node trial: its checkpoints are rank 0's" if rank else ""
 
     # ---- cancel, pause, stop -------------------------------------------------------------------
 

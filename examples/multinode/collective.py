@@ -24,7 +24,7 @@ params = trial.get_next_parameter()
 gathered = multihost_utils.process_allgather(jnp.array([params["x"] * (rank + 1.0)]))
 total = float(gathered.sum())
 names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "NNODES",
-         "TRIALKEEPER_NODE_RANK")
+         "TRIALKEEPER_NODE_RANK", "NNI_TRIAL_JOB_ID")
 print(json.dumps({"rank": rank, "total": total, "env": {n: os.environ.get(n) for n in names}}), flush=True)
 # Only rank 0's result is the trial's; another rank's is ignored (with a note in its log).
 trial.report_final_result(total)

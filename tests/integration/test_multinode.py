@@ -69,6 +69,7 @@ def test_a_trial_of_n_nodes_runs_a_real_collective_across_n_local_agents(tmp_pat
             assert {e["WORLD_SIZE"] for e in envs} == {e["NNODES"] for e in envs} == {str(nodes)}
             assert {e["LOCAL_RANK"] for e in envs} == {"0"}
             assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+            assert {e["NNI_TRIAL_JOB_ID"] for e in envs} == {h.id}  # NNI's variables on every node
             # Results are rank 0's: another rank's report is ignored, said once in its log.
             assert [r.value for r in c.store.metrics(h.id)] == [expected]
             assert next(t for t in c.store.trials() if t["id"] == h.id)["nodes"] == nodes  # kept for a resume

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from test_engine import Sim, _env_row, _trial_row
+from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.gangs import place_gangs
 from trialkeeper.coordinator.engine.scheduler import EnvCapacity
@@ -122,6 +123,45 @@ def test_a_running_gang_is_lost_with_a_restarted_coordinator_and_retried_whole()
     assert (t.nodes, t.status, t.env_id) == (2, TrialStatus.WAITING, None)
     assert "the coordinator restarted" in t.waiting_reason
     assert all(not e.holders for e in after.engine.envs.values())
+
+
+def _saved(trial_id: str, step: int) -> ck.CheckpointSavedReported:
+    return ck.CheckpointSavedReported(trial_id, step, 0, 10, f"sha256:{step}", (ck.CheckpointFile("m.pt", 10),), "",
+                                      0.0)
+
+
+def test_rank_0s_checkpoint_is_the_trials_and_every_rank_continues_from_it() -> None:
+    sim = gang_sim(3, max_trial_retries=1)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.report(envs[1], _saved("g", 1))
+    refused = [s.message for s in sim.take(ev.Send) if isinstance(s.message, ck.CheckpointRefused)]
+    assert "rank 1 of a multi-node trial" in refused[0].reason
+    sim.report(envs[0], _saved("g", 2))
+    assert sim.engine.trials["g"].checkpoint is not None
+    sim.end(envs[1], "g", ev.Outcome.LOST)
+    sim.end(envs[0], "g", ev.Outcome.CANCELED)
+    sim.advance(5)
+    sim.feed(ev.Ticked())
+    envs = start_gang(sim, "g")
+    for env_id in envs:  # each rank's agent fetches rank 0's checkpoint
+        sim.feed(ck.CheckpointFetchRequested(env_id, sim.links[env_id], "g", 2, "m.pt", 0))
+    assert [s.checkpoint.step for s in sim.take(ck.SendCheckpoint)] == [2, 2]
+
+
+def test_a_pause_has_rank_0_save_and_end_then_the_others_stopped() -> None:
+    sim = gang_sim(2)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.report(envs[0], _saved("g", 1))
+    sim.feed(ck.PauseRequested("g", "make room"))
+    by_link = {link: env for env, link in sim.links.items()}
+    asked = [by_link[s.link] for s in sim.take(ev.Send) if isinstance(s.message, ck.PauseTrial)]
+    assert asked == [envs[0]]
+    sim.end(envs[0], "g", ev.Outcome.PAUSED)
+    assert cancels(sim) == {envs[1]: "g"}
+    sim.end(envs[1], "g", ev.Outcome.CANCELED)
+    assert sim.status("g") is TrialStatus.PAUSED
 
 
 def test_cancel_acts_on_every_rank() -> None:
