@@ -259,7 +259,8 @@ class Engine:
         fleet.welcome(joined, unwanted, refusals)
         self._take()
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
-        self._send_starts(joined, book.to_resend(joined.env_id, joined.held, reg.active_trial_ids))
+        resend = book.to_resend(joined.env_id, joined.held, reg.active_trial_ids)
+        self._send_starts(joined, self.gangs.rejoined(book, fleet, joined.env_id, resend, reg.active_trial_ids))
         fleet.rescale_heartbeats()  # after the Welcome: it must be the agent's first message
         self._take()
         self._schedule()

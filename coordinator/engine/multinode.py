@@ -10,7 +10,7 @@ ends (:mod:`.ranks`), their logs (``trials/<id>/rank<r>/``), and cancels to ever
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from . import events as ev
 from .book import CANCEL_GRACE_S, TrialBook
@@ -118,6 +118,25 @@ class GangRoom:
                 book.log(t.env_id, dataclasses.replace(report, stream=f"rank{rank}/{report.stream}"))
             return True
         return False
+
+    def rejoined(self, book: TrialBook, fleet: Fleet, env_id: str, resend: Iterable[str],
+                 active: Iterable[str]) -> list[str]:
+        """An agent registered again, running ``active``: a rank it was sent but does not know
+        (its StartTrial lost with the stream) is sent again while its gang goes on, and taken
+        as ended once the gang is being stopped. Returns the other trials of ``resend``."""
+        running = set(active)
+        for trial_id, gang in list(self.ranks.gangs.items()):
+            rank = gang.rank_of(env_id)
+            if rank is None or trial_id in running:
+                continue
+            if gang.ranks[rank].state not in ("started", "running") and (rank or gang.ranks[0].state != "placed"):
+                continue  # (rank 0 is sent its start as it is placed, the others once rank 0 ran)
+            if gang.first_stop is None:
+                self._start(book, fleet, trial_id, env_id, rank)
+            else:
+                gone = ev.TrialEndReported(trial_id, ev.Outcome.CANCELED, None, None, "not started", "", 0.0)
+                self._ended(book, fleet, env_id, gone, gone=True)
+        return [t for t in resend if t not in self.ranks.gangs]
 
     def lost(self, book: TrialBook, fleet: Fleet, gone: Lost) -> tuple[str, ...]:
         """An environment is lost: its gangs' ranks end with it. Returns its other trials."""

@@ -164,6 +164,19 @@ def test_a_pause_has_rank_0_save_and_end_then_the_others_stopped() -> None:
     assert sim.status("g") is TrialStatus.PAUSED
 
 
+def test_a_rank_whose_start_was_lost_with_the_stream_is_sent_again_when_its_agent_rejoins() -> None:
+    sim = gang_sim(2)
+    submit(sim, "g", 2)
+    envs = start_gang(sim, "g")
+    sim.register(envs[1], instance=sim.engine.envs[envs[1]].instance_id, active=())
+    again = [s.message for s in sim.take(ev.Send) if isinstance(s.message, ev.StartTrial)]
+    assert [(m.trial_id, m.node_rank, m.master_port) for m in again] == [("g", 1, 29500)]
+    # Once the gang is being stopped, a rank its agent never ran counts as ended.
+    sim.end(envs[0], "g", ev.Outcome.FAILED)
+    sim.register(envs[1], instance=sim.engine.envs[envs[1]].instance_id, active=())
+    assert sim.status("g") is TrialStatus.FAILED
+
+
 def test_cancel_acts_on_every_rank() -> None:
     sim = gang_sim(2)
     submit(sim, "g", 2)
