@@ -32,12 +32,9 @@ log = logging.getLogger(__name__)
 Ask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]  # a control request -> its answer
 ACTION_TIMEOUT_S = 30.0
 REACHABLE_FOR_S = 3.0  # how long a look at whether a coordinator answers holds
-# Which trial statuses each trial action applies to (the coordinator checks them too).
-ACTIONS: dict[str, tuple[str, ...]] = {
-    "cancel": ("WAITING", "RUNNING", "PAUSED"),
-    "pause": ("WAITING", "RUNNING"),
-    "continue": ("PAUSED",),
-}
+# The actions on one trial: the control channel's requests of the same names (which states
+# each applies to, the coordinator checks and says).
+TRIAL_ACTIONS = ("cancel", "pause", "continue", "rerun")
 ENDED = "the experiment has ended: this dashboard now only reads its store"
 NOT_RUNNING = (
     "no coordinator runs this experiment (it has ended, stopped or crashed; `trialkeeper resume` carries it on): "
@@ -182,7 +179,7 @@ def add_routes(app: web.Application, acting: Acting, authorised: Callable[[web.R
 
         return handler
 
-    for op in (*ACTIONS, "rerun"):
+    for op in TRIAL_ACTIONS:
         app.router.add_post(f"/api/trials/{{id}}/{op}", trial_action(op))
     app.router.add_post("/api/experiment/update", with_body(
         "update", "limits", dict, "an object of trialConcurrency, maxTrialNumber or maxExperimentDuration (seconds)"))
