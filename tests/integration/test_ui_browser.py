@@ -681,6 +681,14 @@ def test_the_experiments_home_lists_opens_and_compares_experiments(tmp_path: Pat
         wait_until(lambda: series_count(browser, "best-curves") == 2 and series_points(browser, "best-curves") > 10,
                    timeout=WAIT_S, message="two best-so-far curves")
         assert series_count(browser, "distribution") == 2
+        by_trials = browser.execute_script(
+            "return echarts.getInstanceByDom(document.getElementById('best-curves')).getOption().series[0].data;")
+        browser.execute_script("const s = document.getElementById('curve-x'); s.value = 'time';"
+                               "s.dispatchEvent(new Event('change'));")
+        by_time = browser.execute_script(
+            "return echarts.getInstanceByDom(document.getElementById('best-curves')).getOption().series[0].data;")
+        assert [v for _, v in by_time] == [v for _, v in by_trials] and by_time != by_trials
+        assert all(x >= 0 for x, _ in by_time)
         browser.execute_script("const s = document.getElementById('dist-param'); s.value = 'opt';"
                                "s.dispatchEvent(new Event('change'));")
         categories = browser.execute_script(

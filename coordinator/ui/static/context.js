@@ -96,7 +96,7 @@ function contextPage() {
     const c = await api("/api/context");
     document.getElementById("ctx-title").textContent = `Context of experiment ${c.id}${c.name ? " \u2014 " + c.name : ""}`;
     const l = c.limits;
-    const cards = [["Status", status(c.status)], ["Started", esc(when(c.started_at))],
+    const cards = [["Status", status(c.status) + (c.reason ? `<div class="muted" style="font-size:12px">${esc(c.reason)}</div>` : "")], ["Started", esc(when(c.started_at))],
       ["Trials submitted", `${c.submitted}${l.maxTrialNumber ? " / " + l.maxTrialNumber : ""}`],
       ["Concurrency", esc(l.trialConcurrency)], ["Max duration", l.maxExperimentDuration ? dur(l.maxExperimentDuration) : "none"],
       ["Optimize", esc(c.optimize_mode)]];

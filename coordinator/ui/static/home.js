@@ -107,20 +107,28 @@ async function compare() {
     dist = echarts.init(document.getElementById("distribution"));
     window.addEventListener("resize", () => { curves.resize(); dist.resize(); });
   }
-  curves.setOption({
-    animation: false, title: {text: "Best final metric so far, by trials ended", left: 10, top: 6, textStyle: {fontSize: 13}},
-    legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 46},
-    xAxis: {type: "value", name: "trials ended", nameLocation: "middle", nameGap: 26, minInterval: 1},
-    yAxis: {type: "value", scale: true},
-    series: compared.experiments.map(e => ({type: "line", step: "end", showSymbol: false, name: label(e),
-      data: e.best_curve.map(([n, best]) => [n, best])})),
-  }, {replaceMerge: ["series"]});
+  drawCurves();
   const names = [...new Set(compared.experiments.flatMap(e => e.trials.flatMap(t => Object.keys(t.parameters))))];
   const pick = document.getElementById("dist-param"), keep = pick.value;
   pick.innerHTML = names.map(n => `<option>${esc(n)}</option>`).join("");
   if (names.includes(keep)) pick.value = keep;
   drawDistribution();
   document.body.dataset.drawn = "home-compare";
+}
+
+// Each experiment's best final metric so far, by trials ended or by time since it started.
+function drawCurves() {
+  const byTime = document.getElementById("curve-x").value === "time";
+  curves.setOption({
+    animation: false, title: {text: `Best final metric so far, by ${byTime ? "time since each started" : "trials ended"}`,
+      left: 10, top: 6, textStyle: {fontSize: 13}},
+    legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 46},
+    xAxis: {type: "value", name: byTime ? "seconds since its start" : "trials ended", nameLocation: "middle", nameGap: 26,
+      minInterval: byTime ? 0 : 1},
+    yAxis: {type: "value", scale: true},
+    series: compared.experiments.map(e => ({type: "line", step: "end", showSymbol: false, name: label(e),
+      data: e.best_curve.map(([n, best, at]) => [byTime ? Math.max(0, at - (e.started_at || at)) : n, best])})),
+  }, {replaceMerge: ["series"]});
 }
 
 // Each experiment's share of its sampled trials per value (a choice, or any text) or per bin
@@ -156,6 +164,7 @@ function drawDistribution() {
 
 document.getElementById("compare-picked").addEventListener("click", () => compare().catch(e => toast(e.message)));
 document.getElementById("dist-param").addEventListener("change", drawDistribution);
+document.getElementById("curve-x").addEventListener("change", () => { if (compared) drawCurves(); });
 document.getElementById("home-status").addEventListener("change", draw);
 document.getElementById("home-search").addEventListener("input", draw);
 async function tick() {
