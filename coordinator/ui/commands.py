@@ -157,6 +157,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if home is not None and not home.is_dir():
         _err(f"--dir: {home} is not a directory")
         return 1
+    if home is not None and holds_experiment(home):
+        _err(f"--dir: {home} is an experiment's directory, not one of experiments: `trialkeeper ui {home}` serves it")
+        return 1
     if home is None and not holds_experiment(args.experiment_dir):
         _err(f"no experiment in {args.experiment_dir}")
         return 1

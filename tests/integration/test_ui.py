@@ -374,6 +374,8 @@ def test_ui_and_view_serve_one_experiment_or_the_home_of_a_directory(tmp_path: P
     missing = tk_bare("ui", "--dir", tmp_path / "nope")
     assert missing.returncode == 1 and f"--dir: {tmp_path / 'nope'} is not a directory" in missing.stderr
     many_trials(tmp_path / "exp1", 10)
+    one = tk_bare("ui", "--dir", tmp_path / "exp1")
+    assert one.returncode == 1 and f"--dir: {tmp_path / 'exp1'} is an experiment's directory" in one.stderr
     with home_dashboard(tmp_path, command="view") as home:
         assert [e["key"] for e in get_json(home.url + "/api/home")["experiments"]] == ["exp1"]
         assert get_json(home.url + "/x/exp1/api/experiment")["trial_count"] == 10
