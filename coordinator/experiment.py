@@ -428,6 +428,8 @@ def _make_search(config: ExperimentConfig, experiment_id: str) -> Search:
         assessor = create_assessor(
             a.name, a.class_name, dict(a.class_args), str(a.code_directory) if a.code_directory else None, tuner=tuner
         )
+        if objectives is not None and callable(getattr(assessor, "use_objectives", None)):
+            assessor.use_objectives(objectives)  # type: ignore[attr-defined]  # it ranks by objectives.rank
     return Search(tuner, assessor, None if own_study else _mirror(config, experiment_id))
 
 

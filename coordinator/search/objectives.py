@@ -1,6 +1,6 @@
 """Several objectives: the result keys a search optimizes, each with its direction; the result
 keys that must stay within bounds (constraints); and how a method that ranks by one number
-(ASHA, Hyperband, PBT, a tuner that learns one value) ranks trials: by one chosen key, or by a
+(population-based training; a tuner or an assessor with ``use_objectives``) ranks trials: by one chosen key, or by a
 declared weighted sum. Plain functions over results as trials report them (a number, or a dict
 of keys such as ``{"default": 0.93, "latency": 12.0}``; a number is the key ``default``).
 

@@ -135,3 +135,37 @@ def test_with_one_objective_the_front_is_the_best_trial(tmp_path: Path) -> None:
     store.close()
     with ReadModel.open(tmp_path / "exp") as model:
         assert [t.id for t in pareto_trials(model)] == ["t1"]
+
+
+RANKER = '''
+from trialkeeper.coordinator.search.assessors import Assessor, Verdict
+
+
+class Ranker(Assessor):
+    objectives = None
+
+    def use_objectives(self, objectives):
+        self.objectives = objectives
+
+    def decide(self, trial_id, history):
+        return Verdict.CONTINUE
+'''
+
+
+def test_the_experiment_hands_its_objectives_to_a_tuner_and_an_assessor_that_rank_by_them(tmp_path: Path) -> None:
+    from trialkeeper.coordinator.config.experiment import parse_config
+    from trialkeeper.coordinator.experiment import _search
+
+    (tmp_path / "ranker.py").write_text(RANKER)
+    config = parse_config({
+        "trialCommand": "python t.py", "trialConcurrency": 2, "trainingService": {"platform": "local"},
+        "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "pbt", "classArgs": {"population_size": 2}},
+        "assessor": {"className": "ranker:Ranker", "codeDirectory": str(tmp_path)},
+        "objectives": {**SECTION, "rank": "latency"},
+    }, base_dir=tmp_path)
+    search = _search(config, "exp1")
+    for algorithm in (search.tuner, search.assessor):
+        objectives = getattr(algorithm, "objectives", None)
+        assert objectives is not None and objectives.keys == ("accuracy", "latency")
+        assert objectives.rank_direction == "minimize"
