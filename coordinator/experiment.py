@@ -278,6 +278,10 @@ async def _drive_in_scope(
                 if search.failure:
                     ok, reason = False, f"{search.failure} (its traceback is in {LOG_FILENAME})"
                     break
+                if any(search.holds(t.id) for t in paused):
+                    to_do.extend(search.ending())  # the last chance for what it holds
+                    if to_do:
+                        continue
                 why = "paused by the search, which ended without continuing it"
                 if await _give_up(coordinator, search, paused, given_up, why):
                     continue  # their ends reach the search, which may propose more

@@ -176,6 +176,10 @@ class Sim:
         if self.orders or any(t.status == "waiting" for t in self.trials.values()):
             return False
         held = [t for t in self.trials.values() if t.status == "paused" and self.search.holds(t.id)]
+        if held:
+            self.orders += self.search.ending()  # the last chance: the search may continue some
+            if self.orders:
+                return True
         for t in held:
             self._end(t, TrialStatus.EARLY_STOPPED)
         return bool(held)

@@ -155,6 +155,21 @@ class Asha(Assessor):
             return Verdict.CONTINUE
         return self._judge(trial_id, t, i)
 
+    def search_ending(self) -> None:
+        """No new configuration comes: each rung's population is final, and promotes its best
+        ceil(n / eta) (as the stopping form does), from the highest rung with any waiting."""
+        for b, rungs in enumerate(self.rungs):
+            for i in reversed(range(len(rungs))):
+                rung = rungs[i]
+                best = self._best(rung, math.ceil(len(rung.results) / self.eta))
+                promoted = [tid for tid in best if self._waits(tid, b, i) and tid not in rung.promoted]
+                for trial_id in promoted:
+                    rung.promoted.add(trial_id)
+                    self._trials[trial_id].waiting = None
+                    self.request_continue(trial_id)
+                if promoted:
+                    break
+
     # ---- the rules ------------------------------------------------------------------------
 
     def _judge(self, trial_id: str, t: _Trial, i: int) -> Verdict:
@@ -180,13 +195,16 @@ class Asha(Assessor):
         """Promote what waits at the rung and is now among its best ``floor(n / eta)``."""
         rung = self.rungs[bracket][i]
         for trial_id in self._best(rung, len(rung.results) // self.eta):
-            t = self._trials.get(trial_id)
-            if trial_id in rung.promoted or t is None or t.waiting != i or t.ended:
+            if trial_id in rung.promoted or not self._waits(trial_id, bracket, i):
                 continue
             rung.promoted.add(trial_id)
-            t.waiting = None
+            self._trials[trial_id].waiting = None
             if trial_id != judged:
                 self.request_continue(trial_id)
+
+    def _waits(self, trial_id: str, bracket: int, i: int) -> bool:
+        t = self._trials.get(trial_id)
+        return t is not None and t.bracket == bracket and t.waiting == i and not t.ended
 
     def _best(self, rung: _Rung, k: int) -> list[str]:
         ranked = sorted(rung.results.items(), key=lambda kv: -kv[1] if self.maximize else kv[1])

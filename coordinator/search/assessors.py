@@ -88,6 +88,11 @@ class Assessor(Requesting, abc.ABC):
     def trial_end(self, trial_id: str, success: bool) -> None:
         """Learn that the trial ended; ``success`` is False for a failed or stopped one."""
 
+    def search_ending(self) -> None:
+        """Nothing runs and the tuner proposes nothing more: the last chance to continue
+        trials the search holds paused (``request_continue``); those it does not continue
+        are stopped. Asked again once what it continued has ended."""
+
     def resume(self, history: Sequence[PastTrial]) -> None:
         """Hear what an earlier run of this experiment saw, before judging anything new.
 

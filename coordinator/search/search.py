@@ -226,6 +226,12 @@ class Search:
                             "trial of this search ran; it starts afresh", parameter_id, source)
         return SubmitTrial(parameter_id, parameters, source_trial, promotes)
 
+    def ending(self) -> list[Instruction]:
+        """Nothing runs and the tuner proposes nothing more: what the assessor continues of the
+        trials the search holds paused (the others are then stopped)."""
+        self._assessor_call("search_ending")
+        return self.take_orders()
+
     def no_more_configurations(self) -> bool:
         """``maxTrialNumber`` configurations are submitted: whether the tuner still proposes
         promotions of those (asked once)."""

@@ -4,13 +4,16 @@ checkpoints when promoted, the best configuration trained to its end once, epoch
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import run_async
+from conftest import async_wait_until, run_async
 from test_search_paused_trials import _config, _curves, _runs
+from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
-from trialkeeper.coordinator.experiment import run_experiment
+from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
 
 # Arrival order at the rungs mixes good and bad: some wait paused until the rung fills.
 XS = [0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4, 0.6]
@@ -92,3 +95,44 @@ def test_an_experiment_duration_buys_new_configurations_until_the_time_is_up(tmp
     # More configurations than the slots trained to the end: the time pauses saved bought them.
     finished = sum(1 for c in curves.values() if len(c) == EPOCHS)
     assert len(result.trials) > finished + 2, (len(result.trials), finished)
+
+
+@pytest.mark.slow
+def test_asha_stopped_mid_rung_and_resumed_keeps_its_waiting_trials_paused_until_promoted(tmp_path: Path) -> None:
+    config = _config(
+        tmp_path, epochs=EPOCHS, pause=0.1, trialConcurrency=2,
+        searchSpace={"x": {"_type": "choice", "_value": XS}}, tuner={"name": "grid"},
+        assessor={"name": "asha", "classArgs": {"max_resource": EPOCHS}},
+    )
+    exp = tmp_path / "exp"
+
+    async def stopped() -> Any:
+        stop = asyncio.Event()
+        started: list[Coordinator] = []
+        run = asyncio.ensure_future(run_experiment(config, experiment_dir=exp, stop=stop, on_start=started.append))
+        await async_wait_until(lambda: started, 60, message="the experiment never started")
+        c = started[0]
+        await async_wait_until(
+            lambda: sum(1 for t in c.trials() if t.status is TrialStatus.PAUSED) >= 2, 60,
+            message="no trials waited at a rung",
+        )
+        stop.set()
+        return await asyncio.wait_for(run, 60)
+
+    first = run_async(stopped, timeout=120)
+    assert not first.ok and first.reason == "stopped by the user"
+    waiting = {t.id for t in first.trials if t.status is TrialStatus.PAUSED and "paused by the assessor" in t.reason}
+    assert waiting, [(t.id, t.status, t.reason) for t in first.trials]
+    again = run_async(resume_experiment(exp), timeout=240)
+    assert again.ok, again.reason
+    assert len(again.trials) == len(XS)
+    by_x = {t.parameters["x"]: t for t in again.trials if t.parameters is not None}
+    assert by_x[0.9].status is TrialStatus.SUCCEEDED, (by_x[0.9].status, by_x[0.9].reason)
+    runs, curves = _runs(tmp_path), _curves(exp)
+    for t in again.trials:  # one curve each, every epoch once (the stop canceled any not yet started)
+        curve = curves.get(t.id, [])
+        assert [i for i, _ in curve] == list(range(len(curve))), (t.id, runs.get(t.id))
+    # Trials that waited at a rung when the experiment stopped were not continued by the
+    # resume: those never promoted ran once and ended stopped early by the search.
+    never = [t for t in again.trials if t.id in waiting and t.status is TrialStatus.EARLY_STOPPED]
+    assert never and all(len(runs[t.id]) == 1 for t in never), {t.id: runs[t.id] for t in never}

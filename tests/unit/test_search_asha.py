@@ -152,7 +152,18 @@ def test_a_promoted_trial_lost_with_its_environment_goes_on_from_its_checkpoint_
     t0 = sim.trials["t0"]
     assert t0.end is TrialStatus.SUCCEEDED and len(t0.curve) == 9 and t0.trained == 10
     assert len(sim.events("paused", "t0")) == pauses  # promoted: not paused again after the loss
+    assert max(sim.trials.values(), key=lambda t: t.curve[-1]).id == "t0"
+
+
+def test_once_no_new_configuration_comes_the_final_rungs_promote_their_best_third_rounded_up() -> None:
+    # Five configurations: rung 1 promotes floor(5/3) = 1, which then waits alone at rung 3.
+    # With nothing more to come, rung 3 is final: its best ceil(1/3) = 1 trains to the end.
+    sim = Sim(search([0.5, 0.4, 0.3, 0.2, 0.1]), flat, epochs=9).run()
     assert sim.ended(TrialStatus.SUCCEEDED) == {"t0"}
+    assert sim.events("paused", "t0")[-1][3] == 3 and sim.events("continued", "t0")[-1][3] == 3
+    # Then rung 1's best ceil(5/3) = 2 went on (0.4 too), and waited at rung 3 behind 0.5.
+    assert len(sim.trials["t1"].curve) == 3 and sim.trials["t1"].end is TrialStatus.EARLY_STOPPED
+    assert all(len(sim.trials[f"t{i}"].curve) <= 2 for i in range(2, 5))
 
 
 def test_a_stopped_experiment_resumed_mid_rung_keeps_waiting_trials_paused_and_promotes_them_later() -> None:
