@@ -320,12 +320,18 @@ trial.report_final_result(p["x"])
 
 
 @pytest.mark.slow
-def test_hyperband_continues_a_promoted_trial_from_the_checkpoint_of_its_previous_round(tmp_path: Path) -> None:
+@pytest.mark.parametrize("advisor", [
+    {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3, "exec_mode": "serial"}},
+    {"name": "BOHB", "classArgs": {"optimize_mode": "maximize", "min_budget": 1, "max_budget": 3, "eta": 3}},
+], ids=["Hyperband", "BOHB"])
+def test_an_advisor_continues_a_promoted_trial_from_the_checkpoint_of_its_previous_round(
+    tmp_path: Path, advisor: dict[str, Any]
+) -> None:
     write_script(tmp_path, "trial.py", CHECKPOINTED.format(log=str(tmp_path / "runs.log")))
+    # Three configurations (maxTrialNumber counts them), the best promoted from budget 1 to 3.
     trials, _ = run_cli(nni_python(), tmp_path, {
         "trialConcurrency": 2, "maxTrialNumber": 3, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
-        "advisor": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize", "R": 3, "eta": 3,
-                                                        "exec_mode": "serial"}},
+        "advisor": advisor,
     })
     assert {t["status"] for t in trials} == {"SUCCEEDED"}, [(t["status"], t["reason"]) for t in trials]
     params = [json.loads(t["parameters_json"]) for t in trials]
