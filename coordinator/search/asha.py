@@ -132,6 +132,12 @@ class Asha(Assessor):
     def trial_paused(self, trial_id: str) -> None:
         self._trial(trial_id).checkpoints = True
 
+    def trial_continued(self, trial_id: str, parameters: dict[str, Any]) -> None:
+        t = self._trial(trial_id)
+        if t.waiting is not None:  # continued by someone else (trialkeeper continue): it passed its rung
+            self.rungs[t.bracket][t.waiting].promoted.add(trial_id)
+            t.waiting = None
+
     def trial_end(self, trial_id: str, success: bool) -> None:
         t = self._trial(trial_id)
         t.ended, t.waiting, t.deferred = True, None, None

@@ -155,6 +155,15 @@ def test_a_promoted_trial_lost_with_its_environment_goes_on_from_its_checkpoint_
     assert max(sim.trials.values(), key=lambda t: t.curve[-1]).id == "t0"
 
 
+def test_a_waiting_trial_the_user_continues_passes_its_rung() -> None:
+    sim = Sim(search([0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02]), flat, epochs=9)
+    sim.run(until=lambda s: "t4" in s.trials and s.trials["t4"].status == "paused")
+    sim.continue_trial(sim.trials["t4"])  # trialkeeper continue: not the search's doing
+    sim.run()
+    t4 = sim.trials["t4"]
+    assert len(t4.curve) >= 3 and [e[3] for e in sim.events("paused", "t4")][1:] in ([], [3])
+
+
 def test_once_no_new_configuration_comes_the_final_rungs_promote_their_best_third_rounded_up() -> None:
     # Five configurations: rung 1 promotes floor(5/3) = 1, which then waits alone at rung 3.
     # With nothing more to come, rung 3 is final: its best ceil(1/3) = 1 trains to the end.
