@@ -293,7 +293,7 @@ def test_strict_spread_waits_for_a_node_per_actor_and_says_so(cluster: LocalRay,
         for env_id in ("env-1", "env-2"):
             assert seen[env_id].state == "starting", seen[env_id]
             assert f"placement group trialkeeper/{experiment_id} (STRICT_SPREAD: 2 bundles of 0.5 CPU, each on a " \
-                   "node of its own)" in seen[env_id].detail, seen[env_id]
+                   "node of its own; the cluster has 1 now)" in seen[env_id].detail, seen[env_id]
         [group] = _groups(experiment_id)
         assert (group["strategy"], group["state"]) == ("STRICT_SPREAD", "PENDING"), group
         await service.stop("env-1", 0.0)

@@ -69,6 +69,7 @@ class ExperimentGroup:
         self.name = ""
         self.group: Any = None
         self.ready = False
+        self.nodes = 0  # alive nodes, as last seen while a STRICT_SPREAD group waits
         self._lock = threading.Lock()  # launches run in parallel threads: one makes the group
 
     def options(self, experiment_id: str) -> dict[str, Any]:
@@ -85,11 +86,14 @@ class ExperimentGroup:
             self.group, placement_group_bundle_index=ANY_BUNDLE, placement_group_capture_child_tasks=False)}
 
     def check(self) -> None:
-        """Whether Ray has reserved the group yet (asks without waiting)."""
+        """Whether Ray has reserved the group yet (asks without waiting); while not, for
+        STRICT_SPREAD, how many nodes the cluster has."""
         if self.group is not None and not self.ready:
             ray = connected_ray()
             done, _ = ray.wait([self.group.ready()], timeout=0)
             self.ready = bool(done)
+            if not self.ready and self.strategy == "STRICT_SPREAD":
+                self.nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
 
     def waiting(self) -> str:
         """What an actor that is not placed yet waits for, while the group is not reserved."""
@@ -97,8 +101,9 @@ class ExperimentGroup:
             return ""
         apart = {"STRICT_SPREAD": ", each on a node of its own", "STRICT_PACK": ", all on one node"}
         each = ", ".join(f"{amount:g} {name}" for name, amount in self.bundle.items())
+        short = f"; the cluster has {self.nodes} now" if 0 < self.nodes < self.size else ""
         return (f"waiting for Ray to reserve placement group {self.name} ({self.strategy}: "
-                f"{self.size} bundles of {each}{apart.get(self.strategy, '')})")
+                f"{self.size} bundles of {each}{apart.get(self.strategy, '')}{short})")
 
     def remove(self, experiment_id: str = "") -> None:
         """Give the group back (the one this service made or found, else the experiment's, if
