@@ -27,6 +27,7 @@ from ..ui.commands import add_ui_option, dashboard_starter, linger_dashboard
 from .control import ControlHook
 from .ended import ENDED_EXIT, add_exit_option, extended_config, failed_note, resume_refusal, stop_note
 from .livelog import LiveLog
+from .replay import add_command as add_replay_command
 from .steer import add_commands as add_steer_commands
 from .views import EXP_HELP, add_commands, experiment_path, no_trial
 from .views import console as _console
@@ -160,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     add_commands(sub)
     add_steer_commands(sub)
     add_ui_commands(sub)
+    add_replay_command(sub)
 
     logs = sub.add_parser(
         "logs", help="print a trial's output", description="Print a trial's stdout (and stderr with --stderr)."

@@ -16,6 +16,7 @@ its rungs) implements ``decide`` instead, answering a Verdict.
 from __future__ import annotations
 
 import abc
+import bisect
 import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -129,16 +130,17 @@ class MedianStopAssessor(Assessor):
         self.maximize = optimize_mode == "maximize"
         self.start_step = start_step
         self._running: dict[str, list[float]] = {}
-        self._completed_averages: list[list[float]] = []
+        # At each step, the running averages there of the trials that completed, sorted.
+        self._at_step: list[list[float]] = []
 
     def assess_trial(self, trial_id: str, history: Sequence[float]) -> bool:
         self._running[trial_id] = list(history)
         step = len(history)
         if step == 0 or step < self.start_step:
             return True
-        at_step = sorted(avgs[step - 1] for avgs in self._completed_averages if len(avgs) >= step)
-        if not at_step:
+        if step > len(self._at_step):
             return True
+        at_step = self._at_step[step - 1]
         if self.maximize:
             return max(history) >= at_step[(len(at_step) - 1) // 2]
         return min(history) <= at_step[len(at_step) // 2]
@@ -146,11 +148,12 @@ class MedianStopAssessor(Assessor):
     def trial_end(self, trial_id: str, success: bool) -> None:
         history = self._running.pop(trial_id, None)
         if success and history:
-            total, averages = 0.0, []
+            total = 0.0
             for i, value in enumerate(history, 1):
                 total += value
-                averages.append(total / i)
-            self._completed_averages.append(averages)
+                if i > len(self._at_step):
+                    self._at_step.append([])
+                bisect.insort(self._at_step[i - 1], total / i)
 
 
 

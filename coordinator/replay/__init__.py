@@ -1,0 +1,1 @@
+"""Replaying a search in virtual time against the learning curves an experiment recorded."""

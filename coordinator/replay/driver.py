@@ -1,0 +1,453 @@
+"""A search replayed in virtual time against the learning curves an experiment recorded.
+
+The decisions are those of a real run: the experiment's search (``search/``: the tuner and
+the assessor a config names) proposes, stops, pauses and continues trials, and the decision
+core (``engine/``, the Engine a coordinator runs) queues and places them on
+``trialConcurrency`` environments, pauses them at a checkpoint and continues them. What is
+virtual is the rest: the environments are answered at once, and each trial's process is the
+curve of the recorded trial its configuration is drawn from (``curves.py``), reporting each
+result after the seconds that result took to train when it was recorded. The clock jumps
+from one of these moments to the next, so thousands of trials replay in seconds.
+
+A trial asked to pause saves a checkpoint at the result it reached and ends; continued, it
+reports on from there, along the curve of the configuration it continues with (its own, or
+the new parameters an exploit gave it). A trial started from another's checkpoint reports
+from that checkpoint's result on. A recorded curve cut short (its trial was stopped or
+failed) ends a trial that goes past it FAILED, saying so; starting a trial, and the time
+between a trial's end and the next start, take no time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.experiment import ExperimentConfig
+from ..engine import checkpoints as ck
+from ..engine import events as ev
+from ..engine.engine import Engine
+from ..engine.model import MetricEvent, StatusEvent
+from ..engine.policy import PlatformPolicy, Policy
+from ..engine.rows import MetricRun
+from ..engine.states import TrialStatus
+from ..experiment import _search, optimize_mode_of
+from ..search.search import (
+    ContinueTrial,
+    Instruction,
+    IntermediateStored,
+    PauseTrial,
+    StopTrial,
+    TrialContinued,
+    TrialEnded,
+    TrialPaused,
+)
+from ..search.search import TrialSubmitted as SearchTrialSubmitted
+from ..search.steering import Limits
+from .curves import UNSEEN, Curves, Recorded, ReplayError
+
+__all__ = ["Decision", "ReplayResult", "ReplayedTrial", "replay"]
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT_ID = "replay"
+_NEVER = 1e15  # the timers a virtual run never reaches (agents heartbeat in no time)
+_FILES = (ck.CheckpointFile("replayed", 1),)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the search did to a trial, when, after how many of its results."""
+
+    at: float  # virtual seconds from the start
+    trial_id: str
+    kind: str  # stop | pause | continue
+    step: int  # results the trial had reported
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReplayedTrial:
+    trial_id: str
+    parameter_id: int
+    parameters: dict[str, Any]
+    drawn_from: str  # the recorded trial whose curve it followed ("" when skipped)
+    exact: bool  # that trial ran these very parameters
+    status: str
+    reason: str
+    results: int  # intermediate results it reported
+    best: float | None  # its best result (intermediate or final)
+    final: float | None
+    ended_at: float | None
+
+
+@dataclass
+class ReplayResult:
+    trials: list[ReplayedTrial]
+    decisions: list[Decision]
+    improvements: list[tuple[float, float, str]]  # (virtual seconds, best so far, trial) at each improvement
+    virtual_seconds: float
+    wall_seconds: float
+    maximize: bool
+    optimum: float | None  # the best result of the recorded experiment
+    reason: str  # why the replayed search ended
+    nearest: int = 0  # trials drawn from the nearest recorded configuration
+    skipped: int = 0  # trials of configurations never recorded, not run
+
+    @property
+    def best(self) -> tuple[float, float, str] | None:
+        return self.improvements[-1] if self.improvements else None
+
+    def reached(self, within: float) -> float | None:
+        """Virtual seconds until a result within ``within`` (a fraction) of the optimum."""
+        if self.optimum is None:
+            return None
+        for at, value, _ in self.improvements:
+            if _gap(value, self.optimum, self.maximize) <= within:
+                return at
+        return None
+
+    def gap(self) -> float | None:
+        """How far the best result found is from the optimum, as a fraction of it."""
+        best = self.best
+        if best is None or self.optimum is None:
+            return None
+        return _gap(best[1], self.optimum, self.maximize)
+
+
+def _gap(value: float, optimum: float, maximize: bool) -> float:
+    short = optimum - value if maximize else value - optimum
+    return max(0.0, short) / (abs(optimum) or 1.0)
+
+
+def replay(config: ExperimentConfig, recorded: list[Recorded], *, unseen: str = "nearest") -> ReplayResult:
+    """Run ``config``'s search against the recorded curves in virtual time; what it found."""
+    if unseen not in UNSEEN:
+        raise ReplayError(f"unseen must be one of {', '.join(UNSEEN)}, got {unseen!r}")
+    curves = Curves(recorded, maximize=optimize_mode_of(config) != "minimize")
+    started = time.monotonic()
+    run = _Virtual(config, curves, unseen)
+    reason = run.run()
+    return run.result(reason, time.monotonic() - started)
+
+
+@dataclass
+class _Run:
+    """The virtual process of a trial: where on which curve it is."""
+
+    recorded: Recorded | None
+    token: int
+    reported: int  # intermediate results reported so far, its own index
+
+
+@dataclass
+class _Trial:
+    parameter_id: int
+    parameters: dict[str, Any]
+    drawn_from: str = ""
+    exact: bool = False
+    results: int = 0
+    best: float | None = None
+    started: bool = False
+
+
+class _Virtual:
+    def __init__(self, config: ExperimentConfig, curves: Curves, unseen: str) -> None:
+        self.config, self.curves, self.unseen = config, curves, unseen
+        self.limits = Limits.of(config)
+        self.search = _search(config, EXPERIMENT_ID)
+        c = max(1, config.trial_concurrency)
+        self.engine = Engine(Policy(
+            experiment_id=EXPERIMENT_ID, trial_concurrency=c,
+            platforms=(PlatformPolicy("replay", reuse=True, environment_count=c, trial_slots=1),),
+            agent_lost_timeout_s=_NEVER, trial_lost_timeout_s=_NEVER, agent_start_timeout_s=_NEVER,
+            pause_grace_s=_NEVER,
+        ))
+        self.engine.publish_metrics = True
+        self.now = 0.0
+        self.due: list[tuple[float, int, Callable[[], None]]] = []  # when, and in which order
+        self.count = itertools.count()
+        self.links: dict[int, str] = {}
+        self.link_of: dict[str, int] = {}
+        self.seqs: dict[str, int] = {}
+        self.runs: dict[str, _Run] = {}
+        self.trials: dict[str, _Trial] = {}
+        self.drawn: dict[str, tuple[Recorded | None, bool]] = {}
+        self.tokens = itertools.count()
+        self.to_do: list[Instruction] = []
+        self.changed = True
+        self.unsettled: set[str] = set()  # neither ended nor paused
+        self.stopping: set[str] = set()
+        self.paused: set[str] = set()
+        self.given_up: set[str] = set()
+        self.submitted = 0
+        self.decisions: list[Decision] = []
+        self.improvements: list[tuple[float, float, str]] = []
+        self.nearest = self.skipped = 0
+
+    # ---- the clock -----------------------------------------------------------------------------
+
+    def at(self, when: float, call: Callable[[], None]) -> None:
+        heapq.heappush(self.due, (when, next(self.count), call))
+
+    def feed(self, event: ev.Event) -> None:
+        self.apply(self.engine.handle(event, now=self.now, wall=self.now))
+
+    def run(self) -> str:
+        self.apply(self.engine.start(now=0.0, wall=0.0))
+        duration = self.limits.max_experiment_duration
+        if duration is not None:
+            self.at(duration, lambda: None)
+        while True:
+            if self.changed:
+                self.changed = False
+                reason = self.step()
+                if reason:
+                    return reason
+            if self.engine.wants_pass():
+                self.feed(ev.Ticked())
+                continue
+            if not self.due:
+                return "nothing more would happen: no trial runs and the search proposes none"
+            self.now, _, call = heapq.heappop(self.due)
+            call()
+            if duration is not None and self.now >= duration:
+                self.changed = True
+
+    # ---- the experiment loop (as experiment.py's, in virtual time) ----------------------------
+
+    def step(self) -> str:
+        """Carry out what the search asked, propose trials to fill the free slots, and say
+        why the search ends ('' while it goes on)."""
+        search, limits = self.search, self.limits
+        while self.to_do:
+            self.carry_out(self.to_do.pop(0))
+        duration = limits.max_experiment_duration
+        if duration is not None and self.now >= duration:
+            return f"maxExperimentDuration ({duration:g} s) reached"
+        limit_reached = limits.max_trial_number is not None and self.submitted >= limits.max_trial_number
+        idle = limit_reached
+        active = len(self.unsettled - self.stopping)
+        while not limit_reached and active < limits.trial_concurrency:
+            proposal = search.propose_trial(self.submitted)
+            if proposal is None:
+                idle = True
+                break
+            source = proposal.checkpoint_from
+            if source is not None and (source not in self.engine.trials or self.engine.trials[source].checkpoint
+                                       is None):
+                source = None
+            trial_id = f"r{self.submitted:06d}"
+            self.trials[trial_id] = _Trial(self.submitted, dict(proposal.parameters))
+            self.unsettled.add(trial_id)
+            self.feed(ev.TrialSubmitted(trial_id, dict(proposal.parameters), self.config.trial_command, 0, 0,
+                                        checkpoint_from=source or ""))
+            self.to_do.extend(search.handle(SearchTrialSubmitted(trial_id, self.submitted, proposal.parameters,
+                                                                 source)))
+            self.submitted += 1
+            active += 1
+            limit_reached = limits.max_trial_number is not None and self.submitted >= limits.max_trial_number
+        self.to_do.extend(search.take_orders())
+        if self.to_do:
+            self.changed = True
+            return ""
+        if not idle or self.unsettled:
+            return ""
+        if search.failure:
+            return search.failure
+        held = [t for t in sorted(self.paused) if search.holds(t) and t not in self.given_up]
+        for t in held:  # nothing will continue them: the search is done with them
+            self.given_up.add(t)
+            self.feed(ev.CancelRequested(t, "paused by the search, which ended without continuing it",
+                                         TrialStatus.EARLY_STOPPED))
+        if held:
+            self.changed = True
+            return ""
+        if self.paused:
+            return f"{len(self.paused)} trials are paused and nothing else runs"
+        if search.exhausted:
+            return "the tuner has nothing more to propose"
+        if limit_reached:
+            return f"maxTrialNumber ({limits.max_trial_number}) reached"
+        return ""
+
+    def carry_out(self, order: Instruction) -> None:
+        t = self.engine.trials.get(order.trial_id)
+        if t is None:
+            return
+        status, results = t.status, self.trials[order.trial_id].results
+        if isinstance(order, StopTrial):
+            if not status.terminal:
+                self.decisions.append(Decision(self.now, t.id, "stop", results, order.reason))
+                self.stopping.add(t.id)
+                self.feed(ev.CancelRequested(t.id, order.reason, TrialStatus.EARLY_STOPPED))
+        elif isinstance(order, PauseTrial):
+            if status in (TrialStatus.WAITING, TrialStatus.RUNNING):
+                self.decisions.append(Decision(self.now, t.id, "pause", results, order.reason))
+                self.feed(ck.PauseRequested(t.id, order.reason))
+        elif isinstance(order, ContinueTrial) and status is TrialStatus.PAUSED:
+            self.decisions.append(Decision(self.now, t.id, "continue", results, ""))
+            self.feed(ck.ContinueRequested(t.id, None if order.parameters is None else dict(order.parameters)))
+
+    # ---- what the engine says ------------------------------------------------------------------
+
+    def apply(self, out: list[Any]) -> None:
+        for i in out:
+            if isinstance(i, ev.Publish):
+                self.published(i.event)
+            elif isinstance(i, ev.Send):
+                self.message(self.links.get(i.link, ""), i.message)
+            elif isinstance(i, ev.StartEnvironment):
+                self.at(self.now, lambda env_id=i.env_id: self.environment_up(env_id))
+
+    def published(self, e: MetricEvent | StatusEvent) -> None:
+        search = self.search
+        if isinstance(e, MetricEvent):
+            t = self.trials.get(e.trial_id)
+            if t is not None and (t.best is None or self._better(e.value, t.best)):
+                t.best = e.value
+            if not self.improvements or self._better(e.value, self.improvements[-1][1]):
+                self.improvements.append((self.now, e.value, e.trial_id))
+            if e.kind == "intermediate":
+                if t is not None:
+                    t.results = e.index + 1
+                orders = search.handle(IntermediateStored(e.trial_id, e.value, e.index))
+                if orders:
+                    self.to_do.extend(orders)
+                    self.changed = True
+            return
+        info = e.trial
+        if info.status.terminal:
+            self.unsettled.discard(info.id)
+            self.stopping.discard(info.id)
+            self.paused.discard(info.id)
+            self.to_do.extend(search.handle(TrialEnded(info.id, info.status, info.final_metric)))
+        elif info.status is TrialStatus.PAUSED:
+            self.unsettled.discard(info.id)
+            self.paused.add(info.id)
+            self.to_do.extend(search.handle(TrialPaused(info.id, info.reason)))
+        elif e.old is TrialStatus.PAUSED:
+            self.unsettled.add(info.id)
+            self.paused.discard(info.id)
+            self.to_do.extend(search.handle(TrialContinued(info.id, info.parameters)))
+        self.changed = True
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.curves.maximize else a < b
+
+    # ---- the virtual agents --------------------------------------------------------------------
+
+    def environment_up(self, env_id: str) -> None:
+        self.feed(ev.EnvironmentStarted(env_id, f"virtual-{env_id}"))
+        link = len(self.links) + 1
+        self.links[link] = env_id
+        self.link_of[env_id] = link
+        self.seqs[env_id] = 0
+        self.feed(ev.AgentRegistered(
+            env_id=env_id, link=link, instance_id=f"virtual-{env_id}", hostname="replay", pid=0, platform="",
+            gpus=(), gpu_unavailable_reason="", active_trial_ids=frozenset(), info={},
+        ))
+
+    def report(self, env_id: str, report: Any) -> None:
+        self.seqs[env_id] += 1
+        self.feed(ev.AgentReported(env_id, self.link_of[env_id], self.seqs[env_id], report))
+
+    def message(self, env_id: str, m: Any) -> None:
+        if isinstance(m, ev.StartTrial):
+            self.start(env_id, m)
+        elif isinstance(m, ev.CancelTrial):
+            self.end_run(env_id, m.trial_id, ev.Outcome.CANCELED, m.reason)
+        elif isinstance(m, ck.PauseTrial):
+            r = self.runs.get(m.trial_id)
+            if r is not None:
+                step = r.reported
+                self.report(env_id, ck.CheckpointSavedReported(
+                    m.trial_id, step, step, 1, f"sha256:replayed-{m.trial_id}-{step}", _FILES, "", self.now,
+                ))
+                self.end_run(env_id, m.trial_id, ev.Outcome.PAUSED, "")
+
+    def draw(self, trial_id: str, parameters: dict[str, Any]) -> Recorded | None:
+        key = repr(sorted(parameters.items()))
+        got = self.drawn.get(key)
+        if got is None:
+            got = self.drawn[key] = self.curves.draw(parameters, self.unseen)
+        t = self.trials[trial_id]
+        recorded, t.exact = got
+        t.drawn_from = recorded.trial_id if recorded is not None else ""
+        return recorded
+
+    def start(self, env_id: str, m: ev.StartTrial) -> None:
+        t = self.trials[m.trial_id]
+        first, t.started = not t.started, True
+        recorded = self.draw(m.trial_id, m.parameters)
+        if first and recorded is not None and not t.exact:
+            self.nearest += 1
+        index = m.checkpoint.metric_index if m.checkpoint is not None else m.first_metric_index
+        run = self.runs[m.trial_id] = _Run(recorded, next(self.tokens), index)
+        self.report(env_id, ev.TrialStartReported(m.trial_id, 0, self.now))
+        if recorded is None:
+            self.skipped += 1
+            self.end_run(env_id, m.trial_id, ev.Outcome.FAILED, "skipped: the experiment never ran this configuration")
+            return
+        self.next_result(env_id, m.trial_id, run)
+
+    def next_result(self, env_id: str, trial_id: str, run: _Run) -> None:
+        rec = run.recorded
+        assert rec is not None
+        token = run.token
+        if run.reported < len(rec.values):
+            k = run.reported
+
+            def result() -> None:
+                if self.runs.get(trial_id) is not run or run.token != token:
+                    return
+                run.reported = k + 1
+                self.report(env_id, ev.MetricsReported((MetricRun(
+                    trial_id, "intermediate", k, (rec.values[k],), None, (self.now,)),)))
+                if self.runs.get(trial_id) is run and run.token == token:
+                    self.next_result(env_id, trial_id, run)
+
+            self.at(self.now + rec.seconds[k], result)
+            return
+
+        def end() -> None:
+            if self.runs.get(trial_id) is not run or run.token != token:
+                return
+            if rec.complete and rec.final is not None:
+                self.report(env_id, ev.MetricsReported((MetricRun(
+                    trial_id, "final", 0, (rec.final,), None, (self.now,)),)))
+                self.end_run(env_id, trial_id, ev.Outcome.SUCCEEDED, "")
+            elif rec.complete:
+                self.end_run(env_id, trial_id, ev.Outcome.SUCCEEDED, "")
+            else:
+                why = (f"the recorded curve it follows (trial {rec.trial_id}, {rec.status}) ends after "
+                       f"{len(rec.values)} results")
+                self.end_run(env_id, trial_id, ev.Outcome.FAILED, why)
+
+        self.at(self.now + (rec.final_seconds if rec.complete else 0.0), end)
+
+    def end_run(self, env_id: str, trial_id: str, outcome: ev.Outcome, reason: str) -> None:
+        run = self.runs.pop(trial_id, None)
+        if run is not None:
+            run.token = -1
+        code = 0 if outcome in (ev.Outcome.SUCCEEDED, ev.Outcome.PAUSED) else 1
+        self.report(env_id, ev.TrialEndReported(trial_id, outcome, code, None, reason, "", self.now))
+
+    # ---- the outcome ---------------------------------------------------------------------------
+
+    def result(self, reason: str, wall: float) -> ReplayResult:
+        trials = []
+        for trial_id, t in self.trials.items():
+            s = self.engine.trials[trial_id]
+            trials.append(ReplayedTrial(
+                trial_id, t.parameter_id, s.parameters, t.drawn_from, t.exact, s.status.value, s.reason, t.results,
+                t.best, s.final_metric, s.ended_at,
+            ))
+        return ReplayResult(
+            trials, self.decisions, self.improvements, self.now, wall, self.curves.maximize, self.curves.best(),
+            reason, self.nearest, self.skipped,
+        )
