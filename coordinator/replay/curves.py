@@ -49,6 +49,7 @@ class Recorded:
     final: float | None
     final_seconds: float  # from the last intermediate result (or the start) to the final one
     reason: str = ""
+    checkpoints: bool = True  # it saved checkpoints: replayed, it saves one after each result
 
     @property
     def complete(self) -> bool:
@@ -210,8 +211,11 @@ def _key(parameters: Mapping[str, Any]) -> str:
 # ---- reading a store -----------------------------------------------------------------------
 
 
-def recorded_trials(trial_rows: Iterable[Mapping[str, Any]], metrics: Iterable[MetricRow]) -> list[Recorded]:
-    """The stored trials and metrics as curves with their step times."""
+def recorded_trials(
+    trial_rows: Iterable[Mapping[str, Any]], metrics: Iterable[MetricRow], checkpointed: set[str] | None = None,
+) -> list[Recorded]:
+    """The stored trials and metrics as curves with their step times (``checkpointed``: the
+    trials that saved a checkpoint; None: all of them)."""
     by_trial: dict[str, list[MetricRow]] = {}
     for m in metrics:
         by_trial.setdefault(m.trial_id, []).append(m)
@@ -237,6 +241,7 @@ def recorded_trials(trial_rows: Iterable[Mapping[str, Any]], metrics: Iterable[M
         out.append(Recorded(
             str(row["id"]), int(row["seq"]), parameters, str(row["status"]), values, seconds,
             None if final is None else float(final), final_seconds, str(row.get("reason") or ""),
+            checkpointed is None or row["id"] in checkpointed,
         ))
     return out
 
@@ -261,6 +266,7 @@ def read_experiment(experiment_dir: Path) -> tuple[dict[str, Any], list[Recorded
         config = ReadModel(store).stored_config()
         if config is None:
             raise ReplayError(f"{experiment_dir}: the experiment's stored config is unreadable")
-        return config, recorded_trials(store.trials(), store.metrics())
+        checkpointed = {str(c["trial_id"]) for c in store.checkpoints(kept=False)}
+        return config, recorded_trials(store.trials(), store.metrics(), checkpointed)
     finally:
         store.close()

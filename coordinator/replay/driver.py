@@ -9,10 +9,12 @@ curve of the recorded trial its configuration is drawn from (``curves.py``), rep
 result after the seconds that result took to train when it was recorded. The clock jumps
 from one of these moments to the next, so thousands of trials replay in seconds.
 
-A trial asked to pause saves a checkpoint at the result it reached and ends; continued, it
-reports on from there, along the curve of the configuration it continues with (its own, or
-the new parameters an exploit gave it). A trial started from another's checkpoint reports
-from that checkpoint's result on. A recorded curve cut short (its trial was stopped or
+A trial whose recorded trial saved checkpoints saves one after each result; asked to pause,
+it ends at once, its checkpoint that of its last result (one that saves none is canceled, as
+in a real run). Continued, it reports on from its checkpoint's result, along the curve of
+the configuration it continues with (its own, or the new parameters an exploit gave it); a
+trial started or continued from another's checkpoint reports from that checkpoint's result
+on. A recorded curve cut short (its trial was stopped or
 failed) ends a trial that goes past it FAILED, saying so; starting a trial, and the time
 between a trial's end and the next start, take no time.
 """
@@ -290,8 +292,13 @@ class _Virtual:
                 self.decisions.append(Decision(self.now, t.id, "pause", results, order.reason))
                 self.feed(ck.PauseRequested(t.id, order.reason))
         elif isinstance(order, ContinueTrial) and status is TrialStatus.PAUSED:
-            self.decisions.append(Decision(self.now, t.id, "continue", results, ""))
-            self.feed(ck.ContinueRequested(t.id, None if order.parameters is None else dict(order.parameters)))
+            source = order.checkpoint_from
+            if source is not None and (source not in self.engine.trials or self.engine.trials[source].checkpoint
+                                       is None):
+                source = None  # it saved none: the trial continues from its own
+            self.decisions.append(Decision(self.now, t.id, "continue", results, f"from {source}" if source else ""))
+            self.feed(ck.ContinueRequested(t.id, None if order.parameters is None else dict(order.parameters),
+                                           checkpoint_from=source or ""))
 
     # ---- what the engine says ------------------------------------------------------------------
 
@@ -315,7 +322,9 @@ class _Virtual:
             if e.kind == "intermediate":
                 if t is not None:
                     t.results = e.index + 1
-                orders = search.handle(IntermediateStored(e.trial_id, e.value, e.index))
+                state = self.engine.trials.get(e.trial_id)
+                checkpointed = state is not None and state.checkpoint is not None
+                orders = search.handle(IntermediateStored(e.trial_id, e.value, e.index, checkpointed, e.raw))
                 if orders:
                     self.to_do.extend(orders)
                     self.changed = True
@@ -325,7 +334,8 @@ class _Virtual:
             self.unsettled.discard(info.id)
             self.stopping.discard(info.id)
             self.paused.discard(info.id)
-            self.to_do.extend(search.handle(TrialEnded(info.id, info.status, info.final_metric)))
+            self.to_do.extend(search.handle(TrialEnded(info.id, info.status, info.final_metric,
+                                                       info.final_metric_value)))
         elif info.status is TrialStatus.PAUSED:
             self.unsettled.discard(info.id)
             self.paused.add(info.id)
@@ -361,14 +371,9 @@ class _Virtual:
             self.start(env_id, m)
         elif isinstance(m, ev.CancelTrial):
             self.end_run(env_id, m.trial_id, ev.Outcome.CANCELED, m.reason)
-        elif isinstance(m, ck.PauseTrial):
-            r = self.runs.get(m.trial_id)
-            if r is not None:
-                step = r.reported
-                self.report(env_id, ck.CheckpointSavedReported(
-                    m.trial_id, step, step, 1, f"sha256:replayed-{m.trial_id}-{step}", _FILES, "", self.now,
-                ))
-                self.end_run(env_id, m.trial_id, ev.Outcome.PAUSED, "")
+        elif isinstance(m, ck.PauseTrial) and m.trial_id in self.runs:
+            # Its checkpoint is that of its last result (one that saves none is canceled).
+            self.end_run(env_id, m.trial_id, ev.Outcome.PAUSED, "")
 
     def draw(self, trial_id: str, parameters: dict[str, Any]) -> Recorded | None:
         key = repr(sorted(parameters.items()))
@@ -408,6 +413,9 @@ class _Virtual:
                 run.reported = k + 1
                 self.report(env_id, ev.MetricsReported((MetricRun(
                     trial_id, "intermediate", k, (rec.values[k],), None, (self.now,)),)))
+                if rec.checkpoints and self.runs.get(trial_id) is run and run.token == token:
+                    self.report(env_id, ck.CheckpointSavedReported(
+                        trial_id, k + 1, k + 1, 1, f"sha256:{trial_id}-{k + 1}", _FILES, "", self.now))
                 if self.runs.get(trial_id) is run and run.token == token:
                     self.next_result(env_id, trial_id, run)
 

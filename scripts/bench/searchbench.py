@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from common import run_json_child
+from peer_ray_mf import heard_callback
 
 # Optuna's defaults (min_resource "auto", reduction factor 4) stop trials before the epochs
 # that separate good configurations on this objective; see docs/benchmarks.md.
@@ -53,9 +54,6 @@ def _curve(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int) -> dict[str, Any]:
     from digits_trial import SPACE
-    from trialkeeper.coordinator.config.experiment import parse_config
-    from trialkeeper.coordinator.experiment import run_experiment
-    from trialkeeper.coordinator.store.store import Store
 
     tuner: dict[str, Any] = {
         "random": {"name": "random", "classArgs": {"seed": seed}},
@@ -75,17 +73,27 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int) -> di
         }
         if assessor:
             data["assessor"] = assessor
-        config = parse_config(data, Path(work))
-        t0 = time.time()
-        result = asyncio.run(run_experiment(config))
-        wall = time.time() - t0
-        store = Store.in_dir(result.experiment_dir, readonly=True)
-        try:
-            points = [(m.reported_at - t0, m.value) for m in store.metrics()]
-        finally:
-            store.close()
+        return {"method": method, "seed": seed, **run_config(data, Path(work))}
+
+
+def run_config(data: dict[str, Any], work: Path) -> dict[str, Any]:
+    """Run the experiment config ``data`` (its directory under ``work``): whether it ended
+    well, its wall time, its running best score over time, its trials and those stopped."""
+    from trialkeeper.coordinator.config.experiment import parse_config
+    from trialkeeper.coordinator.experiment import run_experiment
+    from trialkeeper.coordinator.store.store import Store
+
+    config = parse_config(data, work)
+    t0 = time.time()
+    result = asyncio.run(run_experiment(config))
+    wall = time.time() - t0
+    store = Store.in_dir(result.experiment_dir, readonly=True)
+    try:
+        points = [(m.reported_at - t0, m.value) for m in store.metrics()]
+    finally:
+        store.close()
     statuses = [t.status.value for t in result.trials]
-    return {"method": method, "seed": seed, "ok": result.ok, "wall_s": wall, "curve": _curve(points),
+    return {"ok": result.ok, "reason": result.reason, "wall_s": wall, "curve": _curve(points),
             "trials": len(statuses), "early_stopped": statuses.count("EARLY_STOPPED")}
 
 
@@ -102,16 +110,7 @@ def run_ray(seed: int, trials: int, concurrency: int) -> dict[str, Any]:
     def trainable(config: dict[str, Any]) -> None:
         train(config, lambda _epoch, acc: tune.report({"score": acc, "wall": time.time()}))
 
-    class Heard(tune.Callback):
-        """Every result as the driver hears it (the CSV loggers are off)."""
-
-        def __init__(self) -> None:
-            self.results: list[tuple[float, float, str]] = []
-
-        def on_trial_result(self, iteration: int, trials: Any, trial: Any, result: dict[str, Any], **info: Any) -> None:
-            self.results.append((result["wall"], result["score"], trial.trial_id))
-
-    heard = Heard()
+    heard = heard_callback(tune)
     space = {
         "hidden": tune.quniform(16, 256, 16), "alpha": tune.loguniform(1e-6, 1e-1), "lr": tune.loguniform(1e-5, 1e-1),
         "batch_size": tune.choice([32, 64, 128, 256]), "activation": tune.choice(["relu", "tanh", "logistic"]),

@@ -117,3 +117,64 @@ def test_another_search_follows_the_nearest_recorded_curve_or_skips_what_was_nev
     bad.write_text("tuner: {name: nosuchtuner}\n")
     assert main(["replay", str(exp), "--config", str(bad)]) == 2
     assert "unknown tuner 'nosuchtuner'" in capsys.readouterr().err
+
+
+# Saves a checkpoint after each result and goes on from it when continued.
+CHECKPOINTING = """
+import json, pathlib, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+ckpt = pathlib.Path(trial.get_checkpoint_dir())
+start = json.loads((ckpt / "state.json").read_text())["step"] if trial.checkpoint_step() is not None else 0
+value = 0.0
+for step in range(start, 6):
+    time.sleep(0.05)
+    value = p["x"] * (1 - 0.6 ** (step + 1))
+    trial.report_intermediate_result(value)
+    (ckpt / "state.json").write_text(json.dumps({"step": step + 1}))
+    trial.save_checkpoint(step + 1)
+trial.report_final_result(value)
+"""
+
+
+@pytest.mark.slow
+def test_replaying_asha_pauses_and_continues_the_same_trials_at_the_same_rungs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_script(tmp_path, "trial.py", CHECKPOINTING)
+    config = build_config(
+        tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=1, maxTrialNumber=10,
+        searchSpace={"x": {"_type": "uniform", "_value": [0.0, 1.0]}},
+        tuner={"name": "random", "classArgs": {"seed": 6}},
+        assessor={"name": "asha", "classArgs": {"min_resource": 1, "max_resource": 6, "reduction_factor": 2}},
+    )
+    result = run_async(run_experiment(config), timeout=240)
+    assert result.ok, result.reason
+    store = Store.in_dir(result.experiment_dir, readonly=True)
+    try:
+        seq = {t["id"]: t["seq"] for t in store.trials()}
+        events = [e for e in store.events() if e["entity"] == "trial"]
+    finally:
+        store.close()
+    # Per trial (by submission), the steps it was paused at, and how often it was continued.
+    recorded: dict[int, list[Any]] = {}
+    for e in events:
+        mine = recorded.setdefault(seq[e["entity_id"]], [])
+        if e["new"] == "PAUSED":
+            mine.append(("pause", int(re.search(r"after (\d+) intermediate", e["reason"])[1])))
+        elif e["old"] == "PAUSED" and e["new"] != "EARLY_STOPPED":
+            mine.append(("continue",))
+        elif e["new"] in ("SUCCEEDED", "EARLY_STOPPED"):
+            mine.append((e["new"],))
+    assert any(("continue",) in d for d in recorded.values())  # the rungs promoted paused trials
+
+    got = _replay(capsys, str(result.experiment_dir))
+    replayed: dict[int, list[Any]] = {}
+    number = {t["trial_id"]: t["parameter_id"] for t in got["trials"]}
+    for d in got["decisions"]:
+        replayed.setdefault(number[d["trial_id"]], []).append((d["kind"], d["step"]) if d["kind"] == "pause"
+                                                              else (d["kind"],))
+    for t in got["trials"]:
+        replayed.setdefault(t["parameter_id"], []).append((t["status"],))
+    assert replayed == recorded

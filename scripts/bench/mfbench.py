@@ -1,0 +1,163 @@
+"""Multi-fidelity search on curves whose best configurations start slow: trialkeeper's ASHA
+(pausing and continuing), asynchronous Hyperband, TPE + ASHA and PBT against Ray Tune's
+OptunaSearch + ASHA, TuneBOHB + HyperBandForBOHB and PBT, on the same workload.
+
+    python scripts/bench/mfbench.py [--seeds 5] [--trials 40] [--concurrency 2] [--epoch-s 0.04]
+        [--methods asha,hyperband,...] [--ray-python PATH] [--json OUT]
+
+The objective is slowcurves.py (a family of curves, one per seed; the best configurations
+learn slowest), EPOCHS epochs of ``--epoch-s`` seconds of sleep each (about 1 s a trial, so
+the machine's CPU stays free). Every method gets ``--trials`` configurations (PBT: a
+population of POPULATION), ``--concurrency`` at a time, one method after the other, each in a
+process of its own; Ray Tune runs in its own virtualenv (peers.py; ``peer_ray_mf.py``).
+
+Figures per method and seed: wall time (from before the coordinator or ``ray.init`` starts
+to the end), the time it first reported a score within 2 %, 1 % and 0.5 % of the best known
+score of that seed (``optimum``), and its best score at Ray Tune's OptunaSearch + ASHA wall
+time of the same seed. The last line of stdout is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import run_json_child
+from peers import DEFAULT_CACHE, venv_python
+from searchbench import reach, run_config
+from slowcurves import EPOCHS, SPACE, _world, curve
+
+POPULATION = 8
+ASHA = {"min_resource": 1, "max_resource": EPOCHS, "reduction_factor": 3}
+TK_METHODS = ("asha", "hyperband", "tpe+asha", "pbt")
+RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
+WITHIN = (0.02, 0.01, 0.005)
+
+
+def optimum(seed: int, samples: int = 20_000) -> float:
+    """The best score known for the seed: the best configuration of each architecture (its
+    quality 1) at the widest, and the best of ``samples`` random ones, any epoch."""
+    best = 0.0
+    for arch, w in _world(seed).items():
+        best = max(best, *curve({"lr": 10 ** w["lr"], "momentum": w["momentum"], "width": 512, "arch": arch}, seed))
+    rng = random.Random(seed)
+    for _ in range(samples):
+        p = {"lr": 10 ** rng.uniform(-4, 0), "momentum": rng.uniform(0, 0.99), "width": rng.choice([64, 128, 256, 512]),
+             "arch": rng.choice(["mlp", "cnn", "res"])}
+        best = max(best, *curve(p, seed))
+    return best
+
+
+def _search(method: str, seed: int) -> dict[str, Any]:
+    asha = {"name": "asha", "classArgs": dict(ASHA)}
+    return {
+        "asha": {"tuner": {"name": "random", "classArgs": {"seed": seed}}, "assessor": asha},
+        "hyperband": {"tuner": {"name": "random", "classArgs": {"seed": seed}},
+                      "assessor": {"name": "asha", "classArgs": {**ASHA, "brackets": 3}}},
+        "tpe+asha": {"tuner": {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed}}, "assessor": asha},
+        "pbt": {"tuner": {"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 3,
+                                                       "seed": seed}}},
+    }[method]
+
+
+def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as work:
+        data: dict[str, Any] = {
+            "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s}",
+            "trialCodeDirectory": str(HERE), "trialConcurrency": concurrency, "maxTrialNumber": trials,
+            "searchSpace": SPACE, "trainingService": {"platform": "local"}, "experimentWorkingDirectory": work,
+            **_search(method, seed),
+        }
+        return {"method": method, "seed": seed, **run_config(data, Path(work))}
+
+
+def best_at(curve_: list[list[float]], t: float) -> float | None:
+    seen = [s for at, s in curve_ if at <= t]
+    return max(seen) if seen else None
+
+
+def summarize(runs: list[dict[str, Any]], optima: dict[int, float]) -> dict[str, Any]:
+    ray = {r["seed"]: r for r in runs if r["method"] == "ray-optuna+asha" and r.get("curve")}
+    table: dict[str, Any] = {}
+    for method in (*TK_METHODS, *RAY_METHODS):
+        rows = []
+        for r in sorted((r for r in runs if r["method"] == method and r.get("curve")), key=lambda r: r["seed"]):
+            opt = optima[r["seed"]]
+            peer = ray.get(r["seed"])
+            at_ray = best_at(r["curve"], peer["wall_s"]) if peer else None
+            rows.append({
+                "seed": r["seed"], "wall_s": r["wall_s"], "final_gap": 1 - r["curve"][-1][1] / opt,
+                "reach_s": {f"{w:g}": reach(r["curve"], opt * (1 - w)) for w in WITHIN},
+                "gap_at_ray_wall": None if at_ray is None else 1 - at_ray / opt,
+                "early_stopped": r.get("early_stopped"), "trials": r.get("trials"),
+            })
+        if rows:
+            table[method] = rows
+    return table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--one", choices=TK_METHODS, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=40)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--epoch-s", type=float, default=0.04)
+    ap.add_argument("--methods", default=",".join((*TK_METHODS, *RAY_METHODS)))
+    ap.add_argument("--ray-python", default=str(venv_python(DEFAULT_CACHE, "ray")))
+    ap.add_argument("--json", type=Path, default=Path("mf-bench.json"))
+    ap.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
+                    help="only summarize the runs of these earlier outputs together")
+    a = ap.parse_args()
+    if a.summarize:
+        runs, optima = [], {}
+        for f in a.summarize:
+            d = json.loads(f.read_text())
+            runs += d["runs"]
+            optima.update({int(k): v for k, v in d["optima"].items()})
+        print(json.dumps({"optima": optima, "summary": summarize(runs, optima)}))
+        return 0
+    if a.one:
+        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s)), flush=True)
+        return 0
+    runs: list[dict[str, Any]] = []
+    optima = {seed: optimum(seed) for seed in range(a.seeds)}
+    for seed in range(a.seeds):
+        for method in a.methods.split(","):
+            if method in RAY_METHODS:
+                argv = [a.ray_python, str(HERE / "peer_ray_mf.py"), "--method", method, "--seed", str(seed),
+                        "--trials", str(a.trials), "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s),
+                        "--population", str(POPULATION)]
+            else:
+                argv = [sys.executable, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials),
+                        "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s)]
+            r = run_json_child(argv, timeout_s=900)
+            runs.append({"method": method, "seed": seed, **r})
+            best = r["curve"][-1][1] if r.get("curve") else math.nan
+            print(f"seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best:.4f} of {optima[seed]:.4f} "
+                  f"stopped {r.get('early_stopped')} {str(r.get('error', ''))[-300:]}", file=sys.stderr, flush=True)
+            a.json.write_text(json.dumps({"optima": optima, "runs": runs}, indent=1))
+    table = summarize(runs, optima)
+    a.json.write_text(json.dumps({"optima": optima, "runs": runs, "summary": table}, indent=1))
+    for method, rows in table.items():
+        walls = statistics.median(r["wall_s"] for r in rows)
+        at_ray = [r["gap_at_ray_wall"] for r in rows]
+        print(f"{method:16} wall median {walls:5.1f} s; gap at Ray ASHA's wall "
+              + ", ".join("—" if g is None else f"{g * 100:.2f} %" for g in at_ray), file=sys.stderr)
+    print(json.dumps({"optima": optima, "summary": table}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

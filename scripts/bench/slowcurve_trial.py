@@ -1,0 +1,27 @@
+# A trial of the multi-fidelity benchmark (mfbench.py): follows slowcurves.py's curve for its
+# parameters, sleeping `epoch_s` per epoch, saving a checkpoint after each; continued (after a
+# pause, or with new parameters from a population-based exploit), it goes on from the epoch
+# its checkpoint holds, along the curve of the parameters it now has.
+#
+#     python slowcurve_trial.py SEED EPOCH_S
+import json
+import pathlib
+import sys
+import time
+
+from slowcurves import EPOCHS, curve
+from trialkeeper.agent import trial
+
+seed, epoch_s = int(sys.argv[1]), float(sys.argv[2])
+p = trial.get_next_parameter()
+ckpt = pathlib.Path(trial.get_checkpoint_dir())
+start = 0
+if trial.checkpoint_step() is not None:
+    start = json.loads((ckpt / "state.json").read_text())["epoch"]
+values = curve(p, seed)
+for epoch in range(start, EPOCHS):
+    time.sleep(epoch_s)
+    trial.report_intermediate_result(values[epoch])
+    (ckpt / "state.json").write_text(json.dumps({"epoch": epoch + 1}))
+    trial.save_checkpoint(epoch + 1)
+trial.report_final_result(values[-1])

@@ -1,0 +1,44 @@
+"""The multi-fidelity and replay benchmarks run end to end at a tiny size (figures are their job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
+
+
+@pytest.mark.slow
+def test_mfbench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "mf.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "mfbench.py"), "--seeds", "1", "--trials", "4", "--epoch-s", "0.01",
+         "--methods", "asha,pbt", "--json", str(out)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0.5 < last["optima"]["0"] <= 1.0
+    summary = last["summary"]
+    assert sorted(summary) == ["asha", "pbt"]
+    for rows in summary.values():
+        (row,) = rows
+        assert row["wall_s"] > 0 and 0 <= row["final_gap"] < 1 and row["gap_at_ray_wall"] is None
+
+
+@pytest.mark.slow
+def test_replaybench_smoke(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "replaybench.py"), "--trials", "60", "--repeats", "1", "--cache", str(tmp_path)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["trials"] == 60 and figures["build_s"] > 0
+    own = figures["searches"]["own search (random, seed 0)"]
+    assert own["replayed_trials"] == 60 and own["nearest"] == 0 and own["gap"] == 0.0
+    assert figures["searches"]["random, seed 1 (every trial the nearest)"]["nearest"] == 60
