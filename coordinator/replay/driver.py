@@ -37,7 +37,7 @@ from ..engine.model import MetricEvent, StatusEvent
 from ..engine.policy import PlatformPolicy, Policy
 from ..engine.rows import MetricRun
 from ..engine.states import TrialStatus
-from ..experiment import _search, optimize_mode_of
+from ..experiment import _budget_spent, _configurations_done, _search, optimize_mode_of
 from ..search.search import (
     ContinueTrial,
     Instruction,
@@ -187,6 +187,7 @@ class _Virtual:
         self.paused: set[str] = set()
         self.given_up: set[str] = set()
         self.submitted = 0
+        self.trained = 0  # intermediate results reported, every trial's: maxTrialResource
         self.decisions: list[Decision] = []
         self.improvements: list[tuple[float, float, str]] = []
         self.nearest = self.skipped = 0
@@ -223,18 +224,20 @@ class _Virtual:
     # ---- the experiment loop (as experiment.py's, in virtual time) ----------------------------
 
     def step(self) -> str:
-        """Carry out what the search asked, propose trials to fill the free slots, and say
-        why the search ends ('' while it goes on)."""
+        """One pass of the experiment loop (``experiment.py``'s, pass for pass): carry out
+        what the search asked, propose trials to fill the free slots, and say why the search
+        ends ('' while it goes on)."""
         search, limits = self.search, self.limits
         while self.to_do:
             self.carry_out(self.to_do.pop(0))
-        duration = limits.max_experiment_duration
-        if duration is not None and self.now >= duration:
-            return f"maxExperimentDuration ({duration:g} s) reached"
-        limit_reached = limits.max_trial_number is not None and self.submitted >= limits.max_trial_number
-        idle = limit_reached
+        limit_reached = _configurations_done(search, limits)
+        spent = _budget_spent(limits, self.now, self.trained)
+        if spent:  # the search ends: what it holds paused will not be continued
+            self.give_up(f"paused by the search when {spent}")
+            return spent
+        idle = limit_reached and not search.promotions_only  # nothing more to submit, for now
         active = len(self.unsettled - self.stopping)
-        while not limit_reached and active < limits.trial_concurrency:
+        while (not limit_reached or search.promotions_only) and active < limits.trial_concurrency:
             proposal = search.propose_trial(self.submitted)
             if proposal is None:
                 idle = True
@@ -242,7 +245,7 @@ class _Virtual:
             source = proposal.checkpoint_from
             if source is not None and (source not in self.engine.trials or self.engine.trials[source].checkpoint
                                        is None):
-                source = None
+                source = None  # it saved none: a fresh start
             trial_id = f"r{self.submitted:06d}"
             self.trials[trial_id] = _Trial(self.submitted, dict(proposal.parameters))
             self.unsettled.add(trial_id)
@@ -252,30 +255,38 @@ class _Virtual:
                                                                  source)))
             self.submitted += 1
             active += 1
-            limit_reached = limits.max_trial_number is not None and self.submitted >= limits.max_trial_number
+            limit_reached = _configurations_done(search, limits)
         self.to_do.extend(search.take_orders())
         if self.to_do:
             self.changed = True
             return ""
-        if not idle or self.unsettled:
+        if not idle or self.unsettled:  # something will still happen by itself
             return ""
         if search.failure:
             return search.failure
-        held = [t for t in sorted(self.paused) if search.holds(t) and t not in self.given_up]
-        for t in held:  # nothing will continue them: the search is done with them
-            self.given_up.add(t)
-            self.feed(ev.CancelRequested(t, "paused by the search, which ended without continuing it",
-                                         TrialStatus.EARLY_STOPPED))
-        if held:
-            self.changed = True
+        if any(search.holds(t) for t in self.paused):
+            self.to_do.extend(search.ending())  # the last chance for what it holds
+            if self.to_do:
+                self.changed = True
+                return ""
+        if self.give_up("paused by the search, which ended without continuing it"):
+            self.changed = True  # their ends reach the search, which may propose more
             return ""
         if self.paused:
             return f"{len(self.paused)} trials are paused and nothing else runs"
         if search.exhausted:
             return "the tuner has nothing more to propose"
-        if limit_reached:
+        if limit_reached and not search.promotions_only:
             return f"maxTrialNumber ({limits.max_trial_number}) reached"
         return ""
+
+    def give_up(self, why: str) -> bool:
+        """End EARLY_STOPPED the paused trials the search holds; whether there were any."""
+        held = [t for t in sorted(self.paused) if self.search.holds(t) and t not in self.given_up]
+        for t in held:
+            self.given_up.add(t)
+            self.feed(ev.CancelRequested(t, why, TrialStatus.EARLY_STOPPED))
+        return bool(held)
 
     def carry_out(self, order: Instruction) -> None:
         t = self.engine.trials.get(order.trial_id)
@@ -320,6 +331,9 @@ class _Virtual:
             if not self.improvements or self._better(e.value, self.improvements[-1][1]):
                 self.improvements.append((self.now, e.value, e.trial_id))
             if e.kind == "intermediate":
+                self.trained += 1
+                if self.limits.max_trial_resource is not None:
+                    self.changed = True  # a pass sees whether the training budget is spent
                 if t is not None:
                     t.results = e.index + 1
                 state = self.engine.trials.get(e.trial_id)
