@@ -4,7 +4,8 @@ trains.
 
 Each bracket has rungs at ``min_resource * eta**(b + i)`` (below ``max_resource``), where
 ``b`` is the bracket's number (bracket 0 starts at ``min_resource``; several brackets make
-asynchronous Hyperband) and ``eta`` the reduction factor. A trial's resource is the number
+asynchronous Hyperband, the last possible one without rungs, as Hyperband's last bracket
+trains its configurations to the end) and ``eta`` the reduction factor. A trial's resource is the number
 of intermediate results it reported (an epoch each) or, with ``resource: <key>``, the value
 of that key in its latest result. When a trial reaches a rung, its result there is
 recorded, and:
@@ -88,12 +89,12 @@ class Asha(Assessor):
         eta = reduction_factor
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
             raise AssessorError(f"assessor 'asha': classArgs.reduction_factor must be an integer >= 2, got {eta!r}")
-        most = len(bracket_rungs(min_resource, max_resource, eta, 0))
+        most = len(bracket_rungs(min_resource, max_resource, eta, 0)) + 1  # the last one stops nothing
         if isinstance(brackets, bool) or not isinstance(brackets, int) or not 1 <= brackets <= most:
             raise AssessorError(
-                f"assessor 'asha': classArgs.brackets must be an integer from 1 to {most} (the rungs between "
-                f"min_resource {min_resource:g} and max_resource {max_resource:g} with reduction_factor {eta}), "
-                f"got {brackets!r}"
+                f"assessor 'asha': classArgs.brackets must be an integer from 1 to {most} (one a rung between "
+                f"min_resource {min_resource:g} and max_resource {max_resource:g} with reduction_factor {eta}, "
+                f"and one without rungs), got {brackets!r}"
             )
         if not isinstance(resource, str) or not resource.strip():
             raise AssessorError(

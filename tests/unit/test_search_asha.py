@@ -47,7 +47,7 @@ def test_rungs_and_config_errors_name_the_field() -> None:
         ({"max_resource": 0}, "classArgs.max_resource must be a number > 0"),
         ({"max_resource": 9, "min_resource": 9}, "max_resource (9) must be larger than min_resource (9)"),
         ({"max_resource": 9, "reduction_factor": 1}, "classArgs.reduction_factor must be an integer >= 2"),
-        ({"max_resource": 9, "brackets": 3}, "classArgs.brackets must be an integer from 1 to 2"),
+        ({"max_resource": 9, "brackets": 4}, "classArgs.brackets must be an integer from 1 to 3"),
         ({"max_resource": 9, "optimize_mode": "max"}, "classArgs.optimize_mode must be 'maximize' or 'minimize'"),
         ({"max_resource": 9, "resource": ""}, "classArgs.resource must be 'epoch'"),
         ({"max_resource": 9, "eta": 3}, "unexpected classArgs 'eta'"),
