@@ -10,8 +10,11 @@ fANOVA: it takes milliseconds over two thousand trials, where fANOVA's forest ta
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import sys
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +25,26 @@ from .space import LOG_TYPES, Axis
 INSTALL = "pip install 'trialkeeper[optuna]'"
 EVALUATOR = "PED-ANOVA (Optuna)"
 MIN_TRIALS = 5  # fewer trials with a final metric than this rank nothing
+
+
+_warming: list[threading.Thread] = []
+
+
+def warm() -> None:
+    """Start importing Optuna's importance evaluators on a thread of their own, once: a page
+    that will ask for importance soon (the comparison) finds them loaded (the import takes a
+    second or two, the computation a fraction of that)."""
+    if not _warming and "optuna.importance" not in sys.modules:
+        thread = threading.Thread(target=_import_optuna, name="optuna-import", daemon=True)
+        _warming.append(thread)
+        thread.start()
+
+
+def _import_optuna() -> None:
+    try:
+        importlib.import_module("optuna.importance")
+    except ImportError:
+        pass  # importance() says that Optuna is needed
 
 
 @dataclass(frozen=True)
@@ -96,17 +119,13 @@ def _value(v: Any, distribution: Any) -> Any:
     return None
 
 
-def edf(sorted_values: Sequence[float], points: int) -> list[tuple[float, float]]:
-    """The empirical distribution of ``sorted_values`` (lowest first): (value, fraction of
-    values at most it), at about ``points`` values spread evenly, the lowest and highest kept."""
-    n = len(sorted_values)
-    if n == 0:
-        return []
-    picks = range(n) if n <= points else sorted({round(i * (n - 1) / (points - 1)) for i in range(points)})
+def edf(ranked: Sequence[tuple[float, int]], n: int) -> list[tuple[float, float]]:
+    """The empirical distribution of ``n`` values from some of them in rank order ((value,
+    rank) pairs, rank 1 the lowest): (value, fraction of the values at most it) each, a value
+    that repeats at the last rank it holds."""
     out: list[tuple[float, float]] = []
-    for i in picks:
-        value = float(sorted_values[i])
+    for value, rank in sorted(ranked, key=lambda vr: vr[1]):
         if out and out[-1][0] == value:
             out.pop()  # equal values: the point of the last of them
-        out.append((value, (i + 1) / n))
+        out.append((float(value), rank / n))
     return out

@@ -163,6 +163,28 @@ def last(db: sqlite3.Connection, trial_id: str, kind: str, *, has_runs: bool) ->
     return found
 
 
+def last_of_each(db: sqlite3.Connection, kind: str, *, has_runs: bool) -> dict[str, MetricRow]:
+    """Each trial's result of ``kind`` with the highest index, in one pass over both tables."""
+    found = {
+        r[0]: MetricRow(*r)
+        for r in db.execute(
+            "SELECT m.trial_id, m.idx, m.kind, m.value, m.value_json, m.reported_at FROM metrics m JOIN"
+            " (SELECT trial_id, max(idx) AS idx FROM metrics WHERE kind = ? GROUP BY trial_id) l USING (trial_id, idx)",
+            (kind,),
+        )
+    }
+    if has_runs:
+        for run in db.execute(
+            "SELECT r.* FROM metric_runs r JOIN (SELECT trial_id, max(idx) AS idx FROM metric_runs WHERE kind = ?"
+            " GROUP BY trial_id) l USING (trial_id, idx)", (kind,),
+        ):
+            *_, newest = _expand(run)
+            known = found.get(newest.trial_id)
+            if known is None or newest.index > known.index:
+                found[newest.trial_id] = newest
+    return found
+
+
 def next_index(db: sqlite3.Connection, trial_id: str, *, has_runs: bool) -> int:
     """The index after the trial's last stored result (0 when it has none)."""
     (n,) = db.execute("SELECT coalesce(max(idx) + 1, 0) FROM metrics WHERE trial_id = ?", (trial_id,)).fetchone()

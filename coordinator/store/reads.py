@@ -243,11 +243,18 @@ class StoreReader:
             (sample,),
         )]
 
-    def final_metrics(self) -> list[float]:
-        """Every numeric final metric, lowest first (read from the index on final_metric)."""
-        return [r[0] for r in self._db.execute(
-            "SELECT final_metric FROM trials WHERE final_metric BETWEEN -1e999 AND 1e999 ORDER BY final_metric"
-        )]
+    def final_metric_ranks(self, points: int) -> tuple[int, list[tuple[float, int]]]:
+        """How many trials have a numeric final metric, and about ``points`` of those metrics
+        spread evenly in rank order, each with its rank (1 for the lowest; the lowest and
+        highest always kept), ranked in the store from the index on final_metric."""
+        numeric = "final_metric BETWEEN -1e999 AND 1e999"
+        (n,) = self._db.execute(f"SELECT count(*) FROM trials WHERE {numeric}").fetchone()
+        step = max(1, -(-n // max(1, points)))
+        rows = self._db.execute(
+            f"SELECT v, r FROM (SELECT final_metric AS v, row_number() OVER (ORDER BY final_metric) AS r FROM trials"
+            f" WHERE {numeric}) WHERE r % ? = 0 OR r = 1 OR r = ?", (step, n),
+        ).fetchall()
+        return int(n), [(float(v), int(r)) for v, r in rows]
 
     def next_trial_seq(self) -> int:
         row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM trials").fetchone()
@@ -266,6 +273,10 @@ class StoreReader:
     def last_metric(self, trial_id: str, kind: str) -> MetricRow | None:
         """The trial's last stored result of ``kind`` (None when it has none)."""
         return metricstore.last(self._db, trial_id, kind, has_runs=self._has_runs)
+
+    def last_metrics(self, kind: str) -> dict[str, MetricRow]:
+        """Every trial's last stored result of ``kind``, by trial id."""
+        return metricstore.last_of_each(self._db, kind, has_runs=self._has_runs)
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""

@@ -31,7 +31,11 @@ def _number(v: float | None) -> Any:
     return v if v is None or math.isfinite(v) else str(v)
 
 
-def _column(model: ReadModel, key: str) -> Callable[[TrialSnapshot], Any]:
+BULK = 5000  # more trials than this: every trial's latest result read in one pass
+
+
+def _column(model: ReadModel, key: str, many: bool) -> Callable[[TrialSnapshot], Any]:
+    """How to read the column ``key`` of a trial; ``many``: a great many trials are exported."""
     if key.startswith(pages.PARAMETER_SORT):
         name = key[len(pages.PARAMETER_SORT):]
         return lambda t: to_json((t.parameters or {}).get(name))
@@ -39,8 +43,13 @@ def _column(model: ReadModel, key: str) -> Callable[[TrialSnapshot], Any]:
         name = key[len(pages.RESULT_SORT):]
         return lambda t: to_json(t.final_metric_value.get(name)) if isinstance(t.final_metric_value, dict) else None
 
+    lasts: dict[str, Any] = {}
+
     def latest(t: TrialSnapshot) -> Any:
-        last = model._read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
+        if many and not lasts:  # every trial's at once: one pass over the results, not a query a trial
+            lasts.update(model._read("metrics", lambda: model.store.last_metrics("intermediate")) or {"": None})
+        last = (lasts.get(t.id) if many
+                else model._read("metrics", lambda: model.store.last_metric(t.id, "intermediate")))
         return to_json(reported(last.value, last.value_json)) if last is not None else None
 
     return {
@@ -78,12 +87,14 @@ def export(model: ReadModel, query: Mapping[str, str]) -> tuple[bytes, str, str]
     if kind not in FORMATS:
         raise ValueError(f"format: {kind!r} is not csv or json")
     columns = columns_of(model, query)
-    getters = [_column(model, c) for c in columns]
-    trials = pages.every_trial(
-        model, status=query.get("status") or None, environment=query.get("environment") or None,
-        search=query.get("q", ""), sort=query.get("sort", "sequence"), descending=query.get("order", "asc") == "desc",
-        ids=[i for i in query.get("ids", "").split(",") if i],
-    )
+    chosen: dict[str, Any] = {
+        "status": query.get("status") or None, "environment": query.get("environment") or None,
+        "search": query.get("q", ""), "sort": query.get("sort", "sequence"),
+        "descending": query.get("order", "asc") == "desc", "ids": [i for i in query.get("ids", "").split(",") if i],
+    }
+    many = pages.trial_page(model, limit=0, **chosen).total > BULK
+    getters = [_column(model, c, many) for c in columns]
+    trials = pages.every_trial(model, **chosen)
     out = io.StringIO()
     if kind == "csv":
         writer = csv.writer(out, lineterminator="\n")

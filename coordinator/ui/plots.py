@@ -6,25 +6,28 @@ whatever the experiment's size (a sample, a cache)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..read import analysis, pages, pareto
 from ..read.model import ReadModel, TrialSnapshot, to_json
+from ..read.space import Axis, search_space
 from ..read.space import axes as parameter_axes
-from ..read.space import search_space
 from .views import SERIES_POINTS, config_mode, thin
 
 CURVES = 100  # trials whose intermediate curves the comparison draws
 CHOSEN_MAX = 100  # trials one may pick to compare
 SCATTER_TRIALS = 2000  # trials the parameter charts draw
-IMPORTANCE_TRIALS = 2000  # trials importance is computed over (spread evenly when there are more)
+IMPORTANCE_TRIALS = 1000  # trials importance is computed over (spread evenly when there are more)
 STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED", "RUNNING", "PAUSED")  # may end without a final metric
 
 
 def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
     """Curves of the trials asked for (``ids``, comma-separated), else of the best and latest;
     a sample of every trial's parameters and metric, with each parameter's axis."""
+    analysis.warm()  # the page asks for importance next
     config = model.stored_config()
     mode = config_mode(config)
     ids = [i for i in query.get("ids", "").split(",") if i][:CHOSEN_MAX]
@@ -52,7 +55,7 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         for n in names:
             if n in (t.parameters or {}):
                 seen[n].append((t.parameters or {})[n])
-    finals = model._read("trials", model.store.final_metrics)
+    finals, ranked = model._read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
     sampled = len(sample) < sum(model.trial_counts().values())
     return {
         "optimize_mode": mode,
@@ -67,8 +70,8 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         ],
         "trials": rows,
         "sampled": sampled,
-        "edf": analysis.edf(finals, SERIES_POINTS),
-        "edf_trials": len(finals),
+        "edf": analysis.edf(ranked, finals),
+        "edf_trials": finals,
         "pareto": _pareto(config, sample, sampled=sampled),
     }
 
@@ -106,33 +109,60 @@ def _sampled(model: ReadModel, t: TrialSnapshot) -> dict[str, Any]:
 
 
 # Importance is computed once for each state of the trials: a finished experiment's once.
-_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
+_cache: dict[str, tuple[Any, dict[str, Any], float]] = {}  # experiment -> (its trials' state, answer, when)
+RECOMPUTE_S = 30.0
 _cache_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class Pending:
+    """What an importance not cached yet is computed from: read from the store, computed
+    after (away from the thread that reads, as it takes a while)."""
+
+    where: str
+    key: Any
+    rows: list[tuple[Mapping[str, Any], float]]
+    axes: list[Axis]
+    mode: str
+    total: int
+
+
 def importance(model: ReadModel) -> dict[str, Any]:
-    """Each parameter's importance to the final metric, over at most ``IMPORTANCE_TRIALS``
-    trials spread evenly; computed again only when the trials' counts or results change."""
+    """Each parameter's importance to the final metric (see :func:`importance_input`)."""
+    found = importance_input(model)
+    return importance_of(found) if isinstance(found, Pending) else found
+
+
+def importance_input(model: ReadModel) -> dict[str, Any] | Pending:
+    """The answer when the trials are as they were when it was computed; else what to compute
+    it from: at most ``IMPORTANCE_TRIALS`` trials with a final metric, spread evenly."""
     counts = model.trial_counts()
     key = (tuple(sorted(counts.items())), model._read("metrics", model.store.metric_count))
     where = str(model.experiment_dir)
     with _cache_lock:
         cached = _cache.get(where)
-    if cached is not None and cached[0] == key:
+    # The same trials: the same answer. Trials that changed (a running experiment's) are
+    # looked at again at most every RECOMPUTE_S, the answer saying over how many it was made.
+    if cached is not None and (cached[0] == key or time.monotonic() - cached[2] < RECOMPUTE_S):
         return cached[1]
     config = model.stored_config()
     sample = [t for t in pages.sample(model, IMPORTANCE_TRIALS) if t.final_metric is not None]
     names = list(pages.parameter_names(model))
     seen = {n: [(t.parameters or {})[n] for t in sample if n in (t.parameters or {})] for n in names}
-    axes = parameter_axes(search_space(config), names, seen)
-    found = analysis.importance([(t.parameters or {}, t.final_metric) for t in sample if t.final_metric is not None],
-                                axes, config_mode(config))
+    rows = [(t.parameters or {}, t.final_metric) for t in sample if t.final_metric is not None]
+    return Pending(where, key, rows, parameter_axes(search_space(config), names, seen), config_mode(config),
+                   sum(counts.values()))
+
+
+def importance_of(pending: Pending) -> dict[str, Any]:
+    """The importance computed, and kept for as long as the trials stay as they are."""
+    found = analysis.importance(pending.rows, pending.axes, pending.mode)
     answer = {
-        "evaluator": found.evaluator, "trials": found.trials, "of": sum(counts.values()),
+        "evaluator": found.evaluator, "trials": found.trials, "of": pending.total,
         "importances": [list(kv) for kv in found.importances], "error": found.error,
     }
     with _cache_lock:
         if len(_cache) > 16:
             _cache.clear()
-        _cache[where] = (key, answer)
+        _cache[pending.where] = (pending.key, answer, time.monotonic())
     return answer

@@ -120,7 +120,7 @@ def build_app(
         before=views.int_arg(r.query, "before", -1) if "before" in r.query else None)))
     app.router.add_get("/api/trials/{id}/log/download", state.download)
     app.router.add_get("/api/compare", state.view(lambda m, r: plots.compare(m, r.query)))
-    app.router.add_get("/api/importance", state.view(lambda m, r: plots.importance(m)))
+    app.router.add_get("/api/importance", state.importance)
     app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
     app.router.add_get(
         "/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"]))
@@ -299,6 +299,17 @@ class _State:
         return web.FileResponse(path, headers={
             "Content-Disposition": f'attachment; filename="{name}"', "Content-Type": "text/plain; charset=utf-8",
         })
+
+    async def importance(self, request: web.Request) -> web.Response:
+        """Parameter importance: its trials read on the reading thread, computed (a while, the
+        first time) on another, so the other pages go on answering meanwhile."""
+        try:
+            found = await self.read(plots.importance_input)
+            if isinstance(found, plots.Pending):
+                found = await asyncio.get_running_loop().run_in_executor(None, plots.importance_of, found)
+        except StoreError as e:
+            return _error(503, str(e))
+        return web.json_response(found, dumps=_dumps)
 
     async def export(self, request: web.Request) -> web.Response:
         """The trials table as a CSV or JSON file, read on a thread and a connection of its own

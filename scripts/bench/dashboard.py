@@ -32,15 +32,21 @@ def build(exp: Path, trials: int, envs: int) -> float:
     began = time.perf_counter()
     rng = random.Random(0)
     store = Store.in_dir(exp)
-    store.create_experiment("bench", "dashboard", {"maxTrialNumber": trials, "tuner": {"name": "random"}})
+    space = {"lr": {"_type": "loguniform", "_value": [1e-4, 1]}, "layers": {"_type": "randint", "_value": [1, 9]},
+             "opt": {"_type": "choice", "_value": ["sgd", "adam"]}}
+    store.create_experiment(
+        "bench", "dashboard", {"maxTrialNumber": trials, "tuner": {"name": "random"}, "searchSpace": space}
+    )
     with store.transaction():
         for e in range(envs):
             store.insert_env(f"env-{e}", "remote", "BUSY")
         for seq in range(trials):
-            ok = rng.random() < 0.9
+            draw = rng.random()  # 90% succeeded, 5% stopped early (by their last intermediate result), 5% failed
+            ok = draw < 0.9
             start = 1_700_000_000.0 + seq
             store.insert_trial({
-                "id": f"t{seq:06d}", "seq": seq, "status": "SUCCEEDED" if ok else "FAILED",
+                "id": f"t{seq:06d}", "seq": seq,
+                "status": "SUCCEEDED" if ok else "EARLY_STOPPED" if draw < 0.95 else "FAILED",
                 "parameters_json": json.dumps({"lr": rng.uniform(1e-4, 1), "layers": rng.randint(1, 8),
                                                "opt": rng.choice(["sgd", "adam"])}),
                 "command": "python3 train.py", "gpu_number": 1, "environment_id": f"env-{seq % envs}",
@@ -109,6 +115,8 @@ def main() -> int:
                 "/api/experiment", "/api/trials?limit=200", "/api/trials?sort=metric&order=desc&limit=200",
                 "/api/trials?sort=param:lr&limit=200&offset=50000", "/api/trials?status=FAILED&q=adam&limit=200",
                 "/api/trials/t050000", "/api/compare", "/api/environments", "/api/environments/env-7/gpus", "/metrics",
+                "/api/compare?ids=t000010,t050000,t099999", "/api/importance",
+                "/api/trials/export?format=csv&status=FAILED&q=adam", "/api/trials/export?format=csv",
                 "/api/context", "home: /api/home", "home: /api/home/compare?keys=exp,exp2",
                 "home: /x/exp2/api/experiment",
             ):

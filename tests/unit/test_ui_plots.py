@@ -128,11 +128,26 @@ def test_the_comparison_draws_stopped_trials_and_says_what_its_curves_are(tmp_pa
             plots.compare(model, {"ids": "t000,nope"})
 
 
-def test_the_final_metrics_distribution() -> None:
-    assert analysis.edf([], 10) == []
-    assert analysis.edf([1.0, 2.0, 2.0, 3.0], 10) == [(1.0, 0.25), (2.0, 0.75), (3.0, 1.0)]
-    thinned = analysis.edf([float(i) for i in range(1000)], 11)
-    assert len(thinned) == 11 and thinned[0] == (0.0, 0.001) and thinned[-1] == (999.0, 1.0)
+def test_the_final_metrics_distribution(tmp_path: Path) -> None:
+    def ranks(values: list[float | None], points: int) -> tuple[int, list[tuple[float, int]]]:
+        exp = tmp_path / f"e{len(values)}"
+        store = Store.in_dir(exp)
+        store.create_experiment("x", None, {})
+        with store.transaction():
+            for seq, v in enumerate(values):
+                store.insert_trial({"id": f"t{seq}", "seq": seq, "status": "SUCCEEDED", "parameters_json": "{}",
+                                    "command": "c", "gpu_number": 0, "submitted_at": 1.0, "final_metric": v})
+        store.close()
+        with ReadModel.open(exp) as model:
+            return model.store.final_metric_ranks(points)
+
+    assert analysis.edf([], 0) == [] and ranks([None], 10) == (0, [])
+    n, ranked = ranks([3.0, 2.0, None, 1.0, 2.0], 10)
+    assert n == 4 and analysis.edf(ranked, n) == [(1.0, 0.25), (2.0, 0.75), (3.0, 1.0)]
+    n, ranked = ranks([float(i) for i in range(999, -1, -1)], 10)
+    thinned = analysis.edf(ranked, n)
+    assert n == 1000 and len(thinned) == 11 and thinned[0] == (0.0, 0.001) and thinned[-1] == (999.0, 1.0)
+    assert [f for _, f in thinned] == [0.001, *(k / 10 for k in range(1, 11))]
 
 
 def test_the_pareto_front_of_several_objectives(tmp_path: Path) -> None:
@@ -161,7 +176,7 @@ def test_the_table_shows_the_latest_intermediate_and_every_result_key(tmp_path: 
         assert [t["id"] for t in by_loss["trials"]] == ["t009", "t008", "t007"]
 
 
-def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path) -> None:
+def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _experiment(tmp_path, n=10)
     with ReadModel.open(tmp_path) as model:
         query = {"format": "csv", "sort": "metric", "order": "asc", "q": "adam",
@@ -183,6 +198,11 @@ def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path) -> None
             {"id": "t005", "latest": 6.0, "metric": None},
             {"id": "t006", "latest": {"default": 2.0, "acc": 0.5}, "metric": None},
         ]
+        # Beyond export.BULK trials, every latest result is read in one pass: the same file.
+        one_by_one = export.export(model, {"format": "csv", "columns": "id,latest"})[0]
+        monkeypatch.setattr(export, "BULK", 0)
+        assert export.export(model, {"format": "csv", "columns": "id,latest"})[0] == one_by_one
+        assert b"t005,6.0\n" in one_by_one and b'"{""acc"": 0.5, ""default"": 2.0}"' in one_by_one
         everything = json.loads(export.export(model, {"format": "json"})[0])
         assert len(everything) == 10 and list(everything[0]) == [*export.FIXED, "param:layers", "param:lr",
                                                                  "param:noise", "param:opt", "param:width"]
@@ -198,3 +218,22 @@ def test_event_files_are_tfrecords_with_crc32c() -> None:
     assert tfevents.crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
     framed = tfevents.record(b"abc")
     assert framed[:8] == (3).to_bytes(8, "little") and framed[12:15] == b"abc" and len(framed) == 8 + 4 + 3 + 4
+
+
+def test_the_last_result_is_read_from_either_table(tmp_path: Path) -> None:
+    import sqlite3
+
+    _experiment(tmp_path, n=10)  # t005: four results in a run of metric_runs, indexes 0-3
+    db = sqlite3.connect(tmp_path / "trialkeeper.db")
+    with db:  # as a store written before runs keeps them: a row a result
+        db.execute("INSERT INTO metrics VALUES ('t005', 4, 'intermediate', 1.5, '1.5', 2.0)")
+        db.execute("INSERT INTO metrics VALUES ('t007', 0, 'intermediate', 7.0, '7.0', 2.0)")
+        db.execute("INSERT INTO metrics VALUES ('t006', 0, 'intermediate', 9.0, '9.0', 2.0)")  # runs go further
+    db.close()
+    with ReadModel.open(tmp_path) as model:
+        one = {t: model.store.last_metric(t, "intermediate") for t in ("t005", "t006", "t007", "t000")}
+        every = model.store.last_metrics("intermediate")
+        assert {t: (m.index, m.value) for t, m in every.items()} == {
+            t: (m.index, m.value) for t, m in one.items() if m is not None
+        } == {"t005": (4, 1.5), "t006": (2, 2.0), "t007": (0, 7.0)}
+        assert one["t000"] is None and model.store.last_metric("t005", "final") is None
