@@ -292,7 +292,8 @@ def policy_of(
         return PlatformPolicy(
             # A service handed in may run another platform than the section names.
             name=member.platform if len(sections) == 1 else ts.platform, reuse=bool(ts.reuse_mode),
-            environment_count=ts.effective_environment_count(config.trial_concurrency),
+            # Enough for trialConcurrency trials of trialNodes environments each, unless given.
+            environment_count=ts.effective_environment_count(config.trial_concurrency * config.trial_nodes),
             trial_slots=ts.trial_slots_per_environment(config.trial_concurrency),
             simulated_gpus=ts.simulated_gpus, gpu_indices=tuple(ts.gpu_indices) if ts.gpu_indices else None,
             shares_filesystem=member.shares_filesystem,

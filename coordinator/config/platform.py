@@ -136,7 +136,7 @@ def gang_shortfall(service: TrainingServiceConfig, nodes: int, concurrency: obje
     no platform (all together, ``across``) keeps that many environments at once."""
     concurrency = concurrency if isinstance(concurrency, int) else 1
     allowed = set(service.preferred_platforms())
-    counts = {s.platform: s.effective_environment_count(concurrency) for s in service.sections()
+    counts = {s.platform: s.effective_environment_count(concurrency * nodes) for s in service.sections()
               if s.platform in allowed and s.reuse_mode}
     if not counts:
         return f"a trial of {nodes} nodes needs reuseMode: true (environments that wait for its other nodes)"

@@ -48,8 +48,7 @@ def test_a_trial_of_n_nodes_runs_a_real_collective_across_n_local_agents(tmp_pat
     shutil.copy(EXAMPLE, tmp_path / "collective.py")
     config = build_config(
         tmp_path, trialCommand=f"{jax_python()} collective.py", trialConcurrency=1, trialNodes=nodes,
-        trainingService={"environmentCount": nodes},
-    )
+    )  # environmentCount left out: trialConcurrency x trialNodes environments
     exp = tmp_path / "exp"
     ids: list[str] = []
 

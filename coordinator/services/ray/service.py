@@ -130,7 +130,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
             )
         exclude = (experiment_dir.resolve(), Path(config.experiment_working_directory).resolve())
         return cls(ts, experiment_dir, Path(config.trial_code_directory), exclude=exclude,
-                   environment_count=ts.effective_environment_count(config.trial_concurrency))
+                   environment_count=ts.effective_environment_count(config.trial_concurrency * config.trial_nodes))
 
     def working_directory(self) -> str:
         # Relative to the agent's working directory (the experiment's directory on the
