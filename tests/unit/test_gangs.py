@@ -236,6 +236,20 @@ def test_a_gang_that_can_never_fit_is_refused_with_the_reason() -> None:
     assert never_gangs(policy, 2, ()) == ""
 
 
+def test_each_rank_gets_its_own_environments_gpus() -> None:
+    sim = Sim(environment_count=3, trial_concurrency=3)
+    sim.start()
+    for env_id in sim.started_envs():
+        sim.register(env_id, gpus=2)
+    sim.feed(ev.TrialSubmitted("g", {}, "python trial.py", 2, 0, nodes=2))
+    sim.feed(ev.Ticked())
+    envs = start_gang(sim, "g")
+    ranks = sim.engine.trial_info("g").ranks
+    assert [(r.environment_id, r.gpu_indices) for r in ranks] == [(e, (0, 1)) for e in envs]
+    for e in envs:
+        assert all("g" in gpu.holders for gpu in sim.engine.envs[e].gpus)
+
+
 def test_gangs_stay_within_one_platform_unless_the_config_says_otherwise() -> None:
     envs = {f"{p}{i}": EnvCapacity(f"{p}{i}", 1, platform=p) for p in ("a", "b") for i in range(2)}
     d = Demand("g", nodes=3, platforms=("a", "b"))
