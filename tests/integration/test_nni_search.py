@@ -207,6 +207,18 @@ def test_nnis_tpe_proposes_for_the_built_in_asha_which_pauses_and_continues_chec
         assert indexes == list(range(len(indexes))), (t["id"], indexes, starts)
 
 
+@pytest.mark.slow
+def test_a_resource_budget_ends_a_search_of_nnis_tuner_and_assessor(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", CURVE)
+    trials, metrics = run_cli(nni_python(), tmp_path, {
+        "trialConcurrency": 2, "maxTrialResource": 25, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+        "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
+        "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 1}},
+    })
+    assert 25 <= sum(1 for m in metrics if m.kind == "intermediate") <= 25 + 2 * 2
+    assert len(trials) >= 3  # ten results a trial at most: the budget took several configurations
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")
 def test_without_nni_its_names_say_what_to_install() -> None:
     with pytest.raises(

@@ -59,11 +59,16 @@ def test_asynchronous_hyperband_runs_its_brackets_on_the_same_checkpoints(tmp_pa
     _run(tmp_path, brackets=2)
 
 
-def _budget_run(tmp_path: Path, **budget: object) -> tuple[object, dict[str, list[tuple[int, float]]]]:
+ASHA = {"name": "asha", "classArgs": {"max_resource": EPOCHS}}
+
+
+def _budget_run(
+    tmp_path: Path, tuner: dict[str, Any] | None = None, assessor: dict[str, Any] | None = None, **budget: object
+) -> tuple[Any, dict[str, list[tuple[int, float]]]]:
     config = _config(
         tmp_path, epochs=EPOCHS, pause=0.05, trialConcurrency=2,
-        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}, tuner={"name": "random", "classArgs": {"seed": 3}},
-        assessor={"name": "asha", "classArgs": {"max_resource": EPOCHS}}, **budget,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}},
+        tuner=tuner or {"name": "random", "classArgs": {"seed": 3}}, assessor=assessor or ASHA, **budget,
     )
     result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
     return result, _curves(tmp_path / "exp")
@@ -84,6 +89,18 @@ def test_a_resource_budget_ends_the_search_once_that_many_epochs_are_trained(tmp
                            for t in waiting), [(t.id, t.reason) for t in waiting]
     # Trials paused at their rungs freed their slots for new configurations.
     assert len(result.trials) > 40 / EPOCHS + 2
+
+
+@pytest.mark.slow
+def test_a_resource_budget_holds_with_optunas_sampler_and_pruner(tmp_path: Path) -> None:
+    result, curves = _budget_run(
+        tmp_path, {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": 3}},
+        {"name": "optuna", "classArgs": {"pruner": "successive_halving", "pruner_args": {"min_resource": 1}}},
+        maxTrialResource=30,
+    )
+    assert result.ok and result.reason.startswith("maxTrialResource (30) reached"), result.reason
+    assert 30 <= sum(len(c) for c in curves.values()) <= 30 + 2 * 3
+    assert all(t.status.terminal for t in result.trials)
 
 
 @pytest.mark.slow
