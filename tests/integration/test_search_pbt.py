@@ -4,6 +4,7 @@ checkpoints with explored parameters, which the trials read when they continue."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sys
@@ -11,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import build_config, run_async, write_script
+from conftest import async_wait_until, build_config, run_async, write_script
 from s3server import S3Server, s3_server  # noqa: F401 - the fixture
+from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
-from trialkeeper.coordinator.experiment import run_experiment
+from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
 from trialkeeper.coordinator.store.store import Store
 
 EPOCHS = 8
@@ -109,3 +111,38 @@ def test_pbt_continues_bottom_trials_from_top_trials_checkpoints_with_explored_p
     for t in result.trials:
         if t.id in taker:
             assert t.final_metric is not None and t.final_metric > _gain(first_lr[t.id]) * EPOCHS
+
+
+@pytest.mark.slow
+def test_a_stopped_pbt_experiment_resumes_its_population_and_goes_on_exploiting(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.jsonl"), epochs=16))
+    config = build_config(
+        tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=4,
+        searchSpace={"lr": {"_type": "loguniform", "_value": [1e-5, 1.0]}},
+        tuner={"name": "pbt", "classArgs": {"population_size": 4, "perturbation_interval": 2, "seed": 11}},
+    )
+    exp = tmp_path / "exp"
+
+    async def stopped() -> Any:
+        stop = asyncio.Event()
+        started: list[Coordinator] = []
+        run = asyncio.ensure_future(run_experiment(config, experiment_dir=exp, stop=stop, on_start=started.append))
+        await async_wait_until(lambda: started, 60, message="the experiment never started")
+        c = started[0]
+        await async_wait_until(lambda: len(c.trials()) == 4 and all((t.checkpoint_step or 0) >= 3 for t in c.trials()),
+                               60, message="the trials never got to their third checkpoint")
+        stop.set()
+        return await asyncio.wait_for(run, 60)
+
+    first = run_async(stopped, timeout=120)
+    assert not first.ok and first.reason == "stopped by the user"
+    before = len(_runs(tmp_path))
+    again = run_async(resume_experiment(exp), timeout=240)
+    assert again.ok, again.reason
+    assert sorted(t.id for t in again.trials) == sorted(t.id for t in first.trials)  # the population, no new trial
+    assert {t.status for t in again.trials} == {TrialStatus.SUCCEEDED}, [(t.id, t.status, t.reason)
+                                                                         for t in again.trials]
+    after = _runs(tmp_path)[before:]
+    # Each trial went on from its checkpoint after the resume, in the population the tuner rebuilt.
+    assert {r["trial"] for r in after if r["start"] > 0} == {t.id for t in again.trials}, after
+    assert all(t.final_metric is not None for t in again.trials)
