@@ -14,7 +14,9 @@ process of its own; Ray Tune runs in its own virtualenv (peers.py; ``peer_ray_mf
 Figures per method and seed: wall time (from before the coordinator or ``ray.init`` starts
 to the end), the time it first reported a score within 2 %, 1 % and 0.5 % of the best known
 score of that seed (``optimum``), and its best score at Ray Tune's OptunaSearch + ASHA wall
-time of the same seed. The last line of stdout is JSON.
+time of the same seed. The best known score of a seed is the best of a wide sample of the
+space refined locally (``optimum``), or what a method found, when better. The last line of
+stdout is JSON.
 """
 
 from __future__ import annotations
@@ -44,17 +46,30 @@ RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
 WITHIN = (0.02, 0.01, 0.005)
 
 
-def optimum(seed: int, samples: int = 20_000) -> float:
-    """The best score known for the seed: the best configuration of each architecture (its
-    quality 1) at the widest, and the best of ``samples`` random ones, any epoch."""
-    best = 0.0
-    for arch, w in _world(seed).items():
-        best = max(best, *curve({"lr": 10 ** w["lr"], "momentum": w["momentum"], "width": 512, "arch": arch}, seed))
+def optimum(seed: int, samples: int = 10_000) -> float:
+    """The best score known for the seed, any epoch: the best of ``samples`` random
+    configurations and of each architecture's best rate and momentum at each width, each
+    of the best 20 then refined by 200 small random steps."""
     rng = random.Random(seed)
+    found: list[tuple[float, dict[str, Any]]] = []
+    for arch, w in _world(seed).items():
+        for width in (64, 128, 256, 512):
+            p = {"lr": 10 ** w["lr"], "momentum": w["momentum"], "width": width, "arch": arch}
+            found.append((max(curve(p, seed)), p))
     for _ in range(samples):
         p = {"lr": 10 ** rng.uniform(-4, 0), "momentum": rng.uniform(0, 0.99), "width": rng.choice([64, 128, 256, 512]),
              "arch": rng.choice(["mlp", "cnn", "res"])}
-        best = max(best, *curve(p, seed))
+        found.append((max(curve(p, seed)), p))
+    found.sort(key=lambda f: -f[0])
+    best = found[0][0]
+    for score, p in found[:20]:
+        for _ in range(200):
+            q = {**p, "lr": min(1.0, max(1e-4, p["lr"] * 10 ** rng.gauss(0, 0.1))),
+                 "momentum": min(0.99, max(0.0, p["momentum"] + rng.gauss(0, 0.03)))}
+            s = max(curve(q, seed))
+            if s > score:
+                score, p = s, q
+        best = max(best, score)
     return best
 
 
@@ -89,6 +104,9 @@ def best_at(curve_: list[list[float]], t: float) -> float | None:
 def summarize(runs: list[dict[str, Any]], optima: dict[int, float]) -> dict[str, Any]:
     ray = {r["seed"]: r for r in runs if r["method"] == "ray-optuna+asha" and r.get("curve")}
     table: dict[str, Any] = {}
+    for r in runs:  # the best known: what any method found too
+        if r.get("curve"):
+            optima[r["seed"]] = max(optima[r["seed"]], r["curve"][-1][1])
     for method in (*TK_METHODS, *RAY_METHODS):
         rows = []
         for r in sorted((r for r in runs if r["method"] == method and r.get("curve")), key=lambda r: r["seed"]):

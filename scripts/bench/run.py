@@ -213,6 +213,13 @@ def run_search(profile: str, R: dict[str, Any], out_dir: Path) -> None:
             "--json", str(out_dir / "search-bench.json")]
     argv += ["--methods", methods] if methods else []
     R["search"] = run_json_child(argv, timeout_s=3600)
+    # Multi-fidelity methods against Ray Tune's on curves whose best configurations start slow.
+    seeds, trials, methods = {"full": (5, 40, ""), "quick": (2, 20, ""), "smoke": (1, 4, "asha,pbt")}[profile]
+    log(f"8b. multi-fidelity search: {seeds} seeds x {trials} configurations per method")
+    argv = [PYTHON, str(HERE / "mfbench.py"), "--seeds", str(seeds), "--trials", str(trials),
+            "--json", str(out_dir / "mf-bench.json")]
+    argv += ["--methods", methods] if methods else []
+    R["multifidelity"] = run_json_child(argv, timeout_s=3600)
 
 
 def run_nni(p: dict[str, Any], R: dict[str, Any], nni_python: str) -> None:
