@@ -104,10 +104,10 @@ async def submit_customized(
     for params, why, answer in steering.take():
         if answer.done():
             continue  # the one who asked gave up waiting
-        if limits.max_trial_number is not None and submitted >= limits.max_trial_number:
+        if limits.max_trial_number is not None and search.configurations >= limits.max_trial_number:
             answer.set_exception(SteeringError(
                 f"maxTrialNumber ({limits.max_trial_number}) is reached: raise it first "
-                f"(trialkeeper update EXP --max-trials {submitted + 1})"
+                f"(trialkeeper update EXP --max-trials {search.configurations + 1})"
             ))
             continue
         try:
