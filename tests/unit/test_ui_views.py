@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 
-from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.read.model import ReadModel, trial_snapshot
 from trialkeeper.coordinator.read.pages import PageError
 from trialkeeper.coordinator.store.store import MetricRow, Store
 from trialkeeper.coordinator.ui import plots, views
@@ -253,3 +253,13 @@ def test_the_environments_answer_reads_each_ones_latest_trials_and_counts_them_a
     assert b["trial_count"] == 2 and b["trials"] == ["b15", "b16"] and b["running_trials"] == []
     assert whole["env-a"].trials == tuple(f"a{seq:02d}" for seq in range(15))
     assert whole["env-a"].running_trials == ("a00",)
+
+
+def test_a_multi_node_trials_ranks_reach_the_dashboard() -> None:
+    row = {"id": "t", "seq": 0, "status": "RUNNING", "parameters_json": "{}", "environment_id": "e0",
+           "gpu_indices_json": "[0]", "reason": "", "stderr_tail": "", "submitted_at": 1.0, "attempts": 1,
+           "nodes": 2, "ranks_json": '[[0, "e0", [0], "running"], [1, "e1", [1], "ended (failed)"]]'}
+    data = views.trial_json(trial_snapshot(row))
+    assert data["nodes"] == 2
+    assert data["ranks"] == [{"rank": 0, "environment_id": "e0", "gpu_indices": [0], "state": "running"},
+                             {"rank": 1, "environment_id": "e1", "gpu_indices": [1], "state": "ended (failed)"}]

@@ -346,7 +346,9 @@ function trialPage(id) {
     document.getElementById("actions-why").textContent = d.actions ? "" : d.actions_why || "";
     document.getElementById("params").innerHTML = Object.entries(t.parameters || {}).map(([k, v]) =>
       `<tr><th>${esc(k)}</th><td>${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
-      + `<tr><th>environment</th><td>${esc(t.environment_id || "")}</td></tr><tr><th>duration</th><td>${dur(t.duration_s)}</td></tr>`;
+      + `<tr><th>environment</th><td>${esc(t.environment_id || "")}</td></tr><tr><th>duration</th><td>${dur(t.duration_s)}</td></tr>`
+      + (t.ranks || []).map(r => `<tr><th>rank ${r.rank}</th><td>${esc(r.environment_id)}`
+        + `${r.gpu_indices.length ? ", GPUs " + esc(r.gpu_indices.join(",")) : ""}: ${esc(r.state)}</td></tr>`).join("");
     document.getElementById("params").innerHTML += resultRows(d.final_result);
     document.getElementById("history").innerHTML = "<tr><th>when</th><th>from</th><th>to</th><th>why</th></tr>" + d.history.map(h =>
       `<tr><td>${esc(when(h.at))}</td><td>${esc(h.old)}</td><td>${esc(h.new)}</td><td>${esc(h.reason)}</td></tr>`).join("");
