@@ -183,6 +183,9 @@ def test_the_trials_table_shows_what_matters_and_exports_it(tmp_path: Path, brow
         wait_until(lambda: browser.execute_script(
             "return document.querySelector('#vhead [data-sort=sequence]').getAttribute('aria-sort');") == "descending",
             timeout=WAIT_S, message="sorted by Enter")
+        # The header keeps the focus (drawn again at once, and again as the rows come).
+        assert browser.execute_script("return document.activeElement.dataset.sort;") == "sequence"
+        wait_until(lambda: text(browser, "#vbody .row:first-child").startswith("295"), timeout=WAIT_S)
         assert browser.execute_script("return document.activeElement.dataset.sort;") == "sequence"
 
         # Columns chosen: a result key hidden, then the export has just what is shown.

@@ -86,6 +86,7 @@ function trialsPage(params) {
   }
   function template() { return ["34px", ...state.columns.map(c => c[2])].join(" "); }
   function drawHead() {
+    const focused = head.contains(document.activeElement) ? document.activeElement.dataset.sort : null;
     head.style.gridTemplateColumns = template();
     head.innerHTML = `<div class="select" role="columnheader" aria-label="selected"></div>` + state.columns.map(([key, label]) => {
       const sorted = key === state.sort, sortable = !UNSORTABLE.has(key);
@@ -97,11 +98,14 @@ function trialsPage(params) {
       const sortBy = () => {
         const key = d.dataset.sort;
         state.order = key === state.sort && state.order === "asc" ? "desc" : "asc";
-        state.sort = key; reset().then(() => { const again = head.querySelector(`[data-sort="${CSS.escape(key)}"]`); if (again) again.focus(); });
+        state.sort = key; reset();
       };
       d.addEventListener("click", sortBy);
       d.addEventListener("keydown", ev => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); sortBy(); } });
     });
+    // Drawn again (a sort, a column chosen), the header that had the focus keeps it.
+    const again = focused && head.querySelector(`[data-sort="${CSS.escape(focused)}"]`);
+    if (again) again.focus();
   }
   function filters() {
     const q = new URLSearchParams({sort: state.sort, order: state.order});
