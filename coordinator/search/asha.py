@@ -156,7 +156,7 @@ class Asha(Assessor):
         rung = self.rungs[t.bracket][i]
         if trial_id in rung.promoted:
             return Verdict.CONTINUE  # it goes on from there (continued, or rerun after a loss)
-        rung.results[trial_id] = history[-1] if self.resource_key != EPOCH else history[int(rung.resource) - 1]
+        rung.results[trial_id] = history[-1]  # its result on reaching the rung
         if self._knows_checkpoints(t) is None:
             t.deferred = i  # judged at its next result, when it is known whether it saves checkpoints
             return Verdict.CONTINUE
@@ -263,9 +263,9 @@ class Asha(Assessor):
                 reached = []  # the resource of stored results is not known: rungs fill again
             for i in reached:
                 rung = self.rungs[t.bracket][i]
-                rung.results[past.trial_id] = curve[int(rung.resource) - 1]
+                rung.results[past.trial_id] = curve[math.ceil(rung.resource) - 1]
                 # A paused trial is judged again at the last rung it reached (it may wait there).
-                if rung.resource < len(curve) and not (past.paused and i == reached[-1]):
+                if math.ceil(rung.resource) < len(curve) and not (past.paused and i == reached[-1]):
                     rung.promoted.add(past.trial_id)
                 elif past.status is None and i == reached[-1]:
                     standing.append((past.trial_id, i, past.paused))
