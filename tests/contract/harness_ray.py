@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,58 @@ def start_local_ray(temp_dir: Path) -> LocalRay:
         cluster.stop()
         raise RayUnavailable(f"`ray start --head` failed ({code}): {log}")
     return cluster
+
+
+# A node joining the head at argv[1] on loopback, until SIGTERM. `ray start --address` would
+# need RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1, with which Ray takes this machine's routable address
+# for the head instead of 127.0.0.1; Ray's own Node class (what its multi-node test helper
+# ray.cluster_utils uses) keeps the address it is given.
+_SECOND_NODE = """
+import signal, sys, time
+from ray._private.node import Node
+from ray._private.parameter import RayParams
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+params = RayParams(gcs_address=sys.argv[1], node_ip_address="127.0.0.1", num_cpus=int(sys.argv[2]), num_gpus=0,
+                   object_store_memory=100_000_000, min_worker_port=0, max_worker_port=0, node_manager_port=0,
+                   include_log_monitor=False)
+params.dashboard_agent_listen_port = None
+Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
+print("node up", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+@contextlib.contextmanager
+def second_node(cluster: LocalRay, num_cpus: int = 1) -> Iterator[None]:
+    """Another node of ``cluster`` on this machine, alive (as Ray sees it) until the block
+    ends; then its processes, and only those, are ended."""
+    import ray
+
+    def alive() -> int:
+        return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+    before = alive()
+    log_path = cluster.temp_dir / f"second-node-{_free_port()}.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", _SECOND_NODE, cluster.address, str(num_cpus)], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, **LOOPBACK_ENV}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while alive() <= before:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RayUnavailable(f"a second Ray node did not join: {log_path.read_text(errors='replace')[-1500:]}")
+            time.sleep(0.2)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # it drains, then ends its raylet and agents
+        try:
+            proc.wait(45.0)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10.0)
 
 
 # One cluster per test session, whichever module asks first; stopped when the last one

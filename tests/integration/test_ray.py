@@ -276,6 +276,35 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placem
     run_async(body, timeout=6 * WAIT_S)
 
 
+def test_strict_spread_runs_each_rank_of_a_two_node_trial_on_a_node_of_its_own(
+    cluster: LocalRay, tmp_path: Path
+) -> None:
+    python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
+    if not python:
+        pytest.fail("TRIALKEEPER_JAX_PYTHON is not set (see .ci/run)")
+    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py", tmp_path)
+    config = build_config(
+        tmp_path, trialCommand=f"{python} collective.py", trialConcurrency=1, trialNodes=2,
+        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy="STRICT_SPREAD"),
+    )
+
+    async def body() -> None:
+        import ray
+
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"x": 1.0})
+            info = await h.wait(4 * WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
+            assert info.final_metric == 1.0 * (1 + 2)  # the all-gather joined the two nodes' ranks
+            [group] = _groups(c.experiment_id)
+            nodes = set(group["bundles_to_node_id"].values())
+            assert group["strategy"] == "STRICT_SPREAD" and len(nodes) == 2, group
+            assert nodes <= {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+    with _harness().second_node(cluster):
+        run_async(body, timeout=6 * WAIT_S)
+
+
 def test_strict_spread_waits_for_a_node_per_actor_and_says_so(cluster: LocalRay, tmp_path: Path) -> None:
     # The local cluster has one node: two actors each on a node of its own can never be placed.
     config = build_config(
