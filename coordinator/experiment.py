@@ -187,7 +187,7 @@ async def _drive_in_scope(
             trained[0] += 1
             checkpointed = coordinator.trial(ev.trial_id).checkpoint_step is not None
             to_do.extend(search.handle(IntermediateStored(ev.trial_id, ev.value, ev.index, checkpointed, ev.raw)))
-            if to_do:
+            if to_do or (limits.max_trial_resource is not None and trained[0] >= limits.max_trial_resource):
                 changed.set()
 
     def on_status(ev: StatusEvent) -> None:

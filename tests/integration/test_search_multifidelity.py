@@ -80,8 +80,9 @@ def test_a_resource_budget_ends_the_search_once_that_many_epochs_are_trained(tmp
     assert result.ok, result.reason
     assert result.reason.startswith("maxTrialResource (40) reached"), result.reason
     trained = sum(len(c) for c in curves.values())
-    # Reached, and then ended at once: at most what the two running trials reported meanwhile.
-    assert 40 <= trained <= 40 + 2 * 3, trained
+    # Reached, and then ended at once: at most what the two running trials reported meanwhile
+    # (an epoch takes 0.05 s; the margin is for a loaded machine).
+    assert 40 <= trained <= 40 + 2 * 10, trained
     assert all(t.status.terminal for t in result.trials), [(t.id, t.status) for t in result.trials]
     # Those waiting at a rung then end stopped early, not canceled: the search is done with them.
     waiting = [t for t in result.trials if t.status is TrialStatus.EARLY_STOPPED]
@@ -99,7 +100,7 @@ def test_a_resource_budget_holds_with_optunas_sampler_and_pruner(tmp_path: Path)
         maxTrialResource=30,
     )
     assert result.ok and result.reason.startswith("maxTrialResource (30) reached"), result.reason
-    assert 30 <= sum(len(c) for c in curves.values()) <= 30 + 2 * 3
+    assert 30 <= sum(len(c) for c in curves.values()) <= 30 + 2 * 10
     assert all(t.status.terminal for t in result.trials)
 
 
