@@ -411,18 +411,18 @@ def _nni_checkpoints(config: ExperimentConfig, experiment_dir: Path) -> contextl
 
 def _make_search(config: ExperimentConfig, experiment_id: str) -> Search:
     t, a = config.tuner, config.assessor
+    objectives = None if config.objectives is None else objectives_from_config(config.objectives)
     if config.advisor is not None:
         if config.advisor.class_name is not None or config.advisor.name is None:
             raise TunerError("advisor: only NNI's Hyperband and BOHB are supported, by name")
         advisor = create_tuner(config.advisor.name, None, dict(config.advisor.class_args), config.search_space or {})
-        return Search(advisor, None, _mirror(config, experiment_id))
+        return Search(advisor, None, _mirror(config, experiment_id), objectives)
     class_args = dict(t.class_args)
     own_study = t.name is not None and normalized(t.name) == "optuna"
     if own_study and config.optuna_storage is not None:
         # An Optuna tuner keeps its study there itself: the mirror is the tuner's own study.
         class_args.setdefault("storage", config.optuna_storage)
         class_args.setdefault("study_name", config.optuna_study_name or _study_name(experiment_id))
-    objectives = None if config.objectives is None else objectives_from_config(config.objectives)
     tuner: Tuner = create_tuner(
         t.name, t.class_name, class_args, config.search_space or {},
         str(t.code_directory) if t.code_directory else None, experiment_id=experiment_id, objectives=objectives,
@@ -434,7 +434,7 @@ def _make_search(config: ExperimentConfig, experiment_id: str) -> Search:
         )
         if objectives is not None and callable(getattr(assessor, "use_objectives", None)):
             assessor.use_objectives(objectives)  # type: ignore[attr-defined]  # it ranks by objectives.rank
-    return Search(tuner, assessor, None if own_study else _mirror(config, experiment_id))
+    return Search(tuner, assessor, None if own_study else _mirror(config, experiment_id), objectives)
 
 
 def _study_name(experiment_id: str) -> str:

@@ -264,7 +264,7 @@ def create_optuna_assessor(args: dict[str, Any], tuner: Tuner | None) -> OptunaA
     if isinstance(tuner, OptunaTuner) and tuner.objectives is not None and tuner.objectives.several:
         raise AssessorError(
             "assessor 'optuna': Optuna's pruners judge one objective, and the tuner's study has several "
-            f"({', '.join(tuner.objectives.keys)}): leave the assessor out, or use asha, which ranks by objectives.rank"
+            f"({', '.join(tuner.objectives.keys)}): leave the assessor out, or give one that ranks by objectives.rank"
         )
     if isinstance(tuner, OptunaTuner):
         tuner.study.pruner = pruner

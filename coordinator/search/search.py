@@ -23,11 +23,12 @@ import bisect
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .. import TrialStatus  # the public API
 from .assessors import Assessor, Verdict
+from .objectives import Objectives
 from .requests import Request, RequestKind
 from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner
 
@@ -140,6 +141,7 @@ class _Tracked:
     parameters: dict[str, Any]
     history: list[float] = field(default_factory=list)
     indexes: list[int] = field(default_factory=list)  # the stored index of each result in history
+    last_result: Any = None  # its latest intermediate result as reported
     stopping: bool = False
     checkpointed: bool = False  # it saved a checkpoint (the assessor was told)
     pausing: bool = False  # the search asked it to pause; not paused yet
@@ -158,7 +160,10 @@ class _Tracked:
 class Search:
     """Drives one tuner and an optional assessor from the experiment's events."""
 
-    def __init__(self, tuner: Tuner, assessor: Assessor | None = None, mirror: Mirror | None = None) -> None:
+    def __init__(
+        self, tuner: Tuner, assessor: Assessor | None = None, mirror: Mirror | None = None,
+        objectives: Objectives | None = None,
+    ) -> None:
         self.tuner = tuner
         self.assessor = assessor
         self.mirror = mirror
@@ -170,6 +175,8 @@ class Search:
         self._orders: list[Instruction] = []
         # A tuner that sets takes_reported hears results as reported (dicts of keys too: several objectives).
         self._reported = getattr(tuner, "takes_reported", False) is True
+        # The config's objectives: another tuner hears each result's ranking (objectives.rank).
+        self.objectives = objectives
         #: Configurations submitted (what maxTrialNumber counts): a promotion is none.
         self.configurations = 0
         self._promotions: set[int] = set()  # proposed parameter ids that train an earlier configuration
@@ -291,8 +298,10 @@ class Search:
         t.history.append(event.value)
         t.indexes.append(index)
         step = len(t.history) - 1
-        heard = event.result if self._reported and event.result is not None else event.value
-        self._tuner_call("receive_intermediate_result", t.parameter_id, step, heard)
+        t.last_result = event.result
+        heard = self._heard(event.result, event.value)
+        if heard is not None:
+            self._tuner_call("receive_intermediate_result", t.parameter_id, step, heard)
         self._mirror_call("receive_intermediate_result", t.parameter_id, step, event.value)
         if event.checkpointed and not t.checkpointed:
             t.checkpointed = True
@@ -333,12 +342,25 @@ class Search:
         success = event.status is TrialStatus.SUCCEEDED
         past = PastTrial(event.trial_id, t.parameter_id, t.parameters, tuple(t.history), event.final, event.status)
         if past.result is not None:
-            heard = event.result if self._reported and event.result is not None else past.result
-            self._tuner_call("receive_trial_result", t.parameter_id, t.parameters, heard)
+            early = event.status is TrialStatus.EARLY_STOPPED and event.result is None  # its last result counts
+            heard = self._heard(t.last_result if early else event.result, past.result)
+            if heard is not None:
+                self._tuner_call("receive_trial_result", t.parameter_id, t.parameters, heard)
             self._mirror_call("receive_trial_result", t.parameter_id, t.parameters, past.result)
         self._tuner_call("trial_end", t.parameter_id, success)
         self._mirror_call("trial_end", t.parameter_id, success)
         self._assessor_call("trial_end", event.trial_id, success)
+
+    def _heard(self, result: Any, value: float | None) -> Any:
+        """What the tuner hears of a result: as reported, by a tuner that takes them so; with
+        objectives, the result's ranking in the tuner's optimize_mode (None, and nothing heard,
+        when it ranks nothing: a key missing, a constraint broken); else the number."""
+        if result is None or self._reported:
+            return value if result is None else result
+        if self.objectives is None:
+            return value
+        score = self.objectives.score(result)
+        return None if score is None else -score if self.tuner.optimize_mode == "minimize" else score
 
     def _pause(self, trial_id: str, t: _Tracked, reason: str) -> None:
         t.pausing = True
@@ -393,8 +415,13 @@ class Search:
         return ContinueTrial(trial_id, request.parameters, source_trial)
 
     def resume(self, history: Sequence[PastTrial]) -> None:
-        """Tell the tuner and the assessor what an earlier run did; track what has not ended."""
-        self._guarded("tuner", "resume", lambda: self.tuner.resume(history))
+        """Tell the tuner and the assessor what an earlier run did; track what has not ended.
+        With objectives, a tuner that learns one value hears each final result's ranking."""
+        heard = history
+        if self.objectives is not None and not self._reported:
+            heard = [replace(t, final=self._heard(t.reported, t.final)) if t.reported is not None else t
+                     for t in history]
+        self._guarded("tuner", "resume", lambda: self.tuner.resume(heard))
         self._assessor_call("resume", history)
         self._mirror_call("resume", history)
         budget = getattr(self.tuner, "budget_parameter", None)

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 from trialkeeper.coordinator import cli
+from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.read.pareto import objectives_of, pareto_trials
 from trialkeeper.coordinator.search.objectives import ObjectivesError, dominates, pareto_front, parse, single
+from trialkeeper.coordinator.search.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
+from trialkeeper.coordinator.search.tuners import RandomTuner
 from trialkeeper.coordinator.store.store import Store
 
 SECTION = {
@@ -169,3 +172,45 @@ def test_the_experiment_hands_its_objectives_to_a_tuner_and_an_assessor_that_ran
         objectives = getattr(algorithm, "objectives", None)
         assert objectives is not None and objectives.keys == ("accuracy", "latency")
         assert objectives.rank_direction == "minimize"
+
+
+class _Heard(RandomTuner):
+    def __init__(self, space: dict[str, Any], **args: Any) -> None:
+        super().__init__(space, **args)
+        self.heard: list[tuple[str, int, Any]] = []
+
+    def receive_intermediate_result(self, parameter_id: int, step: int, value: Any) -> None:
+        self.heard.append(("intermediate", parameter_id, value))
+
+    def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: Any) -> None:
+        self.heard.append(("final", parameter_id, value))
+
+
+@pytest.mark.parametrize(("mode", "sign"), [("minimize", 1), ("maximize", -1)])
+def test_a_tuner_that_learns_one_value_hears_the_ranking_in_its_own_direction(mode: str, sign: int) -> None:
+    tuner = _Heard({"x": {"_type": "uniform", "_value": [0, 1]}}, optimize_mode=mode, seed=1)
+    search = Search(tuner, objectives=parse({**SECTION, "rank": "latency"}))
+    for pid, (latency, memory) in enumerate([(3.0, 1), (2.0, 99)]):
+        search.handle(TrialSubmitted(f"t{pid}", pid, {"x": 0.5}))
+        r = {"default": 0.9, "accuracy": 0.9, "latency": latency, "memory": memory}
+        search.handle(IntermediateStored(f"t{pid}", 0.9, 0, result=r))
+        status = TrialStatus.EARLY_STOPPED if pid == 0 else TrialStatus.SUCCEEDED
+        search.handle(TrialEnded(f"t{pid}", status, None if pid == 0 else 0.9, None if pid == 0 else r))
+    # t0: its latency (a smaller one is better), also as its last result once stopped early; t1 breaks
+    # the memory bound: nothing is heard of it.
+    assert tuner.heard == [("intermediate", 0, sign * 3.0), ("final", 0, sign * 3.0)]
+
+
+def test_after_a_resume_a_tuner_that_learns_one_value_hears_the_stored_results_ranking() -> None:
+    from trialkeeper.coordinator.search.tuners import PastTrial
+
+    tuner = _Heard({"x": {"_type": "uniform", "_value": [0, 1]}}, optimize_mode="maximize", seed=1)
+    search = Search(tuner, objectives=parse({**SECTION, "rank": {"weights": {"accuracy": 1.0, "latency": -0.1}}}))
+    search.resume([
+        PastTrial("t0", 0, {"x": 0.1}, (), 0.9, TrialStatus.SUCCEEDED,
+                  reported={"accuracy": 0.9, "latency": 2.0, "memory": 1}),
+        PastTrial("t1", 1, {"x": 0.2}, (), 0.8, TrialStatus.SUCCEEDED,
+                  reported={"accuracy": 0.8, "latency": 1.0, "memory": 50}),
+    ])
+    assert [(what, pid) for what, pid, _ in tuner.heard] == [("final", 0)]
+    assert tuner.heard[0][2] == pytest.approx(0.7)
