@@ -5,6 +5,7 @@ Agents run in detached actors that Ray places; trials are real processes on the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -249,8 +250,9 @@ def test_a_placement_strategy_puts_every_actor_in_the_experiments_placement_grou
     run_async(body, timeout=4 * WAIT_S)
 
 
+@pytest.mark.parametrize("strategy", ["PACK", "STRICT_SPREAD"])
 def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placement_group(
-    cluster: LocalRay, tmp_path: Path
+    cluster: LocalRay, tmp_path: Path, strategy: str
 ) -> None:
     python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
     if not python:
@@ -258,50 +260,29 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placem
     shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py", tmp_path)
     config = build_config(
         tmp_path, trialCommand=f"{python} collective.py", trialConcurrency=1, trialNodes=2,
-        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy="PACK"),
-    )
-
-    async def body() -> None:
-        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            h = await c.submit({"x": 2.0})
-            info = await h.wait(4 * WAIT_S)
-            assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
-            assert info.final_metric == 2.0 * (1 + 2)  # the all-gather joined both ranks
-            [group] = _groups(c.experiment_id)
-            assert group["state"] == "CREATED" and len(group["bundles"]) == 2, group
-            # Each rank ran in its own actor: rank 1's output is kept apart, by its own agent.
-            rank1 = tmp_path / "exp" / "trials" / h.id / "rank1" / "stdout.log"
-            assert "rank 1 of 2 up" in rank1.read_text()
-
-    run_async(body, timeout=6 * WAIT_S)
-
-
-def test_strict_spread_runs_each_rank_of_a_two_node_trial_on_a_node_of_its_own(
-    cluster: LocalRay, tmp_path: Path
-) -> None:
-    python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
-    if not python:
-        pytest.fail("TRIALKEEPER_JAX_PYTHON is not set (see .ci/run)")
-    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py", tmp_path)
-    config = build_config(
-        tmp_path, trialCommand=f"{python} collective.py", trialConcurrency=1, trialNodes=2,
-        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy="STRICT_SPREAD"),
+        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy=strategy),
     )
 
     async def body() -> None:
         import ray
 
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            h = await c.submit({"x": 1.0})
+            h = await c.submit({"x": 2.0})
             info = await h.wait(4 * WAIT_S)
             assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
-            assert info.final_metric == 1.0 * (1 + 2)  # the all-gather joined the two nodes' ranks
+            assert info.final_metric == 2.0 * (1 + 2)  # the all-gather joined both ranks
             [group] = _groups(c.experiment_id)
+            assert (group["strategy"], group["state"], len(group["bundles"])) == (strategy, "CREATED", 2), group
+            # PACK: both on the one node there is; STRICT_SPREAD: each rank on a node of its own.
             nodes = set(group["bundles_to_node_id"].values())
-            assert group["strategy"] == "STRICT_SPREAD" and len(nodes) == 2, group
+            assert len(nodes) == (2 if strategy == "STRICT_SPREAD" else 1), group
             assert nodes <= {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            # Each rank ran in its own actor: rank 1's output is kept apart, by its own agent.
+            rank1 = tmp_path / "exp" / "trials" / h.id / "rank1" / "stdout.log"
+            assert "rank 1 of 2 up" in rank1.read_text()
 
-    with _harness().second_node(cluster):
+    # For STRICT_SPREAD a second node joins the one-node cluster for the test.
+    with _harness().second_node(cluster) if strategy == "STRICT_SPREAD" else contextlib.nullcontext():
         run_async(body, timeout=6 * WAIT_S)
 
 
