@@ -246,15 +246,14 @@ class StoreReader:
     def final_metric_ranks(self, points: int) -> tuple[int, list[tuple[float, int]]]:
         """How many trials have a numeric final metric, and about ``points`` of those metrics
         spread evenly in rank order, each with its rank (1 for the lowest; the lowest and
-        highest always kept), ranked in the store from the index on final_metric."""
-        numeric = "final_metric BETWEEN -1e999 AND 1e999"
-        (n,) = self._db.execute(f"SELECT count(*) FROM trials WHERE {numeric}").fetchone()
+        highest always kept), read in order from the index on final_metric."""
+        values = [r[0] for r in self._db.execute(
+            "SELECT final_metric FROM trials WHERE final_metric BETWEEN -1e999 AND 1e999 ORDER BY final_metric"
+        )]  # (a window function's row_number() over them takes twice as long)
+        n = len(values)
         step = max(1, -(-n // max(1, points)))
-        rows = self._db.execute(
-            f"SELECT v, r FROM (SELECT final_metric AS v, row_number() OVER (ORDER BY final_metric) AS r FROM trials"
-            f" WHERE {numeric}) WHERE r % ? = 0 OR r = 1 OR r = ?", (step, n),
-        ).fetchall()
-        return int(n), [(float(v), int(r)) for v, r in rows]
+        ranks = sorted({1, n, *range(step, n + 1, step)}) if n else []
+        return n, [(float(values[r - 1]), r) for r in ranks]
 
     def next_trial_seq(self) -> int:
         row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM trials").fetchone()

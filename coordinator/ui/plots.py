@@ -27,10 +27,10 @@ STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED", "RUNNING", "PAUSED"
 def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
     """Curves of the trials asked for (``ids``, comma-separated), else of the best and latest;
     a sample of every trial's parameters and metric, with each parameter's axis."""
-    analysis.warm()  # the page asks for importance next
     config = model.stored_config()
     mode = config_mode(config)
     ids = [i for i in query.get("ids", "").split(",") if i][:CHOSEN_MAX]
+    total = sum(model.trial_counts().values())
     if ids:
         found = [t for t in (model.trial(i) for i in ids) if t is not None]
         missing = sorted(set(ids) - {t.id for t in found})
@@ -43,7 +43,6 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         best = pages.trial_page(model, sort="metric", descending=mode == "maximize", limit=half).trials
         latest = pages.trial_page(model, sort="sequence", descending=True, limit=half).trials
         chosen = list({t.id: t for t in (*best, *latest)}.values())
-        total = sum(model.trial_counts().values())
         title = (f"Intermediate results of every trial ({total})" if len(chosen) >= total
                  else f"Intermediate results of the {len(best)} best and the {len(latest)} latest trials")
     curves = pages.curves(model, [t.id for t in chosen])
@@ -56,7 +55,8 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
             if n in (t.parameters or {}):
                 seen[n].append((t.parameters or {})[n])
     finals, ranked = model._read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
-    sampled = len(sample) < sum(model.trial_counts().values())
+    analysis.warm()  # the page asks for importance next: its import starts now, as this answer goes
+    sampled = len(sample) < total
     return {
         "optimize_mode": mode,
         "parameters": names,
