@@ -18,10 +18,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import experimentlog
 from .config.experiment import ExperimentConfig
 from .core import Coordinator
+from .engine import results
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
 from .engine.states import TrialStatus
 from .read.model import EnvSnapshot, best_trial, optimize_mode
@@ -495,15 +497,19 @@ def _resume(search: Search, coordinator: Coordinator, *, count: bool = False) ->
     intermediate: dict[str, list[float]] = {}
     # Every stored metric is read only for a search that uses intermediate results, or to count them.
     indexes: dict[str, list[int]] = {}
+    reported: dict[str, list[Any]] = {}
     for row in coordinator.store.metrics() if search.hears_intermediate or count else ():
         if row.kind == "intermediate":
             intermediate.setdefault(row.trial_id, []).append(row.value)
             indexes.setdefault(row.trial_id, []).append(row.index)
+            if search.hears_reported:
+                reported.setdefault(row.trial_id, []).append(results.loads(row.value_json))
     search.resume([
         PastTrial(
             t.id, t.sequence_id, t.parameters, tuple(intermediate.get(t.id, ())), t.final_metric,
             t.status if t.status.terminal else None, paused=t.status is TrialStatus.PAUSED,
             intermediate_indexes=tuple(indexes.get(t.id, ())), reported=t.final_metric_value,
+            intermediate_reported=tuple(reported.get(t.id, ())),
         )
         for t in trials
     ])

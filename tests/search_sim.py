@@ -205,7 +205,8 @@ class Sim:
         return [
             PastTrial(t.id, t.parameter_id, t.parameters, tuple(t.curve),
                       t.curve[-1] if t.end is TrialStatus.SUCCEEDED else None, t.end,
-                      paused=t.status == "paused", intermediate_indexes=tuple(range(len(t.curve))))
+                      paused=t.status == "paused", intermediate_indexes=tuple(range(len(t.curve))),
+                      intermediate_reported=tuple({"default": v, "step": 100 * (i + 1)} for i, v in enumerate(t.curve)))
             for t in self.trials.values()
         ]
 

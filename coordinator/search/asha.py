@@ -245,27 +245,40 @@ class Asha(Assessor):
 
     # ---- after a resume -------------------------------------------------------------------
 
+    def _resources(self, past: PastTrial) -> list[float]:
+        """The trial's resource at each of its stored results."""
+        if self.resource_key == EPOCH:
+            return [float(n) for n in range(1, len(past.intermediate) + 1)]
+        resources, last = [], 0.0
+        for result in past.intermediate_reported:
+            value = result.get(self.resource_key) if isinstance(result, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                last = float(value)
+            resources.append(last)
+        return resources
+
     def resume(self, history: Sequence[PastTrial]) -> None:
         """Rebuild the rungs from the stored curves: every trial recorded at each rung it
         reached, promoted from those it went past. A paused trial is judged again at the last
         rung it reached: continued when promotable now, kept paused (the search's to continue
-        or end) otherwise. With a result key as the resource, the rungs fill again from the
-        results reported after the resume."""
+        or end) otherwise."""
         standing: list[tuple[str, int, bool]] = []
         for past in sorted(history, key=lambda p: p.parameter_id):
             t = self._trial(past.trial_id)
             curve = past.intermediate
-            t.resource = float(len(curve))
+            resources = self._resources(past)
+            t.resource = resources[-1] if resources else 0.0
             if past.paused:
                 t.checkpoints = self._any_checkpoint = True
-            reached = [i for i, rung in enumerate(self.rungs[t.bracket]) if rung.resource <= len(curve)]
-            if self.resource_key != EPOCH:
-                reached = []  # the resource of stored results is not known: rungs fill again
+            # Each rung reached: the result that reached it.
+            at = {i: next(j for j, r in enumerate(resources) if r >= rung.resource)
+                  for i, rung in enumerate(self.rungs[t.bracket]) if resources and resources[-1] >= rung.resource}
+            reached = sorted(at)
             for i in reached:
                 rung = self.rungs[t.bracket][i]
-                rung.results[past.trial_id] = curve[math.ceil(rung.resource) - 1]
+                rung.results[past.trial_id] = curve[at[i]]
                 # A paused trial is judged again at the last rung it reached (it may wait there).
-                if math.ceil(rung.resource) < len(curve) and not (past.paused and i == reached[-1]):
+                if at[i] < len(curve) - 1 and not (past.paused and i == reached[-1]):
                     rung.promoted.add(past.trial_id)
                 elif past.status is None and i == reached[-1]:
                     standing.append((past.trial_id, i, past.paused))

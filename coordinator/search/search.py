@@ -189,6 +189,13 @@ class Search:
         learns = type(self.tuner).receive_intermediate_result is not Tuner.receive_intermediate_result
         return self.assessor is not None or self.mirror is not None or learns
 
+    @property
+    def hears_reported(self) -> bool:
+        """Whether the assessor reads intermediate results as reported (a dict's other keys):
+        a resume then hands it the stored ones."""
+        a = self.assessor
+        return a is not None and type(a).result_reported is not Assessor.result_reported
+
     def holds(self, trial_id: str) -> bool:
         """Whether the trial is paused because this search asked, and not continued."""
         t = self._trials.get(trial_id)

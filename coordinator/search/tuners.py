@@ -83,6 +83,8 @@ class PastTrial:
     # The stored index of each intermediate result (empty: 0, 1, ...).
     intermediate_indexes: tuple[int, ...] = ()
     reported: Any = None  # the final result as reported (a dict of keys too), when it reported one
+    # Each intermediate result as reported, where the search hears them so (Search.hears_reported).
+    intermediate_reported: tuple[Any, ...] = ()
 
     @property
     def succeeded(self) -> bool:

@@ -175,15 +175,18 @@ def test_once_no_new_configuration_comes_the_final_rungs_promote_their_best_thir
     assert all(len(sim.trials[f"t{i}"].curve) <= 2 for i in range(2, 5))
 
 
-def test_a_stopped_experiment_resumed_mid_rung_keeps_waiting_trials_paused_and_promotes_them_later() -> None:
+@pytest.mark.parametrize("resource", [{}, {"min_resource": 100, "max_resource": 900, "resource": "step"}])
+def test_a_stopped_experiment_resumed_mid_rung_keeps_waiting_trials_paused_and_promotes_them_later(
+    resource: dict[str, Any],
+) -> None:
     qualities = [0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02]
-    sim = Sim(search(qualities), flat, epochs=9)
+    sim = Sim(search(qualities, **resource), flat, epochs=9)
     # t0 and t1 wait at rung 1; t2 arrives and t0 goes on; stop the experiment then.
     sim.run(until=lambda s: "t3" in s.trials and len(s.trials["t3"].curve) >= 1)
     assert sim.trials["t1"].status == "paused"
     history = sim.stop_experiment()
     assert {t.trial_id for t in history if t.paused} >= {"t1", "t0", "t3"}
-    resumed = search(qualities)
+    resumed = search(qualities, **resource)
     sim.resume(resumed, history)
     assert resumed.holds("t1")  # waits at rung 1: not continued by the resume
     assert not resumed.holds("t0")  # promoted: continued first
