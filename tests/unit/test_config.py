@@ -691,7 +691,7 @@ CONFIGS = (
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=CONFIGS)
 def test_random_data_only_ever_raises_config_error(
     tmp_path_factory: pytest.TempPathFactory, data: object
@@ -713,7 +713,7 @@ YAML_PIECES = [*":{}[]-,&*!|>'\"#\n 0.~", "!!set ", "!!binary ", "!!timestamp ",
 YAML_PIECES += ["trialCommand", "trainingService", "platform", "local", "searchSpaceFile"]
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.lists(st.sampled_from(YAML_PIECES), max_size=40).map("".join))
 def test_random_yaml_only_ever_raises_config_error(
     tmp_path_factory: pytest.TempPathFactory, text: str
