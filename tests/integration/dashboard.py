@@ -90,10 +90,12 @@ def first_event(url: str, token: str | None = None) -> dict[str, Any]:
 
 def every_answer(url: str, token: str | None = None) -> dict[str, bytes]:
     """Every page and answer the dashboard at ``url`` gives, by path: its pages and scripts, the
-    experiment and its context (the config), every trial (its detail and both logs), comparison,
-    every environment (and its GPUs), /metrics and the live stream's first event."""
+    experiment and its context (the config), every trial (its detail and both logs), comparison and
+    importance, the trials exported, every environment (and its GPUs), /metrics and the live
+    stream's first event."""
     paths = ["/", "/static/app.js", "/static/app.css", "/api/experiment", "/api/trials?limit=1000", "/api/compare",
-             "/api/environments", "/metrics", "/api/context", "/static/context.js"]
+             "/api/environments", "/metrics", "/api/context", "/static/context.js", "/static/table.js",
+             "/static/plots.js", "/api/importance", "/api/trials/export?format=csv", "/api/trials/export?format=json"]
     for t in get_json(url + "/api/trials?limit=1000", token=token)["trials"]:
         paths += [
             f"/api/trials/{t['id']}",

@@ -284,3 +284,37 @@ def test_the_pareto_front_of_two_objectives(tmp_path: Path, browser: Any) -> Non
         assert option(browser, "pareto-chart", ".title[0].text").startswith("Pareto front of acc (max) and lat (min)")
         assert option(browser, "pareto-chart", ".series[0].data.length") == 1  # c, dominated
         assert console_errors(browser) == []
+
+
+HOSTILE = '<img src=x class=injected onerror="window.pwned=1">'
+
+
+@pytest.mark.slow
+def test_hostile_names_and_values_stay_text(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    exp = tmp_path / "exp"
+    store = Store.in_dir(exp)
+    store.create_experiment("hx", HOSTILE, {"searchSpace": {HOSTILE: {"_type": "choice", "_value": [HOSTILE, "b"]}}})
+    for seq in range(8):
+        store.insert_trial({
+            "id": f"h{seq}", "seq": seq, "status": "SUCCEEDED" if seq % 4 else "EARLY_STOPPED",
+            "parameters_json": json.dumps({HOSTILE: HOSTILE if seq % 2 else "b", "x": seq}), "command": "c",
+            "gpu_number": 0, "submitted_at": 1.0, "started_at": 1.0, "ended_at": 2.0, "final_metric": float(seq),
+            "final_metric_json": json.dumps({"default": float(seq), HOSTILE: HOSTILE}),
+        })
+        store.add_metrics([MetricRow(f"h{seq}", 0, "intermediate", 1.0, json.dumps({"default": 1.0, HOSTILE: 2}), 1.0)])
+    store.set_experiment_status("DONE", ended=True)
+    store.close()
+    with stored_dashboard(exp) as served:
+        for page, ready in (("/#/compare", "slice-grid"), ("/#/trials", "vbody")):
+            browser.get(served.url + page)
+            settled(browser)
+            wait_until(lambda ready=ready: browser.execute_script(
+                f"return document.getElementById('{ready}').children.length;"), timeout=WAIT_S)
+            # The hostile text is shown as text (a header, a column chooser entry, a chart's name) ...
+            assert HOSTILE in browser.execute_script("return document.getElementById('main').textContent;") or \
+                HOSTILE in json.dumps(browser.execute_script(
+                    "return [...document.querySelectorAll('[data-parameter]')].map(e => e.dataset.parameter);"))
+            # ... never as an element.
+            assert browser.execute_script("return document.querySelectorAll('.injected').length;") == 0
+            assert browser.execute_script("return window.pwned === undefined;")
+        assert console_errors(browser) == []  # an injected image would have asked for /x
