@@ -397,6 +397,7 @@ class Coordinator:
         platforms: list[str] | None = None,
         checkpoint_from: str | None = None,
         nodes: int | None = None,
+        max_duration: float | None = None,
     ) -> TrialHandle:
         """Queue a trial with these parameters; returns at once with its handle.
 
@@ -407,6 +408,7 @@ class Coordinator:
         environment could ever run it. ``checkpoint_from``: a trial whose newest checkpoint
         this one starts from (a search continuing another's work). ``nodes``: environments
         it runs on at once (default: the config's ``trialNodes``; see docs/multinode.md).
+        ``max_duration``: its own time limit in seconds (default: ``maxTrialDuration``).
         """
         engine, shell = self._running()
         if not isinstance(parameters, dict):
@@ -423,7 +425,7 @@ class Coordinator:
             raise ValueError(f"gpu_memory must be a number of bytes >= 0, got {memory!r}")
         allowed = submits.checked_platforms(engine.policy, platforms)
         submits.checked_fork(engine.trials, checkpoint_from)
-        n = submits.checked_nodes(engine.policy, nodes)
+        n, limit = submits.checked_nodes(engine.policy, nodes), submits.checked_duration(max_duration)
         refusal = engine.never_fits(gpus, memory) or submits.never_gangs(engine.policy, n, allowed)
         if refusal:
             raise TrialRefused(refusal)
@@ -432,7 +434,7 @@ class Coordinator:
             trial_id = _new_id(6)
         shell.handle(TrialSubmitted(
             trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {}), platforms=allowed,
-            checkpoint_from=checkpoint_from or "", nodes=n,
+            checkpoint_from=checkpoint_from or "", nodes=n, max_duration=limit,
         ))
         shell.pass_soon()
         return TrialHandle(self, trial_id)

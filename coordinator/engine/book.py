@@ -18,7 +18,7 @@ from typing import Any
 
 from . import checkpoints as ck
 from . import events as ev
-from . import results, trialrows
+from . import results, starts, trialrows
 from .model import MetricEvent, StatusEvent, TrialInfo, TrialState
 from .policy import Policy
 from .rows import MetricRun
@@ -110,19 +110,7 @@ class TrialBook:
         return Demand(t.id, t.gpu_number, t.gpu_memory, platforms=order, only_these=restricted, nodes=t.nodes)
 
     def start_message(self, trial_id: str, working_directory: str) -> ev.StartTrial:
-        t = self.trials[trial_id]
-        env_vars = dict(self.policy.trial_env)
-        env_vars.update(t.env_overrides)
-        # From a checkpoint, its results go on from what it had reported when it saved.
-        saved = t.checkpoint
-        return ev.StartTrial(
-            trial_id=t.id, sequence_id=t.seq, command=t.command, parameters=t.parameters, env=env_vars,
-            gpu_indices=t.gpu_indices, gpu_uuids=t.gpu_uuids,
-            max_duration_s=self.policy.max_trial_duration_s, attempt=t.attempts,
-            experiment_id=self.policy.experiment_id, working_directory=working_directory,
-            resumes_metrics=t.attempts > 1 and saved is None, checkpoint=saved,
-            first_metric_index=saved.metric_index if saved is not None else 0,
-        )
+        return starts.start_message(self.trials[trial_id], self.policy, working_directory)
 
     # ---- the embedding API -------------------------------------------------------------------
 
@@ -132,14 +120,16 @@ class TrialBook:
         t = TrialState(
             id=e.trial_id, seq=self._next_seq, status=TrialStatus.WAITING, parameters=e.parameters,
             command=e.command, gpu_number=e.gpu_number, gpu_memory=e.gpu_memory if e.gpu_number else 0,
-            submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms), nodes=e.nodes,
+            submitted_at=self.wall, env_overrides=dict(e.env_overrides), platforms=tuple(e.platforms),
+            nodes=e.nodes, max_duration=e.max_duration,
         )
         if e.checkpoint_from:
             t.forked_from = self.trials[e.checkpoint_from].checkpoint
         fork = (t.forked_from.trial_id, t.forked_from.step) if t.forked_from else None
         self._next_seq += 1
         self._out.append(ev.TrialAdded(
-            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork, t.nodes
+            t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork, t.nodes,
+            t.max_duration,
         ))
         self.trials[t.id] = t
         self.queue.append(self.demand(t))

@@ -430,7 +430,7 @@ class Engine:
         # Environments new to the scheduler: this pass looks at them, no other is wanted.
         book.queue.changed_envs |= fleet.take_changed()
         book.queue.release_due(self.now)
-        told = self.gangs.place(book, fleet, self.policy, views)  # multi-node trials first
+        told = self.gangs.place(book, fleet, self.policy, views, wall=self.wall)  # multi-node trials first
         decision = scheduler.place_waiting(
             book.queue, views, now=self.now, max_running=self.policy.trial_concurrency,
             running=fleet.running() - self.gangs.ranks.extra_holders(), policy=self.policy.placement,

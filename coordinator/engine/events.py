@@ -153,6 +153,7 @@ class TrialSubmitted:
     # Start from this trial's newest checkpoint ("": a fresh start).
     checkpoint_from: str = ""
     nodes: int = 1  # environments it runs on at once (trialNodes)
+    max_duration: float = 0.0  # its own time limit in seconds (0: maxTrialDuration's)
 
 
 @dataclass(frozen=True)
@@ -371,6 +372,7 @@ class TrialAdded:
     # The checkpoint it starts from, another trial's: (that trial, its step).
     forked_from: tuple[str, int] | None = None
     nodes: int = 1
+    max_duration: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ queue order, for every waiting gang:
   at the latest when the trials running on them at the time end: its wait is bounded by the
   longest trial, however many small trials keep coming. They keep the other environments.
 - **backfill**: one-node trials, and later gangs that fit, go on starting on the environments
-  the reservation leaves. A trial is never started on a reserved environment on the bet that
-  it ends in time: trials have no time limit of their own (``maxTrialDuration`` is the same
-  for all, so one started now would end after those the gang waits for).
+  the reservation leaves; and a one-node trial also takes a reserved environment's free room
+  when its time limit (its own, or ``maxTrialDuration``) ends before the gang could start,
+  that is before the last of the trials on the reserved environments is bound to end
+  (``GangRoom`` in multinode.py, as Slurm's backfill does with its jobs' time limits).
 
 A waiting gang's reason says what it waits for: how many of the N environments could take
 it now, and which are reserved for it while their trials end.
@@ -95,7 +96,7 @@ def place_gangs(
         if chosen is not None and len(chosen) >= demand.nodes:
             ranks = []
             for env in chosen[: demand.nodes]:
-                gpus = _take(env, demand, policy)
+                gpus = take_rank(env, demand, policy)
                 ranks.append(Placement(demand.trial_id, env.env_id, tuple(g.uuid for g in gpus),
                                        tuple(g.index for g in gpus)))
                 fits.changed(env)
@@ -179,7 +180,8 @@ def _reserve(
     return best[: demand.nodes]
 
 
-def _take(env: EnvCapacity, demand: Demand, policy: str) -> list[GpuSlot]:
+def take_rank(env: EnvCapacity, demand: Demand, policy: str) -> list[GpuSlot]:
+    """Take a slot of ``env`` and the GPUs ``demand`` asks for (pack or spread), for one rank."""
     env.holders.add(demand.trial_id)
     gpus: list[GpuSlot] = []
     if demand.gpus:

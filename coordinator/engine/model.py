@@ -121,6 +121,7 @@ class TrialState:
     gpu_memory: int = 0
     nodes: int = 1  # environments it runs on at once; rank 0's is env_id (the others: ranks.py)
     ranks: tuple[RankInfo, ...] = ()  # as last told (multinode.py)
+    max_duration: float = 0.0  # its own time limit in seconds (0: the experiment's maxTrialDuration)
     env_id: str | None = None
     gpu_uuids: tuple[str, ...] = ()
     gpu_indices: tuple[int, ...] = ()

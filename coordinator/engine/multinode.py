@@ -13,10 +13,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from . import events as ev
+from . import starts
 from .book import CANCEL_GRACE_S, TrialBook
 from .environments import Lost
 from .fleet import Fleet
-from .gangs import place_gangs, waiting_gangs
+from .gangs import place_gangs, take_rank, waiting_gangs
 from .model import TrialState
 from .policy import Policy
 from .ranks import Ranks
@@ -43,7 +44,8 @@ class GangRoom:
 
     # ---- the scheduling pass -------------------------------------------------------------------
 
-    def place(self, book: TrialBook, fleet: Fleet, policy: Policy, views: Mapping[str, EnvCapacity]) -> dict[str, str]:
+    def place(self, book: TrialBook, fleet: Fleet, policy: Policy, views: Mapping[str, EnvCapacity],
+              *, wall: float) -> dict[str, str]:
         """Place the gangs that can start, reserve for the first that cannot, and close the
         reserved environments to the one-node pass that follows (:meth:`reopen` after it).
         Returns why each gang waits, or where it starts."""
@@ -60,8 +62,9 @@ class GangRoom:
                 self._placed(book, fleet, g.trial_id, g.ranks)
                 told[g.trial_id] = f"starting on {', '.join(p.env_id for p in g.ranks)}"
             told.update(decision.waiting)
-            self.reserved = decision.reserved
-            closing = decision.reserved
+            self.reserved = closing = decision.reserved
+            if decision.reserved:
+                told.update(self._backfill(book, fleet, policy, views, decision.reserved_for, wall))
         else:
             self.reserved = closing = ()
         # What the one-node pass may use changed where a reservation came or went.
@@ -71,6 +74,46 @@ class GangRoom:
             if view is not None:
                 self._closed[env_id] = view.accepting
                 view.accepting = False
+        return told
+
+    def _backfill(self, book: TrialBook, fleet: Fleet, policy: Policy, views: Mapping[str, EnvCapacity],
+                  gang: str, wall: float) -> dict[str, str]:
+        """One-node trials bound to end before the gang could start take the free room of its
+        reserved environments (in queue order). The gang could start once the last trial on
+        its reserved environments is bound to end: unknown while one of them has no limit."""
+        reserved = [views[e] for e in self.reserved if e in views and views[e].accepting]
+        ends = []
+        for view in reserved:
+            for trial_id in view.holders:
+                t = book.trials.get(trial_id)
+                limit = starts.time_limit(t, policy) if t is not None else 0.0
+                if t is None or not limit:
+                    return {}
+                ends.append((t.started_at or wall) + limit)
+        if not ends or not any(v.free_slots() > 0 for v in reserved):
+            return {}
+        start_by, told = max(ends), {}
+        room = policy.trial_concurrency - (fleet.running() - self.ranks.extra_holders())
+        queue = book.queue
+        ones = sorted(queue.head_of(t) for s in list(queue.shapes()) if s.nodes == 1 for t in queue.members(s))
+        for _, demand in ones:
+            t = book.trials[demand.trial_id]
+            limit = starts.time_limit(t, policy)
+            if room <= 0:
+                break
+            if not limit or wall + limit > start_by:
+                continue
+            env = next((v for v in reserved if v.free_slots() > 0 and demand.rank(v.platform) is not None
+                        and len(v.usable_gpus(demand.gpu_memory_bytes)) >= demand.gpus), None)
+            if env is None:
+                continue
+            gpus = take_rank(env, demand, policy.placement)
+            book.placed(t.id, env.env_id, tuple(g.uuid for g in gpus), tuple(g.index for g in gpus))
+            queue.remove(t.id)
+            fleet.occupied(env.env_id, t.id)
+            fleet.send(env.env_id, book.start_message(t.id, fleet.section(env.env_id).working_directory))
+            told[t.id] = f"starting on {env.env_id}: it ends before gang {gang} could start (backfill)"
+            room -= 1
         return told
 
     def reopen(self, views: Mapping[str, EnvCapacity]) -> None:

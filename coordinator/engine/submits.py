@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,16 @@ def checked_nodes(policy: Policy, nodes: Any) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"nodes must be an integer >= 1, got {nodes!r}")
     return n
+
+
+def checked_duration(max_duration: Any) -> float:
+    """A trial's own time limit in seconds (None: the experiment's, 0 here), or ValueError."""
+    if max_duration is None:
+        return 0.0
+    ok = isinstance(max_duration, (int, float)) and not isinstance(max_duration, bool)
+    if not ok or not math.isfinite(max_duration) or max_duration <= 0:
+        raise ValueError(f"max_duration must be a number of seconds > 0, got {max_duration!r}")
+    return float(max_duration)
 
 
 def never_gangs(policy: Policy, nodes: int, platforms: tuple[str, ...]) -> str:

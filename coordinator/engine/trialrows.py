@@ -41,6 +41,7 @@ def trial_of(r: Mapping[str, Any], gpu_memory: int, wall: float) -> tuple[TrialS
         final_metric=r["final_metric"], final_metric_json=r["final_metric_json"],
         attempts=attempts, started_at=r["started_at"], ended_at=r["ended_at"],
         platforms=_platforms(r.get("platforms_json")), nodes=max(1, int(r.get("nodes") or 1)),
+        max_duration=float(r.get("max_duration") or 0.0),
         # A store from before retries were counted apart: every run after the first was one.
         retries=int(retries) if retries is not None else max(0, attempts - 1),
         progressed=bool(r.get("progressed") or 0),

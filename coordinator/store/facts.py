@@ -88,6 +88,8 @@ def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
         row["forked_from_json"] = json.dumps(list(f.forked_from))
     if f.nodes > 1:
         row["nodes"] = f.nodes
+    if f.max_duration:
+        row["max_duration"] = f.max_duration
     return (Insert("trials", row),)
 
 

@@ -122,7 +122,8 @@ TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
-    "waiting_reason", "stopping", "platforms_json", "nodes", "ranks_json", *checkpointrows.TRIAL_COLUMNS,
+    "waiting_reason", "stopping", "platforms_json", "nodes", "ranks_json", "max_duration",
+    *checkpointrows.TRIAL_COLUMNS,
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
@@ -169,6 +170,8 @@ _ADDED_COLUMNS = {
         # A multi-node trial's environments at once, and its ranks as [rank, env, GPUs, state].
         "nodes": "INTEGER NOT NULL DEFAULT 1",
         "ranks_json": "TEXT NOT NULL DEFAULT '[]'",
+        # A trial's own time limit in seconds (0: maxTrialDuration's).
+        "max_duration": "REAL NOT NULL DEFAULT 0",
         **checkpointrows.TRIAL_COLUMNS,
     },
     # 1 while the environment's agent has its stream open.

@@ -219,3 +219,17 @@ def test_a_stream_of_small_trials_does_not_starve_a_waiting_gang(tmp_path: Path)
                 assert (await s.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
 
     run_async(body())
+
+
+def test_a_trials_own_time_limit_ends_it(tmp_path: Path) -> None:
+    (tmp_path / "trial.py").write_text(SHORT)
+    config = build_config(tmp_path, trialConcurrency=1)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            with pytest.raises(ValueError, match="max_duration must be a number of seconds > 0"):
+                await c.submit({"s": 1.0}, max_duration=0)
+            info = await (await c.submit({"s": 60.0}, max_duration=1.0)).wait(WAIT_S)
+            assert info.status is TrialStatus.FAILED and "max duration of 1 s" in info.reason, info.reason
+
+    run_async(body())

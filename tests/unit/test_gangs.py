@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
@@ -230,6 +231,27 @@ def test_a_waiting_gang_reserves_environments_against_a_stream_of_small_trials()
     assert len(envs) == 3
 
 
+def test_a_small_trial_bound_to_end_before_the_gang_could_start_backfills_its_reserved_environments() -> None:
+    sim = gang_sim(3, max_trial_duration_s=100.0)
+    submit(sim, "s0", 1)
+    busy = sim.engine.trials["s0"].env_id or ""
+    sim.run(busy, "s0")  # bound to end 100 s from now: the gang could start then
+    submit(sim, "g", 3)
+    sim.advance(1.0)
+    submit(sim, "long", 1)  # the experiment's limit: it would end after that
+    assert sim.engine.trials["long"].env_id is None
+    sim.feed(ev.TrialSubmitted("short", {}, "python trial.py", 0, 0, max_duration=30.0))
+    sim.feed(ev.Ticked())
+    short = sim.engine.trials["short"]
+    assert short.env_id not in (None, busy) and "backfill" in short.waiting_reason
+    assert sim.starts()["short"].max_duration_s == 30.0
+    sim.end(busy, "s0", ev.Outcome.SUCCEEDED)
+    sim.end(short.env_id or "", "short", ev.Outcome.SUCCEEDED)
+    sim.feed(ev.Ticked())
+    assert len(start_gang(sim, "g")) == 3  # then the gang, before the long trial
+    assert sim.engine.trials["long"].env_id is None
+
+
 def test_a_gang_that_can_never_fit_is_refused_with_the_reason() -> None:
     policy = Sim(environment_count=2).engine.policy
     assert "needs 3 environments at once" in never_gangs(policy, 3, ())
@@ -258,14 +280,18 @@ def test_gangs_stay_within_one_platform_unless_the_config_says_otherwise() -> No
     assert len(across[0].ranks) == 3
 
 
-def test_random_gangs_and_small_trials_never_deadlock_nor_wait_past_the_bound() -> None:
+@pytest.mark.parametrize("limits", [False, True], ids=["no-limits", "time-limits"])
+def test_random_gangs_and_small_trials_never_deadlock_nor_wait_past_the_bound(limits: bool) -> None:
     """Virtual time: trials of 1 to 4 nodes arrive at random on 5 environments and run for
     up to D seconds. Every trial ends, and a gang that became the oldest waiting one starts
-    within D (and a tick) of that."""
+    within D (and a tick) of that. With time limits (maxTrialDuration D, and one-node trials
+    with shorter limits of their own, which they keep to) small trials also backfill the
+    reserved environments; the bound still holds."""
     D = 20.0
     for seed in range(12):
         rng = random.Random(seed)
-        sim = gang_sim(5)
+        sim = gang_sim(5, max_trial_duration_s=D if limits else 0.0)
+        limit: dict[str, float] = {}
         ends: list[tuple[float, str, str, ev.Outcome]] = []  # (when, env, trial)
         nodes: dict[str, int] = {}
         oldest_since: dict[str, float] = {}
@@ -280,7 +306,10 @@ def test_random_gangs_and_small_trials_never_deadlock_nor_wait_past_the_bound() 
                 n += 1
                 tid = f"t{n}"
                 nodes[tid] = rng.choice((1, 1, 1, 2, 3, 4))
-                submit(sim, tid, nodes[tid])
+                limit[tid] = rng.choice((3.0, 6.0, D)) if limits and nodes[tid] == 1 else D
+                own = limit[tid] if limit[tid] < D else 0.0
+                sim.feed(ev.TrialSubmitted(tid, {}, "python trial.py", 0, 0, nodes=nodes[tid], max_duration=own))
+                sim.feed(ev.Ticked())
             for when, env_id, tid, outcome in [e for e in ends if e[0] <= sim.now]:
                 ends.remove((when, env_id, tid, outcome))
                 sim.end(env_id, tid, outcome)
@@ -292,7 +321,8 @@ def test_random_gangs_and_small_trials_never_deadlock_nor_wait_past_the_bound() 
                 m, env_id = s.message, by_link[s.link]
                 sim.report(env_id, ev.TrialStartReported(m.trial_id, 1, 0.0, "h", 1 + m.node_rank))
                 started.setdefault(m.trial_id, sim.now)
-                ends.append((sim.now + rng.uniform(1.0, D - 1.0), env_id, m.trial_id, ev.Outcome.SUCCEEDED))
+                runs = rng.uniform(1.0, limit[m.trial_id] - 1.0)
+                ends.append((sim.now + runs, env_id, m.trial_id, ev.Outcome.SUCCEEDED))
             waiting = sorted((t for t in sim.engine.trials.values() if t.status is TrialStatus.WAITING
                               and nodes[t.id] > 1), key=lambda t: t.seq)
             if waiting:
