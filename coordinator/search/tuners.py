@@ -299,8 +299,10 @@ def import_class(class_name: str, code_directory: str | None, kind: str) -> Any:
         )
     if code_directory is not None:
         path = os.path.abspath(code_directory)
-        if path not in sys.path:
-            sys.path.insert(0, path)
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)  # first: its modules before those of the same name elsewhere
+        _forget_shadowing(module_name, path)
         # The directory may have gained files since the import system last listed it.
         importlib.invalidate_caches()
     try:
@@ -314,6 +316,21 @@ def import_class(class_name: str, code_directory: str | None, kind: str) -> Any:
             raise TunerError(f"{kind} {class_name!r}: module {module_name!r} has no {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _forget_shadowing(module_name: str, path: str) -> None:
+    """A module of that name imported before from elsewhere (another experiment's code
+    directory, in the same process) would hide the one in ``path``: it is forgotten, so
+    that ``path``'s is imported."""
+    top = module_name.split(".")[0]
+    module = sys.modules.get(top)
+    here = os.path.join(path, top)
+    if module is None or not (os.path.isfile(here + ".py") or os.path.isdir(here)):
+        return
+    if os.path.abspath(getattr(module, "__file__", None) or "").startswith(path + os.sep):
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
 
 
 def check_class_args(

@@ -272,3 +272,30 @@ def test_create_tuner_explains_third_party_failures(
 def test_create_tuner_reports_a_missing_module() -> None:
     with pytest.raises(TunerError, match="cannot import module 'no_such_pkg.tuners' .*ModuleNotFoundError"):
         create_tuner(None, "no_such_pkg.tuners:Mine", {}, {})
+
+
+def test_a_class_name_imports_the_module_of_its_own_code_directory_over_one_of_that_name_imported_before(
+    tmp_path: Path,
+) -> None:
+    # Two experiments in one process, each with its own tuner.py: each gets its own.
+    name = f"tuner_{uuid.uuid4().hex[:8]}"
+    for label in ("first", "second"):
+        (tmp_path / label).mkdir()
+        (tmp_path / label / f"{name}.py").write_text(textwrap.dedent(f"""
+            from trialkeeper.coordinator.search.tuners import Tuner
+
+            class Mine(Tuner):
+                label = {label!r}
+
+                def generate_parameters(self, parameter_id):
+                    return {{"which": self.label}}
+        """))
+    try:
+        for label in ("first", "second", "first"):
+            tuner = create_tuner(None, f"{name}:Mine", {}, {}, str(tmp_path / label))
+            assert tuner.generate_parameters(0) == {"which": label}
+    finally:
+        sys.modules.pop(name, None)
+        for label in ("first", "second"):
+            if str(tmp_path / label) in sys.path:
+                sys.path.remove(str(tmp_path / label))
