@@ -215,9 +215,9 @@ function comparePage(params) {
     const scale = (axis, labels, name) => ({type: "category", data: labels, name: axisName(axis, logParams()), nameLocation: "middle", nameGap: name});
     contour.setOption({
       title: titled(`Mean metric by ${ax.name} and ${ay.name} (${trials.length} trials; blank: none tried there)`),
-      grid: {left: 80, right: 80, top: 40, bottom: 50}, tooltip: {trigger: "item",
+      grid: {left: 96, right: 80, top: 40, bottom: 50}, tooltip: {trigger: "item",
         formatter: p => `${esc(ax.name)} \u2248 ${esc(bx.labels[p.value[0]])}, ${esc(ay.name)} \u2248 ${esc(by.labels[p.value[1]])}: mean ${num(p.value[2])} of ${p.value[3]} trial(s)`},
-      xAxis: scale(ax, bx.labels, 28), yAxis: scale(ay, by.labels, 56),
+      xAxis: scale(ax, bx.labels, 28), yAxis: scale(ay, by.labels, 72),
       visualMap: means.length ? {min: Math.min(...means), max: Math.max(...means), dimension: 2, right: 0, top: 40, calculable: true, precision: 3,
         inRange: {color: maximize ? RAMP : [...RAMP].reverse()}} : undefined,
       series: [{type: "heatmap", name: "mean metric", data: cells}],

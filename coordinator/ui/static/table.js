@@ -6,7 +6,7 @@
 const TABLE_PAGE = 200;
 // Columns every table has: [key (also its sort key), label, width, whether shown at first].
 const TABLE_FIXED = [["sequence", "#", "56px", true], ["id", "trial", "96px", true], ["status", "status", "132px", true],
-  ["metric", "metric", "110px", true], ["latest", "latest intermediate", "160px", true],
+  ["metric", "metric", "110px", true], ["latest", "latest intermediate", "176px", true],
   ["duration", "duration", "100px", true], ["started", "started", "176px", true], ["ended", "ended", "176px", true],
   ["environment", "environment", "130px", true]];
 const UNSORTABLE = new Set(["latest"]);
@@ -71,7 +71,7 @@ function trialsPage(params) {
 
   // Every column there can be: the fixed ones, then each parameter, then each key of dict results.
   function allColumns() {
-    return [...TABLE_FIXED.map(([k, l, w]) => [k, l, w]), ...state.parameters.map(p => ["param:" + p, p, "110px"]),
+    return [...TABLE_FIXED.map(([k, l, w]) => [k, l, w]), ...state.parameters.map(p => ["param:" + p, p, "124px"]),
       ...state.resultKeys.filter(k => k !== "default").map(k => ["result:" + k, "final " + k, "110px"])];
   }
   function drawChooser() {
