@@ -10,13 +10,13 @@ agent reaches the coordinator from, as in a pod of a real cluster (its pod IP)."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import run_async
+from jaxenv import jax_python
 from kube.cluster import KubeCluster, section
 from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator
@@ -34,13 +34,6 @@ FLAVOURS = [
     pytest.param("frameworkcontroller", {}, id="framework"),
 ]
 OPERATORS = {"kubeflow": "kubeflow_operator", "frameworkcontroller": "framework_controller"}
-
-
-def _jax_python() -> str:
-    python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
-    if not python:
-        pytest.fail("TRIALKEEPER_JAX_PYTHON is not set (see .ci/run)")
-    return python
 
 
 def _rank_lines(exp: Path, trial_id: str) -> list[dict[str, Any]]:
@@ -66,7 +59,7 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_pods(
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(EXAMPLE, code / "collective.py")
-    command = f"echo trial dir=$TRIALKEEPER_TRIAL_DIR && {_jax_python()} collective.py"
+    command = f"echo trial dir=$TRIALKEEPER_TRIAL_DIR && {jax_python()} collective.py"
     data = {
         "trialCommand": command, "trialConcurrency": 1, "trialNodes": NODES, "searchSpace": {},
         "trialCodeDirectory": str(code), "experimentWorkingDirectory": str(tmp_path / "experiments"),

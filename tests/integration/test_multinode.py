@@ -17,20 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import async_wait_until, build_config, run_async
+from jaxenv import jax_python
 from trialkeeper.coordinator.config import ConfigError
 from trialkeeper.coordinator.core import Coordinator, TrialRefused
 from trialkeeper.coordinator.engine.states import TrialStatus
 
 WAIT_S = 240.0
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py"
-
-
-def jax_python() -> str:
-    python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
-    if not python:
-        pytest.fail("TRIALKEEPER_JAX_PYTHON is not set: python3 -m venv .venv-jax && "
-                    ".venv-jax/bin/pip install jax -e . && export TRIALKEEPER_JAX_PYTHON=$PWD/.venv-jax/bin/python")
-    return python
 
 
 def ranks_output(exp: Path, trial_id: str, nodes: int) -> list[dict]:

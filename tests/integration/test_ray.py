@@ -9,7 +9,6 @@ import contextlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from conftest import (
     wait_until,
     write_script,
 )
+from jaxenv import jax_python
 from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
@@ -254,9 +254,7 @@ def test_a_placement_strategy_puts_every_actor_in_the_experiments_placement_grou
 def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placement_group(
     cluster: LocalRay, tmp_path: Path, strategy: str
 ) -> None:
-    python = os.environ.get("TRIALKEEPER_JAX_PYTHON")
-    if not python:
-        pytest.fail("TRIALKEEPER_JAX_PYTHON is not set (see .ci/run)")
+    python = jax_python()
     shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py", tmp_path)
     config = build_config(
         tmp_path, trialCommand=f"{python} collective.py", trialConcurrency=1, trialNodes=2,
