@@ -39,6 +39,7 @@ from .search.search import (
     Search,
     StopTrial,
     SubmitTrial,
+    TrialCheckpointed,
     TrialContinued,
     TrialEnded,
     TrialPaused,
@@ -229,6 +230,9 @@ async def _drive_in_scope(
                 await _carry_out(coordinator, to_do.pop(0))
             submitted = await submit_customized(coordinator, search, steering, limits, submitted, to_do)
             trials = coordinator.trials()
+            for t in trials:  # a save heard before the trial's next result (ASHA judges a rung then)
+                if t.checkpoint_step is not None and t.status is TrialStatus.RUNNING:
+                    to_do.extend(search.handle(TrialCheckpointed(t.id)))
             # A trial being stopped gives up its slot now: the next one is queued at once
             # and placed as soon as the slot is free. A paused one holds none.
             active = sum(1 for t in trials if _holds_a_slot(t))

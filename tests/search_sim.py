@@ -18,6 +18,7 @@ from trialkeeper.coordinator.search.search import (
     PauseTrial,
     Search,
     StopTrial,
+    TrialCheckpointed,
     TrialContinued,
     TrialEnded,
     TrialPaused,
@@ -55,6 +56,7 @@ class Sim:
     max_trials: int | None = None
     checkpoints: bool = True  # whether trials save checkpoints
     checkpoint_every: int = 1  # the epochs between two checkpoints
+    hears_checkpoints: bool = False  # the loop tells a save before the trial's next result
     # The curve gives what each epoch adds to the trial's state, its result; a checkpoint keeps
     # the state, so a trial continued from another's checkpoint goes on from that one's state.
     cumulative: bool = False
@@ -126,6 +128,9 @@ class Sim:
             return
         if self.checkpoints and t.epoch % self.checkpoint_every == 0:
             t.checkpoint = t.epoch
+            if self.hears_checkpoints:
+                self.orders += self.search.handle(TrialCheckpointed(t.id))
+                self._carry_out()
             t.saved[t.epoch] = t.state
             if t.pausing:
                 self._pause(t)

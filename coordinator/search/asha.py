@@ -121,8 +121,12 @@ class Asha(Assessor):
         self._trial(trial_id)
 
     def trial_checkpointed(self, trial_id: str) -> None:
-        self._trial(trial_id).checkpoints = True
-        self._any_checkpoint = True
+        t = self._trial(trial_id)
+        t.checkpoints = self._any_checkpoint = True
+        if t.deferred is not None and not t.ended:  # it waited for this to be judged at its rung
+            i = t.deferred
+            if self._judge(trial_id, t, i) is Verdict.PAUSE:
+                self.request_pause(trial_id, f"waits at rung {self.rungs[t.bracket][i].resource:g} for a promotion")
 
     def result_reported(self, trial_id: str, result: Any) -> None:
         if self.resource_key != EPOCH and isinstance(result, dict):
@@ -156,6 +160,8 @@ class Asha(Assessor):
         rung = self.rungs[t.bracket][i]
         if trial_id in rung.promoted:
             return Verdict.CONTINUE  # it goes on from there (continued, or rerun after a loss)
+        if t.waiting == i:
+            return Verdict.PAUSE  # judged already: its pause is on its way
         rung.results[trial_id] = history[-1]  # its result on reaching the rung
         if self._knows_checkpoints(t) is None:
             t.deferred = i  # judged at its next result, when it is known whether it saves checkpoints

@@ -75,7 +75,14 @@ class TrialEnded:
     result: Any = None  # the final result as reported (a number, or a dict with more keys)
 
 
-SearchEvent = TrialSubmitted | IntermediateStored | TrialPaused | TrialContinued | TrialEnded
+@dataclass(frozen=True)
+class TrialCheckpointed:
+    """The trial has saved a checkpoint (heard once; also with its next result)."""
+
+    trial_id: str
+
+
+SearchEvent = TrialSubmitted | IntermediateStored | TrialPaused | TrialContinued | TrialEnded | TrialCheckpointed
 
 
 # ---- instructions: what to do -----------------------------------------------------------------
@@ -289,6 +296,8 @@ class Search:
             self._paused(event, t)
         elif isinstance(event, TrialContinued):
             self._continued(event, t)
+        elif isinstance(event, TrialCheckpointed):
+            self._checkpointed(event.trial_id, t)
         else:
             self._ended(event, t)
 
@@ -310,9 +319,8 @@ class Search:
         if heard is not None:
             self._tuner_call("receive_intermediate_result", t.parameter_id, step, heard)
         self._mirror_call("receive_intermediate_result", t.parameter_id, step, event.value)
-        if event.checkpointed and not t.checkpointed:
-            t.checkpointed = True
-            self._assessor_call("trial_checkpointed", event.trial_id)
+        if event.checkpointed:
+            self._checkpointed(event.trial_id, t)
         if event.result is not None:
             self._assessor_call("result_reported", event.trial_id, event.result)
         if t.stopping or t.pausing or t.paused or self.assessor is None:
@@ -327,6 +335,11 @@ class Search:
         elif verdict is Verdict.PAUSE:
             log.info("trial %s: the assessor pauses it after %d results", event.trial_id, n)
             self._pause(event.trial_id, t, f"paused by the assessor after {n} intermediate results")
+
+    def _checkpointed(self, trial_id: str, t: _Tracked) -> None:
+        if not t.checkpointed:
+            t.checkpointed = True
+            self._assessor_call("trial_checkpointed", trial_id)
 
     def _paused(self, event: TrialPaused, t: _Tracked) -> None:
         t.held, t.paused, t.pausing, t.continuing = t.pausing, True, False, False

@@ -122,6 +122,14 @@ def test_a_trial_reaching_its_rung_before_any_checkpoint_is_judged_once_it_has_s
     ]
 
 
+def test_a_save_heard_before_the_next_result_judges_the_first_trials_at_their_rung() -> None:
+    sim = Sim(search([0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02]), flat, epochs=9, hears_checkpoints=True).run()
+    assert sim.events("paused", "t0")[0][3] == 1 and sim.events("paused", "t1")[0][3] == 1  # not one result late
+    assert all(e[3] in (1, 3) for e in sim.events("paused"))
+    assert all(t.trained == len(t.curve) for t in sim.trials.values())
+    assert sim.ended(TrialStatus.SUCCEEDED) == {"t0"}
+
+
 def test_hyperband_shares_trials_among_brackets_each_with_its_own_rungs() -> None:
     asha = Asha(max_resource=27, reduction_factor=3, brackets=3)
     assert [[r.resource for r in rungs] for rungs in asha.rungs] == [[1, 3, 9], [3, 9], [9]]
