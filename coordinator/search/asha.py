@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .assessors import Assessor, AssessorError, Verdict
+from .objectives import Objectives
 
 if TYPE_CHECKING:
     from .tuners import PastTrial
@@ -57,6 +58,7 @@ class _Trial:
     deferred: int | None = None  # the rung it is judged at once it is known whether it checkpoints
     resource: float = 0.0
     ended: bool = False
+    last: Any = None  # its latest result as reported
 
 
 def bracket_rungs(min_resource: float, max_resource: float, eta: int, bracket: int) -> list[float]:
@@ -114,6 +116,12 @@ class Asha(Assessor):
         self._trials: dict[str, _Trial] = {}
         self._any_checkpoint = False  # some trial saved a checkpoint: the others can too
         self._no_checkpoint = False  # some trial reported past a rung without saving one
+        self.objectives: Objectives | None = None  # ranked by objectives.rank when the experiment declares them
+
+    def use_objectives(self, objectives: Objectives) -> None:
+        """Rank the results at each rung by the experiment's objectives (``rank``): bigger
+        scores first, a result missing a key or breaking a constraint last."""
+        self.objectives, self.maximize = objectives, True
 
     # ---- what the search tells it ---------------------------------------------------------
 
@@ -129,6 +137,7 @@ class Asha(Assessor):
                 self.request_pause(trial_id, f"waits at rung {self.rungs[t.bracket][i].resource:g} for a promotion")
 
     def result_reported(self, trial_id: str, result: Any) -> None:
+        self._trial(trial_id).last = result
         if self.resource_key != EPOCH and isinstance(result, dict):
             value = result.get(self.resource_key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -162,7 +171,7 @@ class Asha(Assessor):
             return Verdict.CONTINUE  # it goes on from there (continued, or rerun after a loss)
         if t.waiting == i:
             return Verdict.PAUSE  # judged already: its pause is on its way
-        rung.results[trial_id] = history[-1]  # its result on reaching the rung
+        rung.results[trial_id] = self._value(t.last, history[-1])  # its result on reaching the rung
         if self._knows_checkpoints(t) is None:
             t.deferred = i  # judged at its next result, when it is known whether it saves checkpoints
             return Verdict.CONTINUE
@@ -223,6 +232,13 @@ class Asha(Assessor):
         ranked = sorted(rung.results.items(), key=lambda kv: -kv[1] if self.maximize else kv[1])
         return [trial_id for trial_id, _ in ranked[:k]]
 
+    def _value(self, result: Any, number: float) -> float:
+        """What a result (as reported) counts for at a rung: the number, or its score by the objectives."""
+        if self.objectives is None:
+            return number
+        score = self.objectives.score(result if result is not None else number)
+        return -math.inf if score is None else score
+
     def _knows_checkpoints(self, t: _Trial) -> bool | None:
         if t.checkpoints is not None:
             return t.checkpoints
@@ -282,7 +298,9 @@ class Asha(Assessor):
             reached = sorted(at)
             for i in reached:
                 rung = self.rungs[t.bracket][i]
-                rung.results[past.trial_id] = curve[at[i]]
+                reported = past.intermediate_reported
+                rung.results[past.trial_id] = self._value(reported[at[i]] if at[i] < len(reported) else curve[at[i]],
+                                                          curve[at[i]])
                 # A paused trial is judged again at the last rung it reached (it may wait there).
                 if at[i] < len(curve) - 1 and not (past.paused and i == reached[-1]):
                     rung.promoted.add(past.trial_id)

@@ -182,7 +182,8 @@ class PopulationBasedTraining(Tuner):
             m = self._members[t.parameter_id] = _Member(dict(t.parameters), results=len(t.intermediate))
             m.mark, m.ended = m.results, t.status is not None
             if t.intermediate:
-                m.score = self.objectives.score(t.intermediate[-1])
+                last = t.intermediate_reported[-1] if t.intermediate_reported else t.intermediate[-1]
+                m.score = self.objectives.score(last)
         self._rng = random.Random(None if self.seed is None else self.seed + len(history))
         self.take_requests()
 

@@ -198,10 +198,10 @@ class Search:
 
     @property
     def hears_reported(self) -> bool:
-        """Whether the assessor reads intermediate results as reported (a dict's other keys):
-        a resume then hands it the stored ones."""
+        """Whether the assessor, or the tuner (``takes_reported``), reads intermediate results as
+        reported (a dict's other keys): a resume then hands it the stored ones."""
         a = self.assessor
-        return a is not None and type(a).result_reported is not Assessor.result_reported
+        return self._reported or (a is not None and type(a).result_reported is not Assessor.result_reported)
 
     def holds(self, trial_id: str) -> bool:
         """Whether the trial is paused because this search asked, and not continued."""

@@ -14,7 +14,14 @@ from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.read.pareto import objectives_of, pareto_trials
 from trialkeeper.coordinator.search.objectives import ObjectivesError, dominates, pareto_front, parse, single
-from trialkeeper.coordinator.search.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
+from trialkeeper.coordinator.search.search import (
+    ContinueTrial,
+    IntermediateStored,
+    Search,
+    TrialEnded,
+    TrialPaused,
+    TrialSubmitted,
+)
 from trialkeeper.coordinator.search.tuners import RandomTuner
 from trialkeeper.coordinator.store.store import Store
 
@@ -214,3 +221,25 @@ def test_after_a_resume_a_tuner_that_learns_one_value_hears_the_stored_results_r
     ])
     assert [(what, pid) for what, pid, _ in tuner.heard] == [("final", 0)]
     assert tuner.heard[0][2] == pytest.approx(0.7)
+
+
+def test_asha_ranks_a_rung_by_the_objectives_ranking() -> None:
+    from trialkeeper.coordinator.search.algorithms import create_assessor
+    from trialkeeper.coordinator.search.search import PauseTrial
+
+    asha = create_assessor("asha", None, {"max_resource": 9, "min_resource": 1, "reduction_factor": 3})
+    asha.use_objectives(parse({**SECTION, "rank": "latency"}))  # type: ignore[attr-defined]
+    tuner = _Heard({"x": {"_type": "uniform", "_value": [0, 1]}}, seed=1)
+    search = Search(tuner, asha)
+    # By the default number t0 is best; by latency (smaller is better) t1; t2 breaks the memory bound.
+    results = {"t0": {"default": 0.9, "accuracy": 0.9, "latency": 5.0, "memory": 1},
+               "t1": {"default": 0.5, "accuracy": 0.5, "latency": 1.0, "memory": 1},
+               "t2": {"default": 0.7, "accuracy": 0.7, "latency": 0.5, "memory": 9}}
+    orders: list[Any] = []
+    for pid, (tid, r) in enumerate(results.items()):
+        search.handle(TrialSubmitted(tid, pid, {"x": 0.5}))
+        orders += search.handle(IntermediateStored(tid, r["default"], 0, checkpointed=True, result=r))
+    assert sorted(o.trial_id for o in orders if isinstance(o, PauseTrial)) == ["t0", "t1", "t2"]
+    # Once the rung has 3 trials it promotes its best one by latency: t1 is continued, the others wait.
+    continued = [o.trial_id for tid in results for o in search.handle(TrialPaused(tid)) if isinstance(o, ContinueTrial)]
+    assert continued == ["t1"]
