@@ -217,6 +217,12 @@ def test_the_trials_table_shows_what_matters_and_exports_it(tmp_path: Path, brow
                 "document.querySelector(`#vbody input[data-select='${arguments[0]}']`).click();", tid
             )
         wait_until(lambda: text(browser, "#compare-selected") == "Compare selected (2)", timeout=WAIT_S)
+        # With trials ticked, the export is of those.
+        assert text(browser, "#export-csv") == "Export CSV (2 selected)"
+        picked = browser.execute_async_script(
+            "const done = arguments[1]; fetch(arguments[0]).then(r => r.text().then(done));",
+            browser.find_element(By.ID, "export-csv").get_attribute("href"))
+        assert [r[1] for r in csv.reader(io.StringIO(picked))][1:] == ["p0025", "p0015"]  # sorted as shown
         browser.find_element(By.ID, "compare-selected").click()
         wait_until(
             lambda: option(browser, "curves-chart", ".title[0].text")

@@ -114,16 +114,21 @@ function trialsPage(params) {
     if (state.q) q.set("q", state.q);
     return q;
   }
+  // The trials shown (filter, search, sort), or the ones ticked when there are any, with the columns shown.
   function drawExport() {
+    const n = state.selected.size;
     for (const format of ["csv", "json"]) {
-      const q = filters();
+      const q = n ? new URLSearchParams({sort: state.sort, order: state.order, ids: [...state.selected].join(",")}) : filters();
       q.set("format", format); q.set("columns", state.columns.map(c => c[0]).join(","));
       const a = document.getElementById("export-" + format);
       a.href = BASE + "/api/trials/export?" + q;
-      a.title = `the ${state.total} trial${state.total === 1 ? "" : "s"} shown, with the columns shown, as ${format.toUpperCase()}`;
+      a.textContent = `Export ${format.toUpperCase()}${n ? ` (${n} selected)` : ""}`;
+      a.title = n ? `the ${n} selected trial${n === 1 ? "" : "s"}` : `the ${state.total} trial${state.total === 1 ? "" : "s"} shown`;
+      a.title += `, with the columns shown, as ${format.toUpperCase()}`;
     }
   }
   function drawSelection() {
+    drawExport();
     const n = state.selected.size;
     const compare = document.getElementById("compare-selected");
     compare.disabled = n < 1 || n > 100; compare.textContent = n ? `Compare selected (${n})` : "Compare selected";
