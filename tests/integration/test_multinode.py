@@ -200,7 +200,8 @@ def test_a_stream_of_small_trials_does_not_starve_a_waiting_gang(tmp_path: Path)
                 await asyncio.sleep(0.1)
                 assert time.time() - (gang.info.submitted_at or 0) < WAIT_S, gang.info.waiting_reason
             # It started once the trials running when it came had ended: every small trial
-            # submitted after it waited for it (an order, not a time, so load cannot fail it).
+            # submitted after it waited for it (they have no time limit, so none could backfill
+            # its reserved environments). An order, not a time, so load cannot fail it.
             later = small[3:]
             assert later, "no small trial was submitted while the gang waited"
             gang_started = gang.info.started_at or 0
