@@ -21,7 +21,7 @@ CURVES = 100  # trials whose intermediate curves the comparison draws
 CHOSEN_MAX = 100  # trials one may pick to compare
 SCATTER_TRIALS = 2000  # trials the parameter charts draw
 IMPORTANCE_TRIALS = 1000  # trials importance is computed over (spread evenly when there are more)
-STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED", "RUNNING", "PAUSED")  # may end without a final metric
+STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED")  # ended, maybe without a final metric
 
 
 def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
