@@ -78,11 +78,11 @@ class Rung(Assessor):
 
 
 def test_a_paused_trial_continues_from_its_checkpoint_along_its_curve_in_virtual_time(tmp_path: Path) -> None:
-    (tmp_path / "rung.py").write_text(RUNG)
+    (tmp_path / "replay_rung.py").write_text(RUNG)  # a name no other test loads
     recorded = [rec(0, {"lr": 1e-3, "opt": "a"}, (0.1, 0.2, 0.3, 0.4)), rec(1, {"lr": 1e-2, "opt": "a"}, (0.5, 0.6))]
     cfg = config(tmp_path, tuner={"name": "grid"}, searchSpace={
         "lr": {"_type": "choice", "_value": [1e-3, 1.1e-2]}, "opt": {"_type": "choice", "_value": ["a"]},
-    }, assessor={"className": "rung.Rung", "codeDirectory": str(tmp_path)})
+    }, assessor={"className": "replay_rung.Rung", "codeDirectory": str(tmp_path)})
     r = replay(cfg, recorded)
     assert r.reason == "the tuner has nothing more to propose"
     # r000000 pauses after its second result (2 s); r000001, drawn from the nearest recorded
