@@ -4,10 +4,9 @@ which CI's ``.ci/run`` exports. Missing, a test fails under CI and is skipped el
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
+from interpreters import interpreter
 
 MAKE = {
     "TRIALKEEPER_NNI_PYTHON": "python3 -m venv .venv-nni && .venv-nni/bin/pip install 'nni==3.0' scikit-learn -e . "
@@ -20,13 +19,4 @@ MAKE = {
 
 def nni_python(variable: str = "TRIALKEEPER_NNI_PYTHON") -> Path:
     """The interpreter named by `variable`; fails under CI, skips elsewhere, when it is missing."""
-    value = os.environ.get(variable, "")
-    if value and Path(value).is_file() and os.access(value, os.X_OK):
-        return Path(value)
-    why = (
-        f"{variable} does not name an interpreter with NNI installed ({value or 'unset'}); "
-        f"make one with: {MAKE[variable]}"
-    )
-    if os.environ.get("CI") and variable == "TRIALKEEPER_NNI_PYTHON":
-        pytest.fail(why)
-    pytest.skip(why)
+    return Path(interpreter(variable, "NNI", MAKE[variable], required_in_ci=variable == "TRIALKEEPER_NNI_PYTHON"))

@@ -31,6 +31,7 @@ from conftest import (
     write_script,
 )
 from dashboard import get_json, stored_dashboard
+from nnienv import nni_python
 from sshd import Credentials, Machine, one_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config.experiment import parse_config
@@ -289,17 +290,6 @@ print(" ".join(ts.platform for ts in config.training_service))
 """
 
 
-def _nni_python() -> str:
-    python = os.environ.get("TRIALKEEPER_NNI_PYTHON")
-    if not python:
-        make = ("python3 -m venv .venv-nni && .venv-nni/bin/pip install -q nni==3.0 scikit-learn -e . && "
-                "export TRIALKEEPER_NNI_PYTHON=$PWD/.venv-nni/bin/python")
-        if os.environ.get("CI"):
-            pytest.fail(f"TRIALKEEPER_NNI_PYTHON is not set: {make}")
-        pytest.skip(f"needs NNI's own package: {make}")
-    return python
-
-
 @pytest.mark.slow
 def test_the_readme_s_nni_hybrid_config_is_read_by_nni_and_runs_here(
     tmp_path: Path, lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -312,7 +302,7 @@ def test_the_readme_s_nni_hybrid_config_is_read_by_nni_and_runs_here(
     (home / ".ssh").mkdir(parents=True)
     shutil.copy(lab.creds.key_file, home / ".ssh" / "id_ed25519")
     nni = subprocess.run(
-        [_nni_python(), "-c", NNI_READS], input=text, cwd=code, env={**os.environ, "HOME": str(home)},
+        [nni_python(), "-c", NNI_READS], input=text, cwd=code, env={**os.environ, "HOME": str(home)},
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert nni.returncode == 0 and nni.stdout.split() == ["local", "remote"], nni.stdout + nni.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import run_async
-from jaxenv import jax_python
+from interpreters import jax_python
 from kube.cluster import KubeCluster, section
 from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.core import Coordinator

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import async_wait_until, build_config, run_async
-from jaxenv import jax_python
+from interpreters import jax_python
 from trialkeeper.coordinator.config import ConfigError
 from trialkeeper.coordinator.core import Coordinator, TrialRefused
 from trialkeeper.coordinator.engine.states import TrialStatus

@@ -28,7 +28,7 @@ from conftest import (
     wait_until,
     write_script,
 )
-from jaxenv import jax_python
+from interpreters import jax_python
 from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
