@@ -44,6 +44,7 @@ ASHA = {"min_resource": 1, "max_resource": EPOCHS, "reduction_factor": 3}
 TK_METHODS = ("asha", "hyperband", "tpe+asha", "pbt")
 RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
 WITHIN = (0.02, 0.01, 0.005)
+TIMED = " (Ray's wall time)"  # a method given Ray Tune's OptunaSearch + ASHA wall time of the seed
 
 
 def optimum(seed: int, samples: int = 10_000) -> float:
@@ -85,7 +86,10 @@ def _search(method: str, seed: int) -> dict[str, Any]:
     }[method]
 
 
-def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch_s: float) -> dict[str, Any]:
+def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch_s: float,
+                    duration: float | None = None) -> dict[str, Any]:
+    """One method on one seed: ``trials`` configurations, or, with ``duration``, as many as
+    that many seconds allow (maxExperimentDuration, no maxTrialNumber)."""
     with tempfile.TemporaryDirectory() as work:
         data: dict[str, Any] = {
             "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s}",
@@ -93,7 +97,11 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch
             "searchSpace": SPACE, "trainingService": {"platform": "local"}, "experimentWorkingDirectory": work,
             **_search(method, seed),
         }
-        return {"method": method, "seed": seed, **run_config(data, Path(work))}
+        if duration is not None:
+            del data["maxTrialNumber"]
+            data["maxExperimentDuration"] = f"{duration:.0f}s"
+        name = method if duration is None else f"{method}{TIMED}"
+        return {"method": name, "seed": seed, **run_config(data, Path(work))}
 
 
 def best_at(curve_: list[list[float]], t: float) -> float | None:
@@ -107,7 +115,7 @@ def summarize(runs: list[dict[str, Any]], optima: dict[int, float]) -> dict[str,
     for r in runs:  # the best known: what any method found too
         if r.get("curve"):
             optima[r["seed"]] = max(optima[r["seed"]], r["curve"][-1][1])
-    for method in (*TK_METHODS, *RAY_METHODS):
+    for method in (*TK_METHODS, *(m + TIMED for m in TK_METHODS), *RAY_METHODS):
         rows = []
         for r in sorted((r for r in runs if r["method"] == method and r.get("curve")), key=lambda r: r["seed"]):
             opt = optima[r["seed"]]
@@ -135,6 +143,10 @@ def main() -> int:
     ap.add_argument("--methods", default=",".join((*TK_METHODS, *RAY_METHODS)))
     ap.add_argument("--ray-python", default=str(venv_python(DEFAULT_CACHE, "ray")))
     ap.add_argument("--json", type=Path, default=Path("mf-bench.json"))
+    ap.add_argument("--duration", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--ray-wall-from", type=Path, metavar="JSON",
+                    help="give each trialkeeper method, instead of --trials, the wall time Ray Tune's OptunaSearch + "
+                    "ASHA took on the same seed in this earlier output")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
                     help="only summarize the runs of these earlier outputs together")
     a = ap.parse_args()
@@ -147,10 +159,14 @@ def main() -> int:
         print(json.dumps({"optima": optima, "summary": summarize(runs, optima)}))
         return 0
     if a.one:
-        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s)), flush=True)
+        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s, a.duration)), flush=True)
         return 0
     runs: list[dict[str, Any]] = []
     optima = {seed: optimum(seed) for seed in range(a.seeds)}
+    ray_wall: dict[int, float] = {}
+    if a.ray_wall_from:
+        ray_wall = {r["seed"]: r["wall_s"] for r in json.loads(a.ray_wall_from.read_text())["runs"]
+                    if r["method"] == "ray-optuna+asha" and r.get("wall_s")}
     for seed in range(a.seeds):
         for method in a.methods.split(","):
             if method in RAY_METHODS:
@@ -160,8 +176,12 @@ def main() -> int:
             else:
                 argv = [sys.executable, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials),
                         "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s)]
+                if a.ray_wall_from:
+                    if seed not in ray_wall:
+                        continue
+                    argv += ["--duration", str(ray_wall[seed])]
             r = run_json_child(argv, timeout_s=900)
-            runs.append({"method": method, "seed": seed, **r})
+            runs.append({"method": method, "seed": seed, **r})  # (a timed run names itself)
             best = r["curve"][-1][1] if r.get("curve") else math.nan
             print(f"seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best:.4f} of {optima[seed]:.4f} "
                   f"stopped {r.get('early_stopped')} {str(r.get('error', ''))[-300:]}", file=sys.stderr, flush=True)
