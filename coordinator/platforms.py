@@ -301,6 +301,7 @@ def policy_of(
             working_directory="" if ts.platform in broken else member.working_directory(),
             unusable=broken.get(ts.platform, ""), gpu_sharing=tuple(ts.gpu_sharing()),
             checkpoint_dir=shared_checkpoint_dir(member, experiment_dir, checkpoint_root),
+            groups_environments=bool(getattr(member, "groups_environments", False)),
         )
 
     ts = config.training_service

@@ -215,7 +215,9 @@ class Shell:
                     if link is not None:
                         link.close()
                 case ev.StartEnvironment():
-                    self.spawn(self._start_env(i.env_id), f"start {i.env_id}")
+                    self.spawn(self._start_envs("", (i.env_id,)), f"start {i.env_id}")
+                case ev.StartEnvironmentGroup():
+                    self.spawn(self._start_envs(i.group, i.env_ids), f"start group {i.group}")
                 case ev.StopEnvironment():
                     self.spawn(self.service.stop(i.env_id, i.grace_s), f"stop {i.env_id}")
                 case ev.PollSoon():
@@ -486,20 +488,22 @@ class Shell:
         env = self.engine.envs.get(env_id)
         return env is not None and env.link is not None
 
-    async def _start_env(self, env_id: str) -> None:
+    async def _start_envs(self, group: str, env_ids: tuple[str, ...]) -> None:
+        """Start one environment (no ``group``), or a group of them as one; each answered."""
         try:
-            result = await self.service.start(self._request_for(env_id))
-            answer: ev.Event = (
-                ev.EnvironmentStartFailed(env_id, result.error) if result.error
-                else ev.EnvironmentStarted(
+            asks = [self._request_for(env_id) for env_id in env_ids]
+            results = await self.service.start_group(group, asks) if group else [await self.service.start(asks[0])]
+            answers: list[ev.Event] = [
+                ev.EnvironmentStartFailed(env_id, result.error) if result.error else ev.EnvironmentStarted(
                     env_id, result.platform_id,
-                    gpu_sharing=self._gpu_sharing_for(env_id) if self._gpu_sharing_for else None,
-                )
-            )
+                    gpu_sharing=self._gpu_sharing_for(env_id) if self._gpu_sharing_for else None)
+                for env_id, result in zip(env_ids, results, strict=True)
+            ]
         except Exception as e:  # a service must return errors, but one bug must not kill the loop
             log.exception("environment service %s raised on start", self.service.platform)
-            answer = ev.EnvironmentStartFailed(env_id, f"{type(e).__name__}: {e}")
-        self.handle(answer)
+            answers = [ev.EnvironmentStartFailed(env_id, f"{type(e).__name__}: {e}") for env_id in env_ids]
+        for answer in answers:
+            self.handle(answer)
 
     def spawn(self, coro: Any, what: str) -> asyncio.Task[Any]:
         """Run ``coro`` in the background. If it raises, that is logged at once and the

@@ -25,6 +25,7 @@ from . import checkpoints as ck
 from . import events as ev
 from . import scheduler
 from .book import CANCEL_GRACE_S, TrialBook
+from .environments import last_failure
 from .fleet import Fleet, Joined, Lost
 from .model import EnvState, TrialInfo, TrialState
 from .multinode import GangRoom
@@ -393,12 +394,12 @@ class Engine:
             return
         gave_up = False
         while True:
-            plan = supply.plan(fleet.live_envs(), waiting=len(self.book.queue))
-            for platform in plan.starts:
-                fleet.request(platform)
+            plan = supply.plan(fleet.live_envs(), waiting=len(self.book.queue), queue=self.book.queue)
+            for platform, size, trial_id in plan.requests():
+                fleet.request(platform, size, trial_id)
             if not plan.give_up:
                 break
-            supply.give_up(plan.give_up, fleet.last_failure(plan.give_up))
+            supply.give_up(plan.give_up, last_failure(fleet.envs.values(), plan.give_up))
             gave_up = True
         if gave_up:
             self._fail_unplaceable()

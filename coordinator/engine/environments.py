@@ -350,3 +350,9 @@ def hold(env: EnvState, trial_id: str, gpu_uuids: tuple[str, ...], gpu_indices: 
         if g.uuid in uuids:
             g.take(trial_id)
     return uuids
+
+
+def last_failure(envs: Iterable[EnvState], platform: str) -> str:
+    """Why the last environment of ``platform`` that failed did."""
+    failed = (e for e in reversed(list(envs)) if e.platform == platform and e.status is EnvStatus.FAILED)
+    return next((e.reason for e in failed), "")

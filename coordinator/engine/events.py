@@ -343,6 +343,16 @@ class StartEnvironment:
 
 
 @dataclass(frozen=True)
+class StartEnvironmentGroup:
+    """Start ``env_ids`` as one group (one object on the platform, its first member's id the
+    group's), for ``trial_id``: each is answered as a StartEnvironment is."""
+
+    group: str
+    env_ids: tuple[str, ...]
+    trial_id: str
+
+
+@dataclass(frozen=True)
 class StopEnvironment:
     env_id: str
     grace_s: float
@@ -557,7 +567,7 @@ FACTS = (
 STORE_WRITES = (*FACTS, StoreMetrics)
 
 Instruction = (
-    RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StopEnvironment | PollSoon | Fact
+    RefuseAgent | Send | Ack | CloseLink | StartEnvironment | StartEnvironmentGroup | StopEnvironment | PollSoon | Fact
     | StoreMetrics | StoreGpuSamples | WriteLog | Publish | HeartbeatsRescaled | ck.WriteCheckpointChunk
     | ck.SendCheckpoint | ck.RemoveCheckpoint
 )

@@ -334,16 +334,15 @@ class Fleet:
         self._out.append(ev.EnvironmentAdded(env_id, platform, status, self.wall))
         return env
 
-    def request(self, platform: str) -> None:
-        """Ask ``platform`` for one more environment."""
-        env = self._new_env(self._ids.next(self.envs), platform=platform, status=EnvStatus.REQUESTED)
-        self._out.append(ev.StartEnvironment(env.id))
-
-    def last_failure(self, platform: str) -> str:
-        """Why the last environment of ``platform`` that failed did."""
-        failed = (e for e in reversed(list(self.envs.values()))
-                  if e.platform == platform and e.status is EnvStatus.FAILED)
-        return next((e.reason for e in failed), "")
+    def request(self, platform: str, size: int = 1, for_trial: str = "") -> None:
+        """Ask ``platform`` for ``size`` more environments: for a trial (``for_trial``), as
+        one group that is held for it while it waits (see supply.py); else one."""
+        envs = [self._new_env(self._ids.next(self.envs), platform=platform, status=EnvStatus.REQUESTED)
+                for _ in range(size if for_trial else 1)]
+        for env in envs if for_trial else ():
+            env.group, env.group_for = envs[0].id, for_trial
+        self._out.append(ev.StartEnvironmentGroup(envs[0].id, tuple(e.id for e in envs), for_trial) if for_trial
+                         else ev.StartEnvironment(envs[0].id))
 
     def start_answered(self, answer: ev.EnvironmentStarted | ev.EnvironmentStartFailed) -> None:
         env = self.envs.get(answer.env_id)

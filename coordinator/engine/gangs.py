@@ -69,13 +69,15 @@ def place_gangs(
     policy: str = "pack",
     across_platforms: bool = False,
     reserved_before: Sequence[str] = (),
+    held: Mapping[str, str] | None = None,
 ) -> GangDecision:
     """Place what can start of ``gangs`` (queue order) on ``envs``, and reserve environments
     for the first that cannot. Mutates the holders and GPUs of the environments it places on.
-    ``budget``: how many more trials may start (trialConcurrency; a gang is one)."""
+    ``budget``: how many more trials may start (trialConcurrency; a gang is one). ``held``:
+    environments that only one gang may take (a group started for it), with its id."""
     decision = GangDecision()
     all_envs = [e for e in envs.values() if e.accepting]
-    fits = _Fits(all_envs, policy)
+    fits = _Fits(all_envs, policy, held or {})
     taken: set[str] = set()  # reserved in this pass: no later gang takes them
     # Per kind of rank, the fewest nodes found not to fit and how many could take it: a gang of
     # that kind and at least as many nodes behind it does not fit either (placements only
@@ -86,7 +88,7 @@ def place_gangs(
             decision.waiting[demand.trial_id] = "waiting: as many trials are running as trialConcurrency allows"
             continue
         kind = (demand.gpus, demand.gpu_memory_bytes, demand.platforms, demand.only_these)
-        if decision.reserved_for and kind in failed and demand.nodes >= failed[kind][0]:
+        if decision.reserved_for and kind in failed and demand.nodes >= failed[kind][0] and not fits.held:
             decision.waiting[demand.trial_id] = (
                 f"waiting for {demand.nodes} environments at once: {failed[kind][1]} can take it now; "
                 f"gang {decision.reserved_for} is ahead of it"
@@ -105,6 +107,11 @@ def place_gangs(
                 budget -= 1
             continue
         now_fit = len(chosen or ())
+        if demand.trial_id in fits.owners:  # its own group is on its way: nothing else is held for it
+            decision.waiting[demand.trial_id] = (
+                f"waiting for the group of {demand.nodes} environments started for it: {now_fit} can take it now"
+            )
+            continue
         if decision.reserved_for:
             if demand.nodes < failed.get(kind, (demand.nodes + 1, 0))[0]:
                 failed[kind] = (demand.nodes, now_fit)
@@ -113,17 +120,18 @@ def place_gangs(
                 f"gang {decision.reserved_for} is ahead of it"
             )
             continue
-        held = _reserve(demand, all_envs, chosen or [], reserved_before, across_platforms)
-        if held is None:
+        own = [e for e in all_envs if fits.held.get(e.env_id, demand.trial_id) == demand.trial_id]
+        reserve = _reserve(demand, own, chosen or [], reserved_before, across_platforms)
+        if reserve is None:
             decision.waiting[demand.trial_id] = (
                 f"waiting for {demand.nodes} environments at once{_of(demand, across_platforms)}: "
                 f"only {_most(demand, all_envs, across_platforms)} are ready"
             )
             decision.reserved_for = demand.trial_id  # the gangs behind it wait behind it
             continue
-        decision.reserved, decision.reserved_for = tuple(e.env_id for e in held), demand.trial_id
+        decision.reserved, decision.reserved_for = tuple(e.env_id for e in reserve), demand.trial_id
         taken.update(decision.reserved)
-        busy = [e.env_id for e in held if fits.key(demand, e) is None]
+        busy = [e.env_id for e in reserve if fits.key(demand, e) is None]
         decision.waiting[demand.trial_id] = (
             f"waiting for {demand.nodes} environments at once: {now_fit} can take it now, "
             f"{', '.join(busy)} reserved for it until their trials end"
@@ -198,8 +206,10 @@ class _Fits:
     found once per pass and kept up to date as gangs are placed: a pass over thousands of
     waiting gangs costs a walk over the environments per kind, not per gang."""
 
-    def __init__(self, envs: Sequence[EnvCapacity], policy: str) -> None:
+    def __init__(self, envs: Sequence[EnvCapacity], policy: str, held: Mapping[str, str]) -> None:
         self.envs = envs
+        self.held = held
+        self.owners = set(held.values())
         self.sign = 1 if policy != "spread" else -1
         self._lists: dict[tuple[object, ...], list[EnvCapacity]] = {}
         self._demands: dict[tuple[object, ...], Demand] = {}
@@ -226,6 +236,12 @@ class _Fits:
         most preferred platform that has ``demand.nodes`` of them (any, ``across``); else of
         the platform that has the most."""
         fitting = [e for e in self._list(demand) if e.env_id not in taken] if taken else self._list(demand)
+        if self.held:  # (a group held for a gang is its own)
+            own = demand.trial_id
+            fitting = [e for e in fitting if self.held.get(e.env_id, own) == own]
+            group = [e for e in fitting if e.env_id in self.held]
+            if len(group) >= demand.nodes:
+                return group
         if across:
             return fitting
         groups: dict[str, list[EnvCapacity]] = {}

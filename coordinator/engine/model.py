@@ -222,6 +222,10 @@ class EnvState:
     use_active_gpu: bool = False
     # (maxTrialNumberPerGpu, useActiveGpu) its platform set for it; None: its section's.
     gpu_sharing: tuple[int, bool] | None = None
+    # Started as one of a group of environments for a waiting trial (a platform that groups
+    # environments, supply.py): the group's id (its first member's) and the trial's.
+    group: str = ""
+    group_for: str = ""
 
     @property
     def connected(self) -> bool:

@@ -22,6 +22,7 @@ from .model import TrialState
 from .policy import Policy
 from .ranks import Ranks
 from .scheduler import EnvCapacity, Placement
+from .supply import held
 
 
 class GangRoom:
@@ -52,11 +53,14 @@ class GangRoom:
         gangs = waiting_gangs(book.queue)
         before = self.reserved
         told: dict[str, str] = {}
+        # Groups started for a waiting gang are its own (supply.py): closed to everything else.
+        holds = {e: t for e, t in held(fleet.live_envs(), book.queue).items() if book.queue.demand(t).nodes > 1
+                 } if gangs and any(p.groups_environments for p in policy.platforms) else {}
         if gangs:
             running = fleet.running() - self.ranks.extra_holders()
             decision = place_gangs(
                 gangs, views, budget=policy.trial_concurrency - running, policy=policy.placement,
-                across_platforms=policy.gang_across_platforms, reserved_before=before,
+                across_platforms=policy.gang_across_platforms, reserved_before=before, held=holds,
             )
             for g in decision.placements:
                 self._placed(book, fleet, g.trial_id, g.ranks)
@@ -69,7 +73,7 @@ class GangRoom:
             self.reserved = closing = ()
         # What the one-node pass may use changed where a reservation came or went.
         book.queue.changed_envs |= set(before).symmetric_difference(self.reserved)
-        for env_id in closing:
+        for env_id in (*closing, *(e for e in holds if e not in closing)):
             view = views.get(env_id)
             if view is not None:
                 self._closed[env_id] = view.accepting

@@ -37,6 +37,9 @@ class PlatformPolicy:
     # The experiment's checkpoint directory as its agents would see it through shared
     # storage ("": they upload checkpoints to the coordinator).
     checkpoint_dir: str = ""
+    # The platform starts environments as groups, one object per group (a PyTorchJob, a
+    # Framework): in reuse mode, each waiting trial is given a group of its trialNodes.
+    groups_environments: bool = False
 
     def gpus_offered(self) -> int:
         """GPUs its agents pretend to have (simulatedGpus), 0 when they report real ones."""

@@ -319,8 +319,9 @@ class _Virtual:
                 self.published(i.event)
             elif isinstance(i, ev.Send):
                 self.message(self.links.get(i.link, ""), i.message)
-            elif isinstance(i, ev.StartEnvironment):
-                self.at(self.now, lambda env_id=i.env_id: self.environment_up(env_id))
+            elif isinstance(i, ev.StartEnvironment | ev.StartEnvironmentGroup):
+                for env_id in (i.env_id,) if isinstance(i, ev.StartEnvironment) else i.env_ids:
+                    self.at(self.now, lambda env_id=env_id: self.environment_up(env_id))
 
     def published(self, e: MetricEvent | StatusEvent) -> None:
         search = self.search

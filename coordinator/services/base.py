@@ -31,6 +31,7 @@ on every platform through a real agent dialing a real gRPC endpoint):
 from __future__ import annotations
 
 import abc
+import asyncio
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -102,6 +103,9 @@ class EnvironmentService(abc.ABC, Generic[PlatformConfig]):
     platform: ClassVar[str]
     #: Agents see the coordinator's file system: trial logs are read in place, not streamed.
     shares_filesystem: ClassVar[bool] = False
+    #: Starts environments as groups, one object on the platform per group (``start_group``):
+    #: in reuse mode each waiting trial is given a group of as many environments as its nodes.
+    groups_environments: bool = False
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, platform: PlatformConfig, experiment_dir: Path) -> Self:
@@ -128,6 +132,11 @@ class EnvironmentService(abc.ABC, Generic[PlatformConfig]):
     @abc.abstractmethod
     async def start(self, request: EnvironmentRequest) -> StartResult:
         """Ask the platform for an environment running one agent."""
+
+    async def start_group(self, group: str, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
+        """Ask the platform for the environments of ``requests`` as one group (``group``: its
+        id, its first member's id), one answer each in order. By default each on its own."""
+        return list(await asyncio.gather(*(self.start(r) for r in requests)))
 
     @abc.abstractmethod
     async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.environments import last_failure
 from trialkeeper.coordinator.engine.fleet import Fleet, Joined, Lost
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.engine.rows import GpuSampleRow
@@ -118,7 +119,7 @@ def test_start_answered_starting_or_failed() -> None:
     ]
     assert f.take_start_failures() == ["local"]
     assert f.take_start_failures() == []
-    assert f.last_failure("local") == "no quota"
+    assert last_failure(f.envs.values(), "local") == "no quota"
     # A late or repeated answer is not applied.
     f.start_answered(ev.EnvironmentStartFailed("env-1", "late"))
     f.start_answered(ev.EnvironmentStarted("env-2", "pid-10"))

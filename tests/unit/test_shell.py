@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.engine import Engine
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.engine.rows import MetricRun
-from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
+from trialkeeper.coordinator.services.base import EnvironmentRequest, EnvironmentService, StartResult
 from trialkeeper.coordinator.shell import Shell
 from trialkeeper.coordinator.store.store import Store
 
@@ -142,5 +145,73 @@ def test_a_batch_of_messages_writes_its_agents_last_sequence_number_once_and_rig
         (row,) = [e for e in shell.store.envs() if e["id"] == env_id]
         assert row["last_seq"] == 3
         assert (tmp_path / "trials" / "t1" / "stdout.log").read_bytes() == b"one\ntwo\n"
+
+    _run(body)
+
+
+class _GroupingPlatform(EnvironmentService[Any]):
+    """A platform that starts environments as groups, recording each group it is asked for."""
+
+    platform = "grouping"
+    groups_environments = True
+
+    def __init__(self, *, own_group_start: bool) -> None:
+        self.groups: list[tuple[str, list[str]]] = []
+        self.singles: list[str] = []
+        self.own = own_group_start
+
+    def working_directory(self) -> str:
+        return "/work"
+
+    async def start(self, request: EnvironmentRequest) -> StartResult:
+        self.singles.append(request.env_id)
+        return StartResult(platform_id=f"one-{request.env_id}")
+
+    async def start_group(self, group: str, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
+        if not self.own:
+            return await super().start_group(group, requests)
+        self.groups.append((group, [r.env_id for r in requests]))
+        return [StartResult(platform_id=f"job-{group}")] * (len(requests) - 1) + [StartResult(error="no room")]
+
+    async def poll(self, env_ids: Sequence[str]) -> dict[str, ev.Observation]:
+        return {}
+
+    async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
+        pass
+
+
+@pytest.mark.parametrize("own_group_start", [True, False])
+def test_a_group_of_environments_is_started_in_one_call_and_each_member_answered(
+    tmp_path: Path, own_group_start: bool
+) -> None:
+    async def body() -> None:
+        loop_time = asyncio.get_running_loop().time
+        store = Store.in_dir(tmp_path)
+        store.create_experiment("exp", None, {})
+        engine = Engine(Policy(experiment_id="exp", trial_concurrency=1, platforms=(PlatformPolicy(
+            name="grouping", reuse=True, environment_count=3, trial_slots=1, groups_environments=True),)))
+        service = _GroupingPlatform(own_group_start=own_group_start)
+        shell = Shell(engine, store, service=service, experiment_dir=tmp_path,
+                      request_for=lambda env_id: EnvironmentRequest(env_id, "exp", "127.0.0.1:1", "token"))
+        shell.apply(engine.start(now=loop_time(), wall=1.7e9))  # as the coordinator does
+        shell.handle(ev.TrialSubmitted("g", {"x": 1}, "python trial.py", 0, 0, nodes=3))
+        shell.handle(ev.Ticked())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while any(e.status is EnvStatus.REQUESTED for e in engine.envs.values()) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        states = {e.id: (e.status, e.platform_id) for e in engine.envs.values()}
+        ids = sorted(states)
+        assert len(ids) == 3
+        if own_group_start:
+            assert service.groups == [(ids[0], ids)] and service.singles == []
+            job = (EnvStatus.STARTING, f"job-{ids[0]}")
+            assert states == {ids[0]: job, ids[1]: job, ids[2]: (EnvStatus.FAILED, "")}
+            assert engine.envs[ids[2]].reason == "no room"
+        else:  # a service without its own group start has each member started on its own
+            assert sorted(service.singles) == ids
+            assert all(s == (EnvStatus.STARTING, f"one-{i}") for i, s in states.items())
+        await shell.close()
+        store.close()
 
     _run(body)

@@ -1,0 +1,105 @@
+"""A platform that groups environments (one object per gang: a PyTorchJob, a Framework), in
+the decision core in virtual time: each waiting trial is asked for as one group of its nodes,
+the group's environments are the gang's while it waits, and the pool's room bounds it all."""
+
+from __future__ import annotations
+
+from test_engine import Sim
+from test_gangs import start_gang, submit
+from trialkeeper.coordinator.engine import events as ev
+from trialkeeper.coordinator.engine.states import TrialStatus
+
+
+def grouping_sim(envs: int, **policy: object) -> Sim:
+    policy.setdefault("trial_concurrency", 2)
+    sim = Sim(environment_count=envs, groups_environments=True, **policy)
+    sim.start()
+    return sim
+
+
+def groups(sim: Sim) -> dict[str, tuple[str, ...]]:
+    """The groups asked for since the last look, by trial; each accepted by the platform."""
+    found = {}
+    for g in sim.take(ev.StartEnvironmentGroup):
+        assert g.group == g.env_ids[0]
+        found[g.trial_id] = g.env_ids
+        for env_id in g.env_ids:
+            sim.feed(ev.EnvironmentStarted(env_id, f"job-{g.group}"))
+    return found
+
+
+def test_a_waiting_gang_is_asked_for_as_one_group_and_starts_on_it() -> None:
+    sim = grouping_sim(4)
+    assert sim.take(ev.StartEnvironmentGroup) == [] and sim.take(ev.StartEnvironment) == []  # none wait
+    submit(sim, "g", 3)
+    asked = groups(sim)
+    assert list(asked) == ["g"] and len(asked["g"]) == 3
+    assert sim.take(ev.StartEnvironment) == []  # only whole groups on this platform
+    sim.feed(ev.Ticked())
+    assert groups(sim) == {}  # asked once
+    for env_id in asked["g"]:
+        sim.register(env_id)
+    assert sorted(start_gang(sim, "g")) == sorted(asked["g"])
+    assert sim.status("g") is TrialStatus.RUNNING
+
+
+def test_a_group_is_the_gangs_while_it_waits_no_other_trial_takes_it() -> None:
+    sim = grouping_sim(5, trial_concurrency=3)
+    submit(sim, "g", 2)
+    submit(sim, "h", 2)
+    submit(sim, "one", 1)
+    asked = groups(sim)
+    assert {t: len(e) for t, e in asked.items()} == {"g": 2, "h": 2, "one": 1}
+    # h's group comes up first, then one of g's: neither the one-node trial nor h takes g's.
+    for env_id in (*asked["h"], asked["g"][0]):
+        sim.register(env_id)
+    assert sorted(start_gang(sim, "h")) == sorted(asked["h"])
+    assert sim.status("one") is TrialStatus.WAITING and sim.engine.trials["one"].env_id is None
+    assert "the group of 2 environments started for it" in sim.engine.trials["g"].waiting_reason
+    sim.register(asked["g"][1])
+    assert sorted(start_gang(sim, "g")) == sorted(asked["g"])
+    sim.register(asked["one"][0])
+    assert sim.starts().keys() == {"one"} and sim.engine.trials["one"].env_id == asked["one"][0]
+
+
+def test_a_group_that_lost_a_member_is_not_held_and_the_gang_is_given_another() -> None:
+    sim = grouping_sim(4)
+    submit(sim, "g", 2)
+    first = sim.take(ev.StartEnvironmentGroup)[0].env_ids
+    sim.feed(ev.EnvironmentStarted(first[0], "job"))
+    sim.feed(ev.EnvironmentStartFailed(first[1], "quota exceeded"))
+    again = groups(sim)
+    assert len(again["g"]) == 2 and not set(again["g"]) & set(first)
+    sim.register(first[0])
+    submit(sim, "one", 1)
+    # The first group's survivor is nobody's now: the one-node trial takes it at once.
+    assert sim.starts().keys() == {"one"} and sim.engine.trials["one"].env_id == first[0]
+    sim.register(again["g"][0])
+    assert sim.status("g") is TrialStatus.WAITING  # not on a part of each group
+    sim.register(again["g"][1])
+    assert sorted(start_gang(sim, "g")) == sorted(again["g"])
+
+
+def test_a_gang_the_pool_has_no_room_for_waits_and_starts_on_what_the_pool_has() -> None:
+    sim = grouping_sim(3)
+    submit(sim, "a", 2)
+    submit(sim, "b", 2)
+    asked = groups(sim)
+    assert list(asked) == ["a"]  # b's group would not fit the pool: it is not asked for
+    submit(sim, "one", 1)
+    assert groups(sim) == {}  # nor is one behind b in the queue (b would never get room)
+    for env_id in asked["a"]:
+        sim.register(env_id)
+    a = start_gang(sim, "a")
+    for e in a:
+        sim.end(e, "a", ev.Outcome.SUCCEEDED)
+    sim.feed(ev.Ticked())
+    b = start_gang(sim, "b")  # on a's group, which is anyone's once a ran
+    assert sorted(b) == sorted(a)
+    assert sim.status("b") is TrialStatus.RUNNING
+
+
+def test_a_platform_that_does_not_group_starts_its_pool_as_before() -> None:
+    sim = Sim(environment_count=3, trial_concurrency=2)
+    sim.start()
+    assert len(sim.take(ev.StartEnvironment)) == 3 and sim.take(ev.StartEnvironmentGroup) == []
