@@ -79,6 +79,9 @@ class EnvironmentRequest:
     tls_cert_pem: bytes | None = None
     # The platform to start it on, for a service that spans several (hybrid); '' for others.
     platform: str = ""
+    # The environments of the group it is the first of (``start_group``), its own id first:
+    # a platform that groups environments starts one object for them all.
+    group_members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ FLAVOURS = [
     # The training operator gives a PyTorchJob's pods MASTER_ADDR, WORLD_SIZE and RANK of their
     # own job (of one pod here): a trial's ranks get the gang's, not those.
     pytest.param("kubeflow", {"operator": "pytorchjob"}, id="pytorchjob"),
+    # jobPerTrial: one PyTorchJob per trial, a Master and a Worker, each replica one agent.
+    pytest.param("kubeflow", {"operator": "pytorchjob", "jobPerTrial": True}, id="pytorchjob-per-trial"),
     pytest.param("frameworkcontroller", {}, id="framework"),
 ]
 OPERATORS = {"kubeflow": "kubeflow_operator", "frameworkcontroller": "framework_controller"}
@@ -83,6 +85,15 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_pods(
             assert len({(o["env"]["MASTER_ADDR"], o["env"]["MASTER_PORT"]) for o in outs}) == 1
             # Each rank ran in a pod of its own: its own agent, its own trial directory.
             assert len({o["dir"] for o in outs}) == NODES, outs
+            if extra.get("jobPerTrial"):  # one PyTorchJob ran both ranks, as its Master and its Worker
+                jobs = [o for o in kube_cluster.objects("pytorchjobs", group="kubeflow.org")
+                        if o["metadata"]["annotations"].get("trialkeeper/experiment-id") == c.experiment_id]
+                assert len(jobs) == 1, jobs
+                replicas = jobs[0]["spec"]["pytorchReplicaSpecs"]
+                assert {r: s["replicas"] for r, s in replicas.items()} == {"Master": 1, "Worker": NODES - 1}
+                pods = [p for p in kube_cluster.objects("pods") if p["metadata"].get("labels", {}).get(
+                    "training.kubeflow.org/job-name") == jobs[0]["metadata"]["name"]]
+                assert len(pods) == NODES, [p["metadata"]["name"] for p in pods]
 
     run_async(body, timeout=WAIT_S + 120)
     store = Store.in_dir(exp, readonly=True)
@@ -90,5 +101,7 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_pods(
         envs = store.envs()
     finally:
         store.close()
-    # Two environments, each its own workload on the cluster (a Pod, or a Framework).
-    assert len(envs) == NODES and len({e["platform_id"] for e in envs}) == NODES, envs
+    # Two environments, each its own workload on the cluster (a Pod, or a Framework), or both
+    # replicas of the trial's one PyTorchJob.
+    objects = 1 if extra.get("jobPerTrial") else NODES
+    assert len(envs) == NODES and len({e["platform_id"] for e in envs}) == objects, envs

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.services.base import EnvironmentRequest
+from trialkeeper.coordinator.services.kubernetes.groups import (
+    MEMBERS_ANNOTATION,
+    PLACEHOLDER,
+    group_job,
+    member_command,
+)
 from trialkeeper.coordinator.services.kubernetes.objects import (
     kind_of,
     object_name,
@@ -76,3 +84,42 @@ def test_framework_names_take_frameworkcontrollers_form_and_a_dry_run_checks_its
     assert pod["spec"] is body["spec"]["taskRoles"][0]["task"]["pod"]["spec"]
     with pytest.raises(ConfigError, match=r"taskRoleName.*lowercase letters and digits only"):
         _section(tmp_path, "frameworkcontroller", taskRoleName="task-role")
+
+
+def test_a_group_is_one_pytorchjob_with_a_master_and_a_worker_per_other_member(tmp_path: Path) -> None:
+    config = _section(tmp_path, "kubeflow", jobPerTrial=True)
+    kind = kind_of(config)  # type: ignore[arg-type]
+    members = ("env-1", "env-2", "env-3")
+    request = EnvironmentRequest("env-1", "exp1", "127.0.0.1:9", "t", group_members=members)
+    argv = member_command(["python", "-m", "trialkeeper.agent", "--environment-id", PLACEHOLDER], members)
+    body = group_job(kind, workload(kind, config, request, "tk-exp1-env-1", argv), members)  # type: ignore[arg-type]
+    specs = body["spec"]["pytorchReplicaSpecs"]
+    assert {r: s["replicas"] for r, s in specs.items()} == {"Master": 1, "Worker": 2}
+    assert specs["Worker"]["template"] == specs["Master"]["template"]  # every replica picks its member by RANK
+    assert specs["Master"]["template"]["spec"]["containers"][0]["command"] == argv
+    assert body["metadata"]["annotations"][MEMBERS_ANNOTATION] == "env-1,env-2,env-3"
+    with pytest.raises(ValueError, match="TFJob cannot hold a group"):
+        tf = kind_of(_section(tmp_path, "kubeflow", operator="tfjob"))  # type: ignore[arg-type]
+        group_job(tf, {}, members)
+
+
+def test_each_replica_runs_the_agent_of_the_member_its_rank_names(tmp_path: Path) -> None:
+    members = ("env-1", "env-2")
+    odd = f"/share/x y/envs/{PLACEHOLDER}/'q'"
+    command = member_command(["printf", "%s\\n", "--environment-id", PLACEHOLDER, "--workdir", odd, "a b"], members)
+    for rank, member in enumerate(members):
+        out = subprocess.run(command, env={"RANK": str(rank), "PATH": os.environ["PATH"]}, capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        assert out.splitlines() == ["--environment-id", member, "--workdir", f"/share/x y/envs/{member}/'q'", "a b"]
+    # A pod the operator gave no RANK (or one beyond the group) runs no agent, and says why.
+    path = {"PATH": os.environ["PATH"]}
+    no_rank = subprocess.run(command, env=path, capture_output=True, text=True, timeout=30, check=False)
+    assert no_rank.returncode != 0 and "the training operator sets RANK" in no_rank.stderr
+    beyond = subprocess.run(command, env={"RANK": "2", **path}, capture_output=True, timeout=30, check=False)
+    assert beyond.returncode != 0 and beyond.stdout == b"" and b"RANK is beyond the group" in beyond.stderr
+
+
+def test_one_job_per_trial_takes_the_pytorchjob_operator(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="jobPerTrial"):
+        _section(tmp_path, "kubeflow", operator="tfjob", jobPerTrial=True)
+    assert _section(tmp_path, "kubeflow", jobPerTrial=True).job_per_trial  # type: ignore[attr-defined]

@@ -174,6 +174,15 @@ class KubeflowConfig(KubernetesPlatformConfig):
         default="pytorchjob", metadata=rule("pytorchjob or tfjob", coerce=_operator)
     )
     api_version: str = field(default="v1", metadata=NON_EMPTY_STR)
+    # One PyTorchJob per trial (a Master and a Worker per other node), not one per environment.
+    job_per_trial: bool = False
+
+    @classmethod
+    def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
+        issues = super()._finalize(values, given, names)
+        if values.get("job_per_trial") and values.get("operator", "pytorchjob") != "pytorchjob":
+            issues.append(("job_per_trial", f"takes operator pytorchjob, not {values.get('operator')}"))
+        return issues
 
 
 @dataclass(frozen=True, kw_only=True)

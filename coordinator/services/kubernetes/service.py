@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
@@ -30,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._launch import agent_argv, copy_code
 from .._record import Phase
-from ..base import EnvironmentRequest, Observation
+from ..base import EnvironmentRequest, Observation, StartResult
 from ..lifecycle import LifecycleService, PlatformError, Record, State
 from .api import CONNECT_TIMEOUT_S, ApiFailure, KubeApi, KubernetesSetupError, api_client
-from .config import AdlConfig, KubernetesPlatformConfig
+from .config import AdlConfig, KubeflowConfig, KubernetesPlatformConfig
+from .groups import PLACEHOLDER, group_job, member_command
 from .objects import (
     POD,
     PVC,
@@ -45,13 +47,13 @@ from .objects import (
     object_name,
     observe,
     pod_state,
-    pull_failure,
     secret_name,
     selector,
     template_pod,
     token_secret,
     workload,
 )
+from .pulls import waiting_state
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -101,6 +103,8 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
         self._api = KubeApi(config, api_client)
         self._kind = kind_of(config)
         self.kind = self._kind.kind  # type: ignore[misc]  # the workload of this platform
+        # jobPerTrial: one PyTorchJob per group of environments (groups.py).
+        self.groups_environments = isinstance(config, KubeflowConfig) and config.job_per_trial
         self._secret: asyncio.Future[None] | None = None
         self._secret_name = ""
         # <storage>/<subdir> holds this experiment's code and agent directories.
@@ -129,6 +133,16 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
                                 (*self.exclude, local.resolve()))
         log.info("%s: trial code copied to %s (pods see it at %s)",
                  self.platform, target, self.working_directory())
+
+    async def start_group(self, group: str, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
+        """One PyTorchJob for the group: its first member's start makes it, the others are
+        its Workers (the same object; stopping one member stops the group)."""
+        if not self.groups_environments:
+            return await super().start_group(group, requests)
+        first = await self.start(dataclasses.replace(requests[0], group_members=tuple(r.env_id for r in requests)))
+        for r in requests[1:] if not first.error else ():
+            self._records.setdefault(r.env_id, self._record(r.env_id, first.platform_id, experiment_id=r.experiment_id))
+        return [first] * len(requests)
 
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         env = self._records.get(env_id)
@@ -163,7 +177,12 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
             await self._api.create(PVC, checkpoint_claim(self.config, request, name),
                                    exists_ok=True)
         try:
-            body = workload(self._kind, self.config, request, name, self._agent_argv(request))
+            members = request.group_members
+            if len(members) > 1:
+                argv = member_command(self._agent_argv(dataclasses.replace(request, env_id=PLACEHOLDER)), members)
+                body = group_job(self._kind, workload(self._kind, self.config, request, name, argv), members)
+            else:
+                body = workload(self._kind, self.config, request, name, self._agent_argv(request))
             if not self._kind.checks_template:
                 await self._api.create(POD, template_pod(body), exists_ok=False, dry_run=True)
             await self._api.create(self._kind, body, exists_ok=True)
@@ -320,28 +339,9 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
                 ended = [d for _, d in (pod_state(p.get("status") or {}) for p in its_pods) if d]
                 detail = "; ".join(d for d in (detail, *ended) if d)
             if state == "starting" and pods is not None:
-                states[env.env_id] = self._check_image_pull(env, its_pods, detail)
+                states[env.env_id], env.pull_failing_since = waiting_state(
+                    self._kind, its_pods, detail, env.pull_failing_since, time.monotonic(),
+                    self.config.image_pull_timeout)
             else:
                 states[env.env_id] = State(_PHASES.get(state, "waiting"), detail)
         return states
-
-    def _check_image_pull(self, env: _Env, pods: list[dict[str, Any]],
-                          detail: str) -> State:
-        """Fail an environment whose pod has been failing to pull its image for longer than
-        imagePullTimeout: a wrong image name or a missing pull secret waits forever. An
-        operator's workload that is only "created" says why its pod waits (no node fits it)."""
-        why = next((w for w in map(pull_failure, reversed(pods)) if w), "")
-        if not why:
-            env.pull_failing_since = None
-            if self._kind is not POD:
-                waiting = [d for s, d in (pod_state(p.get("status") or {}) for p in pods)
-                           if s == "starting" and d]
-                detail = waiting[-1] if waiting else detail
-            return State("waiting", detail)
-        now = time.monotonic()
-        if env.pull_failing_since is None:
-            env.pull_failing_since = now
-        waited = now - env.pull_failing_since
-        if waited >= self.config.image_pull_timeout:
-            return State("failed", f"the image could not be pulled for {waited:.0f} s: {why}")
-        return State("waiting", why)

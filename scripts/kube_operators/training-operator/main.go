@@ -24,6 +24,7 @@ import (
 	"volcano.sh/apis/pkg/apis/scheduling/v1beta1"
 
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	"github.com/kubeflow/training-operator/pkg/config"
 	controllerv1 "github.com/kubeflow/training-operator/pkg/controller.v1"
 	"github.com/kubeflow/training-operator/pkg/controller.v1/common"
 	"github.com/kubeflow/training-operator/pkg/webhooks"
@@ -48,6 +49,14 @@ func main() {
 	flag.Var(&schemes, "enable-scheme", "a job kind to run, as --enable-scheme=tfjob --enable-scheme=pytorchjob (case insensitive)")
 	flag.IntVar(&webhookPort, "webhook-port", 0, "loopback port of the validating webhook server (0: no webhooks)")
 	flag.StringVar(&certDir, "webhook-cert-dir", "", "directory holding tls.crt and tls.key for the webhook server")
+	// PyTorch's flags as upstream has them: a PyTorchJob's Workers get the init container
+	// that waits for its Master (an image is required once a job has both).
+	flag.StringVar(&config.Config.PyTorchInitContainerImage, "pytorch-init-container-image",
+		config.PyTorchInitContainerImageDefault, "The image for pytorch init container")
+	flag.StringVar(&config.Config.PyTorchInitContainerTemplateFile, "pytorch-init-container-template-file",
+		config.PyTorchInitContainerTemplateFileDefault, "The template file for pytorch init container")
+	flag.IntVar(&config.Config.PyTorchInitContainerMaxTries, "pytorch-init-container-max-tries",
+		config.PyTorchInitContainerMaxTriesDefault, "The number of tries for the pytorch init container")
 	opts := zap.Options{Development: true}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
