@@ -34,7 +34,15 @@ FLAVOURS = [
     # jobPerTrial: one PyTorchJob per trial, a Master and a Worker, each replica one agent.
     pytest.param("kubeflow", {"operator": "pytorchjob", "jobPerTrial": True}, id="pytorchjob-per-trial"),
     pytest.param("frameworkcontroller", {}, id="framework"),
+    # jobPerTrial: one Framework per trial, its task role a task per node.
+    pytest.param("frameworkcontroller", {"jobPerTrial": True}, id="framework-per-trial"),
 ]
+# The one object of a trial with jobPerTrial, and how many pods of each role it asks for.
+GROUPS = {"kubeflow": ("pytorchjobs", "kubeflow.org", lambda spec: {
+              r: s["replicas"] for r, s in spec["pytorchReplicaSpecs"].items()}),
+          "frameworkcontroller": ("frameworks", "frameworkcontroller.microsoft.com", lambda spec: {
+              r["name"]: r["taskNumber"] for r in spec["taskRoles"]})}
+EXPECTED_ROLES = {"kubeflow": {"Master": 1, "Worker": NODES - 1}, "frameworkcontroller": {"agent": NODES}}
 OPERATORS = {"kubeflow": "kubeflow_operator", "frameworkcontroller": "framework_controller"}
 
 
@@ -85,14 +93,13 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_pods(
             assert len({(o["env"]["MASTER_ADDR"], o["env"]["MASTER_PORT"]) for o in outs}) == 1
             # Each rank ran in a pod of its own: its own agent, its own trial directory.
             assert len({o["dir"] for o in outs}) == NODES, outs
-            if extra.get("jobPerTrial"):  # one PyTorchJob ran both ranks, as its Master and its Worker
-                jobs = [o for o in kube_cluster.objects("pytorchjobs", group="kubeflow.org")
+            if extra.get("jobPerTrial"):  # one object ran both ranks: a Master and a Worker, or two tasks
+                plural, group, roles = GROUPS[platform]
+                jobs = [o for o in kube_cluster.objects(plural, group=group)
                         if o["metadata"]["annotations"].get("trialkeeper/experiment-id") == c.experiment_id]
                 assert len(jobs) == 1, jobs
-                replicas = jobs[0]["spec"]["pytorchReplicaSpecs"]
-                assert {r: s["replicas"] for r, s in replicas.items()} == {"Master": 1, "Worker": NODES - 1}
-                pods = [p for p in kube_cluster.objects("pods") if p["metadata"].get("labels", {}).get(
-                    "training.kubeflow.org/job-name") == jobs[0]["metadata"]["name"]]
+                assert roles(jobs[0]["spec"]) == EXPECTED_ROLES[platform]
+                pods = kube_cluster.objects("pods", selector=f"trialkeeper/experiment={c.experiment_id}")
                 assert len(pods) == NODES, [p["metadata"]["name"] for p in pods]
 
     run_async(body, timeout=WAIT_S + 120)

@@ -14,6 +14,7 @@ from trialkeeper.coordinator.services.kubernetes.groups import (
     MEMBERS_ANNOTATION,
     PLACEHOLDER,
     group_job,
+    index_variable,
     member_command,
 )
 from trialkeeper.coordinator.services.kubernetes.objects import (
@@ -98,6 +99,14 @@ def test_a_group_is_one_pytorchjob_with_a_master_and_a_worker_per_other_member(t
     assert specs["Worker"]["template"] == specs["Master"]["template"]  # every replica picks its member by RANK
     assert specs["Master"]["template"]["spec"]["containers"][0]["command"] == argv
     assert body["metadata"]["annotations"][MEMBERS_ANNOTATION] == "env-1,env-2,env-3"
+    fc = _section(tmp_path, "frameworkcontroller", jobPerTrial=True)
+    fc_kind = kind_of(fc)  # type: ignore[arg-type]
+    argv = member_command(["python", "--environment-id", PLACEHOLDER], members, index_variable(fc_kind))
+    framework = group_job(fc_kind, workload(fc_kind, fc, request, "tkexp1env1", argv), members)  # type: ignore[arg-type]
+    (role,) = framework["spec"]["taskRoles"]
+    assert role["taskNumber"] == 3 and "FC_TASK_INDEX" in role["task"]["pod"]["spec"]["containers"][0]["command"][2]
+    # One task failing fails the Framework (the group ends as one); it completes once all have.
+    assert role["frameworkAttemptCompletionPolicy"] == {"minFailedTaskCount": 1, "minSucceededTaskCount": -1}
     with pytest.raises(ValueError, match="TFJob cannot hold a group"):
         tf = kind_of(_section(tmp_path, "kubeflow", operator="tfjob"))  # type: ignore[arg-type]
         group_job(tf, {}, members)
@@ -114,7 +123,7 @@ def test_each_replica_runs_the_agent_of_the_member_its_rank_names(tmp_path: Path
     # A pod the operator gave no RANK (or one beyond the group) runs no agent, and says why.
     path = {"PATH": os.environ["PATH"]}
     no_rank = subprocess.run(command, env=path, capture_output=True, text=True, timeout=30, check=False)
-    assert no_rank.returncode != 0 and "the training operator sets RANK" in no_rank.stderr
+    assert no_rank.returncode != 0 and "its operator sets RANK" in no_rank.stderr
     beyond = subprocess.run(command, env={"RANK": "2", **path}, capture_output=True, timeout=30, check=False)
     assert beyond.returncode != 0 and beyond.stdout == b"" and b"RANK is beyond the group" in beyond.stderr
 

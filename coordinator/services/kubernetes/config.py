@@ -191,6 +191,8 @@ class FrameworkControllerConfig(KubernetesPlatformConfig):
 
     PLATFORM: ClassVar[str] = "frameworkcontroller"
     task_role_name: str = field(default="agent", metadata=_FRAMEWORK_NAME)
+    # One Framework per trial (its task role a task per node), not one per environment.
+    job_per_trial: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""Kubernetes environments: one workload per environment, running one agent.
+"""Kubernetes environments: one workload per environment (per group: ``groups``), one agent each.
 
 One service serves four platforms, which differ only in the object that wraps the pod:
 ``kubernetes`` (a bare Pod or a batch Job), ``kubeflow`` (a PyTorchJob's Master or a TFJob's
@@ -34,8 +34,8 @@ from .._record import Phase
 from ..base import EnvironmentRequest, Observation, StartResult
 from ..lifecycle import LifecycleService, PlatformError, Record, State
 from .api import CONNECT_TIMEOUT_S, ApiFailure, KubeApi, KubernetesSetupError, api_client
-from .config import AdlConfig, KubeflowConfig, KubernetesPlatformConfig
-from .groups import PLACEHOLDER, group_job, member_command
+from .config import AdlConfig, KubernetesPlatformConfig
+from .groups import PLACEHOLDER, group_job, index_variable, member_command
 from .objects import (
     POD,
     PVC,
@@ -103,8 +103,8 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
         self._api = KubeApi(config, api_client)
         self._kind = kind_of(config)
         self.kind = self._kind.kind  # type: ignore[misc]  # the workload of this platform
-        # jobPerTrial: one PyTorchJob per group of environments (groups.py).
-        self.groups_environments = isinstance(config, KubeflowConfig) and config.job_per_trial
+        # jobPerTrial: one PyTorchJob or Framework per group of environments (groups.py).
+        self.groups_environments = bool(getattr(config, "job_per_trial", False))
         self._secret: asyncio.Future[None] | None = None
         self._secret_name = ""
         # <storage>/<subdir> holds this experiment's code and agent directories.
@@ -135,8 +135,8 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
                  self.platform, target, self.working_directory())
 
     async def start_group(self, group: str, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
-        """One PyTorchJob for the group: its first member's start makes it, the others are
-        its Workers (the same object; stopping one member stops the group)."""
+        """One object for the group: its first member's start makes it, the others are its
+        Workers or tasks (the same object; stopping one member stops the group)."""
         if not self.groups_environments:
             return await super().start_group(group, requests)
         first = await self.start(dataclasses.replace(requests[0], group_members=tuple(r.env_id for r in requests)))
@@ -179,7 +179,8 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
         try:
             members = request.group_members
             if len(members) > 1:
-                argv = member_command(self._agent_argv(dataclasses.replace(request, env_id=PLACEHOLDER)), members)
+                argv = member_command(self._agent_argv(dataclasses.replace(request, env_id=PLACEHOLDER)), members,
+                                      index_variable(self._kind))
                 body = group_job(self._kind, workload(self._kind, self.config, request, name, argv), members)
             else:
                 body = workload(self._kind, self.config, request, name, self._agent_argv(request))
