@@ -41,7 +41,7 @@ with open({log!r}, "a") as f:
     f.write(json.dumps({{"trial": me, "start": start, "from": state["owner"], "lr": p["lr"]}}) + "\\n")
 state["owner"] = me
 for epoch in range(start, {epochs}):
-    time.sleep(0.15)
+    time.sleep(0.3)  # long enough that the population overlaps even when its starts are staggered
     state["value"] += math.exp(-(math.log10(p["lr"]) + 2) ** 2)
     state["epoch"] = epoch + 1
     trial.report_intermediate_result(state["value"])
