@@ -612,8 +612,13 @@ class FakeKubernetes:
         if uid in self._store.done:
             return
         pods = self._children(ns, obj)
-        phase = pods[0]["status"].get("phase", "Pending") if pods else ""
-        if not pods or "deletionTimestamp" in pods[0]["metadata"]:
+        # A task failing or deleted ends the Framework; it succeeds once every task has.
+        phases = {"Deleted" if "deletionTimestamp" in p["metadata"] else p["status"].get("phase", "Pending")
+                  for p in pods}
+        phase = next((p for p in ("Failed", "Deleted") if p in phases), "")
+        if not phase:
+            phase = "Succeeded" if phases == {"Succeeded"} else "Running" if "Running" in phases else "Pending"
+        if phase == "Deleted" or not pods:
             phase = "Deleted" if uid in self._store.seen else "Pending"
         if phase in ("Running", "Succeeded", "Failed", "Deleted"):
             self._store.seen.add(uid)
@@ -624,13 +629,18 @@ class FakeKubernetes:
     def _create_controlled_pod(self, res: Resource, obj: Obj) -> None:
         name, spec = obj["metadata"]["name"], obj["spec"]
         role = spec["taskRoles"][0]  # the one kind with a controller here: a Framework
-        template, pod_name = role["task"]["pod"], f"{name}-{role['name']}-0"
-        meta = copy.deepcopy(template.get("metadata") or {})
-        meta["name"] = pod_name
-        meta.setdefault("labels", {})["controller-uid"] = obj["metadata"]["uid"]
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(template["spec"])}
-        pod["spec"].setdefault("restartPolicy", "Never")
-        self._create(_BY_PATH[("", "v1", "pods")], obj["metadata"]["namespace"], pod, owner=obj)
+        template = role["task"]["pod"]
+        for index in range(role["taskNumber"]):  # a pod per task, told its index as the controller does
+            meta = copy.deepcopy(template.get("metadata") or {})
+            meta["name"] = f"{name}-{role['name']}-{index}"
+            meta.setdefault("labels", {})["controller-uid"] = obj["metadata"]["uid"]
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(template["spec"])}
+            pod["spec"].setdefault("restartPolicy", "Never")
+            told = [{"name": "FC_FRAMEWORK_NAME", "value": name}, {"name": "FC_TASKROLE_NAME", "value": role["name"]},
+                    {"name": "FC_TASK_INDEX", "value": str(index)}]
+            for container in pod["spec"]["containers"]:
+                container["env"] = [*(container.get("env") or []), *told]
+            self._create(_BY_PATH[("", "v1", "pods")], obj["metadata"]["namespace"], pod, owner=obj)
 
 
 def _gpus(pod: Obj) -> int:

@@ -1,4 +1,5 @@
-"""FrameworkController against the fake API server of tests/fake_k8s.py.
+"""FrameworkController against the fake API server of tests/fake_k8s.py (one Framework per
+environment, and one per trial with ``jobPerTrial``).
 
 No registry these machines reach serves FrameworkController's source (the Go module proxy
 answers 403 for github.com/microsoft/frameworkcontroller), so CI cannot build it and the fake
@@ -213,3 +214,45 @@ def test_the_fake_refuses_what_a_real_server_refuses(fake: FakeKubernetes) -> No
     code, status = post("/apis/frameworkcontroller.microsoft.com/v1/namespaces/default/frameworks", framework)
     assert code == 422 and "taskRoles" in status["message"], status
     assert fake.objects("pods") == [] or all(o["metadata"]["name"] != "p" for o in fake.objects("pods"))
+
+
+# ---- one Framework per trial ---------------------------------------------------------------
+
+
+def test_a_two_node_trial_runs_in_one_framework_with_a_task_per_node(fake: FakeKubernetes, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "rank.py").write_text(
+        "import os\n"
+        "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'task', os.environ['FC_TASK_INDEX'])\n"
+    )
+    data = {
+        "trialCommand": "python3 rank.py", "trialConcurrency": 1, "trialNodes": 2, "searchSpace": {},
+        "trialCodeDirectory": str(code), "experimentWorkingDirectory": str(tmp_path / "experiments"),
+        "coordinator": {"heartbeatInterval": 0.5, "agentLostTimeout": 10, "trialLostTimeout": 30},
+        "trainingService": section(fake, PLATFORM, tmp_path, environmentCount=2, jobPerTrial=True),
+    }
+    exp = tmp_path / "exp"
+
+    async def body() -> None:
+        async with Coordinator(parse_config(data, code), experiment_dir=exp) as c:
+            h = await c.submit({})
+            info = await h.wait(WAIT_S * 2)
+            assert info.status is TrialStatus.SUCCEEDED, (info.reason, info.stderr_tail)
+            made = [o for o in fake.history
+                    if o["metadata"].get("annotations", {}).get("trialkeeper/experiment-id") == c.experiment_id]
+            frameworks = [o for o in made if o["kind"] == "Framework"]
+            assert len(frameworks) == 1 and frameworks[0]["spec"]["taskRoles"][0]["taskNumber"] == 2, made
+            assert len([o for o in made if o["kind"] == "Pod"]) == 2
+            # Each rank ran in a task of its own, its agent the environment its task index named.
+            lines = [(exp / "trials" / h.id / sub / "stdout.log").read_text().split() for sub in ("", "rank1")]
+            assert [ln[:4] for ln in lines] == [["rank", "0", "of", "2"], ["rank", "1", "of", "2"]], lines
+            assert sorted(ln[5] for ln in lines) == ["0", "1"]
+
+    run_async(body, timeout=WAIT_S * 2 + 60)
+    store = Store.in_dir(exp, readonly=True)
+    try:
+        envs = store.envs()
+    finally:
+        store.close()
+    assert len(envs) == 2 and len({e["platform_id"] for e in envs}) == 1, envs
