@@ -143,7 +143,8 @@ function drawDistribution() {
   if (numeric) {
     const f = log ? Math.log10 : (x => x), inv = log ? (x => 10 ** x) : (x => x);
     const lo = Math.min(...all.map(f)), hi = Math.max(...all.map(f)), bins = hi > lo ? 12 : 1, width = (hi - lo) / bins || 1;
-    labels = [...Array(bins).keys()].map(i => `${num(inv(lo + i * width))}\u2013${num(inv(lo + (i + 1) * width))}`);
+    const short = x => String(Number(x.toPrecision(3))); // a bin's edges, short enough to read
+    labels = [...Array(bins).keys()].map(i => `${short(inv(lo + i * width))}\u2013${short(inv(lo + (i + 1) * width))}`);
     count = vs => { const c = Array(bins).fill(0); vs.forEach(v => c[Math.min(bins - 1, Math.floor((f(v) - lo) / width))]++); return c; };
   } else {
     labels = [...new Set(all.map(v => typeof v === "object" ? JSON.stringify(v) : String(v)))];
@@ -152,8 +153,10 @@ function drawDistribution() {
   document.getElementById("dist-note").textContent = numeric ? (log ? "log-spaced bins" : "even bins") : "";
   dist.setOption({
     animation: false, title: {text: `${p}: share of each experiment's trials`, left: 10, top: 6, textStyle: {fontSize: 13}},
-    legend: {top: 6, right: 10}, tooltip: {trigger: "axis"}, grid: {left: 60, right: 20, top: 40, bottom: 60},
-    xAxis: {type: "category", data: labels, name: p, nameLocation: "middle", nameGap: 40, axisLabel: {rotate: numeric ? 20 : 0}},
+    legend: {top: 6, right: 10}, tooltip: {trigger: "axis"},
+    grid: {left: 30, right: 30, top: 40, bottom: 30, containLabel: true}, // rotated bin labels stay inside
+    xAxis: {type: "category", data: labels, name: p, nameLocation: "middle", nameGap: numeric ? 60 : 30,
+      axisLabel: {rotate: numeric ? 20 : 0}},
     yAxis: {type: "value", max: 1},
     series: compared.experiments.map((e, i) => {
       const c = count(values[i]), total = values[i].length || 1;
