@@ -236,12 +236,11 @@ class _Fits:
         most preferred platform that has ``demand.nodes`` of them (any, ``across``); else of
         the platform that has the most."""
         fitting = [e for e in self._list(demand) if e.env_id not in taken] if taken else self._list(demand)
-        if self.held:  # (a group held for a gang is its own)
+        if self.held:  # a group held for a gang is its own, and a gang with a group starts on it alone
             own = demand.trial_id
+            if own in self.owners:
+                return [e for e in fitting if self.held.get(e.env_id) == own]
             fitting = [e for e in fitting if self.held.get(e.env_id, own) == own]
-            group = [e for e in fitting if e.env_id in self.held]
-            if len(group) >= demand.nodes:
-                return group
         if across:
             return fitting
         groups: dict[str, list[EnvCapacity]] = {}

@@ -4,6 +4,8 @@ the group's environments are the gang's while it waits, and the pool's room boun
 
 from __future__ import annotations
 
+import random
+
 from test_engine import Sim
 from test_gangs import start_gang, submit
 from trialkeeper.coordinator.engine import events as ev
@@ -103,3 +105,60 @@ def test_a_platform_that_does_not_group_starts_its_pool_as_before() -> None:
     sim = Sim(environment_count=3, trial_concurrency=2)
     sim.start()
     assert len(sim.take(ev.StartEnvironment)) == 3 and sim.take(ev.StartEnvironmentGroup) == []
+
+
+def test_random_trials_on_a_grouping_platform_all_finish_each_gang_on_one_group_where_it_got_one() -> None:
+    """Virtual time: trials of 1 to 3 nodes arrive at random on a pool of 6 that comes as
+    groups; a tenth of the members fail to start, the others register after a random delay,
+    trials run up to D seconds. Every trial ends (no group held forever, no pool filled with
+    groups nobody can use), and a gang given a group whose members all started runs on that
+    group alone (one whose member failed is not held: the gang may start anywhere)."""
+    D = 10.0
+    on_their_group: set[tuple[int, str]] = set()
+    for seed in range(12):
+        rng = random.Random(seed)
+        sim = grouping_sim(6, trial_concurrency=3)
+        ends: list[tuple[float, str, str]] = []
+        up: list[tuple[float, str]] = []  # (when its agent registers, env)
+        whole: dict[str, set[str]] = {}  # trial -> the last group started for it whose members all started
+        n = 0
+        for step in range(3000):
+            if step > 100 and all(t.status.terminal for t in sim.engine.trials.values()):
+                break
+            sim.advance(1.0)
+            if step < 100 and rng.random() < 0.3:
+                n += 1
+                submit(sim, f"t{n}", rng.choice((1, 1, 2, 3)))
+            for g in sim.take(ev.StartEnvironmentGroup):
+                failing = {env_id for env_id in g.env_ids if rng.random() < 0.1}
+                if not failing:
+                    whole[g.trial_id] = set(g.env_ids)
+                for env_id in g.env_ids:
+                    if env_id in failing:
+                        sim.feed(ev.EnvironmentStartFailed(env_id, "no room on the cluster"))
+                    else:
+                        sim.feed(ev.EnvironmentStarted(env_id, f"job-{g.group}"))
+                        up.append((sim.now + rng.uniform(0.0, 5.0), env_id))
+            for when, env_id in [u for u in up if u[0] <= sim.now]:
+                up.remove((when, env_id))
+                sim.register(env_id)
+            for when, env_id, tid in [e for e in ends if e[0] <= sim.now]:
+                ends.remove((when, env_id, tid))
+                sim.end(env_id, tid, ev.Outcome.SUCCEEDED)
+            for e in sim.engine.envs:
+                if e in sim.links:
+                    sim.feed(ev.HeartbeatReceived(e, sim.links[e], False))
+            sim.feed(ev.Ticked())
+            by_link = {link: env for env, link in sim.links.items()}
+            for s in [s for s in sim.take(ev.Send) if isinstance(s.message, ev.StartTrial)]:
+                m, env_id = s.message, by_link[s.link]
+                sim.report(env_id, ev.TrialStartReported(m.trial_id, 1, 0.0, "h", 1 + m.node_rank))
+                ends.append((sim.now + rng.uniform(1.0, D), env_id, m.trial_id))
+            for t in sim.engine.trials.values():
+                ranks = {r.environment_id for r in sim.engine.trial_info(t.id).ranks}
+                if len(ranks) > 1 and t.id in whole:
+                    assert ranks == whole[t.id], (seed, t.id, ranks, whole[t.id])
+                    on_their_group.add((seed, t.id))
+        assert n and all(t.status is TrialStatus.SUCCEEDED for t in sim.engine.trials.values()), seed
+        assert len([e for e in sim.engine.envs.values() if not e.status.terminal]) <= 6, seed
+    assert len(on_their_group) >= 5  # the check above was not vacuous (10 gangs over the 12 seeds)
