@@ -22,6 +22,7 @@ CHOSEN_MAX = 100  # trials one may pick to compare
 SCATTER_TRIALS = 2000  # trials the parameter charts draw
 IMPORTANCE_TRIALS = 1000  # trials importance is computed over (spread evenly when there are more)
 STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED")  # ended, maybe without a final metric
+_cache_lock = threading.Lock()  # the caches below: answers are built on several threads
 
 
 def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         for n in names:
             if n in (t.parameters or {}):
                 seen[n].append((t.parameters or {})[n])
-    finals, ranked = model._read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
+    finals, ranked = _final_metric_ranks(model)
     analysis.warm()  # the page asks for importance next: its import starts now, as this answer goes
     sampled = len(sample) < total
     return {
@@ -74,6 +75,25 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
         "edf_trials": finals,
         "pareto": _pareto(config, sample, sampled=sampled),
     }
+
+
+_ranks_cache: dict[str, tuple[Any, tuple[int, list[tuple[float, int]]]]] = {}  # experiment -> (counts, ranks)
+
+
+def _final_metric_ranks(model: ReadModel) -> tuple[int, list[tuple[float, int]]]:
+    """The final metrics' distribution (read over every trial with one), read again only once
+    the trials' counts by status changed: an ended trial's final metric does not."""
+    key, where = tuple(sorted(model.trial_counts().items())), str(model.experiment_dir)
+    with _cache_lock:
+        cached = _ranks_cache.get(where)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    ranks = model._read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
+    with _cache_lock:
+        if len(_ranks_cache) > 16:
+            _ranks_cache.clear()
+        _ranks_cache[where] = (key, ranks)
+    return ranks
 
 
 def _pareto(config: Mapping[str, Any] | None, sample: tuple[TrialSnapshot, ...], *, sampled: bool) -> Any:
@@ -111,7 +131,6 @@ def _sampled(model: ReadModel, t: TrialSnapshot) -> dict[str, Any]:
 # Importance is computed once for each state of the trials: a finished experiment's once.
 _cache: dict[str, tuple[Any, dict[str, Any], float]] = {}  # experiment -> (its trials' state, answer, when)
 RECOMPUTE_S = 30.0
-_cache_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
