@@ -21,7 +21,8 @@ DEFAULT_CACHE = Path(os.environ.get("TRIALKEEPER_BENCH_CACHE", Path.home() / ".c
 
 PEERS = {
     # name: pip requirements
-    "ray": ["ray[tune]==2.60.0"],
+    # OptunaSearch and TuneBOHB (mfbench.py's Ray Tune side) need optuna, hpbandster and ConfigSpace.
+    "ray": ["ray[tune]==2.60.0", "optuna==4.9.0", "hpbandster==0.7.4", "ConfigSpace==1.2.2"],
     "nni": ["nni==3.0", "setuptools<70"],
 }
 
