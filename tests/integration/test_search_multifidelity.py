@@ -139,7 +139,9 @@ def test_asha_stopped_mid_rung_and_resumed_keeps_its_waiting_trials_paused_until
 
     first = run_async(stopped, timeout=120)
     assert not first.ok and first.reason == "stopped by the user"
-    waiting = {t.id for t in first.trials if t.status is TrialStatus.PAUSED and "paused by the assessor" in t.reason}
+    # Paused by the search at a rung (its verdict, or ASHA's own request naming the rung), not by the stop.
+    waiting = {t.id for t in first.trials if t.status is TrialStatus.PAUSED
+               and ("paused by the assessor" in t.reason or "waits at rung" in t.reason)}
     assert waiting, [(t.id, t.status, t.reason) for t in first.trials]
     again = run_async(resume_experiment(exp), timeout=240)
     assert again.ok, again.reason
