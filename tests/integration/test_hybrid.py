@@ -31,7 +31,7 @@ from conftest import (
     write_script,
 )
 from dashboard import get_json, stored_dashboard
-from nnienv import nni_python
+from nni_python import nni_python
 from sshd import Credentials, Machine, one_machine
 from trialkeeper.coordinator import cli
 from trialkeeper.coordinator.config.experiment import parse_config

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 import pytest
 from conftest import write_script
-from nnienv import nni_python
+from nni_python import nni_python
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.search.algorithms import create_tuner
 from trialkeeper.coordinator.search.tuners import TunerError
@@ -105,7 +105,7 @@ def test_resumed_nni_tuners_go_on_from_the_history(report: dict[str, Any]) -> No
 
 
 def run_cli(
-    python: str, tmp_path: Path, config: dict[str, Any], output: list[str] | None = None
+    python: Path, tmp_path: Path, config: dict[str, Any], output: list[str] | None = None
 ) -> tuple[list[dict[str, Any]], list[Any]]:
     """`trialkeeper run` in the NNI interpreter; the stored trials (in order) and metrics.
     ``output`` receives what it printed (stdout, then stderr)."""
