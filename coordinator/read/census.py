@@ -12,7 +12,9 @@ from types import MappingProxyType
 from typing import Any
 
 from ..engine.states import EnvStatus, TrialStatus
-from .model import EnvSnapshot, ReadModel, _Fields
+from .model import ReadModel
+from .rows import _Fields
+from .snapshots import EnvSnapshot
 
 __all__ = ["Durations", "EnvCensus", "environment_census", "trial_durations"]
 

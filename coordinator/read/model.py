@@ -12,313 +12,47 @@ Only a store that cannot be opened or queried at all raises :class:`StoreError`.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from ..engine.model import RankInfo, TrialInfo
 from ..engine.rows import GpuSampleRow
 from ..engine.states import EnvStatus, TrialStatus
 from ..store.reads import StoreError, StoreReader, holds_experiment
 from .failures import failure_summary
 from .results import reported
+from .rows import _Fields, _sane, loads_or_none, trial_snapshot
+from .snapshots import (
+    CheckpointInfo,
+    EnvSnapshot,
+    ExperimentSnapshot,
+    GpuSnapshot,
+    GpuUsage,
+    HistoryEntry,
+    TrialDetail,
+    TrialSnapshot,
+    best_trial,
+    optimize_mode,
+    ranked,
+)
 
-# One picture of a trial, live or stored: the core's (see engine/model.py).
-TrialSnapshot = TrialInfo
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    at: float | None
-    old: str
-    new: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class GpuUsage:
-    """What the stored GPU samples say about one trial."""
-
-    samples: int
-    mean_utilization_percent: float | None = None
-    max_utilization_percent: float | None = None
-    peak_memory_used_bytes: int | None = None
-    gpus: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class TrialDetail:
-    """A trial with what is read on demand: its metrics, GPU usage and status history."""
-
-    trial: TrialSnapshot
-    intermediate: tuple[float, ...]
-    # The same results as the trial reported each: a number, or a dict of keys (NNI's).
-    intermediate_results: tuple[Any, ...]
-    gpu_usage: GpuUsage
-    history: tuple[HistoryEntry, ...]
-    stdout: str
-    stderr: str
-    # Its checkpoints kept, oldest first.
-    checkpoints: tuple[CheckpointInfo, ...] = ()
-    # A FAILED trial's reason with the last meaningful line of its stderr ("" otherwise).
-    failure_summary: str = ""
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A checkpoint a trial saved, as the CLI, the dashboard and the embedding API show it."""
-
-    trial_id: str
-    step: int
-    metric_index: int  # results the trial had reported when it saved
-    size_bytes: int
-    digest: str
-    location: str  # "" in the experiment's checkpoint directory; else an object storage URL
-    saved_at: float
-    env_id: str
-
-
-@dataclass(frozen=True)
-class GpuSnapshot:
-    """One GPU of an environment, with its latest stored sample (None before the first)."""
-
-    index: int | None
-    uuid: str
-    name: str
-    memory_total_bytes: int | None
-    mig: bool
-    simulated: bool
-    utilization_percent: float | None
-    memory_used_bytes: int | None
-    sampled_at: float | None
-    held_by: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class EnvSnapshot:
-    id: str
-    platform: str
-    platform_id: str
-    status: EnvStatus | None
-    reason: str
-    hostname: str
-    connected: bool  # its agent's stream is open (as the coordinator last stored it)
-    instance_id: str  # the agent process that registered last ('' before any did)
-    gpus: tuple[GpuSnapshot, ...]
-    gpu_unavailable_reason: str
-    trials: tuple[str, ...]  # every trial placed on it last
-    running_trials: tuple[str, ...]  # those still waiting to start or running
-    stopping_trials: tuple[str, ...]  # those canceled whose processes are being stopped
-    stopping: bool  # the environment itself is draining
-    created_at: float | None
-    ended_at: float | None
-    unreadable: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ExperimentSnapshot:
-    id: str
-    name: str | None
-    status: str
-    reason: str
-    directory: str
-    coordinator_address: str
-    started_at: float | None
-    ended_at: float | None
-    optimize_mode: str
-    trials: Mapping[str, int]  # trial count per status
-    trial_count: int
-    metrics: int
-    environments: int
-    best: TrialSnapshot | None
-    unreadable: tuple[str, ...] = ()
-
-
-# ---- best trial ----------------------------------------------------------------------------
-
-
-class _Scored(Protocol):
-    @property
-    def final_metric(self) -> float | None: ...
-
-
-S = TypeVar("S", bound=_Scored)
-
-
-def optimize_mode(class_args: Mapping[str, Any] | None) -> str:
-    """The tuner's optimize mode: "maximize" (the default) or "minimize"."""
-    mode = (class_args or {}).get("optimize_mode", "maximize")
-    return "minimize" if mode == "minimize" else "maximize"
-
-
-def ranked(trials: Iterable[S], mode: str) -> list[S]:
-    """Trials with a final metric, best first."""
-    scored = [t for t in trials if t.final_metric is not None]
-    return sorted(scored, key=lambda t: t.final_metric, reverse=mode == "maximize")  # type: ignore[arg-type,return-value]
-
-
-def best_trial(trials: Iterable[S], mode: str) -> S | None:
-    scored = [t for t in trials if t.final_metric is not None]
-    if not scored:
-        return None
-    pick = max if mode == "maximize" else min
-    return pick(scored, key=lambda t: t.final_metric)  # type: ignore[arg-type,return-value]
-
-
-# ---- reading rows without raising ----------------------------------------------------------
-
-_SHOWN = 60  # characters of a bad value quoted in its note
-
-
-class _Fields:
-    """Typed reads of one stored row; what cannot be read becomes a default and a note."""
-
-    def __init__(self, row: Mapping[str, Any]) -> None:
-        self.row = row
-        self.notes: list[str] = []
-
-    def bad(self, column: str, why: str) -> None:
-        value = repr(self.row.get(column))
-        shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
-        self.notes.append(f"{column}: unreadable ({why}): {shown}")
-
-    def text(self, column: str) -> str:
-        value = self.row.get(column)
-        if value is None or isinstance(value, str):
-            return value or ""
-        self.bad(column, "not text")
-        return ""
-
-    def optional_text(self, column: str) -> str | None:
-        return self.text(column) or None
-
-    def number(self, column: str) -> float | None:
-        value = self.row.get(column)
-        if value is None:
-            return None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        self.bad(column, "not a number")
-        return None
-
-    def integer(self, column: str) -> int | None:
-        value = self.row.get(column)
-        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-            return value
-        self.bad(column, "not an integer")
-        return None
-
-    def flag(self, column: str) -> bool:
-        return bool(self.integer(column))
-
-    def json(self, column: str, check: Callable[[Any], bool], expected: str, default: Any = None) -> Any:
-        raw = self.row.get(column)
-        if raw is None:
-            return default
-        try:
-            value = json.loads(raw) if isinstance(raw, (str, bytes)) else _NOT_JSON
-        except (ValueError, RecursionError):
-            value = _NOT_JSON
-        if value is _NOT_JSON:
-            self.bad(column, "not JSON")
-            return default
-        if not check(value):
-            self.bad(column, f"not {expected}")
-            return default
-        return value
-
-    def status(self, column: str, kind: type[_E]) -> _E | None:
-        value = self.row.get(column)
-        try:
-            return kind(value)
-        except ValueError:
-            self.bad(column, f"not a {kind.__name__.removesuffix('Status').lower()} status this version knows")
-            return None
-
-
-_E = TypeVar("_E", bound=Enum)
-_NOT_JSON = object()
-
-
-def _sane(sample: GpuSampleRow) -> bool:
-    """A GPU sample whose figures are numbers (a row that is not is left out)."""
-    return all(
-        isinstance(v, (int, float)) and not isinstance(v, bool)
-        for v in (sample.at, sample.utilization, sample.memory_used_bytes, sample.memory_total_bytes)
-    )
-
-
-def _is_int_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
-
-
-def _is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(i, str) for i in v)
-
-
-def loads_or_none(raw: str | None) -> Any:
-    """A stored JSON text's value; None when there is none or it cannot be read."""
-    return _Fields({"v": raw}).json("v", lambda _: True, "JSON")
-
+# What the read side's users import from here (its snapshots and rows live beside it).
+__all__ = [
+    "CheckpointInfo", "EnvSnapshot", "ExperimentSnapshot", "GpuSnapshot", "GpuUsage", "HistoryEntry", "ReadModel",
+    "StoreError", "TrialDetail", "TrialSnapshot", "best_trial", "list_experiments", "loads_or_none",
+    "optimize_mode", "ranked", "to_json", "trial_snapshot",
+]
 
 # The limits `trialkeeper update` changes (core.LIMITS), as the config names them.
 _UPDATED_KEYS = {
     "trial_concurrency": "trialConcurrency", "max_trial_number": "maxTrialNumber",
     "max_experiment_duration": "maxExperimentDuration",
 }
-
-
-def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
-    """A trial from its stored row (a mapping of column to value)."""
-    f = _Fields(row)
-    status = f.status("status", TrialStatus)
-    reason = f.text("reason")
-    active = status in (TrialStatus.WAITING, TrialStatus.RUNNING)
-    stopping = f.flag("stopping")
-    if reason.startswith("stopping: ") and not stopping:
-        # How a store made before the stopping column said it.
-        reason, stopping = reason.removeprefix("stopping: "), True
-    return TrialSnapshot(
-        id=f.text("id"),
-        sequence_id=f.integer("seq"),
-        status=status,
-        parameters=f.json("parameters_json", lambda v: isinstance(v, dict), "a JSON object"),
-        environment_id=f.optional_text("environment_id"),
-        gpu_indices=tuple(f.json("gpu_indices_json", _is_int_list, "a list of GPU indices", [])),
-        final_metric=f.number("final_metric"),
-        final_metric_value=f.json("final_metric_json", lambda _: True, "JSON"),
-        exit_code=f.integer("exit_code"),
-        signal=f.integer("signal"),
-        reason=reason,
-        stderr_tail=f.text("stderr_tail"),
-        submitted_at=f.number("submitted_at"),
-        started_at=f.number("started_at"),
-        ended_at=f.number("ended_at"),
-        attempts=f.integer("attempts") or 0,
-        waiting_reason=f.text("waiting_reason") if status is TrialStatus.WAITING else "",
-        stopping=stopping and active,
-        unreadable=tuple(f.notes),
-        checkpoint_step=f.integer("checkpoint_step") if "checkpoint_step" in row else None,
-        nodes=max(1, f.integer("nodes") or 1) if "nodes" in row else 1,
-        ranks=_ranks(f.json("ranks_json", lambda v: isinstance(v, list), "a list of ranks", []) if "ranks_json" in row
-                     else []),
-    )
-
-
-def _ranks(raw: list[Any]) -> tuple[RankInfo, ...]:
-    """A multi-node trial's ranks as stored ([rank, environment, GPUs, state] each); one
-    that cannot be read is left out."""
-    found = []
-    for r in raw:
-        if isinstance(r, list) and len(r) == 4 and isinstance(r[0], int) and _is_int_list(r[2]):
-            found.append(RankInfo(r[0], str(r[1]), tuple(r[2]), str(r[3])))
-    return tuple(found)
 
 
 # ---- the read model ------------------------------------------------------------------------

@@ -14,7 +14,9 @@ from types import MappingProxyType
 from typing import Any
 
 from ..engine.states import TrialStatus
-from .model import ReadModel, TrialSnapshot, _sane, trial_snapshot
+from .model import ReadModel
+from .rows import _sane, trial_snapshot
+from .snapshots import TrialSnapshot
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..search import objectives as obj
 from ..search.objectives import Objectives
-from .model import ReadModel, TrialSnapshot, optimize_mode
+from .model import ReadModel
+from .snapshots import TrialSnapshot, optimize_mode
 
 __all__ = ["objectives_of", "pareto_front", "pareto_trials"]
 
