@@ -3,7 +3,7 @@
 Each trial gets a directory ``<workdir>/trials/<trial id>/`` with ``parameter.json``,
 ``stdout.log``, ``stderr.log`` and ``output/``. The trial runs in its own process group,
 with ``CUDA_VISIBLE_DEVICES`` set to the GPUs it was given. Metrics arrive as datagrams on
-the agent's Unix socket (see :mod:`trialkeeper.agent.trial`), are checked, numbered per
+the agent's Unix socket (see :mod:`trialkeeper.agent.trial`), are checked (:mod:`.results`), numbered per
 trial and handed to the session in order. Datagrams need no connection to be accepted, so
 once a trial's process tree is gone everything it sent is already queued on the socket:
 the runner drains it before reporting the end, and no report can arrive late.
@@ -17,18 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import math
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trialkeeper.protos.limits import MAX_VALUE_JSON_CHARS
-
-from . import nnicompat, processes, rendezvous, trialfiles
+from . import nnicompat, processes, rendezvous, results, trialfiles
 from . import trial as sdk
 from .attribution import Attribution
 from .checkpoints import CheckpointKeeper, CheckpointLink, CheckpointUnavailable
@@ -470,29 +466,22 @@ class TrialRunner:
                 log.exception("a metric datagram could not be handled and was refused: %r", data[:200])
 
     def _ingest(self, data: bytes) -> None:
-        # One result {"trial", "kind", "value"}, or several of one kind that a trial reported
-        # in a tight loop {"trial", "kind", "values": [...]}.
-        try:
-            msg = _decode(data.decode())
-            trial_id = msg["trial"]
-            kind = msg["kind"]
-            values = msg.get("values")
-            # A save_checkpoint {"trial", "kind": "checkpoint", "step", "reply"} has no value.
-            value = msg["value"] if values is None and kind != "checkpoint" else None
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        d = results.decode(data)
+        if d is None:
             log.warning("an unreadable metric datagram was refused: %r", data[:200])
             return
-        t = self._trials.get(trial_id) if isinstance(trial_id, str) else None
+        t = self._trials.get(d.trial_id) if isinstance(d.trial_id, str) else None
         if t is None:
-            log.warning("a metric for unknown trial %r was refused", trial_id)
+            log.warning("a metric for unknown trial %r was refused", d.trial_id)
             return
+        kind, values = d.kind, d.values
         if kind == "checkpoint":
-            self._checkpoint(t, msg.get("step"), msg.get("reply"))
+            self._checkpoint(t, d.message.get("step"), d.message.get("reply"))
         elif values is None:
-            self._accept(t, kind, value)
+            self._accept(t, kind, d.value)
         elif type(values) is not list:
             _note(t, f"{kind} results refused: 'values' must be a list, got {type(values).__name__}")
-        elif kind == "intermediate" and values and _PLAIN.issuperset(map(type, values)) and _all_finite(values):
+        elif kind == "intermediate" and results.plain_run(values):
             # What a trial reporting floats in a tight loop sends: handed on as one run.
             index = t.metric_index
             t.metric_index += len(values)
@@ -525,25 +514,16 @@ class TrialRunner:
                 t.rank_noted = True
                 _note(t, f"{kind} result ignored: results are taken from rank 0, this is rank {t.spec.node_rank}")
             return
-        problem = sdk.check_metric(value)
-        if problem is None and kind not in ("intermediate", "final"):
-            problem = f"unknown result kind {kind!r}"
-        if problem is None and kind == "final" and t.final_reported:
-            problem = "the final result was already reported"
-        if problem is not None:
-            _note(t, f"{kind} result refused: {problem}")
+        accepted = results.check(kind, value, t.final_reported)
+        if isinstance(accepted, str):
+            _note(t, f"{kind} result refused: {accepted}")
             return
-        # A number's JSON is its repr (bool, NaN and infinities were refused above).
-        raw = repr(value) if type(value) is float or type(value) is int else _encode(value)
-        if len(raw) > MAX_VALUE_JSON_CHARS:  # escaped non-ASCII keys can outgrow the datagram
-            _note(t, f"{kind} result refused: larger than {MAX_VALUE_JSON_CHARS} characters as JSON")
-            return
-        number = float(value["default"] if isinstance(value, dict) else value)  # type: ignore[arg-type]
         if kind == "final":
             t.final_reported = True
         index = t.metric_index
         t.metric_index += 1
-        self.events.metrics(t.spec.trial_id, str(kind), index, [number], None if type(value) is float else [raw])
+        self.events.metrics(t.spec.trial_id, str(kind), index, [accepted.number],
+                            None if accepted.raw is None else [accepted.raw])
 
     # ---- logs ------------------------------------------------------------------------
 
@@ -574,22 +554,6 @@ class TrialRunner:
                 self.events.log(t.spec.trial_id, stream, path, offset, length)
                 offset += length
             t.log_offsets[stream] = offset
-
-
-# Made once: json.loads/json.dumps with arguments build a decoder or encoder per call, and
-# these run for every metric a trial reports.
-_decode = json.JSONDecoder().decode
-_encode = json.JSONEncoder(separators=(",", ":")).encode
-_PLAIN = frozenset((float,))
-
-
-def _all_finite(numbers: list[float]) -> bool:
-    """Whether every float is finite, found in C (a sum of finite floats is finite unless
-    it overflows; then they go one by one)."""
-    try:
-        return math.isfinite(math.fsum(numbers))
-    except OverflowError:
-        return False
 
 
 def _note(t: _Trial, message: str) -> None:

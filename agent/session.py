@@ -3,7 +3,8 @@
 Messages that matter get a sequence number and stay in ``_unacked`` until the coordinator
 acknowledges them; after a reconnect they are sent again, and the coordinator drops the
 ones it already stored. Metrics are batched: whatever the trials reported while the last
-message was being written goes out as one MetricBatch. Checkpoints travel as numbered
+message was being written goes out as one MetricBatch. The messages themselves are made
+in :mod:`.messages`. Checkpoints travel as numbered
 chunks and CheckpointSaved, answered by the Ack that covers them (:mod:`.checkpoint_link`).
 """
 
@@ -12,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
 import time
 import uuid
 from collections import deque
@@ -23,21 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import psutil
 from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
+from trialkeeper.protos.wire import TOKEN_METADATA_KEY
 
-from . import __version__, bulk, rendezvous
+from . import bulk, messages, rendezvous
 from .beats import GpuReport
 from .checkpoint_files import FileEntry
-from .checkpoint_link import CheckpointWire, checkpoint_ref, with_file_data
+from .checkpoint_link import CheckpointWire, with_file_data
 from .checkpoints import SavedCheckpoint
 from .dial import AgentRefused, open_channel, pin_certificate, refuse_if_tls
-from .gpu import GpuProbe, cuda_visible_devices
+from .gpu import GpuProbe
 from .metric_socket import socket_name
-from .runner import RunnerEvents, TrialResult, TrialRunner, TrialSpec
+from .runner import RunnerEvents, TrialResult, TrialRunner
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +48,6 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 # watching a live table notices, and each message saved is a gRPC write, an ack and a
 # store transaction. A metric after a quiet spell goes at once.
 METRIC_LINGER_S = 0.02
-_OUTCOMES = {
-    "succeeded": pb.TRIAL_OUTCOME_SUCCEEDED,
-    "failed": pb.TRIAL_OUTCOME_FAILED,
-    "canceled": pb.TRIAL_OUTCOME_CANCELED,
-    "timed_out": pb.TRIAL_OUTCOME_TIMED_OUT,
-    "lost": pb.TRIAL_OUTCOME_LOST,
-    "paused": pb.TRIAL_OUTCOME_PAUSED,
-}
 _STREAMS = {"stdout": pb.LOG_STREAM_STDOUT, "stderr": pb.LOG_STREAM_STDERR}
 _KINDS = {"intermediate": pb.METRIC_KIND_INTERMEDIATE, "final": pb.METRIC_KIND_FINAL}
 # Status codes that mean "this agent is not wanted", not "try again".
@@ -194,20 +184,8 @@ class AgentSession(RunnerEvents):
         self._file_ranges[msg.seq] = (path, length)
 
     def trial_ended(self, result: TrialResult) -> None:
-        msg = pb.TrialEnded(
-            trial_id=result.trial_id,
-            outcome=_OUTCOMES[result.outcome],
-            has_exit_code=result.exit_code is not None,
-            exit_code=result.exit_code or 0,
-            signal=result.signal,
-            reason=limits.clip(result.reason, limits.MAX_REASON_CHARS),
-            stderr_tail=result.stderr_tail,
-            ended_at=result.ended_at,
-            started=result.started,
-            gpus_still_in_use=self._gpus_in_use_by(result.trial_id),
-        )
         self._ended_trials.add((result.trial_id, result.attempt))
-        self._enqueue(pb.AgentMessage(trial_ended=msg))
+        self._enqueue(messages.trial_ended(result, self._gpus_in_use_by(result.trial_id)))
 
     def checkpoint_upload(self, trial_id: str, step: int, directory: Path, files: Sequence[FileEntry]) -> None:
         self._checkpoints.upload(trial_id, step, directory, files)
@@ -332,30 +310,10 @@ class AgentSession(RunnerEvents):
                 return 0
 
     def _register(self) -> pb.AgentMessage:
-        inv = self._inventory
-        vm = psutil.virtual_memory()
-        return pb.AgentMessage(
-            register=pb.Register(
-                protocol_version=PROTOCOL_VERSION,
-                environment_id=self.o.environment_id,
-                agent_instance_id=self.instance_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                cpu_count=os.cpu_count() or 1,
-                memory_total_bytes=vm.total,
-                gpus=[
-                    pb.GpuInfo(index=g.index, uuid=g.uuid, name=g.name, memory_total_bytes=g.memory_total_bytes,
-                               simulated=g.simulated, mig=g.mig)
-                    for g in inv.gpus[: limits.MAX_GPUS]
-                ],
-                gpu_unavailable_reason=limits.clip(inv.unavailable_reason or "", limits.MAX_REASON_CHARS),
-                driver_version=inv.driver_version,
-                cuda_version=inv.cuda_version,
-                agent_version=__version__,
-                active_trial_ids=sorted(set(self.runner.running_ids) | self._unacked_ended()),
-                last_seq=self._seq,
-                platform=self.o.platform,
-            )
+        return messages.register(
+            self._inventory, environment_id=self.o.environment_id, instance_id=self.instance_id,
+            active_trial_ids=sorted(set(self.runner.running_ids) | self._unacked_ended()), last_seq=self._seq,
+            platform=self.o.platform,
         )
 
     def _unacked_ended(self) -> set[str]:
@@ -489,25 +447,8 @@ class AgentSession(RunnerEvents):
 
     def _heartbeat(self) -> pb.Heartbeat:
         gpu_samples = self.o.probe.sample()[: limits.MAX_GPUS]  # as many as Register gives
-        pids = self.runner.attribute(p.pid for s in gpu_samples for p in s.processes)
-        samples = []
-        for s in gpu_samples:
-            samples.append(
-                pb.GpuSample(
-                    uuid=s.uuid,
-                    utilization_percent=s.utilization_percent,
-                    memory_used_bytes=s.memory_used_bytes,
-                    processes=[
-                        pb.GpuProcess(pid=p.pid, used_memory_bytes=p.used_memory_bytes, trial_id=pids.get(p.pid, ""))
-                        for p in s.processes[: limits.MAX_PROCESSES_PER_GPU]
-                    ],
-                )
-            )
-        return pb.Heartbeat(
-            memory_used_bytes=psutil.virtual_memory().used,
-            gpus=samples,
-            draining=self._draining,
-        )
+        owners = self.runner.attribute(p.pid for s in gpu_samples for p in s.processes)
+        return messages.heartbeat(gpu_samples, owners, self._draining)
 
     async def _read_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -547,23 +488,7 @@ class AgentSession(RunnerEvents):
     def _on_start(self, st: pb.StartTrial) -> None:
         if self.runner.knows(st.trial_id) or (st.trial_id, st.attempt) in self._ended_trials:
             return  # a resend after a reconnect: the trial (this attempt of it) is already ours
-        spec = TrialSpec(
-            trial_id=st.trial_id,
-            sequence_id=st.sequence_id,
-            experiment_id=st.experiment_id,
-            command=st.command,
-            parameters_json=st.parameters_json or "{}",
-            env=dict(st.env),
-            gpu_indices=tuple(st.gpu_indices),
-            visible_devices=cuda_visible_devices(st.gpu_indices, st.gpu_uuids, self._mig_uuids),
-            working_directory=st.working_directory,
-            max_duration_s=st.max_duration_s,
-            attempt=st.attempt,
-            first_metric_index=st.first_metric_index,
-            checkpoint=checkpoint_ref(st.checkpoint) if st.HasField("checkpoint") else None,
-            node_rank=st.node_rank, nodes=max(1, st.nodes), master_addr=st.master_addr, master_port=st.master_port,
-        )
-        self.runner.start(spec)
+        self.runner.start(messages.trial_spec(st, self._mig_uuids))
 
     async def _on_shutdown(self, sd: pb.Shutdown) -> None:
         log.info("coordinator asked to %s: %s", "drain" if sd.drain else "shut down", sd.reason)
