@@ -329,6 +329,8 @@ def restored_env(
         instance_id=row["agent_instance_id"], last_seq=row["last_seq"], last_seen=now, requested_at=now,
         # Only what the coordinator started has a platform id (what its platform answered).
         started_here=bool(row["platform_id"]), gpu_sharing=sharing,
+        # A member of a group started for a trial stays one: held for it while it waits.
+        group=str(row.get("group_id") or ""), group_for=str(row.get("group_for") or ""),
     )
     per_gpu, env.use_active_gpu = sharing or section.gpu_sharing
     gpus = [g for g in info.get("gpus", []) if isinstance(g, dict)] if isinstance(info, dict) else []

@@ -467,6 +467,16 @@ class EnvironmentAdded:
 
 
 @dataclass(frozen=True)
+class EnvironmentGrouped:
+    """``env_id`` is a member of group ``group`` (its first member's id), started for
+    ``trial_id``: kept, so that a resumed coordinator still holds the group for that trial."""
+
+    env_id: str
+    group: str
+    trial_id: str
+
+
+@dataclass(frozen=True)
 class EnvironmentStatusChanged:
     env_id: str
     old: str
@@ -553,14 +563,14 @@ Fact = (
     | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
     | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
     | ck.CheckpointRecorded | ck.CheckpointRemoved | ck.MetricsSuperseded | ck.TrialRetried
-    | ck.TrialParametersChanged | ck.CheckpointDigestKnown | ck.TrialForked | TrialRanks
+    | ck.TrialParametersChanged | ck.CheckpointDigestKnown | ck.TrialForked | TrialRanks | EnvironmentGrouped
 )
 
 FACTS = (
     TrialAdded, TrialStatusChanged, TrialPlaced, TrialUnplaced, TrialRan, TrialStopping, TrialExited,
     FinalResultSet, WaitingReasonsChanged, EnvironmentAdded, EnvironmentStatusChanged,
     EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored, *ck.CHECKPOINT_FACTS,
-    TrialRanks,
+    TrialRanks, EnvironmentGrouped,
 )
 
 # What the shell writes in one transaction before anything goes out.

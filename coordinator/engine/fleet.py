@@ -341,6 +341,7 @@ class Fleet:
                 for _ in range(size if for_trial else 1)]
         for env in envs if for_trial else ():
             env.group, env.group_for = envs[0].id, for_trial
+            self._out.append(ev.EnvironmentGrouped(env.id, env.group, for_trial))
         self._out.append(ev.StartEnvironmentGroup(envs[0].id, tuple(e.id for e in envs), for_trial) if for_trial
                          else ev.StartEnvironment(envs[0].id))
 

@@ -132,6 +132,9 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
         "id": f.env_id, "platform": f.platform, "status": f.status.value, "created_at": f.created_at,
     }),),
     ev.EnvironmentStatusChanged: _env_status,
+    ev.EnvironmentGrouped: lambda f: (Update("environments", f.env_id, {
+        "group_id": f.group, "group_for": f.trial_id,
+    }),),
     ev.EnvironmentLaunched: lambda f: (Update("environments", f.env_id, {"platform_id": f.platform_id}),),
     ev.EnvironmentWaits: lambda f: (Update("environments", f.env_id, {"reason": f.reason}),),
     ev.AgentJoined: lambda f: (Update("environments", f.env_id, {

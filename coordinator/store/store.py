@@ -127,7 +127,7 @@ TRIAL_COLUMNS = (
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
-    "agent_instance_id", "last_seq", "created_at", "ended_at", "connected",
+    "agent_instance_id", "last_seq", "created_at", "ended_at", "connected", "group_id", "group_for",
 )
 
 
@@ -175,7 +175,13 @@ _ADDED_COLUMNS = {
         **checkpointrows.TRIAL_COLUMNS,
     },
     # 1 while the environment's agent has its stream open.
-    "environments": {"connected": "INTEGER NOT NULL DEFAULT 0"},
+    "environments": {
+        "connected": "INTEGER NOT NULL DEFAULT 0",
+        # A member of a group of environments started for a trial (jobPerTrial): the group's
+        # id (its first member's) and the trial's; '' for an environment of its own.
+        "group_id": "TEXT NOT NULL DEFAULT ''",
+        "group_for": "TEXT NOT NULL DEFAULT ''",
+    },
 }
 
 

@@ -5,11 +5,13 @@ the group's environments are the gang's while it waits, and the pool's room boun
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from test_engine import Sim
 from test_gangs import start_gang, submit
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.store.store import Store
 
 
 def grouping_sim(envs: int, **policy: object) -> Sim:
@@ -162,3 +164,33 @@ def test_random_trials_on_a_grouping_platform_all_finish_each_gang_on_one_group_
         assert n and all(t.status is TrialStatus.SUCCEEDED for t in sim.engine.trials.values()), seed
         assert len([e for e in sim.engine.envs.values() if not e.status.terminal]) <= 6, seed
     assert len(on_their_group) >= 5  # the check above was not vacuous (10 gangs over the 12 seeds)
+
+
+def test_a_resumed_coordinator_still_holds_a_waiting_gangs_group_for_it(tmp_path: Path) -> None:
+    """Which environments form a group, and for which trial, is kept in the store: a core
+    restored from it holds the group for its gang (asks for no second group, lets no other
+    trial take its members) and starts the gang on it once its agents are back."""
+    sim = grouping_sim(4)
+    submit(sim, "g", 2)
+    asked = groups(sim)["g"]
+    submit(sim, "one", 1)
+    store = Store.in_dir(tmp_path)
+    try:
+        for fact in sim.out:
+            if isinstance(fact, ev.FACTS):
+                store.keep(fact)
+        rows = {r["id"]: r for r in store.envs()}
+        assert {e: (rows[e]["group_id"], rows[e]["group_for"]) for e in asked} == {e: (asked[0], "g") for e in asked}
+        trial_rows, env_rows = store.trials(), store.envs()
+    finally:
+        store.close()
+
+    after = grouping_sim(4)
+    after.engine.restore(trial_rows, env_rows, {}, now=after.now, wall=after.now)
+    after.feed(ev.Ticked())
+    again = groups(after)
+    assert "g" not in again and set(again) == {"one"}  # g keeps its group; one is given its own
+    for env_id in asked:
+        after.register(env_id)
+    assert sorted(start_gang(after, "g")) == sorted(asked)
+    assert after.engine.trials["one"].env_id not in asked

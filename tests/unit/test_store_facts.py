@@ -24,6 +24,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ev.TrialAdded("t1", 0, TrialStatus.WAITING, {"lr": 0.1}, "python train.py", 1, WALL,
                   ("local",)),
     ev.EnvironmentAdded("env-1", "local", EnvStatus.REQUESTED, WALL),
+    ev.EnvironmentGrouped("env-1", "env-1", "t1"),
     ev.EnvironmentLaunched("env-1", "pid-1"),
     ev.EnvironmentWaits("env-1", "pending: no free node"),
     ev.EnvironmentStatusChanged("env-1", "REQUESTED", EnvStatus.STARTING, "started (pid-1)"),
@@ -76,8 +77,8 @@ def test_every_fact_is_kept_by_a_real_store(store: Store) -> None:
     assert json.loads(trial["forked_from_json"]) == ["t0", 4]
     assert json.loads(trial["ranks_json"]) == [[0, "env-1", [0], "running"], [1, "env-2", [], "ended (failed)"]]
     (env,) = store.envs()
-    assert (env["status"], env["platform_id"], env["reason"]) == (
-        "STARTING", "pid-1", "started (pid-1)")
+    assert (env["status"], env["platform_id"], env["reason"], env["group_id"], env["group_for"]) == (
+        "STARTING", "pid-1", "started (pid-1)", "env-1", "t1")
 
 
 def test_a_trial_added_placed_and_succeeded(store: Store) -> None:
