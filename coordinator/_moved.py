@@ -35,6 +35,7 @@ MOVED = {
     "policy": "engine.policy",
     "readmodel": "read.model",
     "readpages": "read.pages",
+    "search.objectives": "config.objectives",
     "redacted": "config.redacted",
     "rows": "engine.rows",
     "scheduler": "engine.scheduler",

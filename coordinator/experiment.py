@@ -22,6 +22,7 @@ from typing import Any
 
 from . import experimentlog
 from .config.experiment import ExperimentConfig
+from .config.objectives import from_config as objectives_from_config
 from .core import Coordinator
 from .engine import results
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
@@ -29,7 +30,6 @@ from .engine.states import TrialStatus
 from .read.model import EnvSnapshot, best_trial, optimize_mode
 from .read.model import ranked as _ranked
 from .search.algorithms import create_assessor, create_tuner
-from .search.objectives import from_config as objectives_from_config
 from .search.search import (
     ContinueTrial,
     Instruction,

@@ -1,13 +1,7 @@
-"""The control channel of a running experiment: how ``trialkeeper pause``, ``continue``,
-``stop`` and ``cancel`` reach the coordinator that ``run`` or ``resume`` started.
-
-A Unix stream socket, ``control.sock`` in the experiment directory (mode 0600: only its
-owner may connect), or, when that path is too long for a Unix socket, in a 0700 directory of
-the system's temporary directory named by the user and a hash of the experiment directory's
-real path, which the client computes the same way. One JSON request line per connection,
-one JSON answer line back::
-
-    {"op": "pause", "trials": ["ab12cd"]}   ->   {"ok": true, "done": ["ab12cd"]}
+"""The server of a running experiment's control channel: how ``trialkeeper pause``,
+``continue``, ``stop`` and ``cancel`` (and the dashboard's actions) reach the coordinator that
+``run`` or ``resume`` started. Where its socket is and how a request is sent: the client,
+``control/client.py``.
 
 Requests: ``pause {trials}``, ``continue {trials}``, ``cancel {trials}`` and ``stop {}`` (the
 trials that checkpoint are paused, the others canceled, the experiment ends STOPPED). A
@@ -25,43 +19,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import hashlib
 import json
 import logging
 import math
 import os
 import socket
 import stat
-import tempfile
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..control.client import (
+    APPLIES_TO,
+    CONNECT_TIMEOUT_S,
+    MAX_LINE,
+    MAX_SOCKET_PATH,
+    REPLY_TIMEOUT_S,
+    ControlError,
+    NoCoordinator,
+    _check_private,
+    _in_temp,
+    alive,
+    no_coordinator,
+    request,
+    socket_path,
+)
 from ..engine.states import TrialStatus
 
 if TYPE_CHECKING:
     from ..search.steering import Steering
 
+# The client's names, which the CLI's commands take from here with the server's.
+__all__ = [
+    "APPLIES_TO", "CONNECT_TIMEOUT_S", "LIMITS", "MAX_LINE", "MAX_SOCKET_PATH", "OPS", "REPLY_TIMEOUT_S",
+    "ControlError", "ControlHook", "ControlServer", "NoCoordinator", "alive", "no_coordinator", "request",
+    "socket_path", "valid_limit",
+]
+
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "control.sock"
-# sun_path holds 108 bytes on Linux and 104 on macOS: keep well under both.
-MAX_SOCKET_PATH = 100
-CONNECT_TIMEOUT_S = 5.0
-REPLY_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 5.0  # for the server: a client that connects and says nothing is let go
-MAX_LINE = 1 << 20
 MAX_TRIALS = 10_000  # trial ids in one request
 STOP_REASON = "stopped by `trialkeeper stop`: trials that save checkpoints paused, the others canceled"
 
-# Which statuses each request applies to (the trial state machine's edges out of them).
-APPLIES_TO: dict[str, tuple[str, ...]] = {
-    "pause": ("WAITING", "RUNNING"),
-    "continue": ("PAUSED",),
-    "cancel": ("WAITING", "RUNNING", "PAUSED"),
-}
 OPS = (*APPLIES_TO, "stop", "ping", "update", "submit", "rerun")
 # What `update` changes: the config's name -> the coordinator's, and what a valid value is.
 LIMITS = {
@@ -70,51 +70,6 @@ LIMITS = {
     "maxExperimentDuration": ("max_experiment_duration", "a number of seconds > 0"),
 }
 SUBMIT_TIMEOUT_S = 20.0  # for the experiment loop to take a submitted trial
-
-
-class ControlError(RuntimeError):
-    """The control channel cannot be set up or used; the message is for the user."""
-
-
-class NoCoordinator(ControlError):
-    """Nothing answers on the experiment's control socket: its coordinator is gone."""
-
-
-# ---- where the socket is -------------------------------------------------------------------
-
-
-def socket_path(experiment_dir: Path) -> Path:
-    """The control socket of the experiment in ``experiment_dir``: in it when the path is
-    short enough for a Unix socket, else in this user's private directory for it under the
-    system's temporary directory."""
-    real = os.path.realpath(experiment_dir)
-    here = Path(real) / SOCKET_NAME
-    if len(os.fsencode(here)) <= MAX_SOCKET_PATH:
-        return here
-    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:20]
-    return Path(tempfile.gettempdir()) / f"trialkeeper-{os.getuid()}-{digest}" / SOCKET_NAME
-
-
-def _private(directory: Path) -> bool:
-    """Whether ``directory`` is under the experiment directory (its own rules) or a private
-    directory of ours: a real directory (no link), owned by this user, mode 0700."""
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
-
-
-def _check_private(directory: Path) -> None:
-    if not _private(directory):
-        raise ControlError(
-            f"{directory} is not a private directory of this user (a real directory, mode 0700): "
-            "refusing to use a control socket in it"
-        )
-
-
-def _in_temp(path: Path, experiment_dir: Path) -> bool:
-    return path.parent != Path(os.path.realpath(experiment_dir))
 
 
 # ---- the server ----------------------------------------------------------------------------
@@ -507,84 +462,3 @@ class ControlHook:
                 await asyncio.wait_for(self._serving, CONNECT_TIMEOUT_S)
         if self.server is not None:
             await self.server.close()
-
-
-# ---- the client ----------------------------------------------------------------------------
-
-
-def no_coordinator(experiment: str) -> str:
-    return f"no coordinator is running for {experiment} (it ended or crashed: trialkeeper resume {experiment})"
-
-
-def request(
-    experiment_dir: Path, op: str, trials: Sequence[str] = (), *, timeout: float = REPLY_TIMEOUT_S,
-    shown: str | None = None, fields: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Send one request to the experiment's coordinator and return its answer (a dict with
-    ``ok``). Raises NoCoordinator when none listens, ControlError when it cannot be asked
-    or does not answer in time. ``shown``: how the experiment is named in messages;
-    ``fields``: the request's other fields (``limits``, ``parameters``, ``failed``)."""
-    name = shown or str(experiment_dir)
-    path = socket_path(experiment_dir)
-    if _in_temp(path, experiment_dir) and path.parent.exists():
-        _check_private(path.parent)
-    body: dict[str, Any] = {**(fields or {}), "op": op}
-    if op in APPLIES_TO or trials:
-        body["trials"] = list(trials)
-    deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(CONNECT_TIMEOUT_S)
-        try:
-            sock.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise NoCoordinator(no_coordinator(name)) from None
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK):
-                raise NoCoordinator(no_coordinator(name)) from None
-            raise ControlError(f"cannot reach the coordinator of {name} on {path}: {e.strerror or e}") from e
-        sock.sendall((json.dumps(body) + "\n").encode())
-        data = _read_line(sock, deadline, name)
-    except TimeoutError:
-        raise ControlError(f"the coordinator of {name} did not answer within {timeout:g} s") from None
-    except OSError as e:
-        raise ControlError(f"the coordinator of {name} went away before it answered: {e.strerror or e}") from e
-    finally:
-        sock.close()
-    try:
-        answer = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise ControlError(f"the coordinator of {name} answered something that is not JSON") from None
-    if not isinstance(answer, dict) or "ok" not in answer:
-        raise ControlError(f"the coordinator of {name} answered something that is not an answer")
-    return answer
-
-
-def _read_line(sock: socket.socket, deadline: float, name: str) -> bytes:
-    data = b""
-    while b"\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        sock.settimeout(left)
-        part = sock.recv(65536)
-        if not part:
-            if not data:
-                raise ControlError(f"the coordinator of {name} closed the connection without an answer")
-            break
-        data += part
-        if len(data) > MAX_LINE:
-            raise ControlError(f"the coordinator of {name} answered more than {MAX_LINE} bytes")
-    return data.split(b"\n", 1)[0]
-
-
-def alive(experiment_dir: Path, timeout: float = CONNECT_TIMEOUT_S) -> bool:
-    """Whether the experiment's coordinator is still there: its control socket takes a
-    connection (one too busy to answer a ping in time still counts as there)."""
-    try:
-        request(experiment_dir, "ping", timeout=timeout)
-    except NoCoordinator:
-        return False
-    except ControlError:
-        return True
-    return True

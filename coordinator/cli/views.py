@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..config.objectives import Objectives, number
 from ..engine.states import TrialStatus
 from ..read.failures import failure_summary
 from ..read.model import (
@@ -29,7 +30,6 @@ from ..read.model import (
 from ..read.pages import MAX_PAGE, PageError, trial_page
 from ..read.pareto import objectives_of, pareto_front
 from ..read.results import result_keys
-from ..search.objectives import Objectives, number
 from ..store.reads import StoreError, holds_experiment
 from .steer import resolve_experiment
 

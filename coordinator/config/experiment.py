@@ -28,6 +28,8 @@ import yaml
 from ..platforms import TRAINING_SERVICES, register_training_service
 from . import nniv1
 from .nni import translate as translate_nni
+from .objectives import ObjectivesError
+from .objectives import parse as parse_objectives
 from .platform import TrainingServiceConfig, gang_shortfall
 from .rules import (
     BIND_ADDRESS,
@@ -75,7 +77,6 @@ __all__ = [
 ]
 
 _SEARCHSPACE_MODULE = "trialkeeper.coordinator.search.space"
-_OBJECTIVES_MODULE = "trialkeeper.coordinator.search.objectives"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,12 +322,8 @@ def _search_space_issues(space: dict[str, Any], tuner_name: object, tuner_class:
 
 def _objectives_issues(raw: Any) -> Issues:
     try:
-        module = importlib.import_module(_OBJECTIVES_MODULE)
-    except ImportError:
-        return []
-    try:
-        module.parse(raw)
-    except module.ObjectivesError as e:
+        parse_objectives(raw)
+    except ObjectivesError as e:
         return list(e.issues)
     return []
 

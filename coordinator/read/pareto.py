@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..search import objectives as obj
-from ..search.objectives import Objectives
+from ..config import objectives as obj
+from ..config.objectives import Objectives
 from .model import ReadModel
 from .snapshots import TrialSnapshot, optimize_mode
 

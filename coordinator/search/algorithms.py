@@ -13,9 +13,9 @@ import inspect
 import sys
 from typing import Any
 
+from ..config.objectives import Objectives
 from .asha import Asha
 from .assessors import Assessor, AssessorError, MedianStopAssessor, construct
-from .objectives import Objectives
 from .pbt import PopulationBasedTraining
 from .space import SearchSpaceError, is_batch_tuner, is_discrete, validate_search_space
 from .tuners import (

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config.objectives import Objectives
 from .assessors import Assessor, AssessorError, Verdict
-from .objectives import Objectives
 
 if TYPE_CHECKING:
     from .tuners import PastTrial

@@ -18,8 +18,8 @@ from typing import Any
 
 from .. import TrialStatus  # the public API
 from ..config.experiment import without_url_password
+from ..config.objectives import Objectives, number
 from .assessors import Assessor, AssessorError
-from .objectives import Objectives, number
 from .space import SearchSpaceError, validate_search_space
 from .tuners import PastTrial, Tuner, TunerError, normalized
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .objectives import Objectives, single
+from ..config.objectives import Objectives, single
 from .space import sample
 from .tuners import NoMoreTrials, PastTrial, Tuner, TunerError
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .. import TrialStatus  # the public API
+from ..config.objectives import Objectives
 from .assessors import Assessor, Verdict
-from .objectives import Objectives
 from .requests import Request, RequestKind
 from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner
 

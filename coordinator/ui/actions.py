@@ -1,7 +1,7 @@
 """The dashboard's actions: cancel, pause, continue and run again a trial, submit a trial of
 the user's own parameters, change the limits, stop the experiment.
 
-Each is a request of the experiment's control channel (``cli/control.py``), answered by the
+Each is a request of the experiment's control channel (``control/client.py``), answered by the
 coordinator that runs it as ``trialkeeper cancel``, ``update``, ``submit`` ... are: the
 dashboard of ``run --ui`` hands it to the control server on the experiment's own loop; one
 that ``trialkeeper view`` or ``ui`` serves beside a running experiment sends it over the
@@ -18,14 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from ..cli.control import ControlError, NoCoordinator, request
-
-if TYPE_CHECKING:
-    from ..cli.control import ControlServer
+from ..control.client import ControlError, NoCoordinator, request
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +39,12 @@ NOT_RUNNING = (
 )
 
 
+class Answers(Protocol):
+    """What answers control requests in the run's own process (its control server)."""
+
+    async def answer(self, line: bytes) -> dict[str, Any]: ...
+
+
 @dataclass
 class Controls:
     """What the dashboard of ``run --ui`` has of the experiment running in its process: the
@@ -51,7 +54,7 @@ class Controls:
     scheduling: Callable[[], tuple[int, float, float]] | None = None  # passes, total s, last s
 
 
-def on_loop(server: ControlServer, loop: asyncio.AbstractEventLoop) -> Ask:
+def on_loop(server: Answers, loop: asyncio.AbstractEventLoop) -> Ask:
     """Requests answered by ``server`` (the run's control server) on the experiment's ``loop``."""
 
     async def ask(body: dict[str, Any]) -> dict[str, Any]:

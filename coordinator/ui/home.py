@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_urldispatcher import AbstractResource, AbstractRoute
 
-from ..cli.control import alive
+from ..control.client import alive
 from ..read import pages
 from ..read.model import ReadModel, to_json
 from ..store.reads import FILENAME, StoreError, holds_experiment

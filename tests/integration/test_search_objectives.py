@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import build_config, run_async, write_script
 from trialkeeper.coordinator import cli
+from trialkeeper.coordinator.config.objectives import dominates
 from trialkeeper.coordinator.experiment import run_experiment
-from trialkeeper.coordinator.search.objectives import dominates
 
 TRIAL = """
 from trialkeeper.agent import trial

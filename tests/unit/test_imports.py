@@ -144,10 +144,12 @@ FORBIDDEN = [
      f"{C}.core", f"{C}.store", f"{C}.read"),
      (f"{C}.engine.events", f"{C}.engine.rows", f"{C}.engine.checkpoints")),
     ("the store imports none of the engine's machines", f"{C}.store", (f"{C}.engine",), CORE_DATA),
-    ("the read side imports none of the engine's machines", f"{C}.read", (f"{C}.engine", f"{C}.shell",
-     f"{C}.core", f"{C}.store.store"), CORE_DATA),
-    ("the dashboard imports no engine, shell or server", f"{C}.ui", (f"{C}.engine", f"{C}.shell",
-     f"{C}.transport", f"{C}.store.store", f"{C}.core"), ()),
+    ("the read side imports none of the engine's machines, and no search", f"{C}.read", (f"{C}.engine",
+     f"{C}.shell", f"{C}.core", f"{C}.store.store", f"{C}.search"), CORE_DATA),
+    ("the dashboard imports no engine, shell, server or CLI", f"{C}.ui", (f"{C}.engine", f"{C}.shell",
+     f"{C}.transport", f"{C}.store.store", f"{C}.core", f"{C}.cli"), ()),
+    ("the control client, below the CLI and the dashboard, imports nothing of theirs or the core's",
+     f"{C}.control", ("trialkeeper.",), ()),
     ("the CLI imports no engine, shell or writing store", f"{C}.cli", (f"{C}.engine.", f"{C}.shell",
      f"{C}.store.store"), CORE_DATA),
     ("the search uses only the public API (and its own config)", f"{C}.search", ("trialkeeper.",),
@@ -184,6 +186,10 @@ def test_the_rules_catch_a_forbidden_import() -> None:
     assert violations({f"{C}.ui.views": {f"{C}.engine.states"}})
     assert violations({f"{C}.read.model": {f"{C}.engine.fleet"}})
     assert not violations({f"{C}.read.model": {f"{C}.engine.model", C}})
+    assert violations({f"{C}.ui.home": {f"{C}.cli.control"}})
+    assert violations({f"{C}.read.pareto": {f"{C}.search.objectives"}})
+    assert violations({f"{C}.control.client": {f"{C}.cli.control"}})
+    assert not violations({f"{C}.ui.home": {f"{C}.control.client"}, f"{C}.read.pareto": {f"{C}.config.objectives"}})
 
 
 def test_no_layer_imports_what_it_must_not() -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 from trialkeeper.coordinator import cli
+from trialkeeper.coordinator.config.objectives import ObjectivesError, dominates, pareto_front, parse, single
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.read.pareto import objectives_of, pareto_trials
-from trialkeeper.coordinator.search.objectives import ObjectivesError, dominates, pareto_front, parse, single
 from trialkeeper.coordinator.search.search import (
     ContinueTrial,
     IntermediateStored,

@@ -9,10 +9,10 @@ import math
 from typing import Any
 
 import pytest
+from trialkeeper.coordinator.config.objectives import dominates, parse
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
 from trialkeeper.coordinator.search.assessors import AssessorError
-from trialkeeper.coordinator.search.objectives import dominates, parse
 from trialkeeper.coordinator.search.optunasearch import OptunaTuner
 from trialkeeper.coordinator.search.search import IntermediateStored, Search, TrialEnded, TrialSubmitted
 from trialkeeper.coordinator.search.tuners import PastTrial, TunerError

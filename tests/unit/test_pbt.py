@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from search_sim import Sim
+from trialkeeper.coordinator.config.objectives import parse
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.search.algorithms import create_tuner
-from trialkeeper.coordinator.search.objectives import parse
 from trialkeeper.coordinator.search.pbt import PopulationBasedTraining, explore
 from trialkeeper.coordinator.search.search import (
     ContinueTrial,
