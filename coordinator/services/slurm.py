@@ -2,7 +2,7 @@
 
 The job is named ``tk-<experiment>-<environment>`` and carries the experiment id in its
 comment, so ``squeue`` finds every job of an experiment from the id alone (``sweep``).
-Its script, kept at ``<experiment>/envs/<env>/job.sh`` with no secret in it, runs
+Its script (``slurm_script``), kept at ``<experiment>/envs/<env>/job.sh`` with no secret in it, runs
 ``python -m trialkeeper.agent`` under a small supervisor; the experiment token travels in
 the environment of the ``sbatch`` call, which Slurm hands to the job (``--export=ALL``) and
 which neither ``ps`` nor ``scontrol show job`` shows. The agent's output goes to
@@ -34,7 +34,6 @@ import contextlib
 import logging
 import os
 import re
-import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -44,10 +43,11 @@ from typing import TYPE_CHECKING
 
 from trialkeeper.protos.wire import TOKEN_ENV
 
-from ._jobs import Job, JobEnvironmentService, JobError, JobState, env_of, job_name
-from ._launch import agent_argv, log_tail, with_environment, write_tls_cert
+from ._jobs import Job, JobEnvironmentService, JobError, JobState, env_of
+from ._launch import log_tail, with_environment
 from .base import EnvironmentRequest, Observation
 from .slurm_config import SlurmConfig
+from .slurm_script import COMMENT_PREFIX, JobScripts
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COMMENT_PREFIX = "trialkeeper-experiment:"
 # How long a stopped job may take to be gone (Slurm's KillWait is 30 s by default).
 STOP_WAIT_S = 60.0
 _ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -94,9 +93,9 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         self.config = config
         self.experiment_dir = experiment_dir
         self.code_directory = code_directory
-        self.python = config.python_interpreter or sys.executable
-        self.directives = config.sbatch_directives(trial_gpu_number)
-        self.gpus = config.requests_gpus(trial_gpu_number)
+        self.scripts = JobScripts(experiment_dir, config.python_interpreter or sys.executable,
+                                  config.sbatch_directives(trial_gpu_number), config.prologue,
+                                  config.requests_gpus(trial_gpu_number), self.platform)
         self._states: dict[str, tuple[str, str]] = {}  # job id -> Slurm's (state, reason)
 
     @classmethod
@@ -120,11 +119,11 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
     # ---- the four platform calls ---------------------------------------------------
 
     async def submit(self, request: EnvironmentRequest, name: str) -> str:
-        env_dir = self.experiment_dir / "envs" / request.env_id
+        env_dir = self.scripts.env_dir(request.env_id)
         try:
             env_dir.mkdir(parents=True, exist_ok=True)
             script = env_dir / "job.sh"
-            text = self._script(request, env_dir)
+            text = self.scripts.script(request, env_dir)
             fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -132,7 +131,7 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
             raise JobError(f"cannot write the job script for {request.env_id}: {e}") from None
         # The token travels in sbatch's environment, which Slurm hands to the job.
         env = with_environment({TOKEN_ENV: request.token})
-        fixed = self._fixed_options(request, env_dir)
+        fixed = self.scripts.fixed_options(request, env_dir)
         run = await self._run(["sbatch", "--parsable", *fixed, str(script)], env=env)
         if run.rc == 0:
             job_id = run.out.strip().split(";")[0]
@@ -216,37 +215,6 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         tail = log_tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
         return Observation("failed", f"{detail}: {tail}" if tail else detail, job.platform_id)
 
-    # ---- the job script --------------------------------------------------------------
-
-    def _fixed_options(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
-        """The options trialkeeper relies on. They stand in the script for whoever reads it
-        and on sbatch's command line too, where SBATCH_* variables cannot override them."""
-        return [
-            f"--job-name={job_name(request.experiment_id, request.env_id)}",
-            f"--comment={COMMENT_PREFIX}{request.experiment_id}",
-            f"--output={env_dir / 'agent.log'}",
-            "--open-mode=append",
-            f"--chdir={self.experiment_dir}",
-            "--no-requeue",  # a requeued agent would come back as a stranger to the coordinator
-            "--export=ALL",
-        ]
-
-    def _script(self, request: EnvironmentRequest, env_dir: Path) -> str:
-        cert = write_tls_cert(env_dir, request.tls_cert_pem)
-        # A job given no GPUs: its trials must not take any.
-        argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
-                          workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=cert,
-                          agent_args=request.agent_args)
-        directives = [*self._fixed_options(request, env_dir), *self.directives]
-        lines = ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.config.prologue]
-        supervisor = [self.python, "-I", "-S", "-c", _SUPERVISOR, str(env_dir / "agent.exit")]
-        if self.gpus and "--gpu-indices" not in request.agent_args:
-            lines.append(_GPU_SELECTION)
-            lines.append("exec " + shlex.join([*supervisor, *argv]) + ' "$@"')
-        else:
-            lines.append("exec " + shlex.join([*supervisor, *argv]))
-        return "\n".join(lines) + "\n"
-
     # ---- helpers ------------------------------------------------------------------
 
     async def _final_state(self, job_id: str) -> str:
@@ -282,59 +250,6 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
             return _Run(-1, "", f"{argv[0]} did not answer within {self.config.command_timeout:g} s")
         assert proc.returncode is not None
         return _Run(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
-
-
-# Where a node's GPUs are not fenced off by cgroups, NVML shows the agent all of them: it
-# is then told the ones Slurm gave the job (SLURM_JOB_GPUS holds physical indices). Where
-# they are fenced, NVML shows only the job's own, numbered from 0, and nothing is passed.
-_GPU_SELECTION = """\
-set --
-if [ -n "${SLURM_JOB_GPUS:-}" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -gt \\
-     "$(printf '%s\\n' "$SLURM_JOB_GPUS" | tr ',' '\\n' | wc -l)" ]; then
-    set -- --gpu-indices "$SLURM_JOB_GPUS"
-fi"""
-
-# The job's main process: runs the agent, and when the agent ends, however it ends, kills
-# the trials it left (orphans are reparented here, as a child subreaper, whatever the
-# cluster's process tracking), then records the agent's exit status.
-_SUPERVISOR = """\
-import ctypes, os, signal, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-signal.signal(signal.SIGTERM, lambda *_: None)  # the agent gets its own; wait for it
-code = subprocess.Popen(sys.argv[2:]).wait()
-code = 128 - code if code < 0 else code
-def orphans():
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                    yield int(entry)
-        except (OSError, ValueError, IndexError):
-            pass
-while True:
-    try:
-        if os.waitpid(-1, os.WNOHANG)[0]:
-            continue
-    except ChildProcessError:
-        break
-    for pid in orphans():
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    time.sleep(0.05)
-with open(sys.argv[1] + ".tmp", "w") as f:
-    f.write(str(code))
-os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-sys.exit(code)
-"""
-
-
-def _quote_directive(option: str) -> str:
-    # sbatch splits #SBATCH lines on whitespace unless quoted.
-    return option if not any(c.isspace() for c in option) else f'"{option}"'
-
 
 
 def _job_id(platform_id: str) -> str:

@@ -35,8 +35,9 @@ from trialkeeper.coordinator.config.experiment import ConfigError, parse_config
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.slurm import _GPU_SELECTION, SlurmEnvironmentService
+from trialkeeper.coordinator.services.slurm import SlurmEnvironmentService
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig
+from trialkeeper.coordinator.services.slurm_script import _GPU_SELECTION
 from trialkeeper.coordinator.store.store import Store
 
 # A real Slurm cluster: slow to start, left out of the fast subset.
@@ -453,5 +454,5 @@ def test_gpu_jobs_name_slurms_gpus_only_where_the_node_shows_more(
                          timeout=10, check=True).stdout
     assert out.strip() == expected
     service = _service(tmp_path, gpusPerNode=2)
-    script = service._script(_request("env-1", "gpu"), tmp_path)
+    script = service.scripts.script(_request("env-1", "gpu"), tmp_path)
     assert "#SBATCH --gpus-per-node=2\n" in script and "--no-gpu" not in script and script.endswith('"$@"\n')
