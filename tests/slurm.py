@@ -1,8 +1,10 @@
-"""A real single-node Slurm cluster in a temporary directory, for tests.
+"""A real Slurm cluster of two nodes in a temporary directory, for tests.
 
 Debian's ``munged``, ``slurmctld`` and ``slurmd`` run with a generated munge key,
-``slurm.conf`` and ``cgroup.conf`` of their own: free ports on 127.0.0.1, one node named
-``localhost`` with this machine's CPUs and memory, ``proctrack/linuxproc`` and
+``slurm.conf`` and ``cgroup.conf`` of their own: free ports on 127.0.0.1, two nodes
+(:data:`NODES`), each one ``slurmd`` of its own on this machine (``slurmd -N <node>``, its
+own port, spool directory, pid and log file: Debian's slurmd runs several per host), each
+with this machine's CPUs and memory, so that a job of ``--nodes=2`` runs, ``proctrack/linuxproc`` and
 ``task/none`` (no cgroups needed), ``select/cons_tres`` and no accounting storage. The
 partition lets jobs share CPUs (``OverSubscribe=FORCE``) so that a 2-core machine can run
 a few agents at once. ``SLURM_CONF`` points the client commands at it.
@@ -34,6 +36,7 @@ STOP_TIMEOUT_S = 15.0
 COMMAND_TIMEOUT_S = 20.0
 PARTITION = "debug"
 DAEMONS = ("munged", "slurmctld", "slurmd")
+NODES = ("node-1", "node-2")
 CLIENTS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo")
 
 
@@ -43,7 +46,7 @@ class SlurmUnavailable(Exception):
 
 @dataclass
 class SlurmCluster:
-    """A running single-node cluster: its directory, config and the environment to use it."""
+    """A running cluster: its directory, config and the environment to use it."""
 
     directory: Path
     conf: Path
@@ -69,7 +72,7 @@ class SlurmCluster:
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the daemons' logs, for failure messages."""
         parts = []
-        for name in ("slurmctld.log", "slurmd.log"):
+        for name in ("slurmctld.log", *(f"slurmd-{n}.log" for n in NODES)):
             with contextlib.suppress(OSError):
                 text = (self.directory / "log" / name).read_text(errors="replace").splitlines()
                 parts.append(f"--- {name}\n" + "\n".join(text[-lines:]))
@@ -81,7 +84,7 @@ class SlurmCluster:
             self.command("scancel", "--user", str(os.getuid()), check=False)
         _wait(lambda: not self._jobs_or_empty(), 15.0)
         procs = []
-        for pid_file in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
+        for pid_file in (*(f"slurmd-{n}.pid" for n in NODES), "slurmctld.pid", "munge/munged.pid"):
             pid = _read_pid(self.directory / pid_file)
             if pid is None:
                 continue
@@ -104,14 +107,14 @@ class SlurmCluster:
 
 
 def start_cluster(base: Path) -> SlurmCluster:
-    """Start munged, slurmctld and slurmd under ``base``; wait until the node is idle."""
+    """Start munged, slurmctld and a slurmd per node under ``base``; wait until the nodes are idle."""
     missing = [b for b in (*DAEMONS, *CLIENTS) if shutil.which(b) is None and not Path(f"/usr/sbin/{b}").exists()]
     if missing:
         raise SlurmUnavailable(f"not installed: {', '.join(missing)} (apt-get install slurm-wlm munge)")
     if os.geteuid() != 0:
         raise SlurmUnavailable("slurmd needs root to start jobs")
     directory = base / "slurm"
-    for sub in ("munge", "state", "spool", "log"):
+    for sub in ("munge", "state", "log", *(f"spool-{n}" for n in NODES)):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     (directory / "munge").chmod(0o755)
     key_dir = directory / "munge-key"
@@ -136,8 +139,9 @@ def start_cluster(base: Path) -> SlurmCluster:
         ])
         _daemon(cluster, [_exe("slurmctld")])
         _wait_for(lambda: _answers(cluster, "scontrol", "ping"), cluster, "slurmctld never answered")
-        _daemon(cluster, [_exe("slurmd"), "-N", "localhost"])
-        _wait_for(lambda: _node_idle(cluster), cluster, "the node never became idle")
+        for node in NODES:
+            _daemon(cluster, [_exe("slurmd"), "-N", node])
+        _wait_for(lambda: _node_idle(cluster), cluster, "the nodes never became idle")
     except BaseException:
         cluster.stop()
         raise
@@ -147,22 +151,25 @@ def start_cluster(base: Path) -> SlurmCluster:
 def _slurm_conf(directory: Path) -> str:
     cpus = os.cpu_count() or 1
     memory_mb = max(1, psutil.virtual_memory().total // 2**20 - 256)
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus}"
+        f" RealMemory={memory_mb} State=UNKNOWN" for n in NODES
+    )
     return f"""\
 ClusterName=trialkeeper-test
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket={directory / 'munge' / 'munge.socket'}
 CredType=cred/munge
 StateSaveLocation={directory / 'state'}
-SlurmdSpoolDir={directory / 'spool'}
+SlurmdSpoolDir={directory / 'spool-%n'}
 SlurmctldPidFile={directory / 'slurmctld.pid'}
-SlurmdPidFile={directory / 'slurmd.pid'}
+SlurmdPidFile={directory / 'slurmd-%n.pid'}
 SlurmctldLogFile={directory / 'log' / 'slurmctld.log'}
-SlurmdLogFile={directory / 'log' / 'slurmd.log'}
+SlurmdLogFile={directory / 'log' / 'slurmd-%n.log'}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -175,8 +182,8 @@ ReturnToService=2
 KillWait=5
 MinJobAge=600
 MailProg=/bin/true
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
-PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
+{nodes}
+PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16
 """
 
 

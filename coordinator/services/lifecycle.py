@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Collection, Sequence
@@ -161,6 +162,14 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
             if pending.cancelled():  # by a stop, or by close
                 return StartResult(error="the start was canceled")
             raise
+
+    async def start_as_one(self, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
+        """Start a group as one object: the first member's launch makes it (its request names
+        every member, ``group_members``); the others share its platform id. Each answered alike."""
+        first = await self.start(dataclasses.replace(requests[0], group_members=tuple(r.env_id for r in requests)))
+        for r in requests[1:] if not first.error else ():
+            self._records.setdefault(r.env_id, self._record(r.env_id, first.platform_id, experiment_id=r.experiment_id))
+        return [first] * len(requests)
 
     async def poll(self, env_ids: Sequence[str]) -> dict[str, Observation]:
         # The platform is asked in the background, waited for at most POLL_WAIT_S: a slow

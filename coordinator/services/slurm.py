@@ -45,7 +45,7 @@ from trialkeeper.protos.wire import TOKEN_ENV
 
 from ._jobs import Job, JobEnvironmentService, JobError, JobState, env_of
 from ._launch import log_tail, with_environment
-from .base import EnvironmentRequest, Observation
+from .base import EnvironmentRequest, Observation, StartResult
 from .slurm_config import SlurmConfig
 from .slurm_script import COMMENT_PREFIX, JobScripts
 
@@ -97,6 +97,8 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
                                   config.sbatch_directives(trial_gpu_number), config.prologue,
                                   config.requests_gpus(trial_gpu_number), self.platform)
         self._states: dict[str, tuple[str, str]] = {}  # job id -> Slurm's (state, reason)
+        # jobPerTrial: one job of a node per member for each group of environments.
+        self.groups_environments = config.job_per_trial
 
     @classmethod
     def from_config(cls, config: ExperimentConfig, ts: SlurmConfig, experiment_dir: Path) -> Self:
@@ -116,6 +118,13 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
     async def prepare(self) -> None:
         self.experiment_dir.mkdir(parents=True, exist_ok=True)
 
+    async def start_group(self, group: str, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
+        """One job for the group, named after its first member: a node per member, each
+        running the agent of one (``slurm_script``); stopping one member cancels the job."""
+        if not self.groups_environments:
+            return await super().start_group(group, requests)
+        return await self.start_as_one(requests)
+
     # ---- the four platform calls ---------------------------------------------------
 
     async def submit(self, request: EnvironmentRequest, name: str) -> str:
@@ -123,7 +132,11 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         try:
             env_dir.mkdir(parents=True, exist_ok=True)
             script = env_dir / "job.sh"
-            text = self.scripts.script(request, env_dir)
+            if len(request.group_members) > 1:
+                text, task = self.scripts.group_script(request, env_dir)
+                (env_dir / "task.sh").write_text(task, encoding="utf-8")
+            else:
+                text = self.scripts.script(request, env_dir)
             fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)

@@ -92,6 +92,9 @@ class SlurmConfig(EnvironmentPoolConfig):
     command_timeout: float = field(default=30.0, metadata=POSITIVE_DURATION)
     # Where the Slurm commands are, when they are not on PATH.
     slurm_bin_directory: Path | None = None
+    # One job per trial in reuse mode: a job of `trialNodes` nodes whose `srun` runs an agent
+    # on each (`--nodes=N --ntasks-per-node=1`), not one job per environment.
+    job_per_trial: bool = False
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:

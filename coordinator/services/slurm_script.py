@@ -5,6 +5,7 @@ its exit status in ``agent.exit``. Pure text, no Slurm command: ``slurm.py`` sub
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,34 +38,63 @@ class JobScripts:
         """Where an environment's script, agent log and exit status are kept."""
         return self.experiment_dir / "envs" / env_id
 
-    def fixed_options(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
+    def fixed_options(self, request: EnvironmentRequest, env_dir: Path, *, output: str = "agent.log") -> list[str]:
         """The options trialkeeper relies on. They stand in the script for whoever reads it
-        and on sbatch's command line too, where SBATCH_* variables cannot override them."""
+        and on sbatch's command line too, where SBATCH_* variables cannot override them. A
+        group's job (``request.group_members``) asks for a node per member, a task on each."""
+        members = len(request.group_members)
+        layout = [f"--nodes={members}", f"--ntasks={members}", "--ntasks-per-node=1"] if members > 1 else []
         return [
             f"--job-name={job_name(request.experiment_id, request.env_id)}",
             f"--comment={COMMENT_PREFIX}{request.experiment_id}",
-            f"--output={env_dir / 'agent.log'}",
+            f"--output={env_dir / output}",
             "--open-mode=append",
             f"--chdir={self.experiment_dir}",
             "--no-requeue",  # a requeued agent would come back as a stranger to the coordinator
             "--export=ALL",
+            *layout,
         ]
 
     def script(self, request: EnvironmentRequest, env_dir: Path) -> str:
+        """The job script of one environment: its agent runs as the job's main process."""
+        return "\n".join([*self._header(request, env_dir), *self._agent(request, env_dir)]) + "\n"
+
+    def group_script(self, request: EnvironmentRequest, env_dir: Path) -> tuple[str, str]:
+        """The job script of a group of environments (``request.group_members``, its own id
+        first; ``env_dir`` the first's), and the script each of its tasks runs. The job has a
+        node per member; ``srun`` starts one task on each, which runs the agent of the member
+        its rank (``SLURM_PROCID``) names, its output in that member's ``agent.log``. A task
+        that fails ends the others (``--kill-on-bad-exit``): the group lives and ends as one."""
+        members = request.group_members
+        cases = []
+        for i, member in enumerate(members):
+            member_dir = self.env_dir(member)
+            member_dir.mkdir(parents=True, exist_ok=True)
+            lines = self._agent(dataclasses.replace(request, env_id=member), member_dir)
+            cases.append(f"{i}) exec >>{shlex.quote(str(member_dir / 'agent.log'))} 2>&1")
+            cases += [*lines, ";;"]
+        task = ["#!/bin/sh", 'case "${SLURM_PROCID:?srun sets it}" in', *cases, "esac",
+                'echo "task $SLURM_PROCID is beyond the group" >&2', "exit 2"]
+        srun = ["srun", f"--nodes={len(members)}", f"--ntasks={len(members)}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=1", "/bin/sh", str(env_dir / "task.sh")]
+        job = [*self._header(request, env_dir, output="job.log"), "exec " + shlex.join(srun)]
+        return "\n".join(job) + "\n", "\n".join(task) + "\n"
+
+    def _header(self, request: EnvironmentRequest, env_dir: Path, *, output: str = "agent.log") -> list[str]:
+        directives = [*self.fixed_options(request, env_dir, output=output), *self.directives]
+        return ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.prologue]
+
+    def _agent(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
+        """Shell lines that run ``request``'s agent under the supervisor, in its place."""
         cert = write_tls_cert(env_dir, request.tls_cert_pem)
         # A job given no GPUs: its trials must not take any.
         argv = agent_argv(request.coordinator_address, request.env_id, self.platform, python=self.python,
                           workdir=str(self.experiment_dir), no_gpu=not self.gpus, tls_cert=cert,
                           agent_args=request.agent_args)
-        directives = [*self.fixed_options(request, env_dir), *self.directives]
-        lines = ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.prologue]
         supervisor = [self.python, "-I", "-S", "-c", SUPERVISOR, str(env_dir / "agent.exit")]
         if self.gpus and "--gpu-indices" not in request.agent_args:
-            lines.append(_GPU_SELECTION)
-            lines.append("exec " + shlex.join([*supervisor, *argv]) + ' "$@"')
-        else:
-            lines.append("exec " + shlex.join([*supervisor, *argv]))
-        return "\n".join(lines) + "\n"
+            return [_GPU_SELECTION, "exec " + shlex.join([*supervisor, *argv]) + ' "$@"']
+        return ["exec " + shlex.join([*supervisor, *argv])]
 
 
 # Where a node's GPUs are not fenced off by cgroups, NVML shows the agent all of them: it

@@ -1,6 +1,7 @@
 """Multi-node trials beyond this machine's own agents: two machines over the real sshd
-(tests/sshd.py), two jobs of the real local Slurm (tests/slurm.py). Each runs a real
-collective across its two ranks (JAX's multi-process CPU backend over gloo)."""
+(tests/sshd.py), two jobs of the real local Slurm (tests/slurm.py), and one Slurm job of two
+nodes (``jobPerTrial``: ``sbatch --nodes=2``, an agent on each node through ``srun``). Each
+runs a real collective across its two ranks (JAX's multi-process CPU backend over gloo)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_async
+from conftest import run_async, stored_rows
+from slurm import NODES
 from test_multinode import EXAMPLE, WAIT_S, jax_python, ranks_output
 from test_remote import _code_dir, _config, lab  # noqa: F401 - lab: the two sshd machines
 from test_slurm import cluster  # noqa: F401 - cluster: the real local Slurm
@@ -44,17 +46,38 @@ def test_a_two_node_trial_on_two_remote_machines(tmp_path: Path, lab: Any) -> No
     _run_one(parse_config(data, code), tmp_path / "exp", 2)
 
 
-@pytest.mark.slow
-def test_a_two_node_trial_on_two_slurm_jobs(tmp_path: Path, cluster: Any) -> None:  # noqa: F811
+def _slurm_data(tmp_path: Path, **platform: Any) -> dict[str, Any]:
     code = tmp_path / "code"
     code.mkdir()
     shutil.copy(EXAMPLE, code / "collective.py")
-    data = {
+    return {
         "trialCommand": f"{jax_python()} collective.py", "trialCodeDirectory": str(code), "trialConcurrency": 1,
         "trialNodes": 2, "experimentWorkingDirectory": str(tmp_path / "experiments"),
         "trainingService": {
             "platform": "slurm", "reuseMode": True, "environmentCount": 2, "partition": "debug",
-            "timeLimit": "10m", "cpusPerTask": 1, "memory": "512MiB", "pollInterval": "0.5s",
+            "timeLimit": "10m", "cpusPerTask": 1, "memory": "512MiB", "pollInterval": "0.5s", **platform,
         },
     }
-    _run_one(parse_config(data, code), tmp_path / "exp", 2)
+
+
+@pytest.mark.slow
+def test_a_two_node_trial_on_two_slurm_jobs(tmp_path: Path, cluster: Any) -> None:  # noqa: F811
+    data = _slurm_data(tmp_path)
+    _run_one(parse_config(data, tmp_path / "code"), tmp_path / "exp", 2)
+
+
+@pytest.mark.slow
+def test_a_two_node_trial_in_one_slurm_job_of_two_nodes(tmp_path: Path, cluster: Any) -> None:  # noqa: F811
+    data = _slurm_data(tmp_path, jobPerTrial=True)
+    exp = tmp_path / "exp"
+    _run_one(parse_config(data, tmp_path / "code"), exp, 2)
+    envs = stored_rows(exp, "envs")
+    # Both ranks' environments are the one job's two tasks, one on each of the two nodes.
+    assert len(envs) == 2 and len({e["platform_id"] for e in envs}) == 1, envs
+    job_id = envs[0]["platform_id"].removeprefix("job ")
+    shown = cluster.command("scontrol", "show", "job", "--oneliner", job_id).stdout
+    assert "NumNodes=2 " in shown and f"NodeList={NODES[0][:-2]}-[1-2]" in shown, shown
+    script = (exp / "envs" / envs[0]["id"] / "job.sh").read_text()
+    assert "#SBATCH --nodes=2\n" in script and "exec srun " in script, script
+    for e in envs:  # each agent wrote its own log and, once stopped, its own exit status
+        assert (exp / "envs" / e["id"] / "agent.exit").read_text() == "0", e

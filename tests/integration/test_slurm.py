@@ -5,6 +5,7 @@ Where Slurm cannot start these tests skip with the reason; in CI (``CI`` set) th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -456,3 +457,55 @@ def test_gpu_jobs_name_slurms_gpus_only_where_the_node_shows_more(
     service = _service(tmp_path, gpusPerNode=2)
     script = service.scripts.script(_request("env-1", "gpu"), tmp_path)
     assert "#SBATCH --gpus-per-node=2\n" in script and "--no-gpu" not in script and script.endswith('"$@"\n')
+
+
+def test_a_group_is_one_job_of_a_node_per_member_and_ends_as_one(tmp_path: Path, cluster: SlurmCluster) -> None:
+    """jobPerTrial: a group of two environments is one `sbatch --nodes=2` job whose srun runs
+    each member's agent on a node of its own (the member its SLURM_PROCID names); stopping
+    one member cancels the job, and the other ends with it."""
+    experiment_id = f"gr{os.getpid()}"
+
+    async def body() -> None:
+        service = _service(tmp_path, jobPerTrial=True)
+        assert service.groups_environments
+        members = ("env-1", "env-2")
+        results = await service.start_group("env-1", [_request(e, experiment_id) for e in members])
+        assert [r.error for r in results] == [None, None] and len({r.platform_id for r in results}) == 1, results
+        job_id = results[0].platform_id.removeprefix("job ")
+
+        async def running() -> bool:
+            return {o.state for o in (await service.poll(list(members))).values()} == {"running"}
+
+        await async_wait_until(running, WAIT_S)
+        shown = cluster.command("scontrol", "show", "job", "--oneliner", job_id).stdout
+        assert "NumNodes=2 " in shown and "NumTasks=2 " in shown, shown
+        # Each member's agent runs, in its own task, as that member.
+        def agents() -> list[str]:
+            found = []
+            for p in psutil.process_iter(["cmdline"]):
+                argv = p.info["cmdline"] or []
+                if "--environment-id" in argv and str(tmp_path / "exp") in argv:
+                    found.append(argv[argv.index("--environment-id") + 1])
+            return sorted(found)
+
+        await async_wait_until(lambda: agents() == list(members), WAIT_S)
+        await service.stop("env-2", grace_s=0.0)
+        assert not _experiment_jobs(cluster, experiment_id)
+
+        async def ended() -> bool:
+            return all(o.state in ("exited", "failed") for o in (await service.poll(list(members))).values())
+
+        await async_wait_until(ended, WAIT_S)
+        await service.close()
+
+    run_async(body, timeout=120)
+
+
+def test_a_group_task_beyond_its_members_says_so(tmp_path: Path) -> None:
+    service = _service(tmp_path, jobPerTrial=True)
+    request = dataclasses.replace(_request("env-1", "x"), group_members=("env-1", "env-2"))
+    job, task = service.scripts.group_script(request, tmp_path)
+    assert "#SBATCH --nodes=2\n" in job and "#SBATCH --ntasks-per-node=1\n" in job and "--kill-on-bad-exit=1" in job
+    done = subprocess.run(["sh", "-c", task], env={"SLURM_PROCID": "2", "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=10, check=False)
+    assert (done.returncode, done.stderr.strip()) == (2, "task 2 is beyond the group")

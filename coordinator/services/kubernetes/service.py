@@ -139,10 +139,7 @@ class KubernetesEnvironmentService(LifecycleService[KubernetesPlatformConfig, _E
         Workers or tasks (the same object; stopping one member stops the group)."""
         if not self.groups_environments:
             return await super().start_group(group, requests)
-        first = await self.start(dataclasses.replace(requests[0], group_members=tuple(r.env_id for r in requests)))
-        for r in requests[1:] if not first.error else ():
-            self._records.setdefault(r.env_id, self._record(r.env_id, first.platform_id, experiment_id=r.experiment_id))
-        return [first] * len(requests)
+        return await self.start_as_one(requests)
 
     async def stop(self, env_id: str, grace_s: float = 5.0) -> None:
         env = self._records.get(env_id)
