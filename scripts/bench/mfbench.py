@@ -2,11 +2,11 @@
 (pausing and continuing), asynchronous Hyperband, TPE + ASHA and PBT against Ray Tune's
 OptunaSearch + ASHA, TuneBOHB + HyperBandForBOHB and PBT, on the same workload.
 
-    python scripts/bench/mfbench.py [--seeds 5] [--trials 40] [--concurrency 2] [--epoch-s 0.04]
-        [--methods asha,hyperband,...] [--ray-python PATH] [--json OUT]
+    python scripts/bench/mfbench.py [--family crossing|plateau|power] [--seeds 5] [--trials 40]
+        [--concurrency 2] [--epoch-s 0.04] [--methods asha,hyperband,...] [--ray-python PATH] [--json OUT]
 
-The objective is slowcurves.py (a family of curves, one per seed; the best configurations
-learn slowest), EPOCHS epochs of ``--epoch-s`` seconds of sleep each (about 1 s a trial, so
+The objective is slowcurves.py (families of curves, ``--family``, one objective per seed; the
+best configurations learn slowest), EPOCHS epochs of ``--epoch-s`` seconds of sleep each (about 1 s a trial, so
 the machine's CPU stays free). Every method gets ``--trials`` configurations (PBT: a
 population of POPULATION), ``--concurrency`` at a time, one method after the other, each in a
 process of its own; Ray Tune runs in its own virtualenv (peers.py; ``peer_ray_mf.py``).
@@ -37,17 +37,20 @@ sys.path.insert(0, str(HERE))
 from common import run_json_child
 from peers import DEFAULT_CACHE, venv_python
 from searchbench import reach, run_config
-from slowcurves import EPOCHS, SPACE, _world, curve
+from slowcurves import EPOCHS, FAMILIES, SPACE, _world, curve
 
 POPULATION = 8
 ASHA = {"min_resource": 1, "max_resource": EPOCHS, "reduction_factor": 3}
-TK_METHODS = ("asha", "hyperband", "tpe+asha", "pbt")
+# The settings docs/search.md recommends for slow starters: a first rung at a third of the
+# training, halving (eta 2), and every bracket, the last one training its share to the end.
+SLOW_STARTERS = {"min_resource": EPOCHS / 3, "max_resource": EPOCHS, "reduction_factor": 2, "brackets": 3}
+TK_METHODS = ("asha", "hyperband", "tpe+asha", "tpe+hyperband", "tpe", "pbt")
 RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
 WITHIN = (0.02, 0.01, 0.005)
 TIMED = " (Ray's wall time)"  # a method given Ray Tune's OptunaSearch + ASHA wall time of the seed
 
 
-def optimum(seed: int, samples: int = 10_000) -> float:
+def optimum(seed: int, family: str = FAMILIES[0], samples: int = 10_000) -> float:
     """The best score known for the seed, any epoch: the best of ``samples`` random
     configurations and of each architecture's best rate and momentum at each width, each
     of the best 20 then refined by 200 small random steps."""
@@ -56,18 +59,18 @@ def optimum(seed: int, samples: int = 10_000) -> float:
     for arch, w in _world(seed).items():
         for width in (64, 128, 256, 512):
             p = {"lr": 10 ** w["lr"], "momentum": w["momentum"], "width": width, "arch": arch}
-            found.append((max(curve(p, seed)), p))
+            found.append((max(curve(p, seed, family)), p))
     for _ in range(samples):
         p = {"lr": 10 ** rng.uniform(-4, 0), "momentum": rng.uniform(0, 0.99), "width": rng.choice([64, 128, 256, 512]),
              "arch": rng.choice(["mlp", "cnn", "res"])}
-        found.append((max(curve(p, seed)), p))
+        found.append((max(curve(p, seed, family)), p))
     found.sort(key=lambda f: -f[0])
     best = found[0][0]
     for score, p in found[:20]:
         for _ in range(200):
             q = {**p, "lr": min(1.0, max(1e-4, p["lr"] * 10 ** rng.gauss(0, 0.1))),
                  "momentum": min(0.99, max(0.0, p["momentum"] + rng.gauss(0, 0.03)))}
-            s = max(curve(q, seed))
+            s = max(curve(q, seed, family))
             if s > score:
                 score, p = s, q
         best = max(best, score)
@@ -76,23 +79,26 @@ def optimum(seed: int, samples: int = 10_000) -> float:
 
 def _search(method: str, seed: int) -> dict[str, Any]:
     asha = {"name": "asha", "classArgs": dict(ASHA)}
+    tpe = {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed}}
     return {
         "asha": {"tuner": {"name": "random", "classArgs": {"seed": seed}}, "assessor": asha},
         "hyperband": {"tuner": {"name": "random", "classArgs": {"seed": seed}},
                       "assessor": {"name": "asha", "classArgs": {**ASHA, "brackets": 3}}},
-        "tpe+asha": {"tuner": {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed}}, "assessor": asha},
+        "tpe+asha": {"tuner": tpe, "assessor": asha},
+        "tpe+hyperband": {"tuner": tpe, "assessor": {"name": "asha", "classArgs": dict(SLOW_STARTERS)}},
+        "tpe": {"tuner": tpe},  # no early stopping: every configuration trains to the end
         "pbt": {"tuner": {"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 3,
                                                        "seed": seed}}},
     }[method]
 
 
 def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch_s: float,
-                    duration: float | None = None) -> dict[str, Any]:
+                    duration: float | None = None, family: str = FAMILIES[0]) -> dict[str, Any]:
     """One method on one seed: ``trials`` configurations, or, with ``duration``, as many as
     that many seconds allow (maxExperimentDuration, no maxTrialNumber)."""
     with tempfile.TemporaryDirectory() as work:
         data: dict[str, Any] = {
-            "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s}",
+            "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s} {family}",
             "trialCodeDirectory": str(HERE), "trialConcurrency": concurrency, "maxTrialNumber": trials,
             "searchSpace": SPACE, "trainingService": {"platform": "local"}, "experimentWorkingDirectory": work,
             **_search(method, seed),
@@ -101,7 +107,7 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch
             del data["maxTrialNumber"]
             data["maxExperimentDuration"] = f"{duration:.0f}s"
         name = method if duration is None else f"{method}{TIMED}"
-        return {"method": name, "seed": seed, **run_config(data, Path(work))}
+        return {"method": name, "seed": seed, "family": family, **run_config(data, Path(work))}
 
 
 def best_at(curve_: list[list[float]], t: float) -> float | None:
@@ -132,10 +138,30 @@ def summarize(runs: list[dict[str, Any]], optima: dict[int, float]) -> dict[str,
     return table
 
 
+def markdown(table: dict[str, Any]) -> str:
+    """The summary as a Markdown table: per method, each seed's time to 2 %, 1 % and 0.5 %
+    of the best known score (— never) and its gap at Ray Tune's OptunaSearch + ASHA wall time."""
+    def cells(rows: list[dict[str, Any]], figure: Any) -> str:
+        return ", ".join(figure(r) for r in rows)
+
+    def secs(t: float | None) -> str:
+        return "—" if t is None else f"{t:.0f}"
+
+    lines = ["| method | seeds | time to 2 % (s) | to 1 % (s) | to 0.5 % (s) | gap at Ray's wall time (%) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for method, rows in table.items():
+        gaps = cells(rows, lambda r: "—" if r["gap_at_ray_wall"] is None else f"{r['gap_at_ray_wall'] * 100:.2f}")
+        lines.append(f"| {method} | {cells(rows, lambda r: str(r['seed']))} | "
+                     + " | ".join(cells(rows, lambda r, w=w: secs(r["reach_s"][f"{w:g}"])) for w in WITHIN)
+                     + f" | {gaps} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--one", choices=TK_METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--family", choices=FAMILIES, default=FAMILIES[0], help="slowcurves.py's family of curves")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=2)
@@ -148,52 +174,62 @@ def main() -> int:
                     help="give each trialkeeper method, instead of --trials, the wall time Ray Tune's OptunaSearch + "
                     "ASHA took on the same seed in this earlier output")
     ap.add_argument("--summarize", type=Path, nargs="+", metavar="JSON",
-                    help="only summarize the runs of these earlier outputs together")
+                    help="only summarize the runs of these earlier outputs (of --family) together")
+    ap.add_argument("--markdown", action="store_true", help="with --summarize: the table in Markdown on stderr")
     a = ap.parse_args()
     if a.summarize:
         runs, optima = [], {}
         for f in a.summarize:
             d = json.loads(f.read_text())
+            if d.get("family", FAMILIES[0]) != a.family:
+                ap.error(f"--summarize: {f} holds the family {d.get('family', FAMILIES[0])!r}, "
+                         f"not --family {a.family!r}")
             runs += d["runs"]
             optima.update({int(k): v for k, v in d["optima"].items()})
-        print(json.dumps({"optima": optima, "summary": summarize(runs, optima)}))
+        table = summarize(runs, optima)
+        if a.markdown:
+            print(markdown(table), file=sys.stderr)
+        print(json.dumps({"family": a.family, "optima": optima, "summary": table}))
         return 0
     if a.one:
-        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s, a.duration)), flush=True)
+        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s, a.duration, a.family)),
+              flush=True)
         return 0
     runs: list[dict[str, Any]] = []
-    optima = {seed: optimum(seed) for seed in range(a.seeds)}
+    optima = {seed: optimum(seed, a.family) for seed in range(a.seeds)}
     ray_wall: dict[int, float] = {}
     if a.ray_wall_from:
         ray_wall = {r["seed"]: r["wall_s"] for r in json.loads(a.ray_wall_from.read_text())["runs"]
-                    if r["method"] == "ray-optuna+asha" and r.get("wall_s")}
+                    if r["method"] == "ray-optuna+asha" and r.get("wall_s")
+                    and r.get("family", FAMILIES[0]) == a.family}  # (outputs before families were "crossing")
     for seed in range(a.seeds):
         for method in a.methods.split(","):
             if method in RAY_METHODS:
                 argv = [a.ray_python, str(HERE / "peer_ray_mf.py"), "--method", method, "--seed", str(seed),
                         "--trials", str(a.trials), "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s),
-                        "--population", str(POPULATION)]
+                        "--population", str(POPULATION), "--family", a.family]
             else:
                 argv = [sys.executable, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials),
-                        "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s)]
+                        "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s), "--family", a.family]
                 if a.ray_wall_from:
                     if seed not in ray_wall:
                         continue
                     argv += ["--duration", str(ray_wall[seed])]
             r = run_json_child(argv, timeout_s=900)
-            runs.append({"method": method, "seed": seed, **r})  # (a timed run names itself)
+            runs.append({"method": method, "seed": seed, "family": a.family, **r})  # (a timed run names itself)
             best = r["curve"][-1][1] if r.get("curve") else math.nan
-            print(f"seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best:.4f} of {optima[seed]:.4f} "
-                  f"stopped {r.get('early_stopped')} {str(r.get('error', ''))[-300:]}", file=sys.stderr, flush=True)
-            a.json.write_text(json.dumps({"optima": optima, "runs": runs}, indent=1))
+            print(f"{a.family} seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best:.4f} "
+                  f"of {optima[seed]:.4f} stopped {r.get('early_stopped')} {str(r.get('error', ''))[-300:]}",
+                  file=sys.stderr, flush=True)
+            a.json.write_text(json.dumps({"family": a.family, "optima": optima, "runs": runs}, indent=1))
     table = summarize(runs, optima)
-    a.json.write_text(json.dumps({"optima": optima, "runs": runs, "summary": table}, indent=1))
+    a.json.write_text(json.dumps({"family": a.family, "optima": optima, "runs": runs, "summary": table}, indent=1))
     for method, rows in table.items():
         walls = statistics.median(r["wall_s"] for r in rows)
         at_ray = [r["gap_at_ray_wall"] for r in rows]
         print(f"{method:16} wall median {walls:5.1f} s; gap at Ray ASHA's wall "
               + ", ".join("—" if g is None else f"{g * 100:.2f} %" for g in at_ray), file=sys.stderr)
-    print(json.dumps({"optima": optima, "summary": table}))
+    print(json.dumps({"family": a.family, "optima": optima, "summary": table}))
     return 0
 
 

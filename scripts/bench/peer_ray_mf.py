@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slowcurves import EPOCHS, curve  # beside this script
+from slowcurves import EPOCHS, FAMILIES, curve  # beside this script
 
 
 def heard_callback(tune: Any) -> Any:
@@ -39,6 +39,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--method", required=True, choices=("ray-optuna+asha", "ray-bohb", "ray-pbt"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--family", choices=FAMILIES, default=FAMILIES[0])
     p.add_argument("--trials", type=int, default=40)
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--epoch-s", type=float, default=0.04)
@@ -50,7 +51,7 @@ def main() -> None:
     import ray
     from ray import tune
 
-    seed, epoch_s, checkpoints = a.seed, a.epoch_s, a.method != "ray-optuna+asha"
+    seed, family, epoch_s, checkpoints = a.seed, a.family, a.epoch_s, a.method != "ray-optuna+asha"
 
     def trainable(config: dict[str, Any]) -> None:
         start = 0
@@ -60,7 +61,7 @@ def main() -> None:
                 start = json.loads((Path(d) / "state.json").read_text())["epoch"]
         params = {"lr": float(config["lr"]), "momentum": float(config["momentum"]), "width": int(config["width"]),
                   "arch": str(config["arch"])}  # (BOHB's are numpy's numbers)
-        values = curve(params, seed)
+        values = curve(params, seed, family)
         for epoch in range(start, EPOCHS):
             time.sleep(epoch_s)
             metrics = {"score": values[epoch], "wall": time.time(), "epoch": epoch + 1}
@@ -119,7 +120,7 @@ def main() -> None:
     per_trial: dict[str, int] = {}
     for _, _, trial_id in heard.results:
         per_trial[trial_id] = per_trial.get(trial_id, 0) + 1
-    print(json.dumps({"method": a.method, "seed": seed, "ok": True, "wall_s": wall, "curve": best,
+    print(json.dumps({"method": a.method, "seed": seed, "family": family, "ok": True, "wall_s": wall, "curve": best,
                       "trials": len(results), "early_stopped": sum(1 for n in per_trial.values() if n < EPOCHS),
                       "ray": ray.__version__}), flush=True)
 

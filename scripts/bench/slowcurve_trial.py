@@ -3,22 +3,23 @@
 # pause, or with new parameters from a population-based exploit), it goes on from the epoch
 # its checkpoint holds, along the curve of the parameters it now has.
 #
-#     python slowcurve_trial.py SEED EPOCH_S
+#     python slowcurve_trial.py SEED EPOCH_S [FAMILY]
 import json
 import pathlib
 import sys
 import time
 
-from slowcurves import EPOCHS, curve
+from slowcurves import EPOCHS, FAMILIES, curve
 from trialkeeper.agent import trial
 
 seed, epoch_s = int(sys.argv[1]), float(sys.argv[2])
+family = sys.argv[3] if len(sys.argv) > 3 else FAMILIES[0]
 p = trial.get_next_parameter()
 ckpt = pathlib.Path(trial.get_checkpoint_dir())
 start = 0
 if trial.checkpoint_step() is not None:
     start = json.loads((ckpt / "state.json").read_text())["epoch"]
-values = curve(p, seed)
+values = curve(p, seed, family)
 for epoch in range(start, EPOCHS):
     time.sleep(epoch_s)
     trial.report_intermediate_result(values[epoch])

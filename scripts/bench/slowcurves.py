@@ -1,7 +1,20 @@
 """Synthetic learning curves whose best configurations start slow and overtake fast ones late.
 
-A family of objectives, one per seed, deterministic: ``curve(params, seed)`` is the score
-(in [0, 1], higher is better) after each of EPOCHS epochs. What a seed draws:
+Families of objectives (``FAMILIES``), one objective per family and seed, deterministic:
+``curve(params, seed, family)`` is the score (in [0, 1], higher is better) after each of EPOCHS
+epochs. All families share what a seed draws (below) and a configuration's quality ``q``;
+they differ in the shape of the curves:
+
+- ``crossing``: a saturating exponential, a power law or a delayed sigmoid per architecture,
+  the best configurations slowest (the family described below);
+- ``plateau``: every configuration climbs fast to a plateau, then jumps to its asymptote at
+  an epoch of its own; the better the configuration, the lower its plateau and the later
+  its jump (epoch 3 to about 20), so until the jumps the best look worst;
+- ``power``: a power law ``1 - (1 + e)^-a`` whose exponent ``a`` falls with the quality and
+  varies per configuration (a random factor of 0.75-1.33), with noise that is large early
+  (σ 0.012 at epoch 1, 0.003 late): slow, noisy crossings over the whole run.
+
+What a seed draws:
 
 - for each architecture (``arch``), the learning rate and momentum it does best with, its
   ceiling, and the shape of its curves: a saturating exponential, a power law, or a delayed
@@ -33,6 +46,7 @@ SPACE: dict[str, Any] = {
     "arch": {"_type": "choice", "_value": ["mlp", "cnn", "res"]},
 }
 SHAPES = ("exp", "power", "sigmoid")
+FAMILIES = ("crossing", "plateau", "power")
 
 
 def _world(seed: int) -> dict[str, dict[str, Any]]:
@@ -56,30 +70,55 @@ def quality(params: dict[str, Any], seed: int) -> float:
     return max(0.0, min(1.0, lr_term * m_term * width_term))
 
 
-def curve(params: dict[str, Any], seed: int) -> list[float]:
+def curve(params: dict[str, Any], seed: int, family: str = "crossing") -> list[float]:
     """The score after each epoch."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     w = _world(seed)[params["arch"]]
     q = quality(params, seed)
     top = w["ceiling"] * (0.45 + 0.55 * q)
-    # The better the configuration, the slower it learns; a larger rate speeds the start.
-    speed = 0.55 * (1.35 - q) ** 2.2 * (params["lr"] / 10 ** w["lr"]) ** 0.15 * (128 / params["width"]) ** 0.25
     key = json.dumps(params, sort_keys=True)
     noise = random.Random(int.from_bytes(hashlib.sha256(f"{seed}|{key}".encode()).digest()[:8], "big"))
+    # A larger rate speeds the start, a wider one slows it.
+    by_lr, by_width = (params["lr"] / 10 ** w["lr"]) ** 0.15, (128 / params["width"]) ** 0.25
+    rate = by_lr * by_width
+    if family == "plateau":
+        fracs, sigmas = _plateau(q, rate), [0.004] * EPOCHS
+    elif family == "power":
+        b = (0.25 + 0.9 * q**2) / rate**0.5 * math.exp(noise.uniform(-0.29, 0.29))
+        fracs = [(e / EPOCHS) ** b for e in range(1, EPOCHS + 1)]
+        sigmas = [0.003 + 0.012 / e**0.5 for e in range(1, EPOCHS + 1)]
+    else:
+        fracs, sigmas = _crossing(w["shape"], q, by_lr, by_width), [0.003] * EPOCHS
+    return [max(0.0, min(1.0, top * f + noise.gauss(0.0, s))) for f, s in zip(fracs, sigmas)]
+
+
+def _crossing(shape: str, q: float, by_lr: float, by_width: float) -> list[float]:
+    # The better the configuration, the slower it learns.
+    speed = 0.55 * (1.35 - q) ** 2.2 * by_lr * by_width
     out = []
     for epoch in range(1, EPOCHS + 1):
-        if w["shape"] == "exp":
+        if shape == "exp":
             frac = 1.0 - math.exp(-speed * epoch)
-        elif w["shape"] == "power":
+        elif shape == "power":
             frac = 1.0 - (1.0 + speed * epoch) ** -1.6
         else:  # a warm-up, then a sigmoid
             mid = 2.5 / max(speed, 1e-3)
             frac = (1.0 / (1.0 + math.exp(-speed * 2.2 * (epoch - mid))) - 1.0 / (1.0 + math.exp(speed * 2.2 * mid)))
             frac /= 1.0 - 1.0 / (1.0 + math.exp(speed * 2.2 * mid))
-        out.append(max(0.0, min(1.0, top * frac + noise.gauss(0.0, 0.003))))
+        out.append(frac)
     return out
 
 
-def crossing(seed: int, n: int = 400) -> dict[str, float]:
+def _plateau(q: float, rate: float) -> list[float]:
+    # A fast climb to a plateau (lower for better configurations), then a jump (later for them).
+    level = 0.85 - 0.45 * q
+    jump = 3.0 + 13.0 * q**1.3 / rate**0.5
+    return [level * (1.0 - math.exp(-0.6 * e)) + (1.0 - level) / (1.0 + math.exp(-(e - jump) / 1.2))
+            for e in range(1, EPOCHS + 1)]
+
+
+def crossing(seed: int, n: int = 400, family: str = "crossing") -> dict[str, float]:
     """How much the early epochs mislead on ``n`` random configurations: the rank correlation
     of the score at epoch 3 and at epoch 9 with the last epoch's, and the last epoch at which
     the eventual best configuration is not yet in the top tenth."""
@@ -89,7 +128,7 @@ def crossing(seed: int, n: int = 400) -> dict[str, float]:
          "arch": rng.choice(["mlp", "cnn", "res"])}
         for _ in range(n)
     ]
-    curves = [curve(c, seed) for c in configs]
+    curves = [curve(c, seed, family) for c in configs]
 
     def ranks(xs: list[float]) -> list[float]:
         order = sorted(range(len(xs)), key=lambda i: xs[i])
@@ -116,5 +155,6 @@ def crossing(seed: int, n: int = 400) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    for s in range(5):
-        print(s, _world(s), crossing(s))
+    for fam in FAMILIES:
+        for s in range(5):
+            print(fam, s, _world(s), crossing(s, family=fam))

@@ -17,12 +17,12 @@ def test_mfbench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "mf.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH / "mfbench.py"), "--seeds", "1", "--trials", "4", "--epoch-s", "0.01",
-         "--methods", "asha,pbt", "--json", str(out)],
+         "--methods", "asha,pbt", "--family", "plateau", "--json", str(out)],
         check=False, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert 0.5 < last["optima"]["0"] <= 1.0
+    assert last["family"] == "plateau" and 0.5 < last["optima"]["0"] <= 1.0
     summary = last["summary"]
     assert sorted(summary) == ["asha", "pbt"]
     for rows in summary.values():
