@@ -157,23 +157,32 @@ class ReadModel:
 
     # -- environments
 
-    def environments(self, latest: int | None = None) -> tuple[EnvSnapshot, ...]:
-        """Every environment. ``latest``: each one's ``trials`` are only its latest ``latest``
-        (:meth:`trials_per_environment` counts them all), read in the store: a hundred
-        thousand trials need not be read for a page of environments."""
+    def environments(
+        self, latest: int | None = None, *, offset: int = 0, limit: int | None = None
+    ) -> tuple[EnvSnapshot, ...]:
+        """The environments in the order they were made (``limit`` of them from ``offset``:
+        a page, whose trials and GPU samples alone are read). ``latest``: each one's ``trials``
+        are only its latest ``latest`` (:meth:`trials_per_environment` counts them all), read
+        in the store: a hundred thousand trials need not be read for a page of environments."""
+        rows = self._read("environments", lambda: self.store.envs(offset, limit))
+        ids = None if limit is None else [r["id"] for r in rows]
         # Only the trials still waiting or running are read whole (their GPUs, whether they
         # stop): with a hundred thousand ended trials, an environment needs just their ids.
         active = self.active_by_environment()
-        places = self.store.trial_places if latest is None else lambda: self.store.latest_trial_places(latest)
+        places = self.store.trial_places if latest is None else lambda: self.store.latest_trial_places(latest, ids)
         by_env: dict[str | None, list[str]] = {}
         for tid, env_id, *_ in self._read("trials", places):
             if isinstance(tid, str) and (env_id is None or isinstance(env_id, str)):
                 by_env.setdefault(env_id, []).append(tid)
-        samples = self._read("GPU samples", self.store.latest_gpu_samples)
-        return tuple(self._env(r, by_env, active, samples) for r in self._read("environments", self.store.envs))
+        samples = self._read("GPU samples", lambda: self.store.latest_gpu_samples(ids))
+        return tuple(self._env(r, by_env, active, samples) for r in rows)
 
-    def trials_per_environment(self) -> dict[str | None, int]:
-        return self._read("trials", self.store.trials_per_environment)
+    def environment_count(self) -> int:
+        return self._read("environments", self.store.env_count)
+
+    def trials_per_environment(self, env_ids: Sequence[str] | None = None) -> dict[str | None, int]:
+        """How many trials were placed on each environment (on those of ``env_ids`` when given)."""
+        return self._read("trials", lambda: self.store.trials_per_environment(env_ids))
 
     def active_by_environment(self) -> dict[str | None, list[TrialSnapshot]]:
         """The trials waiting or running, by the environment they are placed on."""
@@ -272,7 +281,7 @@ class ReadModel:
             started_at=f.number("created_at"), ended_at=f.number("ended_at"), optimize_mode=mode,
             trials=MappingProxyType(counts), trial_count=sum(counts.values()),
             metrics=self._read("metrics", self.store.metric_count),
-            environments=len(self._read("environments", self.store.envs)),
+            environments=self.environment_count(),
             best=self.best(mode), unreadable=tuple(f.notes),
         )
 

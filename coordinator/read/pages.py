@@ -111,6 +111,23 @@ def every_trial(
         yield trial_snapshot(row)
 
 
+def every_trial_values(
+    model: ReadModel, columns: Sequence[str], *, status: str | None = None, environment: str | None = None,
+    search: str = "", sort: str = "sequence", descending: bool = False, ids: Sequence[str] = (),
+) -> Iterator[tuple[Any, ...]]:
+    """The stored ``columns`` of every trial :func:`every_trial` would give, in its order, as
+    the store holds them (unchecked: the caller reads them as :mod:`.rows` does), read as used."""
+    where, args, key, key_args = _selection(status, environment, search, sort, ids)
+    rows = model._read("trials", lambda: model.store.trial_values_sorted(
+        columns, where=where, args=args, key=key, key_args=key_args, descending=descending,
+    ))
+    while True:
+        row = model._read("trials", lambda: next(rows, None))
+        if row is None:
+            return
+        yield row[:len(columns)]
+
+
 def _selection(
     status: str | None, environment: str | None, search: str, sort: str, ids: Sequence[str]
 ) -> tuple[str, list[Any], str, list[Any]]:

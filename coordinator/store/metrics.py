@@ -124,6 +124,14 @@ def _expand(row: sqlite3.Row | tuple) -> Iterable[MetricRow]:
         yield MetricRow(trial_id, idx + k, kind, value, given or repr(value), ats[k])
 
 
+def _newest(row: sqlite3.Row | tuple) -> MetricRow:
+    """The last result of a run (what :func:`_expand` gives last, without the others)."""
+    trial_id, idx, n, kind, vals, value_json, reported_at = row
+    value = _unpack(vals)[n - 1]
+    given = json.loads(value_json)[n - 1] if value_json is not None else ""
+    return MetricRow(trial_id, idx + n - 1, kind, value, given or repr(value), _unpack(reported_at)[n - 1])
+
+
 def read(db: sqlite3.Connection, where: str, args: Sequence[object], *, has_runs: bool) -> list[MetricRow]:
     """The metrics of the trials ``where`` selects (a condition on ``trial_id``), by trial
     and index, from both tables; one row per (trial, index)."""
@@ -178,7 +186,7 @@ def last_of_each(db: sqlite3.Connection, kind: str, *, has_runs: bool) -> dict[s
             "SELECT r.* FROM metric_runs r JOIN (SELECT trial_id, max(idx) AS idx FROM metric_runs WHERE kind = ?"
             " GROUP BY trial_id) l USING (trial_id, idx)", (kind,),
         ):
-            *_, newest = _expand(run)
+            newest = _newest(run)
             known = found.get(newest.trial_id)
             if known is None or newest.index > known.index:
                 found[newest.trial_id] = newest

@@ -91,16 +91,23 @@ class StoreReader:
         """(id, environment id, status) of every trial, in submission order."""
         return [tuple(r) for r in self._db.execute("SELECT id, environment_id, status FROM trials ORDER BY seq")]
 
-    def latest_trial_places(self, n: int) -> list[tuple[Any, Any]]:
-        """(id, environment id) of each environment's latest ``n`` trials, in submission order."""
+    def latest_trial_places(self, n: int, env_ids: Sequence[str] | None = None) -> list[tuple[Any, Any]]:
+        """(id, environment id) of each environment's latest ``n`` trials (of those of
+        ``env_ids`` when given, read from the index by environment), in submission order."""
+        where, args = _among("environment_id", env_ids)
         return [tuple(r) for r in self._db.execute(
             "SELECT id, environment_id FROM (SELECT id, environment_id, seq, row_number() OVER "
-            "(PARTITION BY environment_id ORDER BY seq DESC) AS back FROM trials) WHERE back <= ? ORDER BY seq", (n,),
+            f"(PARTITION BY environment_id ORDER BY seq DESC) AS back FROM trials WHERE {where}) WHERE back <= ? "
+            "ORDER BY seq", (*args, n),
         )]
 
-    def trials_per_environment(self) -> dict[Any, int]:
-        """How many trials were placed on each environment (None: on none yet)."""
-        return dict(self._db.execute("SELECT environment_id, count(*) FROM trials GROUP BY environment_id").fetchall())
+    def trials_per_environment(self, env_ids: Sequence[str] | None = None) -> dict[Any, int]:
+        """How many trials were placed on each environment (of ``env_ids`` when given; None:
+        on none yet)."""
+        where, args = _among("environment_id", env_ids)
+        return dict(self._db.execute(
+            f"SELECT environment_id, count(*) FROM trials WHERE {where} GROUP BY environment_id", args
+        ).fetchall())
 
     def checkpoints(self, trial_id: str | None = None, *, kept: bool = True) -> list[dict[str, Any]]:
         """Checkpoints as stored, oldest first (``kept``: those whose files are still there)."""
@@ -171,6 +178,26 @@ class StoreReader:
             [*key_args, *args],
         )
         return (dict(r) for r in cursor)
+
+    def trial_values_sorted(
+        self, columns: Sequence[str], *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any],
+        descending: bool,
+    ) -> Iterator[tuple[Any, ...]]:
+        """The stored ``columns`` (names of the trials table) of every trial ``where`` selects,
+        as tuples, sorted as :meth:`trials_page` sorts, read as iterated: what an export of a
+        hundred thousand trials reads, without a whole row or a dict a trial."""
+        known = {r[1] for r in self._db.execute("PRAGMA table_info(trials)")}
+        unknown = [c for c in columns if c not in known]
+        if unknown:
+            raise ValueError(f"columns: {', '.join(unknown)} are not columns of the trials table")
+        direction = "DESC" if descending else "ASC"
+        cursor = self._db.cursor()
+        cursor.row_factory = None  # plain tuples
+        return cursor.execute(
+            f"SELECT {', '.join(columns)}, {key} AS sort_key FROM trials WHERE {where}"
+            f" ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction}",
+            [*key_args, *args],
+        )
 
     def trials_every(self, step: int, limit: int) -> list[dict[str, Any]]:
         """Every ``step``-th trial in submission order, ``limit`` at most: the trials whose
@@ -285,6 +312,11 @@ class StoreReader:
         """The index after the trial's last stored metric (0 when it has none)."""
         return metricstore.next_index(self._db, trial_id, has_runs=self._has_runs)
 
+    def data_version(self) -> int:
+        """A number that changes when another connection commits to the store (SQLite's
+        ``PRAGMA data_version``): whether anything changed, without reading anything."""
+        return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
     def metric_count(self) -> int:
         """How many metrics are stored: the count add_runs keeps, or, in a store no
         version that keeps it has written, a count of the rows."""
@@ -293,8 +325,15 @@ class StoreReader:
             return int(kept)
         return metricstore.count(self._db, has_runs=self._has_runs)
 
-    def envs(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._db.execute("SELECT * FROM environments ORDER BY created_at, id")]
+    def envs(self, offset: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """The environments in the order they were made; ``limit`` of them from ``offset``."""
+        return [dict(r) for r in self._db.execute(
+            "SELECT * FROM environments ORDER BY created_at, id LIMIT ? OFFSET ?",
+            (-1 if limit is None else limit, offset),
+        )]
+
+    def env_count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM environments").fetchone()[0])
 
     def events(self, entity_id: str | None = None) -> list[dict[str, Any]]:
         if entity_id is None:
@@ -315,12 +354,13 @@ class StoreReader:
         found = [_gpu_row(r) for r in rows]
         return [r for r in found if trial_id is None or trial_id in r.trial_ids]
 
-    def latest_gpu_samples(self) -> dict[str, dict[str, GpuSampleRow]]:
-        """The newest stored sample of each GPU, by environment and uuid: one query for every
-        environment (the table has no index by environment, and need not)."""
+    def latest_gpu_samples(self, env_ids: Sequence[str] | None = None) -> dict[str, dict[str, GpuSampleRow]]:
+        """The newest stored sample of each GPU (of the environments ``env_ids`` when given), by
+        environment and uuid: one query, read from the index by GPU."""
+        where, args = _among("environment_id", env_ids)
         rows = self._db.execute(
             "SELECT * FROM gpu_samples WHERE id IN"
-            " (SELECT max(id) FROM gpu_samples GROUP BY environment_id, uuid)"
+            f" (SELECT max(id) FROM gpu_samples WHERE {where} GROUP BY environment_id, uuid)", args
         ).fetchall()
         latest: dict[str, dict[str, GpuSampleRow]] = {}
         for r in rows:
@@ -329,6 +369,13 @@ class StoreReader:
 
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def _among(column: str, values: Sequence[Any] | None) -> tuple[str, list[Any]]:
+    """SQL that keeps the rows whose ``column`` is one of ``values`` (every row when None)."""
+    if values is None:
+        return "1=1", []
+    return f"{column} IN ({','.join('?' * len(values))})", list(values)
 
 
 def _gpu_row(r: sqlite3.Row) -> GpuSampleRow:

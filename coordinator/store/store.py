@@ -105,6 +105,9 @@ CREATE INDEX IF NOT EXISTS trials_status ON trials (status, seq);
 CREATE INDEX IF NOT EXISTS trials_final_metric ON trials (final_metric);
 -- The charts over time read the ended trials in order from this index alone (no sort).
 CREATE INDEX IF NOT EXISTS trials_ended ON trials (ended_at, seq, final_metric);
+-- A page of environments reads its trials (the latest, how many) and its GPUs' latest
+-- samples from these, not from every trial and every sample.
+CREATE INDEX IF NOT EXISTS trials_environment ON trials (environment_id, seq);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     id INTEGER PRIMARY KEY,
     at REAL NOT NULL,
@@ -116,6 +119,7 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     -- JSON list of the trials with processes on the GPU at that moment
     trial_ids_json TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS gpu_samples_gpu ON gpu_samples (environment_id, uuid, id);
 """
 
 TRIAL_COLUMNS = (

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..read import analysis, pages, pareto
+from ..read.kept import Kept
 from ..read.model import ReadModel, TrialSnapshot, to_json
 from ..read.space import Axis, search_space
 from ..read.space import axes as parameter_axes
@@ -25,12 +26,23 @@ STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED")  # ended, maybe wit
 _cache_lock = threading.Lock()  # the caches below: answers are built on several threads
 
 
+_compared: Kept[dict[str, Any]] = Kept()
+
+
 def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
     """Curves of the trials asked for (``ids``, comma-separated), else of the best and latest;
-    a sample of every trial's parameters and metric, with each parameter's axis."""
+    a sample of every trial's parameters and metric, with each parameter's axis. Kept until
+    the trials change (a submitted trial, a status, a result)."""
+    ids = query.get("ids", "")
+    answer = _compared.get(model, ("compare", ids), lambda: _compare(model, ids))
+    analysis.warm()  # the page asks for importance next: its import starts now, as this answer goes
+    return answer
+
+
+def _compare(model: ReadModel, asked: str) -> dict[str, Any]:
     config = model.stored_config()
     mode = config_mode(config)
-    ids = [i for i in query.get("ids", "").split(",") if i][:CHOSEN_MAX]
+    ids = [i for i in asked.split(",") if i][:CHOSEN_MAX]
     total = sum(model.trial_counts().values())
     if ids:
         found = [t for t in (model.trial(i) for i in ids) if t is not None]
@@ -56,7 +68,6 @@ def compare(model: ReadModel, query: Mapping[str, str]) -> dict[str, Any]:
             if n in (t.parameters or {}):
                 seen[n].append((t.parameters or {})[n])
     finals, ranked = _final_metric_ranks(model)
-    analysis.warm()  # the page asks for importance next: its import starts now, as this answer goes
     sampled = len(sample) < total
     return {
         "optimize_mode": mode,

@@ -51,6 +51,13 @@ START_TIMEOUT_S = 30.0
 SHUTDOWN_TIMEOUT_S = 2.0
 PUBLIC = ("page", "static", "login")  # the routes that need no token: the page asks for it
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
+# Every answer's, unless it says otherwise: not cached, its type as said, and scripts only
+# from the package (a value a trial reported can never run as code), and no framing (no other
+# site can overlay the Cancel button).
+SAFE_HEADERS = {
+    "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+}
 
 
 class DashboardError(ValueError):
@@ -121,7 +128,7 @@ def build_app(
     app.router.add_get("/api/trials/{id}/log/download", state.download)
     app.router.add_get("/api/compare", state.view(lambda m, r: plots.compare(m, r.query)))
     app.router.add_get("/api/importance", state.importance)
-    app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m)))
+    app.router.add_get("/api/environments", state.view(lambda m, r: views.environments(m, r.query)))
     app.router.add_get(
         "/api/environments/{id}/gpus", state.view(lambda m, r: views.environment_gpus(m, r.match_info["id"]))
     )
@@ -202,12 +209,9 @@ class _State:
                 "this dashboard needs the experiment's token (log in on the page, or send Authorization: Bearer TOKEN)",
             )
         response = await handler(request)
-        response.headers.setdefault("Cache-Control", "no-store")
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        # Scripts only from the package (a value a trial reported can never run as code), and
-        # no framing (no other site can overlay the Cancel button).
-        response.headers.setdefault("Content-Security-Policy", CSP)
-        response.headers.setdefault("X-Frame-Options", "DENY")
+        if not response.prepared:  # (a streamed answer has sent them already)
+            for name, value in SAFE_HEADERS.items():
+                response.headers.setdefault(name, value)
         return response
 
     async def login(self, request: web.Request) -> web.Response:
@@ -311,24 +315,40 @@ class _State:
             return _error(503, str(e))
         return web.json_response(found, dumps=_dumps)
 
-    async def export(self, request: web.Request) -> web.Response:
+    async def export(self, request: web.Request) -> web.StreamResponse:
         """The trials table as a CSV or JSON file, read on a thread and a connection of its own
-        (a hundred thousand trials take seconds, and hold up no other page meanwhile)."""
+        (a hundred thousand trials take seconds, and hold up no other page meanwhile), and sent
+        as it is written: the first rows leave before the last are read."""
         query = dict(request.query)
-
-        def write() -> tuple[bytes, str, str]:
-            with ReadModel.open(self.experiment_dir) as model:
-                return export.export(model, query)
-
+        loop = asyncio.get_running_loop()
         try:
-            body, kind, name = await asyncio.get_running_loop().run_in_executor(None, write)
-        except (PageError, ValueError) as e:
-            return _error(400, str(e))
+            model = await loop.run_in_executor(None, ReadModel.open, self.experiment_dir)
         except StoreError as e:
             return _error(503, str(e))
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", name)
-        return web.Response(body=body, content_type=kind, charset="utf-8",
-                            headers={"Content-Disposition": f'attachment; filename="{name}"'})
+        try:
+            try:
+                asked = await loop.run_in_executor(None, export.plan, model, query)
+            except (PageError, ValueError) as e:
+                return _error(400, str(e))
+            except StoreError as e:
+                return _error(503, str(e))
+            name = re.sub(r"[^A-Za-z0-9._-]", "_", asked.name)
+            response = web.StreamResponse(headers={
+                **SAFE_HEADERS, "Content-Type": f"{asked.content_type}; charset=utf-8",
+                "Content-Disposition": f'attachment; filename="{name}"',
+            })
+            pieces = export.pieces(model, asked)
+            await response.prepare(request)
+            try:
+                while (piece := await loop.run_in_executor(None, next, pieces, None)) is not None:
+                    await response.write(piece.encode())
+            except StoreError as e:  # too late for an error status: the download breaks off, and the log says why
+                log.error("the export of %s ended early: %s", self.experiment_dir, e)
+                raise
+            await response.write_eof()
+            return response
+        finally:
+            await loop.run_in_executor(None, model.close)
 
     # -- actions
 

@@ -25,6 +25,8 @@ LOG_CHUNK = 256 * 1024  # bytes of a log answered at once
 TAIL_BYTES = 1024 * 1024  # at most this much of a log's end is answered for its last lines
 WAITING_SHOWN = 200
 ENV_TRIALS_SHOWN = 10  # trial ids listed with each environment (a thousand environments stay light)
+ENV_PAGE = 100  # environments in a page of /api/environments, unless it asks for another number
+ENV_PAGE_MAX = 1000
 
 
 class NotFound(LookupError):
@@ -258,18 +260,28 @@ def _first_line_start(data: bytes, *, whole: bool) -> int:
     return cut if 0 < cut < len(data) else 0
 
 
-def environments(model: ReadModel) -> dict[str, Any]:
-    """Every environment with its GPUs' latest samples, and why the waiting trials wait."""
+def environments(model: ReadModel, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A page of the environments (``offset``, ``limit``: at most :data:`ENV_PAGE_MAX`), each
+    with its GPUs' latest samples, and why the waiting trials wait."""
+    query = query or {}
+    offset = max(0, int_arg(query, "offset", 0))
+    limit = int_arg(query, "limit", ENV_PAGE)
+    if not 1 <= limit <= ENV_PAGE_MAX:
+        raise ValueError(f"limit: {limit} is not between 1 and {ENV_PAGE_MAX}")
     waiting = pages.trial_page(model, status=TrialStatus.WAITING.value, limit=WAITING_SHOWN)
+    # The page's environments alone, with their latest trials only (the trials page lists them
+    # all) and their counts, read from the store's index by environment.
+    page = model.environments(latest=ENV_TRIALS_SHOWN, offset=offset, limit=limit)
+    counts = model.trials_per_environment([e.id for e in page])
     envs = []
-    counts = model.trials_per_environment()
-    # The latest trials only (the trials page lists them all): a thousand environments hold
-    # every trial between them, too many to read for one answer.
-    for e in model.environments(latest=ENV_TRIALS_SHOWN):
+    for e in page:
         data = to_json(e)
         data["trial_count"] = counts.get(e.id, 0)
         envs.append(data)
     return {
+        "total": model.environment_count(),
+        "offset": offset,
+        "limit": limit,
         "environments": envs,
         "waiting_total": waiting.total,
         "waiting": [{"id": t.id, "reason": t.waiting_reason, "submitted_at": t.submitted_at} for t in waiting.trials],

@@ -166,6 +166,13 @@ def test_a_running_experiment_in_a_browser(tmp_path: Path, browser: Any) -> None
         browser.get(url + "/#/environments")
         wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "#envs tr[data-env]"), timeout=WAIT_S)
         assert "local" in text(browser, "#envs") and "connected" in text(browser, "#envs")
+        wait_until(  # one page of environments holds them all
+            lambda: text(browser, "#envs-shown") == "1\u2013{0} of {0}".format(
+                len(browser.find_elements(By.CSS_SELECTOR, "#envs tr[data-env]"))
+            ), timeout=WAIT_S, message="the page of environments says it shows them all",
+        )
+        assert browser.find_element(By.ID, "envs-prev").get_attribute("disabled")
+        assert browser.find_element(By.ID, "envs-next").get_attribute("disabled")
 
         # An environment's trials, by the link on its row.
         # Read and clicked in one step each: the live table is redrawn under any reference held.

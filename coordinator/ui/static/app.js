@@ -392,14 +392,28 @@ function trialPage(id) {
 // ---- environments --------------------------------------------------------------------------
 
 function environmentsPage(params) {
-  main.innerHTML = `<h1>Environments</h1><table class="plain" id="envs"></table>
+  main.innerHTML = `<h1>Environments</h1>
+    <div class="toolbar"><button id="envs-prev">Previous</button><button id="envs-next">Next</button>
+      <span id="envs-shown" class="muted"></span></div><table class="plain" id="envs"></table>
     <div id="gpu-section" hidden><h2 id="gpu-title">GPUs over time</h2><div class="grid2"><div class="chart small" id="env-util"></div><div class="chart small" id="env-mem"></div></div></div>
     <h2>Waiting trials</h2><div id="waiting-total" class="muted"></div><table class="plain" id="waiting"></table>`;
   let selected = params.get("env") || "";
+  // A page of environments at a time: a thousand of them, each with its GPUs, are too many for one answer.
+  let offset = Math.max(0, parseInt(params.get("offset") || "0", 10) || 0), total = 0;
+  const ENV_PAGE = 100;
+  const turn = by => { offset = Math.max(0, offset + by); refresh().catch(e => toast(e.message)); };
+  document.getElementById("envs-prev").addEventListener("click", () => turn(-ENV_PAGE));
+  document.getElementById("envs-next").addEventListener("click", () => turn(ENV_PAGE));
   const util = chart(document.getElementById("env-util"), lineOption("Utilisation (%)", [], {legend: true, xName: "time", yName: "%"}));
   const mem = chart(document.getElementById("env-mem"), lineOption("Memory used (GiB)", [], {legend: true, xName: "time", yName: "GiB"}));
   async function refresh() {
-    const d = await api("/api/environments");
+    const d = await api(`/api/environments?offset=${offset}&limit=${ENV_PAGE}`);
+    total = d.total;
+    if (offset && offset >= total) { offset = Math.max(0, Math.floor((total - 1) / ENV_PAGE) * ENV_PAGE); return refresh(); }
+    document.getElementById("envs-shown").textContent = total
+      ? `${offset + 1}\u2013${offset + d.environments.length} of ${total}` : "none yet";
+    document.getElementById("envs-prev").disabled = offset === 0;
+    document.getElementById("envs-next").disabled = offset + d.environments.length >= total;
     if (!selected && d.environments.length) selected = d.environments[0].id;
     document.getElementById("envs").innerHTML = "<tr><th>environment</th><th>platform</th><th>host</th><th>state</th><th>agent</th><th>GPUs</th><th>trials</th></tr>"
       + d.environments.map(e => `<tr data-env="${esc(e.id)}"><td><a href="#/environments?env=${encodeURIComponent(e.id)}">${esc(e.id)}</a></td>
