@@ -1,11 +1,12 @@
 """A standalone experiment: a built-in or plugged-in tuner driving a Coordinator.
 
-The loop carries out what the search decides (``search.search``): it submits the trials the
-tuner proposes (from another trial's checkpoint when the tuner says so), stops, pauses and
-continues trials as the tuner and the assessor ask, and tells the search every result and
-status change. A trial the search paused and never continued before it ran out of work ends
-EARLY_STOPPED; one paused by someone else keeps the experiment from ending DONE: it ends
-STOPPED, and ``resume`` continues its paused trials first.
+The loop is the pass of ``search.loop`` on the real clock and a real coordinator; it carries
+out what the search decides (``search.search``): it submits the trials the tuner proposes
+(from another trial's checkpoint when the tuner says so), stops, pauses and continues trials
+as the tuner and the assessor ask, and tells the search every result and status change. A
+trial the search paused and never continued before it ran out of work ends EARLY_STOPPED;
+one paused by someone else keeps the experiment from ending DONE: it ends STOPPED, and
+``resume`` continues its paused trials first.
 """
 
 from __future__ import annotations
@@ -30,21 +31,16 @@ from .engine.states import TrialStatus
 from .read.model import EnvSnapshot, best_trial, optimize_mode
 from .read.model import ranked as _ranked
 from .search.algorithms import create_assessor, create_tuner
+from .search.loop import End, GiveUp, Loop
 from .search.search import (
     ContinueTrial,
     Instruction,
-    IntermediateStored,
     Mirror,
     PauseTrial,
     Search,
     StopTrial,
     SubmitTrial,
-    TrialCheckpointed,
-    TrialContinued,
-    TrialEnded,
-    TrialPaused,
 )
-from .search.search import TrialSubmitted as SearchTrialSubmitted
 from .search.space import is_batch_tuner
 from .search.steering import Limits, Steering, submit_customized
 from .search.tuners import PastTrial, Tuner, TunerError, normalized
@@ -178,29 +174,19 @@ async def _drive_in_scope(
 ) -> ExperimentResult:
     config = coordinator.config
     limits = Limits.of(config)
-    search = _search(config, coordinator.experiment_id, coordinator.experiment_dir)
+    search = make_search(config, coordinator.experiment_id, coordinator.experiment_dir)
     mode = optimize_mode_of(config)
     stop = stop or asyncio.Event()
     changed = asyncio.Event()
-    to_do: list[Instruction] = []  # what the search asked, carried out at the next pass
-    trained = [0]  # intermediate results reported (epochs trained), every trial's: maxTrialResource
+    loop = Loop(search, limits)
 
     def on_metric(ev: MetricEvent) -> None:
-        if ev.kind == "intermediate":
-            trained[0] += 1
-            checkpointed = coordinator.trial(ev.trial_id).checkpoint_step is not None
-            to_do.extend(search.handle(IntermediateStored(ev.trial_id, ev.value, ev.index, checkpointed, ev.raw)))
-            if to_do or (limits.max_trial_resource is not None and trained[0] >= limits.max_trial_resource):
-                changed.set()
+        loop.metric(ev, ev.kind == "intermediate" and coordinator.trial(ev.trial_id).checkpoint_step is not None)
+        if loop.changed:
+            changed.set()
 
     def on_status(ev: StatusEvent) -> None:
-        t = ev.trial
-        if t.status.terminal:
-            to_do.extend(search.handle(TrialEnded(t.id, t.status, t.final_metric, t.final_metric_value)))
-        elif t.status is TrialStatus.PAUSED:
-            to_do.extend(search.handle(TrialPaused(t.id, t.reason)))
-        elif ev.old is TrialStatus.PAUSED:
-            to_do.extend(search.handle(TrialContinued(t.id, t.parameters)))
+        loop.status(ev)
         changed.set()
 
     if search.hears_intermediate or limits.max_trial_resource:  # otherwise no metric is published
@@ -217,34 +203,33 @@ async def _drive_in_scope(
         if on_start is not None:  # e.g. the dashboard, once there is a store to read
             on_start(coordinator)
         # Nothing is awaited between start() and here, so no result arrives unheard.
-        submitted, trained[0] = _resume(search, coordinator, count=limits.max_trial_resource is not None)
+        loop.submitted, loop.trained = _resume(search, coordinator, count=limits.max_trial_resource is not None)
         if continue_paused:
             await _continue_paused(coordinator, search)
         last_progress = 0.0
-        given_up: set[str] = set()  # paused trials the search held and was done with
         while True:
             # Cleared before the state is read, not after: a change that comes while this
             # pass awaits (a submit, an early stop) wakes the next pass at once.
             changed.clear()
-            while to_do:
-                await _carry_out(coordinator, to_do.pop(0))
-            submitted = await submit_customized(coordinator, search, steering, limits, submitted, to_do)
+            loop.begin()
+            while (order := loop.next_order()) is not None:
+                await _carry_out(coordinator, order)
+            loop.submitted = await submit_customized(coordinator, search, steering, limits, loop.submitted, loop.to_do)
             trials = coordinator.trials()
             for t in trials:  # a save heard before the trial's next result (ASHA judges a rung then)
                 if t.checkpoint_step is not None and t.status is TrialStatus.RUNNING:
-                    to_do.extend(search.handle(TrialCheckpointed(t.id)))
+                    loop.checkpointed(t.id)
             # A trial being stopped gives up its slot now: the next one is queued at once
             # and placed as soon as the slot is free. A paused one holds none.
             active = sum(1 for t in trials if _holds_a_slot(t))
-            limit_reached = _configurations_done(search, limits)
             elapsed = time.monotonic() - started
             if stop.is_set():
                 ok, reason, pause = False, "stopped by the user", True
                 break
-            spent = _budget_spent(limits, elapsed, trained[0])
-            if spent:  # the search ends: what it holds paused will not be continued
-                reason = spent
-                await _give_up(coordinator, search, trials, given_up, f"paused by the search when {spent}")
+            spent = loop.spent(elapsed, _paused(trials))
+            if spent is not None:  # the search ends: what it holds paused will not be continued
+                reason = spent.reason
+                await _give_up(coordinator, spent.give_up)
                 break
             if coordinator.environment_error:
                 ok, reason = False, coordinator.environment_error
@@ -252,59 +237,42 @@ async def _drive_in_scope(
             if coordinator.failure:
                 ok, reason = False, coordinator.failure
                 break
-            idle = limit_reached and not search.promotions_only  # nothing more to submit, for now
-            while (not limit_reached or search.promotions_only) and active < limits.trial_concurrency:
-                proposal = search.propose_trial(submitted)
-                if proposal is None:
-                    idle = True
-                    break
-                params = proposal.parameters
+            while (proposal := loop.propose(active)) is not None:
                 source = _checkpoint_source(coordinator, proposal)
                 try:
                     if source is None:
-                        handle = await coordinator.submit(params)
+                        handle = await coordinator.submit(proposal.parameters)
                     else:
-                        handle = await coordinator.submit(params, checkpoint_from=source)
+                        handle = await coordinator.submit(proposal.parameters, checkpoint_from=source)
                 except (TypeError, ValueError) as e:  # not JSON, or no environment could run it
-                    search.refused(params, e)
-                    idle = True
+                    loop.refused(proposal, e)
                     break
-                to_do.extend(search.handle(SearchTrialSubmitted(handle.id, submitted, params, source)))
-                submitted += 1
+                loop.submitted_as(handle.id, proposal, source)
                 active += 1
-                limit_reached = _configurations_done(search, limits)
-            steering.submitted = submitted
-            to_do.extend(search.take_orders())
-            if to_do:
-                changed.set()
+            steering.submitted = loop.submitted
             trials = coordinator.trials()
             # Ends when nothing more will happen by itself: no trial runs, waits, or is ending.
-            if idle and not to_do and all(_settled(t) for t in trials):
-                paused = [t for t in trials if t.status is TrialStatus.PAUSED]
-                if search.failure:
-                    ok, reason = False, f"{search.failure} (its traceback is in {LOG_FILENAME})"
-                    break
-                if any(search.holds(t.id) for t in paused):
-                    to_do.extend(search.ending())  # the last chance for what it holds
-                    if to_do:
-                        continue
-                why = "paused by the search, which ended without continuing it"
-                if await _give_up(coordinator, search, paused, given_up, why):
-                    continue  # their ends reach the search, which may propose more
-                if any(not search.holds(t.id) for t in paused):
-                    ok, pause = False, True
+            settled = loop.settle(all(_settled(t) for t in trials), _paused(trials))
+            if isinstance(settled, GiveUp):
+                await _give_up(coordinator, settled)
+                continue  # their ends reach the search, which may propose more
+            if isinstance(settled, End):
+                if settled.kind == "failed":
+                    ok, reason = False, f"{settled.reason} (its traceback is in {LOG_FILENAME})"
+                elif settled.kind == "paused":
+                    ok, pause, paused = False, True, settled.paused
                     reason = (
-                        f"{len(paused)} trials are paused ({', '.join(t.id for t in paused[:5])}"
+                        f"{len(paused)} trials are paused ({', '.join(paused[:5])}"
                         f"{', ...' if len(paused) > 5 else ''}) and nothing else runs: resume the experiment to "
                         "continue them"
                     )
-                    break
-                if not paused and (search.exhausted or (limit_reached and not search.promotions_only)):
-                    break
+                break
+            if loop.changed:  # the search asked more: carried out at once
+                changed.set()
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
                 last_progress = now
-                on_progress(_progress(coordinator, trials, submitted, limits, mode, elapsed))
+                on_progress(_progress(coordinator, trials, loop.submitted, limits, mode, elapsed))
             try:
                 await asyncio.wait_for(changed.wait(), progress_interval_s)
             except asyncio.TimeoutError:
@@ -394,7 +362,7 @@ async def _continue_paused(coordinator: Coordinator, search: Search) -> None:
             await coordinator.resume_trial(t.id)
 
 
-def _search(config: ExperimentConfig, experiment_id: str, experiment_dir: Path | None = None) -> Search:
+def make_search(config: ExperimentConfig, experiment_id: str, experiment_dir: Path | None = None) -> Search:
     """The config's tuner and assessor; TunerError or SearchSpaceError when they cannot be made.
     ``experiment_dir`` holds the default directory of NNI's checkpoints."""
     if experiment_dir is None:
@@ -460,34 +428,15 @@ def _mirror(config: ExperimentConfig, experiment_id: str) -> Mirror | None:
     )
 
 
-def _budget_spent(limits: Limits, elapsed: float, trained: int) -> str:
-    """Why the search's budget is spent (time, or training), or ''."""
-    if limits.max_experiment_duration is not None and elapsed >= limits.max_experiment_duration:
-        return f"maxExperimentDuration ({limits.max_experiment_duration:g} s) reached"
-    if limits.max_trial_resource is not None and trained >= limits.max_trial_resource:
-        return f"maxTrialResource ({limits.max_trial_resource:g}) reached: {trained} results reported"
-    return ""
+async def _give_up(coordinator: Coordinator, give_up: GiveUp | None) -> None:
+    """End EARLY_STOPPED the paused trials the search holds and will not continue. Their
+    ends reach the search, which may propose more."""
+    for trial_id in give_up.trial_ids if give_up is not None else ():
+        await coordinator.early_stop(trial_id, give_up.reason)
 
 
-async def _give_up(
-    coordinator: Coordinator, search: Search, trials: list[TrialInfo], given_up: set[str], why: str
-) -> bool:
-    """End EARLY_STOPPED the paused trials the search holds and will not continue; whether
-    there were any. Their ends reach the search, which may propose more."""
-    held = [t for t in trials if t.status is TrialStatus.PAUSED and search.holds(t.id) and t.id not in given_up]
-    for t in held:
-        given_up.add(t.id)
-        await coordinator.early_stop(t.id, why)
-    return bool(held)
-
-
-def _configurations_done(search: Search, limits: Limits) -> bool:
-    """Whether maxTrialNumber configurations are submitted (the tuner then proposes only
-    promotions of those, if it can; told once)."""
-    if limits.max_trial_number is None or search.configurations < limits.max_trial_number:
-        return False
-    search.no_more_configurations()
-    return True
+def _paused(trials: list[TrialInfo]) -> list[str]:
+    return [t.id for t in trials if t.status is TrialStatus.PAUSED]
 
 
 def _resume(search: Search, coordinator: Coordinator, *, count: bool = False) -> tuple[int, int]:

@@ -37,18 +37,9 @@ from ..engine.model import MetricEvent, StatusEvent
 from ..engine.policy import PlatformPolicy, Policy
 from ..engine.rows import MetricRun
 from ..engine.states import TrialStatus
-from ..experiment import _budget_spent, _configurations_done, _search, optimize_mode_of
-from ..search.search import (
-    ContinueTrial,
-    Instruction,
-    IntermediateStored,
-    PauseTrial,
-    StopTrial,
-    TrialContinued,
-    TrialEnded,
-    TrialPaused,
-)
-from ..search.search import TrialSubmitted as SearchTrialSubmitted
+from ..experiment import make_search, optimize_mode_of
+from ..search.loop import End, GiveUp, Loop
+from ..search.search import ContinueTrial, Instruction, PauseTrial, StopTrial
 from ..search.steering import Limits
 from .curves import UNSEEN, Curves, Recorded, ReplayError
 
@@ -161,7 +152,8 @@ class _Virtual:
     def __init__(self, config: ExperimentConfig, curves: Curves, unseen: str) -> None:
         self.config, self.curves, self.unseen = config, curves, unseen
         self.limits = Limits.of(config)
-        self.search = _search(config, EXPERIMENT_ID)
+        self.search = make_search(config, EXPERIMENT_ID)
+        self.loop = Loop(self.search, self.limits)
         c = max(1, config.trial_concurrency)
         self.engine = Engine(Policy(
             experiment_id=EXPERIMENT_ID, trial_concurrency=c,
@@ -180,14 +172,9 @@ class _Virtual:
         self.trials: dict[str, _Trial] = {}
         self.drawn: dict[str, tuple[Recorded | None, bool]] = {}
         self.tokens = itertools.count()
-        self.to_do: list[Instruction] = []
-        self.changed = True
         self.unsettled: set[str] = set()  # neither ended nor paused
         self.stopping: set[str] = set()
         self.paused: set[str] = set()
-        self.given_up: set[str] = set()
-        self.submitted = 0
-        self.trained = 0  # intermediate results reported, every trial's: maxTrialResource
         self.decisions: list[Decision] = []
         self.improvements: list[tuple[float, float, str]] = []
         self.nearest = self.skipped = 0
@@ -206,8 +193,7 @@ class _Virtual:
         if duration is not None:
             self.at(duration, lambda: None)
         while True:
-            if self.changed:
-                self.changed = False
+            if self.loop.changed:
                 reason = self.step()
                 if reason:
                     return reason
@@ -219,74 +205,45 @@ class _Virtual:
             self.now, _, call = heapq.heappop(self.due)
             call()
             if duration is not None and self.now >= duration:
-                self.changed = True
+                self.loop.changed = True
 
-    # ---- the experiment loop (as experiment.py's, in virtual time) ----------------------------
+    # ---- the experiment loop (``search/loop.py``'s pass, in virtual time) -----------------------
 
     def step(self) -> str:
-        """One pass of the experiment loop (``experiment.py``'s, pass for pass): carry out
-        what the search asked, propose trials to fill the free slots, and say why the search
-        ends ('' while it goes on)."""
-        search, limits = self.search, self.limits
-        while self.to_do:
-            self.carry_out(self.to_do.pop(0))
-        limit_reached = _configurations_done(search, limits)
-        spent = _budget_spent(limits, self.now, self.trained)
-        if spent:  # the search ends: what it holds paused will not be continued
-            self.give_up(f"paused by the search when {spent}")
-            return spent
-        idle = limit_reached and not search.promotions_only  # nothing more to submit, for now
+        """One pass of the experiment loop: carry out what the search asked, propose trials to
+        fill the free slots, and say why the search ends ('' while it goes on)."""
+        loop = self.loop
+        loop.begin()
+        while (order := loop.next_order()) is not None:
+            self.carry_out(order)
+        spent = loop.spent(self.now, sorted(self.paused))
+        if spent is not None:  # the search ends: what it holds paused will not be continued
+            self.give_up(spent.give_up)
+            return spent.reason
         active = len(self.unsettled - self.stopping)
-        while (not limit_reached or search.promotions_only) and active < limits.trial_concurrency:
-            proposal = search.propose_trial(self.submitted)
-            if proposal is None:
-                idle = True
-                break
+        while (proposal := loop.propose(active)) is not None:
             source = proposal.checkpoint_from
             if source is not None and (source not in self.engine.trials or self.engine.trials[source].checkpoint
                                        is None):
                 source = None  # it saved none: a fresh start
-            trial_id = f"r{self.submitted:06d}"
-            self.trials[trial_id] = _Trial(self.submitted, dict(proposal.parameters))
+            trial_id = f"r{loop.submitted:06d}"
+            self.trials[trial_id] = _Trial(loop.submitted, dict(proposal.parameters))
             self.unsettled.add(trial_id)
             self.feed(ev.TrialSubmitted(trial_id, dict(proposal.parameters), self.config.trial_command, 0, 0,
                                         checkpoint_from=source or ""))
-            self.to_do.extend(search.handle(SearchTrialSubmitted(trial_id, self.submitted, proposal.parameters,
-                                                                 source)))
-            self.submitted += 1
+            loop.submitted_as(trial_id, proposal, source)
             active += 1
-            limit_reached = _configurations_done(search, limits)
-        self.to_do.extend(search.take_orders())
-        if self.to_do:
-            self.changed = True
-            return ""
-        if not idle or self.unsettled:  # something will still happen by itself
-            return ""
-        if search.failure:
-            return search.failure
-        if any(search.holds(t) for t in self.paused):
-            self.to_do.extend(search.ending())  # the last chance for what it holds
-            if self.to_do:
-                self.changed = True
-                return ""
-        if self.give_up("paused by the search, which ended without continuing it"):
-            self.changed = True  # their ends reach the search, which may propose more
-            return ""
-        if self.paused:
-            return f"{len(self.paused)} trials are paused and nothing else runs"
-        if search.exhausted:
-            return "the tuner has nothing more to propose"
-        if limit_reached and not search.promotions_only:
-            return f"maxTrialNumber ({limits.max_trial_number}) reached"
+        settled = loop.settle(not self.unsettled, sorted(self.paused))
+        if isinstance(settled, GiveUp):
+            self.give_up(settled)
+        elif isinstance(settled, End):
+            return settled.reason
         return ""
 
-    def give_up(self, why: str) -> bool:
-        """End EARLY_STOPPED the paused trials the search holds; whether there were any."""
-        held = [t for t in sorted(self.paused) if self.search.holds(t) and t not in self.given_up]
-        for t in held:
-            self.given_up.add(t)
-            self.feed(ev.CancelRequested(t, why, TrialStatus.EARLY_STOPPED))
-        return bool(held)
+    def give_up(self, give_up: GiveUp | None) -> None:
+        """End EARLY_STOPPED the paused trials the search holds and will not continue."""
+        for trial_id in give_up.trial_ids if give_up is not None else ():
+            self.feed(ev.CancelRequested(trial_id, give_up.reason, TrialStatus.EARLY_STOPPED))
 
     def carry_out(self, order: Instruction) -> None:
         t = self.engine.trials.get(order.trial_id)
@@ -324,7 +281,6 @@ class _Virtual:
                     self.at(self.now, lambda env_id=env_id: self.environment_up(env_id))
 
     def published(self, e: MetricEvent | StatusEvent) -> None:
-        search = self.search
         if isinstance(e, MetricEvent):
             t = self.trials.get(e.trial_id)
             if t is not None and (t.best is None or self._better(e.value, t.best)):
@@ -332,34 +288,23 @@ class _Virtual:
             if not self.improvements or self._better(e.value, self.improvements[-1][1]):
                 self.improvements.append((self.now, e.value, e.trial_id))
             if e.kind == "intermediate":
-                self.trained += 1
-                if self.limits.max_trial_resource is not None:
-                    self.changed = True  # a pass sees whether the training budget is spent
                 if t is not None:
                     t.results = e.index + 1
                 state = self.engine.trials.get(e.trial_id)
-                checkpointed = state is not None and state.checkpoint is not None
-                orders = search.handle(IntermediateStored(e.trial_id, e.value, e.index, checkpointed, e.raw))
-                if orders:
-                    self.to_do.extend(orders)
-                    self.changed = True
+                self.loop.metric(e, state is not None and state.checkpoint is not None)
             return
         info = e.trial
         if info.status.terminal:
             self.unsettled.discard(info.id)
             self.stopping.discard(info.id)
             self.paused.discard(info.id)
-            self.to_do.extend(search.handle(TrialEnded(info.id, info.status, info.final_metric,
-                                                       info.final_metric_value)))
         elif info.status is TrialStatus.PAUSED:
             self.unsettled.discard(info.id)
             self.paused.add(info.id)
-            self.to_do.extend(search.handle(TrialPaused(info.id, info.reason)))
         elif e.old is TrialStatus.PAUSED:
             self.unsettled.add(info.id)
             self.paused.discard(info.id)
-            self.to_do.extend(search.handle(TrialContinued(info.id, info.parameters)))
-        self.changed = True
+        self.loop.status(e)
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.curves.maximize else a < b

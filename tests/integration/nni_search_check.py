@@ -196,7 +196,7 @@ def pbt_with_its_defaults() -> dict[str, Any]:
     """NNI's PBT named without all_checkpoint_dir, built as an experiment builds it: with
     NNI_CHECKPOINT_DIRECTORY set to the experiment's directory for it, only while it is built."""
     from trialkeeper.coordinator.config.experiment import parse_config
-    from trialkeeper.coordinator.experiment import _search
+    from trialkeeper.coordinator.experiment import make_search as _search
 
     exp = Path(tempfile.mkdtemp()) / "exp"
     config = parse_config({

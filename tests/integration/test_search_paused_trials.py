@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import async_wait_until, build_config, run_async, write_script
+from experiment_stop import run_until_stopped
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
@@ -124,20 +125,10 @@ def test_a_stopped_experiment_keeps_its_trials_paused_and_a_resume_continues_the
     )
     exp = tmp_path / "exp"
 
-    async def stopped() -> Any:
-        stop = asyncio.Event()
-        started: list[Coordinator] = []
-        run = asyncio.ensure_future(run_experiment(config, experiment_dir=exp, stop=stop, on_start=started.append))
-        await async_wait_until(lambda: started, WAIT_S, message="the experiment never started")
-        c = started[0]
-        await async_wait_until(
-            lambda: len(c.trials()) == 2 and all(t.checkpoint_step is not None for t in c.trials()),
-            WAIT_S, message="the trials never saved a checkpoint",
-        )
-        stop.set()
-        return await asyncio.wait_for(run, WAIT_S)
-
-    first = run_async(stopped, timeout=120)
+    first = run_until_stopped(
+        config, exp, lambda c: len(c.trials()) == 2 and all(t.checkpoint_step is not None for t in c.trials()),
+        "the trials never saved a checkpoint", wait_s=WAIT_S,
+    )
     assert not first.ok and first.reason == "stopped by the user"
     assert [t.status for t in first.trials] == [TrialStatus.PAUSED] * 2, [(t.status, t.reason) for t in first.trials]
     store = Store.in_dir(exp, readonly=True)

@@ -4,7 +4,6 @@ checkpoints with explored parameters, which the trials read when they continue."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import sys
@@ -12,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import async_wait_until, build_config, run_async, write_script
+from conftest import build_config, run_async, write_script
+from experiment_stop import run_until_stopped
 from s3server import S3Server, s3_server  # noqa: F401 - the fixture
-from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
 from trialkeeper.coordinator.store.store import Store
@@ -123,18 +122,10 @@ def test_a_stopped_pbt_experiment_resumes_its_population_and_goes_on_exploiting(
     )
     exp = tmp_path / "exp"
 
-    async def stopped() -> Any:
-        stop = asyncio.Event()
-        started: list[Coordinator] = []
-        run = asyncio.ensure_future(run_experiment(config, experiment_dir=exp, stop=stop, on_start=started.append))
-        await async_wait_until(lambda: started, 60, message="the experiment never started")
-        c = started[0]
-        await async_wait_until(lambda: len(c.trials()) == 4 and all((t.checkpoint_step or 0) >= 3 for t in c.trials()),
-                               60, message="the trials never got to their third checkpoint")
-        stop.set()
-        return await asyncio.wait_for(run, 60)
-
-    first = run_async(stopped, timeout=120)
+    first = run_until_stopped(
+        config, exp, lambda c: len(c.trials()) == 4 and all((t.checkpoint_step or 0) >= 3 for t in c.trials()),
+        "the trials never got to their third checkpoint",
+    )
     assert not first.ok and first.reason == "stopped by the user"
     before = len(_runs(tmp_path))
     again = run_async(resume_experiment(exp), timeout=240)

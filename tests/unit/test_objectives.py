@@ -164,7 +164,7 @@ class Ranker(Assessor):
 
 def test_the_experiment_hands_its_objectives_to_a_tuner_and_an_assessor_that_rank_by_them(tmp_path: Path) -> None:
     from trialkeeper.coordinator.config.experiment import parse_config
-    from trialkeeper.coordinator.experiment import _search
+    from trialkeeper.coordinator.experiment import make_search as _search
 
     (tmp_path / "ranker.py").write_text(RANKER)
     config = parse_config({

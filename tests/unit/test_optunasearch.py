@@ -9,7 +9,7 @@ import optuna
 import pytest
 from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.engine.states import TrialStatus
-from trialkeeper.coordinator.experiment import _search
+from trialkeeper.coordinator.experiment import make_search as _search
 from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
 from trialkeeper.coordinator.search.optunasearch import (
     create_optuna_mirror,
