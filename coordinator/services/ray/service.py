@@ -29,27 +29,15 @@ import contextlib
 import importlib.util
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..base import EnvironmentRequest, Observation
-from ..lifecycle import LifecycleService, PlatformError, Record, State
-from .cluster import (
-    Connection,
-    RaySetupError,
-    actor_options,
-    connected_ray,
-    fetch,
-    is_ready,
-    named_actors,
-    pack_code,
-    put,
-    resources_asked,
-    unreachable,
-)
+from ..lifecycle import LifecycleService, PlatformError, State
+from .actors import Actor, Actors
+from .cluster import Connection, RaySetupError, named_actors, pack_code, put, resources_asked, unreachable
 from .config import RayConfig
-from .node import LINGER_S, SETTLE_S, AgentHost, describe_error
+from .node import LINGER_S, SETTLE_S, describe_error
 from .placement import ExperimentGroup
 
 if TYPE_CHECKING:
@@ -70,33 +58,13 @@ def actor_name(experiment_id: str, env_id: str) -> str:
     return f"{ACTOR_PREFIX}/{experiment_id}/{env_id}"
 
 
-@dataclass
-class _Actor(Record):
-    """An environment's actor; ``platform_id`` is ``<namespace>/<actor name>``."""
-
-    actor: Any = None  # the ActorHandle
-    launched: Any = None  # ObjectRef of launch()/describe(): where the agent runs
-    ended: Any = None  # ObjectRef of wait(): how the agent ended
-    info: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    released: bool = False  # the actor was killed, freeing its resources
-
-    @property
-    def namespace(self) -> str:
-        return self.platform_id.partition("/")[0]
-
-    @property
-    def name(self) -> str:
-        return self.platform_id.partition("/")[2]
-
-
-class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
+class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
     """Starts agents in actors of an existing Ray cluster; see the module docstring."""
 
     platform = "ray"
     shares_filesystem = False
     kind = "Ray actor"
-    record_type = _Actor
+    record_type = Actor
     STOP_ON_CLOSE = 0.0
     PLAIN_ERRORS = (PlatformError, RaySetupError)
 
@@ -114,7 +82,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
         self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="trialkeeper-ray")
         self._connected = False
         self._connect_lock = asyncio.Lock()
-        self._actor_class: Any = None
+        self._actors = Actors(config)
         self._warned_loopback = False
         # With placementStrategy: one bundle per environment the experiment keeps.
         self._group = ExperimentGroup(config, environment_count) if config.placement_strategy else None
@@ -160,7 +128,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
 
     # ---- the provider ---------------------------------------------------------------
 
-    async def launch(self, record: _Actor, request: EnvironmentRequest) -> str:
+    async def launch(self, record: Actor, request: EnvironmentRequest) -> str:
         name = actor_name(request.experiment_id, request.env_id)
         record.platform_id = f"{self.config.namespace}/{name}"
         self._warn_if_unreachable(request.coordinator_address)
@@ -176,15 +144,15 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
         log.warning("environment %s: Ray actor not created: %s", request.env_id, error)
         return str(error)
 
-    async def observe(self, records: Sequence[_Actor]) -> dict[str, State]:
+    async def observe(self, records: Sequence[Actor]) -> dict[str, State]:
         await self._connect()
         await self._blocking(self._take_in, list(records), timeout=POLL_TIMEOUT_S)
         return {record.env_id: self._state(record) for record in records}
 
-    async def terminate(self, record: _Actor, grace_s: float) -> None:
+    async def terminate(self, record: Actor, grace_s: float) -> None:
         try:
             await self._connect()
-            await self._blocking(self._stop_actor, record, grace_s, timeout=grace_s + 2 * SETTLE_S)
+            await self._blocking(self._actors.stop, record, grace_s, timeout=grace_s + 2 * SETTLE_S)
         except Exception as e:  # noqa: BLE001 - Ray's errors, told in a line
             raise PlatformError(describe_error(e)) from None
         record.phase = "stopped"
@@ -199,12 +167,12 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
             await self._blocking(self._group.remove, experiment_id)
         return removed
 
-    def ended(self, record: _Actor) -> Observation:
+    def ended(self, record: Actor) -> Observation:
         if record.phase == "succeeded":
             return Observation("exited", record.detail, record.platform_id)
         return Observation("failed", record.detail, record.platform_id)
 
-    def _state(self, record: _Actor) -> State:
+    def _state(self, record: Actor) -> State:
         if record.result is not None:
             ok = record.result.get("state", "failed") == "exited"
             return State("succeeded" if ok else "failed", record.result.get("detail", ""))
@@ -259,91 +227,12 @@ class RayEnvironmentService(LifecycleService[RayConfig, _Actor]):
                     timeout=pack_s)
                 self._code_ref = await self._blocking(put, archive.read_bytes())
 
-    def _create(self, env: _Actor, request: EnvironmentRequest) -> None:
-        ray = connected_ray()
-        if self._actor_class is None:
-            self._actor_class = ray.remote(AgentHost)
-        ts = self.config
-        options = actor_options(ts, env.name)
-        if self._group is not None:
-            options.update(self._group.options(request.experiment_id))
-        try:
-            env.actor = self._actor_class.options(**options).remote()
-        except ValueError as e:  # the name is taken: an environment of a previous run
-            raise RaySetupError(
-                f"cannot create Ray actor {env.name!r} in namespace {ts.namespace!r}: {e}"
-            ) from e
-        spec = {
-            "experiment_id": request.experiment_id,
-            "env_id": request.env_id,
-            "coordinator": request.coordinator_address,
-            "agent_args": list(request.agent_args),
-            "num_gpus": ts.num_gpus,
-            "node_dir": ts.node_working_directory,
-            "code": self._code if self._code_ref is not None else None,
-            "linger_s": self.linger_s,
-        }
-        env.launched = env.actor.launch.remote(spec, request.token, self._code_ref)
-        env.ended = env.actor.wait.remote()
-        log.info("environment %s: Ray actor %s requested", env.env_id, env.name)
-
-    def _take_in(self, envs: list[_Actor]) -> None:
-        """Take in, without waiting, every launch and end the cluster has reported."""
-        ray = connected_ray()
+    def _take_in(self, envs: list[Actor]) -> None:
         if self._group is not None:
             self._group.check()
-        for env in envs:
-            if env.adopted and env.actor is None and not env.stop_requested:
-                self._attach(env)
-        pending: dict[Any, tuple[_Actor, str]] = {}
-        for env in envs:
-            if env.launched is not None and env.info is None:
-                pending[env.launched] = (env, "info")
-            if env.ended is not None and env.result is None:
-                pending[env.ended] = (env, "result")
-        if pending:
-            refs = list(pending)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-            for ref in ready:
-                env, slot = pending[ref]
-                setattr(env, slot, fetch(ray, ref))
-        for env in envs:
-            if env.result is not None and not env.released and env.actor is not None:
-                # The agent is gone: free the actor's CPUs and GPUs for the next environment.
-                with contextlib.suppress(Exception):
-                    ray.kill(env.actor, no_restart=True)
-                env.released = True
+        self._actors.take_in(envs)
 
-    def _attach(self, env: _Actor) -> None:
-        """An adopted environment: find its actor by name and ask it how its agent does."""
-        ray = connected_ray()
-        try:
-            env.actor = ray.get_actor(env.name, namespace=self.config.namespace)
-        except ValueError:
-            env.result = {"state": "failed", "detail": f"Ray actor {env.name} no longer exists"}
-            env.released = True
-            return
-        env.launched = env.actor.describe.remote()
-        env.ended = env.actor.wait.remote()
-
-    def _stop_actor(self, env: _Actor, grace_s: float) -> None:
-        ray = connected_ray()
-        actor = env.actor
-        if actor is None:  # adopted and not seen yet, or found by a sweep
-            try:
-                actor = ray.get_actor(env.name, namespace=env.namespace)
-            except ValueError:
-                env.released = True
-                return
-        if env.launched is not None:
-            # A launch under way finishes first.
-            ray.wait([env.launched], timeout=min(5.0, SETTLE_S))
-        if env.launched is None or env.info is not None or is_ready(ray, env.launched):
-            # Let the agent finish what the coordinator asked of it, then end its whole tree;
-            # an actor that was never placed holds no processes and just goes.
-            with contextlib.suppress(Exception):
-                ray.get(actor.shutdown.remote(grace_s), timeout=grace_s + SETTLE_S / 3)
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
-        env.released = True
-        log.info("environment %s: Ray actor %s stopped", env.env_id, env.name)
+    def _create(self, env: Actor, request: EnvironmentRequest) -> None:
+        placement = self._group.options(request.experiment_id) if self._group is not None else {}
+        code = self._code if self._code_ref is not None else None
+        self._actors.create(env, request, placement, code, self._code_ref, self.linger_s)
