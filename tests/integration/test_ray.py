@@ -206,12 +206,16 @@ def test_killing_the_actor_mid_trial_loses_the_environment(cluster: LocalRay, tm
 # ---- placementStrategy: every actor of the experiment in one placement group ------------------
 
 
-def _groups(experiment_id: str) -> list[dict[str, Any]]:
-    """The experiment's placement groups that Ray still keeps (this process is connected)."""
+def _groups(experiment_id: str, *, per_trial: bool = False) -> list[dict[str, Any]]:
+    """The experiment's placement groups that Ray still keeps (this process is connected):
+    its own, or (``per_trial``) those of its trials' groups of environments."""
     from ray.util import placement_group_table
 
-    return [g for g in placement_group_table().values()
-            if g.get("name") == f"trialkeeper/{experiment_id}" and g.get("state") != "REMOVED"]
+    def ours(name: str) -> bool:
+        own = f"trialkeeper/{experiment_id}"
+        return name.startswith(f"{own}/") if per_trial else name == own
+
+    return [g for g in placement_group_table().values() if ours(str(g.get("name"))) and g.get("state") != "REMOVED"]
 
 
 def test_a_placement_strategy_puts_every_actor_in_the_experiments_placement_group(
@@ -250,15 +254,20 @@ def test_a_placement_strategy_puts_every_actor_in_the_experiments_placement_grou
     run_async(body, timeout=4 * WAIT_S)
 
 
-@pytest.mark.parametrize("strategy", ["PACK", "STRICT_SPREAD"])
+@pytest.mark.parametrize(("strategy", "per_trial"),
+                         [("PACK", False), ("STRICT_SPREAD", False), ("STRICT_SPREAD", True)],
+                         ids=["PACK", "STRICT_SPREAD", "STRICT_SPREAD-per-trial"])
 def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placement_group(
-    cluster: LocalRay, tmp_path: Path, strategy: str
+    cluster: LocalRay, tmp_path: Path, strategy: str, per_trial: bool
 ) -> None:
+    """Every actor of the experiment in its placement group; or (``placementGroupPerTrial``)
+    the trial's actors, started for it, in a placement group of its own, given back after."""
     python = jax_python()
     shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "multinode" / "collective.py", tmp_path)
+    extra = {"placementGroupPerTrial": True} if per_trial else {}
     config = build_config(
         tmp_path, trialCommand=f"{python} collective.py", trialConcurrency=1, trialNodes=2,
-        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy=strategy),
+        trainingService=_section(cluster, tmp_path, environmentCount=2, placementStrategy=strategy, **extra),
     )
 
     async def body() -> None:
@@ -269,8 +278,11 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placem
             info = await h.wait(4 * WAIT_S)
             assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason, info.stderr_tail)
             assert info.final_metric == 2.0 * (1 + 2)  # the all-gather joined both ranks
-            [group] = _groups(c.experiment_id)
+            [group] = _groups(c.experiment_id, per_trial=per_trial)
             assert (group["strategy"], group["state"], len(group["bundles"])) == (strategy, "CREATED", 2), group
+            if per_trial:  # named after the first of the trial's group of environments, and no other
+                assert group["name"] in {f"trialkeeper/{c.experiment_id}/{r.environment_id}" for r in info.ranks}
+                assert not _groups(c.experiment_id)
             # PACK: both on the one node there is; STRICT_SPREAD: each rank on a node of its own.
             nodes = set(group["bundles_to_node_id"].values())
             assert len(nodes) == (2 if strategy == "STRICT_SPREAD" else 1), group
@@ -278,6 +290,9 @@ def test_a_two_node_trial_runs_a_real_collective_across_two_actors_of_one_placem
             # Each rank ran in its own actor: rank 1's output is kept apart, by its own agent.
             rank1 = tmp_path / "exp" / "trials" / h.id / "rank1" / "stdout.log"
             assert "rank 1 of 2 up" in rank1.read_text()
+            experiment_id = c.experiment_id
+        # The trial's group goes with its actors.
+        wait_until(lambda: not _groups(experiment_id, per_trial=True), WAIT_S, message="a trial's group outlived it")
 
     # For STRICT_SPREAD a second node joins the one-node cluster for the test.
     with _harness().second_node(cluster) if strategy == "STRICT_SPREAD" else contextlib.nullcontext():
@@ -563,6 +578,8 @@ def test_a_placement_strategy_is_one_of_rays_and_needs_a_resource(tmp_path: Path
         _ray_config(tmp_path, address="auto", placementStrategy="NEAR")
     with pytest.raises(ConfigError, match=r"placementStrategy: a placement group's bundles need a resource: set num"):
         _ray_config(tmp_path, address="auto", numCpus=0, placementStrategy="PACK")
+    with pytest.raises(ConfigError, match=r"placementGroupPerTrial: needs placementStrategy, the strategy of each"):
+        _ray_config(tmp_path, address="auto", placementGroupPerTrial=True)
     spread = _ray_config(tmp_path, address="auto", placementStrategy="STRICT_SPREAD").training_service
     assert spread.placement_strategy == "STRICT_SPREAD"
     assert _ray_config(tmp_path, address="auto").training_service.placement_strategy is None

@@ -72,6 +72,9 @@ class RayConfig(EnvironmentPoolConfig):
     ray_timeout: float = field(default=60.0, metadata=POSITIVE_DURATION)
     # Every actor of the experiment in one placement group of this strategy (placement.py).
     placement_strategy: str | None = field(default=None, metadata=_PLACEMENT_STRATEGY)
+    # In reuse mode, a placement group of that strategy per multi-node trial instead: its
+    # actors started for the trial as it waits, a bundle each.
+    placement_group_per_trial: bool = False
 
     @classmethod
     def _finalize(cls, values: dict[str, Any], given: set[str], names: dict[str, str]) -> Issues:
@@ -92,6 +95,9 @@ class RayConfig(EnvironmentPoolConfig):
         ):
             need = f"set {names['num_cpus']} or {names['num_gpus']} above 0"
             issues.append(("placement_strategy", f"a placement group's bundles need a resource: {need}"))
+        if values.get("placement_group_per_trial") and not values.get("placement_strategy"):
+            need = f"needs {names['placement_strategy']}, the strategy of each trial's group"
+            issues.append(("placement_group_per_trial", f"{need}: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD"))
         working_dir = (values.get("runtime_env") or {}).get("working_dir")
         if working_dir is not None and not isinstance(working_dir, str):
             issues.append(("runtime_env", f"working_dir must be a path or URI string, got {working_dir!r}"))

@@ -35,8 +35,9 @@ GROUP_PREFIX = "trialkeeper"
 ANY_BUNDLE = -1
 
 
-def group_name(experiment_id: str) -> str:
-    return f"{GROUP_PREFIX}/{experiment_id}"
+def group_name(experiment_id: str, gang: str = "") -> str:
+    """The experiment's group, or (``gang``) the group of the environments started as one."""
+    return f"{GROUP_PREFIX}/{experiment_id}" + (f"/{gang}" if gang else "")
 
 
 def bundle(ts: RayConfig) -> dict[str, float]:
@@ -59,31 +60,34 @@ def _find(name: str) -> Any:
 
 
 class ExperimentGroup:
-    """The placement group of one experiment's actors, reserved at the first launch."""
+    """The placement group of one experiment's actors, reserved at the first launch; or
+    (``gang``: its first member's id) of one group of environments started for a trial."""
 
-    def __init__(self, ts: RayConfig, size: int) -> None:
+    def __init__(self, ts: RayConfig, size: int, gang: str = "") -> None:
         assert ts.placement_strategy is not None
         self.strategy = ts.placement_strategy
         self.size = size
         self.bundle = bundle(ts)
+        self.gang = gang
         self.name = ""
         self.group: Any = None
         self.ready = False
         self.nodes = 0  # alive nodes, as last seen while a STRICT_SPREAD group waits
         self._lock = threading.Lock()  # launches run in parallel threads: one makes the group
 
-    def options(self, experiment_id: str) -> dict[str, Any]:
-        """Actor options that place an actor in the group (found again after a resume, or made)."""
+    def options(self, experiment_id: str, index: int = ANY_BUNDLE) -> dict[str, Any]:
+        """Actor options that place an actor in the group (found again after a resume, or
+        made), in bundle ``index`` (by default whichever has room)."""
         ray = connected_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         with self._lock:
             if self.group is None:
-                self.name = group_name(experiment_id)
+                self.name = group_name(experiment_id, self.gang)
                 self.group = _find(self.name) or ray.util.placement_group(
                     [dict(self.bundle)] * self.size, strategy=self.strategy, name=self.name, lifetime="detached")
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-            self.group, placement_group_bundle_index=ANY_BUNDLE, placement_group_capture_child_tasks=False)}
+            self.group, placement_group_bundle_index=index, placement_group_capture_child_tasks=False)}
 
     def check(self) -> None:
         """Whether Ray has reserved the group yet (asks without waiting); while not, for
@@ -116,3 +120,18 @@ class ExperimentGroup:
         except Exception as e:  # noqa: BLE001 - Ray's errors, told in a line
             log.warning("cannot remove placement group %s: %s", self.name or group_name(experiment_id), e)
         self.group, self.ready = None, False
+
+
+def remove_gangs(experiment_id: str) -> None:
+    """Give back every placement group of the experiment's groups of environments (those a
+    previous coordinator made included); failures are logged, not raised."""
+    try:
+        ray = connected_ray()
+        from ray.util.placement_group import PlacementGroup, placement_group_table
+
+        prefix = group_name(experiment_id, "-")[:-1]
+        for group_id, entry in placement_group_table().items():
+            if str(entry.get("name", "")).startswith(prefix) and entry.get("state") != "REMOVED":
+                ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group_id)))
+    except Exception as e:  # noqa: BLE001 - Ray's errors, told in a line
+        log.warning("cannot remove the placement groups of %s: %s", experiment_id, e)

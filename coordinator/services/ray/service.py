@@ -32,13 +32,13 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..base import EnvironmentRequest, Observation
+from ..base import EnvironmentRequest, Observation, StartResult
 from ..lifecycle import LifecycleService, PlatformError, State
 from .actors import Actor, Actors
 from .cluster import Connection, RaySetupError, named_actors, pack_code, put, resources_asked, unreachable
 from .config import RayConfig
 from .node import LINGER_S, SETTLE_S, describe_error
-from .placement import ExperimentGroup
+from .placement import ANY_BUNDLE, ExperimentGroup, remove_gangs
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -85,7 +85,12 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
         self._actors = Actors(config)
         self._warned_loopback = False
         # With placementStrategy: one bundle per environment the experiment keeps.
-        self._group = ExperimentGroup(config, environment_count) if config.placement_strategy else None
+        self._group = ExperimentGroup(config, environment_count) if (
+            config.placement_strategy and not config.placement_group_per_trial) else None
+        # placementGroupPerTrial: a placement group per group of environments, by its id.
+        self.groups_environments = config.placement_group_per_trial
+        self._gangs: dict[str, ExperimentGroup] = {}
+        self._gang_of: dict[str, tuple[str, int]] = {}  # env id -> (its group's id, its bundle)
         #: How long an actor outlives its agent if no coordinator collects it.
         self.linger_s = LINGER_S
 
@@ -118,9 +123,10 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
 
     async def close(self) -> None:
         await super().close()  # its actors stopped first
-        if self._connected and self._group is not None:
-            with contextlib.suppress(TimeoutError):
-                await self._blocking(self._group.remove)
+        if self._connected:
+            for group in [g for g in (self._group, *self._gangs.values()) if g is not None]:
+                with contextlib.suppress(TimeoutError):
+                    await self._blocking(group.remove)
         if self._connected:
             self._connected = False
             await asyncio.get_running_loop().run_in_executor(self._pool, Connection.release)
@@ -153,9 +159,18 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
         try:
             await self._connect()
             await self._blocking(self._actors.stop, record, grace_s, timeout=grace_s + 2 * SETTLE_S)
+            await self._blocking(self._release_gangs)
         except Exception as e:  # noqa: BLE001 - Ray's errors, told in a line
             raise PlatformError(describe_error(e)) from None
         record.phase = "stopped"
+
+    async def start_group(self, group: str, requests: Sequence[EnvironmentRequest]) -> list[StartResult]:
+        """placementGroupPerTrial: one placement group for the group, a bundle per member,
+        each member's actor in its own bundle; it is given back once they are all gone."""
+        if self.groups_environments:
+            self._gangs.setdefault(group, ExperimentGroup(self.config, len(requests), gang=group))
+            self._gang_of.update((r.env_id, (group, i)) for i, r in enumerate(requests))
+        return await super().start_group(group, requests)
 
     async def list_alive(self, experiment_id: str) -> dict[str, str]:
         await self._connect()
@@ -165,6 +180,8 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
         removed = await super().sweep(experiment_id, keep)
         if self._group is not None and not keep:  # no actor of the experiment left in its group
             await self._blocking(self._group.remove, experiment_id)
+        if self.groups_environments and not keep:
+            await self._blocking(remove_gangs, experiment_id)
         return removed
 
     def ended(self, record: Actor) -> Observation:
@@ -184,7 +201,8 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
             where = f"agent pid {record.info.get('pid')} on {record.info.get('node')}"
             gpus = record.info.get("gpus")
             return State("running", f"{where}, GPUs {gpus}" if gpus else where)
-        group = self._group.waiting() if self._group is not None else ""
+        where = self._placement_group(record.env_id)
+        group = where.waiting() if where is not None else ""
         return State("waiting", group or f"waiting for Ray to place the actor ({resources_asked(self.config)})")
 
     def _warn_if_unreachable(self, coordinator: str) -> None:
@@ -228,11 +246,26 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
                 self._code_ref = await self._blocking(put, archive.read_bytes())
 
     def _take_in(self, envs: list[Actor]) -> None:
-        if self._group is not None:
-            self._group.check()
+        for group in [g for g in (self._group, *self._gangs.values()) if g is not None]:
+            group.check()
         self._actors.take_in(envs)
+        self._release_gangs()
 
     def _create(self, env: Actor, request: EnvironmentRequest) -> None:
-        placement = self._group.options(request.experiment_id) if self._group is not None else {}
+        where = self._placement_group(request.env_id)
+        index = self._gang_of.get(request.env_id, ("", ANY_BUNDLE))[1]
+        placement = where.options(request.experiment_id, index) if where is not None else {}
         code = self._code if self._code_ref is not None else None
         self._actors.create(env, request, placement, code, self._code_ref, self.linger_s)
+
+    def _placement_group(self, env_id: str) -> ExperimentGroup | None:
+        """The placement group ``env_id``'s actor goes into: its group's, or the experiment's."""
+        return self._gangs.get(self._gang_of.get(env_id, ("", 0))[0]) or self._group
+
+    def _release_gangs(self) -> None:
+        """Give back the placement group of a group of environments whose actors are all gone."""
+        for gang, group in list(self._gangs.items()):
+            members = [self._records.get(e) for e, (g, _) in list(self._gang_of.items()) if g == gang]
+            if all(m is not None and m.released for m in members):
+                group.remove()
+                self._gangs.pop(gang, None)
