@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..engine.states import TrialStatus
+from .kept import Kept
 from .model import ReadModel
 from .rows import _sane, trial_snapshot
 from .snapshots import TrialSnapshot
@@ -89,10 +90,23 @@ def trial_page(
     (a key of dict final results); trials without a value for the key come last either way."""
     where, args, key, key_args = _selection(status, environment, search, sort, ids)
     offset, limit = max(0, int(offset)), max(0, min(int(limit), MAX_PAGE))
-    total, rows = model._read("trials", lambda: model.store.trials_page(
-        where=where, args=args, key=key, key_args=key_args, descending=descending, offset=offset, limit=limit,
-    ))
+    if key_args:
+        # By a parameter or a result key, SQLite reads the key out of every trial's JSON: the
+        # order is kept (until the trials change), and each page is a slice of it.
+        asked = {"where": where, "args": args, "key": key, "key_args": key_args, "descending": descending}
+        order = _orders.get(model, repr(sorted(asked.items())), lambda: model._read(
+            "trials", lambda: model.store.trial_order(**asked)
+        ))
+        page = order[offset:offset + limit]
+        total, rows = len(order), model._read("trials", lambda: model.store.trials_by_rowid(page))
+    else:
+        total, rows = model._read("trials", lambda: model.store.trials_page(
+            where=where, args=args, key=key, key_args=key_args, descending=descending, offset=offset, limit=limit,
+        ))
     return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
+
+
+_orders: Kept[list[int]] = Kept(size=8)  # trials sorted by a key of their JSON: their row ids
 
 
 def every_trial(

@@ -167,6 +167,24 @@ class StoreReader:
         ).fetchall()
         return int(total), [dict(r) for r in rows]
 
+    def trial_order(
+        self, *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any], descending: bool
+    ) -> list[int]:
+        """The row ids of every trial ``where`` selects, sorted as :meth:`trials_page` sorts."""
+        direction = "DESC" if descending else "ASC"
+        return [r[0] for r in self._db.execute(
+            f"SELECT rowid, {key} AS sort_key FROM trials WHERE {where}"
+            f" ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction}",
+            [*key_args, *args],
+        )]
+
+    def trials_by_rowid(self, rowids: Sequence[int]) -> list[dict[str, Any]]:
+        """The trials of these row ids, in their order (one that is gone is left out)."""
+        rows = {r["rowid"]: dict(r) for r in self._db.execute(
+            "SELECT rowid, * FROM trials WHERE rowid IN (SELECT value FROM json_each(?))", (json.dumps(list(rowids)),)
+        )}
+        return [rows[i] for i in rowids if i in rows]
+
     def trials_sorted(
         self, *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any], descending: bool
     ) -> Iterator[dict[str, Any]]:

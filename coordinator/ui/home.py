@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from aiohttp.web_urldispatcher import AbstractResource, AbstractRoute
 
 from ..control.client import alive
 from ..read import pages
+from ..read.kept import Kept
 from ..read.model import ReadModel, to_json
 from ..store.reads import FILENAME, StoreError, holds_experiment
 from .server import PUBLIC, _State, build_app, read_token
@@ -120,20 +122,28 @@ def compare(directory: Path, keys: list[str]) -> dict[str, Any]:
     out = []
     for key in keys:
         with ReadModel.open(known[key]) as model:
-            exp = model.experiment()
-            if exp is None:
-                raise LookupError(f"no experiment in {known[key]}")
-            space = (model.stored_config() or {}).get("searchSpace") or {}
-            series = pages.ended_series(model, exp.optimize_mode, CURVE_POINTS)
-            sample = pages.sample(model, SAMPLE)
-        out.append({
-            "key": key, "id": exp.id, "name": exp.name, "optimize_mode": exp.optimize_mode,
-            "started_at": exp.started_at,
-            "best_curve": [[p.ended, p.best, p.at] for p in series if p.best is not None],
-            "space": {str(n): s.get("_type") for n, s in space.items() if isinstance(s, Mapping)},
-            "trials": [{"parameters": t.parameters or {}, "final_metric": to_json(t.final_metric)} for t in sample],
-        })
+            out.append(_compared.get(model, ("home", key), functools.partial(_comparable, model, key)))
     return {"experiments": out}
+
+
+_compared: Kept[dict[str, Any]] = Kept()  # each experiment's part, kept until its trials change
+
+
+def _comparable(model: ReadModel, key: str) -> dict[str, Any]:
+    """An experiment as the comparison of experiments shows it."""
+    exp = model.experiment()
+    if exp is None:
+        raise LookupError(f"no experiment in {model.experiment_dir}")
+    space = (model.stored_config() or {}).get("searchSpace") or {}
+    series = pages.ended_series(model, exp.optimize_mode, CURVE_POINTS)
+    sample = pages.sample(model, SAMPLE)
+    return {
+        "key": key, "id": exp.id, "name": exp.name, "optimize_mode": exp.optimize_mode,
+        "started_at": exp.started_at,
+        "best_curve": [[p.ended, p.best, p.at] for p in series if p.best is not None],
+        "space": {str(n): s.get("_type") for n, s in space.items() if isinstance(s, Mapping)},
+        "trials": [{"parameters": t.parameters or {}, "final_metric": to_json(t.final_metric)} for t in sample],
+    }
 
 
 class _Experiments(AbstractResource):

@@ -2,9 +2,10 @@
 
 Builds a store of 100,000 trials (3 intermediate results each) and 1,000 environments with
 2 GPUs sampled 20 times each, serves it with `trialkeeper ui`, and times every request the
-pages make (the median of 5, with min and max), through real HTTP. A copy of it beside it
-makes a directory of two such experiments, served by `trialkeeper ui --dir` (the experiments
-home: its list, a comparison of the two, an experiment's page under /x/NAME/).
+pages make (the median of 5, with min and max, and the median time to the first byte),
+through real HTTP. A copy of it beside it makes a directory of two such experiments, served
+by `trialkeeper ui --dir` (the experiments home: its list, a comparison of the two, an
+experiment's page under /x/NAME/).
 
     python scripts/bench/dashboard.py [--trials 100000] [--envs 1000]
 """
@@ -77,14 +78,17 @@ def build(exp: Path, trials: int, envs: int) -> float:
     return time.perf_counter() - began
 
 
-def timed(url: str) -> tuple[float, float, float, int]:
-    times, size = [], 0
+def timed(url: str) -> tuple[float, float, float, float, int]:
+    """(median, min, max) of the whole answer's time, the median time to its first byte, its size."""
+    times, firsts, size = [], [], 0
     for _ in range(REPEATS):
         began = time.perf_counter()
         with urllib.request.urlopen(url, timeout=120) as r:
-            size = len(r.read())
+            first = r.read(1)
+            firsts.append(time.perf_counter() - began)
+            size = len(first) + len(r.read())
         times.append(time.perf_counter() - began)
-    return statistics.median(times), min(times), max(times), size
+    return statistics.median(times), min(times), max(times), statistics.median(firsts), size
 
 
 def main() -> int:
@@ -110,19 +114,22 @@ def main() -> int:
             assert ui.stdout is not None and home.stdout is not None
             url = ui.stdout.readline().removeprefix("dashboard: ").strip().rstrip("/")
             home_url = home.stdout.readline().removeprefix("dashboard: ").strip().rstrip("/")
-            print(f"{'request':55} {'median':>8} {'min':>8} {'max':>8} {'bytes':>9}")
+            print(f"{'request':55} {'median':>8} {'min':>8} {'max':>8} {'first B':>8} {'bytes':>9}")
             for path in (
                 "/api/experiment", "/api/trials?limit=200", "/api/trials?sort=metric&order=desc&limit=200",
                 "/api/trials?sort=param:lr&limit=200&offset=50000", "/api/trials?status=FAILED&q=adam&limit=200",
-                "/api/trials/t050000", "/api/compare", "/api/environments", "/api/environments/env-7/gpus", "/metrics",
+                "/api/trials/t050000", "/api/compare", "/api/environments", "/api/environments?offset=900",
+                "/api/environments/env-7/gpus", "/metrics",
                 "/api/compare?ids=t000010,t050000,t099999", "/api/importance",
                 "/api/trials/export?format=csv&status=FAILED&q=adam", "/api/trials/export?format=csv",
+                "/api/trials/export?format=json",
                 "/api/context", "home: /api/home", "home: /api/home/compare?keys=exp,exp2",
                 "home: /x/exp2/api/experiment",
             ):
                 at = home_url + path.removeprefix("home: ") if path.startswith("home: ") else url + path
-                median, low, high, size = timed(at)
-                print(f"{path:55} {median * 1000:7.0f}ms {low * 1000:7.0f}ms {high * 1000:7.0f}ms {size:9d}")
+                median, low, high, first, size = timed(at)
+                print(f"{path:55} {median * 1000:7.0f}ms {low * 1000:7.0f}ms {high * 1000:7.0f}ms"
+                      f" {first * 1000:7.0f}ms {size:9d}")
         finally:
             for served in (ui, home):
                 served.terminate()

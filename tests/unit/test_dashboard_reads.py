@@ -19,6 +19,7 @@ pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip ins
 
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import run_async
+from trialkeeper.coordinator.read import pages
 from trialkeeper.coordinator.read.kept import Kept
 from trialkeeper.coordinator.read.model import ReadModel, to_json
 from trialkeeper.coordinator.read.results import reported
@@ -117,6 +118,28 @@ def test_answers_are_kept_until_the_trials_change(tmp_path: Path) -> None:
         _trial(store, 2, "env-0", final_metric=0.9)
         after = plots.compare(model, {})
         assert after is not before and len(after["trials"]) == len(before["trials"]) + 1
+    store.close()
+
+
+def test_a_page_sorted_by_a_parameter_is_a_slice_of_an_order_kept_until_the_trials_change(tmp_path: Path) -> None:
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e1", "sorted", {})
+    for seq in range(60):
+        _trial(store, seq, None, parameters_json=json.dumps({"lr": (seq * 37) % 60 / 10} if seq % 7 else {}),
+               final_metric_json=json.dumps({"loss": -seq}))
+    with ReadModel.open(tmp_path) as model:
+        def ids(**asked: Any) -> list[str]:
+            page = pages.trial_page(model, **asked)
+            return [t.id for t in page.trials] + [f"total {page.total}"]
+
+        by_lr = sorted((t for t in model.trials() if t.parameters), key=lambda t: (-t.parameters["lr"], -t.sequence_id))
+        without = [t.id for t in sorted(model.trials(), key=lambda t: -t.sequence_id) if not t.parameters]
+        expected = [t.id for t in by_lr] + without  # trials without the key last, either way
+        assert ids(sort="param:lr", descending=True, limit=1000) == [*expected, "total 60"]
+        assert ids(sort="param:lr", descending=True, offset=20, limit=7) == [*expected[20:27], "total 60"]
+        assert ids(sort="result:loss", limit=3, search="t005") == ["t0059", "t0058", "t0057", "total 10"]
+        _trial(store, 60, None, parameters_json=json.dumps({"lr": 99.0}))  # a new first
+        assert ids(sort="param:lr", descending=True, limit=2) == ["t0060", expected[0], "total 61"]
     store.close()
 
 
