@@ -193,11 +193,14 @@ def sample(model: ReadModel, n: int) -> tuple[TrialSnapshot, ...]:
 def ended_series(model: ReadModel, mode: str, points: int = 400) -> tuple[EndedPoint, ...]:
     """How many trials had ended, and the best final metric so far, as trials ended:
     about ``points`` of them spread evenly over the time trials ended in (every end when fewer),
-    each exact at its moment, the last always kept."""
-    return tuple(
+    each exact at its moment, the last always kept. Kept until the trials change."""
+    return _series.get(model, ("ended", mode, points), lambda: tuple(
         EndedPoint(float(at), int(n), float(best) if best is not None else None)
         for at, n, best in model._read("trials", lambda: model.store.ended_series(mode == "maximize", points))
-    )
+    ))
+
+
+_series: Kept[tuple[EndedPoint, ...]] = Kept()
 
 
 def parameter_names(model: ReadModel, recent: int = 1000) -> tuple[str, ...]:

@@ -94,12 +94,22 @@ class StoreReader:
     def latest_trial_places(self, n: int, env_ids: Sequence[str] | None = None) -> list[tuple[Any, Any]]:
         """(id, environment id) of each environment's latest ``n`` trials (of those of
         ``env_ids`` when given, read from the index by environment), in submission order."""
+        if env_ids is not None and self._has_index("trials", "trials_environment"):
+            # A few entries of the index for each environment, rather than all of theirs.
+            found = [tuple(r) for e in env_ids for r in self._db.execute(
+                "SELECT seq, id, environment_id FROM trials WHERE environment_id = ? ORDER BY seq DESC LIMIT ?", (e, n)
+            )]
+            return [(tid, env) for _, tid, env in sorted(found, key=lambda r: r[0])]
         where, args = _among("environment_id", env_ids)
         return [tuple(r) for r in self._db.execute(
             "SELECT id, environment_id FROM (SELECT id, environment_id, seq, row_number() OVER "
             f"(PARTITION BY environment_id ORDER BY seq DESC) AS back FROM trials WHERE {where}) WHERE back <= ? "
             "ORDER BY seq", (*args, n),
         )]
+
+    def _has_index(self, table: str, index: str) -> bool:
+        """Whether the store has ``index`` (a store an earlier version made, opened read-only, may not)."""
+        return any(r[1] == index for r in self._db.execute(f"PRAGMA index_list({table})"))
 
     def trials_per_environment(self, env_ids: Sequence[str] | None = None) -> dict[Any, int]:
         """How many trials were placed on each environment (of ``env_ids`` when given; None:

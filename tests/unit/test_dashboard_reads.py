@@ -64,6 +64,13 @@ def test_a_page_of_environments_holds_its_own_trials_counts_and_gpus(tmp_path: P
         # The whole read model's environments are unchanged: every trial of each.
         whole = {e.id: e for e in model.environments()}
         assert len(whole) == 25 and len(whole["env-10"].trials) == 10
+    # A store an earlier version made has no index by environment: the same page, read otherwise.
+    db = sqlite3.connect(tmp_path / Store.FILENAME)
+    db.execute("DROP INDEX trials_environment")
+    db.commit()
+    db.close()
+    with ReadModel.open(tmp_path) as model:
+        assert views.environments(model, {"offset": "10", "limit": "5"}) == page
 
 
 def test_a_page_of_environments_is_read_from_the_indexes(tmp_path: Path) -> None:
