@@ -38,16 +38,17 @@ class JobScripts:
         """Where an environment's script, agent log and exit status are kept."""
         return self.experiment_dir / "envs" / env_id
 
-    def fixed_options(self, request: EnvironmentRequest, env_dir: Path, *, output: str = "agent.log") -> list[str]:
+    def fixed_options(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
         """The options trialkeeper relies on. They stand in the script for whoever reads it
         and on sbatch's command line too, where SBATCH_* variables cannot override them. A
-        group's job (``request.group_members``) asks for a node per member, a task on each."""
+        group's job (``request.group_members``) asks for a node per member, a task on each,
+        its own output in ``job.log`` (each agent's goes to its member's ``agent.log``)."""
         members = len(request.group_members)
         layout = [f"--nodes={members}", f"--ntasks={members}", "--ntasks-per-node=1"] if members > 1 else []
         return [
             f"--job-name={job_name(request.experiment_id, request.env_id)}",
             f"--comment={COMMENT_PREFIX}{request.experiment_id}",
-            f"--output={env_dir / output}",
+            f"--output={env_dir / ('job.log' if layout else 'agent.log')}",
             "--open-mode=append",
             f"--chdir={self.experiment_dir}",
             "--no-requeue",  # a requeued agent would come back as a stranger to the coordinator
@@ -77,11 +78,11 @@ class JobScripts:
                 'echo "task $SLURM_PROCID is beyond the group" >&2', "exit 2"]
         srun = ["srun", f"--nodes={len(members)}", f"--ntasks={len(members)}", "--ntasks-per-node=1",
                 "--kill-on-bad-exit=1", "/bin/sh", str(env_dir / "task.sh")]
-        job = [*self._header(request, env_dir, output="job.log"), "exec " + shlex.join(srun)]
+        job = [*self._header(request, env_dir), "exec " + shlex.join(srun)]
         return "\n".join(job) + "\n", "\n".join(task) + "\n"
 
-    def _header(self, request: EnvironmentRequest, env_dir: Path, *, output: str = "agent.log") -> list[str]:
-        directives = [*self.fixed_options(request, env_dir, output=output), *self.directives]
+    def _header(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
+        directives = [*self.fixed_options(request, env_dir), *self.directives]
         return ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.prologue]
 
     def _agent(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:

@@ -5,14 +5,17 @@ runs a real collective across its two ranks (JAX's multi-process CPU backend ove
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_async, stored_rows
+from conftest import async_wait_until, run_async, stored_rows
 from slurm import NODES
-from test_multinode import EXAMPLE, WAIT_S, jax_python, ranks_output
+from test_multinode import EXAMPLE, FAST, HOLD_COLLECTIVE, WAIT_S, _agent_pid, jax_python, ranks_output
 from test_remote import _code_dir, _config, lab  # noqa: F401 - lab: the two sshd machines
 from test_slurm import cluster  # noqa: F401 - cluster: the real local Slurm
 from trialkeeper.coordinator.config.experiment import parse_config
@@ -81,3 +84,43 @@ def test_a_two_node_trial_in_one_slurm_job_of_two_nodes(tmp_path: Path, cluster:
     assert "#SBATCH --nodes=2\n" in script and "exec srun " in script, script
     for e in envs:  # each agent wrote its own log and, once stopped, its own exit status
         assert (exp / "envs" / e["id"] / "agent.exit").read_text() == "0", e
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_a_slurm_job_of_two_nodes_ends_the_job_and_the_trial_runs_again_on_a_new_one(
+    tmp_path: Path, cluster: Any  # noqa: F811
+) -> None:
+    """kill -9 of one rank's agent: its srun task fails, so srun ends the other (the job ends as
+    one), and the trial is retried whole in a new job of two nodes."""
+    data = _slurm_data(tmp_path, jobPerTrial=True)
+    code = tmp_path / "code"
+    (code / "trial.py").write_text(HOLD_COLLECTIVE)
+    go = tmp_path / "go"
+    data.update(trialCommand=f"{jax_python()} trial.py", maxTrialRetries=1, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(data, code), experiment_dir=tmp_path / "exp") as c:
+            h = await c.submit({"go": str(go)})
+            started = [c.experiment_dir / "trials" / h.id / d / "output" / "started" for d in ("", "rank1")]
+            await async_wait_until(lambda: all(p.exists() for p in started), WAIT_S * 2, message="both ranks run")
+            first = {r.environment_id for r in h.info.ranks}
+            started[0].unlink()
+            os.kill(_agent_pid(c, h.info.ranks[1].environment_id), signal.SIGKILL)
+            await async_wait_until(lambda: h.info.attempts == 2 and started[0].exists(), WAIT_S * 2)
+            again = {r.environment_id for r in h.info.ranks}
+            assert not again & first, (first, again)  # a whole new group, not the survivor
+            go.write_text("")
+            info = await h.wait(WAIT_S)
+            assert info.status is TrialStatus.SUCCEEDED, (info.reason, info.stderr_tail)
+            assert info.final_metric == 3.0 and info.attempts == 2
+            envs = {e["id"]: e for e in stored_rows(c.experiment_dir, "envs")}
+            assert len({envs[e]["platform_id"] for e in first}) == 1, envs
+            assert len({envs[e]["platform_id"] for e in again}) == 1, envs
+            # The first job ended as one (srun ends the other task, or the coordinator the job),
+            # its other agent with it.
+            assert {envs[e]["status"] for e in first} <= {"FAILED", "STOPPED"}, [envs[e] for e in first]
+            shown = cluster.command("scontrol", "show", "job", "--oneliner",
+                                    envs[next(iter(first))]["platform_id"].removeprefix("job ")).stdout
+            assert re.search(r"JobState=(FAILED|CANCELLED) ", shown), shown
+
+    run_async(body(), timeout=WAIT_S * 4)

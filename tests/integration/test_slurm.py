@@ -506,6 +506,7 @@ def test_a_group_task_beyond_its_members_says_so(tmp_path: Path) -> None:
     request = dataclasses.replace(_request("env-1", "x"), group_members=("env-1", "env-2"))
     job, task = service.scripts.group_script(request, tmp_path)
     assert "#SBATCH --nodes=2\n" in job and "#SBATCH --ntasks-per-node=1\n" in job and "--kill-on-bad-exit=1" in job
+    assert f"#SBATCH --output={tmp_path / 'job.log'}\n" in job  # each agent's own output: its agent.log
     done = subprocess.run(["sh", "-c", task], env={"SLURM_PROCID": "2", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=10, check=False)
     assert (done.returncode, done.stderr.strip()) == (2, "task 2 is beyond the group")
