@@ -17,7 +17,6 @@ import secrets
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,10 +27,11 @@ from .engine import submits
 from .engine.checkpoints import ContinueRequested, PauseRequested
 from .engine.engine import CANCEL_GRACE_S, Engine
 from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted, UpdateRequested
-from .engine.model import MetricEvent, StatusEvent, TrialInfo
+from .engine.model import TrialInfo
 from .engine.policy import Policy
 from .engine.states import EnvStatus, TrialStatus
 from .platforms import checkpoint_root, policy_of
+from .read.listening import Listening
 from .read.model import CheckpointInfo, EnvSnapshot, ReadModel
 from .services import create_service
 from .services.base import EnvironmentRequest, EnvironmentService
@@ -87,12 +87,13 @@ class TrialHandle:
         return f"TrialHandle({self.id!r}, {self.info.status.value})"
 
 
-class Coordinator:
+class Coordinator(Listening):
     """Runs an experiment's trials on the environments its config describes.
 
     Use it as ``async with Coordinator(config) as c:`` or call :meth:`start` and
     :meth:`stop`. Submit parameter sets with :meth:`submit`; hear of results through
-    :meth:`on_metric` / :meth:`on_status` callbacks or the :meth:`events` iterator.
+    :meth:`on_metric` / :meth:`on_status` / :meth:`on_checkpoint` callbacks or the :meth:`events`
+    iterator (``read/listening.py``).
     """
 
     def __init__(
@@ -125,10 +126,7 @@ class Coordinator:
         self._lock: ExperimentLock | None = None
         self._engine: Engine | None = None
         self._shell: Shell | None = None
-        # Callbacks registered before start() are handed to the shell when it exists.
-        self._metric_callbacks: list[Callable[[MetricEvent], Any]] = []
-        self._status_callbacks: list[Callable[[StatusEvent], Any]] = []
-        self._subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
+        Listening.__init__(self)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -287,10 +285,7 @@ class Coordinator:
             gpu_sharing_for=lambda env_id: self._gpu_sharing(env_id, engine.envs[env_id].platform),
             checkpoints=files,
         )
-        shell.metric_callbacks, shell.status_callbacks, shell.subscribers = (
-            self._metric_callbacks, self._status_callbacks, self._subscribers
-        )
-        engine.publish_metrics = bool(self._metric_callbacks or self._subscribers)
+        self._listen(engine, shell)
         shell.on_failure = self._failed
         shell.checkpoints.mark()
         if self._resuming:
@@ -524,28 +519,6 @@ class Coordinator:
     def _raise_failure(self) -> None:
         if self._shell is not None and self._shell.failure:
             raise CoordinatorError(f"the experiment cannot go on: {self._shell.failure}")
-
-    def on_metric(self, callback: Callable[[MetricEvent], Any]) -> None:
-        """Call ``callback(event)`` for every stored metric (async callbacks are scheduled)."""
-        self._metric_callbacks.append(callback)
-        if self._engine is not None:
-            self._engine.publish_metrics = True
-
-    def on_status(self, callback: Callable[[StatusEvent], Any]) -> None:
-        """Call ``callback(event)`` for every trial status change."""
-        self._status_callbacks.append(callback)
-
-    async def events(self) -> AsyncIterator[MetricEvent | StatusEvent]:
-        """Iterate over metric and status events from now on."""
-        q: asyncio.Queue[MetricEvent | StatusEvent] = asyncio.Queue()
-        self._subscribers.add(q)
-        if self._engine is not None:
-            self._engine.publish_metrics = True
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._subscribers.discard(q)
 
     @property
     def environment_error(self) -> str:

@@ -26,6 +26,7 @@ from .config.experiment import ExperimentConfig
 from .config.objectives import from_config as objectives_from_config
 from .core import Coordinator
 from .engine import results
+from .engine.events import CheckpointSaved
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
 from .engine.states import TrialStatus
 from .read.model import EnvSnapshot, best_trial, optimize_mode
@@ -185,12 +186,19 @@ async def _drive_in_scope(
         if loop.changed:
             changed.set()
 
+    def on_checkpoint(ev: CheckpointSaved) -> None:
+        loop.checkpointed(ev.trial_id)
+        if loop.changed:
+            changed.set()
+
     def on_status(ev: StatusEvent) -> None:
         loop.status(ev)
         changed.set()
 
     if search.hears_intermediate or limits.max_trial_resource:  # otherwise no metric is published
         coordinator.on_metric(on_metric)
+    if search.assessor is not None:  # it may judge a trial at its rung as soon as the trial can pause
+        coordinator.on_checkpoint(on_checkpoint)
     coordinator.on_status(on_status)
     started = time.monotonic()
     reason = ""
@@ -204,6 +212,9 @@ async def _drive_in_scope(
             on_start(coordinator)
         # Nothing is awaited between start() and here, so no result arrives unheard.
         loop.submitted, loop.trained = _resume(search, coordinator, count=limits.max_trial_resource is not None)
+        for t in coordinator.trials():  # saves made before a resume (those made from now on are heard)
+            if t.checkpoint_step is not None and t.status is TrialStatus.RUNNING:
+                loop.checkpointed(t.id)
         if continue_paused:
             await _continue_paused(coordinator, search)
         last_progress = 0.0
@@ -216,9 +227,6 @@ async def _drive_in_scope(
                 await _carry_out(coordinator, order)
             loop.submitted = await submit_customized(coordinator, search, steering, limits, loop.submitted, loop.to_do)
             trials = coordinator.trials()
-            for t in trials:  # a save heard before the trial's next result (ASHA judges a rung then)
-                if t.checkpoint_step is not None and t.status is TrialStatus.RUNNING:
-                    loop.checkpointed(t.id)
             # A trial being stopped gives up its slot now: the next one is queued at once
             # and placed as soon as the slot is free. A paused one holds none.
             active = sum(1 for t in trials if _holds_a_slot(t))

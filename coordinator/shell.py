@@ -90,8 +90,9 @@ class Shell:
         # with the platform's answer to its start.
         self._gpu_sharing_for = gpu_sharing_for
         self.links: dict[int, Link] = {}
-        self.metric_callbacks: list[Callable[[MetricEvent], Any]] = []
+        self.metric_callbacks: list[Callable[[Any], Any]] = []  # each told a MetricEvent
         self.status_callbacks: list[Callable[[StatusEvent], Any]] = []
+        self.checkpoint_callbacks: list[Callable[[Any], Any]] = []  # each told an ev.CheckpointSaved
         self.subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
         self.done: dict[str, asyncio.Event] = {}
         self.changed = asyncio.Event()
@@ -557,7 +558,7 @@ class Shell:
 
     # ---- publishing ----------------------------------------------------------------------------
 
-    def _publish(self, note: StatusEvent | MetricEvent) -> None:
+    def _publish(self, note: StatusEvent | MetricEvent | ev.CheckpointSaved) -> None:
         if isinstance(note, StatusEvent):
             callbacks: list[Callable[[Any], Any]] = self.status_callbacks  # type: ignore[assignment]
             if note.trial.status.terminal:
@@ -565,8 +566,8 @@ class Shell:
                 if waiting is not None:
                     waiting.set()
             self.changed.set()
-        else:
-            callbacks = self.metric_callbacks  # type: ignore[assignment]
+        else:  # a stored metric, or a saved checkpoint (heard by its own callbacks only)
+            callbacks = self.metric_callbacks if isinstance(note, MetricEvent) else self.checkpoint_callbacks
         for cb in callbacks:
             try:
                 result = cb(note)
@@ -574,7 +575,7 @@ class Shell:
                     self.spawn(_logged(result, type(note).__name__), "a callback")
             except Exception:
                 log.exception("a %s callback raised; ignored", type(note).__name__)
-        for q in self.subscribers:
+        for q in self.subscribers if not isinstance(note, ev.CheckpointSaved) else ():
             q.put_nowait(note)
 
     async def until(self, predicate: Callable[[], bool], *, or_failure: bool = True) -> None:

@@ -300,6 +300,13 @@ def record(
     return c, ""
 
 
+def refused_files(t: Any, s: CheckpointSavedReported, env_id: str, out: list[Any]) -> None:
+    """A refused save's files, finished in the experiment's directory before it was refused,
+    go (unless a save of the same step is recorded: ``t`` is its TrialState, or None)."""
+    if s.location == "" and t is not None and all(c.step != s.step for c in t.checkpoints):
+        out.append(RemoveCheckpoint(Checkpoint(s.trial_id, s.step, 0, s.size_bytes, "", (), "", 0.0, env_id)))
+
+
 def held_by(trials: Iterable[Any], but: str) -> list[tuple[str, int]]:
     """The checkpoints (trial id, step) that live trials (TrialStates) other than ``but``
     continue from: they stay, whatever checkpointsPerTrial says."""

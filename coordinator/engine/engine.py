@@ -52,6 +52,7 @@ class Engine:
         self._dirty = True
         self._pausing = False  # the experiment stops to be resumed: its trials pause
         self._out: list[ev.Instruction] = []
+        self.publish_checkpoints = False  # publish a CheckpointSaved per checkpoint recorded
         self.now = 0.0
         self.wall = 0.0
 
@@ -366,15 +367,13 @@ class Engine:
             held = ck.held_by(book.trials.values(), t.id)
             saved, why = ck.record(t, report, env_id, self.policy, self.wall, held, self._out)
             if saved is not None:
+                if self.publish_checkpoints:  # the search judges a trial at its rung once it can pause it
+                    self._out.append(ev.Publish(ev.CheckpointSaved(t.id, saved.step, saved.metric_index)))
                 return
             t.refusals[report.step] = why
             log.warning("trial %s: checkpoint at step %d refused: %s", t.id, report.step, why)
         self.fleet.send(env_id, ck.CheckpointRefused(report.trial_id, report.step, why))
-        if report.location == "" and t is not None and all(c.step != report.step for c in t.checkpoints):
-            # Its files, finished in the experiment's directory before it was refused, go.
-            self._out.append(ck.RemoveCheckpoint(ck.Checkpoint(
-                report.trial_id, report.step, 0, report.size_bytes, "", (), "", 0.0, env_id,
-            )))
+        ck.refused_files(t, report, env_id, self._out)
 
     def _fetch(self, f: ck.CheckpointFetchRequested) -> None:
         t = self.gangs.rank_trial(self.book, f.env_id, f.trial_id) or self.book.own(f.env_id, f.trial_id, "a fetch")

@@ -546,8 +546,17 @@ class WriteLog:
 
 
 @dataclass(frozen=True)
+class CheckpointSaved:
+    """A trial's checkpoint is recorded (published while ``Engine.publish_checkpoints``)."""
+
+    trial_id: str
+    step: int
+    metric_index: int  # the results it had reported when it saved it
+
+
+@dataclass(frozen=True)
 class Publish:
-    event: StatusEvent | MetricEvent
+    event: StatusEvent | MetricEvent | CheckpointSaved
 
 
 @dataclass(frozen=True)

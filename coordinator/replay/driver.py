@@ -161,7 +161,7 @@ class _Virtual:
             agent_lost_timeout_s=_NEVER, trial_lost_timeout_s=_NEVER, agent_start_timeout_s=_NEVER,
             pause_grace_s=_NEVER,
         ))
-        self.engine.publish_metrics = True
+        self.engine.publish_metrics = self.engine.publish_checkpoints = True
         self.now = 0.0
         self.due: list[tuple[float, int, Callable[[], None]]] = []  # when, and in which order
         self.count = itertools.count()
@@ -280,7 +280,10 @@ class _Virtual:
                 for env_id in (i.env_id,) if isinstance(i, ev.StartEnvironment) else i.env_ids:
                     self.at(self.now, lambda env_id=env_id: self.environment_up(env_id))
 
-    def published(self, e: MetricEvent | StatusEvent) -> None:
+    def published(self, e: MetricEvent | StatusEvent | ev.CheckpointSaved) -> None:
+        if isinstance(e, ev.CheckpointSaved):  # ASHA judges a trial at its rung once it can pause it
+            self.loop.checkpointed(e.trial_id)
+            return
         if isinstance(e, MetricEvent):
             t = self.trials.get(e.trial_id)
             if t is not None and (t.best is None or self._better(e.value, t.best)):

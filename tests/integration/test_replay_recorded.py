@@ -119,7 +119,11 @@ def test_another_search_follows_the_nearest_recorded_curve_or_skips_what_was_nev
     assert "unknown tuner 'nosuchtuner'" in capsys.readouterr().err
 
 
-# Saves a checkpoint after each result and goes on from it when continued.
+# Saves a checkpoint as it starts and after each result, and goes on from it when continued.
+# The first save tells the search at once that the trials checkpoint: the first trial's first
+# rung is judged at its result, and its pause lands at the save that follows, as replayed. (A
+# trial that reaches its first rung before any save is judged when its save is heard; a real
+# process has gone on by then, and pauses at that save or the next as the messages cross.)
 CHECKPOINTING = """
 import json, pathlib, time
 from trialkeeper.agent import trial
@@ -127,6 +131,9 @@ from trialkeeper.agent import trial
 p = trial.get_next_parameter()
 ckpt = pathlib.Path(trial.get_checkpoint_dir())
 start = json.loads((ckpt / "state.json").read_text())["step"] if trial.checkpoint_step() is not None else 0
+if start == 0:
+    (ckpt / "state.json").write_text(json.dumps({"step": 0}))
+    trial.save_checkpoint(0)
 value = 0.0
 for step in range(start, 6):
     time.sleep(0.05)
@@ -162,7 +169,11 @@ def test_replaying_asha_pauses_and_continues_the_same_trials_at_the_same_rungs(
     for e in events:
         mine = recorded.setdefault(seq[e["entity_id"]], [])
         if e["new"] == "PAUSED":
-            mine.append(("pause", int(re.search(r"after (\d+) intermediate", e["reason"])[1])))
+            # The assessor's verdict at a result, or ASHA's own request on hearing a save at a
+            # rung (its resource, epochs here): either way the results the trial had reported.
+            at = re.search(r"after (\d+) intermediate|waits at rung (\d+)", e["reason"])
+            assert at is not None, e["reason"]
+            mine.append(("pause", int(at[1] or at[2])))
         elif e["old"] == "PAUSED" and e["new"] != "EARLY_STOPPED":
             mine.append(("continue",))
         elif e["new"] in ("SUCCEEDED", "EARLY_STOPPED"):

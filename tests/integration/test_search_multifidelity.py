@@ -13,6 +13,7 @@ from experiment_stop import run_until_stopped
 from test_search_paused_trials import _config, _curves, _runs
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
+from trialkeeper.coordinator.store.store import Store
 
 # Arrival order at the rungs mixes good and bad: some wait paused until the rung fills.
 XS = [0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4, 0.6]
@@ -49,6 +50,17 @@ def _run(tmp_path: Path, brackets: int) -> None:
     assert stopped and all("paused by the search" in t.reason for t in stopped), [(t.id, t.reason) for t in stopped]
     # Far fewer epochs than training every configuration to the end.
     assert sum(len(c) for c in curves.values()) < len(XS) * EPOCHS * 0.7
+    if brackets == 1:
+        # The first trial reaches rung 1 before any save is known: it is judged there, once the
+        # engine tells the search it saved a checkpoint, not at its next result.
+        first = min(result.trials, key=lambda t: t.sequence_id or 0)
+        store = Store.in_dir(tmp_path / "exp", readonly=True)
+        try:
+            pauses = [e["reason"] for e in store.events()
+                      if e["entity"] == "trial" and e["entity_id"] == first.id and e["new"] == "PAUSED"]
+        finally:
+            store.close()
+        assert pauses and ("waits at rung 1 " in pauses[0] or "after 1 intermediate result" in pauses[0]), pauses
 
 
 @pytest.mark.slow

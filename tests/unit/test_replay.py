@@ -114,3 +114,22 @@ def test_max_experiment_duration_ends_the_replay_at_that_virtual_time(tmp_path: 
     assert not math.isnan(r.wall_seconds)
     with pytest.raises(ReplayError, match="unseen must be one of nearest, skip"):
         replay(cfg, recorded, unseen="closest")
+
+
+def test_asha_judges_the_first_trial_at_its_rung_as_soon_as_the_engine_says_it_saved_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    recorded = [rec(i, {"lr": lr, "opt": "a"}, tuple(q * k for k in range(1, 5)))
+                for i, (lr, q) in enumerate([(1e-3, 0.1), (1e-2, 0.3), (1e-1, 0.2)])]
+    cfg = config(tmp_path, tuner={"name": "grid"}, searchSpace={
+        "lr": {"_type": "choice", "_value": [1e-3, 1e-2, 1e-1]}, "opt": {"_type": "choice", "_value": ["a"]},
+    }, assessor={"name": "asha", "classArgs": {"min_resource": 1, "max_resource": 4, "reduction_factor": 2}})
+    r = replay(cfg, recorded)
+    # r000000 reaches rung 1 with its first result (1 s), before anyone is known to save
+    # checkpoints; its save right after is published by the engine, and ASHA judges it then,
+    # at its rung: it waits there (alone, nothing to promote), paused after 1 result, not 2.
+    assert (r.decisions[0].at, r.decisions[0].trial_id, r.decisions[0].kind, r.decisions[0].step) == (
+        1.0, "r000000", "pause", 1)
+    assert "waits at rung 1" in r.decisions[0].reason
+    # Every other pause is judged at a result that reached a rung (1, 2 or 4 results).
+    assert all(d.step in (1, 2, 4) for d in r.decisions if d.kind == "pause"), r.decisions
