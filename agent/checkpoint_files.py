@@ -352,6 +352,15 @@ def marked_root(directory: Path, experiment_id: str) -> tuple[Path | None, str]:
     return directory, ""
 
 
+def holds_files(directory: Path) -> bool:
+    """Whether anything lies in ``directory`` (False when it is gone)."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
 def make_live(root: Path, live: Path, clean: bool) -> None:
     """Make a trial's empty live directory (``clean``: in the local cache, where what an
     earlier run of the trial left half done is removed first)."""

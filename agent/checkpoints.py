@@ -383,13 +383,31 @@ class CheckpointKeeper:
         if lt is None:
             self._reply(trial_id, reply, {"ok": False, "error": "the agent has no checkpoint directory for this trial"})
             return
+        self._begin(lt)
+        self._background(self._save(lt, step, lambda answer: self._reply(trial_id, reply, answer), metric_index))
+
+    async def save_left(self, trial_id: str, step: int, metric_index: int) -> str:
+        """Save what an ended trial left in its live directory as its checkpoint (a trial of
+        NNI's PBT saves by leaving its files there): "" once recorded, or when it left
+        nothing; else why not. Its step follows its own saves, if it made any."""
+        lt = self._trials.get(trial_id)
+        if lt is None or not await asyncio.to_thread(cf.holds_files, lt.live):
+            return ""
+        if lt.last_step is not None:
+            step = max(step, lt.last_step + 1)
+        answers: list[dict[str, object]] = []
+        self._begin(lt)
+        await self._save(lt, step, answers.append, metric_index)
+        return "" if answers and answers[0].get("ok") else str(answers[0].get("error") if answers else "no answer")
+
+    def _begin(self, lt: _Live) -> None:
         lt.busy += 1
         lt.preparing += 1
         lt.idle.clear()
         lt.sent.clear()
-        self._background(self._save(lt, step, reply, metric_index))
 
-    async def _save(self, lt: _Live, step: object, reply: str, metric_index: int) -> None:
+    async def _save(self, lt: _Live, step: object, answer_to: Callable[[dict[str, object]], None],
+                    metric_index: int) -> None:
         prepared = False
 
         def sent() -> None:
@@ -408,7 +426,7 @@ class CheckpointKeeper:
                 except _Refused as e:
                     log.info("trial %s: checkpoint at step %r refused: %s", lt.trial_id, step, e)
                     answer = {"ok": False, "error": str(e)}
-                self._reply(lt.trial_id, reply, answer)
+                answer_to(answer)
         finally:
             sent()
             lt.busy -= 1

@@ -18,7 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NniLine", "NniStdoutScanner", "nni_environment", "without_results", "write_parameter_cfg"]
+__all__ = [
+    "NniLine", "NniStdoutScanner", "PbtDirs", "nni_environment", "pbt_dirs", "without_results", "write_parameter_cfg",
+]
 
 PARAMETER_FILE = "parameter.cfg"
 MARK = b"NNISDK_MEb'"
@@ -48,6 +50,37 @@ def nni_environment(
         "NNI_SYS_DIR": str(sys_dir),
         "NNI_OUTPUT_DIR": str(output_dir),
     }
+
+
+# NNI's PBT tuner gives each trial the paths it loads its state from and saves it to.
+PBT_LOAD, PBT_SAVE = "load_checkpoint_dir", "save_checkpoint_dir"
+
+
+@dataclass(frozen=True)
+class PbtDirs:
+    """A trial of NNI's PBT tuner, its two paths pointed at its own checkpoint directory."""
+
+    parameters_json: str  # as the trial reads them
+    step: int  # NNI's step, the last part of its save_checkpoint_dir (0 when it is no number)
+
+
+def pbt_dirs(parameters_json: str, checkpoint_dir: str) -> PbtDirs | None:
+    """For a trial of NNI's PBT tuner (its parameters hold both paths): its parameters with
+    ``load_checkpoint_dir`` and ``save_checkpoint_dir`` both ``checkpoint_dir``, the trial's
+    own checkpoint directory. It holds the checkpoint the trial starts from (the one NNI
+    named by load_checkpoint_dir, which the coordinator sent), and what the trial leaves
+    there when it exits 0 becomes its checkpoint. None for any other trial."""
+    if not checkpoint_dir or PBT_SAVE not in parameters_json:
+        return None
+    try:
+        params = json.loads(parameters_json)
+    except ValueError:
+        return None
+    if not isinstance(params, dict) or not all(isinstance(params.get(k), str) for k in (PBT_LOAD, PBT_SAVE)):
+        return None
+    step = os.path.basename(os.path.normpath(params[PBT_SAVE]))
+    params[PBT_LOAD] = params[PBT_SAVE] = checkpoint_dir
+    return PbtDirs(json.dumps(params), int(step) if step.isdigit() else 0)
 
 
 def write_parameter_cfg(sys_dir: Path, parameter_id: int, parameters_json: str) -> None:

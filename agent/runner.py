@@ -9,7 +9,8 @@ once a trial's process tree is gone everything it sent is already queued on the 
 the runner drains it before reporting the end, and no report can arrive late.
 Results that trials written for NNI print are read from ``stdout.log`` (:mod:`.nnicompat`),
 the rest of it before the end is reported. A trial's checkpoints (its directory, the one it
-continues from, its saves, asked on the same socket) are the keeper's (:mod:`.checkpoints`).
+continues from, its saves, asked on the same socket) are the keeper's (:mod:`.checkpoints`); a trial of
+NNI's PBT tuner saves by leaving its files there as it exits 0 (:func:`.nnicompat.pbt_dirs`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class _Trial:
         self.log_offsets = {"stdout": 0, "stderr": 0}
         # Results of trials written for NNI, printed on their stdout.
         self.nni_lines = nnicompat.NniStdoutScanner(directory / "stdout.log")
+        # A trial of NNI's PBT: what it leaves in its checkpoint directory is saved at this step.
+        self.saves_left: int | None = None
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -224,6 +227,10 @@ class TrialRunner:
         if t.cancel_reason is not None:  # canceled (or paused) while its checkpoint came
             self._end(t, t.outcome_if_canceled, None, 0, t.cancel_reason, False)
             return
+        pbt = nnicompat.pbt_dirs(spec.parameters_json, checkpoint_env.get(sdk.ENV_CHECKPOINT_DIR, ""))
+        if pbt is not None and not spec.node_rank:
+            t.spec = spec = dataclasses.replace(spec, parameters_json=pbt.parameters_json)
+            t.saves_left = pbt.step
         held = None
         if spec.nodes > 1 and spec.node_rank == 0:  # held until the trial's process starts, which binds it
             held = rendezvous.HeldPort()
@@ -292,6 +299,8 @@ class TrialRunner:
         self._flush_logs(t)
         # Its saves go before its end, so that a trial stopped mid-save continues from it.
         await self.checkpoints.settle(spec.trial_id)
+        if returncode == 0 and t.cancel_reason is None and t.saves_left is not None:
+            await self._save_left(t, t.saves_left)
         if returncode < 0 and t.cancel_reason is None and not self.host_stopping.is_set():
             # A platform taking the environment down (scancel, a pod deleted) signals all of
             # its processes at once: give the agent's own signal a moment to be seen, so the
@@ -350,6 +359,16 @@ class TrialRunner:
         if template is not None:
             own.add(template)  # the agent's child, but no stray: never ended nor reaped as one
         return own
+
+    async def _save_left(self, t: _Trial, step: int) -> None:
+        """Before its end is reported: the next trial may start from this checkpoint."""
+        try:
+            why = await self.checkpoints.save_left(t.spec.trial_id, step, t.metric_index)
+        except Exception as e:  # its end is reported whatever became of the save
+            log.exception("trial %s: what it left in its checkpoint directory could not be saved", t.spec.trial_id)
+            why = str(e) or type(e).__name__
+        if why:
+            _note(t, f"what it left in save_checkpoint_dir was not saved as its checkpoint: {why}")
 
     def _time_out(self, trial_id: str) -> None:
         t = self._trials.get(trial_id)

@@ -9,7 +9,8 @@ from pathlib import Path
 from interpreters import interpreter
 
 MAKE = {
-    "TRIALKEEPER_NNI_PYTHON": "python3 -m venv .venv-nni && .venv-nni/bin/pip install 'nni==3.0' scikit-learn -e . "
+    "TRIALKEEPER_NNI_PYTHON": "python3 -m venv .venv-nni && "
+    ".venv-nni/bin/pip install 'nni==3.0' scikit-learn -e '.[remote]' "
     "&& export TRIALKEEPER_NNI_PYTHON=$PWD/.venv-nni/bin/python",
     "TRIALKEEPER_NNI2_PYTHON": "python3 -m venv .venv-nni2 && "
     ".venv-nni2/bin/pip install 'nni==2.10.1' scikit-learn -e . "

@@ -56,15 +56,17 @@ _EXTRAS: dict[str, str] = {
 }
 
 
-# NNI's PBT tuner keeps each trial's checkpoints under classArgs.all_checkpoint_dir, which
-# defaults to $NNI_CHECKPOINT_DIRECTORY when the tuner is built: NNI's manager sets it for
-# its dispatcher, an experiment sets it while it builds its tuner (checkpoint_directory).
-_PBT_REFUSAL = (
-    "NNI's PBT tuner keeps the trials' checkpoints in classArgs.all_checkpoint_dir, by default "
-    "NNI_CHECKPOINT_DIRECTORY, which an experiment sets while it builds its tuner and which is not set here: "
-    "give classArgs.all_checkpoint_dir, a directory every trial can read and write, or set NNI_CHECKPOINT_DIRECTORY"
-)
+# NNI's PBT tuner names each trial's checkpoint by a path, <all_checkpoint_dir>/<member>/<step>:
+# save_checkpoint_dir where the trial saves, load_checkpoint_dir where it loads from (what an
+# earlier trial saved). Here those paths are only names: the agent points both at the trial's
+# own checkpoint directory, keeps what the trial leaves there as its checkpoint, and starts it
+# from the checkpoint of the trial that saved under its load_checkpoint_dir (checkpoint_from),
+# so no directory is shared with the trials. all_checkpoint_dir defaults to
+# $NNI_CHECKPOINT_DIRECTORY when the tuner is built (an experiment sets it, checkpoint_directory);
+# without either, the names start with PBT_NAMES.
 CHECKPOINT_VARIABLE = "NNI_CHECKPOINT_DIRECTORY"
+PBT_NAMES = "nni-checkpoints"
+PBT_LOAD, PBT_SAVE = "load_checkpoint_dir", "save_checkpoint_dir"
 
 
 def is_pbt(name: object, class_name: object = None) -> bool:
@@ -76,12 +78,13 @@ def is_pbt(name: object, class_name: object = None) -> bool:
     return isinstance(class_name, str) and class_name.replace(":", ".").endswith(".PBTTuner")
 
 
-def _pbt_refusal(name: object, class_name: object, class_args: object) -> str | None:
-    """Why NNI's PBT cannot be built now (no directory for its checkpoints), or None."""
-    if not is_pbt(name, class_name):
-        return None
-    given = class_args.get("all_checkpoint_dir") if isinstance(class_args, dict) else None
-    return None if given or os.environ.get(CHECKPOINT_VARIABLE) else _PBT_REFUSAL
+def _pbt_args(name: object, class_name: object, class_args: dict[str, Any]) -> dict[str, Any]:
+    """NNI's PBT needs all_checkpoint_dir, a name only here: its default when nothing gives one."""
+    if not is_pbt(name, class_name) or not isinstance(class_args, dict):
+        return class_args
+    if class_args.get("all_checkpoint_dir") or os.environ.get(CHECKPOINT_VARIABLE):
+        return class_args
+    return {**class_args, "all_checkpoint_dir": PBT_NAMES}
 
 
 @contextlib.contextmanager
@@ -164,10 +167,8 @@ def create_nni_tuner(name: str, class_args: dict[str, Any], search_space: dict[s
     if key in NNI_ADVISOR_NAMES:
         return create_nni_advisor(name, class_args, search_space)
     nni_name = NNI_TUNER_NAMES[key]
-    refusal = _pbt_refusal(name, None, class_args)
-    if refusal is not None:
-        raise TunerError(refusal)
-    return NniTuner(_build(nni_name, class_args, "tuners", TunerError), search_space, class_args, nni_name)
+    built = _build(nni_name, _pbt_args(name, None, class_args), "tuners", TunerError)
+    return NniTuner(built, search_space, class_args, nni_name)
 
 
 def create_nni_advisor(name: str, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
@@ -194,10 +195,8 @@ def create_nni_assessor(name: str, class_args: dict[str, Any]) -> Assessor:
 
 def nni_custom_tuner(class_name: str, cls: Any, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
     """A user's own NNI tuner class (``className`` + ``codeDirectory``)."""
-    refusal = _pbt_refusal(None, f"{cls.__module__}.{getattr(cls, '__name__', '')}", class_args)
-    if refusal is not None:
-        raise TunerError(refusal)
-    return NniTuner(_custom(class_name, cls, class_args, "tuner", TunerError), search_space, class_args, class_name)
+    args = _pbt_args(None, f"{cls.__module__}.{getattr(cls, '__name__', '')}", class_args)
+    return NniTuner(_custom(class_name, cls, args, "tuner", TunerError), search_space, class_args, class_name)
 
 
 def nni_custom_assessor(class_name: str, cls: Any, class_args: dict[str, Any]) -> Assessor:
@@ -248,6 +247,11 @@ class NniTuner(Tuner):
         # Trials that ran before a resume: NNI learns their results through import_data,
         # since this instance never proposed them.
         self._adopted: set[int] = set()
+        # NNI's PBT: which parameter id's trial saved under each save_checkpoint_dir, and the
+        # one whose checkpoint each new trial starts from (what its load_checkpoint_dir names).
+        self._pbt = type(tuner).__name__ == "PBTTuner"
+        self._saved_by: dict[str, int] = {}
+        self._sources: dict[int, int] = {}
         try:
             tuner.update_search_space(search_space)
         except Exception as e:
@@ -271,7 +275,35 @@ class NniTuner(Tuner):
                 f"tuner {self.label!r} proposed {params!r}, which is not a mapping of parameter names to values "
                 f"(with Batch, make the choice's items such mappings)"
             )
+        if self._pbt:
+            self._name_checkpoints(parameter_id, params)
         return params
+
+    def _name_checkpoints(self, parameter_id: int, params: dict[str, Any]) -> None:
+        load, save = params.get(PBT_LOAD), params.get(PBT_SAVE)
+        source = self._saved_by.get(load) if isinstance(load, str) else None
+        if source is not None and source != parameter_id:
+            self._sources[parameter_id] = source
+        if isinstance(save, str):
+            self._saved_by[save] = parameter_id
+
+    def _resume_names(self, history: Sequence[PastTrial]) -> None:
+        """NNI's PBT goes on after its last whole step: the trials of the next one start from
+        the checkpoints of the trials that ran before. NNI resumes only when each of that step's
+        save_checkpoint_dir is a directory: they are made (empty, as names) where NNI's own
+        directory lies (not for relative names, which only the embedding API makes)."""
+        for t in history:
+            save = t.parameters.get(PBT_SAVE)
+            if not isinstance(save, str):
+                continue
+            self._saved_by[save] = t.parameter_id
+            if t.status is not None and os.path.isabs(save):
+                with contextlib.suppress(OSError):
+                    os.makedirs(save, exist_ok=True)
+
+    def checkpoint_from(self, parameter_id: int) -> int | None:
+        """NNI's PBT: the trial that saved what this one's load_checkpoint_dir names."""
+        return self._sources.pop(parameter_id, None)
 
     def _between_generations(self) -> bool:
         """Whether NNI's PBT said NoMoreTrialError because its generation still runs. It then
@@ -311,6 +343,8 @@ class NniTuner(Tuner):
             for t in history
             if t.status is not None and t.result is not None
         ]
+        if self._pbt:
+            self._resume_names(history)
         if done:
             self.nni_tuner.import_data(done)
         self._adopted.update(t.parameter_id for t in history if t.status is None)

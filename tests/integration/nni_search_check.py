@@ -151,6 +151,7 @@ def main() -> None:
     }
     report["hyperband"] = hyperband()
     report["pbt_defaults"] = pbt_with_its_defaults()
+    report["pbt_sources"] = pbt_sources()
     # BOHB, min_budget 1, max_budget 9, eta 3: 9 configurations for 1, the best 3 for 3, the best for 9.
     bohb = {"optimize_mode": "maximize", "min_budget": 1, "max_budget": 9, "eta": 3}
     report["bohb"] = rounds(create_tuner("BOHB", None, bohb, MIXED), 13)
@@ -210,6 +211,28 @@ def pbt_with_its_defaults() -> dict[str, Any]:
         "points": points, "failure": search.failure, "directory": str(exp / "nni-checkpoints"),
         "made": (exp / "nni-checkpoints").is_dir(), "left_set": os.environ.get("NNI_CHECKPOINT_DIRECTORY"),
     }
+
+
+def pbt_sources() -> dict[str, Any]:
+    """NNI's PBT with no checkpoint directory given anywhere (as the embedding API builds it),
+    a population of 4 for three generations, each trial ended (scored by x) when PBT waits for
+    its generation: the trial each one starts from the checkpoint of."""
+    os.environ.pop("NNI_CHECKPOINT_DIRECTORY", None)
+    search = Search(create_tuner("PBT", None, {"optimize_mode": "maximize", "population_size": 4}, MIXED))
+    trials: list[dict[str, Any]] = []
+    running: list[tuple[str, dict[str, Any]]] = []
+    while len(trials) < 12:
+        i = len(trials)
+        p = search.propose_trial(i)
+        if p is None:
+            assert running, search.failure
+            tid, params = running.pop(0)
+            search.handle(TrialEnded(tid, TrialStatus.SUCCEEDED, float(params["x"])))
+            continue
+        trials.append({"id": f"t{i}", "parameters": p.parameters, "source": p.checkpoint_from})
+        running.append((f"t{i}", p.parameters))
+        search.handle(TrialSubmitted(f"t{i}", i, p.parameters, p.checkpoint_from))
+    return {"trials": trials, "failure": search.failure}
 
 
 if __name__ == "__main__":

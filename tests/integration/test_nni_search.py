@@ -380,6 +380,21 @@ def test_max_trial_number_counts_configurations_and_cuts_a_bracket_short_as_an_i
     assert runs[trials[5]["id"]] == (1, 3), runs  # two epochs more, from its checkpoint
 
 
+def test_nnis_pbt_starts_each_trial_from_the_checkpoint_its_load_checkpoint_dir_names(report: dict[str, Any]) -> None:
+    pbt = report["pbt_sources"]
+    assert pbt["failure"] == "" and len(pbt["trials"]) == 12
+    saver = {t["parameters"]["save_checkpoint_dir"]: t["id"] for t in pbt["trials"]}
+    for n, t in enumerate(pbt["trials"]):
+        p = t["parameters"]
+        assert p["save_checkpoint_dir"].startswith("nni-checkpoints/"), p  # names only, no directory given
+        if n < 4:
+            assert t["source"] is None and p["load_checkpoint_dir"] == p["save_checkpoint_dir"], t
+        else:  # its own model of the generation before, or a better member's
+            assert t["source"] == saver[p["load_checkpoint_dir"]] != t["id"], t
+    assert any(t["parameters"]["load_checkpoint_dir"].split("/")[1] != t["parameters"]["save_checkpoint_dir"].split(
+        "/")[1] for t in pbt["trials"][4:]), "no member exploited another's checkpoint"
+
+
 # NNI's PBT trial: goes on from the model in load_checkpoint_dir (if any), saves one step more
 # in save_checkpoint_dir, and scores x plus the steps the model had.
 PBT_TRIAL = """

@@ -51,12 +51,6 @@ def test_nnis_pbt_with_a_checkpoint_directory_is_accepted(tmp_path: Path) -> Non
     assert parse_config(BASE | {"tuner": tuner}, tmp_path).tuner.name == "PBT"
 
 
-def test_creating_nnis_pbt_without_a_checkpoint_directory_says_why(tmp_path: Path) -> None:
-    # The embedding API builds tuners without a config: the same reason, not NNI's TypeError.
-    with pytest.raises(TunerError, match="NNI_CHECKPOINT_DIRECTORY"):
-        create_tuner("PBT", None, {"optimize_mode": "maximize"}, BASE["searchSpace"])
-
-
 def test_use_annotation_is_refused_with_what_to_write_instead(tmp_path: Path) -> None:
     message = _errors(BASE | {"useAnnotation": True}, tmp_path)["useAnnotation"]
     assert "nni.tools.annotation" not in message and "expand_annotations" not in message

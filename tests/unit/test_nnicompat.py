@@ -115,3 +115,31 @@ def test_result_lines_are_left_out_of_the_output_shown() -> None:
     assert nnicompat.without_results(data, final=True) == (b"one\ntwo\r\n", b"")
     assert nnicompat.without_results(b"one\n50%", final=False) == (b"one\n50%", b"")
     assert nnicompat.without_results(b"a\n" + result, final=True) == (b"a\n", b"")
+
+
+def test_a_pbt_trials_two_paths_are_its_own_checkpoint_directory() -> None:
+    nni = {"x": 0.5, "load_checkpoint_dir": "/exp/nni/3/1", "save_checkpoint_dir": "/exp/nni/1/2"}
+    live = "/agent/cache/t1/live-0-ab"
+    dirs = nnicompat.pbt_dirs(json.dumps(nni), live)
+    assert dirs is not None and dirs.step == 2
+    assert json.loads(dirs.parameters_json) == {
+        "x": 0.5, "load_checkpoint_dir": live, "save_checkpoint_dir": live,
+    }
+    # Under a user's all_checkpoint_dir whose last part is no number: step 0.
+    odd = nni | {"save_checkpoint_dir": "/shared/ckpt/1/last/"}
+    assert nnicompat.pbt_dirs(json.dumps(odd), "/live").step == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        '{"x": 0.5}',
+        '{"x": 0.5, "save_checkpoint_dir": "/a/0"}',  # both paths or none
+        '{"load_checkpoint_dir": 3, "save_checkpoint_dir": "/a/0"}',
+        '["save_checkpoint_dir"]',
+        '{"save_checkpoint_dir": ',
+    ],
+)
+def test_other_trials_keep_their_parameters(parameters: str) -> None:
+    assert nnicompat.pbt_dirs(parameters, "/live") is None
+    assert nnicompat.pbt_dirs('{"load_checkpoint_dir": "/a/0", "save_checkpoint_dir": "/a/0"}', "") is None
