@@ -663,3 +663,33 @@ def test_the_wire_numbers_chunks_reads_them_when_sent_and_answers_saves_by_ack_o
         assert wire.take_once() == []
 
     run_async(body)
+
+
+def test_what_an_ended_trial_left_is_saved_after_its_own_saves_and_nothing_is_saved_for_nothing(
+    tmp_path: Path,
+) -> None:
+    # NNI's PBT trials save by leaving their files in save_checkpoint_dir as they exit.
+    link = Link()
+
+    async def body() -> None:
+        keeper = _keeper(tmp_path, link)
+        env = await keeper.open_trial("t1", 1, None)
+        live = Path(env[trial.ENV_CHECKPOINT_DIR])
+        assert await keeper.save_left("t1", 2, 1) == ""  # an empty directory: nothing to save
+        assert link.saved == []
+        _tree(live, FILES)
+        assert (await _save(keeper, "t1", 5))["ok"]
+        _tree(live, FILES)
+        assert await keeper.save_left("t1", 2, 4) == ""  # after its own step 5
+        assert [(s.step, s.metric_index) for s in link.saved] == [(5, 0), (6, 4)]
+        assert (tmp_path / "agent" / CACHE_DIR / "t1" / "6" / "model.pt").is_file()
+        refusing = _keeper(tmp_path / "refused", Link(lambda s: "no room"))
+        env = await refusing.open_trial("t2", 1, None)
+        _tree(Path(env[trial.ENV_CHECKPOINT_DIR]), FILES)
+        assert "the coordinator refused it: no room" in await refusing.save_left("t2", 0, 1)
+        keeper.close_trial("t1")
+        refusing.close_trial("t2")
+        await keeper.close()
+        await refusing.close()
+
+    run_async(body)

@@ -1,5 +1,5 @@
 """What NNI users meet when they bring NNI's configs and algorithms unchanged: PBT accepted
-with its defaults (its checkpoints in the experiment's directory), useAnnotation refused with
+with its defaults (its checkpoints kept on trialkeeper's, no directory needed), useAnnotation refused with
 what to write instead, and an unknown host key refused with exactly what to add to the config."""
 
 from __future__ import annotations
