@@ -327,6 +327,45 @@ def test_strict_spread_waits_for_a_node_per_actor_and_says_so(cluster: LocalRay,
     run_async(body, timeout=3 * WAIT_S)
 
 
+def test_a_trials_placement_group_is_given_back_once_its_actors_are_gone(cluster: LocalRay, tmp_path: Path) -> None:
+    """placementGroupPerTrial: a group of two environments is a placement group of two bundles,
+    named after its first, each actor in a bundle of its own; it goes once both actors have
+    stopped, before the service closes."""
+    config = build_config(tmp_path, trainingService=_section(
+        cluster, tmp_path, environmentCount=2, placementStrategy="PACK", placementGroupPerTrial=True))
+    experiment_id = f"gang{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        import ray
+
+        service = create_service(config, tmp_path / "exp")
+        assert service.groups_environments
+        await service.prepare()
+        requests = [EnvironmentRequest(e, experiment_id, "127.0.0.1:9", "t0ken") for e in ("env-1", "env-2")]
+        results = await service.start_group("env-1", requests)
+        assert [r.error for r in results] == [None, None], results
+        # Reserved once the actors that earlier tests stopped have given their CPUs back.
+        [group] = await async_wait_until(
+            lambda: [g for g in _groups(experiment_id, per_trial=True) if g["state"] == "CREATED"], WAIT_S)
+        assert (group["name"], group["strategy"], len(group["bundles"])) == (
+            f"trialkeeper/{experiment_id}/env-1", "PACK", 2), group
+        assert not _groups(experiment_id)  # no group of the whole experiment
+        # Each actor holds the CPU of a bundle of its own.
+        for index in (0, 1):
+            held = f"CPU_group_{index}_{group['placement_group_id']}"
+            assert ray.cluster_resources()[held] == 0.5
+            await async_wait_until(lambda held=held: ray.available_resources().get(held, 0.0) == 0.0, WAIT_S,
+                                   message=f"bundle {held} not taken: {ray.available_resources()}")
+        await service.stop("env-1", 0.0)
+        assert _groups(experiment_id, per_trial=True)  # env-2's actor still in it
+        await service.stop("env-2", 0.0)
+        await async_wait_until(lambda: not _groups(experiment_id, per_trial=True), WAIT_S,
+                               message="the group outlived its actors")
+        await service.close()
+
+    run_async(body, timeout=3 * WAIT_S)
+
+
 def test_a_left_over_placement_group_is_swept_with_its_actors(cluster: LocalRay, tmp_path: Path) -> None:
     config = build_config(tmp_path, trainingService=_section(cluster, tmp_path, placementStrategy="SPREAD"))
     experiment_id = f"pgorphan{tmp_path.name[-6:]}"

@@ -91,6 +91,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
         self.groups_environments = config.placement_group_per_trial
         self._gangs: dict[str, ExperimentGroup] = {}
         self._gang_of: dict[str, tuple[str, int]] = {}  # env id -> (its group's id, its bundle)
+        self._experiment_id = ""  # as its environments name it: whose groups go on close
         #: How long an actor outlives its agent if no coordinator collects it.
         self.linger_s = LINGER_S
 
@@ -119,6 +120,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
 
     def adopt(self, env_id: str, platform_id: str) -> None:
         if platform_id.startswith(f"{self.config.namespace}/{ACTOR_PREFIX}/"):
+            self._experiment_id = platform_id.split("/")[2]
             super().adopt(env_id, platform_id)
 
     async def close(self) -> None:
@@ -127,6 +129,9 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
             for group in [g for g in (self._group, *self._gangs.values()) if g is not None]:
                 with contextlib.suppress(TimeoutError):
                     await self._blocking(group.remove)
+            if self.groups_environments and self._experiment_id:  # a previous coordinator's too
+                with contextlib.suppress(TimeoutError):
+                    await self._blocking(remove_gangs, self._experiment_id)
         if self._connected:
             self._connected = False
             await asyncio.get_running_loop().run_in_executor(self._pool, Connection.release)
@@ -137,6 +142,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
     async def launch(self, record: Actor, request: EnvironmentRequest) -> str:
         name = actor_name(request.experiment_id, request.env_id)
         record.platform_id = f"{self.config.namespace}/{name}"
+        self._experiment_id = request.experiment_id
         self._warn_if_unreachable(request.coordinator_address)
         try:
             await self._connect()
