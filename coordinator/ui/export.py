@@ -140,6 +140,7 @@ class Plan:
     kind: str
     columns: list[str]
     chosen: dict[str, Any]
+    total: int  # trials it selects
     content_type: str
     name: str
 
@@ -156,14 +157,14 @@ def plan(model: ReadModel, query: Mapping[str, str]) -> Plan:
         "search": query.get("q", ""), "sort": query.get("sort", "sequence"),
         "descending": query.get("order", "asc") == "desc", "ids": [i for i in query.get("ids", "").split(",") if i],
     }
-    pages.trial_page(model, limit=0, **chosen)  # checks the status and the sort
+    total = pages.trial_page(model, limit=0, **chosen).total  # (which checks the status and the sort)
     exp = model.experiment()
-    return Plan(kind, columns, chosen, FORMATS[kind], f"{exp.id if exp else 'experiment'}-trials.{kind}")
+    return Plan(kind, columns, chosen, total, FORMATS[kind], f"{exp.id if exp else 'experiment'}-trials.{kind}")
 
 
 def pieces(model: ReadModel, p: Plan) -> Iterator[str]:
     """The file, in pieces of :data:`CHUNK` trials, written from the stored rows as read."""
-    many = pages.trial_page(model, limit=0, **p.chosen).total > BULK
+    many = p.total > BULK
     getters = [_column(model, c, many) for c in p.columns]
     # The columns whose values may be a dict or a list (a cell of JSON text in a CSV file).
     nested = [i for i, c in enumerate(p.columns) if c == "latest" or c.startswith((pages.PARAMETER_SORT,
