@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..engine.states import EnvStatus, TrialStatus
+from .kept import Kept
 from .model import ReadModel
 from .rows import _Fields
 from .snapshots import EnvSnapshot
@@ -58,7 +59,15 @@ def environment_census(model: ReadModel) -> EnvCensus:
 
 def trial_durations(model: ReadModel, bounds: Sequence[float]) -> Durations:
     """How long the ended trials ran, counted in the store under each of ``bounds`` (seconds,
-    ascending): one pass over the trials, whatever their number."""
+    ascending): one pass over the trials, whatever their number, kept until the trials change
+    (a trial that ends changes their counts by status)."""
+    return _durations.get(model, ("durations", tuple(bounds)), lambda: _count_durations(model, bounds))
+
+
+_durations: Kept[Durations] = Kept()
+
+
+def _count_durations(model: ReadModel, bounds: Sequence[float]) -> Durations:
     ended = ", ".join(f"'{s.value}'" for s in TrialStatus if s.terminal)
     numeric = "BETWEEN -1e999 AND 1e999"  # a number: neither NULL nor text
     bucket = "CASE " + " ".join(f"WHEN d <= ? THEN {i}" for i in range(len(bounds))) + f" ELSE {len(bounds)} END"
