@@ -372,7 +372,7 @@ async def _continue_paused(coordinator: Coordinator, search: Search) -> None:
 
 def make_search(config: ExperimentConfig, experiment_id: str, experiment_dir: Path | None = None) -> Search:
     """The config's tuner and assessor; TunerError or SearchSpaceError when they cannot be made.
-    ``experiment_dir`` holds the default directory of NNI's checkpoints."""
+    ``experiment_dir`` holds the directory NNI's PBT names its checkpoint paths under."""
     if experiment_dir is None:
         return _make_search(config, experiment_id)
     with _nni_checkpoints(config, experiment_dir):
@@ -380,8 +380,9 @@ def make_search(config: ExperimentConfig, experiment_id: str, experiment_dir: Pa
 
 
 def _nni_checkpoints(config: ExperimentConfig, experiment_dir: Path) -> contextlib.AbstractContextManager[None]:
-    """NNI_CHECKPOINT_DIRECTORY while the tuner is built, as NNI's manager sets it: NNI's
-    PBT keeps its trials' checkpoints there unless classArgs.all_checkpoint_dir says where."""
+    """NNI_CHECKPOINT_DIRECTORY while the tuner is built, as NNI's manager sets it: NNI's PBT
+    names its trials' checkpoint paths under it (unless classArgs.all_checkpoint_dir does); the
+    checkpoints themselves are the trials' own, kept where every checkpoint is."""
     from .search.nnialgos import checkpoint_directory, is_pbt
 
     directory = experiment_dir / NNI_CHECKPOINTS
