@@ -9,10 +9,11 @@ they differ in the shape of the curves:
   the best configurations slowest (the family described below);
 - ``plateau``: every configuration climbs fast to a plateau, then jumps to its asymptote at
   an epoch of its own; the better the configuration, the lower its plateau and the later
-  its jump (epoch 3 to about 20), so until the jumps the best look worst;
-- ``power``: a power law ``1 - (1 + e)^-a`` whose exponent ``a`` falls with the quality and
-  varies per configuration (a random factor of 0.75-1.33), with noise that is large early
-  (σ 0.012 at epoch 1, 0.003 late): slow, noisy crossings over the whole run.
+  its jump (epoch 3 to about 16, later for a wider model or a smaller rate), so until the
+  jumps the best look worst;
+- ``power``: a power law in the epochs, ``(e / EPOCHS)^b``, whose exponent ``b`` grows with
+  the quality and varies per configuration (a random factor of 0.75-1.33), with noise that
+  is large early (σ 0.015 at epoch 1, 0.005 late): slow, noisy crossings over the whole run.
 
 What a seed draws:
 
