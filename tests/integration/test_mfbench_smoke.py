@@ -42,3 +42,26 @@ def test_replaybench_smoke(tmp_path: Path) -> None:
     own = figures["searches"]["own search (random, seed 0)"]
     assert own["replayed_trials"] == 60 and own["nearest"] == 0 and own["gap"] == 0.0
     assert figures["searches"]["random, seed 1 (every trial the nearest)"]["nearest"] == 60
+
+
+def test_slowcurves_families_start_slow() -> None:
+    """Each family's eventual best configuration stays out of the early top tenth (what the
+    benchmark's figures rest on), and an unknown family is refused by name."""
+    code = (
+        "import json, slowcurves as s\n"
+        "print(json.dumps({f: s.crossing(0, n=200, family=f) for f in s.FAMILIES}))\n"
+        "try:\n"
+        "    s.curve({'lr': 0.01, 'momentum': 0.9, 'width': 64, 'arch': 'mlp'}, 0, 'linear')\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=BENCH, check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats_line, error = proc.stdout.strip().splitlines()
+    stats = json.loads(stats_line)
+    assert sorted(stats) == ["crossing", "plateau", "power"]
+    for family, s in stats.items():
+        assert s["best_outside_top_tenth_until_epoch"] >= 6, (family, s)
+        assert s["spearman_e3"] < 0.7, (family, s)
+    assert "linear" in error and "plateau" in error
