@@ -199,7 +199,7 @@ def test_a_stopped_experiment_resumed_mid_rung_keeps_waiting_trials_paused_and_p
     assert resumed.holds("t1")  # waits at rung 1: not continued by the resume
     assert not resumed.holds("t0")  # promoted: continued first
     assert sim.trials["t0"].status == "waiting" and sim.trials["t1"].status == "paused"
-    sim.submitted = len(history)
+    assert sim.submitted == len(history)  # the resumed loop counts the trials the store holds
     sim.run()
     assert sim.events("continued", "t1")  # promoted once six reached rung 1
     assert all(t.trained == len(t.curve) for t in sim.trials.values())  # nothing trained twice
@@ -215,6 +215,7 @@ def test_any_tuner_proposes_the_configurations_asha_judges(name: str, args: dict
     s = Search(create_tuner(name, None, args, space), create_assessor("asha", None, {"max_resource": 9}))
     sim = Sim(s, flat, epochs=9, max_trials=15, concurrency=3).run()
     assert len(sim.trials) == 15 and s.failure == ""
+    assert sim.outcome is not None and sim.outcome.reason == "maxTrialNumber (15) reached"  # the pass ended it
     assert sim.events("paused")
     # The grid proposes ever better ones: each goes on at once, and those before it wait.
     assert sim.events("continued") or name == "grid"
