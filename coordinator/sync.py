@@ -2,8 +2,8 @@
 
 For tuning tools that are not written with asyncio: the coordinator runs on an event loop
 in a background thread and every method here blocks until its coroutine has finished.
-Callbacks registered with :meth:`SyncCoordinator.on_metric` and
-:meth:`SyncCoordinator.on_status` run on that background thread; keep them short.
+Callbacks registered with :meth:`SyncCoordinator.on_metric`, :meth:`SyncCoordinator.on_status`
+and :meth:`SyncCoordinator.on_checkpoint` run on that background thread; keep them short.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from .config.experiment import ExperimentConfig
 from .core import Coordinator, CoordinatorError
+from .engine.events import CheckpointSaved
 from .engine.model import MetricEvent, StatusEvent, TrialInfo
 from .read.model import CheckpointInfo, EnvSnapshot
 
@@ -163,6 +164,10 @@ class SyncCoordinator:
 
     def on_status(self, callback: Callable[[StatusEvent], Any]) -> None:
         self._on_loop(lambda: self._coordinator.on_status(callback))
+
+    def on_checkpoint(self, callback: Callable[[CheckpointSaved], Any]) -> None:
+        """Call ``callback(event)`` for every checkpoint a trial saves, once it is recorded."""
+        self._on_loop(lambda: self._coordinator.on_checkpoint(callback))
 
 
 async def _build(config: ExperimentConfig, experiment_dir: Path | None, kwargs: dict[str, Any]) -> Coordinator:

@@ -18,6 +18,7 @@ from trialkeeper.coordinator import (
     TrialRefused,
     TrialStatus,
 )
+from trialkeeper.coordinator.engine.events import CheckpointSaved
 from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 30.0
@@ -41,6 +42,18 @@ assert trial.report_intermediate_result(0.5)
 path = os.path.join(os.environ["TRIALKEEPER_TRIAL_DIR"], "reported")
 open(path, "w").close()
 time.sleep(300)
+"""
+
+# Reports a result, then saves a checkpoint of one file, twice.
+CHECKPOINTING_TRIAL = """
+import os
+from trialkeeper.agent import trial
+
+for step in (1, 2):
+    assert trial.report_intermediate_result(step / 10)
+    with open(os.path.join(trial.get_checkpoint_dir(), "state"), "w") as f:
+        f.write(str(step))
+    trial.save_checkpoint(step)
 """
 
 SHOW_TRIAL = """
@@ -372,6 +385,30 @@ def test_sync_coordinator_from_plain_code(tmp_path: Path) -> None:
     finally:
         store.close()
     c.stop()  # a second stop is harmless
+
+
+def test_sync_coordinator_hears_each_checkpoint_a_trial_saves_on_its_background_thread(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", CHECKPOINTING_TRIAL)
+    config = build_config(tmp_path, trialConcurrency=2)
+    heard: list[tuple[str, int, int]] = []
+    callback_threads: set[int] = set()
+
+    def on_checkpoint(e: CheckpointSaved) -> None:
+        callback_threads.add(threading.get_ident())
+        heard.append((e.trial_id, e.step, e.metric_index))
+
+    with SyncCoordinator(config, experiment_dir=tmp_path / "exp") as c:
+        c.on_checkpoint(on_checkpoint)
+        handles = [c.submit({}) for _ in range(2)]
+        infos = [h.wait(WAIT_S) for h in handles]
+        assert [i.status for i in infos] == [S.SUCCEEDED] * 2, [(i.status, i.reason) for i in infos]
+        wait_until(lambda: len(heard) == 4, WAIT_S)
+        for h in handles:
+            # Each save heard once, in the order it was made (the results reported before it).
+            assert [e for e in heard if e[0] == h.id] == [(h.id, 1, 1), (h.id, 2, 2)]
+            # As the store records them (it keeps the newest).
+            assert [(h.id, k.step, k.metric_index) for k in c.checkpoints(h.id)] == [(h.id, 2, 2)]
+    assert callback_threads and threading.get_ident() not in callback_threads
 
 
 def test_sync_coordinator_that_cannot_start_leaves_no_thread(tmp_path: Path) -> None:
