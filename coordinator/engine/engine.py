@@ -235,7 +235,7 @@ class Engine:
     def _hand_changed(self) -> None:
         """The environments whose capacity changed go to the waiting trials' index: the next
         pass looks at them."""
-        changed = self.fleet.take_changed()
+        changed = self.fleet.capacity.take_changed()
         if changed:
             self.book.queue.changed_envs |= changed
             self._dirty = True
@@ -426,9 +426,9 @@ class Engine:
         self._hand_changed()
         if fleet.stopping or not book.queue.pending(self.now):
             return
-        views = fleet.views()
+        views = fleet.capacity.views()
         # Environments new to the scheduler: this pass looks at them, no other is wanted.
-        book.queue.changed_envs |= fleet.take_changed()
+        book.queue.changed_envs |= fleet.capacity.take_changed()
         book.queue.release_due(self.now)
         told = self.gangs.place(book, fleet, self.policy, views, wall=self.wall)  # multi-node trials first
         decision = scheduler.place_waiting(

@@ -1,7 +1,7 @@
 """The fleet's arithmetic, as plain functions over :class:`EnvState` values: an environment's
-GPUs as its agent registers them and its heartbeats show them, what the scheduler sees of it,
-what a fleet offers, how many environments to start, how often agents should beat, and an
-environment as its stored row says. ``fleet.py`` holds the state and decides with these."""
+GPUs as its agent registers them and its heartbeats show them, what a fleet offers, how many
+environments to start, how often agents should beat, and an environment as its stored row
+says. ``fleet.py`` holds the state and decides with these."""
 
 from __future__ import annotations
 
@@ -178,19 +178,6 @@ def registered_gpus(env: EnvState, reg: ev.AgentRegistered, section: PlatformPol
         g.uuid: g.name + (" (MIG)" if g.mig else "") + (" (simulated)" if g.simulated else "") for g in reg.gpus
     }
     env.gpu_reason = reg.gpu_unavailable_reason
-
-
-def refresh_view(view: scheduler.EnvCapacity, env: EnvState, unprepared: set[str]) -> None:
-    """What the scheduler sees of ``env``, brought up to date."""
-    view.holders, view.gpus, view.use_active_gpu = env.holders, env.gpus, env.use_active_gpu
-    view.accepting = (
-        env.status in (EnvStatus.READY, EnvStatus.BUSY)
-        and env.link is not None
-        and not env.draining
-        and not env.shutdown_sent
-        and not (env.single_use and env.used)
-        and env.platform not in unprepared  # trials there would find no code
-    )
 
 
 def gpus_offered(envs: Iterable[EnvState], policy: Policy) -> int | None:

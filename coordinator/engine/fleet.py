@@ -2,8 +2,8 @@
 joining and leaving, heartbeats and GPU samples, what the platform observes, drain.
 
 One of the engine's three machines (with the trials' book and the supply). It knows the
-trials each environment holds by id, and the capacity the scheduler places on; the plain
-arithmetic is in ``environments.py``. Its instructions gather in its own list, which the
+trials each environment holds by id; the capacity the scheduler places on is kept in
+``capacity.py``, the plain arithmetic is in ``environments.py``. Its instructions gather in its own list, which the
 engine takes after each call. Nothing here does I/O or reads a clock."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from . import checkpoints as ck
 from . import environments, scheduler
 from . import events as ev
+from .capacity import Capacity
 from .environments import Joined, Lost, heartbeat_scale
 from .model import EnvState
 from .policy import PlatformPolicy, Policy
@@ -31,23 +32,12 @@ class Fleet:
         self.policy = policy
         self.envs: dict[str, EnvState] = {}
         self.stopping = False
-        # Platforms that could not be prepared: their environments (adopted on a resume)
-        # take no trial, which would find no code there.
-        self._unprepared = {p.name for p in policy.platforms if p.unusable}
         self.beat_scale = 1.0
-        # What the scheduler sees of each environment, brought up to date for those that
-        # changed (``_stale``); ``_changed`` is handed to the waiting trials' index.
-        self._views: dict[str, scheduler.EnvCapacity] = {}
-        self._stale: set[str] = set()
-        self._changed: set[str] = set()
+        self.capacity = Capacity(self.envs, policy)  # what the scheduler places on
         self._ids = environments.EnvIds()
         self._start_failures: list[str] = []  # the platforms of starts that failed, in order
         self._linked: set[str] = set()
         self._closing: set[int] = set()  # links closed here, not yet reported disconnected
-        # Bumped when an environment's status or agent changes: what _gpus_offered() answered
-        # holds until then (every submit asks; a walk over 10,000 environments was quadratic).
-        self._env_generation = 0
-        self._offered: tuple[tuple[int, int], int | None] | None = None
         self._gpu_rows: list[Any] = []
         self._out: list[ev.Instruction] = []
         self.now = self.wall = 0.0
@@ -60,13 +50,6 @@ class Fleet:
         if out:
             self._out = []
         return out
-
-    def take_changed(self) -> set[str]:
-        """The environments whose capacity may have changed since the last take."""
-        changed = self._changed
-        if changed:
-            self._changed = set()
-        return changed
 
     def take_start_failures(self) -> list[str]:
         """The platforms of the environments that failed to start, since the last take."""
@@ -113,33 +96,13 @@ class Fleet:
         here, or '' when it could (or when only agents yet to register can tell)."""
         if gpus == 0:
             return ""
-        return environments.never_fits(self.envs.values(), self._gpus_offered(), gpus, memory)
+        return environments.never_fits(self.envs.values(), self.capacity.gpus_offered(), gpus, memory)
 
     def all_registered(self) -> bool:
         """No environment is still on its way: what fits can be told of every trial."""
         return not any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self.envs.values())
 
-    def _gpus_offered(self) -> int | None:
-        stamp = (len(self.envs), self._env_generation)
-        if self._offered is None or self._offered[0] != stamp:
-            self._offered = (stamp, environments.gpus_offered(self.envs.values(), self.policy))
-        return self._offered[1]
-
     # ---- capacity ----------------------------------------------------------------------------
-
-    def views(self) -> Mapping[str, scheduler.EnvCapacity]:
-        """What the scheduler places on, up to date."""
-        views = self._views
-        if len(views) != len(self.envs):
-            for env in self.envs.values():
-                if env.id not in views:
-                    views[env.id] = scheduler.EnvCapacity(env.id, env.trial_slots, env.holders, platform=env.platform)
-                    self._stale.add(env.id)
-                    self._changed.add(env.id)
-        for env_id in self._stale:
-            environments.refresh_view(views[env_id], self.envs[env_id], self._unprepared)
-        self._stale = set()
-        return views
 
     def running(self) -> int:
         return sum(len(e.holders) for e in self.envs.values())
@@ -160,7 +123,7 @@ class Fleet:
         the whole environment is gone, release everything."""
         env = self.envs[env_id]
         env.holders.discard(trial_id)
-        self._changed_env(env)
+        self.capacity.changed(env.id)
         in_use = {} if processes_gone else {u: {trial_id} for u in still_in_use}
         scheduler.trial_ended(env.gpus, trial_id, in_use)
         if env.status is EnvStatus.BUSY and not env.holders:
@@ -177,12 +140,6 @@ class Fleet:
         for tid in held:
             self.release(env.id, tid, processes_gone=True)
         return held
-
-    def _changed_env(self, env: EnvState) -> None:
-        """What ``env`` can take may have changed (a slot or GPU freed, its agent came or
-        went, its status moved): the next pass looks at it."""
-        self._stale.add(env.id)
-        self._changed.add(env.id)
 
     # ---- agents ------------------------------------------------------------------------------
 
@@ -211,13 +168,13 @@ class Fleet:
             if env.instance_id:
                 lost = self._drop_holders(env)  # its agent restarted: its trials are gone
             env.instance_id = reg.instance_id
-            self._env_generation += 1
+            self.capacity.status_changed(env.id)
             env.last_seq = 0
             environments.registered_gpus(env, reg, self.policy.section(env.platform))
             self._out.append(ev.AgentJoined(env.id, reg.hostname, env.instance_id, dict(reg.info)))
         env.hostname = reg.hostname
         env.link = reg.link
-        self._changed_env(env)
+        self.capacity.changed(env.id)
         self._out.append(ev.AgentConnected(env.id, True))
         self._linked.add(env.id)
         env.last_seen = self.now
@@ -248,7 +205,7 @@ class Fleet:
         if env is None or env.link != d.link:
             return
         env.link = None
-        self._changed_env(env)
+        self.capacity.changed(env.id)
         self._out.append(ev.AgentConnected(env.id, False))
         self._linked.discard(env.id)
         log.info("environment %s: agent stream closed", env.id)
@@ -316,13 +273,13 @@ class Fleet:
         if not hb.gpus_unchanged and (hb.gpus or env.gpus):
             changed = environments.sampled(env, hb.gpus, watch_memory=watch_memory)
             if changed:
-                self._changed_env(env)
+                self.capacity.changed(env.id)
             if hb.gpus:
                 self._gpu_rows.extend(environments.rows_to_keep(env, hb.gpus, self.now, self.wall,
                                                               self.gpu_sample_interval))
         if hb.draining and not env.draining:
             env.draining = True
-            self._changed_env(env)
+            self.capacity.changed(env.id)
             if env.status in (EnvStatus.READY, EnvStatus.BUSY):
                 self._to(env, EnvStatus.DRAINING, "the agent is draining (an operator stopped it)")
         return changed
@@ -362,7 +319,7 @@ class Fleet:
         if env.shutdown_sent:
             return
         env.shutdown_sent = True
-        self._changed_env(env)
+        self.capacity.changed(env.id)
         if env.link is not None:
             self._out.append(ev.Send(env.link, ev.Shutdown(drain, grace_s, reason)))
         if env.status in (EnvStatus.READY, EnvStatus.BUSY):
@@ -412,8 +369,7 @@ class Fleet:
         check_env(env.status, new)
         old = env.status
         env.status = new
-        self._env_generation += 1
-        self._changed_env(env)
+        self.capacity.status_changed(env.id)
         env.reason = reason
         ended_at = self.wall if new.terminal else None
         self._out.append(ev.EnvironmentStatusChanged(env.id, old.value, new, reason, ended_at))

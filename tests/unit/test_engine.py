@@ -483,7 +483,7 @@ def test_gpu_memory_freed_by_another_program_places_a_trial_that_asks_for_it() -
     link = sim.links[env_id]
     # Another program (useActiveGpu is on for this one: its memory is what counts) holds 12 GiB.
     sim.engine.envs[env_id].use_active_gpu = True
-    sim.engine.fleet._changed_env(sim.engine.envs[env_id])
+    sim.engine.fleet.capacity.changed(env_id)
     busy = ev.GpuSample(uuid, 50.0, 12 << 30, (ev.GpuProcess("", 12 << 30),))
     sim.feed(ev.HeartbeatReceived(env_id, link, False, (busy,)))
     sim.feed(ev.TrialSubmitted("big", {}, "python trial.py", 1, 8 << 30))

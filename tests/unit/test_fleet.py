@@ -265,11 +265,11 @@ def test_numbered_messages_are_applied_once_and_replays_acknowledged() -> None:
 def test_a_draining_heartbeat_makes_the_environment_draining() -> None:
     f = fleet()
     env_id = up(f)
-    assert f.views()[env_id].accepting
+    assert f.capacity.views()[env_id].accepting
     changed = f.heartbeat(ev.HeartbeatReceived(env_id, 1, draining=True), watch_memory=False)
     assert not changed  # no GPU changed; the status change is told by its fact
     assert statuses(f.take()) == [(env_id, "READY", EnvStatus.DRAINING)]
-    assert not f.views()[env_id].accepting
+    assert not f.capacity.views()[env_id].accepting
     f.heartbeat(ev.HeartbeatReceived(env_id, 1, draining=True), watch_memory=False)
     assert f.take() == []
 
@@ -338,7 +338,7 @@ def test_a_silent_agent_is_lost_then_failed_with_its_trials() -> None:
     assert f.polled({}) == []
     assert f.take() == [ev.EnvironmentStatusChanged(
         env_id, "BUSY", LOST, "agent unreachable: no heartbeat for 11.0 s")]
-    assert not f.views()[env_id].accepting
+    assert not f.capacity.views()[env_id].accepting
     at(f, 1031.0)
     gone = f.polled({})
     assert gone == [Lost(env_id, ("t1",), "no heartbeat for 31.0 s", "local")]
@@ -440,10 +440,10 @@ def test_occupied_and_release_move_between_ready_and_busy() -> None:
 def test_without_reuse_an_environment_takes_one_trial_and_goes_after_it() -> None:
     f = fleet(reuse=False)
     env_id = up(f)
-    assert f.views()[env_id].accepting
+    assert f.capacity.views()[env_id].accepting
     hold(f, env_id, "t1")
     assert f.envs[env_id].used
-    assert not f.views()[env_id].accepting
+    assert not f.capacity.views()[env_id].accepting
     f.release(env_id, "t1")
     f.take()
     f.trial_done(env_id)
@@ -463,7 +463,7 @@ def test_trial_done_leaves_a_reused_environment_up() -> None:
     f.take()
     f.trial_done(env_id)
     assert f.take() == []
-    assert f.views()[env_id].accepting
+    assert f.capacity.views()[env_id].accepting
 
 
 def test_views_accept_only_ready_connected_environments() -> None:
@@ -471,17 +471,17 @@ def test_views_accept_only_ready_connected_environments() -> None:
     ready = up(f)
     f.request("local")
     f.start_answered(ev.EnvironmentStarted("env-2", "pid-2"))
-    views = f.views()
+    views = f.capacity.views()
     assert (views[ready].accepting, views["env-2"].accepting) == (True, False)
     f.disconnected(ev.AgentDisconnected(ready, 1))
-    assert not f.views()[ready].accepting
+    assert not f.capacity.views()[ready].accepting
 
 
 def test_environments_of_an_unprepared_platform_take_no_trial() -> None:
     f = fleet(unusable="its code could not be packed")
     env_id = up(f)
     assert f.envs[env_id].status is READY
-    assert not f.views()[env_id].accepting
+    assert not f.capacity.views()[env_id].accepting
 
 
 # ---- after a crash ------------------------------------------------------------------------------
