@@ -62,6 +62,9 @@ _RESERVED = {
     **dict.fromkeys(["--chdir", "-D"], "the agent works in the experiment directory"),
     **dict.fromkeys(["--requeue"], "a requeued agent would come back as a stranger to the coordinator"),
 }
+# With jobPerTrial, the layout of a trial's job: a node per rank, a task (an agent) on each.
+_GROUP_RESERVED = dict.fromkeys(["--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node"],
+                                "with jobPerTrial a trial's job has a node per rank (trialNodes), an agent on each")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,8 +104,12 @@ class SlurmConfig(EnvironmentPoolConfig):
         issues = not_both(given, names, "gres", "gpus_per_node", at="gres")
         for i, option in enumerate(values.get("sbatch_options") or []):
             flag = option.split("=", 1)[0].split()[0]
-            if flag in _RESERVED:
-                issues.append((f"sbatch_options[{i}]", f"{flag} is set by trialkeeper: {_RESERVED[flag]}"))
+            reserved = {**_RESERVED, **(_GROUP_RESERVED if values.get("job_per_trial") else {})}
+            if flag in reserved:
+                issues.append((f"sbatch_options[{i}]", f"{flag} is set by trialkeeper: {reserved[flag]}"))
+        if values.get("job_per_trial") and values.get("reuse_mode", True) is False:
+            need = f"needs {names['reuse_mode']}: true (its jobs' agents take trial after trial)"
+            issues.append(("job_per_trial", f"{need}; set it, or leave this out"))
         bin_dir = values.get("slurm_bin_directory")
         if bin_dir is not None and not bin_dir.is_dir():
             issues.append(("slurm_bin_directory", f"{bin_dir} is not a directory"))

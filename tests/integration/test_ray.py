@@ -619,6 +619,8 @@ def test_a_placement_strategy_is_one_of_rays_and_needs_a_resource(tmp_path: Path
         _ray_config(tmp_path, address="auto", numCpus=0, placementStrategy="PACK")
     with pytest.raises(ConfigError, match=r"placementGroupPerTrial: needs placementStrategy, the strategy of each"):
         _ray_config(tmp_path, address="auto", placementGroupPerTrial=True)
+    with pytest.raises(ConfigError, match=r"placementGroupPerTrial: needs reuseMode: true"):
+        _ray_config(tmp_path, address="auto", placementStrategy="PACK", placementGroupPerTrial=True, reuseMode=False)
     spread = _ray_config(tmp_path, address="auto", placementStrategy="STRICT_SPREAD").training_service
     assert spread.placement_strategy == "STRICT_SPREAD"
     assert _ray_config(tmp_path, address="auto").training_service.placement_strategy is None

@@ -98,6 +98,9 @@ class RayConfig(EnvironmentPoolConfig):
         if values.get("placement_group_per_trial") and not values.get("placement_strategy"):
             need = f"needs {names['placement_strategy']}, the strategy of each trial's group"
             issues.append(("placement_group_per_trial", f"{need}: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD"))
+        if values.get("placement_group_per_trial") and values.get("reuse_mode", True) is False:
+            need = f"needs {names['reuse_mode']}: true (its actors' agents take trial after trial)"
+            issues.append(("placement_group_per_trial", f"{need}; set it, or leave this out"))
         working_dir = (values.get("runtime_env") or {}).get("working_dir")
         if working_dir is not None and not isinstance(working_dir, str):
             issues.append(("runtime_env", f"working_dir must be a path or URI string, got {working_dir!r}"))
