@@ -353,7 +353,9 @@ def test_a_trials_placement_group_is_given_back_once_its_actors_are_gone(cluster
         # Each actor holds the CPU of a bundle of its own.
         for index in (0, 1):
             held = f"CPU_group_{index}_{group['placement_group_id']}"
-            assert ray.cluster_resources()[held] == 0.5
+            # Ray's view of the cluster's resources shows a new group's bundles a moment after it is made.
+            await async_wait_until(lambda held=held: ray.cluster_resources().get(held) == 0.5, WAIT_S,
+                                   message=f"bundle {held} of 0.5 CPU not shown: {ray.cluster_resources()}")
             await async_wait_until(lambda held=held: ray.available_resources().get(held, 0.0) == 0.0, WAIT_S,
                                    message=f"bundle {held} not taken: {ray.available_resources()}")
         await service.stop("env-1", 0.0)
