@@ -26,23 +26,17 @@ from .engine.engine import Engine
 from .engine.model import MetricEvent, StatusEvent
 from .exitcheck import ExitCheck
 from .services.base import EnvironmentRequest, EnvironmentService
-from .store.checkpointfiles import CheckpointFiles, CheckpointFilesError
+from .store.checkpointfiles import CheckpointFiles
+from .store.checkpointwork import CheckpointWork
 from .store.logfiles import TrialLogs
 from .store.store import Store
 
 log = logging.getLogger(__name__)
 
-# What apply() carries out inside the transaction: the store's writes, and a trial's streamed
-# output, written before the commit that records its message.
-# Pieces of a checkpoint going down waiting in a stream's queue (1 MiB each), how long one waits.
-CHECKPOINT_WINDOW = 8
-CHECKPOINT_SEND_TIMEOUT_S = 120.0
-# How long the end of an experiment waits for checkpoints being removed.
-REMOVAL_WAIT_S = 60.0
-# An uploaded checkpoint's digest is taken this long after it was recorded.
-DIGEST_DELAY_S = 2.0
 # Upper bounds (seconds) of the scheduling pass histogram.
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# What apply() carries out inside the transaction: the store's writes, and a trial's streamed
+# output, written before the commit that records its message.
 _WRITES = (*ev.STORE_WRITES, ev.WriteLog, ck.WriteCheckpointChunk)
 # Messages arriving within FLOOD_GAP_S of the last applied batch wait INBOX_LINGER_S for
 # the ones behind them (group commit).
@@ -105,9 +99,8 @@ class Shell:
         self._told: set[str] = set()  # the failures logged
         self.on_failure: Callable[[str], None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._removals: set[asyncio.Task[Any]] = set()  # checkpoints being removed
-        self._digests: set[asyncio.Task[Any]] = set()  # uploaded checkpoints' digests being taken
-        self._ending = asyncio.Event()
+        # Uploads made whole, digests, checkpoints sent to agents and removed, in the background.
+        self._checkpoint_work = CheckpointWork(self.checkpoints, self.spawn, self._tell)
         self._inbox: list[tuple[Link, ev.AgentReported | ev.HeartbeatReceived]] = []
         self._saving_links: set[int] = set()  # links whose messages being handled hold a finished save
         self._inbox_pending = False
@@ -175,8 +168,8 @@ class Shell:
                 self._carry_out([i for i in rest if _stops(i)])
                 return
             for w in writes:
-                if type(w) is ck.CheckpointRecorded and not w.checkpoint.digest and not w.checkpoint.location:
-                    self._take_digest(w.checkpoint)
+                if type(w) is ck.CheckpointRecorded:
+                    self._checkpoint_work.recorded(w.checkpoint)
         self._carry_out(rest)
 
     def _write(self, i: ev.Instruction) -> None:
@@ -241,11 +234,9 @@ class Shell:
                 case ev.RefuseAgent():
                     pass  # answered by agent_connected
                 case ck.SendCheckpoint():
-                    self.spawn(self._send_checkpoint(i), f"send checkpoint {i.checkpoint.step} of {i.trial_id}")
+                    self._checkpoint_work.send(i, self.links)
                 case ck.RemoveCheckpoint():
-                    task = self.spawn(self.checkpoints.remove(i.checkpoint), f"remove {i.checkpoint.trial_id}'s")
-                    self._removals.add(task)
-                    task.add_done_callback(self._removals.discard)
+                    self._checkpoint_work.remove(i.checkpoint)
                 case _:
                     raise TypeError(f"not an instruction: {i!r}")
 
@@ -329,7 +320,7 @@ class Shell:
                     # Its pieces, decided in this batch, are written first: then its files are looked at.
                     self.apply(out)
                     out = []
-                    event = self._finished(event, event.report)
+                    event = self._checkpoint_work.finished(event, event.report)
                     self._saving_links.add(link.id)
                 out += self.engine.handle(event, now=now, wall=wall)
             except Exception:
@@ -358,52 +349,20 @@ class Shell:
 
     # ---- checkpoints -----------------------------------------------------------------------------
 
-    def _finished(self, event: ev.AgentReported, saved: ck.CheckpointSavedReported) -> ev.AgentReported:
-        """A checkpoint an agent says is whole: its files made whole here first (uploaded,
-        or written through shared storage), what is wrong with them told to the engine."""
-        if saved.location:
-            return event  # in object storage: the agent wrote it there
-        problem = self.checkpoints.finish(saved.trial_id, saved.step, saved.files)
-        return dataclasses.replace(event, report=dataclasses.replace(saved, problem=problem)) if problem else event
-
     def checkpoint_fetch(self, request: ck.CheckpointFetchRequested, link: Link) -> None:
         """An agent asks for the checkpoint of a trial it is to start (not numbered)."""
         if not self.closed:
             self.drain_inbox()
             self.handle(request)
 
-    def _take_digest(self, c: ck.Checkpoint) -> None:
-        task = self.spawn(self._digest(c), "a checkpoint's digest")
-        self._digests.add(task)
-        task.add_done_callback(self._digests.discard)
-
-    async def _digest(self, c: ck.Checkpoint) -> None:
-        """An uploaded checkpoint's digest, read here from its files off the trial's save's way."""
-        # After the saves coming behind it, not in their way; at once when the experiment ends.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._ending.wait(), DIGEST_DELAY_S)
-        try:
-            digest = await asyncio.to_thread(self.checkpoints.digest, c)
-        except OSError as e:  # removed meanwhile, say: it stays without one
-            return log.info("no digest for checkpoint %d of trial %s: %s", c.step, c.trial_id, e)
+    def _tell(self, event: ev.Event) -> None:
+        """What the background work learnt, handed to the engine while the shell is open."""
         if not self.closed:
-            self.handle(ck.CheckpointDigested(c.trial_id, c.step, digest))
+            self.handle(event)
 
     def digest_missing(self) -> None:
         """After a crash: the uploaded checkpoints whose digest was not taken yet."""
-        for c in {c for t in self.engine.trials.values() for c in t.checkpoints if not c.digest and not c.location}:
-            self._take_digest(c)
-
-    async def _send_checkpoint(self, i: ck.SendCheckpoint) -> None:
-        link = self.links.get(i.link)
-        if link is None:
-            return  # the agent asks again once it is back
-        try:
-            async for piece in self.checkpoints.pieces(i.trial_id, i.checkpoint, i.path, i.offset):
-                if not await link.send_paced(piece, max_queued=CHECKPOINT_WINDOW, timeout=CHECKPOINT_SEND_TIMEOUT_S):
-                    return  # the stream broke or stalled: the agent asks again from where it got to
-        except CheckpointFilesError as e:
-            link.send(ck.CheckpointRefused(i.trial_id, i.checkpoint.step, str(e)))
+        self._checkpoint_work.digest_missing(c for t in self.engine.trials.values() for c in t.checkpoints)
 
     def agent_note(self, env_id: str, trial_id: str, text: str) -> None:
         """A line from the coordinator in the trial's stderr log (the trial must be placed on
@@ -545,14 +504,11 @@ class Shell:
 
     async def close(self) -> None:
         """Cancel what runs in the background; apply nothing from now on."""
-        self._ending.set()  # the digests still to take are taken now, and stored
-        if self._digests:
-            await asyncio.wait(list(self._digests), timeout=REMOVAL_WAIT_S)
+        await self._checkpoint_work.digests_taken()  # and stored
         self.closed = True
         self._inbox.clear()
         self._joined.clear()
-        if self._removals:  # the store says they are gone: let them go before the end
-            await asyncio.wait(list(self._removals), timeout=REMOVAL_WAIT_S)
+        await self._checkpoint_work.removals_done()
         for task in list(self._tasks):
             task.cancel()
 
