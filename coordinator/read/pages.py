@@ -126,20 +126,19 @@ def every_trial(
 
 
 def every_trial_values(
-    model: ReadModel, columns: Sequence[str], *, status: str | None = None, environment: str | None = None,
+    model: ReadModel, columns: Sequence[str], size: int, *, status: str | None = None, environment: str | None = None,
     search: str = "", sort: str = "sequence", descending: bool = False, ids: Sequence[str] = (),
-) -> Iterator[tuple[Any, ...]]:
+) -> Iterator[list[tuple[Any, ...]]]:
     """The stored ``columns`` of every trial :func:`every_trial` would give, in its order, as
-    the store holds them (unchecked: the caller reads them as :mod:`.rows` does), read as used."""
+    the store holds them (unchecked: the caller reads them as :mod:`.rows` does), read as used,
+    in lists of ``size`` trials (the last may hold fewer)."""
     where, args, key, key_args = _selection(status, environment, search, sort, ids)
     rows = model._read("trials", lambda: model.store.trial_values_sorted(
         columns, where=where, args=args, key=key, key_args=key_args, descending=descending,
     ))
-    while True:
-        row = model._read("trials", lambda: next(rows, None))
-        if row is None:
-            return
-        yield row[:len(columns)]
+    n = len(columns)
+    while some := model._read("trials", lambda: rows.fetchmany(size)):
+        yield [row[:n] for row in some]
 
 
 def _selection(

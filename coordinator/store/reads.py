@@ -210,7 +210,7 @@ class StoreReader:
     def trial_values_sorted(
         self, columns: Sequence[str], *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any],
         descending: bool,
-    ) -> Iterator[tuple[Any, ...]]:
+    ) -> sqlite3.Cursor:
         """The stored ``columns`` (names of the trials table) of every trial ``where`` selects,
         as tuples, sorted as :meth:`trials_page` sorts, read as iterated: what an export of a
         hundred thousand trials reads, without a whole row or a dict a trial."""
@@ -335,6 +335,10 @@ class StoreReader:
     def last_metrics(self, kind: str) -> dict[str, MetricRow]:
         """Every trial's last stored result of ``kind``, by trial id."""
         return metricstore.last_of_each(self._db, kind, has_runs=self._has_runs)
+
+    def last_metrics_of(self, trial_ids: Sequence[str], kind: str) -> dict[str, MetricRow]:
+        """The last stored result of ``kind`` of each of ``trial_ids`` that has one, by trial id."""
+        return metricstore.last_of_these(self._db, trial_ids, kind, has_runs=self._has_runs)
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""

@@ -11,112 +11,103 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from .. import TrialStatus  # the public API
 from ..read import pages
-from ..read.model import ReadModel, loads_or_none, to_json
+from ..read.model import ReadModel, to_json
 from ..read.results import reported
 
 FORMATS = {"csv": "text/csv", "json": "application/json"}
 FIXED = ("sequence", "id", "status", "metric", "latest", "duration", "started", "ended", "environment")
-BULK = 5000  # more trials than this: every trial's latest result read in one pass
-CHUNK = 2000  # trials a piece of the file holds, as it is written
+CHUNK = 2000  # trials a piece of the file holds, as it is written (their latest results: one lookup)
 
-# What the file is written from: these columns of each stored trial, read as the read
-# model reads them (rows.py), without a snapshot a trial. Their places in a row:
+# What the file is written from: these columns of each stored trial, read as the read model
+# reads them (rows.py: a value of the wrong type is None, where the snapshot's ``unreadable``
+# would say why), without a snapshot a trial. Their places in a row:
 STORED = ("seq", "id", "status", "final_metric", "started_at", "ended_at", "environment_id", "parameters_json",
           "final_metric_json")
 SEQ, ID, STATUS, METRIC, STARTED, ENDED, ENV, PARAMS, RESULT = range(len(STORED))
 _KNOWN = frozenset(s.value for s in TrialStatus)
+_NUMBERS = (int, float)  # what SQLite gives for a number (never a bool)
+
+Rows = list[tuple[Any, ...]]
 
 
-class _Row:
-    """One stored trial's values, read as the read model reads them: a value of the wrong type
-    is None (the snapshot's ``unreadable`` would say why); its JSON parsed once, when asked."""
+def _loads(raw: Any) -> Any:
+    """A stored JSON text's value, as :func:`loads_or_none` reads it (None when unreadable)."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw) if isinstance(raw, (str, bytes)) else None
+    except (ValueError, RecursionError):
+        return None
 
-    __slots__ = ("_parameters", "_result", "raw")
 
-    def __init__(self, raw: tuple[Any, ...]) -> None:
-        self.raw = raw
-        self._parameters: Any = _UNREAD
-        self._result: Any = _UNREAD
+def _numbers(rows: Rows, i: int) -> list[float | None]:
+    return [float(v) if type(v) in _NUMBERS else None for v in (r[i] for r in rows)]
 
-    def number(self, i: int) -> float | None:
-        v = self.raw[i]
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    def text(self, i: int) -> str:
-        v = self.raw[i]
-        return v if isinstance(v, str) else ""
+def _times(rows: Rows, i: int) -> list[str | None]:
+    utc = timezone.utc
+    return [datetime.fromtimestamp(v, utc).isoformat() if v is not None else None for v in _numbers(rows, i)]
 
-    @property
-    def parameters(self) -> Mapping[str, Any]:
-        if self._parameters is _UNREAD:
-            value = loads_or_none(self.raw[PARAMS])
-            self._parameters = value if isinstance(value, dict) else {}
+
+class _Piece:
+    """Some trials' stored rows, read column by column: each column's values are worked out in
+    one pass over the rows, and each JSON text is parsed at most once."""
+
+    def __init__(self, model: ReadModel, rows: Rows) -> None:
+        self.model, self.rows = model, rows
+        self._parameters: list[Mapping[str, Any]] | None = None
+        self._results: list[Any] | None = None
+
+    def parameters(self) -> list[Mapping[str, Any]]:
+        if self._parameters is None:
+            parsed = (_loads(r[PARAMS]) for r in self.rows)
+            self._parameters = [p if isinstance(p, dict) else {} for p in parsed]
         return self._parameters
 
-    @property
-    def result(self) -> Any:
-        if self._result is _UNREAD:
-            self._result = loads_or_none(self.raw[RESULT])
-        return self._result
+    def results(self) -> list[Any]:
+        if self._results is None:
+            self._results = [_loads(r[RESULT]) for r in self.rows]
+        return self._results
 
+    def latest(self) -> list[Any]:
+        ids = [r[ID] for r in self.rows]
+        asked = [i for i in ids if isinstance(i, str)]
+        lasts = self.model._read("metrics", lambda: self.model.store.last_metrics_of(asked, "intermediate"))
+        got = [lasts.get(i) if isinstance(i, str) else None for i in ids]
+        return [to_json(reported(last.value, last.value_json)) if last is not None else None for last in got]
 
-_UNREAD = object()
-
-
-def _time(at: float | None) -> str | None:
-    return datetime.fromtimestamp(at, timezone.utc).isoformat() if at is not None else None
-
-
-def _number(v: float | None) -> Any:
-    return v if v is None or math.isfinite(v) else str(v)
-
-
-def _duration(r: _Row) -> float | None:
-    started, ended = r.number(STARTED), r.number(ENDED)
-    return ended - started if started is not None and ended is not None else None
-
-
-def _column(model: ReadModel, key: str, many: bool) -> Callable[[_Row], Any]:
-    """How to read the column ``key`` of a stored trial; ``many``: a great many trials are exported."""
-    if key.startswith(pages.PARAMETER_SORT):
-        name = key[len(pages.PARAMETER_SORT):]
-        return lambda r: to_json(r.parameters.get(name))
-    if key.startswith(pages.RESULT_SORT):
-        name = key[len(pages.RESULT_SORT):]
-        return lambda r: to_json(r.result.get(name)) if isinstance(r.result, dict) else None
-
-    lasts: dict[str, Any] = {}
-
-    def latest(r: _Row) -> Any:
-        if many and not lasts:  # every trial's at once: one pass over the results, not a query a trial
-            lasts.update(model._read("metrics", lambda: model.store.last_metrics("intermediate")) or {"": None})
-        tid = r.text(ID)
-        last = (lasts.get(tid) if many
-                else model._read("metrics", lambda: model.store.last_metric(tid, "intermediate")))
-        return to_json(reported(last.value, last.value_json)) if last is not None else None
-
-    def seq(r: _Row) -> int | None:
-        v = r.raw[SEQ]
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-    return {
-        "sequence": seq,
-        "id": lambda r: r.text(ID),
-        "status": lambda r: r.raw[STATUS] if r.raw[STATUS] in _KNOWN else None,
-        "metric": lambda r: _number(r.number(METRIC)),
-        "latest": latest,
-        "duration": _duration,
-        "started": lambda r: _time(r.number(STARTED)),
-        "ended": lambda r: _time(r.number(ENDED)),
-        "environment": lambda r: r.text(ENV) or None,
-    }[key]
+    def column(self, key: str) -> list[Any]:
+        rows = self.rows
+        if key.startswith(pages.PARAMETER_SORT):
+            name = key[len(pages.PARAMETER_SORT):]
+            return [to_json(p.get(name)) for p in self.parameters()]
+        if key.startswith(pages.RESULT_SORT):
+            name = key[len(pages.RESULT_SORT):]
+            return [to_json(r.get(name)) if isinstance(r, dict) else None for r in self.results()]
+        if key == "sequence":
+            return [v if type(v) is int else None for v in (r[SEQ] for r in rows)]
+        if key == "id":
+            return [v if isinstance(v, str) else "" for v in (r[ID] for r in rows)]
+        if key == "status":
+            return [v if v in _KNOWN else None for v in (r[STATUS] for r in rows)]
+        if key == "metric":
+            return [v if v is None or math.isfinite(v) else str(v) for v in _numbers(rows, METRIC)]
+        if key == "latest":
+            return self.latest()
+        if key == "duration":
+            return [e - s if s is not None and e is not None
+                    else None for s, e in zip(_numbers(rows, STARTED), _numbers(rows, ENDED))]
+        if key in ("started", "ended"):
+            return _times(rows, STARTED if key == "started" else ENDED)
+        assert key == "environment", key
+        return [v if isinstance(v, str) and v else None for v in (r[ENV] for r in rows)]
 
 
 def columns_of(model: ReadModel, query: Mapping[str, str]) -> list[str]:
@@ -163,34 +154,31 @@ def plan(model: ReadModel, query: Mapping[str, str]) -> Plan:
 
 
 def pieces(model: ReadModel, p: Plan) -> Iterator[str]:
-    """The file, in pieces of :data:`CHUNK` trials, written from the stored rows as read."""
-    many = p.total > BULK
-    getters = [_column(model, c, many) for c in p.columns]
+    """The file, in pieces of :data:`CHUNK` trials, written from the stored rows as read: a
+    piece's trials are read (their latest results in one lookup) before it is written."""
     # The columns whose values may be a dict or a list (a cell of JSON text in a CSV file).
-    nested = [i for i, c in enumerate(p.columns) if c == "latest" or c.startswith((pages.PARAMETER_SORT,
-                                                                                     pages.RESULT_SORT))]
-    rows = map(_Row, pages.every_trial_values(model, STORED, **p.chosen))
+    nested = {c for c in p.columns if c == "latest" or c.startswith((pages.PARAMETER_SORT, pages.RESULT_SORT))}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if p.kind == "csv":
         writer.writerow(p.columns)
-    else:
-        out.write("[")
-    for n, r in enumerate(rows):
-        values = [get(r) for get in getters]
+    first = True
+    for some in pages.every_trial_values(model, STORED, CHUNK, **p.chosen):
+        piece = _Piece(model, some)
+        values = [piece.column(c) for c in p.columns]
         if p.kind == "csv":
-            for i in nested:
-                values[i] = _cell(values[i])
-            writer.writerow(values)
+            writer.writerows(zip(*(list(map(_cell, v)) if c in nested else v for c, v in zip(p.columns, values))))
         else:
-            out.write(("," if n else "") + "\n" + json.dumps(dict(zip(p.columns, values))))
-        if n % CHUNK == CHUNK - 1:
-            yield out.getvalue()
-            out.seek(0)
-            out.truncate()
+            columns, dumps = p.columns, json.dumps
+            out.write(("[" if first else ",") + "\n" + ",\n".join(dumps(dict(zip(columns, r))) for r in zip(*values)))
+        first = False
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
     if p.kind == "json":
-        out.write("\n]\n")
-    yield out.getvalue()
+        yield ("[" if first else "") + "\n]\n"
+    elif first:
+        yield out.getvalue()  # the header alone
 
 
 def export(model: ReadModel, query: Mapping[str, str]) -> tuple[bytes, str, str]:

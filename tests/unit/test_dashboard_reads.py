@@ -212,13 +212,12 @@ def _as_snapshots_say(model: ReadModel) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.parametrize("bulk", [10**9, 0])
+@pytest.mark.parametrize("chunk", [1, 7, 2000])
 def test_the_export_writes_what_the_snapshots_read_from_the_same_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bulk: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     _odd_store(tmp_path)
-    monkeypatch.setattr(export, "BULK", bulk)  # latest results a trial at a time, or all in one pass
-    monkeypatch.setattr(export, "CHUNK", 7)  # several pieces
+    monkeypatch.setattr(export, "CHUNK", chunk)  # a piece a trial, several pieces, or one
     with ReadModel.open(tmp_path) as model:
         expected = _as_snapshots_say(model)
         assert any(model.trial(f"t{i:03d}").unreadable for i in (5, 6, 7, 8, 9, 10, 12))  # the odd rows are odd
@@ -237,6 +236,9 @@ def test_the_export_writes_what_the_snapshots_read_from_the_same_rows(
         assert odd["t003"]["metric"] == "inf" and odd["t015"]["metric"] == "7.0" and odd["t001"]["param:flag"] == "True"
         assert odd["t000"]["latest"] == '{"default": 2, "x": 0}' and odd["t000"]["param:nested"] == '{"a": [1, 0]}'
         assert odd["t002"]["latest"] == "3.0" and odd["t000"]["result:loss"] == "0" and odd["t013"]["result:loss"] == ""
+        none = {"q": "matches no trial", "columns": "id,latest"}
+        assert export.export(model, {**none, "format": "json"})[0] == b"[\n]\n"
+        assert export.export(model, {**none, "format": "csv"})[0] == b"id,latest\n"
 
 
 def test_the_export_is_sent_as_it_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

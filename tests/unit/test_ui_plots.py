@@ -198,9 +198,9 @@ def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path, monkeyp
             {"id": "t005", "latest": 6.0, "metric": None},
             {"id": "t006", "latest": {"default": 2.0, "acc": 0.5}, "metric": None},
         ]
-        # Beyond export.BULK trials, every latest result is read in one pass: the same file.
+        # Written in pieces of a few trials (their latest results looked up a piece at a time): the same file.
         one_by_one = export.export(model, {"format": "csv", "columns": "id,latest"})[0]
-        monkeypatch.setattr(export, "BULK", 0)
+        monkeypatch.setattr(export, "CHUNK", 3)
         assert export.export(model, {"format": "csv", "columns": "id,latest"})[0] == one_by_one
         assert b"t005,6.0\n" in one_by_one and b'"{""acc"": 0.5, ""default"": 2.0}"' in one_by_one
         everything = json.loads(export.export(model, {"format": "json"})[0])
@@ -220,8 +220,10 @@ def test_event_files_are_tfrecords_with_crc32c() -> None:
     assert framed[:8] == (3).to_bytes(8, "little") and framed[12:15] == b"abc" and len(framed) == 8 + 4 + 3 + 4
 
 
-def test_the_last_result_is_read_from_either_table(tmp_path: Path) -> None:
+def test_the_last_result_is_read_from_either_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sqlite3
+
+    from trialkeeper.coordinator.store import metrics as metricstore
 
     _experiment(tmp_path, n=10)  # t005: four results in a run of metric_runs, indexes 0-3
     db = sqlite3.connect(tmp_path / "trialkeeper.db")
@@ -237,3 +239,10 @@ def test_the_last_result_is_read_from_either_table(tmp_path: Path) -> None:
             t: (m.index, m.value) for t, m in one.items() if m is not None
         } == {"t005": (4, 1.5), "t006": (2, 2.0), "t007": (0, 7.0)}
         assert one["t000"] is None and model.store.last_metric("t005", "final") is None
+        monkeypatch.setattr(metricstore, "BATCH", 2)  # several queries
+        some = model.store.last_metrics_of(["t007", "t000", "t005", "t006", "nobody"], "intermediate")
+        assert {t: (m.index, m.value) for t, m in some.items()} == {
+            "t005": (4, 1.5), "t006": (2, 2.0), "t007": (0, 7.0)
+        }
+        assert some["t006"] == every["t006"] and model.store.last_metrics_of([], "intermediate") == {}
+        assert model.store.last_metrics_of(["t005"], "final") == {}
