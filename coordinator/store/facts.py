@@ -1,6 +1,6 @@
 """What each fact the decision core records becomes in the store: its rows, columns and JSON.
 
-The core says what happened in its own words (``engine/events.py``, the facts); this table
+The core says what happened in its own words (``engine/facts.py``); this table
 is the one place that knows how the store keeps each. :meth:`Store.keep` writes them.
 """
 
