@@ -34,7 +34,7 @@ from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 from trialkeeper.coordinator.services import create_service
 from trialkeeper.coordinator.services.base import EnvironmentRequest
-from trialkeeper.coordinator.services.ray.service import RayEnvironmentService
+from trialkeeper.coordinator.services.ray.service import RayEnvironmentService, actor_name
 from trialkeeper.coordinator.store.store import Store
 
 
@@ -364,6 +364,44 @@ def test_a_trials_placement_group_is_given_back_once_its_actors_are_gone(cluster
         await async_wait_until(lambda: not _groups(experiment_id, per_trial=True), WAIT_S,
                                message="the group outlived its actors")
         await service.close()
+
+    run_async(body, timeout=3 * WAIT_S)
+
+
+def test_a_trials_placement_group_goes_when_a_member_could_not_be_started(cluster: LocalRay, tmp_path: Path) -> None:
+    """placementGroupPerTrial: a member whose actor cannot be made (its name is taken) holds
+    no bundle, so the group is given back once the other member's actor is gone."""
+    config = build_config(tmp_path, trainingService=_section(
+        cluster, tmp_path, environmentCount=2, placementStrategy="PACK", placementGroupPerTrial=True))
+    experiment_id = f"gangfail{tmp_path.name[-6:]}"
+
+    async def body() -> None:
+        import ray
+
+        service = create_service(config, tmp_path / "exp")
+        await service.prepare()
+        assert isinstance(service, RayEnvironmentService)
+        await service._connect()
+        name = actor_name(experiment_id, "env-2")
+
+        @ray.remote(num_cpus=0)
+        class Squatter:
+            def ping(self) -> int:
+                return 1
+
+        squatter = Squatter.options(name=name, namespace=service.config.namespace).remote()
+        assert ray.get(squatter.ping.remote(), timeout=WAIT_S) == 1
+        try:
+            requests = [EnvironmentRequest(e, experiment_id, "127.0.0.1:9", "t0ken") for e in ("env-1", "env-2")]
+            results = await service.start_group("env-1", requests)
+            assert results[0].error is None and results[1].error and "env-2" in results[1].error, results
+            assert _groups(experiment_id, per_trial=True)
+            await service.stop("env-1", 0.0)
+            await async_wait_until(lambda: not _groups(experiment_id, per_trial=True), WAIT_S,
+                                   message="the group outlived its only actor")
+        finally:
+            ray.kill(squatter)
+            await service.close()
 
     run_async(body, timeout=3 * WAIT_S)
 

@@ -91,6 +91,7 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
         self.groups_environments = config.placement_group_per_trial
         self._gangs: dict[str, ExperimentGroup] = {}
         self._gang_of: dict[str, tuple[str, int]] = {}  # env id -> (its group's id, its bundle)
+        self._unstarted: set[str] = set()  # members whose actor could not be made: no bundle held
         self._experiment_id = ""  # as its environments name it: whose groups go on close
         #: How long an actor outlives its agent if no coordinator collects it.
         self.linger_s = LINGER_S
@@ -176,7 +177,10 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
         if self.groups_environments:
             self._gangs.setdefault(group, ExperimentGroup(self.config, len(requests), gang=group))
             self._gang_of.update((r.env_id, (group, i)) for i, r in enumerate(requests))
-        return await super().start_group(group, requests)
+        results = await super().start_group(group, requests)
+        if self.groups_environments:  # the group goes once its other members are gone
+            self._unstarted.update(r.env_id for r, result in zip(requests, results) if result.error)
+        return results
 
     async def list_alive(self, experiment_id: str) -> dict[str, str]:
         await self._connect()
@@ -271,7 +275,12 @@ class RayEnvironmentService(LifecycleService[RayConfig, Actor]):
     def _release_gangs(self) -> None:
         """Give back the placement group of a group of environments whose actors are all gone."""
         for gang, group in list(self._gangs.items()):
-            members = [self._records.get(e) for e, (g, _) in list(self._gang_of.items()) if g == gang]
-            if all(m is not None and m.released for m in members):
+            members = [e for e, (g, _) in list(self._gang_of.items()) if g == gang]
+            if all(self._released(e) for e in members):
                 group.remove()
                 self._gangs.pop(gang, None)
+
+    def _released(self, env_id: str) -> bool:
+        """Whether ``env_id``'s actor is gone, or was never made (its start failed)."""
+        record = self._records.get(env_id)
+        return record.released if record is not None else env_id in self._unstarted
