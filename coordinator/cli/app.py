@@ -20,10 +20,10 @@ from trialkeeper.agent import nnicompat
 
 from ..read.model import ReadModel
 from ..store.index import record_or_warn
-from ..store.lock import DirectoryInUse, ExperimentLock
 from ..store.reads import StoreError, holds_experiment
 from ..ui.commands import add_commands as add_ui_commands
 from ..ui.commands import add_ui_option, dashboard_starter, linger_dashboard
+from .clean import cmd_clean
 from .control import ControlHook
 from .ended import ENDED_EXIT, add_exit_option, extended_config, failed_note, resume_refusal, stop_note
 from .livelog import LiveLog
@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     clean.add_argument(
         "--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough"
     )
-    clean.set_defaults(func=_cmd_clean)
+    clean.set_defaults(func=cmd_clean)
 
     agent = sub.add_parser(
         "agent",
@@ -431,126 +431,6 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from trialkeeper.agent.main import run
 
     return run(args)
-
-
-# ---- clean -------------------------------------------------------------------------------
-
-PROBE_TIMEOUT_S = 5.0
-SWEEP_TIMEOUT_S = 300.0
-
-
-def _cmd_clean(args: argparse.Namespace) -> int:
-    from ..config.experiment import (
-        ConfigError,
-        _default_working_directory,
-        load_config,
-        parse_config,
-    )
-    from ..services import create_service
-    from ..store.checkpointfiles import prune_experiment
-
-    exp_dir = _experiment_dir(args.target, _default_working_directory())
-    if exp_dir is None:
-        print(
-            f"trialkeeper: no experiment {args.target!r}: neither a directory holding one nor a known experiment id",
-            file=sys.stderr,
-        )
-        return 1
-    with ReadModel.open(exp_dir) as model:
-        exp = model.experiment()
-        stored_config = model.stored_config()
-        bound = model.bound_address()
-    if exp is None:
-        print(f"trialkeeper: {exp_dir} holds no experiment", file=sys.stderr)
-        return 1
-    if args.config is None and stored_config is None:
-        print(
-            f"trialkeeper: the experiment's stored config is unreadable ({'; '.join(exp.unreadable)}); "
-            "pass it with --config",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        config = load_config(args.config) if args.config else parse_config(dict(stored_config or {}), exp_dir)
-    except ConfigError as e:
-        print(f"trialkeeper: the experiment's config cannot be used ({e}); pass it with --config", file=sys.stderr)
-        return 2
-    alive = _coordinator_alive(bound, exp_dir) if bound else ""
-    if alive:
-        print(
-            f"trialkeeper: refusing to clean experiment {exp.id}: {alive}; stop it first (its environments "
-            "are its to stop), or clean after it has exited",
-            file=sys.stderr,
-        )
-        return 1
-
-    async def sweep() -> list[str]:
-        service = create_service(config, exp_dir)
-        try:
-            return await asyncio.wait_for(service.sweep(exp.id, keep=()), SWEEP_TIMEOUT_S)
-        finally:
-            await service.close()
-
-    try:
-        # Held while cleaning: a coordinator resumed meanwhile would lose what it adopts.
-        with ExperimentLock.acquire(exp_dir):
-            removed = asyncio.run(sweep())
-            pruned, freed = prune_experiment(exp_dir)
-    except DirectoryInUse as e:
-        print(f"trialkeeper: refusing to clean experiment {exp.id}: {e}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, asyncio.TimeoutError) as e:
-        print(f"trialkeeper: cannot clean experiment {exp.id}: {e}", file=sys.stderr)
-        return 1
-    platform = ", ".join(s.platform for s in config.training_service.sections())
-    if removed:
-        print(f"experiment {exp.id}: removed {len(removed)} environment(s) from {platform}: {', '.join(removed)}")
-    else:
-        print(f"experiment {exp.id}: nothing left to remove on {platform}")
-    if pruned:
-        print(f"experiment {exp.id}: removed {pruned} checkpoint director(ies) no longer needed ({freed} bytes)")
-    return 0
-
-
-def _experiment_dir(target: str, working_directory: Path) -> Path | None:
-    """The directory of an experiment named by its directory or by its id."""
-    for candidate in (Path(target).expanduser(), working_directory / target):
-        if holds_experiment(candidate):
-            return candidate.resolve()
-    return None
-
-
-def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:
-    """Why a coordinator of this experiment seems alive, or "" when none answers.
-
-    The probe presents the experiment's token with a Register of a protocol no coordinator
-    speaks: this experiment's coordinator refuses it as a version mismatch (so it is alive,
-    and it joins no environment), another one as a wrong token. A listener that is no
-    plain gRPC coordinator (one serving TLS) counts as alive: cleaning under a live
-    coordinator would be worse than not cleaning."""
-    import socket
-
-    from ..transport.server import probe_coordinator
-
-    host, _, port = bound_address.rpartition(":")
-    if host in ("", "0.0.0.0", "[::]"):
-        host = "127.0.0.1"
-    address = f"{host}:{port}"
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S):
-            pass
-    except (OSError, ValueError):
-        return ""
-    try:
-        token = (exp_dir / ".token").read_text().strip()
-    except OSError:
-        token = ""
-    answer = probe_coordinator(address, token, PROBE_TIMEOUT_S)
-    if answer == "other":
-        return ""  # another experiment's coordinator took the port
-    if answer == "ours":
-        return f"its coordinator answers on {address}"
-    return f"something listens on {address}, where its coordinator did"
 
 
 # ---- reading an experiment ---------------------------------------------------------------
