@@ -134,12 +134,10 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
             script = env_dir / "job.sh"
             if len(request.group_members) > 1:
                 text, task = self.scripts.group_script(request, env_dir)
-                (env_dir / "task.sh").write_text(task, encoding="utf-8")
+                _write_private(env_dir / "task.sh", task)
             else:
                 text = self.scripts.script(request, env_dir)
-            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
+            _write_private(script, text)
         except OSError as e:
             raise JobError(f"cannot write the job script for {request.env_id}: {e}") from None
         # The token travels in sbatch's environment, which Slurm hands to the job.
@@ -263,6 +261,13 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
             return _Run(-1, "", f"{argv[0]} did not answer within {self.config.command_timeout:g} s")
         assert proc.returncode is not None
         return _Run(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a script only its owner reads: the site's prologue and the agent's options are in it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _job_id(platform_id: str) -> str:

@@ -481,6 +481,8 @@ def test_a_group_is_one_job_of_a_node_per_member_and_ends_as_one(tmp_path: Path,
         results = await service.start_group("env-1", [_request(e, experiment_id) for e in members])
         assert [r.error for r in results] == [None, None] and len({r.platform_id for r in results}) == 1, results
         job_id = results[0].platform_id.removeprefix("job ")
+        for name in ("job.sh", "task.sh"):  # only their owner reads them
+            assert (tmp_path / "exp" / "envs" / "env-1" / name).stat().st_mode & 0o077 == 0, name
 
         async def running() -> bool:
             return {o.state for o in (await service.poll(list(members))).values()} == {"running"}
