@@ -78,15 +78,16 @@ def write_tls_cert(directory: Path, cert_pem: bytes | None) -> str | None:
     return str(cert)
 
 
-def log_tail(path: Path, limit: int = 600) -> str:
-    """The last non-blank line of an agent's log that is not an INFO or DEBUG line of its own
-    (those say what went well), for a message saying why it ended."""
+def log_tail(path: Path, limit: int = 600, lines: int = 1) -> str:
+    """The last non-blank line (or ``lines`` lines, joined by `` | ``) of an agent's log that
+    is not an INFO or DEBUG line of its own (those say what went well), for a message saying
+    why it ended."""
     try:
         data = path.read_bytes()[-limit:]
     except OSError:
         return ""
-    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip() and not _QUIET.match(ln)]
-    return lines[-1] if lines else ""
+    kept = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip() and not _QUIET.match(ln)]
+    return " | ".join(kept[-lines:])
 
 
 # "2026-11-27 16:50:49,250 INFO agent[21372] ...": how the agent logs what went well.

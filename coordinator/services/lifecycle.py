@@ -123,10 +123,14 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
         """What a failed start answers."""
         return f"{self.kind} for {request.env_id} could not be started: {error}"
 
+    def named(self, platform_id: str) -> str:
+        """How messages name the environment ``platform_id`` is: its kind, then its id."""
+        return f"{self.kind} {platform_id}"
+
     def ended(self, record: R) -> Observation:
         """What the coordinator is told about an environment that ended without being asked
         to. Platforms that know more (an exit file, a log) say more."""
-        what = f"{self.kind} {record.platform_id}"
+        what = self.named(record.platform_id)
         why = f": {record.detail}" if record.detail else ""
         pid = record.platform_id
         if record.phase == "succeeded":
@@ -198,12 +202,10 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
         try:
             await self.terminate(record, grace_s)
         except PlatformError as e:
-            log.warning("environment %s: could not stop %s %s: %s",
-                        env_id, self.kind, record.platform_id, e)
+            log.warning("environment %s: could not stop %s: %s", env_id, self.named(record.platform_id), e)
             return
         if record.phase not in FINAL and not await self._wait_final([record], self.STOP_WAIT_S):
-            log.warning("environment %s: %s %s did not end after being stopped",
-                        env_id, self.kind, record.platform_id)
+            log.warning("environment %s: %s did not end after being stopped", env_id, self.named(record.platform_id))
             return
         record.observation = Observation("exited", "stopped", record.platform_id)
 
@@ -226,14 +228,14 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
                 # agent has no coordinator to report to.
                 await self.terminate(record, 0.0)
             except PlatformError as e:
-                log.warning("could not stop %s %s of experiment %s: %s", self.kind, ref, experiment_id, e)
+                log.warning("could not stop %s of experiment %s: %s", self.named(ref), experiment_id, e)
                 continue
             removed.append(record)
         if removed and not await self._wait_final(removed, self.STOP_WAIT_S):
             removed = [record for record in removed if record.phase in FINAL]
         for record in removed:
-            log.info("environment %s of experiment %s: leftover %s %s stopped",
-                     record.env_id, experiment_id, self.kind, record.platform_id)
+            log.info("environment %s of experiment %s: leftover %s stopped",
+                     record.env_id, experiment_id, self.named(record.platform_id))
         return [record.env_id for record in removed]
 
     async def close(self) -> None:
@@ -290,7 +292,7 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
         record.platform_id = ref
         self._records[request.env_id] = record
         self._refreshed_at = 0.0
-        log.info("environment %s: %s %s started", request.env_id, self.kind, ref)
+        log.info("environment %s: %s started", request.env_id, self.named(ref))
         return StartResult(platform_id=ref)
 
     def _observation(self, env_id: str) -> Observation:
@@ -304,7 +306,7 @@ class LifecycleService(EnvironmentService[PlatformConfig], Generic[PlatformConfi
             return record.observation
         pid = record.platform_id
         if record.phase == "waiting":
-            return Observation("starting", record.detail or f"{self.kind} {pid} is waiting", pid)
+            return Observation("starting", record.detail or f"{self.named(pid)} is waiting", pid)
         return Observation("running", record.detail, pid)
 
     async def _refresh(self) -> None:

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 # How long a stopped job may take to be gone (Slurm's KillWait is 30 s by default).
 STOP_WAIT_S = 60.0
+JOB_LOG_LINES = 4  # of a group job's own log, in the reason a member failed
 _ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
                      "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
 _WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
@@ -124,6 +125,9 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         if not self.groups_environments:
             return await super().start_group(group, requests)
         return await self.start_as_one(requests)
+
+    def named(self, platform_id: str) -> str:
+        return f"Slurm {platform_id}"  # the id says "job <n>" already
 
     # ---- the four platform calls ---------------------------------------------------
 
@@ -224,7 +228,19 @@ class SlurmEnvironmentService(JobEnvironmentService[SlurmConfig]):
         detail = f"Slurm job {job_id} {what}"
         detail += f"; the agent exited with status {code}" if code is not None else "; the agent left no exit status"
         tail = log_tail(self.experiment_dir / "envs" / job.env_id / "agent.log")
-        return Observation("failed", f"{detail}: {tail}" if tail else detail, job.platform_id)
+        detail = f"{detail}: {tail}" if tail else detail
+        # A group's job: srun's own errors (a task that could not start or ended at once) are
+        # in the job's log, not in any agent's.
+        job_tail = log_tail(self._job_log(job), limit=2000, lines=JOB_LOG_LINES)
+        detail += f"; the job's log ends: {job_tail}" if job_tail else ""
+        return Observation("failed", self.redact(detail), job.platform_id)
+
+    def _job_log(self, job: Job) -> Path:
+        """The output of ``job``'s group job: in the env directory of the member it is named
+        after, the first of those that share its platform id (``slurm_script``)."""
+        ids = [job.env_id, *(r.env_id for r in self._records.values() if r.platform_id == job.platform_id)]
+        logs = [self.scripts.env_dir(env_id) / "job.log" for env_id in ids]
+        return next((path for path in logs if path.exists()), logs[0])
 
     # ---- helpers ------------------------------------------------------------------
 

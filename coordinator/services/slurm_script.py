@@ -99,13 +99,17 @@ class JobScripts:
 
 
 # Where a node's GPUs are not fenced off by cgroups, NVML shows the agent all of them: it
-# is then told the ones Slurm gave the job (SLURM_JOB_GPUS holds physical indices). Where
-# they are fenced, NVML shows only the job's own, numbered from 0, and nothing is passed.
+# is then told the ones Slurm gave it, by their physical indices. In a group's task (an
+# srun step) those are its step's GPUs on its own node, SLURM_STEP_GPUS; in a job's batch
+# script, which srun(1) says has no SLURM_STEP_GPUS, the job's, SLURM_JOB_GPUS; where
+# Slurm sets neither (older releases), the CUDA_VISIBLE_DEVICES its GPU plugin sets.
+# Where GPUs are fenced, NVML shows only the job's own, numbered from 0: nothing is passed.
 _GPU_SELECTION = """\
 set --
-if [ -n "${SLURM_JOB_GPUS:-}" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -gt \\
-     "$(printf '%s\\n' "$SLURM_JOB_GPUS" | tr ',' '\\n' | wc -l)" ]; then
-    set -- --gpu-indices "$SLURM_JOB_GPUS"
+tk_gpus="${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}}"
+if [ -n "$tk_gpus" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -gt \\
+     "$(printf '%s\\n' "$tk_gpus" | tr ',' '\\n' | wc -l)" ]; then
+    set -- --gpu-indices "$tk_gpus"
 fi"""
 
 # The job's main process: runs the agent, and when the agent ends, however it ends, kills

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -38,8 +39,8 @@ from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.services.base import EnvironmentRequest
 from trialkeeper.coordinator.services.slurm import SlurmEnvironmentService
 from trialkeeper.coordinator.services.slurm_config import SlurmConfig
-from trialkeeper.coordinator.services.slurm_script import _GPU_SELECTION
 from trialkeeper.coordinator.store.store import Store
+from trialkeeper.protos.wire import TOKEN_ENV
 
 # A real Slurm cluster: slow to start, left out of the fast subset.
 pytestmark = pytest.mark.slow
@@ -453,21 +454,6 @@ def test_config_becomes_sbatch_options(tmp_path: Path) -> None:
     assert _parse(tmp_path, reuseMode=False, environmentCount=1).effective_environment_count(3) == 3
 
 
-@pytest.mark.parametrize(("node_gpus", "expected"), [(4, "--gpu-indices 1,3"), (2, "")], ids=["open", "fenced"])
-def test_gpu_jobs_name_slurms_gpus_only_where_the_node_shows_more(
-    tmp_path: Path, node_gpus: int, expected: str
-) -> None:
-    fake = write_script(tmp_path, "nvidia-smi", "#!/bin/sh\n" + "echo GPU\n" * node_gpus)
-    fake.chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_JOB_GPUS": "1,3"}
-    out = subprocess.run(["sh", "-c", _GPU_SELECTION + '\necho "$@"'], env=env, capture_output=True, text=True,
-                         timeout=10, check=True).stdout
-    assert out.strip() == expected
-    service = _service(tmp_path, gpusPerNode=2)
-    script = service.scripts.script(_request("env-1", "gpu"), tmp_path)
-    assert "#SBATCH --gpus-per-node=2\n" in script and "--no-gpu" not in script and script.endswith('"$@"\n')
-
-
 def test_a_group_is_one_job_of_a_node_per_member_and_ends_as_one(tmp_path: Path, cluster: SlurmCluster) -> None:
     """jobPerTrial: a group of two environments is one `sbatch --nodes=2` job whose srun runs
     each member's agent on a node of its own (the member its SLURM_PROCID names); stopping
@@ -510,6 +496,45 @@ def test_a_group_is_one_job_of_a_node_per_member_and_ends_as_one(tmp_path: Path,
             return all(o.state in ("exited", "failed") for o in (await service.poll(list(members))).values())
 
         await async_wait_until(ended, WAIT_S)
+        await service.close()
+
+    run_async(body, timeout=120)
+
+
+def test_a_failed_group_job_says_what_srun_said(
+    tmp_path: Path, cluster: SlurmCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group whose tasks cannot start their agents (no such Python on the nodes): no agent
+    ran, so none left an exit status or a word; each member's reason ends with the job's own
+    log, where srun tells which task failed how, the experiment's token in it redacted."""
+    experiment_id = f"gf{os.getpid()}"
+    token = "a-token-that-stays-secret"
+    caplog.set_level(logging.INFO, logger="trialkeeper")
+
+    async def body() -> None:
+        service = _service(tmp_path, jobPerTrial=True, pythonInterpreter=str(tmp_path / "no-such-python"),
+                           prologue=[f'echo "the job has ${TOKEN_ENV}"'])
+        members = ("env-1", "env-2")
+        requests = [dataclasses.replace(_request(e, experiment_id), token=token) for e in members]
+        results = await service.start_group("env-1", requests)
+        assert [r.error for r in results] == [None, None], results
+        job_id = results[0].platform_id.removeprefix("job ")
+
+        async def ended() -> bool:
+            return all(o.state in ("exited", "failed") for o in (await service.poll(list(members))).values())
+
+        await async_wait_until(ended, WAIT_S, message="the group's job did not end")
+        seen = await service.poll(list(members))
+        for env_id in members:
+            detail = seen[env_id].detail
+            assert seen[env_id].state == "failed", seen
+            assert f"Slurm job {job_id} failed; the agent left no exit status" in detail, detail
+            assert "the job's log ends: " in detail and "srun: error: node-" in detail, detail
+            assert token not in detail, detail
+            assert "the job has ***" in detail or "the job has" not in detail, detail  # redacted, if shown
+        # the job's log holds the token, which no reason shows
+        assert f"the job has {token}" in (tmp_path / "exp" / "envs" / "env-1" / "job.log").read_text()
+        assert f"environment env-1: Slurm job {job_id} started" in caplog.text and "job job" not in caplog.text
         await service.close()
 
     run_async(body, timeout=120)

@@ -18,3 +18,12 @@ def test_the_reason_skips_what_went_well(tmp_path: Path) -> None:
     log.write_text("2026-11-27 16:50:49,427 INFO agent[1] x: all well\n")
     assert log_tail(log) == ""
     assert log_tail(tmp_path / "missing.log") == ""
+
+
+def test_a_job_logs_last_lines_are_joined(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("prologue ran\n\nsrun: error: node-1: task 0: Exited with exit code 127\n"
+                   "2026-11-27 16:50:49,427 INFO agent[1] x: all well\nsrun: error: node-2: task 1: Killed\n")
+    assert log_tail(log, lines=2) == (
+        "srun: error: node-1: task 0: Exited with exit code 127 | srun: error: node-2: task 1: Killed")
+    assert log_tail(log, lines=9).startswith("prologue ran | srun: error: node-1")
