@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trialkeeper.protos.wire import PBT_LOAD, PBT_SAVE
+
 __all__ = [
     "NniLine", "NniStdoutScanner", "PbtDirs", "nni_environment", "pbt_dirs", "without_results", "write_parameter_cfg",
 ]
@@ -52,24 +54,26 @@ def nni_environment(
     }
 
 
-# NNI's PBT tuner gives each trial the paths it loads its state from and saves it to.
-PBT_LOAD, PBT_SAVE = "load_checkpoint_dir", "save_checkpoint_dir"
-
-
 @dataclass(frozen=True)
 class PbtDirs:
     """A trial of NNI's PBT tuner, its two paths pointed at its own checkpoint directory."""
 
     parameters_json: str  # as the trial reads them
-    step: int  # NNI's step, the last part of its save_checkpoint_dir (0 when it is no number)
+    # NNI's step, the last part of its save_checkpoint_dir (0 when it is no number), at which
+    # what it leaves is saved; None on another rank than 0, whose files are never saved.
+    step: int | None
 
 
-def pbt_dirs(parameters_json: str, checkpoint_dir: str) -> PbtDirs | None:
+def pbt_dirs(parameters_json: str, checkpoint_dir: str, node_rank: int = 0) -> PbtDirs | None:
     """For a trial of NNI's PBT tuner (its parameters hold both paths): its parameters with
-    ``load_checkpoint_dir`` and ``save_checkpoint_dir`` both ``checkpoint_dir``, the trial's
-    own checkpoint directory. It holds the checkpoint the trial starts from (the one NNI
-    named by load_checkpoint_dir, which the coordinator sent), and what the trial leaves
-    there when it exits 0 becomes its checkpoint. None for any other trial."""
+    ``load_checkpoint_dir`` and ``save_checkpoint_dir`` both ``checkpoint_dir``, this node's
+    own checkpoint directory, never NNI's paths (names only; without an ``all_checkpoint_dir``
+    relative ones, which would land in the working directory). It holds the checkpoint the trial starts
+    from (the one NNI named by load_checkpoint_dir, which the coordinator sent). On rank 0
+    what the trial leaves there when it exits 0 becomes its checkpoint; on the other ranks of
+    a multi-node trial it is a copy of that checkpoint of their own, and what they leave
+    there goes with them, unsaved, as their own saves are (rank 0's checkpoint directory is
+    the trial's). None for any other trial."""
     if not checkpoint_dir or PBT_SAVE not in parameters_json:
         return None
     try:
@@ -80,7 +84,7 @@ def pbt_dirs(parameters_json: str, checkpoint_dir: str) -> PbtDirs | None:
         return None
     step = os.path.basename(os.path.normpath(params[PBT_SAVE]))
     params[PBT_LOAD] = params[PBT_SAVE] = checkpoint_dir
-    return PbtDirs(json.dumps(params), int(step) if step.isdigit() else 0)
+    return PbtDirs(json.dumps(params), None if node_rank else int(step) if step.isdigit() else 0)
 
 
 def write_parameter_cfg(sys_dir: Path, parameter_id: int, parameters_json: str) -> None:

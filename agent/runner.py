@@ -98,7 +98,7 @@ class _Trial:
         self.log_offsets = {"stdout": 0, "stderr": 0}
         # Results of trials written for NNI, printed on their stdout.
         self.nni_lines = nnicompat.NniStdoutScanner(directory / "stdout.log")
-        # A trial of NNI's PBT: what it leaves in its checkpoint directory is saved at this step.
+        # A trial of NNI's PBT (rank 0): what it leaves in its checkpoint directory is saved at this step.
         self.saves_left: int | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -227,8 +227,8 @@ class TrialRunner:
         if t.cancel_reason is not None:  # canceled (or paused) while its checkpoint came
             self._end(t, t.outcome_if_canceled, None, 0, t.cancel_reason, False)
             return
-        pbt = nnicompat.pbt_dirs(spec.parameters_json, checkpoint_env.get(sdk.ENV_CHECKPOINT_DIR, ""))
-        if pbt is not None and not spec.node_rank:
+        pbt = nnicompat.pbt_dirs(spec.parameters_json, checkpoint_env.get(sdk.ENV_CHECKPOINT_DIR, ""), spec.node_rank)
+        if pbt is not None:  # on every rank: NNI's own paths are only names, never directories to write
             t.spec = spec = dataclasses.replace(spec, parameters_json=pbt.parameters_json)
             t.saves_left = pbt.step
         held = None

@@ -17,3 +17,8 @@ TOKEN_METADATA_KEY = "x-trialkeeper-token"
 #: cloud platforms can tell whose agent a process or job is.
 EXPERIMENT_ENV = "TRIALKEEPER_EXPERIMENT_ID"
 ENVIRONMENT_ENV = "TRIALKEEPER_ENVIRONMENT_ID"
+#: The trial parameters NNI's PBT tuner names a trial's checkpoints by: the path it loads
+#: its state from and the one it saves it to. The coordinator's search follows which trial
+#: saved under each; the agent points them at directories of the trial's own.
+PBT_LOAD = "load_checkpoint_dir"
+PBT_SAVE = "save_checkpoint_dir"

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from trialkeeper.protos.wire import PBT_LOAD, PBT_SAVE
+
 from .assessors import Assessor, AssessorError
 from .space import is_batch_tuner
 from .tuners import NoMoreTrials, PastTrial, TryLater, Tuner, TunerError, normalized
@@ -66,11 +68,13 @@ _EXTRAS: dict[str, str] = {
 # without either, the names start with PBT_NAMES.
 CHECKPOINT_VARIABLE = "NNI_CHECKPOINT_DIRECTORY"
 PBT_NAMES = "nni-checkpoints"
-PBT_LOAD, PBT_SAVE = "load_checkpoint_dir", "save_checkpoint_dir"
+_PBT_MODULE = "nni.algorithms.hpo.pbt_tuner"
 
 
 def is_pbt(name: object, class_name: object = None) -> bool:
-    """Whether a tuner is NNI's PBT, by its name or its class."""
+    """Whether a config's tuner is NNI's PBT, by its name or its class's path, as far as
+    they tell without importing it (a subclass under another name is known once its
+    class is imported, by is_pbt_class)."""
     if name == "pbt":  # in lower case, the built-in one
         return False
     if isinstance(name, str):
@@ -78,9 +82,16 @@ def is_pbt(name: object, class_name: object = None) -> bool:
     return isinstance(class_name, str) and class_name.replace(":", ".").endswith(".PBTTuner")
 
 
-def _pbt_args(name: object, class_name: object, class_args: dict[str, Any]) -> dict[str, Any]:
+def is_pbt_class(cls: object) -> bool:
+    """Whether ``cls`` is NNI's PBTTuner or a subclass of it, under whatever name. Such a
+    class was made after NNI's module of it was imported: without that module, none is."""
+    base = getattr(sys.modules.get(_PBT_MODULE), "PBTTuner", None)
+    return isinstance(base, type) and isinstance(cls, type) and issubclass(cls, base)
+
+
+def _pbt_args(pbt: bool, class_args: dict[str, Any]) -> dict[str, Any]:
     """NNI's PBT needs all_checkpoint_dir, a name only here: its default when nothing gives one."""
-    if not is_pbt(name, class_name) or not isinstance(class_args, dict):
+    if not pbt or not isinstance(class_args, dict):
         return class_args
     if class_args.get("all_checkpoint_dir") or os.environ.get(CHECKPOINT_VARIABLE):
         return class_args
@@ -167,7 +178,7 @@ def create_nni_tuner(name: str, class_args: dict[str, Any], search_space: dict[s
     if key in NNI_ADVISOR_NAMES:
         return create_nni_advisor(name, class_args, search_space)
     nni_name = NNI_TUNER_NAMES[key]
-    built = _build(nni_name, _pbt_args(name, None, class_args), "tuners", TunerError)
+    built = _build(nni_name, _pbt_args(is_pbt(name), class_args), "tuners", TunerError)
     return NniTuner(built, search_space, class_args, nni_name)
 
 
@@ -195,7 +206,7 @@ def create_nni_assessor(name: str, class_args: dict[str, Any]) -> Assessor:
 
 def nni_custom_tuner(class_name: str, cls: Any, class_args: dict[str, Any], search_space: dict[str, Any]) -> Tuner:
     """A user's own NNI tuner class (``className`` + ``codeDirectory``)."""
-    args = _pbt_args(None, f"{cls.__module__}.{getattr(cls, '__name__', '')}", class_args)
+    args = _pbt_args(is_pbt_class(cls), class_args)
     return NniTuner(_custom(class_name, cls, args, "tuner", TunerError), search_space, class_args, class_name)
 
 
@@ -249,7 +260,7 @@ class NniTuner(Tuner):
         self._adopted: set[int] = set()
         # NNI's PBT: which parameter id's trial saved under each save_checkpoint_dir, and the
         # one whose checkpoint each new trial starts from (what its load_checkpoint_dir names).
-        self._pbt = type(tuner).__name__ == "PBTTuner"
+        self._pbt = is_pbt_class(type(tuner))
         self._saved_by: dict[str, int] = {}
         self._sources: dict[int, int] = {}
         try:
@@ -310,7 +321,7 @@ class NniTuner(Tuner):
         keeps the request, to answer later through a callback of NNI's manager; here the
         request is taken back and asked again once a trial ends."""
         t = self.nni_tuner
-        if type(t).__name__ != "PBTTuner" or not getattr(t, "param_ids", None) or not getattr(t, "credit", 0):
+        if not self._pbt or not getattr(t, "param_ids", None) or not getattr(t, "credit", 0):
             return False
         t.credit -= 1
         t.param_ids.pop()

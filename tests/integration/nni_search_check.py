@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from trialkeeper.coordinator.search.search import (
     TrialEnded,
     TrialSubmitted,
 )
-from trialkeeper.coordinator.search.tuners import PastTrial, TunerError
+from trialkeeper.coordinator.search.tuners import PastTrial, Tuner, TunerError
 
 warnings.filterwarnings("ignore")
 MIXED = {"x": {"_type": "uniform", "_value": [0, 1]}, "k": {"_type": "choice", "_value": [1, 2, 3]}}
@@ -57,6 +58,14 @@ class Countdown(Tuner):
         return {"x": self.n}
     def receive_trial_result(self, parameter_id, parameters, value, **kwargs):
         pass
+'''
+
+# A user's own PBT: NNI's, under another class name.
+USER_PBT = '''
+from nni.algorithms.hpo.pbt_tuner import PBTTuner
+
+class Generations(PBTTuner):
+    pass
 '''
 
 
@@ -151,7 +160,10 @@ def main() -> None:
     }
     report["hyperband"] = hyperband()
     report["pbt_defaults"] = pbt_with_its_defaults()
-    report["pbt_sources"] = pbt_sources()
+    report["pbt_sources"] = pbt_sources(lambda args: create_tuner("PBT", None, args, MIXED))
+    (code / "my_population.py").write_text(USER_PBT)
+    report["pbt_subclass"] = pbt_sources(
+        lambda args: create_tuner(None, "my_population.Generations", args, MIXED, str(code)))
     # BOHB, min_budget 1, max_budget 9, eta 3: 9 configurations for 1, the best 3 for 3, the best for 9.
     bohb = {"optimize_mode": "maximize", "min_budget": 1, "max_budget": 9, "eta": 3}
     report["bohb"] = rounds(create_tuner("BOHB", None, bohb, MIXED), 13)
@@ -213,12 +225,15 @@ def pbt_with_its_defaults() -> dict[str, Any]:
     }
 
 
-def pbt_sources() -> dict[str, Any]:
-    """NNI's PBT with no checkpoint directory given anywhere (as the embedding API builds it),
-    a population of 4 for three generations, each trial ended (scored by x) when PBT waits for
-    its generation: the trial each one starts from the checkpoint of."""
+def pbt_sources(build: Callable[[dict[str, Any]], Tuner]) -> dict[str, Any]:
+    """NNI's PBT, as ``build`` makes it with no checkpoint directory given anywhere (as the
+    embedding API builds it), a population of 4 for three generations, each trial ended (scored
+    by x) when PBT waits for its generation: the trial each one starts from the checkpoint of."""
     os.environ.pop("NNI_CHECKPOINT_DIRECTORY", None)
-    search = Search(create_tuner("PBT", None, {"optimize_mode": "maximize", "population_size": 4}, MIXED))
+    try:
+        search = Search(build({"optimize_mode": "maximize", "population_size": 4}))
+    except TunerError as e:
+        return {"trials": [], "failure": str(e)}
     trials: list[dict[str, Any]] = []
     running: list[tuple[str, dict[str, Any]]] = []
     while len(trials) < 12:

@@ -52,12 +52,25 @@ nni.report_final_result({
 """
 
 
-def run(tmp_path: Path, config: dict[str, Any], *, resume: bool = False) -> list[dict[str, Any]]:
+# The same on each node of a multi-node trial: every rank loads the model and saves its own,
+# as a script written for one node does, and says what it saw in a file of the test's.
+RANKS_TRIAL = TRIAL.replace("\nnni.report_final_result", """
+rank = int(os.environ["RANK"])
+if rank:
+    with open(os.path.join(p["save_checkpoint_dir"], "model.json"), "w") as f:
+        json.dump({"steps": -1, "by": -1, "rank": rank}, f)
+with open(os.path.join(SEEN, f"{os.environ['NNI_TRIAL_SEQ_ID']}-{rank}.json"), "w") as f:
+    json.dump({"load": p["load_checkpoint_dir"], "save": p["save_checkpoint_dir"], "state": state}, f)
+if rank == 0:
+    nni.report_final_result""")
+
+
+def run(tmp_path: Path, config: dict[str, Any], *, resume: bool = False, trial: str = TRIAL) -> list[dict[str, Any]]:
     """`trialkeeper run` (or `resume` of the experiment it ran) in NNI's interpreter; the stored
     trials in order."""
     python = nni_python()
     (tmp_path / "code").mkdir(exist_ok=True)
-    write_script(tmp_path / "code", "trial.py", TRIAL)
+    write_script(tmp_path / "code", "trial.py", trial)
     (tmp_path / "config.json").write_text(json.dumps({
         "trialCommand": f"{python} trial.py", "trialCodeDirectory": str(tmp_path / "code"),
         "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
@@ -148,3 +161,32 @@ def test_nnis_pbt_continues_each_model_on_remote_machines_sharing_no_directory(
     assert cached, "the remote agents kept no copy of the checkpoints they saved"
     names = tmp_path / "exp" / "nni-checkpoints"
     assert not names.exists() or not any(p.is_file() for p in names.rglob("*"))
+
+
+def test_every_node_of_a_multi_node_pbt_trial_loads_the_parents_model_and_writes_only_its_own_directory(
+    tmp_path: Path,
+) -> None:
+    # Two generations of a population of 2, each trial on 2 local agents at once.
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    trials = run(tmp_path, {
+        "trialConcurrency": 2, "trialNodes": 2, "maxTrialNumber": 4, "trainingService": {"platform": "local"},
+        "tuner": {"name": "PBT", "classArgs": {"optimize_mode": "maximize", "population_size": 2}},
+    }, trial=f"SEEN = {str(seen)!r}\n{RANKS_TRIAL}")
+    assert len(trials) == 4
+    check_lineage(trials, 2)
+    for t in trials:
+        rank0, rank1 = (json.loads((seen / f"{t['seq']}-{r}.json").read_text()) for r in (0, 1))
+        # Each node started from the same model, the parent's, in a directory of its own.
+        assert rank1["state"] == rank0["state"], (t["id"], rank0, rank1)
+        assert rank1["load"] == rank1["save"] != rank0["save"], (rank0, rank1)
+        assert os.path.isabs(rank1["save"]) and str(tmp_path / "code") not in rank1["save"], rank1
+    # What rank 1 left is not kept: each trial's checkpoint is rank 0's model.
+    held = tmp_path / "exp" / "checkpoints"
+    for t in trials:
+        models = [json.loads(p.read_text()) for p in (held / t["id"]).glob("*/model.json") if p.parent.name.isdigit()]
+        assert models and all(m["by"] == t["seq"] and "rank" not in m for m in models), (t["id"], models)
+    # Nothing was written where NNI's names point, nor in the code directory all nodes share.
+    names = tmp_path / "exp" / "nni-checkpoints"
+    assert not names.exists() or not any(p.is_file() for p in names.rglob("*"))
+    assert sorted(p.name for p in (tmp_path / "code").rglob("*")) == ["trial.py"]

@@ -380,8 +380,13 @@ def test_max_trial_number_counts_configurations_and_cuts_a_bracket_short_as_an_i
     assert runs[trials[5]["id"]] == (1, 3), runs  # two epochs more, from its checkpoint
 
 
-def test_nnis_pbt_starts_each_trial_from_the_checkpoint_its_load_checkpoint_dir_names(report: dict[str, Any]) -> None:
-    pbt = report["pbt_sources"]
+@pytest.mark.parametrize("tuner", ["pbt_sources", "pbt_subclass"])
+def test_nnis_pbt_starts_each_trial_from_the_checkpoint_its_load_checkpoint_dir_names(
+    report: dict[str, Any], tuner: str
+) -> None:
+    """NNI's PBT by name, and a user's subclass of it under another name (className): known
+    by its class, it gets the same default names and each trial the checkpoint it loads."""
+    pbt = report[tuner]
     assert pbt["failure"] == "" and len(pbt["trials"]) == 12
     saver = {t["parameters"]["save_checkpoint_dir"]: t["id"] for t in pbt["trials"]}
     for n, t in enumerate(pbt["trials"]):

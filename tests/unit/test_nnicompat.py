@@ -130,6 +130,18 @@ def test_a_pbt_trials_two_paths_are_its_own_checkpoint_directory() -> None:
     assert nnicompat.pbt_dirs(json.dumps(odd), "/live").step == 0  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("rank", [1, 3])
+def test_the_other_ranks_of_a_multi_node_pbt_trial_get_their_own_directory_never_saved(rank: int) -> None:
+    # NNI's names with no all_checkpoint_dir are relative: as they are, a rank would write
+    # them under its working directory (the shared code directory on Slurm).
+    nni = {"x": 0.5, "load_checkpoint_dir": "nni-checkpoints/0/1", "save_checkpoint_dir": "nni-checkpoints/1/2"}
+    live = f"/agent{rank}/cache/t1/live-0-cd"  # this rank's copy of the checkpoint the trial starts from
+    dirs = nnicompat.pbt_dirs(json.dumps(nni), live, rank)
+    assert dirs is not None and dirs.step is None  # what it leaves there is not saved
+    assert json.loads(dirs.parameters_json) == {"x": 0.5, "load_checkpoint_dir": live, "save_checkpoint_dir": live}
+    assert nnicompat.pbt_dirs(json.dumps(nni), live, 0).step == 2  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     "parameters",
     [
