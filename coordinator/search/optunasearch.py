@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 __all__ = ["OptunaAssessor", "OptunaTuner", "create_optuna_assessor", "create_optuna_tuner", "optuna_space_issues"]
 
 _PID_ATTR = "trialkeeper_parameter_id"
+# On the record a continued trial goes on in: the number of the PRUNED record its pause left.
+_CONTINUES_ATTR = "trialkeeper_continues"
 _SAMPLERS = {"tpe": "TPESampler", "cmaes": "CmaEsSampler", "gp": "GPSampler", "nsgaii": "NSGAIISampler",
              "nsga2": "NSGAIISampler", "qmc": "QMCSampler", "random": "RandomSampler"}
 _PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successivehalving": "SuccessiveHalvingPruner",
@@ -205,7 +207,7 @@ def create_optuna_tuner(
 ) -> OptunaTuner:
     """The Optuna tuner for ``tuner: {name: optuna, classArgs: args}``, optimizing the
     config's ``objectives`` when given."""
-    allowed = {"sampler", "sampler_args", "optimize_mode", "seed", "storage", "study_name"}
+    allowed = {"sampler", "sampler_args", "optimize_mode", "seed", "storage", "study_name", "tell_paused"}
     unexpected = sorted(set(args) - allowed)
     if unexpected:
         raise TunerError(
@@ -291,8 +293,11 @@ class OptunaTuner(Tuner):
         storage: str | None = None,
         study_name: str = "trialkeeper",
         objectives: Objectives | None = None,
+        tell_paused: bool = True,
     ) -> None:
         validate_search_space(search_space)
+        if not isinstance(tell_paused, bool):
+            raise TunerError(f"classArgs.tell_paused must be true or false, got {tell_paused!r}")
         issues = optuna_space_issues(search_space)
         if issues:
             raise SearchSpaceError([(f"search_space.{where}", why) for where, why in issues])
@@ -317,6 +322,10 @@ class OptunaTuner(Tuner):
             raise TunerError(f"classArgs.storage {shown!r}: cannot open the study: {type(e).__name__}: {why}") from e
         self._trials: dict[int, Any] = {}
         self._finals: dict[int, float] = {}
+        #: Whether a paused trial is told PRUNED (``trial_paused``); otherwise it stays RUNNING until it ends.
+        self.tell_paused = tell_paused
+        # Paused trials told PRUNED: parameter id -> (that record's number, its intermediate values).
+        self._paused: dict[int, tuple[int, dict[int, float]]] = {}
 
     def generate_parameters(self, parameter_id: int) -> dict[str, Any]:
         trial = self.study.ask()
@@ -347,9 +356,40 @@ class OptunaTuner(Tuner):
     def receive_trial_result(self, parameter_id: int, parameters: dict[str, Any], value: Any) -> None:
         self._finals[parameter_id] = value
 
+    def trial_paused(self, parameter_id: int) -> None:
+        """Tell the study what the paused trial reached, as Optuna's multi-fidelity does: its
+        trial becomes PRUNED with its intermediate values, which TPE ranks (by the last step
+        reached, then its value) among the trials it learns from. A continued trial goes on in
+        a fresh record (``trial_continued``); the PRUNED one stays as what the pause showed."""
+        trial = self._trials.get(parameter_id)
+        seen = {} if trial is None or not self.tell_paused else dict(self._intermediates(trial))
+        if not seen:  # nothing reported (or several objectives): it stays RUNNING until it ends
+            return
+        del self._trials[parameter_id]
+        self.study.tell(trial, state=self._optuna.trial.TrialState.PRUNED)
+        self._paused[parameter_id] = (trial.number, seen)
+
+    def trial_continued(self, parameter_id: int, parameters: dict[str, Any]) -> None:
+        """A trial told PRUNED at its pause goes on in a fresh record with ``parameters`` and
+        the intermediate values it had, told at its end as any trial."""
+        paused = self._paused.pop(parameter_id, None)
+        if paused is None:
+            return
+        number, seen = paused
+        self.adopt(parameter_id, parameters)
+        trial = self._trials[parameter_id]
+        trial.set_user_attr(_CONTINUES_ATTR, number)
+        for step, value in sorted(seen.items()):
+            trial.report(value, step)
+
+    @staticmethod
+    def _intermediates(trial: Any) -> dict[int, float]:
+        return trial.storage.get_trial(trial._trial_id).intermediate_values
+
     def trial_end(self, parameter_id: int, success: bool) -> None:
         trial = self._trials.pop(parameter_id, None)
         value = self._finals.pop(parameter_id, None)
+        self._paused.pop(parameter_id, None)  # ended while paused: its PRUNED record is its end
         if trial is None:
             return
         state = self._optuna.trial.TrialState
@@ -373,24 +413,33 @@ class OptunaTuner(Tuner):
     def resume(self, history: Sequence[PastTrial]) -> None:
         """Trials the study's storage holds are taken as they are; the others are told
         again with their parameters, intermediate results and end."""
+        # A trial continued after a pause has two records; its newest is the one it goes on in.
         stored = {t.user_attrs.get(_PID_ATTR): t for t in self.study.get_trials(deepcopy=False)}
+        pruned = self._optuna.trial.TrialState.PRUNED
         for t in history:
             old = stored.get(t.parameter_id)
+            if old is not None and t.status is None and t.paused and old.state is pruned:
+                self._paused[t.parameter_id] = (old.number, dict(old.intermediate_values))  # told at its pause
+                continue
             if old is not None and (t.status is not None or not old.state.is_finished()):
                 if not old.state.is_finished():
                     self._trials[t.parameter_id] = self._optuna.trial.Trial(self.study, old._trial_id)
                     self._report_missing(t)
-                    if t.status is not None:
-                        self._end(t)
+                    self._end_or_pause(t)
                 continue
             self.adopt(t.parameter_id, t.parameters)
             self._report_missing(t)
-            if t.status is not None:
-                self._end(t)
+            self._end_or_pause(t)
+
+    def _end_or_pause(self, t: PastTrial) -> None:
+        if t.status is not None:
+            self._end(t)
+        elif t.paused:
+            self.trial_paused(t.parameter_id)
 
     def _report_missing(self, t: PastTrial) -> None:
         trial = self._trials[t.parameter_id]
-        seen = trial.storage.get_trial(trial._trial_id).intermediate_values
+        seen = self._intermediates(trial)
         for step, value in enumerate(t.intermediate):
             if step not in seen:
                 self.receive_intermediate_result(t.parameter_id, step, value)

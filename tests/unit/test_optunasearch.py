@@ -7,11 +7,15 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.trial import TrialState
+from search_sim import Sim
 from trialkeeper.coordinator.config.experiment import parse_config
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import make_search as _search
 from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
+from trialkeeper.coordinator.search.asha import Asha
 from trialkeeper.coordinator.search.optunasearch import (
+    OptunaTuner,
     create_optuna_mirror,
     flatten,
     optuna_space_issues,
@@ -19,7 +23,9 @@ from trialkeeper.coordinator.search.optunasearch import (
 from trialkeeper.coordinator.search.search import (
     IntermediateStored,
     Search,
+    TrialContinued,
     TrialEnded,
+    TrialPaused,
     TrialSubmitted,
 )
 from trialkeeper.coordinator.search.space import SearchSpaceError, validate_search_space
@@ -310,3 +316,125 @@ def test_a_mirror_keeps_parameters_outside_the_space_as_user_attributes() -> Non
     (trial,) = mirror.study.trials
     assert trial.user_attrs["TRIAL_BUDGET"] == 9 and "TRIAL_BUDGET" not in trial.params
     assert same_params(flatten(SPACE, p), trial.params)
+
+
+# ---- paused trials: what TPE learns from them ------------------------------------------------------
+
+ONE: dict[str, Any] = {"x": {"_type": "uniform", "_value": [0.0, 1.0]}}
+
+
+def near(x: float, best: float = 0.9) -> float:
+    return 1.0 - abs(x - best)
+
+
+def start_and_pause(search: Search, tid: str, pid: int, results: int = 2, best: float = 0.9) -> dict[str, Any]:
+    p = search.propose(pid)
+    assert p is not None
+    search.handle(TrialSubmitted(tid, pid, p))
+    for step in range(results):
+        search.handle(IntermediateStored(tid, near(p["x"], best) * (step + 1) / results))
+    search.handle(TrialPaused(tid, "waits at a rung"))
+    return p
+
+
+def test_a_paused_trial_is_told_pruned_with_what_it_reached_and_tpe_learns_from_it() -> None:
+    told = create_tuner("optuna", None, {"sampler": "TPE", "seed": 0}, ONE)
+    assert isinstance(told, OptunaTuner)
+    search = Search(told)
+    params = [start_and_pause(search, f"t{pid}", pid) for pid in range(20)]
+    # What TPE reads of its study: the COMPLETE and PRUNED trials, a PRUNED one ranked by its last step's value.
+    seen = told.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert [t.state for t in seen] == [TrialState.PRUNED] * 20
+    assert [t.intermediate_values for t in seen] == [{0: near(p["x"]) / 2, 1: near(p["x"])} for p in params]
+    assert [t.params["x"] for t in seen] == [p["x"] for p in params]
+
+    def proposed_after_pauses(tell_paused: bool, best: float) -> float:
+        """The mean of what TPE proposes after 20 trials paused with curves that peak at ``best``."""
+        search = Search(create_tuner("optuna", None, {"seed": 0, "tell_paused": tell_paused}, ONE))
+        for pid in range(20):
+            start_and_pause(search, f"t{pid}", pid, best=best)
+        xs = [p["x"] for p in (search.propose(pid) for pid in range(20, 50)) if p is not None]
+        return sum(xs) / len(xs)
+
+    # Told: TPE proposes towards where the paused trials did best.
+    assert proposed_after_pauses(True, 0.9) > proposed_after_pauses(True, 0.1) + 0.2
+    # tell_paused: false leaves them RUNNING: TPE learns nothing from them, its proposals do not depend on them.
+    assert proposed_after_pauses(False, 0.9) == proposed_after_pauses(False, 0.1)
+    with pytest.raises(TunerError, match="classArgs.tell_paused must be true or false, got 'no'"):
+        create_tuner("optuna", None, {"tell_paused": "no"}, ONE)
+
+
+def test_a_continued_trial_goes_on_in_a_fresh_record_and_ends_there() -> None:
+    tuner = create_tuner("optuna", None, {"sampler": "TPE", "seed": 1}, ONE)
+    assert isinstance(tuner, OptunaTuner)
+    search = Search(tuner)
+    p = start_and_pause(search, "t0", 0)
+    given_up = start_and_pause(search, "t1", 1, results=1)
+    search.handle(TrialContinued("t0"))
+    search.handle(IntermediateStored("t0", 0.95))
+    search.handle(TrialEnded("t0", TrialStatus.SUCCEEDED, 0.97))
+    search.handle(TrialEnded("t1", TrialStatus.EARLY_STOPPED, None))  # paused, never continued
+    trials = tuner.study.get_trials()
+    assert [(t.number, t.state) for t in trials] == [(0, TrialState.PRUNED), (1, TrialState.PRUNED),
+                                                     (2, TrialState.COMPLETE)]
+    frozen, stopped, ended = trials
+    assert frozen.intermediate_values == {0: near(p["x"]) / 2, 1: near(p["x"])} and frozen.params == p
+    assert frozen.value == near(p["x"])
+    assert stopped.intermediate_values == {0: near(given_up["x"])}
+    assert ended.params == p and ended.value == 0.97
+    assert ended.intermediate_values == {**frozen.intermediate_values, 2: 0.95}
+    assert ended.user_attrs == {"trialkeeper_parameter_id": 0, "trialkeeper_continues": 0}
+    assert tuner.trial(0) is None and tuner.trial(1) is None
+
+
+def test_a_trial_paused_at_a_resume_keeps_its_pruned_record_and_goes_on_when_continued(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    args = {"sampler": "TPE", "seed": 3, "storage": url}
+    search = Search(create_tuner("optuna", None, args, ONE, experiment_id="e1"))
+    p = start_and_pause(search, "t0", 0)
+    history = [PastTrial("t0", 0, p, (near(p["x"]) / 2, near(p["x"])), None, None, paused=True)]
+
+    resumed = create_tuner("optuna", None, args, ONE, experiment_id="e1")
+    again = Search(resumed)
+    again.resume(history)
+    assert [t.state for t in resumed.study.get_trials()] == [TrialState.PRUNED]  # nothing told twice
+    again.handle(TrialContinued("t0"))
+    again.handle(IntermediateStored("t0", 0.9))
+    again.handle(TrialEnded("t0", TrialStatus.SUCCEEDED, 0.91))
+    study = optuna.load_study(study_name="trialkeeper-e1", storage=url)
+    # Optuna gives a PRUNED trial its last intermediate value as its value.
+    pruned, ended = study.trials
+    assert (pruned.state, pruned.value, ended.state, ended.value) == (
+        TrialState.PRUNED, near(p["x"]), TrialState.COMPLETE, 0.91)
+    assert study.trials[1].intermediate_values == {0: near(p["x"]) / 2, 1: near(p["x"]), 2: 0.9}
+
+    # Without storage, the study is rebuilt from the history: the paused trial as PRUNED.
+    memory = create_tuner("optuna", None, {"sampler": "TPE", "seed": 3}, ONE)
+    Search(memory).resume(history)
+    (rebuilt,) = memory.study.get_trials()  # type: ignore[attr-defined]
+    assert rebuilt.state == TrialState.PRUNED and rebuilt.intermediate_values == {0: near(p["x"]) / 2, 1: near(p["x"])}
+
+
+def test_with_the_asha_assessor_every_pause_leaves_a_pruned_record_and_every_end_one_record() -> None:
+    tuner = create_tuner("optuna", None, {"sampler": "TPE", "seed": 4}, ONE)
+    assert isinstance(tuner, OptunaTuner)
+    sim = Sim(Search(tuner, Asha(max_resource=9, reduction_factor=3)), lambda p, e: near(p["x"]) * e / 9,
+              epochs=9, concurrency=2, max_trials=24).run()
+    records = tuner.study.get_trials()
+    by_pid: dict[int, list[Any]] = {}
+    for t in records:
+        by_pid.setdefault(t.user_attrs["trialkeeper_parameter_id"], []).append(t)
+    assert sim.events("paused") and sim.events("continued")
+    for t in sim.trials.values():
+        pauses = len(sim.events("paused", t.id))
+        kept = by_pid[t.parameter_id]
+        # A PRUNED record per pause, each continued one a fresh record; the last says how it ended.
+        assert len(kept) == 1 + len(sim.events("continued", t.id)) and len(kept) >= pauses
+        assert all(r.state == TrialState.PRUNED for r in kept[:-1])
+        last = kept[-1]
+        if t.end is TrialStatus.SUCCEEDED:
+            assert last.state == TrialState.COMPLETE and last.value == t.curve[-1]
+        else:
+            assert last.state == TrialState.PRUNED, (t.id, t.end, last.state)
+        assert max(last.intermediate_values) == len(t.curve) - 1
+    assert not tuner.study.get_trials(states=(TrialState.RUNNING,))
