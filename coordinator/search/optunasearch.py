@@ -293,7 +293,7 @@ class OptunaTuner(Tuner):
         storage: str | None = None,
         study_name: str = "trialkeeper",
         objectives: Objectives | None = None,
-        tell_paused: bool = True,
+        tell_paused: bool = False,
     ) -> None:
         validate_search_space(search_space)
         if not isinstance(tell_paused, bool):
@@ -322,7 +322,7 @@ class OptunaTuner(Tuner):
             raise TunerError(f"classArgs.storage {shown!r}: cannot open the study: {type(e).__name__}: {why}") from e
         self._trials: dict[int, Any] = {}
         self._finals: dict[int, float] = {}
-        #: Whether a paused trial is told PRUNED (``trial_paused``); otherwise it stays RUNNING until it ends.
+        #: Whether a paused trial is told PRUNED (``trial_paused``); by default it stays RUNNING until it ends.
         self.tell_paused = tell_paused
         # Paused trials told PRUNED: parameter id -> (that record's number, its intermediate values).
         self._paused: dict[int, tuple[int, dict[int, float]]] = {}
@@ -357,13 +357,14 @@ class OptunaTuner(Tuner):
         self._finals[parameter_id] = value
 
     def trial_paused(self, parameter_id: int) -> None:
-        """Tell the study what the paused trial reached, as Optuna's multi-fidelity does: its
-        trial becomes PRUNED with its intermediate values, which TPE ranks (by the last step
-        reached, then its value) among the trials it learns from. A continued trial goes on in
-        a fresh record (``trial_continued``); the PRUNED one stays as what the pause showed."""
+        """With ``tell_paused``, tell the study what the paused trial reached, as Optuna's
+        multi-fidelity does: its trial becomes PRUNED with its intermediate values, which TPE
+        ranks (by the last step reached, then its value) among the trials it learns from. A
+        continued trial goes on in a fresh record (``trial_continued``); the PRUNED one stays
+        as what the pause showed. Without, it stays RUNNING until it ends."""
         trial = self._trials.get(parameter_id)
         seen = {} if trial is None or not self.tell_paused else dict(self._intermediates(trial))
-        if not seen:  # nothing reported (or several objectives): it stays RUNNING until it ends
+        if not seen:  # not told, or nothing reported (several objectives): RUNNING until it ends
             return
         del self._trials[parameter_id]
         self.study.tell(trial, state=self._optuna.trial.TrialState.PRUNED)

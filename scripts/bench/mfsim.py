@@ -7,9 +7,9 @@ Each family of slowcurves.py and each seed runs twice with the real search (``Se
 real Optuna tuner (TPE, seeded) and the real ``Asha`` assessor, driven by the experiment loop's
 real pass in virtual time (tests/search_sim.py: an epoch a tick, a pause at the next
 checkpoint, a continue ahead of new trials): ``told``
-is the tuner as it is by default (a paused trial is told to its study PRUNED with its
-intermediate values), ``running`` the tuner with ``tell_paused: false``, which leaves a
-paused trial RUNNING (TPE learns only from ended trials). Both stop after ``--budget``
+is the tuner with ``tell_paused: true`` (a paused trial is told to its study PRUNED with its
+intermediate values), ``running`` the tuner as it is by default, which leaves a paused trial
+RUNNING (TPE learns only from ended trials). Both stop after ``--budget``
 epochs trained in all. Printed per family and seed: the gap of the best score reported to
 the best known score of the seed (mfbench's ``optimum``), in %, for each; then the mean per
 family. ``--families faithful`` adds a control that does not start slow (the crossing

@@ -338,7 +338,7 @@ def start_and_pause(search: Search, tid: str, pid: int, results: int = 2, best: 
 
 
 def test_a_paused_trial_is_told_pruned_with_what_it_reached_and_tpe_learns_from_it() -> None:
-    told = create_tuner("optuna", None, {"sampler": "TPE", "seed": 0}, ONE)
+    told = create_tuner("optuna", None, {"sampler": "TPE", "seed": 0, "tell_paused": True}, ONE)
     assert isinstance(told, OptunaTuner)
     search = Search(told)
     params = [start_and_pause(search, f"t{pid}", pid) for pid in range(20)]
@@ -358,14 +358,14 @@ def test_a_paused_trial_is_told_pruned_with_what_it_reached_and_tpe_learns_from_
 
     # Told: TPE proposes towards where the paused trials did best.
     assert proposed_after_pauses(True, 0.9) > proposed_after_pauses(True, 0.1) + 0.2
-    # tell_paused: false leaves them RUNNING: TPE learns nothing from them, its proposals do not depend on them.
+    # tell_paused: false (the default) leaves them RUNNING: TPE learns nothing from them.
     assert proposed_after_pauses(False, 0.9) == proposed_after_pauses(False, 0.1)
     with pytest.raises(TunerError, match="classArgs.tell_paused must be true or false, got 'no'"):
         create_tuner("optuna", None, {"tell_paused": "no"}, ONE)
 
 
 def test_a_continued_trial_goes_on_in_a_fresh_record_and_ends_there() -> None:
-    tuner = create_tuner("optuna", None, {"sampler": "TPE", "seed": 1}, ONE)
+    tuner = create_tuner("optuna", None, {"sampler": "TPE", "seed": 1, "tell_paused": True}, ONE)
     assert isinstance(tuner, OptunaTuner)
     search = Search(tuner)
     p = start_and_pause(search, "t0", 0)
@@ -389,7 +389,7 @@ def test_a_continued_trial_goes_on_in_a_fresh_record_and_ends_there() -> None:
 
 def test_a_trial_paused_at_a_resume_keeps_its_pruned_record_and_goes_on_when_continued(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    args = {"sampler": "TPE", "seed": 3, "storage": url}
+    args = {"sampler": "TPE", "seed": 3, "storage": url, "tell_paused": True}
     search = Search(create_tuner("optuna", None, args, ONE, experiment_id="e1"))
     p = start_and_pause(search, "t0", 0)
     history = [PastTrial("t0", 0, p, (near(p["x"]) / 2, near(p["x"])), None, None, paused=True)]
@@ -409,14 +409,14 @@ def test_a_trial_paused_at_a_resume_keeps_its_pruned_record_and_goes_on_when_con
     assert study.trials[1].intermediate_values == {0: near(p["x"]) / 2, 1: near(p["x"]), 2: 0.9}
 
     # Without storage, the study is rebuilt from the history: the paused trial as PRUNED.
-    memory = create_tuner("optuna", None, {"sampler": "TPE", "seed": 3}, ONE)
+    memory = create_tuner("optuna", None, {"sampler": "TPE", "seed": 3, "tell_paused": True}, ONE)
     Search(memory).resume(history)
     (rebuilt,) = memory.study.get_trials()  # type: ignore[attr-defined]
     assert rebuilt.state == TrialState.PRUNED and rebuilt.intermediate_values == {0: near(p["x"]) / 2, 1: near(p["x"])}
 
 
 def test_with_the_asha_assessor_every_pause_leaves_a_pruned_record_and_every_end_one_record() -> None:
-    tuner = create_tuner("optuna", None, {"sampler": "TPE", "seed": 4}, ONE)
+    tuner = create_tuner("optuna", None, {"sampler": "TPE", "seed": 4, "tell_paused": True}, ONE)
     assert isinstance(tuner, OptunaTuner)
     sim = Sim(Search(tuner, Asha(max_resource=9, reduction_factor=3)), lambda p, e: near(p["x"]) * e / 9,
               epochs=9, concurrency=2, max_trials=24).run()
