@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common import read_times
-from peer_nni import free_port, grid_experiment, wait_for_trials
+from peer_nni import grid_experiment, start, wait_for_trials
 
 NNI_TRIAL = """
 import nni
@@ -144,7 +144,7 @@ def _nni(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     os.environ["BENCH_TIMES"] = str(times)  # NNI's trials inherit the manager's environment
     exp = grid_experiment(code, d / "exp", a.n, a.width)
     t0 = time.perf_counter()
-    exp.start(free_port())
+    start(exp)
     out["manager_start_s"] = time.perf_counter() - t0
     t = time.perf_counter()
     try:
