@@ -439,11 +439,12 @@ def cached_digest(copy: Path) -> str | None:
 
 
 def drop_older(root: Path, keep: int) -> None:
-    """Only the newest local copy of a trial is kept."""
+    """Only the newest local copy of a trial is kept: the copies of steps before ``keep`` go.
+    A later step's copy stays: its save may be under way (this runs off the save's lock)."""
     with os.scandir(root) as entries:
         for entry in list(entries):
             name = entry.name.removesuffix(".json")
-            if name.isdigit() and int(name) != keep:
+            if name.isdigit() and int(name) < keep:
                 remove(Path(entry.path))
 
 

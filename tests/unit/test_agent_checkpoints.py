@@ -284,6 +284,18 @@ def test_only_the_newest_local_copy_is_kept_and_steps_must_increase(tmp_path: Pa
     run_async(body)
 
 
+def test_clearing_older_copies_leaves_a_later_step_being_saved(tmp_path: Path) -> None:
+    # Step 3's clean-up runs in the background once step 3 is recorded; by then step 4 may be
+    # placed and uploading. Only the steps before the kept one go.
+    for name, files in {"2": ["s"], "3": ["s"], "4": ["s", "blob"]}.items():
+        _tree(tmp_path / name, {f: b"x" for f in files})
+        (tmp_path / f"{name}.json").write_text("{}")
+    (tmp_path / "live-2-abc").mkdir()
+    cf.drop_older(tmp_path, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3", "3.json", "4", "4.json", "live-2-abc"]
+    assert sorted(p.name for p in (tmp_path / "4").iterdir()) == ["blob", "s"]
+
+
 def test_a_refused_save_gives_the_files_back_with_the_reason(tmp_path: Path) -> None:
     link = Link(lambda s: "no room left on the coordinator's disk")
 
