@@ -64,8 +64,10 @@ class JobScripts:
         """The job script of a group of environments (``request.group_members``, its own id
         first; ``env_dir`` the first's), and the script each of its tasks runs. The job has a
         node per member; ``srun`` starts one task on each, which runs the agent of the member
-        its rank (``SLURM_PROCID``) names, its output in that member's ``agent.log``. A task
-        that fails ends the others (``--kill-on-bad-exit``): the group lives and ends as one."""
+        its rank (``SLURM_PROCID``) names, its output in that member's ``agent.log``. The site's
+        prologue runs in each task, on its own node, before its agent (not in the job's script,
+        which runs on the first node only). A task that fails ends the others
+        (``--kill-on-bad-exit``): the group lives and ends as one."""
         members = request.group_members
         cases = []
         for i, member in enumerate(members):
@@ -74,16 +76,17 @@ class JobScripts:
             lines = self._agent(dataclasses.replace(request, env_id=member), member_dir)
             cases.append(f"{i}) exec >>{shlex.quote(str(member_dir / 'agent.log'))} 2>&1")
             cases += [*lines, ";;"]
-        task = ["#!/bin/sh", 'case "${SLURM_PROCID:?srun sets it}" in', *cases, "esac",
+        task = ["#!/bin/sh", *self.prologue, 'case "${SLURM_PROCID:?srun sets it}" in', *cases, "esac",
                 'echo "task $SLURM_PROCID is beyond the group" >&2', "exit 2"]
         srun = ["srun", f"--nodes={len(members)}", f"--ntasks={len(members)}", "--ntasks-per-node=1",
                 "--kill-on-bad-exit=1", "/bin/sh", str(env_dir / "task.sh")]
-        job = [*self._header(request, env_dir), "exec " + shlex.join(srun)]
+        job = [*self._header(request, env_dir, prologue=False), "exec " + shlex.join(srun)]
         return "\n".join(job) + "\n", "\n".join(task) + "\n"
 
-    def _header(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
+    def _header(self, request: EnvironmentRequest, env_dir: Path, *, prologue: bool = True) -> list[str]:
         directives = [*self.fixed_options(request, env_dir), *self.directives]
-        return ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives), *self.prologue]
+        return ["#!/bin/sh", *(f"#SBATCH {_quote_directive(d)}" for d in directives),
+                *(self.prologue if prologue else ())]
 
     def _agent(self, request: EnvironmentRequest, env_dir: Path) -> list[str]:
         """Shell lines that run ``request``'s agent under the supervisor, in its place."""

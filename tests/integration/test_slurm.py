@@ -456,12 +456,14 @@ def test_config_becomes_sbatch_options(tmp_path: Path) -> None:
 
 def test_a_group_is_one_job_of_a_node_per_member_and_ends_as_one(tmp_path: Path, cluster: SlurmCluster) -> None:
     """jobPerTrial: a group of two environments is one `sbatch --nodes=2` job whose srun runs
-    each member's agent on a node of its own (the member its SLURM_PROCID names); stopping
-    one member cancels the job, and the other ends with it."""
+    each member's agent on a node of its own (the member its SLURM_PROCID names), after the
+    site's prologue ran on that node; stopping one member cancels the job, and the other ends
+    with it."""
     experiment_id = f"gr{os.getpid()}"
+    ran = tmp_path / "prologue-ran"
 
     async def body() -> None:
-        service = _service(tmp_path, jobPerTrial=True)
+        service = _service(tmp_path, jobPerTrial=True, prologue=[f'echo "$SLURMD_NODENAME" >> {ran}'])
         assert service.groups_environments
         members = ("env-1", "env-2")
         results = await service.start_group("env-1", [_request(e, experiment_id) for e in members])
@@ -487,6 +489,7 @@ def test_a_group_is_one_job_of_a_node_per_member_and_ends_as_one(tmp_path: Path,
             return sorted(found)
 
         await async_wait_until(lambda: agents() == list(members), WAIT_S)
+        assert sorted(ran.read_text().split()) == ["node-1", "node-2"]  # once on each node, not in the job's script
         await service.stop("env-2", grace_s=0.0)
         # scancel ends the whole job (a loaded machine may take Slurm's KillWait to do it)
         await async_wait_until(lambda: not _experiment_jobs(cluster, experiment_id), WAIT_S,
