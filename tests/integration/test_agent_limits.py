@@ -375,7 +375,10 @@ if os.fork() == 0:
     os.rename("orphan.pid.tmp", "orphan.pid")
     os._exit(0)
 os.wait()
+deadline = time.monotonic() + 20
 while not os.path.exists("orphan.pid"):
+    if time.monotonic() > deadline:
+        sys.exit("the orphan never wrote its pid")
     time.sleep(0.01)
 pid = int(open("orphan.pid").read())
 deadline = time.monotonic() + 20

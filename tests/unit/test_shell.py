@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import async_wait_until
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.engine import Engine
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
@@ -196,10 +197,9 @@ def test_a_group_of_environments_is_started_in_one_call_and_each_member_answered
         shell.apply(engine.start(now=loop_time(), wall=1.7e9))  # as the coordinator does
         shell.handle(ev.TrialSubmitted("g", {"x": 1}, "python trial.py", 0, 0, nodes=3))
         shell.handle(ev.Ticked())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while any(e.status is EnvStatus.REQUESTED for e in engine.envs.values()) and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        await async_wait_until(
+            lambda: engine.envs and not any(e.status is EnvStatus.REQUESTED for e in engine.envs.values()), 20.0,
+            interval=0.01, message="the group's environments were never started")
         states = {e.id: (e.status, e.platform_id) for e in engine.envs.values()}
         ids = sorted(states)
         assert len(ids) == 3
