@@ -19,6 +19,7 @@ from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
 from trialkeeper.coordinator.store.store import Store
 
 EPOCHS = 8
+POPULATION = 4
 
 # A model whose state grows each epoch by what its learning rate gives (best near 0.01). The
 # state file says which trial's run wrote it; each run appends to runs.jsonl where it started,
@@ -39,8 +40,16 @@ if start:
 with open({log!r}, "a") as f:
     f.write(json.dumps({{"trial": me, "start": start, "from": state["owner"], "lr": p["lr"]}}) + "\\n")
 state["owner"] = me
+# The population trains side by side: a first run waits (60 s at most) until every trial has begun,
+# so however staggered their starts, each ranking sees all of them still going.
+deadline = time.monotonic() + 60
+while not start and time.monotonic() < deadline:
+    with open({log!r}) as f:
+        if sum(json.loads(line)["start"] == 0 for line in f) >= {population}:
+            break
+    time.sleep(0.05)
 for epoch in range(start, {epochs}):
-    time.sleep(0.3)  # long enough that the population overlaps even when its starts are staggered
+    time.sleep(0.3)  # an epoch's work
     state["value"] += math.exp(-(math.log10(p["lr"]) + 2) ** 2)
     state["epoch"] = epoch + 1
     trial.report_intermediate_result(state["value"])
@@ -49,6 +58,11 @@ for epoch in range(start, {epochs}):
     trial.save_checkpoint(epoch + 1)
 trial.report_final_result(state["value"])
 """
+
+
+def _write_trial(tmp_path: Path, epochs: int) -> None:
+    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.jsonl"), epochs=epochs,
+                                                   population=POPULATION))
 
 
 def _runs(tmp_path: Path) -> list[dict[str, Any]]:
@@ -64,7 +78,7 @@ def _gain(lr: float) -> float:
 def test_pbt_continues_bottom_trials_from_top_trials_checkpoints_with_explored_parameters(
     tmp_path: Path, storage: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.jsonl"), epochs=EPOCHS))
+    _write_trial(tmp_path, EPOCHS)
     where: dict[str, Any] = {}
     if storage == "object storage":  # the agents write and read the bucket; the copy is read from there
         s3: S3Server = request.getfixturevalue("s3_server")
@@ -74,7 +88,7 @@ def test_pbt_continues_bottom_trials_from_top_trials_checkpoints_with_explored_p
     config = build_config(
         tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=4, **where,
         searchSpace={"lr": {"_type": "loguniform", "_value": [1e-5, 1.0]}},
-        tuner={"name": "pbt", "classArgs": {"population_size": 4, "perturbation_interval": 2, "seed": 7,
+        tuner={"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 2, "seed": 7,
                                             "resample_probability": 0.0}},
     )
     result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
@@ -114,11 +128,11 @@ def test_pbt_continues_bottom_trials_from_top_trials_checkpoints_with_explored_p
 
 @pytest.mark.slow
 def test_a_stopped_pbt_experiment_resumes_its_population_and_goes_on_exploiting(tmp_path: Path) -> None:
-    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.jsonl"), epochs=16))
+    _write_trial(tmp_path, 16)
     config = build_config(
         tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=4,
         searchSpace={"lr": {"_type": "loguniform", "_value": [1e-5, 1.0]}},
-        tuner={"name": "pbt", "classArgs": {"population_size": 4, "perturbation_interval": 2, "seed": 11}},
+        tuner={"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 2, "seed": 11}},
     )
     exp = tmp_path / "exp"
 
