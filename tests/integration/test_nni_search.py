@@ -219,7 +219,10 @@ def test_a_resource_budget_ends_a_search_of_nnis_tuner_and_assessor(tmp_path: Pa
     assert len(trials) >= 3  # ten results a trial at most: the budget took several configurations
 
 
-@pytest.mark.skipif(importlib.util.find_spec("nni") is not None, reason="nni is installed in this interpreter")
+@pytest.mark.skipif(
+    importlib.util.find_spec("nni") is not None,
+    reason="checks the error shown without NNI, and nni is installed in this interpreter; runs in one without it",
+)
 def test_without_nni_its_names_say_what_to_install() -> None:
     with pytest.raises(
         TunerError,

@@ -27,7 +27,7 @@ trial.report_final_result({"default": accuracy, "accuracy": accuracy, "latency":
 def test_an_optuna_study_optimizes_two_keys_and_trials_shows_the_pareto_front(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    optuna = pytest.importorskip("optuna")
+    optuna = pytest.importorskip("optuna", reason="the optuna tuner needs optuna: pip install -e '.[optuna]'")
     write_script(tmp_path, "trial.py", TRIAL)
     config = build_config(
         tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=2, maxTrialNumber=12,

@@ -160,7 +160,10 @@ def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: 
 
 
 def test_tensorboard_shows_the_stored_results_when_no_trial_wrote_event_files(tmp_path: Path) -> None:
-    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="reading the written events needs tensorboard: pip install -e '.[dev]' (or pip install tensorboard)",
+    )
     exp = tmp_path / "exp"
     many_trials(exp, 3)  # three intermediate results each, no output directories
     store = Store.in_dir(exp)

@@ -22,7 +22,7 @@ from plotdata import two_objectives
 from test_ui_browser import WAIT_S, browser, console_errors, series_points, text  # noqa: F401 - browser: a fixture
 from trialkeeper.coordinator.store.store import MetricRow, Store
 
-webdriver = pytest.importorskip("selenium.webdriver")
+webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium: pip install -e '.[dev]'")
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 

@@ -426,7 +426,9 @@ def test_real_pynvml_never_raises() -> None:
     assert {s.uuid for s in samples} <= {g.uuid for g in inv.gpus}
 
 
-@pytest.mark.skipif(_nvml_loadable(), reason="this machine has an NVIDIA driver")
+@pytest.mark.skipif(
+    _nvml_loadable(), reason="checks the answer without a GPU driver, and this machine has one; runs where none loads"
+)
 def test_real_pynvml_without_driver_names_why() -> None:
     with GpuProbe() as probe:
         inv = probe.inventory()
@@ -437,7 +439,9 @@ def test_real_pynvml_without_driver_names_why() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _nvml_loadable(), reason="needs an NVIDIA driver")
+@pytest.mark.skipif(
+    not _nvml_loadable(), reason="needs an NVIDIA GPU and its driver (libnvidia-ml loads); runs on a machine with one"
+)
 def test_real_pynvml_with_driver_reports_gpus() -> None:
     with GpuProbe() as probe:
         inv = probe.inventory()

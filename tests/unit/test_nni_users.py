@@ -101,6 +101,6 @@ def test_grid_search_without_nni_says_what_a_continuous_space_needs() -> None:
     import importlib.util
 
     if importlib.util.find_spec("nni") is not None:
-        pytest.skip("NNI is installed here: GridSearch is NNI's class")
+        pytest.skip("checks the error shown without NNI, and NNI is installed here; runs in a venv without nni (.venv)")
     with pytest.raises(TunerError, match=r"NNI's grid search.*pip install 'trialkeeper\[nni\]'"):
         create_tuner("GridSearch", None, {}, MIXED)

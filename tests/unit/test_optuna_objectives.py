@@ -32,7 +32,7 @@ SAMPLERS = ["TPE", "NSGA-II", "GP"]
 
 def _needs(sampler: str) -> None:
     if sampler == "GP" and any(importlib.util.find_spec(m) is None for m in ("torch", "scipy")):
-        pytest.skip("Optuna's GPSampler needs torch and scipy, not installed here")
+        pytest.skip("Optuna's GPSampler needs torch and scipy, not installed here (pip install torch scipy)")
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
