@@ -43,7 +43,7 @@ def environment_census(model: ReadModel) -> EnvCensus:
     thousand environments ended cost a count, not a snapshot each."""
     counts: dict[str, int] = {}
     alive_rows = []
-    for row in model._read("environments", model.store.envs):
+    for row in model.read("environments", model.store.envs):
         status = _Fields(row).status("status", EnvStatus)
         key = status.value if status is not None else "UNREADABLE"
         counts[key] = counts.get(key, 0) + 1
@@ -53,14 +53,14 @@ def environment_census(model: ReadModel) -> EnvCensus:
         return EnvCensus(MappingProxyType(counts), ())
     active = model.active_by_environment()
     by_env = {env_id: [t.id for t in trials] for env_id, trials in active.items()}
-    samples = model._read("GPU samples", model.store.latest_gpu_samples)
+    samples = model.read("GPU samples", model.store.latest_gpu_samples)
     return EnvCensus(MappingProxyType(counts), tuple(model._env(r, by_env, active, samples) for r in alive_rows))
 
 
 def trial_durations(model: ReadModel, bounds: Sequence[float]) -> Durations:
     """How long the ended trials ran, counted in the store under each of ``bounds`` (seconds,
     ascending): one pass over the trials, whatever their number, kept until the trials change
-    (a trial that ends changes their counts by status)."""
+    (a trial that ends moves the store's change counter)."""
     return _durations.get(model, ("durations", tuple(bounds)), lambda: _count_durations(model, bounds))
 
 
@@ -89,7 +89,7 @@ def _count_durations(model: ReadModel, bounds: Sequence[float]) -> Durations:
 
     per_bucket = [0] * (len(bounds) + 1)
     total_s = 0.0
-    for b, n, seconds in model._read("trials", query):
+    for b, n, seconds in model.read("trials", query):
         per_bucket[int(b)] += int(n)
         total_s += float(seconds)
     under = list(itertools.accumulate(per_bucket[: len(bounds)]))

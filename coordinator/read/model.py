@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -79,27 +79,40 @@ class ReadModel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _read(self, what: str, query: Callable[[], _T]) -> _T:
+    def read(self, what: str, query: Callable[[], _T]) -> _T:
+        """``query()``, a read of the store: what the read side's modules ask of the store
+        beyond the snapshots. A store that cannot be read raises :class:`StoreError` naming
+        ``what`` was being read (the trials, the metrics, ...)."""
         try:
             return query()
         except sqlite3.DatabaseError as e:
             raise StoreError(f"cannot read the {what} of the experiment store {self.store.path}: {e}") from e
 
+    def changes(self) -> Hashable:
+        """What moves whenever a trial row or a result is written (a trial submitted, a status,
+        a result), and not otherwise: the store's change counter, one lookup. A store no version
+        that keeps it has opened for writing (none writes it then but an older version) gives
+        SQLite's count of the commits this connection has seen: any commit moves it."""
+        counted = self.read("store", self.store.changes)
+        if counted is not None:
+            return counted
+        return self.store, self.read("store", self.store.data_version)
+
     # -- trials
 
     def trials(self) -> tuple[TrialSnapshot, ...]:
-        return tuple(trial_snapshot(r) for r in self._read("trials", self.store.trials))
+        return tuple(trial_snapshot(r) for r in self.read("trials", self.store.trials))
 
     def trial(self, trial_id: str) -> TrialSnapshot | None:
-        row = self._read("trials", lambda: self.store.trial(trial_id))
+        row = self.read("trials", lambda: self.store.trial(trial_id))
         return None if row is None else trial_snapshot(row)
 
     def trial_detail(self, trial_id: str) -> TrialDetail | None:
         trial = self.trial(trial_id)
         if trial is None:
             return None
-        metrics = self._read("metrics", lambda: self.store.metrics(trial_id))
-        samples = [s for s in self._read("GPU samples", lambda: self.store.gpu_samples(trial_id=trial_id)) if _sane(s)]
+        metrics = self.read("metrics", lambda: self.store.metrics(trial_id))
+        samples = [s for s in self.read("GPU samples", lambda: self.store.gpu_samples(trial_id=trial_id)) if _sane(s)]
         usage = GpuUsage(samples=len(samples))
         if samples:
             usage = GpuUsage(
@@ -109,7 +122,7 @@ class ReadModel:
                 peak_memory_used_bytes=max(s.memory_used_bytes for s in samples),
                 gpus=tuple(sorted({s.uuid for s in samples})),
             )
-        events = self._read("events", lambda: self.store.events(trial_id))
+        events = self.read("events", lambda: self.store.events(trial_id))
         history = []
         for ev in events:
             f = _Fields(ev)
@@ -131,7 +144,7 @@ class ReadModel:
 
     def checkpoints(self, trial_id: str | None = None) -> list[CheckpointInfo]:
         """The checkpoints kept (of one trial, or of all), oldest first."""
-        rows = self._read("checkpoints", lambda: self.store.checkpoints(trial_id))
+        rows = self.read("checkpoints", lambda: self.store.checkpoints(trial_id))
         found = []
         for r in rows:
             f = _Fields(r)
@@ -146,13 +159,13 @@ class ReadModel:
         """Trials per status (a status this version does not know counts as UNREADABLE)."""
         known = {s.value for s in TrialStatus}
         counts: dict[str, int] = {}
-        for status, n in self._read("trials", self.store.trial_counts).items():
+        for status, n in self.read("trials", self.store.trial_counts).items():
             key = status if status in known else "UNREADABLE"
             counts[key] = counts.get(key, 0) + n
         return dict(sorted(counts.items()))
 
     def best(self, mode: str) -> TrialSnapshot | None:
-        row = self._read("trials", lambda: self.store.best_trial(descending=mode == "maximize"))
+        row = self.read("trials", lambda: self.store.best_trial(descending=mode == "maximize"))
         return None if row is None else trial_snapshot(row)
 
     # -- environments
@@ -164,30 +177,30 @@ class ReadModel:
         a page, whose trials and GPU samples alone are read). ``latest``: each one's ``trials``
         are only its latest ``latest`` (:meth:`trials_per_environment` counts them all), read
         in the store: a hundred thousand trials need not be read for a page of environments."""
-        rows = self._read("environments", lambda: self.store.envs(offset, limit))
+        rows = self.read("environments", lambda: self.store.envs(offset, limit))
         ids = None if limit is None else [r["id"] for r in rows]
         # Only the trials still waiting or running are read whole (their GPUs, whether they
         # stop): with a hundred thousand ended trials, an environment needs just their ids.
         active = self.active_by_environment()
         places = self.store.trial_places if latest is None else lambda: self.store.latest_trial_places(latest, ids)
         by_env: dict[str | None, list[str]] = {}
-        for tid, env_id, *_ in self._read("trials", places):
+        for tid, env_id, *_ in self.read("trials", places):
             if isinstance(tid, str) and (env_id is None or isinstance(env_id, str)):
                 by_env.setdefault(env_id, []).append(tid)
-        samples = self._read("GPU samples", lambda: self.store.latest_gpu_samples(ids))
+        samples = self.read("GPU samples", lambda: self.store.latest_gpu_samples(ids))
         return tuple(self._env(r, by_env, active, samples) for r in rows)
 
     def environment_count(self) -> int:
-        return self._read("environments", self.store.env_count)
+        return self.read("environments", self.store.env_count)
 
     def trials_per_environment(self, env_ids: Sequence[str] | None = None) -> dict[str | None, int]:
         """How many trials were placed on each environment (on those of ``env_ids`` when given)."""
-        return self._read("trials", lambda: self.store.trials_per_environment(env_ids))
+        return self.read("trials", lambda: self.store.trials_per_environment(env_ids))
 
     def active_by_environment(self) -> dict[str | None, list[TrialSnapshot]]:
         """The trials waiting or running, by the environment they are placed on."""
         active: dict[str | None, list[TrialSnapshot]] = {}
-        for t in map(trial_snapshot, self._read("trials", self.store.active_trials)):
+        for t in map(trial_snapshot, self.read("trials", self.store.active_trials)):
             active.setdefault(t.environment_id, []).append(t)
         return active
 
@@ -249,12 +262,12 @@ class ReadModel:
         """The config the experiment was started with (secrets redacted), with the limits
         ``trialkeeper update`` changed since; None when there is no experiment or its stored
         text cannot be read (the snapshot's ``unreadable`` says)."""
-        row = self._read("experiment", self.store.experiment)
+        row = self.read("experiment", self.store.experiment)
         if row is None:
             return None
         config = _Fields(row).json("config_json", lambda v: isinstance(v, dict), "a JSON object")
         if config is not None:  # with the limits `trialkeeper update` changed while it ran
-            updated = loads_or_none(self._read("meta", lambda: self.store.meta("updated_limits")))
+            updated = loads_or_none(self.read("meta", lambda: self.store.meta("updated_limits")))
             for name, key in _UPDATED_KEYS.items():
                 if isinstance(updated, dict) and name in updated:
                     config[key] = updated[name]
@@ -262,10 +275,10 @@ class ReadModel:
 
     def bound_address(self) -> str:
         """The address the experiment's coordinator listened on last ("" if never)."""
-        return self._read("meta", lambda: self.store.meta("bound_address")) or ""
+        return self.read("meta", lambda: self.store.meta("bound_address")) or ""
 
     def experiment(self) -> ExperimentSnapshot | None:
-        row = self._read("experiment", self.store.experiment)
+        row = self.read("experiment", self.store.experiment)
         if row is None:
             return None
         f = _Fields(row)
@@ -280,7 +293,7 @@ class ReadModel:
             directory=str(self.experiment_dir), coordinator_address=f.text("coordinator_address"),
             started_at=f.number("created_at"), ended_at=f.number("ended_at"), optimize_mode=mode,
             trials=MappingProxyType(counts), trial_count=sum(counts.values()),
-            metrics=self._read("metrics", self.store.metric_count),
+            metrics=self.read("metrics", self.store.metric_count),
             environments=self.environment_count(),
             best=self.best(mode), unreadable=tuple(f.notes),
         )

@@ -94,13 +94,13 @@ def trial_page(
         # By a parameter or a result key, SQLite reads the key out of every trial's JSON: the
         # order is kept (until the trials change), and each page is a slice of it.
         asked = {"where": where, "args": args, "key": key, "key_args": key_args, "descending": descending}
-        order = _orders.get(model, repr(sorted(asked.items())), lambda: model._read(
+        order = _orders.get(model, repr(sorted(asked.items())), lambda: model.read(
             "trials", lambda: model.store.trial_order(**asked)
         ))
         page = order[offset:offset + limit]
-        total, rows = len(order), model._read("trials", lambda: model.store.trials_by_rowid(page))
+        total, rows = len(order), model.read("trials", lambda: model.store.trials_by_rowid(page))
     else:
-        total, rows = model._read("trials", lambda: model.store.trials_page(
+        total, rows = model.read("trials", lambda: model.store.trials_page(
             where=where, args=args, key=key, key_args=key_args, descending=descending, offset=offset, limit=limit,
         ))
     return TrialPage(total=total, offset=offset, trials=tuple(trial_snapshot(r) for r in rows))
@@ -115,11 +115,11 @@ def every_trial(
 ) -> Iterator[TrialSnapshot]:
     """Every trial :func:`trial_page` would page through, in its order, read as they are used."""
     where, args, key, key_args = _selection(status, environment, search, sort, ids)
-    rows = model._read("trials", lambda: model.store.trials_sorted(
+    rows = model.read("trials", lambda: model.store.trials_sorted(
         where=where, args=args, key=key, key_args=key_args, descending=descending,
     ))
     while True:
-        row = model._read("trials", lambda: next(rows, None))
+        row = model.read("trials", lambda: next(rows, None))
         if row is None:
             return
         yield trial_snapshot(row)
@@ -133,11 +133,11 @@ def every_trial_values(
     the store holds them (unchecked: the caller reads them as :mod:`.rows` does), read as used,
     in lists of ``size`` trials (the last may hold fewer)."""
     where, args, key, key_args = _selection(status, environment, search, sort, ids)
-    rows = model._read("trials", lambda: model.store.trial_values_sorted(
+    rows = model.read("trials", lambda: model.store.trial_values_sorted(
         columns, where=where, args=args, key=key, key_args=key_args, descending=descending,
     ))
     n = len(columns)
-    while some := model._read("trials", lambda: rows.fetchmany(size)):
+    while some := model.read("trials", lambda: rows.fetchmany(size)):
         yield [row[:n] for row in some]
 
 
@@ -185,7 +185,7 @@ def sample(model: ReadModel, n: int) -> tuple[TrialSnapshot, ...]:
     """About ``n`` trials spread evenly over the submission order (every one when fewer)."""
     total = sum(model.trial_counts().values())
     step = -(-total // n) if n > 0 else total + 1
-    rows = model._read("trials", lambda: model.store.trials_every(step, n))
+    rows = model.read("trials", lambda: model.store.trials_every(step, n))
     return tuple(trial_snapshot(r) for r in rows)
 
 
@@ -195,7 +195,7 @@ def ended_series(model: ReadModel, mode: str, points: int = 400) -> tuple[EndedP
     each exact at its moment, the last always kept. Kept until the trials change."""
     return _series.get(model, ("ended", mode, points), lambda: tuple(
         EndedPoint(float(at), int(n), float(best) if best is not None else None)
-        for at, n, best in model._read("trials", lambda: model.store.ended_series(mode == "maximize", points))
+        for at, n, best in model.read("trials", lambda: model.store.ended_series(mode == "maximize", points))
     ))
 
 
@@ -204,19 +204,19 @@ _series: Kept[tuple[EndedPoint, ...]] = Kept()
 
 def parameter_names(model: ReadModel, recent: int = 1000) -> tuple[str, ...]:
     """The names of the parameters of the last ``recent`` trials."""
-    return tuple(model._read("trials", lambda: model.store.parameter_names(recent)))
+    return tuple(model.read("trials", lambda: model.store.parameter_names(recent)))
 
 
 def result_keys(model: ReadModel, recent: int = 1000) -> tuple[str, ...]:
     """The keys of the dict final results of the last ``recent`` trials, ``default`` first."""
-    keys = model._read("trials", lambda: model.store.result_keys(recent))
+    keys = model.read("trials", lambda: model.store.result_keys(recent))
     return tuple(sorted(keys, key=lambda k: k != "default"))
 
 
 def curves(model: ReadModel, trial_ids: Sequence[str]) -> dict[str, tuple[float, ...]]:
     """Each of these trials' intermediate results, in the order they were reported."""
     out: dict[str, list[float]] = {t: [] for t in trial_ids}
-    for m in model._read("metrics", lambda: model.store.metrics_of(list(trial_ids))):
+    for m in model.read("metrics", lambda: model.store.metrics_of(list(trial_ids))):
         if m.kind == "intermediate" and isinstance(m.value, (int, float)):
             out[m.trial_id].append(float(m.value))
     return {t: tuple(v) for t, v in out.items()}
@@ -226,7 +226,7 @@ def gpu_series(
     model: ReadModel, *, environment_id: str | None = None, trial_id: str | None = None
 ) -> tuple[GpuPoint, ...]:
     """The stored GPU samples of an environment or of a trial, oldest first."""
-    rows = model._read("GPU samples", lambda: model.store.gpu_samples(environment_id=environment_id, trial_id=trial_id))
+    rows = model.read("GPU samples", lambda: model.store.gpu_samples(environment_id=environment_id, trial_id=trial_id))
     return tuple(
         GpuPoint(float(r.at), r.environment_id, r.uuid, float(r.utilization), int(r.memory_used_bytes),
                  int(r.memory_total_bytes), r.trial_ids)

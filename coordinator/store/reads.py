@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.rows import GpuSampleRow, MetricRow
-from . import checkpointrows
+from . import changes, checkpointrows
 from . import metrics as metricstore
 
 #: The store's file in an experiment's directory.
@@ -348,6 +348,11 @@ class StoreReader:
         """A number that changes when another connection commits to the store (SQLite's
         ``PRAGMA data_version``): whether anything changed, without reading anything."""
         return int(self._db.execute("PRAGMA data_version").fetchone()[0])
+
+    def changes(self) -> int | None:
+        """The store's change counter (``changes``), which moves whenever a trial row or a result
+        is written: one lookup. None in a store no version that keeps it has opened for writing."""
+        return changes.read(self._db)
 
     def metric_count(self) -> int:
         """How many metrics are stored: the count add_runs keeps, or, in a store no

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..engine.events import Fact
 from ..engine.rows import GpuSampleRow, MetricRow, MetricRun
-from . import checkpointrows
+from . import changes, checkpointrows
 from . import metrics as metricstore
 from .facts import (
     CheckpointDigest,
@@ -157,7 +157,18 @@ class _Transaction:
         store = self._store
         store._depth -= 1
         if store._depth == 0:
-            store._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            changed, store._changed = store._changed, False
+            if exc_type is not None:
+                store._db.execute("ROLLBACK")
+                return
+            try:
+                if changed:  # trials or results were written: the counter moves with them
+                    store._db.execute(changes.MOVE)
+                store._db.execute("COMMIT")
+            except BaseException:
+                if store._db.in_transaction:
+                    store._db.execute("ROLLBACK")
+                raise
 
 
 # Columns added since a table was first made, with their definitions: a store made before
@@ -224,12 +235,14 @@ class Store(StoreReader):
                     "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
                 _add_missing_columns(self._db)
+                changes.install(self._db)
             except sqlite3.DatabaseError as e:
                 with contextlib.suppress(AttributeError):
                     self._db.close()
                 raise StoreError(f"cannot open the experiment store {path}: {e}") from e
             self._opened()
         self._depth = 0
+        self._changed = False  # whether the open transaction wrote trials or results
         self._metric_ends: dict[str, int] = {}  # see metricstore.insert
         self._transaction = _Transaction(self)
         self._gpu_rows = self.MAX_GPU_SAMPLES  # unknown: the first insert counts
@@ -243,10 +256,21 @@ class Store(StoreReader):
         """Group writes into one commit; nests (only the outermost commits)."""
         return self._transaction
 
-    def _write(self, sql: str, args: Sequence[Any] = ()) -> None:
+    def _changing(self) -> contextlib.AbstractContextManager[None]:
+        """The transaction of a write of trial rows or results: its commit moves the store's
+        change counter (``changes``)."""
+        self._changed = True
+        return self._transaction
+
+    def _write(self, sql: str, args: Sequence[Any] = (), *, trials: bool = False) -> None:
         # Outside a transaction one statement commits by itself (autocommit): one call to
-        # SQLite instead of three (BEGIN, the statement, COMMIT).
-        self._db.execute(sql, args)
+        # SQLite instead of three (BEGIN, the statement, COMMIT). A write of trial rows
+        # (``trials``) is in a transaction, which moves the change counter as it commits.
+        if trials:
+            with self._changing():
+                self._db.execute(sql, args)
+        else:
+            self._db.execute(sql, args)
 
     # ---- experiment --------------------------------------------------------------------
 
@@ -276,7 +300,7 @@ class Store(StoreReader):
     def _insert(self, table: str, row: Mapping[str, Any]) -> None:
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._write(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()))
+        self._write(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()), trials=table == "trials")
 
     def keep(self, fact: Fact) -> None:
         """Write what a fact of the decision core becomes (``facts.py`` says which rows)."""
@@ -293,14 +317,16 @@ class Store(StoreReader):
                 case WaitingReasons():
                     self.set_waiting_reasons(w.reasons)
                 case CheckpointKept():
-                    checkpointrows.record(self._db, w.checkpoint)
+                    with self._changing():  # the trial's checkpoint step
+                        checkpointrows.record(self._db, w.checkpoint)
                 case CheckpointGone():
                     checkpointrows.removed(self._db, w.trial_id, w.step, w.at)
                 case CheckpointDigest():
                     checkpointrows.set_digest(self._db, w.trial_id, w.step, w.digest)
                 case Superseded():
                     self._metric_ends.pop(w.trial_id, None)  # its results end before from_index now
-                    checkpointrows.supersede(self._db, w.trial_id, w.from_index, w.at, has_runs=True)
+                    with self._changing():
+                        checkpointrows.supersede(self._db, w.trial_id, w.from_index, w.at, has_runs=True)
 
     def update_trial(self, trial_id: str, **fields: Any) -> None:
         self._update("trials", "trial", TRIAL_COLUMNS, trial_id, fields)
@@ -310,7 +336,7 @@ class Store(StoreReader):
         if bad:
             raise ValueError(f"unknown {what} columns {sorted(bad)}")
         sets = ", ".join(f"{k} = ?" for k in fields)
-        self._write(f"UPDATE {table} SET {sets} WHERE id = ?", (*fields.values(), row_id))
+        self._write(f"UPDATE {table} SET {sets} WHERE id = ?", (*fields.values(), row_id), trials=table == "trials")
 
     def set_waiting_reasons(self, reasons: Mapping[str, str]) -> None:
         """Store why each of these waiting trials is not placed yet; only the reasons that
@@ -318,7 +344,7 @@ class Store(StoreReader):
         changed = [(r, tid) for tid, r in reasons.items() if self._waiting_reasons.get(tid) != r]
         if not changed:
             return
-        with self.transaction():
+        with self._changing():
             self._db.executemany("UPDATE trials SET waiting_reason = ? WHERE id = ?", changed)
         self._waiting_reasons.update((tid, r) for r, tid in changed)
 
@@ -336,6 +362,7 @@ class Store(StoreReader):
             added = metricstore.insert(self._db, runs, self._metric_ends)
             if added > 0:
                 self._db.execute("UPDATE meta SET value = value + ? WHERE key = 'metric_count'", (added,))
+                self._changed = True
 
     # ---- environments ------------------------------------------------------------------
 

@@ -79,7 +79,7 @@ class _Piece:
     def latest(self) -> list[Any]:
         ids = [r[ID] for r in self.rows]
         asked = [i for i in ids if isinstance(i, str)]
-        lasts = self.model._read("metrics", lambda: self.model.store.last_metrics_of(asked, "intermediate"))
+        lasts = self.model.read("metrics", lambda: self.model.store.last_metrics_of(asked, "intermediate"))
         got = [lasts.get(i) if isinstance(i, str) else None for i in ids]
         return [to_json(reported(last.value, last.value_json)) if last is not None else None for last in got]
 

@@ -99,7 +99,7 @@ def _final_metric_ranks(model: ReadModel) -> tuple[int, list[tuple[float, int]]]
         cached = _ranks_cache.get(where)
     if cached is not None and cached[0] == key:
         return cached[1]
-    ranks = model._read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
+    ranks = model.read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
     with _cache_lock:
         if len(_ranks_cache) > 16:
             _ranks_cache.clear()
@@ -132,7 +132,7 @@ def _sampled(model: ReadModel, t: TrialSnapshot) -> dict[str, Any]:
     status = t.status.value if t.status else None
     value, stopped = t.final_metric, False
     if value is None and status in STOPPED:
-        last = model._read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
+        last = model.read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
         if last is not None and isinstance(last.value, (int, float)):
             value, stopped = float(last.value), True
     return {"id": t.id, "status": status, "final_metric": t.final_metric, "value": value, "stopped": stopped,
@@ -167,7 +167,7 @@ def importance_input(model: ReadModel) -> dict[str, Any] | Pending:
     """The answer when the trials are as they were when it was computed; else what to compute
     it from: at most ``IMPORTANCE_TRIALS`` trials with a final metric, spread evenly."""
     counts = model.trial_counts()
-    key = (tuple(sorted(counts.items())), model._read("metrics", model.store.metric_count))
+    key = model.changes()  # moves whenever a trial or a result is written
     where = str(model.experiment_dir)
     with _cache_lock:
         cached = _cache.get(where)

@@ -146,7 +146,7 @@ def scalars(model: ReadModel, trial_id: str) -> list[tuple[str, float, int, floa
     """A trial's stored results as scalars: (tag, value, step, wall time) each; a dict result
     gives one per numeric key (``default`` under the bare kind)."""
     out = []
-    for m in model._read("metrics", lambda: model.store.metrics(trial_id)):
+    for m in model.read("metrics", lambda: model.store.metrics(trial_id)):
         result = reported(m.value, m.value_json)
         items = result.items() if isinstance(result, dict) else [("default", result)]
         for key, value in items:
@@ -169,7 +169,7 @@ def write_stored(model: ReadModel, trials: list[TrialSnapshot], plan: LogdirPlan
         done = {}
     for t in trials:
         name = run_name(t)
-        count = model._read("metrics", lambda t=t: model.store.next_metric_index(t.id))
+        count = model.read("metrics", lambda t=t: model.store.next_metric_index(t.id))
         if count == 0:
             continue
         plan.stored[name] = count

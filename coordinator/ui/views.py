@@ -104,7 +104,7 @@ def table_row(model: ReadModel, t: TrialSnapshot) -> dict[str, Any]:
     """A trial as the trials table shows it: with its latest intermediate result (as reported:
     a number, or a dict of keys), what a running or stopped trial is judged by."""
     data = trial_json(t)
-    last = model._read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
+    last = model.read("metrics", lambda: model.store.last_metric(t.id, "intermediate"))
     data["latest_intermediate"] = to_json(reported(last.value, last.value_json)) if last is not None else None
     data["latest_index"] = last.index if last is not None else None
     return data
