@@ -16,21 +16,22 @@ from trialkeeper.coordinator.experiment import LOG_FILENAME, resume_experiment, 
 from trialkeeper.coordinator.search.tuners import RandomTuner
 from trialkeeper.coordinator.store.store import Store
 
-# Reports its parameter x as every intermediate result, `steps` times, then as final.
+# Reports its parameter x as every intermediate result, `steps` times, then as final; with x below
+# `floor`, 300 times: a trial meant to be stopped runs until it is, however late the stop arrives.
 CURVE = """
 import time
 from trialkeeper.agent import trial
 
 p = trial.get_next_parameter()
-for step in range({steps}):
+for step in range({steps} if p["x"] >= {floor} else 300):
     time.sleep({pause})
     trial.report_intermediate_result(p["x"])
 trial.report_final_result(p["x"])
 """
 
 
-def _config(tmp_path: Path, steps: int, pause: float, **overrides: Any) -> Any:
-    write_script(tmp_path, "trial.py", CURVE.format(steps=steps, pause=pause))
+def _config(tmp_path: Path, steps: int, pause: float, floor: float = 0.0, **overrides: Any) -> Any:
+    write_script(tmp_path, "trial.py", CURVE.format(steps=steps, pause=pause, floor=floor))
     return build_config(tmp_path, trialCommand=f"{sys.executable} trial.py", **overrides)
 
 
@@ -49,7 +50,7 @@ def _metric_counts(exp: Path) -> dict[str, int]:
 @pytest.mark.slow
 def test_the_median_assessor_stops_hopeless_trials_and_their_slot_takes_the_next_at_once(tmp_path: Path) -> None:
     config = _config(
-        tmp_path, steps=20, pause=0.15, trialConcurrency=1,
+        tmp_path, steps=20, pause=0.15, floor=0.5, trialConcurrency=1,
         searchSpace={"x": {"_type": "choice", "_value": [0.5, 0.9, 0.1, 0.7, 0.2]}},
         tuner={"name": "grid"}, assessor={"name": "median"},
     )
@@ -64,7 +65,7 @@ def test_the_median_assessor_stops_hopeless_trials_and_their_slot_takes_the_next
     counts = _metric_counts(result.experiment_dir)
     for t in trials:
         if t.status is TrialStatus.EARLY_STOPPED:
-            assert counts[t.id] < 20 and t.final_metric is None
+            assert counts[t.id] < 300 and t.final_metric is None
             assert "stopped early by the assessor" in t.reason
     # The stopped trial's slot was given to the next trial before the stopped one had ended.
     assert trials[3].submitted_at < trials[2].ended_at  # type: ignore[operator]
