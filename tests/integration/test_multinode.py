@@ -122,6 +122,7 @@ trial.report_final_result(float(multihost_utils.process_allgather(jnp.array([ran
 jax.distributed.shutdown()
 """
 
+# Works for `s` seconds (the trial's length, the thing the scheduler plans around), then succeeds.
 SHORT = """
 import time
 from trialkeeper.agent import trial

@@ -158,9 +158,9 @@ from trialkeeper.agent import trial
 
 params = trial.get_next_parameter()
 Path(sys.argv[1], f"pid-{params['x']}").write_text(str(os.getpid()))
-if params["x"] == 0:
-    while True:  # held until its environment dies
-        time.sleep(0.1)
+deadline = time.monotonic() + 300
+while params["x"] == 0 and time.monotonic() < deadline:  # held until its environment dies (5 min at most)
+    time.sleep(0.1)
 trial.report_final_result(1.0)
 """
 
