@@ -140,6 +140,7 @@ def run_cli(
         store.close()
 
 
+# Ten results of x, each after a step's work (0.15 s), then x as final.
 CURVE = """
 import time
 from trialkeeper.agent import trial
