@@ -24,7 +24,7 @@ from typing import Any
 from .config.experiment import ExperimentConfig, config_to_dict
 from .config.platform import TrainingServiceConfig
 from .engine import submits
-from .engine.checkpoints import ContinueRequested, PauseRequested
+from .engine.checkpoints import ContinueRequested, PauseRequested, SavesHeard
 from .engine.engine import CANCEL_GRACE_S, Engine
 from .engine.events import CancelRequested, StopCompleted, StopRequested, TrialSubmitted, UpdateRequested
 from .engine.model import TrialInfo
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 UPDATED_META = "updated_limits"  # the store's meta entry of the limits changed while running
 LIMITS = ("trial_concurrency", "max_trial_number", "max_experiment_duration")  # what `update` may change
+# How long a trial's save waits, at most, for the checkpoint listeners that asked to judge it (hold_saves).
+SAVE_HOLD_S = 2.0
 
 # The stored statuses of the environments a resume takes back (one asked for but never
 # answered is failed instead).
@@ -126,6 +128,7 @@ class Coordinator(Listening):
         self._lock: ExperimentLock | None = None
         self._engine: Engine | None = None
         self._shell: Shell | None = None
+        self._save_hold_s = 0.0
         Listening.__init__(self)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -286,6 +289,7 @@ class Coordinator(Listening):
             checkpoints=files,
         )
         self._listen(engine, shell)
+        engine.save_hold_s = self._save_hold_s
         shell.on_failure = self._failed
         shell.checkpoints.mark()
         if self._resuming:
@@ -453,6 +457,23 @@ class Coordinator(Listening):
         self._trial_state(trial_id)
         assert self._shell is not None
         self._shell.handle(PauseRequested(trial_id, reason))
+
+    def hold_saves(self, hold_s: float = SAVE_HOLD_S) -> None:
+        """The :meth:`on_checkpoint` listeners decide on a trial at its save (pause it at a rung,
+        say): from now on a trial's save_checkpoint is answered only once :meth:`saves_heard` says
+        what they decided is carried out, so that a pause decided on the save (or on the results
+        before it) lands at that save. ``hold_s`` seconds at most: a stuck listener stalls no trial."""
+        if not 0 < hold_s <= 60:
+            raise ValueError(f"hold_s must be more than 0 and at most 60 seconds, got {hold_s!r}")
+        self._save_hold_s = hold_s
+        if self._engine is not None:
+            self._engine.save_hold_s = hold_s
+
+    def saves_heard(self) -> None:
+        """What the checkpoint listeners decided on the saves published so far is carried out
+        (a pause sent): those saves are answered now (see :meth:`hold_saves`)."""
+        if self._shell is not None and not self._shell.closed:
+            self._shell.handle(SavesHeard())
 
     async def resume_trial(self, trial_id: str, *, parameters: dict[str, Any] | None = None,
                            checkpoint_from: str = "") -> None:

@@ -188,8 +188,7 @@ async def _drive_in_scope(
 
     def on_checkpoint(ev: CheckpointSaved) -> None:
         loop.checkpointed(ev.trial_id)
-        if loop.changed:
-            changed.set()
+        changed.set()  # a pass answers the save (saves_heard), with what the search decided sent first
 
     def on_status(ev: StatusEvent) -> None:
         loop.status(ev)
@@ -199,6 +198,7 @@ async def _drive_in_scope(
         coordinator.on_metric(on_metric)
     if search.assessor is not None:  # it may judge a trial at its rung as soon as the trial can pause
         coordinator.on_checkpoint(on_checkpoint)
+        coordinator.hold_saves()  # a pause the search decides at a save lands at that save
     coordinator.on_status(on_status)
     started = time.monotonic()
     reason = ""
@@ -225,6 +225,8 @@ async def _drive_in_scope(
             loop.begin()
             while (order := loop.next_order()) is not None:
                 await _carry_out(coordinator, order)
+            # Nothing awaited since the last order: every save heard so far had its orders sent ahead of its ack.
+            coordinator.saves_heard()
             loop.submitted = await submit_customized(coordinator, search, steering, limits, loop.submitted, loop.to_do)
             trials = coordinator.trials()
             # A trial being stopped gives up its slot now: the next one is queued at once

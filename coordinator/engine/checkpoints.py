@@ -108,6 +108,12 @@ class ContinueRequested:
     checkpoint_from: str = ""
 
 
+@dataclass(frozen=True)
+class SavesHeard:
+    """The search has carried out what it decided on the saves published so far: the acks
+    held for them (``Engine.save_hold_s``) go out."""
+
+
 # ---- messages to agents ------------------------------------------------------------------------
 
 

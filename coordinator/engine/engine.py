@@ -53,6 +53,7 @@ class Engine:
         self._pausing = False  # the experiment stops to be resumed: its trials pause
         self._out: list[ev.Instruction] = []
         self.publish_checkpoints = False  # publish a CheckpointSaved per checkpoint recorded
+        self.save_hold_s = 0.0  # and hold the ack of its save until SavesHeard (this long at most)
         self.now = 0.0
         self.wall = 0.0
 
@@ -150,6 +151,8 @@ class Engine:
                 self._dirty = self.book.resume(event.trial_id, event.parameters, event.checkpoint_from) or self._dirty
             case ck.CheckpointFetchRequested():
                 self._fetch(event)
+            case ck.SavesHeard():
+                self.fleet.release_acks(due_only=False)
             case ck.CheckpointDigested():
                 ck.digested(self.book.trials.values(), event, self._out)
             case ev.EnvironmentStarted() | ev.EnvironmentStartFailed():
@@ -162,6 +165,7 @@ class Engine:
                 self._dirty = False
                 self._schedule()
                 self._reconcile()
+                self.fleet.release_acks(due_only=True)
                 self.fleet.store_gpu_rows()
             case ev.UpdateRequested():  # each machine decides with the new limits from now on
                 self.policy = self.book.policy = self.fleet.policy = self.supply.policy = event.policy
@@ -251,8 +255,8 @@ class Engine:
         self.supply.joined(joined.platform)
         if joined.lost:
             self._lost([Lost(joined.env_id, joined.lost, "its agent restarted", joined.platform)])
-        if joined.new_instance:
-            self._refuse_unfittable()
+        if joined.new_instance and book.queue and fleet.all_registered():  # else only agents yet to register tell
+            book.refuse(book.queue.never_fit(fleet.never_fits))
         refusals = tuple(
             ck.CheckpointRefused(tid, step, why)
             for tid in joined.held for step, why in book.trials[tid].refusals.items()
@@ -369,6 +373,8 @@ class Engine:
             if saved is not None:
                 if self.publish_checkpoints:  # the search judges a trial at its rung once it can pause it
                     self._out.append(ev.Publish(ev.CheckpointSaved(t.id, saved.step, saved.metric_index)))
+                    if self.save_hold_s:  # a pause it decides lands at this save
+                        self.fleet.hold_acks(env_id, self.now + self.save_hold_s)
                 return
             t.refusals[report.step] = why
             log.warning("trial %s: checkpoint at step %d refused: %s", t.id, report.step, why)
@@ -406,18 +412,6 @@ class Engine:
 
     def _fail_unplaceable(self) -> None:
         self.book.fail_unplaceable(self.supply.platform_errors, self.fleet.by_hand())
-
-    def _refuse_unfittable(self) -> None:
-        """Once every environment has registered, fail queued trials that can never run."""
-        queue = self.book.queue
-        if not queue or not self.fleet.all_registered():
-            return  # nothing to refuse, or only agents yet to register can tell
-        # Asked once per shape: most registrations find every shape fits and walk no trial.
-        refused = {(s.gpus, s.gpu_memory_bytes): "" for s in queue.all_shapes()}
-        for gpus, memory in refused:
-            refused[gpus, memory] = self.fleet.never_fits(gpus, memory)
-        if any(refused.values()):
-            self.book.refuse(refused)
 
     # ---- the scheduling pass -------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class Fleet:
         self._start_failures: list[str] = []  # the platforms of starts that failed, in order
         self._linked: set[str] = set()
         self._closing: set[int] = set()  # links closed here, not yet reported disconnected
+        self._held: dict[int, tuple[int, float]] = {}  # link -> (the ack held, until when)
         self._gpu_rows: list[Any] = []
         self._out: list[ev.Instruction] = []
         self.now = self.wall = 0.0
@@ -201,6 +202,7 @@ class Fleet:
 
     def disconnected(self, d: ev.AgentDisconnected) -> None:
         self._closing.discard(d.link)
+        self._held.pop(d.link, None)
         env = self.envs.get(d.env_id)
         if env is None or env.link != d.link:
             return
@@ -251,15 +253,36 @@ class Fleet:
             log.warning("environment %s sent a message without a sequence number; ignored", env.id)
             return False
         if m.seq <= env.last_seq:
-            self._out.append(ev.Ack(m.link, env.last_seq))  # a replay of something already stored
+            if m.link not in self._held:  # (else the held ack covers it)
+                self._out.append(ev.Ack(m.link, env.last_seq))  # a replay of something already stored
             return False
         return True
 
     def stored(self, m: ev.AgentReported) -> None:
-        """A numbered message was applied: acknowledged once stored."""
+        """A numbered message was applied: acknowledged once stored (or later, while its stream's acks are held)."""
         self.envs[m.env_id].last_seq = m.seq
         self._out.append(ev.AgentMessagesStored(m.env_id, m.seq))
-        self._out.append(ev.Ack(m.link, m.seq))
+        held = self._held.get(m.link) if self._held else None
+        if held is None:
+            self._out.append(ev.Ack(m.link, m.seq))
+        else:  # acks are cumulative: none goes past the save held
+            self._held[m.link] = (m.seq, held[1])
+
+    def hold_acks(self, env_id: str, until: float) -> None:
+        """Hold the acks of the agent's stream from the message being applied on (a save the
+        search judges: the ack answers the trial's save_checkpoint, so a pause decided on it
+        must reach the agent first), until ``release_acks``; ``until`` at the latest."""
+        link = self.envs[env_id].link
+        if link is not None and link not in self._held:
+            self._held[link] = (0, until)
+
+    def release_acks(self, *, due_only: bool) -> None:
+        """The held acks go out: all of them, or (``due_only``) those whose time is up."""
+        for link, (seq, until) in list(self._held.items()):
+            if not due_only or until <= self.now:
+                del self._held[link]
+                if seq:
+                    self._out.append(ev.Ack(link, seq))
 
     def heartbeat(self, hb: ev.HeartbeatReceived, *, watch_memory: bool) -> bool:
         """A heartbeat: whether what the environment can take changed (``watch_memory``:

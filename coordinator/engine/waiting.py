@@ -17,7 +17,7 @@ the changed environments, and a pass with nothing changed does nothing.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -127,8 +127,18 @@ class WaitingTrials:
             self.told.pop(shape, None)
             self.why.pop(shape, None)
 
+    def never_fit(self, never_fits: Callable[[int, int], str]) -> dict[tuple[int, int], str]:
+        """The shapes (GPUs, memory per GPU) of waiting trials that can never run, and why
+        (``never_fits(gpus, memory)``, asked once per shape: most find every shape fits)."""
+        why = {(s.gpus, s.gpu_memory_bytes): "" for s in self.all_shapes()}
+        for gpus, memory in why:
+            why[gpus, memory] = never_fits(gpus, memory)
+        return {shape: reason for shape, reason in why.items() if reason}
+
     def refused(self, why_by_shape: Mapping[tuple[int, int], str]) -> dict[str, str]:
         """The waiting trials of the shapes (GPUs, memory per GPU) that can never run, and why."""
+        if not why_by_shape:
+            return {}  # no trial walked
         found = {}
         for tid in self:
             d = self.demand(tid)

@@ -6,7 +6,9 @@ Two shells drive it: the experiment (``experiment.py``: a real coordinator, the 
 and replay (``replay/driver.py``: the engine in virtual time). A pass goes:
 
 1. ``begin()``, then ``next_order()`` until None: stop, pause and continue trials as the
-   search asked (what carrying them out makes the engine publish is heard meanwhile);
+   search asked (what carrying them out makes the engine publish is heard meanwhile); the
+   experiment then answers the saves heard (``Coordinator.saves_heard``): a pause decided on
+   a save, or on the results before it, reaches the trial ahead of that save's answer;
 2. ``spent(elapsed, paused)``: the budget (``maxExperimentDuration``, ``maxTrialResource``) is
    spent: the search ends, its paused trials given up (an ``End``);
 3. ``propose(active)`` until None, each proposal submitted and told back (``submitted``)

@@ -119,11 +119,11 @@ def test_another_search_follows_the_nearest_recorded_curve_or_skips_what_was_nev
     assert "unknown tuner 'nosuchtuner'" in capsys.readouterr().err
 
 
-# Saves a checkpoint as it starts and after each result, and goes on from it when continued.
-# The first save tells the search at once that the trials checkpoint: the first trial's first
-# rung is judged at its result, and its pause lands at the save that follows, as replayed. (A
-# trial that reaches its first rung before any save is judged when its save is heard; a real
-# process has gone on by then, and pauses at that save or the next as the messages cross.)
+# Saves a checkpoint after each result, and goes on from it when continued. A trial reaches
+# its first rung before any save: ASHA judges it when that save is heard, and the pause lands
+# at that save, as replayed (the save is answered once the search has had its pass over it,
+# so the pause reaches the trial first); a later rung's verdict on a result lands at the save
+# that follows it.
 CHECKPOINTING = """
 import json, pathlib, time
 from trialkeeper.agent import trial
@@ -131,9 +131,6 @@ from trialkeeper.agent import trial
 p = trial.get_next_parameter()
 ckpt = pathlib.Path(trial.get_checkpoint_dir())
 start = json.loads((ckpt / "state.json").read_text())["step"] if trial.checkpoint_step() is not None else 0
-if start == 0:
-    (ckpt / "state.json").write_text(json.dumps({"step": 0}))
-    trial.save_checkpoint(0)
 value = 0.0
 for step in range(start, 6):
     time.sleep(0.05)

@@ -394,3 +394,47 @@ def test_an_exploited_trial_lost_before_its_own_save_continues_elsewhere_from_th
     assert (start.checkpoint.trial_id, start.checkpoint.step, start.first_metric_index) == ("t1", 6, 6)
     assert [(f.trial_id, f.from_index) for f in sim.take(ck.MetricsSuperseded)] == [("t2", 6)]
     assert sim.engine.trials["t2"].retries == 0  # it had saved a checkpoint since its last loss
+
+
+def test_a_judged_save_is_acked_only_after_the_pause_the_search_decided_on_it() -> None:
+    sim = ready_sim(pause_grace_s=30.0)
+    sim.engine.publish_checkpoints, sim.engine.save_hold_s = True, 2.0
+    env = running(sim)
+    link = sim.links[env]
+    sim.take(ev.Ack)
+    sim.report(env, saved("t1", 1, metric_index=1))
+    assert [p.event.step for p in sim.take(ev.Publish) if isinstance(p.event, ev.CheckpointSaved)] == [1]
+    sim.report(env, ev.MetricsReported(()))  # a later message: its ack would cover the save too
+    assert sim.take(ev.Ack) == []
+    sim.out.clear()
+    sim.feed(ck.PauseRequested("t1", "paused by the assessor"))  # what the search decided on it
+    sim.feed(ck.SavesHeard())
+    told = [(type(i.message).__name__ if isinstance(i, ev.Send) else f"Ack {i.link} {i.seq}") for i in sim.out
+            if isinstance(i, (ev.Send, ev.Ack))]
+    assert told == ["PauseTrial", f"Ack {link} 3"]  # the pause, then the ack of the save and what followed
+    sim.out.clear()
+    sim.report(env, ev.MetricsReported(()))  # nothing held: acked at once
+    assert [(a.link, a.seq) for a in sim.take(ev.Ack)] == [(link, 4)]
+
+
+def test_a_held_ack_goes_out_at_its_deadline_when_the_search_says_nothing() -> None:
+    sim = ready_sim()
+    sim.engine.publish_checkpoints, sim.engine.save_hold_s = True, 2.0
+    env = running(sim)
+    sim.take(ev.Ack)
+    sim.report(env, saved("t1", 1, metric_index=1))
+    sim.advance(1.0)
+    sim.feed(ev.Ticked())
+    assert sim.take(ev.Ack) == []
+    sim.advance(1.5)
+    sim.feed(ev.Ticked())
+    assert [a.seq for a in sim.take(ev.Ack)] == [2]
+
+
+def test_without_a_search_that_judges_saves_nothing_is_held() -> None:
+    sim = ready_sim()
+    sim.engine.publish_checkpoints = True  # listened to, but no hold asked
+    env = running(sim)
+    sim.take(ev.Ack)
+    sim.report(env, saved("t1", 1, metric_index=1))
+    assert [a.seq for a in sim.take(ev.Ack)] == [2]

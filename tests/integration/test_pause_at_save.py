@@ -1,0 +1,78 @@
+"""A pause the search decides at a save lands at that save, end to end: real agents, real
+trial processes that save right after each result and go straight on, the experiment loop
+carrying out what the assessor asks. The ack that answers a trial's save_checkpoint waits for
+the search's pass over that save, so the pause reaches the agent first, every time."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import build_config, run_async, write_script
+from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.experiment import run_experiment
+from trialkeeper.coordinator.store.store import Store
+
+TRIALS = 4
+
+# No time between a result, its save and the next result: a pause that reaches the agent after
+# the save's ack lands one epoch late.
+TRIAL = """
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+for epoch in range(6):
+    trial.report_intermediate_result(p["x"] * (epoch + 1))
+    trial.save_checkpoint(epoch + 1)
+trial.report_final_result(p["x"] * 6)
+"""
+
+# Pauses a trial when it hears its first save (as ASHA asks at a rung), or on its first result
+# (a rung's verdict on a result the save follows); continues none.
+HOOKS = """
+from trialkeeper.coordinator.search.assessors import Assessor, Verdict
+
+class AtSave(Assessor):
+    def decide(self, trial_id, history):
+        return Verdict.CONTINUE
+
+    def trial_checkpointed(self, trial_id):
+        self.request_pause(trial_id, "paused at its first save")
+
+class AtResult(Assessor):
+    def decide(self, trial_id, history):
+        return Verdict.PAUSE if len(history) == 1 else Verdict.CONTINUE
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["AtSave", "AtResult"])
+def test_a_pause_decided_at_a_save_lands_at_that_save_every_time(tmp_path: Path, hook: str) -> None:
+    write_script(tmp_path, "trial.py", TRIAL)
+    write_script(tmp_path, "hooks.py", HOOKS)
+    config = build_config(
+        tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=2, maxTrialNumber=TRIALS,
+        searchSpace={"x": {"_type": "uniform", "_value": [0.0, 1.0]}}, tuner={"name": "random"},
+        assessor={"className": f"hooks:{hook}", "codeDirectory": str(tmp_path)},
+    )
+    result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
+    assert result.ok, result.reason
+    assert len(result.trials) == TRIALS
+    for t in result.trials:  # paused by the search, never continued: given up at the end
+        assert t.status is TrialStatus.EARLY_STOPPED, (t.id, t.status, t.reason)
+    store = Store.in_dir(tmp_path / "exp", readonly=True)
+    try:
+        paused = {e["entity_id"]: e["reason"] for e in store.events()
+                  if e["entity"] == "trial" and e["new"] == "PAUSED"}
+        results: dict[str, int] = {}
+        for m in store.metrics():
+            if m.kind == "intermediate":
+                results[m.trial_id] = results.get(m.trial_id, 0) + 1
+    finally:
+        store.close()
+    # Each trial ended at its first save, with only the result before it reported.
+    assert sorted(paused) == sorted(t.id for t in result.trials), paused
+    late = {tid: why for tid, why in paused.items() if not why.endswith("continues from step 1")}
+    assert late == {}, late
+    assert results == {t.id: 1 for t in result.trials}, results
