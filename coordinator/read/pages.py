@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..engine.states import TrialStatus
+from ..store import metrics as metricstore
 from .kept import Kept
 from .model import ReadModel
 from .rows import _sane, trial_snapshot
@@ -128,17 +129,25 @@ def every_trial(
 def every_trial_values(
     model: ReadModel, columns: Sequence[str], size: int, *, status: str | None = None, environment: str | None = None,
     search: str = "", sort: str = "sequence", descending: bool = False, ids: Sequence[str] = (),
+    newest: str | None = None,
 ) -> Iterator[list[tuple[Any, ...]]]:
     """The stored ``columns`` of every trial :func:`every_trial` would give, in its order, as
     the store holds them (unchecked: the caller reads them as :mod:`.rows` does), read as used,
-    in lists of ``size`` trials (the last may hold fewer)."""
+    in lists of ``size`` trials (the last may hold fewer). ``newest``: a kind of result; each
+    trial's newest, read in the same query, follows its columns (:func:`newest_result` reads it)."""
     where, args, key, key_args = _selection(status, environment, search, sort, ids)
     rows = model.read("trials", lambda: model.store.trial_values_sorted(
-        columns, where=where, args=args, key=key, key_args=key_args, descending=descending,
+        columns, where=where, args=args, key=key, key_args=key_args, descending=descending, newest=newest,
     ))
-    n = len(columns)
+    n = len(columns) + (metricstore.NEWEST_COLUMNS if newest is not None else 0)
     while some := model.read("trials", lambda: rows.fetchmany(size)):
         yield [row[:n] for row in some]
+
+
+def newest_result(row: tuple[Any, ...], at: int) -> tuple[float, str] | None:
+    """The (value, JSON) of the newest result :func:`every_trial_values` read with a trial (its
+    row, from ``at``); None when it has none."""
+    return metricstore.newest_of(row[at:at + metricstore.NEWEST_COLUMNS])
 
 
 def _selection(

@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from itertools import chain, groupby
 from operator import attrgetter
+from typing import Any
 
 from ..engine.rows import MetricRow, MetricRun
 
@@ -198,35 +199,39 @@ def last_of_each(db: sqlite3.Connection, kind: str, *, has_runs: bool) -> dict[s
     return found
 
 
-def last_of_these(
-    db: sqlite3.Connection, trial_ids: Sequence[str], kind: str, *, has_runs: bool
-) -> dict[str, MetricRow]:
-    """The result of ``kind`` with the highest index of each of ``trial_ids`` that has one:
-    what :func:`last` gives each, in a query a table for up to :data:`BATCH` trials."""
-    found: dict[str, MetricRow] = {}
-    for at in range(0, len(trial_ids), BATCH):
-        some = list(trial_ids[at:at + BATCH])
-        marks = ",".join("?" * len(some))
-        # SQLite gives a bare column of an aggregate query with max() from the row holding the max.
-        for *r, _ in db.execute(
-            "SELECT trial_id, idx, kind, value, value_json, reported_at, max(idx) FROM metrics"
-            f" WHERE trial_id IN ({marks}) AND kind = ? GROUP BY trial_id", (*some, kind),
-        ):
-            found[r[0]] = MetricRow(*r)
-        if not has_runs:
-            continue
-        for *run, _ in db.execute(
-            "SELECT trial_id, idx, n, kind, vals, value_json, reported_at, max(idx) FROM metric_runs"
-            f" WHERE trial_id IN ({marks}) AND kind = ? GROUP BY trial_id", (*some, kind),
-        ):
-            newest = _newest(run)
-            known = found.get(newest.trial_id)
-            if known is None or newest.index > known.index:
-                found[newest.trial_id] = newest
-    return found
+def newest_joined(kind: str, *, has_runs: bool) -> tuple[str, str, list[object]]:
+    """SQL that reads each trial's result of ``kind`` with the highest index (what :func:`last`
+    gives it) in the query of the trials, by their ids: (the columns to select, the joins,
+    their arguments). :func:`newest_of` makes the result of the columns."""
+    columns = ", newest.idx, newest.value, newest.value_json"
+    joins = (
+        "LEFT JOIN metrics AS newest ON newest.trial_id = trials.id AND newest.idx ="
+        " (SELECT idx FROM metrics WHERE trial_id = trials.id AND kind = ? ORDER BY idx DESC LIMIT 1)"
+    )
+    if not has_runs:
+        return columns + ", NULL, NULL, NULL, NULL", joins, [kind]
+    columns += ", newest_run.idx, newest_run.n, newest_run.vals, newest_run.value_json"
+    joins += (
+        " LEFT JOIN metric_runs AS newest_run ON newest_run.trial_id = trials.id AND newest_run.idx ="
+        " (SELECT idx FROM metric_runs WHERE trial_id = trials.id AND kind = ? ORDER BY idx DESC LIMIT 1)"
+    )
+    return columns, joins, [kind, kind]
 
 
-BATCH = 500  # trials a query of last_of_these asks about (SQLite allows 32,766 parameters; old builds 999)
+#: How many columns :func:`newest_joined` selects.
+NEWEST_COLUMNS = 7
+
+
+def newest_of(columns: Sequence[Any]) -> tuple[float, str] | None:
+    """The (value, JSON) of the result :func:`newest_joined` read (its columns), as :func:`last`
+    gives them; None when the trial has none. (A run's JSON is "" where it is the value's repr.)"""
+    idx, value, value_json, run_idx, n, vals, run_jsons = columns
+    if run_idx is not None and (idx is None or run_idx + n - 1 > idx):
+        (number,) = _DOUBLE.unpack_from(vals, 8 * (n - 1))
+        return number, json.loads(run_jsons)[n - 1] if run_jsons is not None else ""
+    if idx is None:
+        return None
+    return value, value_json
 
 
 def next_index(db: sqlite3.Connection, trial_id: str, *, has_runs: bool) -> int:

@@ -209,22 +209,27 @@ class StoreReader:
 
     def trial_values_sorted(
         self, columns: Sequence[str], *, where: str, args: Sequence[Any], key: str, key_args: Sequence[Any],
-        descending: bool,
+        descending: bool, newest: str | None = None,
     ) -> sqlite3.Cursor:
         """The stored ``columns`` (names of the trials table) of every trial ``where`` selects,
         as tuples, sorted as :meth:`trials_page` sorts, read as iterated: what an export of a
-        hundred thousand trials reads, without a whole row or a dict a trial."""
+        hundred thousand trials reads, without a whole row or a dict a trial. ``newest``: a kind
+        of result, each trial's newest of which is read with it, in the
+        :data:`~.metrics.NEWEST_COLUMNS` after ``columns`` (:func:`~.metrics.newest_of` reads them)."""
         known = {r[1] for r in self._db.execute("PRAGMA table_info(trials)")}
         unknown = [c for c in columns if c not in known]
         if unknown:
             raise ValueError(f"columns: {', '.join(unknown)} are not columns of the trials table")
         direction = "DESC" if descending else "ASC"
+        joined, joins, join_args = "", "", []
+        if newest is not None:
+            joined, joins, join_args = metricstore.newest_joined(newest, has_runs=self._has_runs)
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples
         return cursor.execute(
-            f"SELECT {', '.join(columns)}, {key} AS sort_key FROM trials WHERE {where}"
-            f" ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction}",
-            [*key_args, *args],
+            f"SELECT {', '.join('trials.' + c for c in columns)}{joined}, {key} AS sort_key FROM trials {joins}"
+            f" WHERE {where} ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction}",
+            [*key_args, *join_args, *args],
         )
 
     def trials_every(self, step: int, limit: int) -> list[dict[str, Any]]:
@@ -335,10 +340,6 @@ class StoreReader:
     def last_metrics(self, kind: str) -> dict[str, MetricRow]:
         """Every trial's last stored result of ``kind``, by trial id."""
         return metricstore.last_of_each(self._db, kind, has_runs=self._has_runs)
-
-    def last_metrics_of(self, trial_ids: Sequence[str], kind: str) -> dict[str, MetricRow]:
-        """The last stored result of ``kind`` of each of ``trial_ids`` that has one, by trial id."""
-        return metricstore.last_of_these(self._db, trial_ids, kind, has_runs=self._has_runs)
 
     def next_metric_index(self, trial_id: str) -> int:
         """The index after the trial's last stored metric (0 when it has none)."""

@@ -23,7 +23,7 @@ from ..read.results import reported
 
 FORMATS = {"csv": "text/csv", "json": "application/json"}
 FIXED = ("sequence", "id", "status", "metric", "latest", "duration", "started", "ended", "environment")
-CHUNK = 2000  # trials a piece of the file holds, as it is written (their latest results: one lookup)
+CHUNK = 2000  # trials a piece of the file holds, as it is written
 
 # What the file is written from: these columns of each stored trial, read as the read model
 # reads them (rows.py: a value of the wrong type is None, where the snapshot's ``unreadable``
@@ -31,6 +31,7 @@ CHUNK = 2000  # trials a piece of the file holds, as it is written (their latest
 STORED = ("seq", "id", "status", "final_metric", "started_at", "ended_at", "environment_id", "parameters_json",
           "final_metric_json")
 SEQ, ID, STATUS, METRIC, STARTED, ENDED, ENV, PARAMS, RESULT = range(len(STORED))
+NEWEST = len(STORED)  # where a row's latest intermediate result, read with it, begins
 _KNOWN = frozenset(s.value for s in TrialStatus)
 _NUMBERS = (int, float)  # what SQLite gives for a number (never a bool)
 
@@ -51,17 +52,39 @@ def _numbers(rows: Rows, i: int) -> list[float | None]:
     return [float(v) if type(v) in _NUMBERS else None for v in (r[i] for r in rows)]
 
 
+_LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59, datetime's last (from 0, the epoch, on: no sign to mind)
+_SECONDS = tuple(f"{s:02d}" for s in range(60))
+
+
 def _times(rows: Rows, i: int) -> list[str | None]:
+    """Each time as ``datetime.fromtimestamp(v, timezone.utc).isoformat()`` writes it, the same
+    characters, its minute written once for all the times in it (trials start and end by the
+    dozen a minute): a time is a look-up and its seconds, not a datetime made and written."""
     utc = timezone.utc
-    return [datetime.fromtimestamp(v, utc).isoformat() if v is not None else None for v in _numbers(rows, i)]
+    minutes: dict[int, str] = {}
+    written: list[str | None] = []
+    for v in _numbers(rows, i):
+        if v is None or not 0.0 <= v < _LAST_SECOND:  # (NaN too: datetime says what is wrong)
+            written.append(None if v is None else datetime.fromtimestamp(v, utc).isoformat())
+            continue
+        second = int(v)
+        micro = round((v - second) * 1e6)  # rounded half to even, as datetime rounds
+        if micro >= 1_000_000:
+            second, micro = second + 1, micro - 1_000_000
+        minute, s = divmod(second, 60)
+        at = minutes.get(minute)
+        if at is None:
+            at = minutes[minute] = datetime.fromtimestamp(minute * 60, utc).isoformat()[:-8]  # less "SS+00:00"
+        written.append(f"{at}{_SECONDS[s]}.{micro:06d}+00:00" if micro else f"{at}{_SECONDS[s]}+00:00")
+    return written
 
 
 class _Piece:
     """Some trials' stored rows, read column by column: each column's values are worked out in
     one pass over the rows, and each JSON text is parsed at most once."""
 
-    def __init__(self, model: ReadModel, rows: Rows) -> None:
-        self.model, self.rows = model, rows
+    def __init__(self, rows: Rows) -> None:
+        self.rows = rows
         self._parameters: list[Mapping[str, Any]] | None = None
         self._results: list[Any] | None = None
 
@@ -77,11 +100,9 @@ class _Piece:
         return self._results
 
     def latest(self) -> list[Any]:
-        ids = [r[ID] for r in self.rows]
-        asked = [i for i in ids if isinstance(i, str)]
-        lasts = self.model.read("metrics", lambda: self.model.store.last_metrics_of(asked, "intermediate"))
-        got = [lasts.get(i) if isinstance(i, str) else None for i in ids]
-        return [to_json(reported(last.value, last.value_json)) if last is not None else None for last in got]
+        """Each trial's latest intermediate result, read with its row (after the ``STORED`` columns)."""
+        got = (pages.newest_result(r, NEWEST) if isinstance(r[ID], str) else None for r in self.rows)
+        return [to_json(reported(*last)) if last is not None else None for last in got]
 
     def column(self, key: str) -> list[Any]:
         rows = self.rows
@@ -155,7 +176,7 @@ def plan(model: ReadModel, query: Mapping[str, str]) -> Plan:
 
 def pieces(model: ReadModel, p: Plan) -> Iterator[str]:
     """The file, in pieces of :data:`CHUNK` trials, written from the stored rows as read: a
-    piece's trials are read (their latest results in one lookup) before it is written."""
+    piece's trials are read (each with its latest result, in the same query) before it is written."""
     # The columns whose values may be a dict or a list (a cell of JSON text in a CSV file).
     nested = {c for c in p.columns if c == "latest" or c.startswith((pages.PARAMETER_SORT, pages.RESULT_SORT))}
     out = io.StringIO()
@@ -163,8 +184,9 @@ def pieces(model: ReadModel, p: Plan) -> Iterator[str]:
     if p.kind == "csv":
         writer.writerow(p.columns)
     first = True
-    for some in pages.every_trial_values(model, STORED, CHUNK, **p.chosen):
-        piece = _Piece(model, some)
+    newest = "intermediate" if "latest" in p.columns else None
+    for some in pages.every_trial_values(model, STORED, CHUNK, newest=newest, **p.chosen):
+        piece = _Piece(some)
         values = [piece.column(c) for c in p.columns]
         if p.kind == "csv":
             writer.writerows(zip(*(list(map(_cell, v)) if c in nested else v for c, v in zip(p.columns, values))))

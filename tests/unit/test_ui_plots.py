@@ -220,7 +220,7 @@ def test_event_files_are_tfrecords_with_crc32c() -> None:
     assert framed[:8] == (3).to_bytes(8, "little") and framed[12:15] == b"abc" and len(framed) == 8 + 4 + 3 + 4
 
 
-def test_the_last_result_is_read_from_either_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_last_result_is_read_from_either_table(tmp_path: Path) -> None:
     import sqlite3
 
     from trialkeeper.coordinator.store import metrics as metricstore
@@ -239,10 +239,38 @@ def test_the_last_result_is_read_from_either_table(tmp_path: Path, monkeypatch: 
             t: (m.index, m.value) for t, m in one.items() if m is not None
         } == {"t005": (4, 1.5), "t006": (2, 2.0), "t007": (0, 7.0)}
         assert one["t000"] is None and model.store.last_metric("t005", "final") is None
-        monkeypatch.setattr(metricstore, "BATCH", 2)  # several queries
-        some = model.store.last_metrics_of(["t007", "t000", "t005", "t006", "nobody"], "intermediate")
-        assert {t: (m.index, m.value) for t, m in some.items()} == {
-            "t005": (4, 1.5), "t006": (2, 2.0), "t007": (0, 7.0)
-        }
-        assert some["t006"] == every["t006"] and model.store.last_metrics_of([], "intermediate") == {}
-        assert model.store.last_metrics_of(["t005"], "final") == {}
+        # The export reads each trial's latest with its row, from either table as well.
+        body = export.export(model, {"format": "json", "ids": "t007,t000,t005,t006", "columns": "id,latest"})[0]
+        assert json.loads(body) == [
+            {"id": "t000", "latest": None}, {"id": "t005", "latest": 1.5},
+            {"id": "t006", "latest": {"default": 2.0, "acc": 0.5}}, {"id": "t007", "latest": 7.0},
+        ]
+        rows = model.store.trial_values_sorted(["id"], where="1=1", args=[], key="seq", key_args=[], descending=False,
+                                               newest="final")
+        assert {r[0]: metricstore.newest_of(r[1:-1]) for r in rows}["t005"] is None
+
+
+def test_the_export_writes_each_time_as_datetime_writes_it() -> None:
+    from datetime import datetime, timezone
+
+    rng = random.Random(7)
+    times: list[float | None] = [
+        None, 0.0, 0.5, 1e-7, 5e-7, 1.5e-6, 0.9999995, 0.9999996, 59.9999996, 86399.9999999, 1e9, 1234567890.1234565,
+        1_700_000_000.0, 253402300798.9999996, 253402300799.5, 253402300800.0, -0.5, -86400.25,
+    ]
+    times += [1_700_000_000 + k + rng.random() for k in range(2000)]  # a dozen a minute, and more
+    times += [rng.uniform(0, 2.5e11) for _ in range(2000)] + [rng.randrange(2**40) / 1024 for _ in range(2000)]
+    times += [rng.randrange(10**9) + k / 1e6 + 5e-7 for k in range(2000)]  # halfway between two microseconds
+    rows = [(t,) for t in times]
+    utc = timezone.utc
+
+    def as_datetime_writes(t: float | None) -> str | None:
+        try:
+            return None if t is None else datetime.fromtimestamp(t, utc).isoformat()
+        except (OverflowError, ValueError, OSError) as e:
+            return type(e).__name__
+
+    in_range = [r for r in rows if r[0] is None or r[0] < 253402300800.0]
+    assert export._times(in_range, 0) == [as_datetime_writes(t) for (t,) in in_range]
+    with pytest.raises((OverflowError, ValueError)):  # past year 9999: as datetime says
+        export._times([(253402300800.0,)], 0)
