@@ -5,7 +5,11 @@ trains.
 Each bracket has rungs at ``min_resource * eta**(b + i)`` (below ``max_resource``), where
 ``b`` is the bracket's number (bracket 0 starts at ``min_resource``; several brackets make
 asynchronous Hyperband, the last possible one without rungs, as Hyperband's last bracket
-trains its configurations to the end) and ``eta`` the reduction factor. A trial's resource is the number
+trains its configurations to the end) and ``eta`` the reduction factor. With ``brackets:
+adaptive`` there is every bracket, and each new configuration goes to the bracket furthest
+behind a share that learns which bracket pays: Hyperband's share, times how often the
+bracket's configurations ended among the best quarter of all results at ``max_resource``
+(``_Pay``). A trial's resource is the number
 of intermediate results it reported (an epoch each) or, with ``resource: <key>``, the value
 of that key in its latest result. When a trial reaches a rung, its result there is
 recorded, and:
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Asha", "bracket_rungs"]
 
 EPOCH = "epoch"
+ADAPTIVE = "adaptive"
 
 
 @dataclass
@@ -59,6 +64,7 @@ class _Trial:
     resource: float = 0.0
     ended: bool = False
     last: Any = None  # its latest result as reported
+    final: float | None = None  # its result on reaching max_resource
 
 
 def bracket_rungs(min_resource: float, max_resource: float, eta: int, bracket: int) -> list[float]:
@@ -77,7 +83,7 @@ class Asha(Assessor):
     (``brackets`` > 1), stopping instead of pausing trials that do not checkpoint."""
 
     def __init__(
-        self, *, max_resource: float, min_resource: float = 1, reduction_factor: int = 3, brackets: int = 1,
+        self, *, max_resource: float, min_resource: float = 1, reduction_factor: int = 3, brackets: int | str = 1,
         resource: str = EPOCH, optimize_mode: str = "maximize",
     ) -> None:
         for name, value in (("min_resource", min_resource), ("max_resource", max_resource)):
@@ -92,11 +98,14 @@ class Asha(Assessor):
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
             raise AssessorError(f"assessor 'asha': classArgs.reduction_factor must be an integer >= 2, got {eta!r}")
         most = len(bracket_rungs(min_resource, max_resource, eta, 0)) + 1  # the last one stops nothing
+        self.pay: _Pay | None = None
+        if brackets == ADAPTIVE:
+            brackets, self.pay = most, _Pay()
         if isinstance(brackets, bool) or not isinstance(brackets, int) or not 1 <= brackets <= most:
             raise AssessorError(
                 f"assessor 'asha': classArgs.brackets must be an integer from 1 to {most} (one a rung between "
                 f"min_resource {min_resource:g} and max_resource {max_resource:g} with reduction_factor {eta}, "
-                f"and one without rungs), got {brackets!r}"
+                f"and one without rungs) or '{ADAPTIVE}' (all of them, shared by what each pays), got {brackets!r}"
             )
         if not isinstance(resource, str) or not resource.strip():
             raise AssessorError(
@@ -163,6 +172,10 @@ class Asha(Assessor):
             return Verdict.STOP
         if t.deferred is not None:
             return self._judge(trial_id, t, t.deferred)
+        if resource >= self.max_resource and t.final is None:
+            t.final = self._value(t.last, history[-1])
+            if self.pay is not None:
+                self.pay.finished(t.bracket, t.final if self.maximize else -t.final)
         i = self._rung_at(t, resource)
         if i is None:
             return Verdict.CONTINUE
@@ -259,8 +272,9 @@ class Asha(Assessor):
     def _trial(self, trial_id: str) -> _Trial:
         t = self._trials.get(trial_id)
         if t is None:
-            # The bracket furthest behind its share of configurations (Hyperband's n_s).
-            b = min(range(len(self.rungs)), key=lambda b: (self._assigned[b] / self._weights[b], b))
+            # The bracket furthest behind its share of configurations (Hyperband's n_s, or what it pays).
+            weights = self._weights if self.pay is None else self.pay.weights(self._weights, self._assigned)
+            b = min(range(len(self.rungs)), key=lambda b: (self._assigned[b] / weights[b], b))
             self._assigned[b] += 1
             t = self._trials[trial_id] = _Trial(b)
         return t
@@ -292,6 +306,12 @@ class Asha(Assessor):
             t.resource = resources[-1] if resources else 0.0
             if past.paused:
                 t.checkpoints = self._any_checkpoint = True
+            if resources and resources[-1] >= self.max_resource:
+                at_max = next(j for j, r in enumerate(resources) if r >= self.max_resource)
+                reported = past.intermediate_reported
+                t.final = self._value(reported[at_max] if at_max < len(reported) else curve[at_max], curve[at_max])
+                if self.pay is not None:
+                    self.pay.finished(t.bracket, t.final if self.maximize else -t.final)
             # Each rung reached: the result that reached it.
             at = {i: next(j for j, r in enumerate(resources) if r >= rung.resource)
                   for i, rung in enumerate(self.rungs[t.bracket]) if resources and resources[-1] >= rung.resource}
@@ -314,3 +334,29 @@ class Asha(Assessor):
             self._promote(t.bracket, i, trial_id if not paused else None)
             if t.waiting is not None:
                 self.request_pause(trial_id, f"waits at rung {rung.resource:g} for a promotion")
+
+
+class _Pay:
+    """What each bracket pays, for ``brackets: adaptive``: a bracket's share of new
+    configurations is Hyperband's times its hit rate, the fraction of its configurations
+    whose result at ``max_resource`` is among the best quarter of all such results so far
+    (smoothed toward a quarter by PRIOR configurations, so a bracket with few results keeps
+    about Hyperband's share). Where early results rank configurations as their final ones,
+    a bracket's finishers are the best of more configurations and every bracket hits about
+    as often; where they mislead, the brackets that judge early stop the configurations that
+    end best and hit less, and the later brackets get more of the new configurations."""
+
+    TOP = 0.25  # the best quarter
+    PRIOR = 4  # configurations' worth of prior hit rate (TOP)
+
+    def __init__(self) -> None:
+        self.finals: list[tuple[float, int]] = []  # (result at max_resource, bigger is better; bracket)
+
+    def finished(self, bracket: int, score: float) -> None:
+        self.finals.append((score, bracket))
+
+    def weights(self, base: list[float], assigned: list[int]) -> list[float]:
+        hits = [0] * len(base)
+        for _, b in sorted(self.finals, reverse=True)[: math.ceil(len(self.finals) * self.TOP)]:
+            hits[b] += 1
+        return [w * (h + self.TOP * self.PRIOR) / (n + self.PRIOR) for w, h, n in zip(base, hits, assigned)]

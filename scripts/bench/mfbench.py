@@ -44,33 +44,34 @@ ASHA = {"min_resource": 1, "max_resource": EPOCHS, "reduction_factor": 3}
 # The settings docs/search.md recommends for slow starters: a first rung at a third of the
 # training, halving (eta 2), and every bracket, the last one training its share to the end.
 SLOW_STARTERS = {"min_resource": EPOCHS / 3, "max_resource": EPOCHS, "reduction_factor": 2, "brackets": 3}
-TK_METHODS = ("asha", "hyperband", "tpe+asha", "tpe+hyperband", "tpe", "pbt")
+TK_METHODS = ("asha", "hyperband", "tpe+asha", "tpe+hyperband", "tpe+adaptive", "tpe+slow-adaptive", "tpe", "pbt")
 RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
 WITHIN = (0.02, 0.01, 0.005)
 TIMED = " (Ray's wall time)"  # a method given Ray Tune's OptunaSearch + ASHA wall time of the seed
 
 
-def optimum(seed: int, family: str = FAMILIES[0], samples: int = 10_000) -> float:
+def optimum(seed: int, family: str = FAMILIES[0], samples: int = 10_000, noise: bool = True) -> float:
     """The best score known for the seed, any epoch: the best of ``samples`` random
     configurations and of each architecture's best rate and momentum at each width, each
-    of the best 20 then refined by 200 small random steps."""
+    of the best 20 then refined by 200 small random steps. ``noise=False``: the same on the
+    curves without their noise per epoch (what the best configuration is worth)."""
     rng = random.Random(seed)
     found: list[tuple[float, dict[str, Any]]] = []
     for arch, w in _world(seed).items():
         for width in (64, 128, 256, 512):
             p = {"lr": 10 ** w["lr"], "momentum": w["momentum"], "width": width, "arch": arch}
-            found.append((max(curve(p, seed, family)), p))
+            found.append((max(curve(p, seed, family, noise)), p))
     for _ in range(samples):
         p = {"lr": 10 ** rng.uniform(-4, 0), "momentum": rng.uniform(0, 0.99), "width": rng.choice([64, 128, 256, 512]),
              "arch": rng.choice(["mlp", "cnn", "res"])}
-        found.append((max(curve(p, seed, family)), p))
+        found.append((max(curve(p, seed, family, noise)), p))
     found.sort(key=lambda f: -f[0])
     best = found[0][0]
     for score, p in found[:20]:
         for _ in range(200):
             q = {**p, "lr": min(1.0, max(1e-4, p["lr"] * 10 ** rng.gauss(0, 0.1))),
                  "momentum": min(0.99, max(0.0, p["momentum"] + rng.gauss(0, 0.03)))}
-            s = max(curve(q, seed, family))
+            s = max(curve(q, seed, family, noise))
             if s > score:
                 score, p = s, q
         best = max(best, score)
@@ -80,12 +81,18 @@ def optimum(seed: int, family: str = FAMILIES[0], samples: int = 10_000) -> floa
 def _search(method: str, seed: int) -> dict[str, Any]:
     asha = {"name": "asha", "classArgs": dict(ASHA)}
     tpe = {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed}}
+    told = {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed, "tell_paused": True}}
     return {
         "asha": {"tuner": {"name": "random", "classArgs": {"seed": seed}}, "assessor": asha},
         "hyperband": {"tuner": {"name": "random", "classArgs": {"seed": seed}},
                       "assessor": {"name": "asha", "classArgs": {**ASHA, "brackets": 3}}},
         "tpe+asha": {"tuner": tpe, "assessor": asha},
         "tpe+hyperband": {"tuner": tpe, "assessor": {"name": "asha", "classArgs": dict(SLOW_STARTERS)}},
+        # Brackets that learn which one pays, with TPE told of paused trials: ASHA's defaults, and
+        # the slow-starter settings.
+        "tpe+adaptive": {"tuner": told, "assessor": {"name": "asha", "classArgs": {**ASHA, "brackets": "adaptive"}}},
+        "tpe+slow-adaptive": {"tuner": told,
+                              "assessor": {"name": "asha", "classArgs": {**SLOW_STARTERS, "brackets": "adaptive"}}},
         "tpe": {"tuner": tpe},  # no early stopping: every configuration trains to the end
         "pbt": {"tuner": {"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 3,
                                                        "seed": seed}}},

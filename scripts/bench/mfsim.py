@@ -1,22 +1,31 @@
-"""What Optuna's TPE learns from trials the ASHA assessor pauses, in virtual time.
+"""Multi-fidelity search methods on slowcurves.py's families, in virtual time.
 
-    python scripts/bench/mfsim.py [--families crossing,plateau,power] [--seeds 5] [--budget 540]
-        [--concurrency 2] [--assessor slow|asha]
+    python scripts/bench/mfsim.py [--families crossing,plateau,power] [--seeds 5]
+        [--methods slow,adaptive,...] [--budget 540 | --ray-wall-from JSON...] [--concurrency 2]
 
-Each family of slowcurves.py and each seed runs twice with the real search (``Search``), the
-real Optuna tuner (TPE, seeded) and the real ``Asha`` assessor, driven by the experiment loop's
-real pass in virtual time (tests/search_sim.py: an epoch a tick, a pause at the next
-checkpoint, a continue ahead of new trials): ``told``
-is the tuner with ``tell_paused: true`` (a paused trial is told to its study PRUNED with its
-intermediate values), ``running`` the tuner as it is by default, which leaves a paused trial
-RUNNING (TPE learns only from ended trials). Both stop after ``--budget``
-epochs trained in all. Printed per family and seed: the gap of the best score reported to
-the best known score of the seed (mfbench's ``optimum``), in %, for each; then the mean per
-family. ``--families faithful`` adds a control that does not start slow (the crossing
-family's final scores, ranked alike at every epoch: early results are faithful).
-``--assessor slow`` is docs/search.md's setting for slow starters (min_resource EPOCHS/3,
-reduction_factor 2, 3 brackets), ``asha`` the plain one (min 1, reduction_factor 3).
-The last line of stdout is JSON.
+Each family of slowcurves.py, each seed and each method (``METHODS``: a tuner and an
+assessor, the same settings on every family and seed) runs with the real search
+(``Search``), the real tuner (Optuna's TPE, seeded, or random) and the real ``Asha``
+assessor, driven by the experiment loop's real pass in virtual time (tests/search_sim.py:
+an epoch a tick, a pause at the next checkpoint, a continue ahead of new trials), until
+the budget of epochs is trained in all. The budget is ``--budget``, or per seed what
+``--concurrency`` slots train in Ray Tune's OptunaSearch + ASHA wall time of the seed and
+family (``--ray-wall-from``, mfbench.py outputs; a seed it has no run of gets the median
+of the others') on a quiet machine: ``--epoch-s`` a
+result plus ``--turnover-s`` per trial (mfbench's trial: 27 epochs of 0.04 s).
+
+Printed per family, seed and method, two figures:
+
+- ``gap``: the gap of the best score reported to the best known score of the seed
+  (mfbench's ``optimum``: the best noisy epoch of a refined configuration), in %, the
+  figure of the timed benchmark;
+- ``regret``: the regret of the configuration the search picked (the one that reported
+  the best score), by what it is worth without the noise per epoch (its noiseless score
+  at the last epoch) against the best noiseless score of the seed, in %.
+
+Then per method the mean of each over the seeds, and the seeds within 0.5 % and 1 %.
+``--families faithful`` adds a control that does not start slow (the crossing family's
+final scores, ranked alike at every epoch). The last line of stdout is JSON.
 """
 
 from __future__ import annotations
@@ -37,23 +46,43 @@ import optuna
 from mfbench import ASHA, SLOW_STARTERS, optimum
 from search_sim import Sim
 from slowcurves import EPOCHS, FAMILIES, SPACE, curve
+from trialkeeper.coordinator.search.algorithms import create_tuner
 from trialkeeper.coordinator.search.asha import Asha
-from trialkeeper.coordinator.search.optunasearch import OptunaTuner
 from trialkeeper.coordinator.search.search import Search
 
 CONTROL = "faithful"  # not slow starters: the crossing family's final scores, ranked alike at every epoch
+TPE: dict[str, Any] = {"sampler": "TPE"}
+TOLD: dict[str, Any] = {"sampler": "TPE", "tell_paused": True}
+# name -> (the optuna tuner's classArgs, or None for random; the asha assessor's classArgs, or None for none)
+METHODS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {
+    "tpe": (TPE, None),
+    "tpe+asha": (TPE, ASHA),
+    "tpe+asha+told": (TOLD, ASHA),
+    "slow": (TPE, SLOW_STARTERS),
+    "slow+told": (TOLD, SLOW_STARTERS),
+    "adaptive": (TPE, {**ASHA, "brackets": "adaptive"}),
+    "adaptive+told": (TOLD, {**ASHA, "brackets": "adaptive"}),
+    "slow-adaptive": (TPE, {**SLOW_STARTERS, "brackets": "adaptive"}),
+    "slow-adaptive+told": (TOLD, {**SLOW_STARTERS, "brackets": "adaptive"}),
+    "hyperband4": (TPE, {**ASHA, "brackets": 4}),
+}
 
 
-def scores(params: dict[str, Any], seed: int, family: str) -> list[float]:
+def scores(params: dict[str, Any], seed: int, family: str, noise: bool = True) -> list[float]:
     if family != CONTROL:
-        return curve(params, seed, family)
-    final = curve(params, seed, "crossing")[-1]
+        return curve(params, seed, family, noise)
+    final = curve(params, seed, "crossing", noise)[-1]
     return [final * (1 - 0.5 * math.exp(-e / 4)) for e in range(1, EPOCHS + 1)]
 
 
-def run(family: str, seed: int, budget: int, concurrency: int, assessor: dict[str, Any], told: bool) -> float:
-    """The best score reported once ``budget`` epochs were trained."""
-    tuner = OptunaTuner(SPACE, sampler="TPE", seed=seed, study_name=f"mfsim-{family}-{seed}", tell_paused=told)
+def run(method: str, family: str, seed: int, budget: int, concurrency: int) -> tuple[float, dict[str, Any]]:
+    """The best score reported once ``budget`` epochs were trained, and the configuration that reported it."""
+    tuner_args, assessor = METHODS[method]
+    if tuner_args is None:
+        tuner = create_tuner("random", None, {"seed": seed}, SPACE)
+    else:
+        args = {**tuner_args, "seed": seed, "study_name": f"mfsim-{family}-{seed}"}
+        tuner = create_tuner("optuna", None, args, SPACE)
     curves: dict[str, list[float]] = {}
 
     def score(params: dict[str, Any], epoch: int) -> float:
@@ -62,40 +91,75 @@ def run(family: str, seed: int, budget: int, concurrency: int, assessor: dict[st
             curves[key] = scores(params, seed, family)
         return curves[key][epoch - 1]
 
-    sim = Sim(Search(tuner, Asha(**assessor)), score, epochs=EPOCHS, concurrency=concurrency)
-    sim.run(until=lambda s: sum(t.trained for t in s.trials.values()) >= budget, ticks=budget + 10)
-    return max(v for t in sim.trials.values() for v in t.curve)
+    sim = Sim(Search(tuner, Asha(**assessor) if assessor else None), score, epochs=EPOCHS, concurrency=concurrency)
+    sim.run(until=lambda s: s.loop.trained >= budget, ticks=budget + 10)
+    best = max((v, t.id) for t in sim.trials.values() for v in t.curve)
+    return best[0], sim.trials[best[1]].parameters
+
+
+def budgets(args: argparse.Namespace, family: str) -> dict[int, int]:
+    if not args.ray_wall_from:
+        return {seed: args.budget for seed in range(args.seeds)}
+    walls: dict[int, float] = {}
+    base = family if family != CONTROL else "crossing"
+    for f in args.ray_wall_from:
+        d = json.loads(Path(f).read_text())
+        for r in d["runs"]:
+            of = r.get("family", d.get("family") or FAMILIES[0])  # (outputs before families were "crossing")
+            if r["method"] == "ray-optuna+asha" and r.get("wall_s") and of == base:
+                walls[r["seed"]] = r["wall_s"]
+    per_epoch = args.epoch_s + args.turnover_s / EPOCHS
+    # A seed Ray Tune did not run on gets the median of the others' times.
+    wall = {seed: walls.get(seed, statistics.median(walls.values())) for seed in range(args.seeds)}
+    return {seed: int(args.concurrency * wall[seed] / per_epoch) for seed in range(args.seeds)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--methods", default="slow,adaptive,slow-adaptive+told")
     ap.add_argument("--budget", type=int, default=540, help="epochs trained in all (540: 20 full trials)")
+    ap.add_argument("--ray-wall-from", nargs="+", metavar="JSON",
+                    help="budget per seed: what the slots train in Ray Tune's OptunaSearch + ASHA wall time there")
+    ap.add_argument("--epoch-s", type=float, default=0.04)
+    ap.add_argument("--turnover-s", type=float, default=0.15, help="a trial's start and end, on a quiet machine")
     ap.add_argument("--concurrency", type=int, default=2)
-    ap.add_argument("--assessor", choices=("slow", "asha"), default="slow")
     args = ap.parse_args()
-    families = args.families.split(",")
+    families, methods = args.families.split(","), args.methods.split(",")
     unknown = sorted(set(families) - {*FAMILIES, CONTROL})
     if unknown:
         ap.error(f"--families: unknown {', '.join(unknown)}; valid: {', '.join((*FAMILIES, CONTROL))}")
+    if set(methods) - set(METHODS):
+        ap.error(f"--methods: unknown {', '.join(sorted(set(methods) - set(METHODS)))}; valid: {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    assessor = dict(SLOW_STARTERS if args.assessor == "slow" else ASHA)
-    out: dict[str, Any] = {"budget": args.budget, "assessor": assessor, "families": {}}
-    print(f"budget {args.budget} epochs, concurrency {args.concurrency}, asha {assessor}; gap to the optimum, %")
+    out: dict[str, Any] = {"methods": {m: METHODS[m] for m in methods}, "families": {}}
+    print(f"concurrency {args.concurrency}; gap to the best known score / regret of the pick, noiseless, %")
     for family in families:
-        rows = []
-        for seed in range(args.seeds):
-            best = optimum(seed, family if family != CONTROL else "crossing", samples=3000)
-            scores = {told: run(family, seed, args.budget, args.concurrency, assessor, told) for told in (False, True)}
-            best = max(best, *scores.values())
-            running, told_gap = (round(100 * (1 - scores[k] / best), 2) for k in (False, True))
-            rows.append({"seed": seed, "running": running, "told": told_gap})
-            print(f"{family:9} seed {seed}: paused RUNNING {running:6.2f}   paused told PRUNED {told_gap:6.2f}",
-                  flush=True)
-        means = {k: round(statistics.mean(r[k] for r in rows), 2) for k in ("running", "told")}
-        print(f"{family:9} mean:   paused RUNNING {means['running']:6.2f}   paused told PRUNED {means['told']:6.2f}")
-        out["families"][family] = {"seeds": rows, "mean": means}
+        base = family if family != CONTROL else "crossing"
+        rows: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+        for seed, budget in budgets(args, family).items():
+            best = optimum(seed, base, samples=3000)
+            clean = optimum(seed, base, samples=3000, noise=False)
+            found = {m: run(m, family, seed, budget, args.concurrency) for m in methods}
+            best = max(best, *(f[0] for f in found.values()))
+            for m, (score, params) in found.items():
+                worth = scores(params, seed, family, noise=False)[-1]
+                row = {"seed": seed, "budget": budget, "gap": round(100 * (1 - score / best), 2),
+                       "regret": round(100 * (1 - worth / max(clean, worth)), 2)}
+                rows[m].append(row)
+                print(f"{family:9} seed {seed} budget {budget:6d} {m:20} gap {row['gap']:6.2f}  regret "
+                      f"{row['regret']:6.2f}", flush=True)
+        out["families"][family] = {}
+        for m, rs in rows.items():
+            if not rs:
+                continue
+            summary = {k: round(statistics.mean(r[k] for r in rs), 2) for k in ("gap", "regret")}
+            summary.update({f"{k} within {w}": sum(r[k] <= w for r in rs) for k in ("gap", "regret") for w in (0.5, 1)})
+            print(f"{family:9} {m:20} mean gap {summary['gap']:6.2f} (within 0.5/1 %: {summary['gap within 0.5']}/"
+                  f"{summary['gap within 1']} of {len(rs)})  mean regret {summary['regret']:6.2f} (within 0.5/1 %: "
+                  f"{summary['regret within 0.5']}/{summary['regret within 1']})", flush=True)
+            out["families"][family][m] = {"seeds": rs, "mean": summary}
     print(json.dumps(out))
 
 

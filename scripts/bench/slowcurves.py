@@ -71,27 +71,28 @@ def quality(params: dict[str, Any], seed: int) -> float:
     return max(0.0, min(1.0, lr_term * m_term * width_term))
 
 
-def curve(params: dict[str, Any], seed: int, family: str = "crossing") -> list[float]:
-    """The score after each epoch."""
+def curve(params: dict[str, Any], seed: int, family: str = "crossing", noise: bool = True) -> list[float]:
+    """The score after each epoch; with ``noise=False`` without its noise per epoch (what the
+    configuration is worth: a ``power`` curve's own factor on its exponent stays)."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
     w = _world(seed)[params["arch"]]
     q = quality(params, seed)
     top = w["ceiling"] * (0.45 + 0.55 * q)
     key = json.dumps(params, sort_keys=True)
-    noise = random.Random(int.from_bytes(hashlib.sha256(f"{seed}|{key}".encode()).digest()[:8], "big"))
+    rng = random.Random(int.from_bytes(hashlib.sha256(f"{seed}|{key}".encode()).digest()[:8], "big"))
     # A larger rate speeds the start, a wider one slows it.
     by_lr, by_width = (params["lr"] / 10 ** w["lr"]) ** 0.15, (128 / params["width"]) ** 0.25
     rate = by_lr * by_width
     if family == "plateau":
         fracs, sigmas = _plateau(q, rate), [0.004] * EPOCHS
     elif family == "power":
-        b = (0.25 + 0.9 * q**2) / rate**0.5 * math.exp(noise.uniform(-0.29, 0.29))
+        b = (0.25 + 0.9 * q**2) / rate**0.5 * math.exp(rng.uniform(-0.29, 0.29))
         fracs = [(e / EPOCHS) ** b for e in range(1, EPOCHS + 1)]
         sigmas = [0.003 + 0.012 / e**0.5 for e in range(1, EPOCHS + 1)]
     else:
         fracs, sigmas = _crossing(w["shape"], q, by_lr, by_width), [0.003] * EPOCHS
-    return [max(0.0, min(1.0, top * f + noise.gauss(0.0, s))) for f, s in zip(fracs, sigmas)]
+    return [max(0.0, min(1.0, top * f + (rng.gauss(0.0, s) if noise else 0.0))) for f, s in zip(fracs, sigmas)]
 
 
 def _crossing(shape: str, q: float, by_lr: float, by_width: float) -> list[float]:

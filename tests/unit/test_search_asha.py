@@ -279,3 +279,52 @@ def test_max_trial_number_counts_configurations_and_the_tuner_goes_on_with_promo
     resumed.resume([PastTrial(f"t{i}", i, p, (), 1.0, TrialStatus.SUCCEEDED) for i, (p, _) in enumerate(
         Promoting({}).plan[:3])])
     assert resumed.configurations == 2
+
+
+def _shares(curve: Any, qualities: list[float]) -> tuple[Asha, list[int]]:
+    asha = Asha(max_resource=9, reduction_factor=3, brackets="adaptive")
+    Sim(Search(Listed({}, qualities), asha), curve, epochs=9, concurrency=2).run()
+    return asha, [sum(1 for t in asha._trials.values() if t.bracket == b) for b in range(len(asha.rungs))]
+
+
+def misleading(parameters: dict[str, Any], epoch: int) -> float:
+    """The configurations that end best look worst until their last epoch."""
+    q = parameters["q"]
+    return q if epoch == 9 else (1 - q) * epoch / 10
+
+
+def test_adaptive_brackets_give_the_bracket_without_rungs_more_configurations_where_early_results_mislead() -> None:
+    qualities = [((i * 37) % 101) / 101 for i in range(90)]
+    asha, shares = _shares(misleading, qualities)
+    assert [[r.resource for r in rungs] for rungs in asha.rungs] == [[1, 3], [3], []]  # every bracket
+    # Hyperband would give the bracket without rungs 2 of every 11 (9/3 : 3/2 : 1 = 6 : 3 : 2);
+    # its finishers are the best, the others' are the worst, so it gets most of what follows.
+    assert shares[2] > 0.45 * len(qualities), shares
+    hits = sorted(asha.pay.finals, reverse=True)[:10]
+    assert all(b == 2 for _, b in hits), hits
+    # Where early results rank as the final ones, every bracket's finishers are among the best
+    # about as often, and the shares stay near Hyperband's.
+    _, faithful = _shares(flat, qualities)
+    assert faithful[2] < 0.3 * len(qualities) and faithful[0] > faithful[1] > 0, faithful
+
+
+def test_adaptive_brackets_are_rebuilt_with_what_each_bracket_paid_after_a_resume() -> None:
+    qualities = [((i * 37) % 101) / 101 for i in range(40)]
+    asha = Asha(max_resource=9, reduction_factor=3, brackets="adaptive")
+    sim = Sim(Search(Listed({}, qualities), asha), misleading, epochs=9, concurrency=2)
+    sim.run(until=lambda s: len(asha.pay.finals) >= 8)
+    before = sorted(asha.pay.finals)
+    history = sim.stop_experiment()
+    resumed = Asha(max_resource=9, reduction_factor=3, brackets="adaptive")
+    sim.resume(Search(Listed({}, qualities), resumed), history)
+    assert sorted(s for s, _ in resumed.pay.finals) == sorted(s for s, _ in before)
+    sim.run()
+    assert {t.end for t in sim.trials.values()} <= {TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED}
+    assert sum(1 for t in resumed._trials.values() if t.bracket == 2) > sum(
+        1 for t in resumed._trials.values() if t.bracket == 1)
+
+
+def test_adaptive_brackets_refuse_another_word_by_name() -> None:
+    with pytest.raises(AssessorError, match=r"classArgs.brackets must be an integer from 1 to 3 .* or 'adaptive'"):
+        create_assessor("asha", None, {"max_resource": 9, "brackets": "auto"})
+    assert len(create_assessor("asha", None, {"max_resource": 27, "brackets": "adaptive"}).rungs) == 4
