@@ -196,9 +196,11 @@ async def _drive_in_scope(
 
     if search.hears_intermediate or limits.max_trial_resource:  # otherwise no metric is published
         coordinator.on_metric(on_metric)
-    if search.assessor is not None:  # it may judge a trial at its rung as soon as the trial can pause
+    # An assessor judges a trial at its rung as soon as the trial can pause; it, or a tuner that
+    # hears results (PBT), may pause one on the results before a save: the pause lands at that save.
+    if search.hears_intermediate:
         coordinator.on_checkpoint(on_checkpoint)
-        coordinator.hold_saves()  # a pause the search decides at a save lands at that save
+        coordinator.hold_saves()
     coordinator.on_status(on_status)
     started = time.monotonic()
     reason = ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import build_config, run_async, write_script
@@ -45,16 +46,32 @@ class AtResult(Assessor):
         return Verdict.PAUSE if len(history) == 1 else Verdict.CONTINUE
 """
 
+# A tuner that pauses a trial on its first result (as PBT does on the results it ranks).
+TUNER = """
+from trialkeeper.coordinator.search.tuners import Tuner
+
+class TunerAtResult(Tuner):
+    def generate_parameters(self, parameter_id):
+        return {"x": 0.1 * (parameter_id + 1)}
+
+    def receive_intermediate_result(self, parameter_id, step, value):
+        if step == 0:
+            self.request_pause(parameter_id, "paused on its first result")
+"""
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hook", ["AtSave", "AtResult"])
+@pytest.mark.parametrize("hook", ["AtSave", "AtResult", "TunerAtResult"])
 def test_a_pause_decided_at_a_save_lands_at_that_save_every_time(tmp_path: Path, hook: str) -> None:
     write_script(tmp_path, "trial.py", TRIAL)
-    write_script(tmp_path, "hooks.py", HOOKS)
+    write_script(tmp_path, "hooks.py", HOOKS + TUNER)
+    own = {"className": f"hooks:{hook}", "codeDirectory": str(tmp_path)}
+    search: dict[str, Any] = {"tuner": own}
+    if hook != "TunerAtResult":
+        search = {"tuner": {"name": "random"}, "assessor": own}
     config = build_config(
         tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=2, maxTrialNumber=TRIALS,
-        searchSpace={"x": {"_type": "uniform", "_value": [0.0, 1.0]}}, tuner={"name": "random"},
-        assessor={"className": f"hooks:{hook}", "codeDirectory": str(tmp_path)},
+        searchSpace={"x": {"_type": "uniform", "_value": [0.0, 1.0]}}, **search,
     )
     result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
     assert result.ok, result.reason
