@@ -1,8 +1,9 @@
 """A search driven in virtual time: trials with set learning curves, an epoch a tick, and the
 experiment loop's real pass (``search/loop.py``'s ``Loop``) deciding what happens: what the
 search asks is carried out as the experiment carries it out (a pause lands at the trial's next
-checkpoint, a continue goes ahead of new trials, a trial paused by the search and never
-continued is given up once nothing else runs). No clock, no processes: the scenario tests of
+checkpoint, or at the save it was decided on: the experiment answers a save once the search
+has had its pass over it; a continue goes ahead of new trials, a trial paused by the search
+and never continued is given up once nothing else runs). No clock, no processes: the scenario tests of
 multi-fidelity searches run on it."""
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from conftest import build_config, run_async, write_script
+from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import run_experiment
 from trialkeeper.coordinator.store.store import Store
 
 TRIALS = 4
+WAIT_S = 120.0
 
 # No time between a result, its save and the next result: a pause that reaches the agent after
 # the save's ack lands one epoch late.
@@ -93,3 +95,42 @@ def test_a_pause_decided_at_a_save_lands_at_that_save_every_time(tmp_path: Path,
     late = {tid: why for tid, why in paused.items() if not why.endswith("continues from step 1")}
     assert late == {}, late
     assert results == {t.id: 1 for t in result.trials}, results
+
+
+# Saves three times, writing how long each save_checkpoint took to be answered.
+TIMED = """
+import time
+from trialkeeper.agent import trial
+
+for step in (1, 2, 3):
+    trial.report_intermediate_result(step)
+    began = time.monotonic()
+    trial.save_checkpoint(step)
+    with open({log!r}, "a") as f:
+        f.write(f"{{time.monotonic() - began}}\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_held_save_is_answered_at_its_deadline_when_no_one_says_it_was_heard(tmp_path: Path) -> None:
+    log = tmp_path / "saves.log"
+    write_script(tmp_path, "trial.py", TIMED.format(log=str(log)))
+    config = build_config(tmp_path, trialCommand=f"{sys.executable} trial.py", trialConcurrency=1)
+    heard: list[int] = []
+
+    async def body() -> Any:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            for bad in (0, -1, 61):
+                with pytest.raises(ValueError, match="hold_s must be more than 0 and at most 60 seconds"):
+                    c.hold_saves(bad)
+            c.on_checkpoint(lambda e: heard.append(e.step))
+            c.hold_saves(1.0)  # and saves_heard() is never called
+            handle = await c.submit({})
+            return await handle.wait(WAIT_S)
+
+    info = run_async(body, timeout=2 * WAIT_S)
+    assert info.status is TrialStatus.SUCCEEDED, (info.status, info.reason)
+    assert heard == [1, 2, 3]
+    waits = [float(w) for w in log.read_text().split()]
+    # Each save was held until its deadline, and then answered: the trial went on.
+    assert len(waits) == 3 and min(waits) >= 0.9, waits
