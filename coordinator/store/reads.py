@@ -224,11 +224,14 @@ class StoreReader:
         joined, joins, join_args = "", "", []
         if newest is not None:
             joined, joins, join_args = metricstore.newest_joined(newest, has_runs=self._has_runs)
+        # In submission order (seq is never NULL, and unique), the rows come from seq's index as
+        # they are read: the first before the last is read, with no sort of them all.
+        order = f"seq {direction}" if key == "seq" else f"sort_key IS NULL, sort_key {direction}, seq {direction}"
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples
         return cursor.execute(
             f"SELECT {', '.join('trials.' + c for c in columns)}{joined}, {key} AS sort_key FROM trials {joins}"
-            f" WHERE {where} ORDER BY sort_key IS NULL, sort_key {direction}, seq {direction}",
+            f" WHERE {where} ORDER BY {order}",
             [*key_args, *join_args, *args],
         )
 

@@ -203,6 +203,10 @@ def test_the_table_exports_what_it_shows_as_csv_and_json(tmp_path: Path, monkeyp
         monkeypatch.setattr(export, "CHUNK", 3)
         assert export.export(model, {"format": "csv", "columns": "id,latest"})[0] == one_by_one
         assert b"t005,6.0\n" in one_by_one and b'"{""acc"": 0.5, ""default"": 2.0}"' in one_by_one
+        # In submission order, either way, read from the index on it.
+        ascending = export.export(model, {"format": "csv", "columns": "id,sequence"})[0].splitlines()
+        descending = export.export(model, {"format": "csv", "columns": "id,sequence", "order": "desc"})[0].splitlines()
+        assert ascending[1:] == descending[:0:-1] and ascending[1] == b"t000,0" and len(ascending) == 11
         everything = json.loads(export.export(model, {"format": "json"})[0])
         assert len(everything) == 10 and list(everything[0]) == [*export.FIXED, "param:layers", "param:lr",
                                                                  "param:noise", "param:opt", "param:width"]
