@@ -1,5 +1,5 @@
 """Multi-fidelity search on curves whose best configurations start slow: trialkeeper's ASHA
-(pausing and continuing), asynchronous Hyperband, TPE + ASHA and PBT against Ray Tune's
+(pausing and continuing), asynchronous Hyperband (its brackets set or adaptive), TPE + ASHA and PBT against Ray Tune's
 OptunaSearch + ASHA, TuneBOHB + HyperBandForBOHB and PBT, on the same workload.
 
     python scripts/bench/mfbench.py [--family crossing|plateau|power] [--seeds 5] [--trials 40]
