@@ -168,14 +168,14 @@ class Asha(Assessor):
     def decide(self, trial_id: str, history: Sequence[float]) -> Verdict:
         t = self._trial(trial_id)
         resource = float(len(history)) if self.resource_key == EPOCH else t.resource
+        if resource >= self.max_resource and t.final is None and history:  # its result at max_resource
+            t.final = self._value(t.last, history[-1])
+            if self.pay is not None:
+                self.pay.finished(t.bracket, t.final if self.maximize else -t.final)
         if resource > self.max_resource:
             return Verdict.STOP
         if t.deferred is not None:
             return self._judge(trial_id, t, t.deferred)
-        if resource >= self.max_resource and t.final is None:
-            t.final = self._value(t.last, history[-1])
-            if self.pay is not None:
-                self.pay.finished(t.bracket, t.final if self.maximize else -t.final)
         i = self._rung_at(t, resource)
         if i is None:
             return Verdict.CONTINUE

@@ -11,7 +11,7 @@ from search_sim import Sim
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.search.algorithms import create_assessor, create_tuner
 from trialkeeper.coordinator.search.asha import Asha, bracket_rungs
-from trialkeeper.coordinator.search.assessors import AssessorError
+from trialkeeper.coordinator.search.assessors import AssessorError, Verdict
 from trialkeeper.coordinator.search.search import IntermediateStored, PauseTrial, Search, StopTrial, TrialSubmitted
 from trialkeeper.coordinator.search.tuners import NoMoreTrials, PastTrial, Tuner
 
@@ -328,3 +328,11 @@ def test_adaptive_brackets_refuse_another_word_by_name() -> None:
     with pytest.raises(AssessorError, match=r"classArgs.brackets must be an integer from 1 to 3 .* or 'adaptive'"):
         create_assessor("asha", None, {"max_resource": 9, "brackets": "auto"})
     assert len(create_assessor("asha", None, {"max_resource": 27, "brackets": "adaptive"}).rungs) == 4
+
+
+def test_a_result_that_jumps_past_max_resource_counts_for_its_bracket_and_stops_the_trial() -> None:
+    asha = Asha(max_resource=9, resource="step", brackets="adaptive", optimize_mode="minimize")
+    asha.trial_started("t0", 0, {})
+    asha.result_reported("t0", {"default": 0.25, "step": 12})
+    assert asha.decide("t0", [0.25]) is Verdict.STOP
+    assert asha.pay.finals == [(-0.25, asha._trials["t0"].bracket)]  # smaller is better: ranked by its negative
