@@ -152,11 +152,32 @@ for step in range(10):
 trial.report_final_result(p["x"])
 """
 
+# CURVE for one trial at a time under NNI's Medianstop (start_step 1, maximize): it stops a trial whose
+# best result is below the median ((n - 1) // 2-th of n, sorted) of the completed trials' running
+# averages at that step, and each trial's results are all x, so a trial knows from the x of those that
+# completed (listed in `done`) whether it will be stopped. One that will is held until it is (600 steps,
+# 90 s at most); the others can never be stopped: ten results, then x as final.
+MEDIAN_CURVE = """
+import os, time
+from trialkeeper.agent import trial
+
+p = trial.get_next_parameter()
+done = {done!r}
+completed = sorted(float(v) for v in open(done).read().split()) if os.path.exists(done) else []
+hopeless = bool(completed) and p["x"] < completed[(len(completed) - 1) // 2]
+for step in range(600 if hopeless else 10):
+    time.sleep(0.15)
+    trial.report_intermediate_result(p["x"])
+with open(done, "a") as f:
+    f.write(repr(p["x"]) + "\\n")
+trial.report_final_result(p["x"])
+"""
+
 
 @pytest.mark.slow
 def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     python = nni_python()
-    write_script(tmp_path, "trial.py", CURVE)
+    write_script(tmp_path, "trial.py", MEDIAN_CURVE.format(done=str(tmp_path / "completed.txt")))
     output: list[str] = []
     trials, metrics = run_cli(python, tmp_path, {
         "trialConcurrency": 1, "maxTrialNumber": 8, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
@@ -171,7 +192,7 @@ def test_trialkeeper_run_with_nni_tpe_and_medianstop(tmp_path: Path) -> None:
     assert len(trials) == 8 and set(statuses) == {TrialStatus.SUCCEEDED, TrialStatus.EARLY_STOPPED}, statuses
     for t in trials:
         n = sum(1 for m in metrics if m.trial_id == t["id"] and m.kind == "intermediate")
-        assert n == 10 if t["status"] == "SUCCEEDED" else 1 <= n < 10
+        assert n == 10 if t["status"] == "SUCCEEDED" else 1 <= n < 600, (t["status"], n)
     # The experiment is mirrored into an Optuna study whatever the tuner: NNI's TPE here.
     study = optuna.load_study(study_name="nni-tpe", storage=f"sqlite:///{tmp_path / 'mirror.db'}")
     expected = {"SUCCEEDED": "COMPLETE", "EARLY_STOPPED": "PRUNED"}
@@ -190,7 +211,7 @@ def test_nnis_tpe_proposes_for_the_built_in_asha_which_pauses_and_continues_chec
 ) -> None:
     from test_search_paused_trials import TRIAL
 
-    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.log"), epochs=9, pause=0.05))
+    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.log"), epochs=9, first=9, pause=0.05))
     trials, metrics = run_cli(nni_python(), tmp_path, {
         "trialConcurrency": 2, "maxTrialNumber": 9, "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
         "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
@@ -216,7 +237,9 @@ def test_a_resource_budget_ends_a_search_of_nnis_tuner_and_assessor(tmp_path: Pa
         "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 7}},
         "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 1}},
     })
-    assert 25 <= sum(1 for m in metrics if m.kind == "intermediate") <= 25 + 2 * 5  # a margin for load
+    # The search ends once 25 are stored: past them, only what the two trials then running report (ten each
+    # at most, one of them has reported at least one already).
+    assert 25 <= sum(1 for m in metrics if m.kind == "intermediate") <= 25 + 9 + 10
     assert len(trials) >= 3  # ten results a trial at most: the budget took several configurations
 
 

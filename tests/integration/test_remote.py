@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,10 +463,9 @@ def test_a_start_waiting_for_a_failing_machine_is_canceled_by_a_stop(
             seen = await async_wait_until(
                 lambda: _waiting_for(service, "env-3"), 10.0, message="env-3 never waited")
             assert seen.state == "starting" and f":{port}" in seen.detail, seen
-            began = time.monotonic()
-            await service.stop("env-3", 0.0)
-            assert time.monotonic() - began < 2.0
-            assert (await waiting).error == "the start was canceled"
+            # Unstopped, the start waits for as long as the machine fails: its answer proves the stop ended it.
+            await asyncio.wait_for(service.stop("env-3", 0.0), 30.0)
+            assert (await asyncio.wait_for(waiting, 30.0)).error == "the start was canceled"
             seen = (await service.poll(["env-3"]))["env-3"]
             assert seen.state == "exited" and "stopped before" in seen.detail, seen
             await service.stop("env-1", 0.0)

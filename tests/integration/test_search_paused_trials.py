@@ -20,9 +20,12 @@ from trialkeeper.coordinator.store.store import Store
 
 WAIT_S = 60.0
 
-# Trains `epochs` epochs of a model whose state is its epoch count, saving a checkpoint after
-# each; a continued run starts from the checkpoint's epoch. Each run appends "<trial> <first
-# epoch>" to runs.log, so the test sees where each run started.
+# Trains a model whose state is its epoch count, saving a checkpoint after each epoch; a
+# continued run starts from the checkpoint's epoch and ends at `epochs` (or at once, when it
+# paused later than that). A first run ends after `first` epochs: with `first` far above
+# `epochs`, it is held until it is paused (a pause lands at a save), so no pause races the
+# trial's end. Each run appends "<trial> <first epoch>" to runs.log, so the test sees where
+# each run started.
 TRIAL = """
 import json, os, time
 from trialkeeper.agent import trial
@@ -35,13 +38,14 @@ if start:
         assert json.load(f)["epoch"] == start, "the checkpoint holds another epoch"
 with open({log!r}, "a") as f:
     f.write(f"{{trial.get_trial_id()}} {{start}}\\n")
-for epoch in range(start, {epochs}):
+end = max({epochs}, start) if start else {first}
+for epoch in range(start, end):
     time.sleep({pause})
     trial.report_intermediate_result(p["x"] * (epoch + 1))
     with open(os.path.join(here, "state.json"), "w") as f:
         json.dump({{"epoch": epoch + 1}}, f)
     trial.save_checkpoint(epoch + 1)
-trial.report_final_result(p["x"] * {epochs})
+trial.report_final_result(p["x"] * end)
 """
 
 # Pauses every trial at its second result; continues a paused trial whose last result is at
@@ -63,8 +67,15 @@ class Rung(Assessor):
 """
 
 
-def _config(tmp_path: Path, *, epochs: int, pause: float, **overrides: Any) -> Any:
-    write_script(tmp_path, "trial.py", TRIAL.format(log=str(tmp_path / "runs.log"), epochs=epochs, pause=pause))
+# A first run held until it is paused ends here at the latest (a failure: the pause never came).
+HELD_EPOCHS = 300
+
+
+def _config(tmp_path: Path, *, epochs: int, pause: float, first: int | None = None, **overrides: Any) -> Any:
+    """The TRIAL in tmp_path, a first run ending after ``first`` epochs (``epochs`` when None);
+    ``overrides``: the config's fields."""
+    trial = TRIAL.format(log=str(tmp_path / "runs.log"), epochs=epochs, first=first or epochs, pause=pause)
+    write_script(tmp_path, "trial.py", trial)
     return build_config(tmp_path, trialCommand=f"{sys.executable} trial.py", **overrides)
 
 
@@ -95,7 +106,7 @@ def test_an_assessor_pauses_trials_at_a_rung_continues_the_good_and_the_rest_end
 ) -> None:
     write_script(tmp_path, "rung.py", RUNG)
     config = _config(
-        tmp_path, epochs=4, pause=0.2, trialConcurrency=2,
+        tmp_path, epochs=4, pause=0.2, first=HELD_EPOCHS, trialConcurrency=2,
         searchSpace={"x": {"_type": "choice", "_value": [0.2, 0.8]}}, tuner={"name": "grid"},
         assessor={"className": "rung:Rung", "codeDirectory": str(tmp_path), "classArgs": {"keep": 1.0}},
     )
@@ -111,16 +122,17 @@ def test_an_assessor_pauses_trials_at_a_rung_continues_the_good_and_the_rest_end
     # second result was judged; it may have saved one more before it heard).
     assert runs[good.id][0] == 0 and len(runs[good.id]) == 2 and runs[good.id][1] >= 2, runs
     assert runs[bad.id][0] == 0 and len(runs[bad.id]) == 1, runs
-    # One curve: each epoch's result once, in order.
+    # One curve: each epoch's result once, in order, to the 4th (or to where it paused, if later).
+    n = max(4, runs[good.id][1])
     curves = _curves(tmp_path / "exp")
-    assert curves[good.id] == [(i, pytest.approx(0.8 * (i + 1))) for i in range(4)], curves[good.id]
-    assert good.final_metric == pytest.approx(3.2)
+    assert curves[good.id] == [(i, pytest.approx(0.8 * (i + 1))) for i in range(n)], curves[good.id]
+    assert good.final_metric == pytest.approx(0.8 * n)
 
 
 @pytest.mark.slow
 def test_a_stopped_experiment_keeps_its_trials_paused_and_a_resume_continues_them_first(tmp_path: Path) -> None:
     config = _config(
-        tmp_path, epochs=6, pause=0.3, trialConcurrency=2, maxTrialNumber=2,
+        tmp_path, epochs=6, pause=0.3, first=HELD_EPOCHS, trialConcurrency=2, maxTrialNumber=2,
         searchSpace={"x": {"_type": "choice", "_value": [0.5, 1.0]}}, tuner={"name": "grid"},
     )
     exp = tmp_path / "exp"
@@ -144,15 +156,14 @@ def test_a_stopped_experiment_keeps_its_trials_paused_and_a_resume_continues_the
     runs = _runs(tmp_path)
     for t in again.trials:
         assert runs[t.id][0] == 0 and len(runs[t.id]) == 2 and runs[t.id][1] >= 1, runs
-    assert {t.id: len(c) for t, c in zip(again.trials, (_curves(exp)[t.id] for t in again.trials))} == {
-        t.id: 6 for t in again.trials
-    }
+    curves = _curves(exp)
+    assert {t.id: len(curves[t.id]) for t in again.trials} == {t.id: max(6, runs[t.id][1]) for t in again.trials}
 
 
 @pytest.mark.slow
 def test_a_trial_paused_by_the_user_ends_the_experiment_stopped_not_done(tmp_path: Path) -> None:
     config = _config(
-        tmp_path, epochs=20, pause=0.2, trialConcurrency=1, maxTrialNumber=1,
+        tmp_path, epochs=20, pause=0.2, first=HELD_EPOCHS, trialConcurrency=1, maxTrialNumber=1,
         searchSpace={"x": {"_type": "choice", "_value": [0.5]}}, tuner={"name": "grid"},
     )
     exp = tmp_path / "exp"

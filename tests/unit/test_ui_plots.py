@@ -82,7 +82,7 @@ def test_each_parameter_gets_the_axis_its_search_space_says() -> None:
 
 
 def test_importance_ranks_the_parameter_that_matters_first(tmp_path: Path) -> None:
-    pytest.importorskip("optuna")
+    pytest.importorskip("optuna", reason="the importance plot needs optuna: pip install -e '.[optuna]'")
     _experiment(tmp_path)
     with ReadModel.open(tmp_path) as model:
         answer = plots.importance(model)
@@ -96,7 +96,7 @@ def test_importance_ranks_the_parameter_that_matters_first(tmp_path: Path) -> No
 
 
 def test_importance_says_why_there_is_none() -> None:
-    pytest.importorskip("optuna")
+    pytest.importorskip("optuna", reason="the importance plot needs optuna: pip install -e '.[optuna]'")
     few = analysis.importance([({"x": 1.0}, 1.0)], axes({}, ["x"], {"x": [1.0]}), "maximize")
     assert few.importances == () and "too few" in few.error
     flat = analysis.importance([({"x": 1.0}, float(i)) for i in range(10)], axes({}, ["x"], {"x": [1.0]}), "maximize")
