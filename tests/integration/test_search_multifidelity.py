@@ -4,15 +4,18 @@ checkpoints when promoted, the best configuration trained to its end once, epoch
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_async, wait_until
+from conftest import async_wait_until, run_async, wait_until
 from experiment_stop import run_until_stopped
 from test_search_paused_trials import _config, _curves, _runs
+from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.experiment import resume_experiment, run_experiment
+from trialkeeper.coordinator.search.steering import Steering
 from trialkeeper.coordinator.store.store import Store
 
 # Arrival order at the rungs mixes good and bad: some wait paused until the rung fills.
@@ -94,8 +97,8 @@ def test_a_resource_budget_ends_the_search_once_that_many_epochs_are_trained(tmp
     assert result.ok, result.reason
     assert result.reason.startswith("maxTrialResource (40) reached"), result.reason
     trained = sum(len(c) for c in curves.values())
-    # Reached, and then ended at once: at most what the two running trials reported meanwhile
-    # (an epoch takes 0.05 s; the margin is for a loaded machine).
+    # Reached, and then ended: past it, only what the two trials then running report (a run trains
+    # EPOCHS at most), however late the end lands.
     assert 40 <= trained <= 40 + 2 * 10, trained
     assert all(t.status.terminal for t in result.trials), [(t.id, t.status) for t in result.trials]
     # Those waiting at a rung then end stopped early, not canceled: the search is done with them.
@@ -120,9 +123,33 @@ def test_a_resource_budget_holds_with_optunas_sampler_and_pruner(tmp_path: Path)
 
 @pytest.mark.slow
 def test_an_experiment_duration_buys_new_configurations_until_the_time_is_up(tmp_path: Path) -> None:
-    result, curves = _budget_run(tmp_path, maxExperimentDuration="8s")
+    config = _config(
+        tmp_path, epochs=EPOCHS, pause=0.05, trialConcurrency=2,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}},
+        tuner={"name": "random", "classArgs": {"seed": 3}}, assessor=ASHA, maxExperimentDuration="10m",
+    )
+
+    def bought(c: Coordinator) -> bool:
+        assert c.store is not None
+        finished = sum(1 for t in c.trials() if len(c.store.metrics(t.id)) == EPOCHS)
+        return len(c.trials()) > finished + 2
+
+    async def cut_short() -> Any:
+        # Once the pauses have bought more configurations than the slots trained to the end, the
+        # duration is cut to one second, long past (as `trialkeeper update --max-duration` does).
+        steering = Steering()
+        started: list[Coordinator] = []
+        run = asyncio.ensure_future(run_experiment(config, experiment_dir=tmp_path / "exp", steering=steering,
+                                                   on_start=started.append))
+        await async_wait_until(lambda: started, WAIT_S, message="the experiment never started")
+        await async_wait_until(lambda: bought(started[0]), 2 * WAIT_S, message="no configuration bought by a pause")
+        await steering.update(max_experiment_duration=1.0)
+        return await asyncio.wait_for(run, WAIT_S)
+
+    result = run_async(cut_short, timeout=240)
+    curves = _curves(tmp_path / "exp")
     assert result.ok, result.reason
-    assert result.reason == "maxExperimentDuration (8 s) reached", result.reason
+    assert result.reason == "maxExperimentDuration (1 s) reached", result.reason
     assert all(t.status.terminal for t in result.trials), [(t.id, t.status) for t in result.trials]
     # More configurations than the slots trained to the end: the time pauses saved bought them.
     finished = sum(1 for c in curves.values() if len(c) == EPOCHS)
