@@ -169,9 +169,7 @@ class Asha(Assessor):
         t = self._trial(trial_id)
         resource = float(len(history)) if self.resource_key == EPOCH else t.resource
         if resource >= self.max_resource and t.final is None and history:  # its result at max_resource
-            t.final = self._value(t.last, history[-1])
-            if self.pay is not None:
-                self.pay.finished(t.bracket, t.final if self.maximize else -t.final)
+            self._finished(t, self._value(t.last, history[-1]))
         if resource > self.max_resource:
             return Verdict.STOP
         if t.deferred is not None:
@@ -269,6 +267,12 @@ class Asha(Assessor):
                 at = i
         return at
 
+    def _finished(self, t: _Trial, final: float) -> None:
+        """``t`` reached max_resource with ``final``: what its bracket pays learns of it."""
+        t.final = final
+        if self.pay is not None:
+            self.pay.finished(t.bracket, final if self.maximize else -final)
+
     def _trial(self, trial_id: str) -> _Trial:
         t = self._trials.get(trial_id)
         if t is None:
@@ -309,9 +313,8 @@ class Asha(Assessor):
             if resources and resources[-1] >= self.max_resource:
                 at_max = next(j for j, r in enumerate(resources) if r >= self.max_resource)
                 reported = past.intermediate_reported
-                t.final = self._value(reported[at_max] if at_max < len(reported) else curve[at_max], curve[at_max])
-                if self.pay is not None:
-                    self.pay.finished(t.bracket, t.final if self.maximize else -t.final)
+                self._finished(t, self._value(reported[at_max] if at_max < len(reported) else curve[at_max],
+                                              curve[at_max]))
             # Each rung reached: the result that reached it.
             at = {i: next(j for j, r in enumerate(resources) if r >= rung.resource)
                   for i, rung in enumerate(self.rungs[t.bracket]) if resources and resources[-1] >= rung.resource}
