@@ -88,13 +88,14 @@ def _compare(model: ReadModel, asked: str) -> dict[str, Any]:
     }
 
 
-_ranks_cache: dict[str, tuple[Any, tuple[int, list[tuple[float, int]]]]] = {}  # experiment -> (counts, ranks)
+_ranks_cache: dict[str, tuple[Any, tuple[int, list[tuple[float, int]]]]] = {}  # experiment -> (changes, ranks)
 
 
 def _final_metric_ranks(model: ReadModel) -> tuple[int, list[tuple[float, int]]]:
-    """The final metrics' distribution (read over every trial with one), read again only once
-    the trials' counts by status changed: an ended trial's final metric does not."""
-    key, where = tuple(sorted(model.trial_counts().items())), str(model.experiment_dir)
+    """The final metrics' distribution (read over every trial with one), read again once the
+    store's trials or results changed, as the comparison that draws it is (a final metric
+    can be written before its trial's status moves)."""
+    key, where = model.changes(), str(model.experiment_dir)
     with _cache_lock:
         cached = _ranks_cache.get(where)
     if cached is not None and cached[0] == key:

@@ -23,16 +23,30 @@ from slowcurves import EPOCHS, FAMILIES, curve  # beside this script
 
 def heard_callback(tune: Any) -> Any:
     """A Ray Tune callback that keeps every result as the driver hears it (the CSV loggers
-    are off): ``results``, (the trial's ``wall`` clock, its ``score``, its id) each."""
+    are off): ``results``, (the trial's ``wall`` clock, its ``score``, its id) each, and
+    ``worths``, the ``worth`` it reported with them (None where it reported none)."""
 
     class Heard(tune.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
             self.results: list[tuple[float, float, str]] = []
+            self.worths: list[float | None] = []
 
         def on_trial_result(self, iteration: int, trials: Any, trial: Any, result: dict[str, Any], **info: Any) -> None:
             self.results.append((result["wall"], result["score"], trial.trial_id))
+            self.worths.append(result.get("worth"))
 
     return Heard()
+
+
+def picks(reports: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """(seconds, score, worth) reports, in time order -> the search's pick over time: the
+    report with the best score so far, one point per new pick, with what its configuration
+    is worth at that epoch without the noise."""
+    out: list[tuple[float, float, float]] = []
+    for t, score, worth in reports:
+        if not out or score > out[-1][1]:
+            out.append((round(t, 3), score, worth))
+    return out
 
 
 def main() -> None:
@@ -61,10 +75,10 @@ def main() -> None:
                 start = json.loads((Path(d) / "state.json").read_text())["epoch"]
         params = {"lr": float(config["lr"]), "momentum": float(config["momentum"]), "width": int(config["width"]),
                   "arch": str(config["arch"])}  # (BOHB's are numpy's numbers)
-        values = curve(params, seed, family)
+        values, worth = curve(params, seed, family), curve(params, seed, family, noise=False)
         for epoch in range(start, EPOCHS):
             time.sleep(epoch_s)
-            metrics = {"score": values[epoch], "wall": time.time(), "epoch": epoch + 1}
+            metrics = {"score": values[epoch], "wall": time.time(), "epoch": epoch + 1, "worth": worth[epoch]}
             if checkpoints:
                 with tempfile.TemporaryDirectory() as d:
                     (Path(d) / "state.json").write_text(json.dumps({"epoch": epoch + 1}))
@@ -117,10 +131,12 @@ def main() -> None:
     for t, s in points:
         if not best or s > best[-1][1]:
             best.append((round(t, 3), s))
+    reports = sorted((w - t0, s, worth) for (w, s, _), worth in zip(heard.results, heard.worths))
     per_trial: dict[str, int] = {}
     for _, _, trial_id in heard.results:
         per_trial[trial_id] = per_trial.get(trial_id, 0) + 1
     print(json.dumps({"method": a.method, "seed": seed, "family": family, "ok": True, "wall_s": wall, "curve": best,
+                      "picks": picks(reports),
                       "trials": len(results), "early_stopped": sum(1 for n in per_trial.values() if n < EPOCHS),
                       "ray": ray.__version__}), flush=True)
 

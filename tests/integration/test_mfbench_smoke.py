@@ -23,11 +23,16 @@ def test_mfbench_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["family"] == "plateau" and 0.5 < last["optima"]["0"] <= 1.0
+    # The noiseless optimum sits below the best noisy epoch, which carries the luckiest noise.
+    assert 0.5 < last["clean_optima"]["0"] < last["optima"]["0"]
     summary = last["summary"]
     assert sorted(summary) == ["asha", "pbt"]
     for rows in summary.values():
         (row,) = rows
         assert row["wall_s"] > 0 and 0 <= row["final_gap"] < 1 and row["gap_at_ray_wall"] is None
+        # Every reported epoch was traced with its worth: the pick's regret is known.
+        assert 0 <= row["final_regret"] < 1 and row["regret_at_ray_wall"] is None
+        assert set(row["regret_reach_s"]) == {"0.02", "0.01", "0.005"}
 
 
 @pytest.mark.slow

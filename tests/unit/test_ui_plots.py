@@ -278,3 +278,22 @@ def test_the_export_writes_each_time_as_datetime_writes_it() -> None:
     assert export._times(in_range, 0) == [as_datetime_writes(t) for (t,) in in_range]
     with pytest.raises((OverflowError, ValueError)):  # past year 9999: as datetime says
         export._times([(253402300800.0,)], 0)
+
+
+def test_the_final_metrics_distribution_follows_the_store(tmp_path: Path) -> None:
+    """A final metric written while its trial's status stays as it was (so the counts by
+    status stay the same) is in the distribution at the next answer, as is a trial that ends."""
+    _experiment(tmp_path)
+    writer = Store.in_dir(tmp_path)
+    try:
+        with ReadModel.open(tmp_path) as model:
+            before = plots.compare(model, {})["edf_trials"]
+            assert plots.compare(model, {})["edf_trials"] == before
+            with writer.transaction():
+                writer.update_trial("t006", final_metric=1.5)
+            assert plots.compare(model, {})["edf_trials"] == before + 1
+            with writer.transaction():
+                writer.update_trial("t005", status="SUCCEEDED", final_metric=2.5)
+            assert plots.compare(model, {})["edf_trials"] == before + 2
+    finally:
+        writer.close()
