@@ -19,9 +19,9 @@ Printed per family, seed and method, two figures:
 - ``gap``: the gap of the best score reported to the best known score of the seed
   (mfbench's ``optimum``: the best noisy epoch of a refined configuration), in %, the
   figure of the timed benchmark;
-- ``regret``: the regret of the configuration the search picked (the one that reported
-  the best score), by what it is worth without the noise per epoch (its noiseless score
-  at the last epoch) against the best noiseless score of the seed, in %.
+- ``regret``: the regret of the search's pick (the configuration that reported the best
+  score, at the epoch it reported it), by what it is worth without the noise per epoch
+  against the best noiseless score of the seed, in % (mfbench's regret).
 
 Then per method the mean of each over the seeds, and the seeds within 0.5 % and 1 %.
 ``--families faithful`` adds a control that does not start slow (the crossing family's
@@ -75,8 +75,9 @@ def scores(params: dict[str, Any], seed: int, family: str, noise: bool = True) -
     return [final * (1 - 0.5 * math.exp(-e / 4)) for e in range(1, EPOCHS + 1)]
 
 
-def run(method: str, family: str, seed: int, budget: int, concurrency: int) -> tuple[float, dict[str, Any]]:
-    """The best score reported once ``budget`` epochs were trained, and the configuration that reported it."""
+def run(method: str, family: str, seed: int, budget: int, concurrency: int) -> tuple[float, dict[str, Any], int]:
+    """The best score reported once ``budget`` epochs were trained, the configuration that
+    reported it and at which epoch (0-based)."""
     tuner_args, assessor = METHODS[method]
     if tuner_args is None:
         tuner = create_tuner("random", None, {"seed": seed}, SPACE)
@@ -93,8 +94,8 @@ def run(method: str, family: str, seed: int, budget: int, concurrency: int) -> t
 
     sim = Sim(Search(tuner, Asha(**assessor) if assessor else None), score, epochs=EPOCHS, concurrency=concurrency)
     sim.run(until=lambda s: s.loop.trained >= budget, ticks=budget + 10)
-    best = max((v, t.id) for t in sim.trials.values() for v in t.curve)
-    return best[0], sim.trials[best[1]].parameters
+    best = max((v, t.id, e) for t in sim.trials.values() for e, v in enumerate(t.curve))
+    return best[0], sim.trials[best[1]].parameters, best[2]
 
 
 def budgets(args: argparse.Namespace, family: str) -> dict[int, int]:
@@ -143,8 +144,8 @@ def main() -> None:
             clean = optimum(seed, base, samples=3000, noise=False)
             found = {m: run(m, family, seed, budget, args.concurrency) for m in methods}
             best = max(best, *(f[0] for f in found.values()))
-            for m, (score, params) in found.items():
-                worth = scores(params, seed, family, noise=False)[-1]
+            for m, (score, params, epoch) in found.items():
+                worth = scores(params, seed, family, noise=False)[epoch]
                 row = {"seed": seed, "budget": budget, "gap": round(100 * (1 - score / best), 2),
                        "regret": round(100 * (1 - worth / max(clean, worth)), 2)}
                 rows[m].append(row)
