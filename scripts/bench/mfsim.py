@@ -1,6 +1,6 @@
 """Multi-fidelity search methods on slowcurves.py's families, in virtual time.
 
-    python scripts/bench/mfsim.py [--families crossing,plateau,power] [--seeds 5]
+    python scripts/bench/mfsim.py [--families crossing,plateau,power] [--seeds 5] [--runs 1]
         [--methods slow,adaptive,...] [--budget 540 | --ray-wall-from JSON...] [--concurrency 2]
 
 Each family of slowcurves.py, each seed and each method (``METHODS``: a tuner and an
@@ -24,6 +24,9 @@ Printed per family, seed and method, two figures:
   against the best noiseless score of the seed, in % (mfbench's regret).
 
 Then per method the mean of each over the seeds, and the seeds within 0.5 % and 1 %.
+``--runs N`` runs each method N times per seed, the sampler seeded anew each time (the
+objective stays the seed's), and counts every run: one run per seed shows one draw of the
+search's luck, which on these budgets moves a seed's regret by several points.
 ``--families faithful`` adds a control that does not start slow (the crossing family's
 final scores, ranked alike at every epoch). The last line of stdout is JSON.
 """
@@ -75,14 +78,16 @@ def scores(params: dict[str, Any], seed: int, family: str, noise: bool = True) -
     return [final * (1 - 0.5 * math.exp(-e / 4)) for e in range(1, EPOCHS + 1)]
 
 
-def run(method: str, family: str, seed: int, budget: int, concurrency: int) -> tuple[float, dict[str, Any], int]:
+def run(method: str, family: str, seed: int, budget: int, concurrency: int,
+        draw: int = 0) -> tuple[float, dict[str, Any], int]:
     """The best score reported once ``budget`` epochs were trained, the configuration that
-    reported it and at which epoch (0-based)."""
+    reported it and at which epoch (0-based); ``draw`` seeds the sampler anew (0: the seed)."""
     tuner_args, assessor = METHODS[method]
+    sampler_seed = seed + 1000 * draw
     if tuner_args is None:
-        tuner = create_tuner("random", None, {"seed": seed}, SPACE)
+        tuner = create_tuner("random", None, {"seed": sampler_seed}, SPACE)
     else:
-        args = {**tuner_args, "seed": seed, "study_name": f"mfsim-{family}-{seed}"}
+        args = {**tuner_args, "seed": sampler_seed, "study_name": f"mfsim-{family}-{seed}-{draw}"}
         tuner = create_tuner("optuna", None, args, SPACE)
     curves: dict[str, list[float]] = {}
 
@@ -119,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=1, help="runs of each method per seed, the sampler seeded anew each")
     ap.add_argument("--methods", default="slow,adaptive,slow-adaptive+told")
     ap.add_argument("--budget", type=int, default=540, help="epochs trained in all (540: 20 full trials)")
     ap.add_argument("--ray-wall-from", nargs="+", metavar="JSON",
@@ -131,6 +137,8 @@ def main() -> None:
     unknown = sorted(set(families) - {*FAMILIES, CONTROL})
     if unknown:
         ap.error(f"--families: unknown {', '.join(unknown)}; valid: {', '.join((*FAMILIES, CONTROL))}")
+    if args.runs < 1:
+        ap.error(f"--runs must be at least 1, got {args.runs}")
     if set(methods) - set(METHODS):
         ap.error(f"--methods: unknown {', '.join(sorted(set(methods) - set(METHODS)))}; valid: {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -142,14 +150,15 @@ def main() -> None:
         for seed, budget in budgets(args, family).items():
             best = optimum(seed, base, samples=3000)
             clean = optimum(seed, base, samples=3000, noise=False)
-            found = {m: run(m, family, seed, budget, args.concurrency) for m in methods}
+            found = {(m, k): run(m, family, seed, budget, args.concurrency, k) for m in methods
+                     for k in range(args.runs)}
             best = max(best, *(f[0] for f in found.values()))
-            for m, (score, params, epoch) in found.items():
+            for (m, k), (score, params, epoch) in found.items():
                 worth = scores(params, seed, family, noise=False)[epoch]
-                row = {"seed": seed, "budget": budget, "gap": round(100 * (1 - score / best), 2),
+                row = {"seed": seed, "run": k, "budget": budget, "gap": round(100 * (1 - score / best), 2),
                        "regret": round(100 * (1 - worth / max(clean, worth)), 2)}
                 rows[m].append(row)
-                print(f"{family:9} seed {seed} budget {budget:6d} {m:20} gap {row['gap']:6.2f}  regret "
+                print(f"{family:9} seed {seed} run {k} budget {budget:6d} {m:20} gap {row['gap']:6.2f}  regret "
                       f"{row['regret']:6.2f}", flush=True)
         out["families"][family] = {}
         for m, rs in rows.items():
@@ -158,7 +167,8 @@ def main() -> None:
             summary = {k: round(statistics.mean(r[k] for r in rs), 2) for k in ("gap", "regret")}
             summary.update({f"{k} within {w}": sum(r[k] <= w for r in rs) for k in ("gap", "regret") for w in (0.5, 1)})
             print(f"{family:9} {m:20} mean gap {summary['gap']:6.2f} (within 0.5/1 %: {summary['gap within 0.5']}/"
-                  f"{summary['gap within 1']} of {len(rs)})  mean regret {summary['regret']:6.2f} (within 0.5/1 %: "
+                  f"{summary['gap within 1']} of {len(rs)} runs)  mean regret {summary['regret']:6.2f} "
+                  "(within 0.5/1 %: "
                   f"{summary['regret within 0.5']}/{summary['regret within 1']})", flush=True)
             out["families"][family][m] = {"seeds": rs, "mean": summary}
     print(json.dumps(out))
