@@ -92,6 +92,13 @@ class TrialBook:
             or (trials[tid].cancel_status is not None and not trials[tid].pausing)
         ))
 
+    def pausing_on(self, env_id: str, active: Iterable[str]) -> list[str]:
+        """Of the trials an agent says it runs, those placed on ``env_id`` and still pausing:
+        to be asked again (the pause may have been lost with a broken stream)."""
+        trials = self.trials
+        return sorted(tid for tid in active
+                      if tid in trials and trials[tid].env_id == env_id and trials[tid].pausing)
+
     def to_resend(self, env_id: str, held: Iterable[str], active: Iterable[str]) -> list[str]:
         """Trials placed on ``env_id`` that its agent does not know (a StartTrial lost with
         a broken stream): to be started again."""

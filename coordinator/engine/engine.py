@@ -267,6 +267,9 @@ class Engine:
         # A StartTrial lost in a broken stream: the agent does not know the trial, send it again.
         resend = book.to_resend(joined.env_id, joined.held, reg.active_trial_ids)
         self._send_starts(joined, self.gangs.rejoined(book, fleet, joined.env_id, resend, reg.active_trial_ids))
+        # A pause sent on the stream that broke, or decided while none was open, goes again.
+        for tid in book.pausing_on(joined.env_id, reg.active_trial_ids):
+            fleet.send(joined.env_id, ck.PauseTrial(tid, self.policy.pause_grace_s, book.trials[tid].reason))
         fleet.rescale_heartbeats()  # after the Welcome: it must be the agent's first message
         self._take()
         self._schedule()

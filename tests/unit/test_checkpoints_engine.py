@@ -438,3 +438,24 @@ def test_without_a_search_that_judges_saves_nothing_is_held() -> None:
     sim.take(ev.Ack)
     sim.report(env, saved("t1", 1, metric_index=1))
     assert [a.seq for a in sim.take(ev.Ack)] == [2]
+
+
+def test_a_pause_decided_while_the_agents_stream_is_down_is_sent_again_when_it_reconnects() -> None:
+    """The PauseTrial of a trial still pausing goes out again after the Welcome of its agent's
+    new stream: one sent on a stream that broke, or while none was open, is not lost."""
+    sim = ready_sim()
+    env = running(sim)
+    sim.report(env, saved("t1", 1))
+    sim.feed(ev.AgentDisconnected(env, sim.links[env]))
+    sim.out.clear()
+    sim.feed(ck.PauseRequested("t1", "asha: rung 1"))
+    assert sent(sim, ck.PauseTrial) == []  # no stream to send it on
+    link = sim.register(env, instance=f"i-{env}-{sim.links[env]}", active=("t1",))
+    to_agent = [s.message for s in sim.take(ev.Send) if s.link == link]
+    assert isinstance(to_agent[0], ev.Welcome) and "t1" not in to_agent[0].cancel_trial_ids
+    pauses = [m for m in to_agent if isinstance(m, ck.PauseTrial)]
+    assert [(p.trial_id, p.reason) for p in pauses] == [("t1", "asha: rung 1")]
+    # An agent that no longer runs it is not asked to pause it.
+    sim.feed(ev.AgentDisconnected(env, link))
+    link = sim.register(env, instance=f"i-{env}-{sim.links[env]}", active=())
+    assert [m for s in sim.take(ev.Send) if s.link == link for m in [s.message] if isinstance(m, ck.PauseTrial)] == []
