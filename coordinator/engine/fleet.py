@@ -38,7 +38,8 @@ class Fleet:
         self._start_failures: list[str] = []  # the platforms of starts that failed, in order
         self._linked: set[str] = set()
         self._closing: set[int] = set()  # links closed here, not yet reported disconnected
-        self._held: dict[int, tuple[int, float]] = {}  # link -> (the ack held, until when)
+        # link -> (the ack held, until when, the last seq acknowledged before the hold)
+        self._held: dict[int, tuple[int, float, int]] = {}
         self._gpu_rows: list[Any] = []
         self._out: list[ev.Instruction] = []
         self.now = self.wall = 0.0
@@ -161,8 +162,10 @@ class Fleet:
             self._ids.saw(reg.env_id)
             env = self._new_env(reg.env_id, platform=reg.platform or "manual", status=EnvStatus.STARTING)
             env.started_here = False
-        if env.link is not None and env.link not in self._closing:
-            self._close(env.link)  # the same agent reconnected before its old stream was noticed dead
+        if env.link is not None:
+            self._keep_hold(env, env.link)
+            if env.link not in self._closing:
+                self._close(env.link)  # the same agent reconnected before its old stream was noticed dead
         new_instance = env.instance_id != reg.instance_id
         lost: tuple[str, ...] = ()
         if new_instance:
@@ -171,10 +174,16 @@ class Fleet:
             env.instance_id = reg.instance_id
             self.capacity.status_changed(env.id)
             env.last_seq = 0
+            env.held_over = None
             environments.registered_gpus(env, reg, self.policy.section(env.platform))
             self._out.append(ev.AgentJoined(env.id, reg.hostname, env.instance_id, dict(reg.info)))
         env.hostname = reg.hostname
         env.link = reg.link
+        if env.held_over is not None:  # a save's held ack: held on the new stream too, while its time lasts
+            acked, until = env.held_over
+            env.held_over = None
+            if until > self.now:
+                self._held[reg.link] = (env.last_seq, until, acked)
         self.capacity.changed(env.id)
         self._out.append(ev.AgentConnected(env.id, True))
         self._linked.add(env.id)
@@ -194,18 +203,23 @@ class Fleet:
         """The agent's first message: what it must stop, how often to beat."""
         env = self.envs[joined.env_id]
         policy = self.policy
+        held = self._held.get(joined.link)
+        # While a save's ack is held, the agent hears of nothing past what it heard before: it
+        # sends the save again, and its answer waits for the search, as on the old stream.
+        acked = env.last_seq if held is None else held[2]
         self._out.append(ev.Send(joined.link, ev.Welcome(
-            policy.experiment_id, env.last_seq, self.heartbeat_interval, unwanted, self.gpu_sample_interval,
+            policy.experiment_id, acked, self.heartbeat_interval, unwanted, self.gpu_sample_interval,
             policy.section(env.platform).checkpoint_dir, policy.checkpoint_storage, policy.max_checkpoint_bytes,
             refusals, policy.checkpoint_data_port,
         )))
 
     def disconnected(self, d: ev.AgentDisconnected) -> None:
         self._closing.discard(d.link)
-        self._held.pop(d.link, None)
         env = self.envs.get(d.env_id)
         if env is None or env.link != d.link:
+            self._held.pop(d.link, None)
             return
+        self._keep_hold(env, d.link)
         env.link = None
         self.capacity.changed(env.id)
         self._out.append(ev.AgentConnected(env.id, False))
@@ -213,6 +227,12 @@ class Fleet:
         log.info("environment %s: agent stream closed", env.id)
         self.rescale_heartbeats()
         self._out.append(ev.PollSoon())  # did its process exit? Ask the platform now
+
+    def _keep_hold(self, env: EnvState, link: int) -> None:
+        """The stream ``link`` of ``env`` ends: a hold on its acks is kept for the next one."""
+        held = self._held.pop(link, None)
+        if held is not None:
+            env.held_over = (held[2], held[1])
 
     def _close(self, link: int) -> None:
         self._closing.add(link)
@@ -266,19 +286,19 @@ class Fleet:
         if held is None:
             self._out.append(ev.Ack(m.link, m.seq))
         else:  # acks are cumulative: none goes past the save held
-            self._held[m.link] = (m.seq, held[1])
+            self._held[m.link] = (m.seq, held[1], held[2])
 
     def hold_acks(self, env_id: str, until: float) -> None:
         """Hold the acks of the agent's stream from the message being applied on (a save the
         search judges: the ack answers the trial's save_checkpoint, so a pause decided on it
         must reach the agent first), until ``release_acks``; ``until`` at the latest."""
-        link = self.envs[env_id].link
-        if link is not None and link not in self._held:
-            self._held[link] = (0, until)
+        env = self.envs[env_id]
+        if env.link is not None and env.link not in self._held:
+            self._held[env.link] = (0, until, env.last_seq)
 
     def release_acks(self, *, due_only: bool) -> None:
         """The held acks go out: all of them, or (``due_only``) those whose time is up."""
-        for link, (seq, until) in list(self._held.items()):
+        for link, (seq, until, _) in list(self._held.items()):
             if not due_only or until <= self.now:
                 del self._held[link]
                 if seq:

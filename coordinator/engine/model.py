@@ -204,6 +204,8 @@ class EnvState:
     hostname: str = ""
     instance_id: str = ""
     last_seq: int = 0
+    # A save's held ack when the stream broke: (the last seq acknowledged before it, until when)
+    held_over: tuple[int, float] | None = None
     link: int | None = None  # the shell's id of the agent's open stream
     started_here: bool = True  # the coordinator started it (not an agent an operator started)
     holders: set[str] = field(default_factory=set)

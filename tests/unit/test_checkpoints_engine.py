@@ -459,3 +459,45 @@ def test_a_pause_decided_while_the_agents_stream_is_down_is_sent_again_when_it_r
     sim.feed(ev.AgentDisconnected(env, link))
     link = sim.register(env, instance=f"i-{env}-{sim.links[env]}", active=())
     assert [m for s in sim.take(ev.Send) if s.link == link for m in [s.message] if isinstance(m, ck.PauseTrial)] == []
+
+
+def test_a_held_save_stays_held_across_a_reconnect_so_its_pause_lands_at_it() -> None:
+    """The stream breaks while a judged save's ack is held: the Welcome of the new stream
+    acknowledges only what came before the save, the agent sends the save again, and its
+    ack waits, as on the old stream, behind the pause the search decided on it."""
+    sim = ready_sim(pause_grace_s=30.0)
+    sim.engine.publish_checkpoints, sim.engine.save_hold_s = True, 2.0
+    env = running(sim)
+    instance = f"i-{env}-{sim.links[env]}"
+    sim.take(ev.Ack)
+    sim.report(env, saved("t1", 1, metric_index=1))  # seq 2, held
+    assert sim.take(ev.Ack) == []
+    sim.feed(ev.AgentDisconnected(env, sim.links[env]))
+    sim.advance(0.5)
+    link = sim.register(env, instance=instance, active=("t1",))
+    welcome = next(s.message for s in sim.take(ev.Send) if s.link == link and isinstance(s.message, ev.Welcome))
+    assert welcome.acked_seq == 1  # not the save's 2
+    sim.feed(ev.AgentReported(env, link, 2, saved("t1", 1, metric_index=1)))  # sent again: stored already
+    assert sim.take(ev.Ack) == [] and sim.engine.trials["t1"].checkpoint.step == 1
+    sim.out.clear()
+    sim.feed(ck.PauseRequested("t1", "paused by the assessor"))
+    sim.feed(ck.SavesHeard())
+    told = [(type(i.message).__name__ if isinstance(i, ev.Send) else f"Ack {i.link} {i.seq}") for i in sim.out
+            if isinstance(i, (ev.Send, ev.Ack))]
+    assert told == ["PauseTrial", f"Ack {link} 2"]
+
+
+def test_a_held_save_whose_time_ran_out_while_the_stream_was_down_is_acknowledged_by_the_welcome() -> None:
+    sim = ready_sim()
+    sim.engine.publish_checkpoints, sim.engine.save_hold_s = True, 2.0
+    env = running(sim)
+    instance = f"i-{env}-{sim.links[env]}"
+    sim.take(ev.Ack)
+    sim.report(env, saved("t1", 1, metric_index=1))
+    sim.feed(ev.AgentDisconnected(env, sim.links[env]))
+    sim.advance(3.0)
+    link = sim.register(env, instance=instance, active=("t1",))
+    welcome = next(s.message for s in sim.take(ev.Send) if s.link == link and isinstance(s.message, ev.Welcome))
+    assert welcome.acked_seq == 2
+    sim.feed(ev.AgentReported(env, link, 2, saved("t1", 1, metric_index=1)))  # a replay: acked at once
+    assert [(a.link, a.seq) for a in sim.take(ev.Ack)] == [(link, 2)]
