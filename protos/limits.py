@@ -18,7 +18,8 @@ import json
 import math
 
 # gRPC's limit on one message, both ways. With the limits below, the largest message the
-# coordinator accepts is handled in a few hundred milliseconds (see README, "Security").
+# coordinator accepts is handled in a few hundred milliseconds (docs/operations.md, "Security";
+# scripts/bench/limitsbench.py measures it).
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # Metrics in one MetricBatch (the agent batches what trials report while it writes).
 MAX_METRICS_PER_BATCH = 10_000

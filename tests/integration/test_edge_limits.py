@@ -274,7 +274,7 @@ def test_each_limit_is_refused_naming_it_and_a_message_at_the_limit_is_accepted(
 
 def test_the_largest_messages_allowed_are_handled_and_acknowledged(tmp_path: Path) -> None:
     """A full MetricBatch (MAX_METRICS_PER_BATCH valid metrics filling MAX_MESSAGE_BYTES) and
-    a full Heartbeat, timed from the write to the coordinator's acknowledgement."""
+    a full Heartbeat are handled and acknowledged, and every metric of the batch is stored."""
     write_script(tmp_path, "trial.py", TRIAL)
     write_script(tmp_path, "blocker.py", BLOCKER)
     config = build_config(tmp_path, trialConcurrency=2, trainingService={"environmentCount": 1})
@@ -296,9 +296,7 @@ def test_the_largest_messages_allowed_are_handled_and_acknowledged(tmp_path: Pat
                 for i in range(limits.MAX_PROCESSES_PER_GPU)
             ])
             beat = pb.AgentMessage(heartbeat=pb.Heartbeat(gpus=[sample] * limits.MAX_GPUS))
-            timings = {}
-            for name, msg, seq in [("metrics", big, 2), ("heartbeat", beat, 0)]:
-                started = time.monotonic()
+            for msg, seq in [(big, 2), (beat, 0)]:
                 await agent.raw.send(msg)
                 if not seq:  # a heartbeat is not acknowledged: a small message behind it is
                     seq = 3
@@ -306,11 +304,9 @@ def test_the_largest_messages_allowed_are_handled_and_acknowledged(tmp_path: Pat
                         pb.AgentMessage(seq=seq, metrics=pb.MetricBatch(metrics=[_m(tid, 99_999, 1.0, "1")]))
                     )
                 await async_wait_until(lambda s=seq: agent.acked(s), WAIT_S)  # type: ignore[misc]
-                timings[name] = time.monotonic() - started
-            print(f"largest messages handled in: {timings}")
             assert len(c.store.metrics(tid)) == limits.MAX_METRICS_PER_BATCH + 1
             # Each acknowledged within WAIT_S, on a stream that goes on: the coordinator does not hang on
-            # them. How fast is a figure, printed above (docs/operations.md gives it), not asserted.
+            # them. How fast is a figure of scripts/bench/limitsbench.py (docs/operations.md gives it).
 
     run_async(body)
 
