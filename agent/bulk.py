@@ -10,6 +10,7 @@ import logging
 import socket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from .checkpoint_files import FileEntry
 
@@ -33,13 +34,15 @@ def send_files(
                 header = {"token": token, "env": env_id, "trial": trial_id, "step": step, "path": f.path,
                           "offset": 0, "size": f.size}
                 conn.sendall(json.dumps(header).encode() + b"\n")
-                answer = _line(conn)
-                if answer != "ok":
-                    return sent, answer.removeprefix("no ")
-                with open(directory / f.path, "rb") as fh:
-                    if f.size:
-                        conn.sendfile(fh, 0, f.size)
-                done = _line(conn)
+                # One reader for both answers: for an empty file they may come in one packet.
+                with conn.makefile("rb") as answers:
+                    answer = _line(answers)
+                    if answer != "ok":
+                        return sent, answer.removeprefix("no ")
+                    with open(directory / f.path, "rb") as fh:
+                        if f.size:
+                            conn.sendfile(fh, 0, f.size)
+                    done = _line(answers)
                 if done != f"done {f.size}":
                     return sent, f"the coordinator answered {done!r} for {f.path}"
         except OSError as e:
@@ -48,13 +51,9 @@ def send_files(
     return sent, ""
 
 
-def _line(conn: socket.socket) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        more = conn.recv(1024)
-        if not more:
-            raise ConnectionError("the coordinator closed the connection")
-        data += more
-        if len(data) > 8192:
-            raise ConnectionError("an overlong answer")
+def _line(answers: BinaryIO) -> str:
+    """The coordinator's next answer line."""
+    data = answers.readline(8193)
+    if not data.endswith(b"\n"):
+        raise ConnectionError("an overlong answer" if len(data) > 8192 else "the coordinator closed the connection")
     return data.decode(errors="replace").strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,3 +129,29 @@ def test_a_sender_gone_mid_file_leaves_a_file_the_save_cannot_be_recorded_from(t
                message="the receiver did not write what came before the sender went away")
     problem = files.finish("t1", 2, (CheckpointFile("a.bin", 1 << 20),))
     assert problem == f"the coordinator did not get all of it: a.bin has 1000 bytes, not {1 << 20}"
+
+
+def test_an_empty_files_two_answers_in_one_packet_are_read_as_two(tmp_path: Path) -> None:
+    """For an empty file the coordinator answers "ok" and "done 0" at once: read together,
+    they are still two answers (they were once read as one, and the upload stopped there)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+
+    def answer_both_at_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(10)
+            header = b""
+            while not header.endswith(b"\n"):
+                header += conn.recv(4096)
+            conn.sendall(b"ok\ndone 0\n")
+
+    serving = threading.Thread(target=answer_both_at_once, daemon=True)
+    serving.start()
+    try:
+        (tmp_path / "empty").write_bytes(b"")
+        sent, why = send_files(server.getsockname()[:2], "secret", "env-1", "t1", 1, tmp_path, [FileEntry("empty", 0)])
+        assert (sent, why) == ({"empty"}, "")
+    finally:
+        serving.join(10)
+        server.close()
