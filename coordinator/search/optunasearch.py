@@ -31,12 +31,15 @@ _PID_ATTR = "trialkeeper_parameter_id"
 # On the record a continued trial goes on in: the number of the PRUNED record its pause left.
 _CONTINUES_ATTR = "trialkeeper_continues"
 _SAMPLERS = {"tpe": "TPESampler", "cmaes": "CmaEsSampler", "gp": "GPSampler", "nsgaii": "NSGAIISampler",
-             "nsga2": "NSGAIISampler", "qmc": "QMCSampler", "random": "RandomSampler"}
+             "nsga2": "NSGAIISampler", "qmc": "QMCSampler", "random": "RandomSampler", "bo": "GaussianProcessSampler"}
+# Samplers of our own, by the name in _SAMPLERS, imported when chosen (they import Optuna).
+_OWN_SAMPLERS = {"GaussianProcessSampler": ".gpsampler"}
 _PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "successivehalving": "SuccessiveHalvingPruner",
             "sha": "SuccessiveHalvingPruner", "hyperband": "HyperbandPruner", "wilcoxon": "WilcoxonPruner"}
 # What a sampler needs beyond Optuna, imported when it is chosen so that a missing one is
 # named at start rather than at the first proposal Optuna hands to it.
-_NEEDS = {"CmaEsSampler": ("cmaes",), "GPSampler": ("torch", "scipy"), "QMCSampler": ("scipy",)}
+_NEEDS = {"CmaEsSampler": ("cmaes",), "GPSampler": ("torch", "scipy"), "QMCSampler": ("scipy",),
+          "GaussianProcessSampler": ("scipy",)}
 _UNMAPPABLE = {
     "qloguniform": "Optuna has no quantized log-uniform distribution (its float step cannot be combined with log)",
     "normal": "Optuna's distributions are bounded and normal is not",
@@ -158,14 +161,17 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
         raise error(f"classArgs.{kind}: unknown Optuna {kind} {name!r}; valid: {', '.join(sorted(set(table)))}")
     if not isinstance(args, dict):
         raise error(f"classArgs.{kind}_args must be a mapping of argument -> value, got {args!r}")
-    cls = getattr(getattr(optuna, module), table[normalized(name)])
-    for package in _NEEDS.get(cls.__name__, ()):
+    attr = table[normalized(name)]
+    for package in _NEEDS.get(attr, ()):
         try:
             importlib.import_module(package)
         except ImportError:
+            whose = "" if attr in _OWN_SAMPLERS else "Optuna's "
             raise error(
-                f"Optuna's {cls.__name__} needs the package {package!r}, which is not installed: pip install {package}"
+                f"{whose}{attr} needs the package {package!r}, which is not installed: pip install {package}"
             ) from None
+    own = _OWN_SAMPLERS.get(attr) if module == "samplers" else None
+    cls = getattr(importlib.import_module(own, __package__) if own else getattr(optuna, module), attr)
     kwargs = dict(args)
     if seed is not None and "seed" not in kwargs and module == "samplers":
         kwargs["seed"] = seed

@@ -56,7 +56,8 @@ ASHA = {"min_resource": 1, "max_resource": EPOCHS, "reduction_factor": 3}
 # The settings docs/search.md recommends for slow starters: a first rung at a third of the
 # training, halving (eta 2), and every bracket, the last one training its share to the end.
 SLOW_STARTERS = {"min_resource": EPOCHS / 3, "max_resource": EPOCHS, "reduction_factor": 2, "brackets": 3}
-TK_METHODS = ("asha", "hyperband", "tpe+asha", "tpe+hyperband", "tpe+adaptive", "tpe+slow-adaptive", "tpe", "pbt")
+TK_METHODS = ("asha", "hyperband", "tpe+asha", "tpe+hyperband", "tpe+adaptive", "tpe+slow-adaptive", "tpe", "pbt",
+              "bo", "bo+slow-adaptive")
 RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
 WITHIN = (0.02, 0.01, 0.005)
 TIMED = " (Ray's wall time)"  # a method given Ray Tune's OptunaSearch + ASHA wall time of the seed
@@ -94,6 +95,7 @@ def _search(method: str, seed: int) -> dict[str, Any]:
     asha = {"name": "asha", "classArgs": dict(ASHA)}
     tpe = {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed}}
     told = {"name": "optuna", "classArgs": {"sampler": "TPE", "seed": seed, "tell_paused": True}}
+    bo = {"name": "optuna", "classArgs": {"sampler": "bo", "seed": seed}}
     return {
         "asha": {"tuner": {"name": "random", "classArgs": {"seed": seed}}, "assessor": asha},
         "hyperband": {"tuner": {"name": "random", "classArgs": {"seed": seed}},
@@ -106,6 +108,10 @@ def _search(method: str, seed: int) -> dict[str, Any]:
         "tpe+slow-adaptive": {"tuner": told,
                               "assessor": {"name": "asha", "classArgs": {**SLOW_STARTERS, "brackets": "adaptive"}}},
         "tpe": {"tuner": tpe},  # no early stopping: every configuration trains to the end
+        # The Gaussian-process sampler (sampler: bo), alone and with the slow-starter brackets.
+        "bo": {"tuner": bo},
+        "bo+slow-adaptive": {"tuner": bo, "assessor": {"name": "asha",
+                                                       "classArgs": {**SLOW_STARTERS, "brackets": "adaptive"}}},
         "pbt": {"tuner": {"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 3,
                                                        "seed": seed}}},
     }[method]

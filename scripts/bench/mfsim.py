@@ -56,6 +56,7 @@ from trialkeeper.coordinator.search.search import Search
 CONTROL = "faithful"  # not slow starters: the crossing family's final scores, ranked alike at every epoch
 TPE: dict[str, Any] = {"sampler": "TPE"}
 TOLD: dict[str, Any] = {"sampler": "TPE", "tell_paused": True}
+BO: dict[str, Any] = {"sampler": "bo"}  # the Gaussian-process sampler
 # name -> (the optuna tuner's classArgs, or None for random; the asha assessor's classArgs, or None for none)
 METHODS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {
     "tpe": (TPE, None),
@@ -68,6 +69,8 @@ METHODS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {
     "slow-adaptive": (TPE, {**SLOW_STARTERS, "brackets": "adaptive"}),
     "slow-adaptive+told": (TOLD, {**SLOW_STARTERS, "brackets": "adaptive"}),
     "hyperband4": (TPE, {**ASHA, "brackets": 4}),
+    "bo": (BO, None),
+    "bo+slow-adaptive": (BO, {**SLOW_STARTERS, "brackets": "adaptive"}),
 }
 
 

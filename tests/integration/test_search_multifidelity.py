@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 from conftest import async_wait_until, run_async, wait_until
 from experiment_stop import run_until_stopped
@@ -119,6 +120,23 @@ def test_a_resource_budget_holds_with_optunas_sampler_and_pruner(tmp_path: Path)
     assert result.ok and result.reason.startswith("maxTrialResource (30) reached"), result.reason
     assert 30 <= sum(len(c) for c in curves.values()) <= 30 + 2 * 10
     assert all(t.status.terminal for t in result.trials)
+
+
+@pytest.mark.slow
+def test_the_bo_sampler_learns_from_the_trials_that_end_and_heads_for_the_best(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    bo = {"name": "optuna", "classArgs": {"sampler": "bo", "seed": 5, "storage": url, "study_name": "bo",
+                                          "sampler_args": {"n_startup_trials": 3}}}
+    config = _config(tmp_path, epochs=3, pause=0.02, trialConcurrency=2, maxTrialNumber=10,
+                     searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}}, tuner=bo)
+    result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=240)
+    assert result.ok, result.reason
+    assert [t.status for t in result.trials] == [TrialStatus.SUCCEEDED] * 10
+    study = optuna.load_study(study_name="bo", storage=url)
+    assert sorted(t.value for t in study.trials) == sorted(t.final_metric for t in result.trials)
+    # Each trial's final result is 3x: once three have ended, the process heads for x = 1.
+    proposed = [t.parameters["x"] for t in sorted(result.trials, key=lambda t: t.sequence_id or 0)]
+    assert max(proposed[5:]) > max(0.95, *proposed[:3]), proposed
 
 
 @pytest.mark.slow

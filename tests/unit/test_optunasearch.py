@@ -112,7 +112,7 @@ def test_types_optuna_cannot_express_are_refused_with_the_reason(spec: dict[str,
 
 
 def test_bad_optuna_class_args_are_named() -> None:
-    with pytest.raises(TunerError, match="unknown Optuna sampler 'sobol'; valid: cmaes, gp, nsga2"):
+    with pytest.raises(TunerError, match="unknown Optuna sampler 'sobol'; valid: bo, cmaes, gp, nsga2"):
         create_tuner("optuna", None, {"sampler": "sobol"}, SPACE)
     with pytest.raises(TunerError, match="unexpected classArgs 'pruner' for tuner 'optuna'"):
         create_tuner("optuna", None, {"pruner": "median"}, SPACE)

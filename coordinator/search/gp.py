@@ -1,0 +1,197 @@
+"""A Gaussian process over points in the unit cube, and where to look next.
+
+The model behind the ``bo`` sampler (``gpsampler.py``): a zero-mean process on standardized
+values with a Matérn 5/2 kernel, a length scale per dimension, and a noise variance, all fitted
+by maximum marginal likelihood with analytic gradients (a weak log-normal prior keeps the
+length scales away from the degenerate ends when points are few). ``propose`` maximizes
+log expected improvement over random points and small steps around the best points seen:
+cheap, and good enough in the few dimensions hyperparameter searches have.
+
+Plain numpy and scipy; nothing here knows of Optuna or of trials.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import cho_solve, solve_triangular
+from scipy.optimize import minimize
+from scipy.special import log_ndtr
+
+__all__ = ["Dimension", "Model", "fit", "model", "propose", "random_points"]
+
+_SQRT5 = math.sqrt(5.0)
+_PRIOR_LS, _PRIOR_SD = math.log(0.3), 1.0  # the length scales' log-normal prior
+_LS_BOUNDS = (math.log(0.01), math.log(10.0))
+_VAR_BOUNDS = (math.log(0.05), math.log(20.0))
+_NOISE_BOUNDS = (math.log(1e-6), math.log(1.0))
+_JITTER = 1e-6
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """Columns of the unit cube that one parameter takes: ``levels`` 0 for a continuous
+    one, n for an ordered one of n values (a column rounded to one of n steps), or the
+    number of one-hot columns of an unordered choice (``onehot``)."""
+
+    levels: int = 0
+    onehot: bool = False
+
+    @property
+    def width(self) -> int:
+        return self.levels if self.onehot else 1
+
+
+@dataclass(frozen=True)
+class Model:
+    """A fitted process: predicts the standardized value's mean and standard deviation."""
+
+    x: np.ndarray
+    chol: np.ndarray
+    alpha: np.ndarray
+    scales: np.ndarray
+    variance: float
+    noise: float
+
+    def predict(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = self.variance * _matern(points, self.x, self.scales)[0]
+        mean = k @ self.alpha
+        v = _solve_lower(self.chol, k.T)
+        var = np.maximum(self.variance - np.einsum("ij,ij->j", v, v), 1e-12)
+        return mean, np.sqrt(var)
+
+
+def _matern(a: np.ndarray, b: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel matrix, and what its derivatives need: the scaled squared differences
+    per dimension and the kernel's derivative factor."""
+    sq = ((a[:, None, :] - b[None, :, :]) / scales) ** 2
+    r = np.sqrt(sq.sum(-1))
+    e = np.exp(-_SQRT5 * r)
+    k = (1.0 + _SQRT5 * r + 5.0 / 3.0 * r * r) * e
+    dk = 5.0 / 3.0 * (1.0 + _SQRT5 * r) * e  # -dk/dr / r: d k / d log(scale_d) = dk * sq_d
+    return k, sq, dk
+
+
+def _solve_lower(chol: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return solve_triangular(chol, b, lower=True, check_finite=False)
+
+
+def _nll(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    """The negative log marginal likelihood (with the length scales' prior) and its gradient
+    in (log scales, log variance, log noise)."""
+    n, d = x.shape
+    scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
+    k, sq, dk = _matern(x, x, scales)
+    big_k = variance * k + (noise + _JITTER) * np.eye(n)
+    try:
+        chol = np.linalg.cholesky(big_k)
+    except np.linalg.LinAlgError:
+        return 1e25, np.zeros_like(theta)
+    alpha = cho_solve((chol, True), y, check_finite=False)
+    inv = cho_solve((chol, True), np.eye(n), check_finite=False)
+    inner = inv - np.outer(alpha, alpha)  # d nll / d K = inner / 2
+    prior = theta[:d] - _PRIOR_LS
+    value = 0.5 * y @ alpha + np.log(np.diag(chol)).sum() + 0.5 * (prior**2).sum() / _PRIOR_SD**2
+    grad = np.empty_like(theta)
+    grad[:d] = 0.5 * variance * np.einsum("ij,ijd->d", inner * dk, sq) + prior / _PRIOR_SD**2
+    grad[d] = 0.5 * np.sum(inner * (variance * k))
+    grad[d + 1] = 0.5 * np.trace(inner) * noise
+    return float(value), grad
+
+
+def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> Model:
+    """The process with hyperparameters ``theta`` (log scales, log variance, log noise),
+    conditioned on ``y`` (standardized) at ``x``."""
+    d = x.shape[1]
+    scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
+    big_k = variance * _matern(x, x, scales)[0] + (noise + _JITTER) * np.eye(len(x))
+    chol = np.linalg.cholesky(big_k)
+    return Model(x, chol, cho_solve((chol, True), y, check_finite=False), scales, variance, noise)
+
+
+def fit(x: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    """The hyperparameters (log scales, log variance, log noise) that best explain ``y``
+    (standardized) at ``x``, searched from ``start`` (the last fit's, which is usually
+    close) or else from the prior's centre."""
+    d = x.shape[1]
+    centre = np.r_[np.full(d, _PRIOR_LS), 0.0, math.log(1e-2)]
+    starts = [start] if start is not None and start.shape == centre.shape else [centre]
+    bounds = [_LS_BOUNDS] * d + [_VAR_BOUNDS, _NOISE_BOUNDS]
+    found = [minimize(_nll, s, args=(x, y), jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 200})
+             for s in starts]
+    return min(found, key=lambda f: f.fun).x
+
+
+def log_expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """log E[max(f - best, 0)], computed without underflow far below ``best``."""
+    z = (mean - best) / sd
+    # E = sd * (z Φ(z) + φ(z)); for very negative z use its asymptote φ(z)/z² form.
+    out = np.empty_like(z)
+    near = z > -6.0
+    zn = z[near]
+    out[near] = np.log(np.maximum(zn * np.exp(log_ndtr(zn)) + np.exp(-0.5 * zn * zn) / math.sqrt(2 * math.pi),
+                                  1e-300))
+    zf = z[~near]
+    out[~near] = -0.5 * zf * zf - 0.5 * math.log(2 * math.pi) - 2.0 * np.log(-zf)
+    return out + np.log(sd)
+
+
+def _snap(points: np.ndarray, dims: Sequence[Dimension]) -> np.ndarray:
+    """Points moved onto what the parameters can take: an ordered one's steps, one hot."""
+    col = 0
+    for dim in dims:
+        if dim.onehot:
+            block = points[:, col : col + dim.width]
+            hot = block.argmax(1)
+            block[:] = 0.0
+            block[np.arange(len(points)), hot] = 1.0
+        elif dim.levels > 1:
+            points[:, col] = np.round(np.clip(points[:, col], 0, 1) * (dim.levels - 1)) / (dim.levels - 1)
+        elif dim.levels == 1:
+            points[:, col] = 0.0
+        col += dim.width
+    return np.clip(points, 0.0, 1.0)
+
+
+def random_points(rng: np.random.Generator, dims: Sequence[Dimension], n: int) -> np.ndarray:
+    return _snap(rng.random((n, sum(d.width for d in dims))), dims)
+
+
+def _steps(rng: np.random.Generator, dims: Sequence[Dimension], around: np.ndarray, n: int, size: float) -> np.ndarray:
+    """``n`` small random steps from each point of ``around``: continuous columns moved by
+    a normal of ``size``, an ordered or unordered choice changed with probability 1/5."""
+    pts = np.repeat(around, n, axis=0)
+    fresh = random_points(rng, dims, len(pts))
+    col = 0
+    for dim in dims:
+        cols = slice(col, col + dim.width)
+        if dim.levels == 0:
+            pts[:, cols] += rng.normal(0.0, size, (len(pts), dim.width))
+        else:
+            swap = rng.random(len(pts)) < 0.2
+            pts[swap, cols] = fresh[swap, cols]
+        col += dim.width
+    return _snap(pts, dims)
+
+
+def propose(
+    model: Model,
+    dims: Sequence[Dimension],
+    best: float,
+    incumbents: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    candidates: int = 1024,
+    steps: int = 64,
+) -> np.ndarray:
+    """The point of the most expected improvement over ``best`` (standardized) among random
+    points and steps of two sizes around ``incumbents``."""
+    pool = [random_points(rng, dims, candidates)]
+    if len(incumbents):
+        pool += [_steps(rng, dims, incumbents, steps, 0.05), _steps(rng, dims, incumbents, steps, 0.01)]
+    points = np.concatenate(pool)
+    mean, sd = model.predict(points)
+    return points[int(np.argmax(log_expected_improvement(mean, sd, best)))]

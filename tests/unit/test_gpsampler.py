@@ -1,0 +1,148 @@
+"""The ``bo`` sampler: the Gaussian process behind it, and the sampler in a real Optuna study."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from scipy.optimize import approx_fprime
+from scipy.stats import norm
+from trialkeeper.coordinator.search import gp
+from trialkeeper.coordinator.search.algorithms import create_tuner
+from trialkeeper.coordinator.search.gpsampler import GaussianProcessSampler, _Column
+from trialkeeper.coordinator.search.tuners import TunerError
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def _data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 3))
+    y = np.sin(3 * x[:, 0]) + x[:, 1] ** 2 + 0.02 * rng.normal(size=n)
+    return x, (y - y.mean()) / y.std()
+
+
+def test_the_likelihoods_gradient_is_its_derivative() -> None:
+    x, y = _data(25)
+    theta = np.r_[np.log([0.3, 0.5, 2.0]), 0.2, math.log(0.03)]
+    analytic = gp._nll(theta, x, y)[1]
+    numeric = approx_fprime(theta, lambda t: gp._nll(t, x, y)[0], 1e-6)
+    assert np.allclose(analytic, numeric, rtol=1e-4, atol=1e-4)
+
+
+def test_a_fitted_process_follows_the_data_and_is_unsure_away_from_it() -> None:
+    x, y = _data(40)
+    theta = gp.fit(x, y)
+    fitted = gp.model(theta, x, y)
+    mean, sd = fitted.predict(x)
+    assert np.abs(mean - y).max() < 0.3
+    # The third column does not matter: its length scale is fitted long, the others short.
+    scales = np.exp(theta[:3])
+    assert scales[2] > 3 * max(scales[0], scales[1])
+    far = np.array([[5.0, 5.0, 0.5]])
+    assert fitted.predict(far)[1][0] > 5 * sd.mean()
+
+
+def test_log_expected_improvement_is_the_closed_form_and_stays_finite_far_below() -> None:
+    mean, sd = np.array([0.0, 0.5, -1.0, -40.0, -80.0]), np.array([1.0, 0.2, 0.5, 1.0, 1.0])
+    got = gp.log_expected_improvement(mean, sd, 0.3)
+    z = (mean[:3] - 0.3) / sd[:3]
+    exact = np.log(sd[:3] * (z * norm.cdf(z) + norm.pdf(z)))
+    assert np.allclose(got[:3], exact)
+    assert np.all(np.isfinite(got)) and got[3] > got[4]  # ordered even where it underflows
+
+
+@pytest.mark.parametrize(
+    ("dist", "values"),
+    [
+        (FloatDistribution(1e-4, 1.0, log=True), [1e-4, 3e-3, 1.0]),
+        (FloatDistribution(0.0, 0.9, step=0.3), [0.0, 0.3, 0.9]),
+        (IntDistribution(1, 4), [1, 2, 4]),
+        (IntDistribution(1, 1000, log=True), [1, 37, 1000]),
+        (CategoricalDistribution([64, 512, 128, 256]), [64, 128, 512]),
+        (CategoricalDistribution(["mlp", "cnn", "res"]), ["mlp", "res"]),
+        (CategoricalDistribution([True, False]), [True, False]),
+    ],
+)
+def test_a_parameter_goes_into_the_cube_and_comes_back(dist: Any, values: list[Any]) -> None:
+    column = _Column(dist)
+    for v in values:
+        cols = np.array(column.encode(v))
+        assert len(cols) == column.dim.width and np.all((cols >= 0) & (cols <= 1))
+        back = column.decode(cols)
+        assert back == pytest.approx(v) and type(back) is type(v)
+
+
+def test_a_choice_of_numbers_is_ordered_and_any_other_is_one_hot() -> None:
+    widths = _Column(CategoricalDistribution([512, 64, 256, 128]))
+    assert widths.dim == gp.Dimension(levels=4)
+    assert [widths.encode(w)[0] for w in (64, 128, 256, 512)] == pytest.approx([0, 1 / 3, 2 / 3, 1])
+    archs = _Column(CategoricalDistribution(["mlp", "cnn", "res"]))
+    assert archs.dim == gp.Dimension(levels=3, onehot=True) and archs.encode("cnn") == [0.0, 1.0, 0.0]
+
+
+def _objective(trial: optuna.Trial) -> float:
+    """A peak at x = 0.7 (log scale), y = 0.3, width 256, arch b; the other arch is 0.1 lower."""
+    x = trial.suggest_float("x", 1e-3, 1.0, log=True)
+    y = trial.suggest_float("y", 0.0, 1.0)
+    width = trial.suggest_categorical("width", [64, 128, 256, 512])
+    arch = trial.suggest_categorical("arch", ["a", "b"])
+    return (-(math.log10(x) - math.log10(0.7)) ** 2 - (y - 0.3) ** 2 - 0.01 * abs(math.log2(width / 256))
+            - (0.1 if arch == "a" else 0.0))
+
+
+def test_it_finds_the_peak_closer_than_random_search_with_the_same_trials() -> None:
+    for seed in range(3):
+        found = {}
+        samplers = {"bo": GaussianProcessSampler(seed=seed), "random": optuna.samplers.RandomSampler(seed)}
+        for name, sampler in samplers.items():
+            study = optuna.create_study(direction="maximize", sampler=sampler)
+            study.optimize(_objective, n_trials=30)
+            found[name] = study.best_value
+        assert found["bo"] > found["random"] and found["bo"] > -0.02, (seed, found)
+
+
+def test_it_minimizes_when_the_study_does() -> None:
+    study = optuna.create_study(direction="minimize", sampler=GaussianProcessSampler(seed=1))
+    study.optimize(lambda t: -_objective(t), n_trials=25)
+    assert study.best_value < 0.02
+
+
+def test_trials_proposed_side_by_side_differ() -> None:
+    study = optuna.create_study(direction="maximize", sampler=GaussianProcessSampler(seed=3, n_startup_trials=5))
+    study.optimize(_objective, n_trials=12)
+    first, second = study.ask(), study.ask()  # both running: the second counts on the first's predicted value
+    a, b = _objective(first), _objective(second)
+    assert (first.params != second.params) and math.isfinite(a + b)
+
+
+def test_several_objectives_are_refused_with_what_to_use() -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=GaussianProcessSampler(seed=0))
+    with pytest.raises(ValueError, match="one objective; for several use TPE, NSGA-II or GP"):
+        study.optimize(lambda t: (t.suggest_float("x", 0, 1), 0.0), n_trials=1)
+
+
+def test_bad_arguments_are_named_through_the_tuner_config() -> None:
+    with pytest.raises(TunerError, match=r"classArgs.sampler_args for GaussianProcessSampler: .*n_startup_trials"):
+        create_tuner("optuna", None, {"sampler": "bo", "sampler_args": {"n_startup_trials": 0}},
+                     {"x": {"_type": "uniform", "_value": [0, 1]}})
+
+
+def test_the_tuner_proposes_inside_a_space_with_nested_choices() -> None:
+    space: dict[str, Any] = {
+        "lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]},
+        "units": {"_type": "quniform", "_value": [32, 256, 32]},
+        "opt": {"_type": "choice", "_value": [
+            "adam", {"_name": "sgd", "wd": {"_type": "loguniform", "_value": [1e-6, 1e-3]}}]},
+    }
+    tuner = create_tuner("optuna", None, {"sampler": "bo", "seed": 4, "sampler_args": {"n_startup_trials": 3}}, space)
+    for pid in range(12):
+        p = tuner.generate_parameters(pid)
+        assert 1e-4 <= p["lr"] <= 1e-1 and p["units"] in range(32, 257, 32)
+        assert p["opt"] == "adam" or (p["opt"]["_name"] == "sgd" and 1e-6 <= p["opt"]["wd"] <= 1e-3)
+        tuner.receive_trial_result(pid, p, -abs(math.log10(p["lr"]) + 2))
+        tuner.trial_end(pid, True)
