@@ -23,7 +23,7 @@ CHOSEN_MAX = 100  # trials one may pick to compare
 SCATTER_TRIALS = 2000  # trials the parameter charts draw
 IMPORTANCE_TRIALS = 1000  # trials importance is computed over (spread evenly when there are more)
 STOPPED = ("EARLY_STOPPED", "USER_CANCELED", "SYS_CANCELED")  # ended, maybe without a final metric
-_cache_lock = threading.Lock()  # the caches below: answers are built on several threads
+_cache_lock = threading.Lock()  # importance's cache below: answers are built on several threads
 
 
 _compared: Kept[dict[str, Any]] = Kept()
@@ -88,24 +88,15 @@ def _compare(model: ReadModel, asked: str) -> dict[str, Any]:
     }
 
 
-_ranks_cache: dict[str, tuple[Any, tuple[int, list[tuple[float, int]]]]] = {}  # experiment -> (changes, ranks)
+_ranks: Kept[tuple[int, list[tuple[float, int]]]] = Kept(16)
 
 
 def _final_metric_ranks(model: ReadModel) -> tuple[int, list[tuple[float, int]]]:
     """The final metrics' distribution (read over every trial with one), read again once the
     store's trials or results changed, as the comparison that draws it is (a final metric
     can be written before its trial's status moves)."""
-    key, where = model.changes(), str(model.experiment_dir)
-    with _cache_lock:
-        cached = _ranks_cache.get(where)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    ranks = model.read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS))
-    with _cache_lock:
-        if len(_ranks_cache) > 16:
-            _ranks_cache.clear()
-        _ranks_cache[where] = (key, ranks)
-    return ranks
+    return _ranks.get(model, "final metric ranks",
+                      lambda: model.read("trials", lambda: model.store.final_metric_ranks(SERIES_POINTS)))
 
 
 def _pareto(config: Mapping[str, Any] | None, sample: tuple[TrialSnapshot, ...], *, sampled: bool) -> Any:

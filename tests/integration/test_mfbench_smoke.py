@@ -17,7 +17,7 @@ def test_mfbench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "mf.json"
     proc = subprocess.run(
         [sys.executable, str(BENCH / "mfbench.py"), "--seeds", "1", "--trials", "4", "--epoch-s", "0.01",
-         "--methods", "asha,pbt", "--family", "plateau", "--json", str(out)],
+         "--methods", "asha,pbt,bo+slow-adaptive", "--family", "plateau", "--json", str(out)],
         check=False, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -26,7 +26,7 @@ def test_mfbench_smoke(tmp_path: Path) -> None:
     # The noiseless optimum sits below the best noisy epoch, which carries the luckiest noise.
     assert 0.5 < last["clean_optima"]["0"] < last["optima"]["0"]
     summary = last["summary"]
-    assert sorted(summary) == ["asha", "pbt"]
+    assert sorted(summary) == ["asha", "bo+slow-adaptive", "pbt"]
     for rows in summary.values():
         (row,) = rows
         assert row["wall_s"] > 0 and 0 <= row["final_gap"] < 1 and row["gap_at_ray_wall"] is None
