@@ -239,6 +239,12 @@ async def _drive_in_scope(
                 ok, reason, pause = False, "stopped by the user", True
                 break
             spent = loop.spent(elapsed, _paused(trials))
+            if spent is not None and any(t.stopping for t in trials):
+                # A pause or a stop in flight lands first, so that a trial it pauses is given up
+                # with the others rather than left paused after the end.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), progress_interval_s)
+                continue
             if spent is not None:  # the search ends: what it holds paused will not be continued
                 reason = spent.reason
                 await _give_up(coordinator, spent.give_up)

@@ -107,8 +107,15 @@ def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> Model:
     conditioned on ``y`` (standardized) at ``x``."""
     d = x.shape[1]
     scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
-    big_k = variance * _matern(x, x, scales)[0] + (noise + _JITTER) * np.eye(len(x))
-    chol = np.linalg.cholesky(big_k)
+    k = variance * _matern(x, x, scales)[0]
+    for jitter in (_JITTER, 1e-4, 1e-2):  # many equal points (a small discrete space) can need more
+        try:
+            chol = np.linalg.cholesky(k + (noise + jitter) * np.eye(len(x)))
+            break
+        except np.linalg.LinAlgError:
+            continue
+    else:
+        raise np.linalg.LinAlgError("the kernel matrix is not positive definite, even with jitter 1e-2")
     return Model(x, chol, cho_solve((chol, True), y, check_finite=False), scales, variance, noise)
 
 

@@ -16,6 +16,7 @@ of numbers (``width: [64, 128, 256]``) as ordered. One objective only.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from optuna.trial import FrozenTrial, TrialState
 from . import gp
 
 __all__ = ["GaussianProcessSampler"]
+
+log = logging.getLogger(__name__)
 
 _STEPS_AT_MOST = 32  # an int of more values than this is read as continuous
 _INCUMBENTS = 5  # the best points seen, around which candidates are also drawn
@@ -141,8 +144,13 @@ class GaussianProcessSampler(BaseSampler):
         raw = sign * np.array([t.value for t in finished], dtype=float)
         spread = raw.std()
         y = (raw - raw.mean()) / (spread if spread > 0 else 1.0)
-        self._theta = gp.fit(x, y, self._theta)
-        fitted = gp.model(self._theta, x, y)
+        try:
+            self._theta = gp.fit(x, y, self._theta)
+            fitted = gp.model(self._theta, x, y)
+        except (np.linalg.LinAlgError, ValueError) as e:  # numerics: this proposal is drawn at random
+            log.warning("the bo sampler drew trial %d at random: the model could not be fitted (%s)", trial.number, e)
+            self._theta = None
+            return {}
         seen, _ = fitted.predict(x)
         best = float(seen.max())
         incumbents = x[np.argsort(-seen)[:_INCUMBENTS]]

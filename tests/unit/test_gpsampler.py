@@ -9,6 +9,7 @@ import numpy as np
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
 from scipy.optimize import approx_fprime
 from scipy.stats import norm
 from trialkeeper.coordinator.search import gp
@@ -160,3 +161,26 @@ def test_the_tuner_proposes_inside_a_space_with_nested_choices() -> None:
         assert p["opt"] == "adam" or (p["opt"]["_name"] == "sgd" and 1e-6 <= p["opt"]["wd"] <= 1e-3)
         tuner.receive_trial_result(pid, p, -abs(math.log10(p["lr"]) + 2))
         tuner.trial_end(pid, True)
+
+
+def test_a_small_discrete_space_proposed_again_and_again_keeps_working() -> None:
+    study = optuna.create_study(direction="maximize", sampler=GaussianProcessSampler(seed=2, n_startup_trials=3))
+    study.optimize(lambda t: t.suggest_categorical("a", [1, 2, 3]) - (t.suggest_categorical("b", ["x", "y"]) == "y"),
+                   n_trials=40)
+    seen = [(t.params["a"], t.params["b"]) for t in study.trials]
+    assert len(set(seen)) <= 6 and seen.count((3, "x")) > 10  # the best, proposed again and again
+
+
+def test_a_model_that_cannot_be_fitted_draws_that_trial_at_random(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    study = optuna.create_study(direction="maximize", sampler=GaussianProcessSampler(seed=0, n_startup_trials=3))
+    study.optimize(_objective, n_trials=3)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise np.linalg.LinAlgError("Matrix is not positive definite")
+
+    monkeypatch.setattr(gp, "fit", broken)
+    study.optimize(_objective, n_trials=2)
+    assert len(study.trials) == 5 and all(t.state is TrialState.COMPLETE for t in study.trials)
+    assert "the bo sampler drew trial 3 at random: the model could not be fitted" in caplog.text
