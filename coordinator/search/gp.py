@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg import cho_solve, solve_triangular
 from scipy.optimize import minimize
+from scipy.spatial.distance import cdist
 from scipy.special import log_ndtr
 
 __all__ = ["Dimension", "Model", "fit", "model", "propose", "random_points"]
@@ -57,7 +58,7 @@ class Model:
     noise: float
 
     def predict(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = self.variance * _matern(points, self.x, self.scales)[0]
+        k = self.variance * _kernel(points, self.x, self.scales)
         mean = k @ self.alpha
         v = _solve_lower(self.chol, k.T)
         var = np.maximum(self.variance - np.einsum("ij,ij->j", v, v), 1e-12)
@@ -73,6 +74,13 @@ def _matern(a: np.ndarray, b: np.ndarray, scales: np.ndarray) -> tuple[np.ndarra
     k = (1.0 + _SQRT5 * r + 5.0 / 3.0 * r * r) * e
     dk = 5.0 / 3.0 * (1.0 + _SQRT5 * r) * e  # -dk/dr / r: d k / d log(scale_d) = dk * sq_d
     return k, sq, dk
+
+
+def _kernel(a: np.ndarray, b: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The kernel matrix alone: what predictions need, without ``_matern``'s per-dimension
+    differences."""
+    r = np.sqrt(cdist(a / scales, b / scales, "sqeuclidean"))
+    return (1.0 + _SQRT5 * r + 5.0 / 3.0 * r * r) * np.exp(-_SQRT5 * r)
 
 
 def _solve_lower(chol: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -107,7 +115,7 @@ def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> Model:
     conditioned on ``y`` (standardized) at ``x``."""
     d = x.shape[1]
     scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
-    k = variance * _matern(x, x, scales)[0]
+    k = variance * _kernel(x, x, scales)
     for jitter in (_JITTER, 1e-4, 1e-2):  # many equal points (a small discrete space) can need more
         try:
             chol = np.linalg.cholesky(k + (noise + jitter) * np.eye(len(x)))
@@ -157,8 +165,6 @@ def _snap(points: np.ndarray, dims: Sequence[Dimension]) -> np.ndarray:
             block[np.arange(len(points)), hot] = 1.0
         elif dim.levels > 1:
             points[:, col] = np.round(np.clip(points[:, col], 0, 1) * (dim.levels - 1)) / (dim.levels - 1)
-        elif dim.levels == 1:
-            points[:, col] = 0.0
         col += dim.width
     return np.clip(points, 0.0, 1.0)
 

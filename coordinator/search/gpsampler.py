@@ -53,7 +53,7 @@ class _Column:
                 self.order = sorted(dist.choices)
                 self.dim = gp.Dimension(levels=len(self.order))
             else:
-                self.dim = gp.Dimension(levels=len(dist.choices), onehot=len(dist.choices) > 1)
+                self.dim = gp.Dimension(levels=len(dist.choices), onehot=True)
         elif (isinstance(dist, IntDistribution) and not dist.log
               and (dist.high - dist.low) // dist.step < _STEPS_AT_MOST):
             self.order = list(range(dist.low, dist.high + 1, dist.step))
@@ -67,8 +67,6 @@ class _Column:
             return [float(i == dist.to_internal_repr(value)) for i in range(self.dim.width)]
         if self.order:
             return [self.order.index(value) / max(len(self.order) - 1, 1)]
-        if isinstance(dist, CategoricalDistribution):  # a single choice
-            return [0.0]
         assert isinstance(dist, (FloatDistribution, IntDistribution))
         low, high, v = float(dist.low), float(dist.high), float(value)
         if dist.log:
@@ -77,10 +75,8 @@ class _Column:
 
     def decode(self, cols: np.ndarray) -> Any:
         dist = self.dist
-        if isinstance(dist, CategoricalDistribution):
-            if self.dim.onehot:
-                return dist.choices[int(np.argmax(cols))]
-            return self.order[round(cols[0] * (len(self.order) - 1))] if self.order else dist.choices[0]
+        if isinstance(dist, CategoricalDistribution) and self.dim.onehot:
+            return dist.choices[int(np.argmax(cols))]
         if self.order:
             return self.order[round(cols[0] * (len(self.order) - 1))]
         assert isinstance(dist, (FloatDistribution, IntDistribution))
@@ -126,9 +122,9 @@ class GaussianProcessSampler(BaseSampler):
                     if t.value is not None and math.isfinite(t.value) and all(n in t.params for n in names)]
         if len(finished) < self._startup:
             return {}
+        sign = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
         if len(finished) > self._max_points:  # the best half of what is kept, and the newest of the rest
-            sign0 = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
-            ranked = sorted(finished, key=lambda t: -sign0 * t.value)  # type: ignore[operator]
+            ranked = sorted(finished, key=lambda t: -sign * t.value)  # type: ignore[operator]
             keep = {t.number for t in ranked[: self._max_points // 2]}
             rest = [t for t in finished if t.number not in keep][-(self._max_points - len(keep)) :]
             keep |= {t.number for t in rest}
@@ -139,7 +135,6 @@ class GaussianProcessSampler(BaseSampler):
         def point(params: dict[str, Any]) -> list[float]:
             return [v for c, n in zip(columns, names) for v in c.encode(params[n])]
 
-        sign = 1.0 if study.direction == StudyDirection.MAXIMIZE else -1.0
         x = np.array([point(t.params) for t in finished])
         raw = sign * np.array([t.value for t in finished], dtype=float)
         spread = raw.std()

@@ -35,6 +35,13 @@ def test_the_likelihoods_gradient_is_its_derivative() -> None:
     assert np.allclose(analytic, numeric, rtol=1e-4, atol=1e-4)
 
 
+def test_predictions_use_the_same_kernel_the_likelihood_is_fitted_with() -> None:
+    x, _ = _data(30)
+    points = np.random.default_rng(1).random((50, 3))
+    scales = np.array([0.2, 0.7, 3.0])
+    assert np.allclose(gp._kernel(points, x, scales), gp._matern(points, x, scales)[0], rtol=1e-10, atol=1e-12)
+
+
 def test_a_fitted_process_follows_the_data_and_is_unsure_away_from_it() -> None:
     x, y = _data(40)
     theta = gp.fit(x, y)
