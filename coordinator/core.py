@@ -512,6 +512,14 @@ class Coordinator(Listening):
             return []
         return [t.info() for t in sorted(self._engine.trials.values(), key=lambda t: t.seq)]
 
+    def live_trials(self) -> list[TrialInfo]:
+        """Snapshots of the trials not ended (waiting, running, paused, or being stopped), in
+        submission order: what the experiment loop looks at on each pass, without a snapshot
+        of every trial that ended."""
+        if self._engine is None:
+            return []
+        return [t.info() for t in sorted(self._engine.live_trials.values(), key=lambda t: t.seq)]
+
     def environments(self) -> list[EnvSnapshot]:
         """Snapshots of every environment, read from the store: what ``trialkeeper envs``
         shows (after :meth:`stop`, as they were when it stopped)."""

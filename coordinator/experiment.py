@@ -230,7 +230,9 @@ async def _drive_in_scope(
             # Nothing awaited since the last order: every save heard so far had its orders sent ahead of its ack.
             coordinator.saves_heard()
             loop.submitted = await submit_customized(coordinator, search, steering, limits, loop.submitted, loop.to_do)
-            trials = coordinator.trials()
+            # A pass reads the trials not ended only: its cost stays with the trials at work, not
+            # with all the experiment ran (ended trials hold no slot, are settled, and stop nothing).
+            trials = coordinator.live_trials()
             # A trial being stopped gives up its slot now: the next one is queued at once
             # and placed as soon as the slot is free. A paused one holds none.
             active = sum(1 for t in trials if _holds_a_slot(t))
@@ -268,7 +270,7 @@ async def _drive_in_scope(
                 loop.submitted_as(handle.id, proposal, source)
                 active += 1
             steering.submitted = loop.submitted
-            trials = coordinator.trials()
+            trials = coordinator.live_trials()
             # Ends when nothing more will happen by itself: no trial runs, waits, or is ending.
             settled = loop.settle(all(_settled(t) for t in trials), _paused(trials))
             if isinstance(settled, GiveUp):
@@ -290,7 +292,7 @@ async def _drive_in_scope(
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
                 last_progress = now
-                on_progress(_progress(coordinator, trials, loop.submitted, limits, mode, elapsed))
+                on_progress(_progress(coordinator, coordinator.trials(), loop.submitted, limits, mode, elapsed))
             try:
                 await asyncio.wait_for(changed.wait(), progress_interval_s)
             except asyncio.TimeoutError:

@@ -51,6 +51,9 @@ class TrialBook:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.trials: dict[str, TrialState] = {}
+        # The trials not ended (waiting, running, paused): kept as their statuses change, so
+        # that what looks at these alone costs nothing for the trials that ended.
+        self.live: dict[str, TrialState] = {}
         # The waiting trials, by what they need; placed trials leave it.
         self.queue = WaitingTrials()
         self.stopping = False
@@ -72,7 +75,7 @@ class TrialBook:
     # ---- queries -----------------------------------------------------------------------------
 
     def all_done(self) -> bool:
-        return all(t.status.terminal for t in self.trials.values())
+        return not self.live
 
     def info(self, trial_id: str) -> TrialInfo:
         return self.trials[trial_id].info()
@@ -138,7 +141,7 @@ class TrialBook:
             t.id, t.seq, t.status, t.parameters, t.command, t.gpu_number, t.submitted_at, t.platforms, fork, t.nodes,
             t.max_duration,
         ))
-        self.trials[t.id] = t
+        self.trials[t.id] = self.live[t.id] = t
         self.queue.append(self.demand(t))
         self._out.append(ev.Publish(StatusEvent(t.info(), TrialStatus.WAITING)))
 
@@ -403,6 +406,10 @@ class TrialBook:
         check_trial(t.status, new)
         old = t.status
         t.status = new
+        if new.terminal:
+            self.live.pop(t.id, None)
+        else:
+            self.live[t.id] = t
         if new.terminal or reason:
             t.reason = reason
         if new.terminal:
@@ -422,6 +429,8 @@ class TrialBook:
             if failed is not None:
                 self._out.append(failed)
             self.trials[t.id] = t
+            if not t.status.terminal:
+                self.live[t.id] = t
             self._next_seq = max(self._next_seq, t.seq + 1)
         trialrows.attach_checkpoints(self.trials, rows, checkpoint_rows)
 

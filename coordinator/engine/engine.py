@@ -64,6 +64,11 @@ class Engine:
         return self.book.trials
 
     @property
+    def live_trials(self) -> Mapping[str, TrialState]:
+        """The trials not ended (waiting, running, paused)."""
+        return self.book.live
+
+    @property
     def envs(self) -> Mapping[str, EnvState]:
         return self.fleet.envs
 

@@ -191,15 +191,17 @@ def test_ended_from_the_owning_environment() -> None:
         place(b, tid)
         run(b, tid)
     b.take()
+    assert list(b.live) == ["t1", "t2"]
     report = ev.TrialEndReported("t1", ev.Outcome.SUCCEEDED, 0, None, "", "", 0.0, ("GPU-a",))
     assert b.ended("env-1", report, platform="local") == Ended("t1", "env-1", ("GPU-a",))
     out = b.take()
     assert of(out, ev.TrialExited) == [ev.TrialExited("t1", 0, None, "", WALL + 100)]
     assert changes(out) == [("t1", "RUNNING", TrialStatus.SUCCEEDED)]
+    assert list(b.live) == ["t2"]  # an ended trial leaves the live ones
     assert end(b, "t2", ev.Outcome.FAILED, reason="exit code 1") == Ended("t2", "env-1")
     assert changes(b.take()) == [("t2", "RUNNING", FAILED)]
     assert b.trials["t2"].reason == "exit code 1"
-    assert b.all_done()
+    assert b.live == {} and b.all_done()
     # An end reported twice is not applied again.
     assert end(b, "t2", ev.Outcome.FAILED) is None
 
@@ -414,6 +416,7 @@ def test_restore_takes_rows_as_far_as_they_can_be_read() -> None:
     assert (t["garbled"].status, t["garbled"].parameters) == (FAILED, {})
     assert t["garbled"].reason == "its stored parameters cannot be read; not resumed"
     assert t["old-garbled"].reason == ""  # ended before: kept as it was, no fact
+    assert sorted(b.live) == ["running", "waiting"]  # those that had not ended, and could be read
     assert of(out, ev.TrialStatusChanged) == [
         ev.TrialStatusChanged("future", "HIBERNATING", FAILED, t["future"].reason, t["future"].reason,
                               WALL + 100),
