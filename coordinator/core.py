@@ -520,11 +520,12 @@ class Coordinator(Listening):
             return []
         return [t.info() for t in sorted(self._engine.live_trials.values(), key=lambda t: t.seq)]
 
-    def environments(self) -> list[EnvSnapshot]:
+    def environments(self, latest: int | None = None) -> list[EnvSnapshot]:
         """Snapshots of every environment, read from the store: what ``trialkeeper envs``
-        shows (after :meth:`stop`, as they were when it stopped)."""
+        shows (after :meth:`stop`, as they were when it stopped); ``latest``: with only each
+        one's latest trials (0: none of them, nothing read for them)."""
         if self.store is not None and self._started:
-            return list(ReadModel(self.store).environments())
+            return list(ReadModel(self.store).environments(latest))
         return list(self._last_envs)
 
     async def wait(self, trial_id: str, timeout: float | None = None) -> TrialInfo:

@@ -67,7 +67,7 @@ class Progress:
     max_trials: int | None
     elapsed_s: float
     eta_s: float | None
-    trials: list[TrialInfo] = field(default_factory=list)
+    trials: list[TrialInfo] = field(default_factory=list)  # those not ended; at the end, all of them
     environments: list[tuple[str, str, str]] = field(default_factory=list)  # id, status, detail
 
 
@@ -190,8 +190,11 @@ async def _drive_in_scope(
         loop.checkpointed(ev.trial_id)
         changed.set()  # a pass answers the save (saves_heard), with what the search decided sent first
 
+    tally = _Tally(mode)
+
     def on_status(ev: StatusEvent) -> None:
         loop.status(ev)
+        tally.status(ev)
         changed.set()
 
     if search.hears_intermediate or limits.max_trial_resource:  # otherwise no metric is published
@@ -214,6 +217,7 @@ async def _drive_in_scope(
             on_start(coordinator)
         # Nothing is awaited between start() and here, so no result arrives unheard.
         loop.submitted, loop.trained = _resume(search, coordinator, count=limits.max_trial_resource is not None)
+        tally.reset(coordinator.trials())  # from here on, kept by the status changes
         for t in coordinator.trials():  # saves made before a resume (those made from now on are heard)
             if t.checkpoint_step is not None and t.status is TrialStatus.RUNNING:
                 loop.checkpointed(t.id)
@@ -292,7 +296,7 @@ async def _drive_in_scope(
             now = time.monotonic()
             if on_progress and now - last_progress >= progress_interval_s:
                 last_progress = now
-                on_progress(_progress(coordinator, coordinator.trials(), loop.submitted, limits, mode, elapsed))
+                on_progress(_progress(coordinator, tally.counts(), tally.best, trials, loop.submitted, limits, elapsed))
             try:
                 await asyncio.wait_for(changed.wait(), progress_interval_s)
             except asyncio.TimeoutError:
@@ -314,7 +318,9 @@ async def _drive_in_scope(
             experimentlog.close_log(coordinator.experiment_id, log_file)
     trials = coordinator.trials()
     if on_progress:
-        on_progress(_progress(coordinator, trials, len(trials), limits, mode, time.monotonic() - started))
+        counts = Counter(t.status.value for t in trials)
+        on_progress(_progress(coordinator, counts, best_trial(trials, mode), trials, len(trials), limits,
+                              time.monotonic() - started))
     return ExperimentResult(
         experiment_id=coordinator.experiment_id,
         experiment_dir=coordinator.experiment_dir,
@@ -503,20 +509,51 @@ def _env_detail(e: EnvSnapshot) -> str:
     return "; ".join([where, *gpus]) if gpus else where
 
 
+class _Tally:
+    """What the progress line counts, kept from the trials' status changes as they come: a
+    snapshot of every trial for each line would cost more the longer the experiment runs."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self._counts: Counter[str] = Counter()
+        self.best: TrialInfo | None = None
+
+    def reset(self, trials: list[TrialInfo]) -> None:
+        self._counts = Counter(t.status.value for t in trials)
+        self.best = best_trial(trials, self.mode)
+
+    def status(self, ev: StatusEvent) -> None:
+        t = ev.trial
+        if ev.old is not t.status:  # else a new trial (published WAITING from WAITING)
+            self._counts[ev.old.value] -= 1
+        self._counts[t.status.value] += 1
+        best = self.best
+        if t.final_metric is None:
+            return
+        if best is None or best.id == t.id or best_trial([best, t], self.mode) is t or (
+            t.final_metric == best.final_metric and t.sequence_id < best.sequence_id
+        ):
+            self.best = t  # as best_trial picks: the first submitted among equals
+
+    def counts(self) -> Counter[str]:
+        return +self._counts  # the statuses some trial has
+
+
 def _progress(
-    c: Coordinator, trials: list[TrialInfo], submitted: int, config: Limits, mode: str, elapsed: float
+    c: Coordinator, counts: Counter[str], best: TrialInfo | None, trials: list[TrialInfo], submitted: int,
+    config: Limits, elapsed: float,
 ) -> Progress:
-    counts = Counter(t.status.value for t in trials)
-    done = sum(1 for t in trials if t.status.terminal)
+    done = sum(n for s, n in counts.items() if TrialStatus(s).terminal)
     eta = None
     if config.max_trial_number and done:
         eta = elapsed / done * (config.max_trial_number - done)
-    envs = [(e.id, e.status.value if e.status else "UNREADABLE", _env_detail(e)) for e in c.environments()]
+    # Their GPUs and the trials holding them; not the trials each ran (read for every line, that grows).
+    envs = [(e.id, e.status.value if e.status else "UNREADABLE", _env_detail(e)) for e in c.environments(latest=0)]
     return Progress(
         experiment_id=c.experiment_id,
         experiment_dir=c.experiment_dir,
         counts=counts,
-        best=best_trial(trials, mode),
+        best=best,
         submitted=submitted,
         max_trials=config.max_trial_number,
         elapsed_s=elapsed,

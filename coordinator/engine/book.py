@@ -51,9 +51,7 @@ class TrialBook:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.trials: dict[str, TrialState] = {}
-        # The trials not ended (waiting, running, paused): kept as their statuses change, so
-        # that what looks at these alone costs nothing for the trials that ended.
-        self.live: dict[str, TrialState] = {}
+        self.live: dict[str, TrialState] = {}  # the trials not ended: what a pass looks at
         # The waiting trials, by what they need; placed trials leave it.
         self.queue = WaitingTrials()
         self.stopping = False
@@ -406,10 +404,8 @@ class TrialBook:
         check_trial(t.status, new)
         old = t.status
         t.status = new
-        if new.terminal:
+        if new.terminal:  # for good: no transition leaves an ended status
             self.live.pop(t.id, None)
-        else:
-            self.live[t.id] = t
         if new.terminal or reason:
             t.reason = reason
         if new.terminal:
@@ -429,9 +425,8 @@ class TrialBook:
             if failed is not None:
                 self._out.append(failed)
             self.trials[t.id] = t
-            if not t.status.terminal:
-                self.live[t.id] = t
             self._next_seq = max(self._next_seq, t.seq + 1)
+        self.live.update((tid, t) for tid, t in self.trials.items() if not t.status.terminal)
         trialrows.attach_checkpoints(self.trials, rows, checkpoint_rows)
 
     def restore_placement(self, trial_id: str, gpu_uuids: tuple[str, ...] | None) -> None:

@@ -64,8 +64,7 @@ class Engine:
         return self.book.trials
 
     @property
-    def live_trials(self) -> Mapping[str, TrialState]:
-        """The trials not ended (waiting, running, paused)."""
+    def live_trials(self) -> Mapping[str, TrialState]:  # the trials not ended (waiting, running, paused)
         return self.book.live
 
     @property

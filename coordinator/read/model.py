@@ -183,6 +183,8 @@ class ReadModel:
         # stop): with a hundred thousand ended trials, an environment needs just their ids.
         active = self.active_by_environment()
         places = self.store.trial_places if latest is None else lambda: self.store.latest_trial_places(latest, ids)
+        if latest == 0:  # none of their trials: nothing to read for them
+            places = list
         by_env: dict[str | None, list[str]] = {}
         for tid, env_id, *_ in self.read("trials", places):
             if isinstance(tid, str) and (env_id is None or isinstance(env_id, str)):

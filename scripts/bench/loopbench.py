@@ -1,6 +1,6 @@
 """The experiment loop as an experiment grows: trials per second, early and late.
 
-    python scripts/bench/loopbench.py [--trials 2000] [--concurrency 4] [--windows 4]
+    python scripts/bench/loopbench.py [--trials 2000] [--concurrency 4] [--windows 4] [--progress]
 
 Runs one experiment, as ``trialkeeper run`` does (``run_experiment``): the random tuner,
 trivial_trial.py (three intermediate results and a final one), a local agent running
@@ -9,7 +9,8 @@ timed as the coordinator hears it. Printed: the trials per second in each of ``-
 equal shares of the trials, in order, and the ratio of the last to the first: a loop whose
 work per event grows with the number of trials slows down as the experiment goes on
 (ratio well below 1); one whose work does not keeps its pace (about 1). Also the
-coordinator process's CPU seconds per trial. The last line of stdout is JSON.
+coordinator process's CPU seconds per trial. ``--progress`` also asks for the live progress
+every half second, as ``trialkeeper run`` does for its table. The last line of stdout is JSON.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ async def _run(a: argparse.Namespace, d: Path) -> dict[str, Any]:
 
     me = psutil.Process()
     cpu0, t0 = sum(me.cpu_times()[:2]), time.monotonic()
-    result = await run_experiment(config, experiment_dir=d / "exp", on_start=on_start)
+    lines = [0]
+
+    def on_progress(p: Any) -> None:
+        lines[0] += 1
+
+    result = await run_experiment(config, experiment_dir=d / "exp", on_start=on_start,
+                                  on_progress=on_progress if a.progress else None, progress_interval_s=0.5)
     wall, cpu = time.monotonic() - t0, sum(me.cpu_times()[:2]) - cpu0
     if not result.ok or len(ends) != a.trials:
         raise SystemExit(f"the experiment did not end well: {result.reason!r}, {len(ends)} of {a.trials} trials ended")
@@ -56,7 +63,8 @@ async def _run(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     for w in range(a.windows):
         chunk = ends[w * size : (w + 1) * size]
         rates.append((len(chunk) - 1) / (chunk[-1] - chunk[0]))
-    return {"trials": a.trials, "concurrency": a.concurrency, "wall_s": wall, "coordinator_cpu_s": cpu,
+    return {"trials": a.trials, "concurrency": a.concurrency, "progress_lines": lines[0], "wall_s": wall,
+            "coordinator_cpu_s": cpu,
             "coordinator_cpu_ms_per_trial": 1000 * cpu / a.trials, "trials_per_s_by_window": rates,
             "last_over_first": rates[-1] / rates[0]}
 
@@ -66,6 +74,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--progress", action="store_true", help="ask for the live progress every 0.5 s")
     a = ap.parse_args()
     if a.trials < 2 * a.windows or a.windows < 2:
         ap.error("--windows must be at least 2, and --trials at least twice --windows")

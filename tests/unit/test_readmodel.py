@@ -94,6 +94,11 @@ def test_snapshots_of_an_experiment(tmp_path: Path) -> None:
         ("t3",),
     )
     assert not envs["env-2"].connected and envs["env-2"].gpus == ()
+    # Without the trials each ran (what the live progress reads): the GPUs and their holders stay.
+    with ReadModel.open(tmp_path / "exp") as model:
+        bare = {e.id: e for e in model.environments(latest=0)}
+    assert bare["env-1"].trials == () and bare["env-1"].gpus == env.gpus
+    assert bare["env-1"].running_trials == ("t3",) and bare["env-1"].stopping_trials == ("t3",)
 
     assert detail is not None and detail.intermediate == (0.25, 0.5)
     assert detail.gpu_usage.samples == 2 and detail.gpu_usage.max_utilization_percent == 70.0
