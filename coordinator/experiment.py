@@ -217,8 +217,9 @@ async def _drive_in_scope(
             on_start(coordinator)
         # Nothing is awaited between start() and here, so no result arrives unheard.
         loop.submitted, loop.trained = _resume(search, coordinator, count=limits.max_trial_resource is not None)
-        tally.reset(coordinator.trials())  # from here on, kept by the status changes
-        for t in coordinator.trials():  # saves made before a resume (those made from now on are heard)
+        trials = coordinator.trials()
+        tally.reset(trials)  # from here on, kept by the status changes
+        for t in trials:  # saves made before a resume (those made from now on are heard)
             if t.checkpoint_step is not None and t.status is TrialStatus.RUNNING:
                 loop.checkpointed(t.id)
         if continue_paused:
@@ -527,13 +528,12 @@ class _Tally:
         if ev.old is not t.status:  # else a new trial (published WAITING from WAITING)
             self._counts[ev.old.value] -= 1
         self._counts[t.status.value] += 1
-        best = self.best
         if t.final_metric is None:
             return
-        if best is None or best.id == t.id or best_trial([best, t], self.mode) is t or (
-            t.final_metric == best.final_metric and t.sequence_id < best.sequence_id
-        ):
-            self.best = t  # as best_trial picks: the first submitted among equals
+        if self.best is None or self.best.id == t.id:
+            self.best = t
+        else:  # in submission order: best_trial picks the first submitted among equals
+            self.best = best_trial(sorted((self.best, t), key=lambda i: i.sequence_id or 0), self.mode)
 
     def counts(self) -> Counter[str]:
         return +self._counts  # the statuses some trial has
