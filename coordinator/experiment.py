@@ -283,7 +283,8 @@ async def _drive_in_scope(
                 continue  # their ends reach the search, which may propose more
             if isinstance(settled, End):
                 if settled.kind == "failed":
-                    ok, reason = False, f"{settled.reason} (its traceback is in {LOG_FILENAME})"
+                    where = f" (its traceback is in {LOG_FILENAME})" if loop.search.traceback_logged else ""
+                    ok, reason = False, f"{settled.reason}{where}"
                 elif settled.kind == "paused":
                     ok, pause, paused = False, True, settled.paused
                     reason = (

@@ -29,6 +29,7 @@ from .ended import ENDED_EXIT, add_exit_option, extended_config, failed_note, re
 from .livelog import LiveLog
 from .replay import add_command as add_replay_command
 from .steer import add_commands as add_steer_commands
+from .steer import no_experiment
 from .views import EXP_HELP, add_commands, experiment_path, no_trial
 from .views import console as _console
 
@@ -54,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return BROKEN_PIPE_EXIT
     except StoreError as e:
-        print(f"trialkeeper: {e}", file=sys.stderr)
+        # An experiment named by an id that no index knows, or a path that is not there.
+        target = getattr(args, "experiment_dir", None) or getattr(args, "resume_dir", None)
+        missing = target is not None and not Path(target).exists()
+        print(f"trialkeeper: {no_experiment(target) if missing else e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -104,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         "trials, and go on to the end. A finished experiment goes on only with a limit raised (--max-trials, "
         "--max-duration, or --config).",
     )
-    resume.add_argument("resume_dir", type=Path, metavar="EXP_DIR")
+    resume.add_argument("resume_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     resume.add_argument(
         "--config", type=Path,
         help="the experiment's config, when the stored one (secrets redacted) is not enough; "
@@ -266,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
             logging.getLogger().setLevel(_NNI_LOG_LEVELS[config.log_level])
         if config is None:
             if not holds_experiment(args.resume_dir):
-                print(f"trialkeeper: no experiment to resume in {args.resume_dir}", file=sys.stderr)
+                print(f"trialkeeper: {no_experiment(args.resume_dir)}", file=sys.stderr)
                 return 1
             from ..core import Coordinator
 
@@ -438,8 +442,13 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 def _cmd_logs(args: argparse.Namespace) -> int:
     model = ReadModel.open(args.experiment_dir)
-    if model.trial(args.trial_id) is None:
+    found = model.trial(args.trial_id)
+    if found is None:
         return no_trial(model, args)
+    if not 0 <= args.rank < found.nodes:
+        ranks = "rank 0 only" if found.nodes == 1 else f"ranks 0-{found.nodes - 1}"
+        print(f"trialkeeper: --rank {args.rank}: trial {args.trial_id} has {ranks}", file=sys.stderr)
+        return 2
     rank_dir = f"rank{args.rank}" if args.rank else ""
     path = args.experiment_dir / "trials" / args.trial_id / rank_dir / ("stderr.log" if args.stderr else "stdout.log")
     offset = 0

@@ -422,8 +422,8 @@ class ControlHook:
         if self._signals == 1:
             self._end_run()
             self._say(
-                "trialkeeper: stopping: trials that save checkpoints pause, the others are canceled after "
-                "pauseGracePeriod; a second Ctrl-C cancels the trials still running now"
+                "trialkeeper: stopping: trials that save checkpoints pause (within pauseGracePeriod), the others "
+                "are canceled; a second Ctrl-C cancels the trials still pausing"
             )
         elif self._coordinator is not None and self._canceling is None:
             self._say("trialkeeper: canceling the trials that have not paused")

@@ -4,6 +4,7 @@ reads it (an NNI v1 file converted as nnictl converts it), then checked; nothing
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +20,66 @@ def print_config(path: Path) -> int:
     try:
         file, data = read_config_data(path)
     except ConfigError as e:
-        return _invalid(path, e)
+        return _invalid(path, e.issues)
     v2: Any = nniv1.to_v2(data).v2 if nniv1.is_v1(data) else data
     print(yaml.safe_dump(v2, sort_keys=False, allow_unicode=True, width=1000).rstrip())
     try:
-        parse_config(data, file.parent)
+        config = parse_config(data, file.parent)
     except ConfigError as e:
-        return _invalid(path, e)
-    return 0
+        return _invalid(path, e.issues)
+    issues = []
+    for issue in search_issues(config):
+        if issue.missing:  # not the config's fault: it may be run where the package is
+            print(f"trialkeeper: note: {issue.where} not checked here: {issue.error}", file=sys.stderr)
+        else:
+            issues.append(f"{issue.where}: {issue.error}")
+    return _invalid(path, issues) if issues else 0
 
 
-def _invalid(path: Path, e: Any) -> int:
-    issues = e.issues
+@dataclass(frozen=True)
+class SearchIssue:
+    where: str  # tuner, assessor, advisor or searchSpace
+    error: ValueError
+
+    @property
+    def missing(self) -> bool:
+        return getattr(self.error, "missing", None) is not None
+
+
+def search_issues(config: Any) -> list[SearchIssue]:
+    """What `run` would refuse when it makes the config's tuner and assessor (or advisor): an
+    unknown name, a classArg they do not take or a value they refuse, a package missing here.
+    They are made as `run` makes them and thrown away; nothing is kept: an Optuna study lives
+    in memory, NNI's PBT names its paths under a temporary directory."""
+    import tempfile
+
+    from ..experiment import make_search
+    from ..search.algorithms import create_assessor
+    from ..search.assessors import AssessorError
+    from ..search.tuners import TunerError
+
+    tuner = replace(config.tuner, class_args={k: v for k, v in config.tuner.class_args.items() if k != "storage"})
+    checked = replace(config, tuner=tuner, optuna_storage=None)
+    a = config.assessor
+    with tempfile.TemporaryDirectory(prefix="trialkeeper-check-") as tmp:
+        try:
+            make_search(checked, "check", Path(tmp))
+        except AssessorError as e:
+            return [SearchIssue("assessor", e)]
+        except TunerError as e:  # and the assessor on its own, so that both are said at once
+            said = [SearchIssue("advisor" if config.advisor is not None else "tuner", e)]
+            if a is not None and a.name is not None and a.name.lower() != "optuna":
+                try:
+                    create_assessor(a.name, a.class_name, dict(a.class_args))
+                except TunerError as e2:  # (NNI missing is said as a TunerError)
+                    said.append(SearchIssue("assessor", e2))
+            return said
+        except ValueError as e:  # the search space, as the tuner reads it
+            return [SearchIssue("searchSpace", e)]
+    return []
+
+
+def _invalid(path: Path, issues: list[Any]) -> int:
     if len(issues) == 1:
         print(f"trialkeeper: invalid config {path}: {issues[0]}", file=sys.stderr)
     else:

@@ -25,9 +25,12 @@ DEFAULT_PAUSE_GRACE_S = 120.0
 POLL_S = 0.5
 
 
-def _err(message: str) -> int:
+def _err(message: str, code: int = 1) -> int:
     print(f"trialkeeper: {message}", file=sys.stderr)
-    return 1
+    return code
+
+
+USAGE = 2  # the exit status of a wrong argument
 
 
 def resolve_experiment(target: str) -> Path | None:
@@ -45,13 +48,16 @@ def resolve_experiment(target: str) -> Path | None:
     return None
 
 
+def no_experiment(target: object) -> str:
+    """What a command says of an experiment it cannot find."""
+    return (f"no experiment {str(target)!r}: neither a directory holding one nor a known experiment id "
+            "(`trialkeeper list` shows them)")
+
+
 def _experiment(args: argparse.Namespace) -> Path | None:
     found = resolve_experiment(args.experiment)
     if found is None:
-        _err(
-            f"no experiment {args.experiment!r}: neither a directory holding one nor a known experiment id "
-            "(`trialkeeper list` shows them)"
-        )
+        _err(no_experiment(args.experiment))
     return found
 
 
@@ -118,11 +124,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
         return _err(f"the coordinator of {name} refused to stop: {answer.get('error')}")
     with ReadModel.open(exp_dir) as model:
         timeout = args.timeout if args.timeout is not None else _grace(model) + STOP_MARGIN_S
-        print(
-            f"stopping {name}: trials that save checkpoints pause, the others are canceled "
-            f"(waiting up to {timeout:g} s)",
-            flush=True,
-        )
+        waits = "" if args.no_wait else f" (waiting up to {timeout:g} s)"
+        print(f"stopping {name}: trials that save checkpoints pause, the others are canceled{waits}", flush=True)
         if args.no_wait:
             return 0
         started = time.monotonic()
@@ -183,7 +186,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def cmd_rerun(args: argparse.Namespace) -> int:
     if bool(args.trial_ids) == bool(args.failed):
-        return _err("name the trials to run again, or give --failed (not both)")
+        return _err("name the trials to run again, or give --failed (not both)", USAGE)
     exp_dir = _experiment(args)
     if exp_dir is None:
         return 1
@@ -203,9 +206,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         parameters = json.loads(args.params)
     except ValueError as e:
-        return _err(f"--params: not JSON: {e}")
+        return _err(f"--params: not JSON: {e}", USAGE)
     if not isinstance(parameters, dict):
-        return _err(f"--params: a JSON object of parameter names to values is needed, got {args.params}")
+        return _err(f"--params: a JSON object of parameter names to values is needed, got {args.params}", USAGE)
     exp_dir = _experiment(args)
     if exp_dir is None:
         return 1
@@ -336,7 +339,7 @@ def _resume_detached(args: argparse.Namespace) -> int:
     """``resume --detach``: the resumed run in a process of its own, as ``run --detach``."""
     exp_dir = Path(args.resume_dir).resolve()
     if not holds_experiment(exp_dir):
-        return _err(f"no experiment to resume in {args.resume_dir}")
+        return _err(no_experiment(args.resume_dir))
     with ReadModel.open(exp_dir) as model:
         exp = model.experiment()
     experiment_id = exp.id if exp is not None else exp_dir.name

@@ -349,7 +349,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         gpus = f", GPUs {','.join(str(i) for i in r.gpu_indices)}" if r.gpu_indices else ""
         print(f"  rank {r.rank}: {r.environment_id}{gpus}: {r.state}")
     if t.exit_code is not None or t.signal:
-        print(f"exit code: {t.exit_code}; signal: {t.signal or 'none'}")
+        print(f"exit code: {'none' if t.exit_code is None else t.exit_code}; signal: {t.signal or 'none'}")
     inter = detail.intermediate
     if inter:
         shown = ", ".join(f"{v:.6g}" for v in inter[:10]) + (f", ... ({len(inter)} in all)" if len(inter) > 10 else "")

@@ -63,7 +63,7 @@ def create_tuner(
     if (name is None) == (class_name is None):
         which = "both" if name is not None else "neither"
         raise TunerError(
-            f"a tuner needs either name (built-in: {', '.join(BUILTIN_TUNERS)}; optuna; NNI's names) "
+            f"a tuner needs either name (built-in: {', '.join([*BUILTIN_TUNERS, BUILTIN_PBT])}; optuna; NNI's names) "
             f"or className, got {which}"
         )
     args_in = {} if class_args is None else class_args
@@ -127,7 +127,8 @@ def _nni_grid_search(
         f"tuner {name!r} is NNI's grid search, which grids continuous parameters (uniform, normal, "
         "...) ever finer, and NNI is not installed in the interpreter that runs the coordinator "
         f"({sys.executable}): install it with pip install 'trialkeeper[nni]', or give name: grid "
-        "with a discrete space (quniform, choice, randint)"
+        "with a discrete space (quniform, choice, randint)",
+        missing="nni",
     )
 
 
@@ -142,7 +143,7 @@ def _builtin_name(name: str) -> str:
     close = difflib.get_close_matches(key, [*BUILTIN_TUNERS, *TUNER_ALIASES, "optuna", *nni_names], n=1)
     hint = f"did you mean {TUNER_ALIASES.get(close[0], close[0])!r}? " if close else ""
     raise TunerError(
-        f"unknown tuner {name!r}; {hint}built-in tuners: {', '.join(BUILTIN_TUNERS)}; optuna (Optuna's "
+        f"unknown tuner {name!r}; {hint}built-in tuners: {', '.join([*BUILTIN_TUNERS, BUILTIN_PBT])}; optuna (Optuna's "
         f"samplers); NNI's: {', '.join(sorted(set(nni_names.values())))} (or give className to load your own)"
     )
 

@@ -121,7 +121,7 @@ def _nni(what: str) -> Any:
     except ImportError as e:
         raise TunerError(
             f"{what} is one of NNI's algorithms, and NNI is not installed in the interpreter that runs "
-            f"the coordinator ({sys.executable}): install it with pip install 'trialkeeper[nni]'"
+            f"the coordinator ({sys.executable}): install it with pip install 'trialkeeper[nni]'", missing="nni"
         ) from e
     _quiet_nni()
     return nni
@@ -154,7 +154,7 @@ def _build(
         if validator is not None:
             validator.validate_class_args(**args)
     except ModuleNotFoundError as e:
-        raise error(_missing(name, kind, e)) from e
+        raise error(_missing(name, kind, e), missing=e.name) from e
     except Exception as e:  # NNI's validators raise schema errors and plain ValueErrors alike
         raise error(f"invalid classArgs for {kind} {name!r}: {' '.join(str(e).split())}") from e
     if validate_only:
@@ -162,7 +162,7 @@ def _build(
     try:
         return tuner_factory.create_builtin_class_instance(name, dict(args), algo_type)
     except ModuleNotFoundError as e:
-        raise error(_missing(name, kind, e)) from e
+        raise error(_missing(name, kind, e), missing=e.name) from e
     except (TypeError, ValueError, RuntimeError, nni.NoMoreTrialError) as e:
         raise error(f"{kind} {name!r} failed to start: {type(e).__name__}: {' '.join(str(e).split())}") from e
 

@@ -53,7 +53,9 @@ def _optuna(what: str) -> Any:
     try:
         import optuna
     except ImportError as e:
-        raise TunerError(f"{what} needs Optuna: install it with pip install 'trialkeeper[optuna]'") from e
+        raise TunerError(
+            f"{what} needs Optuna: install it with pip install 'trialkeeper[optuna]'", missing="optuna"
+        ) from e
     return optuna
 
 
@@ -168,7 +170,8 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
         except ImportError:
             whose = "" if attr in _OWN_SAMPLERS else "Optuna's "
             raise error(
-                f"{whose}{attr} needs the package {package!r}, which is not installed: pip install {package}"
+                f"{whose}{attr} needs the package {package!r}, which is not installed: pip install {package}",
+                missing=package,
             ) from None
     own = _OWN_SAMPLERS.get(attr) if module == "samplers" else None
     cls = getattr(importlib.import_module(own, __package__) if own else getattr(optuna, module), attr)
@@ -178,7 +181,8 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
     try:
         return cls(**kwargs)
     except ImportError as e:
-        raise error(f"Optuna's {cls.__name__} needs a package that is not installed: {e}") from e
+        raise error(f"Optuna's {cls.__name__} needs a package that is not installed: {e}",
+                    missing=e.name or "?") from e
     except (TypeError, ValueError) as e:
         raise error(f"classArgs.{kind}_args for {cls.__name__}: {' '.join(str(e).split())}") from e
 

@@ -175,8 +175,8 @@ class Search:
         self.assessor = assessor
         self.mirror = mirror
         self.exhausted = False
-        #: Why the search cannot go on (a tuner raised), or ''.
-        self.failure = ""
+        #: Why the search cannot go on (a tuner raised), or ''; whether the log holds its traceback.
+        self.failure, self.traceback_logged = "", False
         self._trials: dict[str, _Tracked] = {}
         self._trial_of: dict[int, str] = {}  # parameter id -> trial id, ended trials too
         self._orders: list[Instruction] = []
@@ -263,8 +263,10 @@ class Search:
     def refused(self, parameters: dict[str, Any], error: Exception) -> None:
         """The tuner's proposal cannot be submitted: the search fails with the reason."""
         log.error("the tuner proposed %.200r, which cannot be submitted: %s", parameters, error)
-        if not self.failure:
-            self.failure = f"the tuner proposed parameters that cannot be submitted: {' '.join(str(error).split())}"
+        if not self.failure:  # not JSON: the tuner's fault; otherwise no environment could run it
+            tuners = isinstance(error, TypeError)
+            what = "the tuner proposed parameters that cannot be" if tuners else "a trial cannot be"
+            self.failure = f"{what} submitted: {' '.join(str(error).split())}"
 
     def take_orders(self) -> list[Instruction]:
         """The instructions the tuner and the assessor asked for and not yet returned."""
@@ -495,5 +497,6 @@ class Search:
 
     def _fail(self, who: str, method: str, e: Exception) -> None:
         log.exception("the %s raised in %s; no more trials are proposed", who, method)
+        self.traceback_logged = True
         if not self.failure:
             self.failure = f"the {who} raised in {method}: {type(e).__name__}: {' '.join(str(e).split())}"

@@ -66,7 +66,13 @@ class TryLater(Exception):
 
 
 class TunerError(ValueError):
-    """A tuner that cannot be created: unknown name, failed import, bad classArgs."""
+    """A tuner that cannot be created: unknown name, failed import, bad classArgs.
+    ``missing`` names the package it needs that is not installed in this interpreter (the
+    config may be right, for another one)."""
+
+    def __init__(self, message: str, *, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass(frozen=True)

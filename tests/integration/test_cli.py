@@ -262,6 +262,9 @@ def test_status(quickstart: Run) -> None:
     # By its id, as the steering commands take it (run put it in this machine's index).
     by_id = tk("status", exp_id)
     assert by_id.returncode == 0 and by_id.stdout == text.stdout, (by_id.stdout, by_id.stderr)
+    # resume takes the id as well: the finished experiment is refused as finished (3), not as missing.
+    again = tk("resume", exp_id, cwd=quickstart.exp.parent)
+    assert again.returncode == 3 and "DONE" in again.stderr, (again.returncode, again.stderr)
 
     info = _json(tk("status", quickstart.exp, "--json"))
     assert isinstance(info, dict)
@@ -306,6 +309,11 @@ def test_logs(quickstart: Run, failing: Run) -> None:
     with quickstart.db() as db:
         exp_id = db.execute("SELECT id FROM experiment").fetchone()[0]
     assert tk("logs", exp_id, trial_id).stdout == out.stdout  # by the experiment's id too
+    # A rank the trial does not have (a single-node trial has rank 0 only) is refused, not an empty log.
+    for rank in ("1", "-1"):
+        bad = tk("logs", quickstart.exp, trial_id, "--rank", rank)
+        assert bad.returncode == 2
+        assert_one_line_error(bad, f"--rank {rank}: trial {trial_id} has rank 0 only")
 
     failed_id = failing.trials()[0]["id"]
     err = tk("logs", failing.exp, failed_id, "--stderr")
@@ -529,11 +537,19 @@ def test_run_into_a_directory_that_holds_an_experiment(quickstart: Run) -> None:
     assert_one_line_error(tk("run", config, "--experiment-dir", quickstart.exp), "already holds an experiment")
 
 
-@pytest.mark.parametrize("command", ["trials", "status", "envs", "logs"])
+@pytest.mark.parametrize("command", ["trials", "status", "envs", "logs", "resume"])
 def test_reading_a_directory_without_an_experiment(tmp_path: Path, command: str) -> None:
     extra = ["some-trial"] if command == "logs" else []
-    missing = tmp_path / "no-such-dir"
-    assert_one_line_error(tk(command, missing, *extra), "no experiment store", str(missing))
+    # Neither a path that is there nor an id any experiment has: named as such.
+    for missing in (str(tmp_path / "no-such-dir"), "no-such-experiment-id"):
+        line = assert_one_line_error(tk(command, missing, *extra, cwd=tmp_path), f"no experiment {missing!r}")
+        assert line.endswith(
+            "neither a directory holding one nor a known experiment id (`trialkeeper list` shows them)")
+    if command == "resume":
+        return
+    empty = tmp_path / "empty"  # a directory, without a store
+    empty.mkdir(exist_ok=True)
+    assert_one_line_error(tk(command, empty, *extra), "no experiment store", str(empty))
     # A directory whose store is not an SQLite file at all.
     junk = tmp_path / "junk"
     junk.mkdir()

@@ -197,7 +197,7 @@ def test_pause_continue_cancel_and_stop_a_running_experiment_then_resume_it(tmp_
         )
 
         # Resumed, the paused trials go on from their checkpoints, and the experiment ends.
-        run = _start("resume", exp, "--quiet")
+        run = _start("resume", exp_id, "--quiet")  # by its id, as stop's last line says
         wait_until(lambda: all(_status(exp, t) == "RUNNING" for t in (a, b)), timeout=WAIT_S,
                    message="the paused trials continued after the resume")
         (tmp_path / "gates" / "all").touch()

@@ -248,7 +248,9 @@ def test_parameters_that_cannot_be_submitted_end_the_experiment_with_the_reason(
         and "the tuner proposed parameters that cannot be submitted: parameters must be JSON-serialisable"
         in result.reason
     )
+    assert "traceback" not in result.reason  # nothing raised: the log holds none to point to
     assert [(t.status, t.final_metric) for t in result.trials] == [(TrialStatus.SUCCEEDED, 0.5)]
+
 
 
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}

@@ -120,7 +120,11 @@ def test_an_experiment_that_does_not_exist_is_named(tmp_path: Path, capsys: pyte
 
 
 def test_submit_wants_a_json_object(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["submit", "EXP", "--params", "[1]"]) == 1
+    assert main(["submit", "EXP", "--params", "[1]"]) == 2  # a wrong argument, as argparse's own
     assert capsys.readouterr().err.strip() == (
         "trialkeeper: --params: a JSON object of parameter names to values is needed, got [1]"
     )
+    assert main(["submit", "EXP", "--params", "{x"]) == 2
+    assert capsys.readouterr().err.startswith("trialkeeper: --params: not JSON: ")
+    assert main(["rerun", "EXP"]) == 2
+    assert capsys.readouterr().err.strip() == "trialkeeper: name the trials to run again, or give --failed (not both)"

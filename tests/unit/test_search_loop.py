@@ -107,3 +107,21 @@ def test_a_paused_trial_the_search_does_not_hold_ends_the_search_to_be_resumed()
     assert loop.spent(10.0, ["t0"]) == End(
         "spent", "maxExperimentDuration (10 s) reached", give_up=GiveUp((), "paused by the search when "
                                                                          "maxExperimentDuration (10 s) reached"))
+
+
+def test_a_refused_submission_ends_the_search_blaming_the_tuner_only_for_what_it_proposed() -> None:
+    loop = Loop(search([0.5, 0.6]), Limits(1, 4, None))
+    proposal = loop.propose(0)
+    assert proposal is not None
+    loop.refused(proposal, ValueError("trial asks for 99 GPUs but no environment offers more than 0"))
+    s = loop.search
+    assert s.failure == "a trial cannot be submitted: trial asks for 99 GPUs but no environment offers more than 0"
+    assert not s.traceback_logged  # nothing raised: the experiment's end points to no traceback
+    assert loop.propose(0) is None
+
+    loop = Loop(search([0.5, 0.6]), Limits(1, 4, None))
+    proposal = loop.propose(0)
+    assert proposal is not None
+    loop.refused(proposal, TypeError("parameters must be JSON-serialisable: set"))
+    assert loop.search.failure == (
+        "the tuner proposed parameters that cannot be submitted: parameters must be JSON-serialisable: set")

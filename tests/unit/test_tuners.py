@@ -144,13 +144,13 @@ def test_builtin_registry() -> None:
 @pytest.mark.parametrize(
     ("name", "class_name", "class_args", "message"),
     [
-        ("randm", None, {}, "unknown tuner 'randm'; did you mean 'random'? built-in tuners: random, grid"),
-        ("nosuch", None, {}, "unknown tuner 'nosuch'; built-in tuners: random, grid; optuna"),
+        ("randm", None, {}, "unknown tuner 'randm'; did you mean 'random'? built-in tuners: random, grid, pbt"),
+        ("nosuch", None, {}, "unknown tuner 'nosuch'; built-in tuners: random, grid, pbt; optuna"),
         (
             None,
             None,
             {},
-            "a tuner needs either name (built-in: random, grid; optuna; NNI's names) or className, got neither",
+            "a tuner needs either name (built-in: random, grid, pbt; optuna; NNI's names) or className, got neither",
         ),
         ("random", "x:Y", {}, "got both"),
         (

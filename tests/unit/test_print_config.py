@@ -1,0 +1,60 @@
+"""`trialkeeper run CONFIG --print-config` checks what `run` would refuse at start: the tuner,
+the assessor and the advisor are made as `run` makes them, every problem said at once with
+where it is, and nothing is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from trialkeeper.coordinator.cli.app import main
+
+BASE = {
+    "trialCommand": "python3 t.py",
+    "trialConcurrency": 1,
+    "maxTrialNumber": 2,
+    "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+    "trainingService": {"platform": "local"},
+}
+
+
+def _check(tmp_path: Path, capsys: pytest.CaptureFixture[str], **sections: object) -> tuple[int, list[str]]:
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump({**BASE, **sections}))
+    code = main(["run", str(path), "--print-config"])
+    out = capsys.readouterr()
+    assert yaml.safe_load(out.out)["trialCommand"] == "python3 t.py"  # printed all the same
+    return code, out.err.splitlines()
+
+
+def test_a_tuner_and_an_assessor_run_would_refuse_are_both_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _check(tmp_path, capsys, tuner={"name": "randm"}, assessor={"name": "medain"})
+    assert code == 2
+    assert err[0] == f"trialkeeper: invalid config {tmp_path / 'config.yml'}:"
+    assert err[1].startswith("  tuner: unknown tuner 'randm'; did you mean 'random'?")
+    assert err[2].startswith("  assessor: unknown assessor 'medain'; did you mean 'median'?")
+    assert len(err) == 3
+
+    code, err = _check(tmp_path, capsys, tuner={"name": "random", "classArgs": {"optimize_mode": "max"}},
+                       assessor={"name": "asha", "classArgs": {"brackets": "adaptve"}})
+    assert code == 2
+    assert err[1:] == ["  tuner: optimize_mode must be 'maximize' or 'minimize', got 'max'",
+                       "  assessor: assessor 'asha' needs classArgs max_resource"]
+
+    code, err = _check(tmp_path, capsys, tuner={"name": "random", "classArgs": {"sede": 3}})
+    assert code == 2 and len(err) == 1
+    config = tmp_path / "config.yml"
+    assert err[0].startswith(f"trialkeeper: invalid config {config}: tuner: unexpected classArgs 'sede'")
+
+
+def test_a_valid_search_passes_and_leaves_nothing_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    study = tmp_path / "study.db"
+    code, err = _check(tmp_path, capsys,
+                       tuner={"name": "optuna", "classArgs": {"sampler": "TPE", "storage": f"sqlite:///{study}"}},
+                       assessor={"name": "asha", "classArgs": {"max_resource": 9}})
+    assert (code, err) == (0, [])
+    assert not study.exists(), "checking the config made the Optuna study"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yml"]
