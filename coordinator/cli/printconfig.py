@@ -27,9 +27,16 @@ def print_config(path: Path) -> int:
         config = parse_config(data, file.parent)
     except ConfigError as e:
         return _invalid(path, e.issues)
+    return check_search(path, config, missing_is_a_problem=False)
+
+
+def check_search(path: Path, config: Any, *, missing_is_a_problem: bool = True) -> int:
+    """0, or 2 once the problems ``search_issues`` finds are said, as an invalid config's. A
+    package missing here is one only for a run here (not for ``--print-config``, where the
+    config may be meant for another machine: a note)."""
     issues = []
     for issue in search_issues(config):
-        if issue.missing:  # not the config's fault: it may be run where the package is
+        if issue.missing and not missing_is_a_problem:
             print(f"trialkeeper: note: {issue.where} not checked here: {issue.error}", file=sys.stderr)
         else:
             issues.append(f"{issue.where}: {issue.error}")

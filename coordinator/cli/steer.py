@@ -324,6 +324,10 @@ def run_detached(args: argparse.Namespace) -> int:
         for issue in e.issues:
             print(f"  {issue}", file=sys.stderr)
         return 2
+    from .printconfig import check_search
+
+    if check_search(args.config, config):  # what the run would refuse at start, before its directory is made
+        return 2
     experiment_id = "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz23456789") for _ in range(8))
     exp_dir = Path(args.experiment_dir or Path(config.experiment_working_directory) / experiment_id).resolve()
     if holds_experiment(exp_dir):

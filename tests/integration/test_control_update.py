@@ -247,6 +247,15 @@ def test_a_detached_run_whose_config_is_wrong_says_so_and_starts_nothing(tmp_pat
     assert "trialConcurrency" in refused.stderr, refused.stderr
     assert not (tmp_path / "exp").exists(), "nothing was started"
 
+    # A tuner the run would refuse at start is refused before the run's directory is made.
+    bad.write_text(yaml.safe_dump({"trialCommand": "true", "trialConcurrency": 1, "tuner": {"name": "randm"},
+                                   "searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}},
+                                   "trainingService": {"platform": "local"}}))
+    refused = tk("run", bad, "--detach", "--experiment-dir", tmp_path / "exp")
+    assert refused.returncode == 2
+    assert_one_line_error(refused, f"invalid config {bad}: tuner: unknown tuner 'randm'; did you mean 'random'?")
+    assert not (tmp_path / "exp").exists(), "nothing was started"
+
 
 def test_a_detached_run_that_cannot_start_says_why_with_its_output(tmp_path: Path) -> None:
     taken = socket.socket()
