@@ -78,7 +78,7 @@ def search_issues(config: Any) -> list[SearchIssue]:
             if a is not None and a.name is not None and a.name.lower() != "optuna":
                 try:
                     create_assessor(a.name, a.class_name, dict(a.class_args))
-                except TunerError as e2:  # (NNI missing is said as a TunerError)
+                except AssessorError as e2:
                     said.append(SearchIssue("assessor", e2))
             return said
         except ValueError as e:  # the search space, as the tuner reads it

@@ -114,12 +114,12 @@ def checkpoint_directory(path: Path) -> Iterator[None]:
             os.environ[CHECKPOINT_VARIABLE] = before
 
 
-def _nni(what: str) -> Any:
+def _nni(what: str, error: type[TunerError] = TunerError) -> Any:
     try:
         import nni
         from nni.tools.package_utils import tuner_factory  # noqa: F401 - needed below
     except ImportError as e:
-        raise TunerError(
+        raise error(
             f"{what} is one of NNI's algorithms, and NNI is not installed in the interpreter that runs "
             f"the coordinator ({sys.executable}): install it with pip install 'trialkeeper[nni]'", missing="nni"
         ) from e
@@ -144,7 +144,7 @@ def _build(
     name: str, args: dict[str, Any], algo_type: str, error: type[TunerError], *, validate_only: bool = False
 ) -> Any:
     kind = "advisor" if name in NNI_ADVISOR_NAMES.values() else algo_type[:-1]
-    nni = _nni(f"{kind} {name!r}")
+    nni = _nni(f"{kind} {name!r}", error)
     from nni.tools.package_utils import tuner_factory
 
     if not isinstance(args, dict):

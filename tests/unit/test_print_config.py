@@ -4,6 +4,7 @@ where it is, and nothing is kept."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,16 @@ def test_a_valid_search_passes_and_leaves_nothing_behind(tmp_path: Path, capsys:
     assert (code, err) == (0, [])
     assert not study.exists(), "checking the config made the Optuna study"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yml"]
+
+
+def test_an_algorithm_whose_package_is_not_installed_here_is_a_note_of_its_own_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _check(tmp_path, capsys, tuner={"name": "random"}, assessor={"name": "Medianstop"})
+    assert code == 0  # the config may be meant for a machine that has NNI
+    if importlib.util.find_spec("nni") is None:
+        assert len(err) == 1 and err[0].startswith(
+            "trialkeeper: note: assessor not checked here: assessor 'Medianstop' is one of NNI's algorithms, "
+            "and NNI is not installed"), err
+    else:
+        assert err == []
