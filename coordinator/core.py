@@ -413,7 +413,7 @@ class Coordinator(Listening):
         if not isinstance(parameters, dict):
             raise TypeError(f"parameters must be a dict, got {type(parameters).__name__}")
         try:
-            params = json.loads(json.dumps(parameters))
+            params = json.loads(json.dumps(parameters, allow_nan=False))  # NaN is no JSON: a trial could not read it
         except (TypeError, ValueError) as e:
             raise TypeError(f"parameters must be JSON-serialisable: {e}") from e
         gpus = self.config.trial_gpu_number if gpu_number is None else gpu_number
@@ -432,8 +432,9 @@ class Coordinator(Listening):
         while trial_id in engine.trials:
             trial_id = _new_id(6)
         shell.handle(TrialSubmitted(
-            trial_id, params, command or self.config.trial_command, gpus, memory, dict(env or {}), platforms=allowed,
-            checkpoint_from=checkpoint_from or "", nodes=n, max_duration=limit,
+            trial_id, params, submits.checked_command(command, self.config.trial_command), gpus, memory,
+            submits.checked_env(env), platforms=allowed, checkpoint_from=checkpoint_from or "", nodes=n,
+            max_duration=limit,
         ))
         shell.pass_soon()
         return TrialHandle(self, trial_id)

@@ -87,7 +87,7 @@ class Shell:
         self.metric_callbacks: list[Callable[[Any], Any]] = []  # each told a MetricEvent
         self.status_callbacks: list[Callable[[StatusEvent], Any]] = []
         self.checkpoint_callbacks: list[Callable[[Any], Any]] = []  # each told an ev.CheckpointSaved
-        self.subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
+        self.subscribers: set[asyncio.Queue[MetricEvent | StatusEvent | None]] = set()
         self.done: dict[str, asyncio.Event] = {}
         self.changed = asyncio.Event()
         # Wakes the monitor before its tick: a stream closed (poll the platform now) or the
@@ -511,6 +511,8 @@ class Shell:
         await self._checkpoint_work.removals_done()
         for task in list(self._tasks):
             task.cancel()
+        for q in self.subscribers:  # ``Coordinator.events()`` ends: nothing more will come
+            q.put_nowait(None)
 
     # ---- publishing ----------------------------------------------------------------------------
 

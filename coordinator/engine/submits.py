@@ -28,6 +28,22 @@ def checked_fork(trials: Mapping[str, TrialState], checkpoint_from: str | None) 
         raise ValueError(f"checkpoint_from: trial {checkpoint_from!r} has saved no checkpoint to start from")
 
 
+def checked_command(command: Any, default: str) -> str:
+    """``command``, or ``default`` (the config's trialCommand) when None or "", or TypeError."""
+    if command is not None and not isinstance(command, str):
+        raise TypeError(f"command must be a string (a shell command line), got {command!r}")
+    return command or default
+
+
+def checked_env(env: Any) -> dict[str, str]:
+    """``env``, the trial's own environment variables, or TypeError."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError(f"env must be a mapping of variable names to strings, got {env!r}")
+    return dict(env)
+
+
 def checked_nodes(policy: Policy, nodes: Any) -> int:
     """``nodes`` (None: the config's trialNodes), or ValueError."""
     n = policy.trial_nodes if nodes is None else nodes

@@ -28,7 +28,7 @@ class Listening:
         self._metric_callbacks: list[Callable[[MetricEvent], Any]] = []
         self._status_callbacks: list[Callable[[StatusEvent], Any]] = []
         self._checkpoint_callbacks: list[Callable[[CheckpointSaved], Any]] = []
-        self._subscribers: set[asyncio.Queue[MetricEvent | StatusEvent]] = set()
+        self._subscribers: set[asyncio.Queue[MetricEvent | StatusEvent | None]] = set()
 
     def _listen(self, engine: Any, shell: Any) -> None:
         """The engine and the shell exist: they publish to what is registered."""
@@ -57,13 +57,13 @@ class Listening:
             self._engine.publish_checkpoints = True
 
     async def events(self) -> AsyncIterator[MetricEvent | StatusEvent]:
-        """Iterate over metric and status events from now on."""
-        q: asyncio.Queue[MetricEvent | StatusEvent] = asyncio.Queue()
+        """Iterate over metric and status events from now on, until the coordinator stops."""
+        q: asyncio.Queue[MetricEvent | StatusEvent | None] = asyncio.Queue()
         self._subscribers.add(q)
         if self._engine is not None:
             self._engine.publish_metrics = True
         try:
-            while True:
-                yield await q.get()
+            while (event := await q.get()) is not None:  # None: it stopped
+                yield event
         finally:
             self._subscribers.discard(q)

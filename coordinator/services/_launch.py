@@ -83,9 +83,14 @@ def log_tail(path: Path, limit: int = 600, lines: int = 1) -> str:
     is not an INFO or DEBUG line of its own (those say what went well), for a message saying
     why it ended."""
     try:
-        data = path.read_bytes()[-limit:]
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            data = f.read()
     except OSError:
         return ""
+    if size > limit:  # the first line read is the end of one cut short: its start says whether it is quiet
+        data = data.partition(b"\n")[2]
     kept = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip() and not _QUIET.match(ln)]
     return " | ".join(kept[-lines:])
 

@@ -190,6 +190,33 @@ def test_ask_tell_loop_hears_every_metric_and_status(tmp_path: Path) -> None:
     run_async(body)
 
 
+def test_the_event_iterator_ends_when_the_coordinator_stops(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", REPORTING_TRIAL)
+    config = build_config(tmp_path, trialConcurrency=1)
+
+    async def body() -> None:
+        c = Coordinator(config, experiment_dir=tmp_path / "exp")
+        await c.start()
+        streamed: list[MetricEvent | StatusEvent] = []
+
+        async def consume() -> None:  # as docs/embedding.md writes it: no way out but the stop
+            async for event in c.events():
+                streamed.append(event)
+
+        consumer = asyncio.create_task(consume())
+        try:
+            await async_wait_until(lambda: c._subscribers, WAIT_S, message="events() never subscribed")
+            handle = await c.submit({"x": 1})
+            assert (await handle.wait(WAIT_S)).status is S.SUCCEEDED
+        finally:
+            await c.stop()
+        await asyncio.wait_for(consumer, WAIT_S)  # it ended by itself, not cancelled
+        assert [e.trial.status for e in streamed if isinstance(e, StatusEvent)] == [S.WAITING, S.RUNNING, S.SUCCEEDED]
+        assert not c._subscribers
+
+    run_async(body)
+
+
 def test_cancel_early_stop_and_wait_timeout(tmp_path: Path) -> None:
     write_script(tmp_path, "slow.py", SLOW_TRIAL)
     write_script(tmp_path, "trial.py", REPORTING_TRIAL)
@@ -286,6 +313,13 @@ def test_submit_overrides_and_refusals(tmp_path: Path) -> None:
                 await c.submit([1, 2])  # type: ignore[arg-type]
             with pytest.raises(TypeError, match="JSON"):
                 await c.submit({"x": object()})
+            with pytest.raises(TypeError, match="JSON"):  # NaN is no JSON: no trial could read it back
+                await c.submit({"x": float("nan")})
+            # A wrongly typed override is refused here, not by the scheduling pass (which it failed).
+            with pytest.raises(TypeError, match="command must be a string"):
+                await c.submit({"x": 1}, command=5)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="env must be a mapping of variable names to strings"):
+                await c.submit({"x": 1}, env={"A": 1})  # type: ignore[dict-item]
             assert c.trials() == []
 
             default = await c.submit({"x": 3})

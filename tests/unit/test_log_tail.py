@@ -27,3 +27,12 @@ def test_a_job_logs_last_lines_are_joined(tmp_path: Path) -> None:
     assert log_tail(log, lines=2) == (
         "srun: error: node-1: task 0: Exited with exit code 127 | srun: error: node-2: task 1: Killed")
     assert log_tail(log, lines=9).startswith("prologue ran | srun: error: node-1")
+
+
+def test_a_line_the_tail_cuts_into_is_not_quoted(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    quiet = "2026-11-27 16:50:49,427 INFO agent[1] trialkeeper.agent.checkpoints: trial q29kwu: step 20 taken"
+    log.write_text("2026-11-27 16:50:48,000 WARNING agent[1] x: the coordinator is slow\n" + f"{quiet}\n" * 20)
+    # The last 600 bytes start inside an INFO line: its end must not pass for a reason.
+    assert log_tail(log) == ""
+    assert log_tail(log, limit=10_000) == "2026-11-27 16:50:48,000 WARNING agent[1] x: the coordinator is slow"
