@@ -27,6 +27,7 @@ from .clean import cmd_clean
 from .control import ControlHook
 from .ended import ENDED_EXIT, add_exit_option, extended_config, failed_note, resume_refusal, stop_note
 from .livelog import LiveLog
+from .printconfig import check_search, print_config, say_invalid
 from .replay import add_command as add_replay_command
 from .steer import add_commands as add_steer_commands
 from .steer import no_experiment
@@ -231,8 +232,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if getattr(args, "print_config", False):  # reads the config only: nothing else is loaded
-        from .printconfig import print_config
-
         return print_config(args.config)
     if getattr(args, "detach", False):
         from .steer import run_detached
@@ -281,14 +280,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"trialkeeper: cannot resume: {e}", file=sys.stderr)
         return 1
     except ConfigError as e:
-        # Plain prints: rich would wrap long messages at 80 columns when not on a terminal.
-        if len(e.issues) == 1:
-            print(f"trialkeeper: invalid config {args.config}: {e.issues[0]}", file=sys.stderr)
-        else:
-            print(f"trialkeeper: invalid config {args.config}:", file=sys.stderr)
-            for issue in e.issues:
-                print(f"  {issue}", file=sys.stderr)
-        return 2
+        return say_invalid(args.config, e.issues)
     if args.resume_dir is not None and holds_experiment(args.resume_dir):
         refusal = resume_refusal(
             args.resume_dir, config, file_given=args.config is not None, limits_given=extended,
@@ -360,7 +352,9 @@ def _run(args: argparse.Namespace) -> int:
         else:
             result = asyncio.run(go())
     except (TunerError, SearchSpaceError, ValueError) as e:
-        print(f"trialkeeper: {e}", file=sys.stderr)
+        # What the search refused, said as --print-config says it: every section at once.
+        if args.config is None or not check_search(args.config, config):
+            print(f"trialkeeper: {e}", file=sys.stderr)
         return 2
     except (CoordinatorError, OSError) as e:
         print(f"trialkeeper: cannot run the experiment: {e}", file=sys.stderr)

@@ -20,13 +20,13 @@ def print_config(path: Path) -> int:
     try:
         file, data = read_config_data(path)
     except ConfigError as e:
-        return _invalid(path, e.issues)
+        return say_invalid(path, e.issues)
     v2: Any = nniv1.to_v2(data).v2 if nniv1.is_v1(data) else data
     print(yaml.safe_dump(v2, sort_keys=False, allow_unicode=True, width=1000).rstrip())
     try:
         config = parse_config(data, file.parent)
     except ConfigError as e:
-        return _invalid(path, e.issues)
+        return say_invalid(path, e.issues)
     return check_search(path, config, missing_is_a_problem=False)
 
 
@@ -40,7 +40,7 @@ def check_search(path: Path, config: Any, *, missing_is_a_problem: bool = True) 
             print(f"trialkeeper: note: {issue.where} not checked here: {issue.error}", file=sys.stderr)
         else:
             issues.append(f"{issue.where}: {issue.error}")
-    return _invalid(path, issues) if issues else 0
+    return say_invalid(path, issues) if issues else 0
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,10 @@ def search_issues(config: Any) -> list[SearchIssue]:
     return []
 
 
-def _invalid(path: Path, issues: list[Any]) -> int:
+def say_invalid(path: Path | str | None, issues: list[Any]) -> int:
+    """Say a config's problems on stderr, one to a line when there are several; the exit status
+    of an invalid config (2)."""
+    # Plain prints: rich would wrap long messages at 80 columns when not on a terminal.
     if len(issues) == 1:
         print(f"trialkeeper: invalid config {path}: {issues[0]}", file=sys.stderr)
     else:

@@ -316,18 +316,14 @@ def run_detached(args: argparse.Namespace) -> int:
     if getattr(args, "resume_dir", None) is not None:
         return _resume_detached(args)
     from ..config.experiment import ConfigError, load_config
+    from .printconfig import check_search, say_invalid
 
     try:
         config = load_config(args.config)
     except ConfigError as e:
-        print(f"trialkeeper: invalid config {args.config}:", file=sys.stderr)
-        for issue in e.issues:
-            print(f"  {issue}", file=sys.stderr)
-        return 2
-    from .printconfig import check_search
-
+        return say_invalid(args.config, e.issues)
     if check_search(args.config, config):  # what the run would refuse at start, before its directory is made
-        return 2
+        return USAGE
     experiment_id = "".join(secrets.choice("abcdefghijkmnpqrstuvwxyz23456789") for _ in range(8))
     exp_dir = Path(args.experiment_dir or Path(config.experiment_working_directory) / experiment_id).resolve()
     if holds_experiment(exp_dir):

@@ -72,3 +72,18 @@ def test_an_algorithm_whose_package_is_not_installed_here_is_a_note_of_its_own_s
             "and NNI is not installed"), err
     else:
         assert err == []
+
+
+def test_an_attached_run_says_every_section_it_refuses_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump({**BASE, "tuner": {"name": "random", "classArgs": {"sede": 3}},
+                                    "assessor": {"name": "asha", "classArgs": {"max_resource": 9, "nope": 1}}}))
+    code = main(["run", str(path), "--quiet", "--experiment-dir", str(tmp_path / "exp")])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert err[0] == f"trialkeeper: invalid config {path}:", err
+    assert err[1].startswith("  tuner: unexpected classArgs 'sede'"), err
+    assert err[2].startswith("  assessor: unexpected classArgs 'nope'"), err
+    assert not (tmp_path / "exp").exists(), "a run refused at start keeps no directory"
