@@ -19,7 +19,7 @@ from rich.table import Table
 from trialkeeper.agent import nnicompat
 
 from ..read.model import ReadModel
-from ..store.index import record_or_warn
+from ..store.index import no_experiment, record_or_warn
 from ..store.reads import StoreError, holds_experiment
 from ..ui.commands import add_commands as add_ui_commands
 from ..ui.commands import add_ui_option, dashboard_starter, linger_dashboard
@@ -30,7 +30,6 @@ from .livelog import LiveLog
 from .printconfig import check_search, print_config, say_invalid
 from .replay import add_command as add_replay_command
 from .steer import add_commands as add_steer_commands
-from .steer import no_experiment
 from .views import EXP_HELP, add_commands, experiment_path, no_trial
 from .views import console as _console
 
@@ -143,8 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     clean.add_argument(
         "target",
-        metavar="EXPERIMENT_ID_OR_DIR",
-        help="an experiment directory, or an experiment id under the default working directory",
+        metavar="EXP",
+        help=EXP_HELP,
     )
     clean.add_argument(
         "--config", type=Path, help="the experiment's config, when the stored one (secrets redacted) is not enough"

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from ..read.model import ReadModel
+from ..store.index import no_experiment, resolve_experiment
 from ..store.lock import DirectoryInUse, ExperimentLock
-from ..store.reads import holds_experiment
 
 __all__ = ["cmd_clean"]
 
@@ -22,19 +22,15 @@ SWEEP_TIMEOUT_S = 300.0
 def cmd_clean(args: argparse.Namespace) -> int:
     from ..config.experiment import (
         ConfigError,
-        _default_working_directory,
         load_config,
         parse_config,
     )
     from ..services import create_service
     from ..store.checkpointfiles import prune_experiment
 
-    exp_dir = _experiment_dir(args.target, _default_working_directory())
+    exp_dir = resolve_experiment(args.target)
     if exp_dir is None:
-        print(
-            f"trialkeeper: no experiment {args.target!r}: neither a directory holding one nor a known experiment id",
-            file=sys.stderr,
-        )
+        print(f"trialkeeper: {no_experiment(args.target)}", file=sys.stderr)
         return 1
     with ReadModel.open(exp_dir) as model:
         exp = model.experiment()
@@ -90,14 +86,6 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if pruned:
         print(f"experiment {exp.id}: removed {pruned} checkpoint director(ies) no longer needed ({freed} bytes)")
     return 0
-
-
-def _experiment_dir(target: str, working_directory: Path) -> Path | None:
-    """The directory of an experiment named by its directory or by its id."""
-    for candidate in (Path(target).expanduser(), working_directory / target):
-        if holds_experiment(candidate):
-            return candidate.resolve()
-    return None
 
 
 def _coordinator_alive(bound_address: str, exp_dir: Path) -> str:

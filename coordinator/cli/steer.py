@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import experimentlog
 from ..read.model import ReadModel
+from ..store.index import no_experiment, resolve_experiment
 from ..store.reads import holds_experiment
 from .control import LIMITS, ControlError, NoCoordinator, alive, request, valid_limit
 
@@ -31,27 +32,6 @@ def _err(message: str, code: int = 1) -> int:
 
 
 USAGE = 2  # the exit status of a wrong argument
-
-
-def resolve_experiment(target: str) -> Path | None:
-    """The directory of an experiment named by its directory, or by its id: under the
-    default working directory, or anywhere the index of this machine's experiments knows."""
-    from ..config.experiment import _default_working_directory
-    from ..store import index
-
-    for candidate in (Path(target).expanduser(), _default_working_directory() / target):
-        if holds_experiment(candidate):
-            return candidate.resolve()
-    known = [e for e in index.entries() if e.experiment_id == target]
-    if known:
-        return max(known, key=lambda e: e.recorded_at).directory.resolve()
-    return None
-
-
-def no_experiment(target: object) -> str:
-    """What a command says of an experiment it cannot find."""
-    return (f"no experiment {str(target)!r}: neither a directory holding one nor a known experiment id "
-            "(`trialkeeper list` shows them)")
 
 
 def _experiment(args: argparse.Namespace) -> Path | None:
@@ -462,4 +442,4 @@ def add_commands(sub: Any) -> None:
     _add_control_commands(sub, exp_help)
 
 
-__all__ = ["NoCoordinator", "add_commands", "resolve_experiment"]
+__all__ = ["NoCoordinator", "add_commands"]

@@ -30,8 +30,9 @@ from ..read.model import (
 from ..read.pages import MAX_PAGE, PageError, trial_page
 from ..read.pareto import objectives_of, pareto_front
 from ..read.results import result_keys
-from ..store.reads import StoreError, holds_experiment
-from .steer import resolve_experiment
+from ..store.index import experiment_path
+from ..store.reads import StoreError
+from ..ui.commands import EXP_HELP
 
 # The experiment's checkpoint directory, in the experiment directory (checkpoints without
 # an object storage URL are there: <trial>/<step>/).
@@ -394,16 +395,6 @@ def no_trial(model: ReadModel, args: argparse.Namespace) -> int:
     return 1
 
 
-EXP_HELP = "the experiment's directory, or its id (`trialkeeper list` shows them)"
-
-
-def experiment_path(target: str) -> Path:
-    """An experiment named by its directory or its id, as the steering commands take it; a
-    path that holds none stays as given, for the reading commands to say so."""
-    given = Path(target)
-    if holds_experiment(given):
-        return given
-    return resolve_experiment(target) or given
 
 
 def add_commands(sub: Any) -> None:

@@ -31,9 +31,12 @@ __all__ = [
     "IndexEntry",
     "default_index",
     "entries",
+    "experiment_path",
     "forget_gone",
+    "no_experiment",
     "record",
     "record_or_warn",
+    "resolve_experiment",
 ]
 
 INDEX_FILENAME = "experiments.json"
@@ -151,3 +154,35 @@ def forget_gone(index: Path | None = None) -> int:
         kept = [e for e in rows if e.exists()]
         _write(index, kept)
     return len(rows) - len(kept)
+
+
+def resolve_experiment(target: str) -> Path | None:
+    """The directory of an experiment named by its directory, or by its id: under the
+    default working directory, or anywhere the index of this machine's experiments knows."""
+    from ..config.experiment import _default_working_directory
+    from .reads import holds_experiment
+
+    for candidate in (Path(target).expanduser(), _default_working_directory() / target):
+        if holds_experiment(candidate):
+            return candidate.resolve()
+    known = [e for e in entries() if e.experiment_id == target]
+    if known:
+        return max(known, key=lambda e: e.recorded_at).directory.resolve()
+    return None
+
+
+def no_experiment(target: object) -> str:
+    """What a command says of an experiment it cannot find."""
+    return (f"no experiment {str(target)!r}: neither a directory holding one nor a known experiment id "
+            "(`trialkeeper list` shows them)")
+
+
+def experiment_path(target: str) -> Path:
+    """An experiment named by its directory or its id, as the commands take it (an argparse
+    type); a path that holds none stays as given, for the command to say so."""
+    from .reads import holds_experiment
+
+    given = Path(target)
+    if holds_experiment(given):
+        return given
+    return resolve_experiment(target) or given

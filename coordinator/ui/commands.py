@@ -1,7 +1,9 @@
-"""The dashboard's commands: ``run --ui``, ``ui EXP_DIR`` and ``tensorboard EXP_DIR``.
+"""The dashboard's commands: ``run --ui``, ``ui EXP`` and ``tensorboard EXP`` (an
+experiment's directory or its id).
 
-Only argparse and the standard library are imported here: the server's libraries (the
-``ui`` extra) load when a command needs them, and their absence is told plainly."""
+Only argparse, the standard library and the index of experiments are imported here: the
+server's libraries (the ``ui`` extra) load when a command needs them, and their absence is
+told plainly."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..store.index import experiment_path, no_experiment
+
 UI_DEFAULT = "127.0.0.1:8080"
+EXP_HELP = "the experiment's directory, or its id (`trialkeeper list` shows them)"
 INSTALL_HINT = "the dashboard's libraries (aiohttp, prometheus-client) are missing: pip install trialkeeper"
 
 
@@ -34,7 +39,7 @@ def add_commands(sub: Any) -> None:
         description="Serve the dashboard of a running, finished or crashed experiment, read from its store; "
         "with --dir, the experiments home: every experiment in a directory, to open or compare.",
     )
-    ui.add_argument("experiment_dir", type=Path, metavar="EXP_DIR", nargs="?")
+    ui.add_argument("experiment_dir", type=experiment_path, metavar="EXP", nargs="?", help=EXP_HELP)
     add_home_option(ui)
     ui.add_argument(
         "--address", default=UI_DEFAULT, metavar="HOST:PORT", help=f"where to listen (default {UI_DEFAULT})"
@@ -46,9 +51,9 @@ def add_commands(sub: Any) -> None:
         description="Build a TensorBoard log directory with one run per trial (named by its id and parameters, "
         "linked to the trial's output directory) and start TensorBoard on it.",
     )
-    tb.add_argument("experiment_dir", type=Path, metavar="EXP_DIR")
+    tb.add_argument("experiment_dir", type=experiment_path, metavar="EXP", help=EXP_HELP)
     tb.add_argument("trial_ids", nargs="*", metavar="TRIAL_ID", help="these trials only (default: every trial)")
-    tb.add_argument("--logdir", type=Path, help="where to build the log directory (default: EXP_DIR/tensorboard)")
+    tb.add_argument("--logdir", type=Path, help="where to build the log directory (default: EXP/tensorboard)")
     tb.add_argument("--port", type=int, default=6006, help="TensorBoard's port (default 6006)")
     tb.set_defaults(func=cmd_tensorboard)
 
@@ -152,7 +157,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         return 1
     home = getattr(args, "home_dir", None)
     if (home is None) == (args.experiment_dir is None):
-        _err("give an experiment directory, or --dir DIR for the experiments home (not both)")
+        _err("give an experiment (its directory or id), or --dir DIR for the experiments home (not both)")
         return 2
     if home is not None and not home.is_dir():
         _err(f"--dir: {home} is not a directory")
@@ -161,7 +166,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         _err(f"--dir: {home} is an experiment's directory, not one of experiments: `trialkeeper ui {home}` serves it")
         return 1
     if home is None and not holds_experiment(args.experiment_dir):
-        _err(f"no experiment in {args.experiment_dir}")
+        _err(no_experiment(args.experiment_dir))
         return 1
     say = lambda url: print(f"dashboard: {url}", flush=True)
     try:

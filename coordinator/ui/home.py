@@ -3,7 +3,7 @@ experiment in DIR's subdirectories, with its status, progress, best result and s
 compares two or more of them: their best-so-far curves and their parameters' distributions.
 
 Each experiment opens at ``/x/NAME/`` (NAME: its directory's name in DIR), served by the
-same dashboard app ``trialkeeper ui EXP_DIR`` serves (``server.build_app``), built when it is
+same dashboard app ``trialkeeper ui EXP`` serves (``server.build_app``), built when it is
 first asked for, its routes under that prefix: its pages, its live stream and its actions
 (through its control socket, with its own token) are those of a dashboard of its own."""
 

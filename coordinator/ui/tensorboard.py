@@ -26,6 +26,7 @@ from typing import Any
 
 from ..read.model import ReadModel, TrialSnapshot
 from ..read.results import reported
+from ..store.index import no_experiment
 from ..store.reads import holds_experiment
 from . import tfevents
 
@@ -87,7 +88,7 @@ def _remote_location(platform: str, hostname: str, config: dict[str, Any] | None
 def build_logdir(experiment_dir: Path, trial_ids: list[str], logdir: Path | None = None) -> LogdirPlan:
     """Make (or refresh) the log directory; returns what it holds and what it could not."""
     if not holds_experiment(experiment_dir):
-        raise TensorboardError(f"no experiment in {experiment_dir}")
+        raise TensorboardError(no_experiment(experiment_dir))
     with ReadModel.open(experiment_dir) as model:
         trials = [model.trial(t) for t in trial_ids] if trial_ids else list(model.trials())
         missing = [tid for tid, t in zip(trial_ids, trials) if t is None]

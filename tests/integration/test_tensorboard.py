@@ -21,6 +21,7 @@ from conftest import wait_until, write_script
 from dashboard import HTTP_TIMEOUT_S, first_line, many_trials, tk_bare
 from test_cli import RUN_TIMEOUT_S, _script, tk
 from trialkeeper.coordinator.read.model import ReadModel
+from trialkeeper.coordinator.store import index
 from trialkeeper.coordinator.store.store import MetricRow, Store
 
 START_TIMEOUT_S = 60.0
@@ -157,6 +158,13 @@ def test_tensorboard_builds_one_run_per_trial_and_says_how_to_install(tmp_path: 
     assert [p.name.split("_")[0] for p in (tmp_path / "tb" / "stored").iterdir() if p.is_dir()] == ["tr00002"]
     proc = tk_bare("tensorboard", exp, "nope")
     assert proc.returncode == 1 and "no trial nope" in proc.stderr
+
+    # By the experiment's id, as the other commands take it, once this machine's index knows it.
+    index.record("bigexp", exp)
+    proc = tk_bare("tensorboard", "bigexp", "tr00000", "--logdir", tmp_path / "by-id")
+    assert [p.name.split("_")[0] for p in (tmp_path / "by-id").iterdir() if p.name != "stored"] == ["tr00000"]
+    proc = tk_bare("tensorboard", "no-such-id")
+    assert proc.returncode == 1 and "no experiment 'no-such-id': neither a directory holding one" in proc.stderr
 
 
 def test_tensorboard_shows_the_stored_results_when_no_trial_wrote_event_files(tmp_path: Path) -> None:

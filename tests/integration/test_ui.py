@@ -348,7 +348,7 @@ def test_run_refuses_a_bad_dashboard_address_before_it_starts(tmp_path: Path) ->
 
 def test_ui_refuses_bad_input(tmp_path: Path) -> None:
     proc = tk_bare("ui", tmp_path)
-    assert proc.returncode == 1 and f"no experiment in {tmp_path}" in proc.stderr
+    assert proc.returncode == 1 and f"no experiment {str(tmp_path)!r}: neither a directory holding one" in proc.stderr
     many_trials(tmp_path / "exp", 3)
     proc = tk_bare("ui", tmp_path / "exp", "--address", "127.0.0.1:http")
     assert proc.returncode == 1 and "is not HOST:PORT" in proc.stderr
@@ -369,7 +369,7 @@ def test_ui_and_view_serve_one_experiment_or_the_home_of_a_directory(tmp_path: P
     neither = tk_bare("ui")
     assert neither.returncode == 2
     assert neither.stderr.strip() == (
-        "trialkeeper: give an experiment directory, or --dir DIR for the experiments home (not both)"
+        "trialkeeper: give an experiment (its directory or id), or --dir DIR for the experiments home (not both)"
     )
     missing = tk_bare("ui", "--dir", tmp_path / "nope")
     assert missing.returncode == 1 and f"--dir: {tmp_path / 'nope'} is not a directory" in missing.stderr
