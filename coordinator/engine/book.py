@@ -218,8 +218,8 @@ class TrialBook:
             t.parameters = dict(parameters)
             self._out.append(ck.TrialParametersChanged(t.id, t.parameters))
         t.reason = t.waiting_reason = ""
-        at = f"from step {t.checkpoint.step}" if t.checkpoint is not None else "from the start"
-        self._to(t, TrialStatus.WAITING, f"continued {at}")
+        new = ", with new parameters" if parameters is not None else ""
+        self._to(t, TrialStatus.WAITING, f"continued {ck.whence(t.id, t.checkpoint)}{new}")
         self.queue.push_front(self.demand(t), self.now)
         return True
 
@@ -398,7 +398,7 @@ class TrialBook:
         t.env_id, t.gpu_uuids, t.gpu_indices, t.pausing, t.cancel_status = None, (), (), False, None
         self._out.append(ev.TrialUnplaced(t.id))
         assert t.checkpoint is not None
-        self._to(t, TrialStatus.PAUSED, f"{why}; continues from step {t.checkpoint.step}")
+        self._to(t, TrialStatus.PAUSED, f"{why}; continues {ck.whence(t.id, t.checkpoint)}")
 
     def _to(self, t: TrialState, new: TrialStatus, reason: str) -> None:
         check_trial(t.status, new)

@@ -320,6 +320,13 @@ def held_by(trials: Iterable[Any], but: str) -> list[tuple[str, int]]:
             if o.id != but and o.checkpoint is not None and not o.status.terminal]
 
 
+def whence(trial_id: str, c: Checkpoint | None) -> str:
+    """Where a trial continues from, said: its own step, another trial's (an exploit, a fork)."""
+    if c is None:
+        return "from the start"
+    return f"from step {c.step}" if c.trial_id == trial_id else f"from trial {c.trial_id}'s checkpoint at step {c.step}"
+
+
 def fork(t: Any, source: Checkpoint, held: Iterable[tuple[str, int]], wall: float, out: list[Any]) -> None:
     """The paused trial ``t`` (a TrialState) is to continue from ``source``, another trial's
     checkpoint (a population-based search's exploit: the better trial's state copied into the

@@ -380,7 +380,12 @@ def test_an_exploited_trial_lost_before_its_own_save_continues_elsewhere_from_th
     sim.report(env2, saved("t2", 4, metric_index=4))
     sim.feed(ck.PauseRequested("t2", "exploit"))
     sim.report(env2, ev.TrialEndReported("t2", ev.Outcome.PAUSED, 0, None, "", "", 0.0))
+    assert sim.engine.trials["t2"].reason == "paused (exploit); continues from step 4"  # its own, as paused
     sim.feed(ck.ContinueRequested("t2", {"lr": 0.3}, checkpoint_from="t1"))
+    # The continue says whose state it takes, not the step of the trial's own save.
+    assert sim.engine.trials["t2"].status is TrialStatus.WAITING
+    assert [c.reason for c in sim.take(ev.TrialStatusChanged) if c.trial_id == "t2"][-1] == (
+        "continued from trial t1's checkpoint at step 6, with new parameters")
     sim.feed(ev.Ticked())
     env = sim.engine.trials["t2"].env_id
     assert env is not None
