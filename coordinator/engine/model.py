@@ -103,10 +103,16 @@ class MetricEvent:
 
 @dataclass(frozen=True)
 class StatusEvent:
-    """A trial changed status."""
+    """A trial changed status; or was submitted (``submitted``: the first event of a trial,
+    which has no status before, so ``old`` is the status it starts in)."""
 
     trial: TrialInfo
     old: TrialStatus
+
+    @property
+    def submitted(self) -> bool:
+        """Whether this is the trial's submission, not a change: no status goes to itself."""
+        return self.old is self.trial.status
 
 
 @dataclass

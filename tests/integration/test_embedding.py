@@ -162,6 +162,8 @@ def test_ask_tell_loop_hears_every_metric_and_status(tmp_path: Path) -> None:
             for x in xs:
                 path = [(old, new) for tid, old, new in streamed_status if tid == ids[x]]
                 assert path == [(S.WAITING, S.WAITING), (S.WAITING, S.RUNNING), (S.RUNNING, S.SUCCEEDED)]
+                # The first is the submission, and says so; the others are changes.
+                assert [e.submitted for e in changes if e.trial.id == ids[x]] == [True, False, False]
                 # Everything a trial reported is heard before its end.
                 positions = [i for i, e in enumerate(streamed) if getattr(e, "trial_id", None) == ids[x]]
                 end = next(
