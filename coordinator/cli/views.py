@@ -214,7 +214,8 @@ def cmd_trials(args: argparse.Namespace) -> int:
             table.add_column("objectives", overflow="fold")
             table.add_column("pareto")
     for t in trials:
-        dur = f"{t.ended_at - t.started_at:.1f} s" if t.started_at and t.ended_at else ""
+        ran = t.duration(time.time())  # every attempt's, the running one's so far
+        dur = f"{ran:.1f} s" if ran is not None and (t.ended_at or t.ran_s or t.status is TrialStatus.RUNNING) else ""
         shown_objectives = (_objectives(t, objectives), "front" if t.id in front else "") if several else ()
         table.add_row(
             t.id,

@@ -84,8 +84,7 @@ class TrialBook:
         return [t.id for t in sorted(on, key=lambda t: t.seq)]
 
     def unwanted(self, env_id: str, active: Iterable[str]) -> tuple[str, ...]:
-        """Of the trials an agent says it runs, those it should stop: unknown, placed
-        elsewhere, or canceled."""
+        """Of the trials an agent says it runs, those it should stop: unknown, elsewhere, canceled."""
         trials = self.trials
         return tuple(sorted(
             tid for tid in active
@@ -101,8 +100,7 @@ class TrialBook:
                       if tid in trials and trials[tid].env_id == env_id and trials[tid].pausing)
 
     def to_resend(self, env_id: str, held: Iterable[str], active: Iterable[str]) -> list[str]:
-        """Trials placed on ``env_id`` that its agent does not know (a StartTrial lost with
-        a broken stream): to be started again."""
+        """Trials placed on ``env_id`` its agent does not know (a start lost with its stream): again."""
         missing = [self.trials[tid] for tid in set(held) - set(active)]
         return [t.id for t in sorted(missing, key=lambda t: t.seq)
                 if not t.status.terminal and t.cancel_status is None and t.env_id == env_id]
@@ -410,8 +408,10 @@ class TrialBook:
             t.reason = reason
         if new.terminal:
             t.ended_at = t.ended_at or self.wall
+        if old is TrialStatus.RUNNING and t.started_at is not None:  # an attempt ended: its time counts
+            t.ran_s += max(0.0, (t.ended_at if new.terminal else self.wall) - t.started_at)
         ended_at = t.ended_at if new.terminal else None
-        self._out.append(ev.TrialStatusChanged(t.id, old.value, new, t.reason, reason, ended_at))
+        self._out.append(ev.TrialStatusChanged(t.id, old.value, new, t.reason, reason, ended_at, t.ran_s))
         log.info("trial %s: %s -> %s%s", t.id, old.value, new.value, f" ({reason})" if reason else "")
         self._out.append(ev.Publish(StatusEvent(t.info(), old)))
 

@@ -39,6 +39,7 @@ class TrialStatusChanged:
     reason: str  # what the trial's row says now
     because: str  # why this change (kept in the trial's history)
     ended_at: float | None = None  # set with a terminal status
+    ran_s: float = 0.0  # seconds it has run in its attempts ended so far
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,16 @@ class TrialInfo:
     # Environments it runs on at once, and (a multi-node trial) each rank's, last placed.
     nodes: int = 1
     ranks: tuple[RankInfo, ...] = ()
+    # Seconds it ran in its attempts ended so far: every attempt of a retried, paused and
+    # continued trial, where ``started_at`` is its latest attempt's start.
+    ran_s: float = 0.0
+
+    def duration(self, now: float) -> float | None:
+        """Seconds it has run, in all its attempts (the one running until ``now``); None if
+        it never started."""
+        if self.started_at is None:
+            return None
+        return self.ran_s + (max(0.0, now - self.started_at) if self.status is TrialStatus.RUNNING else 0.0)
 
     @property
     def done(self) -> bool:
@@ -138,8 +148,9 @@ class TrialState:
     final_metric: float | None = None
     final_metric_json: str | None = None
     attempts: int = 0
-    started_at: float | None = None
+    started_at: float | None = None  # of its latest attempt
     ended_at: float | None = None
+    ran_s: float = 0.0  # seconds it ran in its attempts ended so far (a retry, a pause, the end)
     # The status a cancel asked for, applied when the agent confirms the end.
     cancel_status: TrialStatus | None = None
     waiting_reason: str = ""
@@ -194,7 +205,7 @@ class TrialState:
             stopping=self.cancel_status is not None and not self.status.terminal,
             waiting_reason=self.waiting_reason if self.status is TrialStatus.WAITING else "",
             checkpoint_step=self.checkpoints[-1].step if self.checkpoints else None,
-            nodes=self.nodes, ranks=self.ranks,
+            nodes=self.nodes, ranks=self.ranks, ran_s=self.ran_s,
         )
 
 

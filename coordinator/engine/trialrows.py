@@ -44,7 +44,7 @@ def trial_of(r: Mapping[str, Any], gpu_memory: int, wall: float) -> tuple[TrialS
         max_duration=float(r.get("max_duration") or 0.0),
         # A store from before retries were counted apart: every run after the first was one.
         retries=int(retries) if retries is not None else max(0, attempts - 1),
-        progressed=bool(r.get("progressed") or 0),
+        progressed=bool(r.get("progressed") or 0), ran_s=float(r.get("ran_s") or 0.0),
     )
     if not unreadable or (status is not None and status.terminal):
         return t, None

@@ -14,6 +14,7 @@ from typing import Any
 from ..engine.states import EnvStatus, TrialStatus
 from .kept import Kept
 from .model import ReadModel
+from .pages import TRIAL_SORTS, UNTIMED
 from .rows import _Fields
 from .snapshots import EnvSnapshot
 
@@ -70,12 +71,13 @@ _durations: Kept[Durations] = Kept()
 def _count_durations(model: ReadModel, bounds: Sequence[float]) -> Durations:
     ended = ", ".join(f"'{s.value}'" for s in TrialStatus if s.terminal)
     numeric = "BETWEEN -1e999 AND 1e999"  # a number: neither NULL nor text
+    duration = TRIAL_SORTS["duration"] if "ran_s" in model.store.trial_columns else UNTIMED  # every attempt's
     bucket = "CASE " + " ".join(f"WHEN d <= ? THEN {i}" for i in range(len(bounds))) + f" ELSE {len(bounds)} END"
     # Each trial counted in the first bucket it fits, the buckets added up below. A plain scan
     # (NOT INDEXED): most trials of a long experiment have ended, and looking each one up from
     # the status index costs more than reading the table through.
     sql = (
-        f"SELECT {bucket} AS b, count(*), total(d) FROM (SELECT ended_at - started_at AS d FROM trials NOT INDEXED "
+        f"SELECT {bucket} AS b, count(*), total(d) FROM (SELECT {duration} AS d FROM trials NOT INDEXED "
         f"WHERE status IN ({ended}) AND started_at {numeric} AND ended_at {numeric}) GROUP BY b"
     )
 

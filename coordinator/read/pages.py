@@ -62,12 +62,14 @@ TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
     "id": "id",
     "status": "status",
     "metric": "final_metric",
-    "duration": "(ended_at - started_at)",
+    # An ended trial's time in all its attempts (only its last one in a store from before ran_s).
+    "duration": "(CASE WHEN ended_at IS NULL THEN NULL WHEN ran_s > 0 THEN ran_s ELSE ended_at - started_at END)",
     "submitted": "submitted_at",
     "started": "started_at",
     "ended": "ended_at",
     "environment": "environment_id",
 })
+UNTIMED = "(ended_at - started_at)"  # the duration in a store from before ran_s (read, not written)
 PARAMETER_SORT = "param:"  # followed by a parameter's name
 RESULT_SORT = "result:"  # followed by a key of dict final results
 MAX_PAGE = 1000  # the most trials one page holds
@@ -89,7 +91,7 @@ def trial_page(
     (any when None), whose id, parameters or environment contain ``search``, among ``ids``
     when given, sorted by a key of :data:`TRIAL_SORTS`, by ``param:NAME`` or by ``result:KEY``
     (a key of dict final results); trials without a value for the key come last either way."""
-    where, args, key, key_args = _selection(status, environment, search, sort, ids)
+    where, args, key, key_args = _selection(status, environment, search, sort, ids, model)
     offset, limit = max(0, int(offset)), max(0, min(int(limit), MAX_PAGE))
     if key_args:
         # By a parameter or a result key, SQLite reads the key out of every trial's JSON: the
@@ -115,7 +117,7 @@ def every_trial(
     sort: str = "sequence", descending: bool = False, ids: Sequence[str] = (),
 ) -> Iterator[TrialSnapshot]:
     """Every trial :func:`trial_page` would page through, in its order, read as they are used."""
-    where, args, key, key_args = _selection(status, environment, search, sort, ids)
+    where, args, key, key_args = _selection(status, environment, search, sort, ids, model)
     rows = model.read("trials", lambda: model.store.trials_sorted(
         where=where, args=args, key=key, key_args=key_args, descending=descending,
     ))
@@ -135,7 +137,7 @@ def every_trial_values(
     the store holds them (unchecked: the caller reads them as :mod:`.rows` does), read as used,
     in lists of ``size`` trials (the last may hold fewer). ``newest``: a kind of result; each
     trial's newest, read in the same query, follows its columns (:func:`newest_result` reads it)."""
-    where, args, key, key_args = _selection(status, environment, search, sort, ids)
+    where, args, key, key_args = _selection(status, environment, search, sort, ids, model)
     rows = model.read("trials", lambda: model.store.trial_values_sorted(
         columns, where=where, args=args, key=key, key_args=key_args, descending=descending, newest=newest,
     ))
@@ -151,7 +153,7 @@ def newest_result(row: tuple[Any, ...], at: int) -> tuple[float, str] | None:
 
 
 def _selection(
-    status: str | None, environment: str | None, search: str, sort: str, ids: Sequence[str]
+    status: str | None, environment: str | None, search: str, sort: str, ids: Sequence[str], model: ReadModel
 ) -> tuple[str, list[Any], str, list[Any]]:
     """The SQL that selects and sorts the trials asked for: (where, its arguments, sort key, its arguments)."""
     where, args = ["1=1"], []
@@ -182,7 +184,7 @@ def _selection(
         key = "(CASE WHEN json_valid(final_metric_json) THEN json_extract(final_metric_json, ?) END)"
         key_args = [f'$."{sort[len(RESULT_SORT):]}"']
     elif sort in TRIAL_SORTS:
-        key = TRIAL_SORTS[sort]
+        key = TRIAL_SORTS[sort] if sort != "duration" or "ran_s" in model.store.trial_columns else UNTIMED
     else:
         raise PageError(
             f"sort: {sort!r} is not one of {', '.join(TRIAL_SORTS)}, {PARAMETER_SORT}NAME or {RESULT_SORT}KEY"

@@ -141,7 +141,18 @@ def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
         nodes=max(1, f.integer("nodes") or 1) if "nodes" in row else 1,
         ranks=_ranks(f.json("ranks_json", lambda v: isinstance(v, list), "a list of ranks", []) if "ranks_json" in row
                      else []),
+        ran_s=_ran_s(f, row),
     )
+
+
+def _ran_s(f: _Fields, row: Mapping[str, Any]) -> float:
+    """Seconds a trial ran in its attempts ended so far; of an ended trial a store from before
+    ran_s kept only its last attempt's start and end."""
+    ran = f.number("ran_s") if "ran_s" in row else None
+    if ran:
+        return ran
+    started, ended = f.number("started_at"), f.number("ended_at")
+    return max(0.0, ended - started) if started is not None and ended is not None else 0.0
 
 
 def _ranks(raw: list[Any]) -> tuple[RankInfo, ...]:

@@ -97,6 +97,8 @@ def _trial_status(f: ev.TrialStatusChanged) -> tuple[Write, ...]:
     fields: dict[str, Any] = {"status": f.new.value, "reason": f.reason}
     if f.ended_at is not None:
         fields["ended_at"] = f.ended_at
+    if f.ran_s:
+        fields["ran_s"] = f.ran_s
     return Update("trials", f.trial_id, fields), Transition("trial", f.trial_id, f.old, f.new.value, f.because)
 
 

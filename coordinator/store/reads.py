@@ -20,6 +20,8 @@ from . import metrics as metricstore
 
 #: The store's file in an experiment's directory.
 FILENAME = "trialkeeper.db"
+# Columns of the trials table a store written before them lacks, read there as NULL.
+LATER_COLUMNS = frozenset({"ran_s"})
 
 
 class StoreError(RuntimeError):
@@ -64,6 +66,12 @@ class StoreReader:
         self._has_runs = bool(self._db.execute(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'metric_runs'"
         ).fetchone()[0])
+
+    @property
+    def trial_columns(self) -> frozenset[str]:
+        """The trials table's columns: a store an earlier version wrote, read as it is, may lack
+        some added since (``LATER_COLUMNS``)."""
+        return frozenset(r[1] for r in self._db.execute("PRAGMA table_info(trials)"))
 
     @classmethod
     def in_dir(cls, experiment_dir: Path) -> StoreReader:
@@ -216,8 +224,8 @@ class StoreReader:
         hundred thousand trials reads, without a whole row or a dict a trial. ``newest``: a kind
         of result, each trial's newest of which is read with it, in the
         :data:`~.metrics.NEWEST_COLUMNS` after ``columns`` (:func:`~.metrics.newest_of` reads them)."""
-        known = {r[1] for r in self._db.execute("PRAGMA table_info(trials)")}
-        unknown = [c for c in columns if c not in known]
+        known = self.trial_columns
+        unknown = [c for c in columns if c not in known and c not in LATER_COLUMNS]
         if unknown:
             raise ValueError(f"columns: {', '.join(unknown)} are not columns of the trials table")
         direction = "DESC" if descending else "ASC"
@@ -230,7 +238,8 @@ class StoreReader:
         cursor = self._db.cursor()
         cursor.row_factory = None  # plain tuples
         return cursor.execute(
-            f"SELECT {', '.join('trials.' + c for c in columns)}{joined}, {key} AS sort_key FROM trials {joins}"
+            f"SELECT {', '.join('trials.' + c if c in known else 'NULL' for c in columns)}{joined}, {key} AS sort_key"
+            f" FROM trials {joins}"
             f" WHERE {where} ORDER BY {order}",
             [*key_args, *join_args, *args],
         )

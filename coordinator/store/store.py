@@ -126,7 +126,7 @@ TRIAL_COLUMNS = (
     "id", "seq", "status", "parameters_json", "command", "gpu_number", "environment_id",
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
-    "waiting_reason", "stopping", "platforms_json", "nodes", "ranks_json", "max_duration",
+    "waiting_reason", "stopping", "platforms_json", "nodes", "ranks_json", "max_duration", "ran_s",
     *checkpointrows.TRIAL_COLUMNS,
 )
 ENV_COLUMNS = (
@@ -187,6 +187,8 @@ _ADDED_COLUMNS = {
         "ranks_json": "TEXT NOT NULL DEFAULT '[]'",
         # A trial's own time limit in seconds (0: maxTrialDuration's).
         "max_duration": "REAL NOT NULL DEFAULT 0",
+        # Seconds it ran in its attempts ended so far (started_at: its latest attempt's start).
+        "ran_s": "REAL NOT NULL DEFAULT 0",
         **checkpointrows.TRIAL_COLUMNS,
     },
     # 1 while the environment's agent has its stream open.
@@ -206,6 +208,9 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
         for name, definition in columns.items():
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+                if (table, name) == ("trials", "ran_s"):  # a store from before: its ended trials' last attempt
+                    db.execute("UPDATE trials SET ran_s = max(0, ended_at - started_at)"
+                               " WHERE ended_at IS NOT NULL AND started_at IS NOT NULL")
     # The metrics stored, kept by add_metrics: counting ten million rows takes seconds.
     db.execute(
         "INSERT OR IGNORE INTO meta SELECT 'metric_count',"

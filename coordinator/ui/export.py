@@ -29,8 +29,8 @@ CHUNK = 2000  # trials a piece of the file holds, as it is written
 # reads them (rows.py: a value of the wrong type is None, where the snapshot's ``unreadable``
 # would say why), without a snapshot a trial. Their places in a row:
 STORED = ("seq", "id", "status", "final_metric", "started_at", "ended_at", "environment_id", "parameters_json",
-          "final_metric_json")
-SEQ, ID, STATUS, METRIC, STARTED, ENDED, ENV, PARAMS, RESULT = range(len(STORED))
+          "final_metric_json", "ran_s")
+SEQ, ID, STATUS, METRIC, STARTED, ENDED, ENV, PARAMS, RESULT, RAN = range(len(STORED))
 NEWEST = len(STORED)  # where a row's latest intermediate result, read with it, begins
 _KNOWN = frozenset(s.value for s in TrialStatus)
 _NUMBERS = (int, float)  # what SQLite gives for a number (never a bool)
@@ -122,9 +122,9 @@ class _Piece:
             return [v if v is None or math.isfinite(v) else str(v) for v in _numbers(rows, METRIC)]
         if key == "latest":
             return self.latest()
-        if key == "duration":
-            return [e - s if s is not None and e is not None
-                    else None for s, e in zip(_numbers(rows, STARTED), _numbers(rows, ENDED))]
+        if key == "duration":  # an ended trial's, every attempt's (its last one's in a store from before ran_s)
+            return [(ran or e - s) if s is not None and e is not None else None
+                    for s, e, ran in zip(_numbers(rows, STARTED), _numbers(rows, ENDED), _numbers(rows, RAN))]
         if key in ("started", "ended"):
             return _times(rows, STARTED if key == "started" else ENDED)
         assert key == "environment", key

@@ -89,7 +89,7 @@ class ExperimentCollector(Collector):
 
         durations = trial_durations(self.model, TRIAL_BUCKETS)
         took = HistogramMetricFamily(
-            "trialkeeper_trial_duration_seconds", "How long the ended trials ran, from start to end.",
+            "trialkeeper_trial_duration_seconds", "How long the ended trials ran, in all their attempts.",
             labels=["experiment"],
         )
         took.add_metric(

@@ -56,7 +56,7 @@ def config_mode(config: Mapping[str, Any] | None) -> str:
 def trial_json(t: TrialSnapshot) -> dict[str, Any]:
     data = to_json(t)
     data["failure_summary"] = failure_summary(t)  # a failed trial's reason with its stderr's last word
-    data["duration_s"] = (t.ended_at or time.time()) - t.started_at if t.started_at is not None else None
+    data["duration_s"] = t.duration(time.time())  # every attempt's, the running one's so far
     return data
 
 

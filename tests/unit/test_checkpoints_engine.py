@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_engine import Sim, ready_sim
+from test_engine import Sim, ready_sim, running
 from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.states import TrialStatus
@@ -16,14 +16,6 @@ FILES = (ck.CheckpointFile("model.pt", 7), ck.CheckpointFile("opt/state.bin", 3)
 def saved(trial_id: str, step: int, *, metric_index: int = 0, size: int = 10, files: Any = FILES,
           problem: str = "") -> ck.CheckpointSavedReported:
     return ck.CheckpointSavedReported(trial_id, step, metric_index, size, f"sha256:{step}", files, "", 0.0, problem)
-
-
-def running(sim: Sim, trial_id: str = "t1") -> str:
-    sim.submit(trial_id)
-    env_id = sim.engine.trials[trial_id].env_id
-    assert env_id is not None
-    sim.run(env_id, trial_id)
-    return env_id
 
 
 def sent(sim: Sim, kind: type) -> list[Any]:

@@ -106,6 +106,15 @@ def ready_sim(**policy: Any) -> Sim:
     return sim
 
 
+def running(sim: Sim, trial_id: str = "t1") -> str:
+    """Submit a trial and run it where it is placed: that environment's id."""
+    sim.submit(trial_id)
+    env_id = sim.engine.trials[trial_id].env_id
+    assert env_id is not None
+    sim.run(env_id, trial_id)
+    return env_id
+
+
 def test_every_report_is_stored_before_it_is_acknowledged() -> None:
     sim = ready_sim()
     sim.submit("t1")
@@ -154,10 +163,7 @@ def test_agent_lost_with_trials_running_then_its_trials_fail_and_it_is_replaced(
 
 def test_a_lost_trial_is_retried_after_a_backoff_and_then_succeeds() -> None:
     sim = ready_sim(max_trial_retries=2)
-    sim.submit("t1")
-    first = sim.engine.trials["t1"].env_id
-    assert first is not None
-    sim.run(first, "t1")
+    first = running(sim)
     sim.end(first, "t1", ev.Outcome.LOST)
     t = sim.engine.trials["t1"]
     assert t.status is TrialStatus.WAITING and t.env_id is None
@@ -174,6 +180,27 @@ def test_a_lost_trial_is_retried_after_a_backoff_and_then_succeeds() -> None:
     sim.run(where, "t1")
     sim.end(where, "t1", ev.Outcome.SUCCEEDED)
     assert sim.status("t1") is TrialStatus.SUCCEEDED
+
+
+def test_a_retried_trials_duration_counts_every_attempt() -> None:
+    sim = ready_sim(max_trial_retries=2)
+    first = running(sim)
+    sim.advance(3.0)
+    sim.end(first, "t1", ev.Outcome.LOST)
+    t = sim.engine.trials["t1"]
+    assert t.ran_s == pytest.approx(3.0) and t.info().duration(1.7e9 + sim.now + 50) == pytest.approx(3.0)
+    sim.advance(1.01)  # waiting for its retry: no time runs
+    sim.feed(ev.Ticked())
+    where = t.env_id
+    assert where is not None
+    sim.run(where, "t1")
+    sim.advance(2.0)
+    assert t.info().duration(1.7e9 + sim.now) == pytest.approx(5.0)  # the running attempt so far too
+    sim.end(where, "t1", ev.Outcome.SUCCEEDED)
+    assert t.status is TrialStatus.SUCCEEDED and t.ran_s == pytest.approx(5.0)
+    assert t.ended_at is not None and t.started_at is not None and t.ended_at - t.started_at == pytest.approx(2.0)
+    changed = [c for c in sim.take(ev.TrialStatusChanged) if c.trial_id == "t1"]
+    assert changed[-1].ran_s == pytest.approx(5.0)  # as the store keeps it
 
 
 def test_retries_exhausted_fail_the_trial() -> None:

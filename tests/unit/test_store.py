@@ -256,6 +256,33 @@ def test_a_store_made_before_a_column_was_added_gets_it_when_opened_for_writing(
     Store.in_dir(tmp_path / "exp").close()  # opening again adds nothing twice
 
 
+def test_a_store_made_before_attempts_were_timed_counts_its_ended_trials_last_attempt(tmp_path: Path) -> None:
+    from trialkeeper.coordinator.read.census import trial_durations
+    from trialkeeper.coordinator.read.model import ReadModel
+    from trialkeeper.coordinator.read.pages import every_trial_values, trial_page
+    from trialkeeper.coordinator.read.rows import trial_snapshot
+
+    store = _store(tmp_path)
+    _trial(store, "t1", 0, status="SUCCEEDED", started_at=2000.0, ended_at=2012.5)
+    _trial(store, "t2", 1, status="RUNNING", started_at=2000.0)
+    store.close()
+    db = sqlite3.connect(tmp_path / "exp" / Store.FILENAME)
+    db.execute("ALTER TABLE trials DROP COLUMN ran_s")
+    db.commit()
+    db.close()
+    old = Store.in_dir(tmp_path / "exp", readonly=True)  # read as it is: the last attempt
+    assert [trial_snapshot(r).ran_s for r in old.trials()] == [12.5, 0.0]
+    old.close()
+    with ReadModel.open(tmp_path / "exp") as model:  # sorted and counted as it is, too
+        assert [t.id for t in trial_page(model, sort="duration", descending=True).trials] == ["t1", "t2"]
+        assert trial_durations(model, (60.0,)).total_s == 12.5
+        chunks = list(every_trial_values(model, ("id", "ran_s"), 10))  # read as NULL where it is not
+        assert [row for chunk in chunks for row in chunk] == [("t1", None), ("t2", None)]
+    store = Store.in_dir(tmp_path / "exp")
+    assert [r["ran_s"] for r in store.trials()] == [12.5, 0.0]  # and kept so once opened for writing
+    store.close()
+
+
 def test_the_metric_count_is_kept_as_metrics_are_stored_and_replays_count_once(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.add_metrics([_metric("t1", 0, 0.1), _metric("t1", 1, 0.2)])
