@@ -219,7 +219,7 @@ def test_deleting_a_pod_mid_trial_loses_its_environment(
                 await async_wait_until(failed, WAIT_S, message=env.id)
             kept = not failed()
             # The node kills the pod's processes: the agent's first (so the environment ends), its trial's after.
-            await async_wait_until(lambda: all(pid_gone(p) for p in pids), WAIT_S, message="the pod's processes lived on")
+            await async_wait_until(lambda: all(pid_gone(p) for p in pids), WAIT_S, message="pod processes lived")
             # A replacement environment (or the replaced pod's) takes the next trial.
             after = await c.submit({"x": 2})
             done = await after.wait(WAIT_S)
