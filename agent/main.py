@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ.pop(TOKEN_ENV, None)  # trials must not inherit the experiment's credentials
     workdir = args.workdir or Path.home() / ".trialkeeper" / "agents" / args.environment_id
     workdir.mkdir(parents=True, exist_ok=True)
+    held = hold_environment(workdir, args.environment_id)  # for this process's life
+    if isinstance(held, str):
+        print(f"trialkeeper agent: {held}", file=sys.stderr)
+        return 2
     tls_cert, tls_fingerprint = _tls_pin(args)
     probe = GpuProbe(
         visible_indices=_indices(args.gpu_indices),
@@ -135,6 +139,30 @@ def run(args: argparse.Namespace) -> int:
         preload=tuple(args.preload),
     )
     return asyncio.run(_main(options))
+
+
+def hold_environment(workdir: Path, environment_id: str) -> int | str:
+    """Take the lock of ``environment_id`` in ``workdir`` (its open descriptor, held until the
+    process ends, ``kill -9`` included); or say which agent holds it. A second agent of one
+    environment in one work dir would take the first one's metric socket and trial directories
+    from it before the coordinator refuses it."""
+    import fcntl
+
+    path = workdir / f".agent-{environment_id}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        return (f"another agent of environment {environment_id} runs in {workdir} (pid {holder}): "
+                "give each agent its own --environment-id, or stop that one first")
+    except OSError as e:  # a file system without locks: nothing to hold, nothing to refuse
+        log.warning("cannot lock %s (%s): a second agent of %s here would not be refused", path, e, environment_id)
+        return fd
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 async def _main(options: AgentOptions) -> int:  # type: ignore[name-defined]  # noqa: F821
