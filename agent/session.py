@@ -103,6 +103,7 @@ class AgentSession(RunnerEvents):
         self._pending_count = 0  # results in _pending_runs
         self._pending_bytes = 0
         self._wakeup = asyncio.Event()
+        self._drain_told = asyncio.Event()  # a heartbeat saying it drains went out
         # Cuts a linger short: something other than metrics to send, or a full batch.
         self._urgent = asyncio.Event()
         self._metrics_flushed_at = -METRIC_LINGER_S  # time.monotonic() of the last MetricBatch made
@@ -436,6 +437,8 @@ class AgentSession(RunnerEvents):
     async def _write_heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
         if self._heartbeat_due is not None:
             hb, self._heartbeat_due = self._heartbeat_due, None
+            if hb.draining:
+                self._drain_told.set()
             # Decided here, by the stream's one writer: a new stream's first carries the GPUs.
             await call.write(pb.AgentMessage(heartbeat=self._gpu_report.outgoing(hb, time.monotonic())))
 
@@ -505,7 +508,17 @@ class AgentSession(RunnerEvents):
             self._shutdown.set_result(sd)
 
     async def _exit_when_idle(self) -> None:
-        await self.runner.wait_idle(None)
+        # A trial the coordinator placed before it heard of the drain (its next heartbeat says
+        # so) still arrives: it runs to its end too, rather than being canceled on the way out.
+        while True:
+            await self.runner.wait_idle(None)
+            self._wakeup.set()  # the trials' ends
+            with contextlib.suppress(asyncio.TimeoutError):  # the heartbeat that says it drains
+                await asyncio.wait_for(self._drain_told.wait(), 3 * self._heartbeat_s)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._acked_all.wait(), 5.0)
+            if self.runner.idle.is_set():
+                break
         await self._finish_and_exit()
 
     async def _cancel_and_exit(self, grace_s: float, reason: str) -> None:
