@@ -26,8 +26,6 @@ from dashboard import (
 from prometheus_client.parser import text_string_to_metric_families
 from test_control import TRIAL as CHECKPOINTING_TRIAL
 
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 WAIT_S = 60.0
 
 

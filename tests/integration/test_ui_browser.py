@@ -30,7 +30,6 @@ from dashboard import (
 from test_cli import _script
 from test_control import TRIAL as CHECKPOINTING_TRIAL
 
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser tests need selenium: pip install -e '.[dev]'")
 from selenium.webdriver.common.by import By
 

@@ -15,8 +15,6 @@ from conftest import wait_until
 from dashboard import every_answer, get_json, live_experiment
 from test_remote import Lab, lab  # noqa: F401 - the two machines, a fixture
 
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 WAIT_S = 90.0
 CLOUD_KEY = "aws-secret-Zq8vT3kP0xR6wN2m"
 

@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import run_async
 from trialkeeper.coordinator.read import pages

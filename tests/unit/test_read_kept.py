@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 from trialkeeper.coordinator.read.kept import Kept
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.store.store import GpuSampleRow, Store

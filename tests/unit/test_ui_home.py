@@ -8,9 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import run_async
 from trialkeeper.coordinator.store.store import Store

@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 from plotdata import two_objectives
-
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 from trialkeeper.coordinator.read import analysis
 from trialkeeper.coordinator.read.model import ReadModel
 from trialkeeper.coordinator.read.space import axes, label

@@ -10,9 +10,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import async_wait_until, run_async
 from trialkeeper.coordinator.store.store import Store

@@ -7,9 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("aiohttp", reason="the dashboard needs the ui extra: pip install -e '.[ui]'")
-
 from trialkeeper.coordinator.read.model import ReadModel, trial_snapshot
 from trialkeeper.coordinator.read.pages import PageError
 from trialkeeper.coordinator.store.store import MetricRow, Store
