@@ -215,7 +215,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
             table.add_column("pareto")
     for t in trials:
         ran = t.duration(time.time())  # every attempt's, the running one's so far
-        dur = f"{ran:.1f} s" if ran is not None and (t.ended_at or t.ran_s or t.status is TrialStatus.RUNNING) else ""
+        dur = f"{ran:.1f} s" if ran is not None else ""
         shown_objectives = (_objectives(t, objectives), "front" if t.id in front else "") if several else ()
         table.add_row(
             t.id,
@@ -394,8 +394,6 @@ def no_trial(model: ReadModel, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
-
-
 
 
 def add_commands(sub: Any) -> None:

@@ -62,8 +62,7 @@ TRIAL_SORTS: Mapping[str, str] = MappingProxyType({
     "id": "id",
     "status": "status",
     "metric": "final_metric",
-    # An ended trial's time in all its attempts (only its last one in a store from before ran_s).
-    "duration": "(CASE WHEN ended_at IS NULL THEN NULL WHEN ran_s > 0 THEN ran_s ELSE ended_at - started_at END)",
+    "duration": "(CASE WHEN ended_at IS NULL THEN NULL ELSE ran_s END)",  # an ended trial's, all its attempts
     "submitted": "submitted_at",
     "started": "started_at",
     "ended": "ended_at",

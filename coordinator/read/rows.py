@@ -147,10 +147,9 @@ def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
 
 def _ran_s(f: _Fields, row: Mapping[str, Any]) -> float:
     """Seconds a trial ran in its attempts ended so far; of an ended trial a store from before
-    ran_s kept only its last attempt's start and end."""
-    ran = f.number("ran_s") if "ran_s" in row else None
-    if ran:
-        return ran
+    ran_s, read as it is, kept only its last attempt's start and end."""
+    if "ran_s" in row:
+        return f.number("ran_s") or 0.0
     started, ended = f.number("started_at"), f.number("ended_at")
     return max(0.0, ended - started) if started is not None and ended is not None else 0.0
 

@@ -122,8 +122,8 @@ class _Piece:
             return [v if v is None or math.isfinite(v) else str(v) for v in _numbers(rows, METRIC)]
         if key == "latest":
             return self.latest()
-        if key == "duration":  # an ended trial's, every attempt's (its last one's in a store from before ran_s)
-            return [(ran or e - s) if s is not None and e is not None else None
+        if key == "duration":  # an ended trial's, every attempt's (NULL ran_s: a store from before, its last)
+            return [(e - s if ran is None else ran) if s is not None and e is not None else None
                     for s, e, ran in zip(_numbers(rows, STARTED), _numbers(rows, ENDED), _numbers(rows, RAN))]
         if key in ("started", "ended"):
             return _times(rows, STARTED if key == "started" else ENDED)

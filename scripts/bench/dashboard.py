@@ -45,7 +45,7 @@ def build(exp: Path, trials: int, envs: int) -> float:
             draw = rng.random()  # 90% succeeded, 5% stopped early (by their last intermediate result), 5% failed
             ok = draw < 0.9
             start = 1_700_000_000.0 + seq
-            store.insert_trial({
+            row = {
                 "id": f"t{seq:06d}", "seq": seq,
                 "status": "SUCCEEDED" if ok else "EARLY_STOPPED" if draw < 0.95 else "FAILED",
                 "parameters_json": json.dumps({"lr": rng.uniform(1e-4, 1), "layers": rng.randint(1, 8),
@@ -53,7 +53,8 @@ def build(exp: Path, trials: int, envs: int) -> float:
                 "command": "python3 train.py", "gpu_number": 1, "environment_id": f"env-{seq % envs}",
                 "submitted_at": start, "started_at": start, "ended_at": start + rng.uniform(1, 100),
                 "final_metric": rng.random() if ok else None,
-            })
+            }
+            store.insert_trial({**row, "ran_s": row["ended_at"] - start})  # one attempt each
     gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "H100", "memory_total_bytes": 80 * 2**30} for i in range(2)]
     with store.transaction():
         for e in range(envs):

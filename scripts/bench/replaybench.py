@@ -67,7 +67,7 @@ def build(exp: Path, trials: int, epochs: int, concurrency: int) -> float:
             store.insert_trial({
                 "id": tid, "seq": seq, "status": "SUCCEEDED", "parameters_json": json.dumps(params),
                 "command": "python train.py", "gpu_number": 0, "environment_id": f"env-{slot}",
-                "submitted_at": start, "started_at": start, "ended_at": start + epochs + 0.1,
+                "submitted_at": start, "started_at": start, "ended_at": start + epochs + 0.1, "ran_s": epochs + 0.1,
                 "final_metric": values[-1], "reason": "",
             })
             runs.append(MetricRun(tid, "intermediate", 0, values, None, [start + 1 + i for i in range(epochs)]))

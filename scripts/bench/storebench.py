@@ -51,7 +51,7 @@ def build(exp: Path, trials: int, per_trial: int, shape: str) -> dict[str, Any]:
         for seq in range(trials):
             status = STATUSES[seq % len(STATUSES)] if seq < trials - 20 else "RUNNING"
             start = 1_700_000_000.0 + seq
-            store.insert_trial({
+            row = {
                 "id": f"t{seq:07d}", "seq": seq, "status": status,
                 "parameters_json": json.dumps({"lr": rng.uniform(1e-4, 1), "layers": rng.randint(1, 8),
                                                "opt": rng.choice(["sgd", "adam"])}),
@@ -61,7 +61,8 @@ def build(exp: Path, trials: int, per_trial: int, shape: str) -> dict[str, Any]:
                 "final_metric": rng.random() if status == "SUCCEEDED" else None,
                 "exit_code": 1 if status == "FAILED" else None,
                 "reason": "exit code 1" if status == "FAILED" else "",
-            })
+            }
+            store.insert_trial({**row, "ran_s": row["ended_at"] - start if row["ended_at"] else 0.0})
             store.record("trial", f"t{seq:07d}", "WAITING", "RUNNING", "placed")
             if status != "RUNNING":
                 store.record("trial", f"t{seq:07d}", "RUNNING", status, "ended")

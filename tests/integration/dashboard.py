@@ -268,14 +268,15 @@ def many_trials(experiment_dir: Path, n: int, *, seed: int = 1) -> None:
         for seq in range(n):
             status = rng.choice(statuses)
             start = 1_700_000_000.0 + seq
-            store.insert_trial({
+            row = {
                 "id": f"tr{seq:05d}", "seq": seq, "status": status,
                 "parameters_json": json.dumps({"lr": round(rng.uniform(1e-4, 1), 6), "layers": rng.randint(1, 8),
                                                "opt": rng.choice(["sgd", "adam", "rmsprop"])}),
                 "command": "python3 train.py", "gpu_number": 0, "environment_id": f"env-{seq % 7}",
                 "submitted_at": start, "started_at": start, "ended_at": start + rng.uniform(1, 100),
                 "final_metric": round(rng.random(), 6) if status == "SUCCEEDED" else None,
-            })
+            }
+            store.insert_trial({**row, "ran_s": row["ended_at"] - start})  # one attempt each
         store.add_metrics(
             [
                 MetricRow(f"tr{seq:05d}", i, "intermediate", i / 10, json.dumps(i / 10), 1.0)

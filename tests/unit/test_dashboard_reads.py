@@ -159,6 +159,7 @@ def _odd_store(exp: Path) -> None:
             "id": f"t{i:03d}", "seq": i, "status": statuses[i % 5], "parameters_json": json.dumps(parameters),
             "command": "c", "gpu_number": 0, "environment_id": "e1" if i % 3 else None, "submitted_at": 1000.0 + i,
             "started_at": (1000 + i) if i % 4 else None, "ended_at": 1100.5 + i if i % 2 else None,
+            "ran_s": 100.5 if i % 4 and i % 2 else 0.0,  # one attempt, from start to end
             "final_metric": [0.5, 1, None, math.inf, -2.25][i % 5],
             "final_metric_json": json.dumps({"default": i, "loss": -i}) if i % 6 == 0 else None,
         })

@@ -39,7 +39,7 @@ def _store(directory: Path) -> None:
             store.insert_trial({
                 "id": f"t{seq}", "seq": seq, "status": status, "parameters_json": "{}", "command": "x",
                 "gpu_number": 0, "environment_id": "live-1", "submitted_at": 10.0, "started_at": 10.0,
-                "ended_at": 10.0 + took if took is not None else None,
+                "ended_at": 10.0 + took if took is not None else None, "ran_s": took or 0.0,
                 "final_metric": 0.25 if status == "SUCCEEDED" else None,
             })
     store.close()

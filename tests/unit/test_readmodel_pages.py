@@ -26,6 +26,7 @@ def _store(exp_dir: Path, n: int = 50) -> None:
                 "parameters_json": json.dumps({"lr": (seq * 7) % 13 / 10, "opt": "sgd" if seq % 3 else "adam_x"}),
                 "command": "python t.py", "gpu_number": 0, "submitted_at": 1000.0 + seq,
                 "started_at": 1000.0 + seq, "ended_at": 1000.0 + 2 * seq + 1 if ended else None,
+                "ran_s": seq + 1.0 if ended else 0.0,
                 "final_metric": float(100 - seq) if status == "SUCCEEDED" else None,
                 "environment_id": "env-a" if seq < 10 else "env-b",
             })
