@@ -519,14 +519,16 @@ class AgentSession(RunnerEvents):
                 await asyncio.wait_for(self._acked_all.wait(), 5.0)
             if self.runner.idle.is_set():
                 break
-        await self._finish_and_exit()
+        await self._finish_and_exit(drained=True)
 
     async def _cancel_and_exit(self, grace_s: float, reason: str) -> None:
         await self.runner.cancel_all(reason, grace_s)
-        await self._finish_and_exit()
+        await self._finish_and_exit(drained=False)
 
-    async def _finish_and_exit(self) -> None:
-        self._wakeup.set()
+    async def _finish_and_exit(self, *, drained: bool) -> None:
+        # The last numbered message, after the trials' ends: the coordinator stops an
+        # environment it did not start on it, rather than wait for it to go silent.
+        self._enqueue(pb.AgentMessage(leaving=pb.Leaving(drained=drained)))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._acked_all.wait(), 5.0)
         if self._shutdown is not None and not self._shutdown.done():

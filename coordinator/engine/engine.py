@@ -25,7 +25,7 @@ from . import checkpoints as ck
 from . import events as ev
 from . import scheduler
 from .book import CANCEL_GRACE_S, TrialBook
-from .environments import last_failure
+from .environments import hold_restored, last_failure
 from .fleet import Fleet, Joined, Lost
 from .model import EnvState, TrialInfo, TrialState
 from .multinode import GangRoom
@@ -215,7 +215,7 @@ class Engine:
         for t in sorted(book.trials.values(), key=lambda t: t.seq):
             if t.status.terminal or t.env_id is None:
                 continue
-            book.restore_placement(t.id, fleet.hold_restored(t.env_id, t.id, t.gpu_uuids, t.gpu_indices))
+            book.restore_placement(t.id, hold_restored(fleet.envs, t.env_id, t.id, t.gpu_uuids, t.gpu_indices))
         self.gangs.restored(book, fleet)
         book.requeue_unplaced()
         log.info(
@@ -261,10 +261,8 @@ class Engine:
             self._lost([Lost(joined.env_id, joined.lost, "its agent restarted", joined.platform)])
         if joined.new_instance and book.queue and fleet.all_registered():  # else only agents yet to register tell
             book.refuse(book.queue.never_fit(fleet.never_fits))
-        refusals = tuple(
-            ck.CheckpointRefused(tid, step, why)
-            for tid in joined.held for step, why in book.trials[tid].refusals.items()
-        )
+        refusals = tuple(ck.CheckpointRefused(tid, step, why)
+                         for tid in joined.held for step, why in book.trials[tid].refusals.items())
         unwanted = self.gangs.ranks.keep(joined.env_id, book.unwanted(joined.env_id, reg.active_trial_ids))
         fleet.welcome(joined, unwanted, refusals)
         self._take()
@@ -308,6 +306,8 @@ class Engine:
                     ck.take_chunk(t, report, self.policy.max_checkpoint_bytes, self._out)
             elif isinstance(report, ck.CheckpointSavedReported):
                 self._saved(env.id, report)
+            elif isinstance(report, ev.AgentLeft):  # an operator stopped it: a stop, not a loss
+                self._lost(fleet.left(env.id, report.drained))
             self._take()
         except Exception:
             # A message we cannot apply must not be replayed forever: skip it, loudly.

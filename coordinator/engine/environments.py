@@ -329,6 +329,26 @@ def restored_env(
     return env
 
 
+def left(env: EnvState, drained: bool) -> str | None:
+    """Why ``env`` is stopped now that its agent said it leaves of its own accord, or None
+    when its platform, which started it, says what became of it once the agent is gone (a
+    job its scheduler preempted is failed, not stopped)."""
+    if env.started_here or env.status.terminal:
+        return None
+    return ("its agent drained and left (its operator stopped it)" if drained
+            else "its agent left, its trials canceled (its operator stopped it)")
+
+
+def hold_restored(envs: Mapping[str, EnvState], env_id: str | None, trial_id: str, gpu_uuids: tuple[str, ...],
+                  gpu_indices: tuple[int, ...]) -> tuple[str, ...] | None:
+    """After a crash: ``trial_id`` was placed on ``env_id``, which holds it again (its GPUs'
+    UUIDs returned), or None when that environment is gone."""
+    host = envs.get(env_id or "")
+    if host is None or host.status.terminal:
+        return None
+    return hold(host, trial_id, gpu_uuids, gpu_indices)
+
+
 def hold(env: EnvState, trial_id: str, gpu_uuids: tuple[str, ...], gpu_indices: tuple[int, ...]) -> tuple[str, ...]:
     """After a crash: ``env`` holds ``trial_id`` again, with its GPUs (their UUIDs returned)."""
     env.holders.add(trial_id)

@@ -124,9 +124,16 @@ class TrialEndReported:
     gpus_still_in_use: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class AgentLeft:
+    """The agent exits of its own accord (an operator stopped it), its trials' ends sent."""
+
+    drained: bool  # its trials ran to their ends; False: it canceled them
+
+
 Report = (
     TrialStartReported | MetricsReported | LogReported | TrialEndReported | ck.CheckpointChunkReported
-    | ck.CheckpointSavedReported
+    | ck.CheckpointSavedReported | AgentLeft
 )
 
 

@@ -381,6 +381,16 @@ class Fleet:
             self._to(env, EnvStatus.STOPPED, "the experiment stopped")
         self.store_gpu_rows()
 
+    def left(self, env_id: str, drained: bool) -> list[Lost]:
+        """Its agent left of its own accord (an operator stopped it): stopped, if no platform says."""
+        env = self.envs[env_id]
+        reason = environments.left(env, drained)
+        if reason is None:
+            return []
+        held = self._drop_holders(env)
+        self._to(env, EnvStatus.STOPPED, reason)
+        return [Lost(env.id, held, reason, env.platform)] if held else []
+
     def polled(self, observations: Mapping[str, ev.Observation]) -> list[Lost]:
         """What the platform says of each environment, and the lost-agent timers."""
         gone: list[Lost] = []
@@ -437,12 +447,3 @@ class Fleet:
                 env.draining, env.status = status is EnvStatus.DRAINING, EnvStatus.LOST
                 env.reason = "the coordinator restarted"
                 self._out.append(ev.EnvironmentStatusChanged(env.id, status.value, env.status, env.reason))
-
-    def hold_restored(self, env_id: str | None, trial_id: str, gpu_uuids: tuple[str, ...],
-                      gpu_indices: tuple[int, ...]) -> tuple[str, ...] | None:
-        """After a crash: ``trial_id`` was placed on ``env_id``, which holds it again (its
-        GPUs' UUIDs returned), or None when that environment is gone."""
-        host = self.envs.get(env_id or "")
-        if host is None or host.status.terminal:
-            return None
-        return environments.hold(host, trial_id, gpu_uuids, gpu_indices)

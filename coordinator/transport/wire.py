@@ -88,6 +88,8 @@ def agent_event(env_id: str, link: int, msg: pb.AgentMessage) -> ev.AgentReporte
             c.trial_id, c.step, c.metric_index, c.size_bytes, c.digest, _files(c.files), c.location,
             c.saved_at if math.isfinite(c.saved_at) else 0.0,
         )
+    elif kind == "leaving":
+        report = ev.AgentLeft(msg.leaving.drained)
     else:
         return None
     return ev.AgentReported(env_id, link, msg.seq, report)

@@ -43,7 +43,7 @@ TRIAL_OUTCOME_LOST: TrialOutcome
 TRIAL_OUTCOME_PAUSED: TrialOutcome
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "trial_started", "metrics", "log", "trial_ended", "checkpoint_chunk", "checkpoint_saved", "fetch_checkpoint")
+    __slots__ = ("seq", "register", "heartbeat", "trial_started", "metrics", "log", "trial_ended", "checkpoint_chunk", "checkpoint_saved", "fetch_checkpoint", "leaving")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_CHUNK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
     FETCH_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: Register
     heartbeat: Heartbeat
@@ -64,7 +65,8 @@ class AgentMessage(_message.Message):
     checkpoint_chunk: CheckpointChunk
     checkpoint_saved: CheckpointSaved
     fetch_checkpoint: FetchCheckpoint
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trial_started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[MetricBatch, _Mapping]] = ..., log: _Optional[_Union[LogChunk, _Mapping]] = ..., trial_ended: _Optional[_Union[TrialEnded, _Mapping]] = ..., checkpoint_chunk: _Optional[_Union[CheckpointChunk, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., fetch_checkpoint: _Optional[_Union[FetchCheckpoint, _Mapping]] = ...) -> None: ...
+    leaving: Leaving
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trial_started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[MetricBatch, _Mapping]] = ..., log: _Optional[_Union[LogChunk, _Mapping]] = ..., trial_ended: _Optional[_Union[TrialEnded, _Mapping]] = ..., checkpoint_chunk: _Optional[_Union[CheckpointChunk, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ..., fetch_checkpoint: _Optional[_Union[FetchCheckpoint, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("protocol_version", "environment_id", "agent_instance_id", "hostname", "pid", "cpu_count", "memory_total_bytes", "gpus", "gpu_unavailable_reason", "driver_version", "cuda_version", "agent_version", "active_trial_ids", "last_seq", "platform")
@@ -99,6 +101,12 @@ class Register(_message.Message):
     last_seq: int
     platform: str
     def __init__(self, protocol_version: _Optional[int] = ..., environment_id: _Optional[str] = ..., agent_instance_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., agent_version: _Optional[str] = ..., active_trial_ids: _Optional[_Iterable[str]] = ..., last_seq: _Optional[int] = ..., platform: _Optional[str] = ...) -> None: ...
+
+class Leaving(_message.Message):
+    __slots__ = ("drained",)
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    drained: bool
+    def __init__(self, drained: _Optional[bool] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "simulated", "mig")

@@ -1,17 +1,35 @@
 """Agents started by hand: a second agent of an environment already served from the same
-work dir is refused at once, and leaves the first one's socket and trials alone."""
+work dir is refused at once, and leaves the first one's socket and trials alone; an agent
+its operator drains finishes its trial and its environment ends STOPPED."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import pid_gone, wait_until
+from conftest import async_wait_until, build_config, environment, pid_gone, run_async, wait_until, write_script
+from trialkeeper.coordinator.core import Coordinator
+from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 START_S = 30.0
+# Short timers: an environment taken for lost would be LOST within a second, FAILED soon after.
+FAST = {"heartbeatInterval": 0.2, "agentLostTimeout": 1.0, "trialLostTimeout": 2.5}
+# Runs until the file named by its parameter "go" exists (or 60 s pass).
+HOLD = """
+import os, pathlib, time
+from trialkeeper.agent import trial
+p = trial.get_next_parameter()
+out = pathlib.Path(os.environ["TRIALKEEPER_OUTPUT_DIR"])
+(out / "started").write_text("")
+deadline = time.monotonic() + 60
+while not pathlib.Path(p["go"]).exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+trial.report_final_result(1.0)
+"""
 
 
 def _agent(workdir: Path, env_id: str) -> list[str]:
@@ -57,3 +75,53 @@ def test_a_second_agent_of_one_environment_in_one_work_dir_is_refused_before_it_
     finally:
         again.send_signal(signal.SIGKILL)
         again.wait(START_S)
+
+
+async def _hand_agent(c: Coordinator, workdir: Path, env_id: str) -> asyncio.subprocess.Process:
+    """An agent an operator starts on a worker, as docs/operations.md shows."""
+    token = (c.experiment_dir / ".token").read_text()
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trialkeeper.agent", "--coordinator", c.address, "--environment-id", env_id,
+        "--workdir", str(workdir), "--no-gpu", env={**os.environ, "TRIALKEEPER_TOKEN": token},
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+
+
+def _status(c: Coordinator, env_id: str) -> EnvStatus | None:
+    return next((e.status for e in c.environments() if e.id == env_id), None)
+
+
+def test_a_hand_agent_drained_by_its_operator_finishes_its_trial_and_its_environment_is_stopped(
+    tmp_path: Path,
+) -> None:
+    write_script(tmp_path, "trial.py", HOLD)
+    go = tmp_path / "go"
+    config = build_config(tmp_path, trialConcurrency=2, trainingService={"environmentCount": 1}, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            agent = await _hand_agent(c, tmp_path / "box", "box-a")
+            try:
+                await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.READY, START_S,
+                                       message="the hand agent never joined")
+                await async_wait_until(lambda: _status(c, "env-1") is EnvStatus.READY, START_S)
+                trials = [await c.submit({"go": str(go)}) for _ in range(2)]
+                await async_wait_until(lambda: all(t.info.started_at for t in trials), START_S)
+                (mine,) = [t for t in trials if t.info.environment_id == "box-a"]
+                agent.send_signal(signal.SIGTERM)  # the operator drains it
+                await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.DRAINING, START_S)
+                go.write_text("")
+                assert (await mine.wait(START_S)).status is TrialStatus.SUCCEEDED
+                _, stderr = await asyncio.wait_for(agent.communicate(), START_S)
+                assert agent.returncode == 0, stderr.decode()
+                # Stopped: not lost, then failed for want of heartbeats.
+                await async_wait_until(lambda: _status(c, "box-a") is not EnvStatus.DRAINING, START_S)
+                box = environment(c, "box-a")
+                assert (box.status, box.reason) == (
+                    EnvStatus.STOPPED, "its agent drained and left (its operator stopped it)"), box
+            finally:
+                if agent.returncode is None:
+                    agent.kill()
+                    await agent.wait()
+
+    run_async(body)

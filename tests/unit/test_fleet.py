@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 from trialkeeper.coordinator.engine import events as ev
-from trialkeeper.coordinator.engine.environments import last_failure
+from trialkeeper.coordinator.engine.environments import hold_restored, last_failure
 from trialkeeper.coordinator.engine.fleet import Fleet, Joined, Lost
 from trialkeeper.coordinator.engine.policy import PlatformPolicy, Policy
 from trialkeeper.coordinator.engine.rows import GpuSampleRow
@@ -528,10 +528,10 @@ def test_hold_restored_and_the_agent_coming_back() -> None:
     f.restore([env_row("env-1", "BUSY", info_json=gpus), env_row("env-2", "STOPPED")], {})
     f.take()
     # A store from before UUIDs were kept gives indices only.
-    assert f.hold_restored("env-1", "t1", (), (0,)) == ("GPU-a",)
-    assert f.hold_restored("env-2", "t2", (), ()) is None
-    assert f.hold_restored(None, "t3", (), ()) is None
-    assert f.hold_restored("env-9", "t4", (), ()) is None
+    assert hold_restored(f.envs, "env-1", "t1", (), (0,)) == ("GPU-a",)
+    assert hold_restored(f.envs, "env-2", "t2", (), ()) is None
+    assert hold_restored(f.envs, None, "t3", (), ()) is None
+    assert hold_restored(f.envs, "env-9", "t4", (), ()) is None
     assert f.envs["env-1"].gpus[0].holders == {"t1"}
     # Its agent comes back, the same instance: it goes on with its trial.
     joined = f.register(agent("env-1", link=2))
@@ -544,4 +544,38 @@ def test_restore_fails_an_environment_whose_status_cannot_be_read(raw: str) -> N
     f = fleet()
     f.restore([env_row("env-1", raw)], {})
     assert f.envs["env-1"].status is FAILED
-    assert f.hold_restored("env-1", "t1", (), ()) is None
+    assert hold_restored(f.envs, "env-1", "t1", (), ()) is None
+
+
+# ---- an agent that leaves of its own accord ------------------------------------------------------
+
+
+def test_a_hand_started_agent_that_leaves_after_a_drain_stops_its_environment() -> None:
+    f = fleet()
+    assert f.register(agent("box-a", link=3)) is not None
+    hold(f, "box-a", "t1")
+    f.heartbeat(ev.HeartbeatReceived("box-a", 3, draining=True), watch_memory=False)
+    f.release("box-a", "t1")  # its trial ran to its end
+    f.take()
+    assert f.left("box-a", drained=True) == []
+    why = "its agent drained and left (its operator stopped it)"
+    assert statuses(f.take()) == [("box-a", "DRAINING", EnvStatus.STOPPED)]
+    assert (f.envs["box-a"].status, f.envs["box-a"].reason) == (EnvStatus.STOPPED, why)
+    # Its stream closes; nothing makes it lost later.
+    f.disconnected(ev.AgentDisconnected("box-a", 3))
+    at(f, 2000.0)
+    assert f.polled({}) == [] and f.envs["box-a"].status is EnvStatus.STOPPED
+
+
+def test_an_agent_that_leaves_holding_a_trial_loses_it_and_one_the_coordinator_started_waits_for_its_platform(
+) -> None:
+    f = fleet()
+    assert f.register(agent("box-a", link=3)) is not None
+    hold(f, "box-a", "t1")
+    f.take()
+    why = "its agent left, its trials canceled (its operator stopped it)"
+    assert f.left("box-a", drained=False) == [Lost("box-a", ("t1",), why, "manual")]
+    assert f.envs["box-a"].status is EnvStatus.STOPPED and not f.envs["box-a"].holders
+    env_id = up(f)
+    assert f.left(env_id, drained=True) == [] and f.take() == []
+    assert f.envs[env_id].status is READY  # its platform says when its process is gone
