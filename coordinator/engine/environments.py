@@ -101,7 +101,10 @@ def refusal(
             f"environments the coordinator started"
         )
     if env.status.terminal:
-        return ev.Refusal.NOT_NOW, f"environment {env.id} was {env.status.value.lower()}: {env.reason}"
+        if reuse and not env.started_here and env.instance_id != reg.instance_id:
+            return None  # its operator started its agent again: a fresh start of it
+        return ev.Refusal.NOT_NOW, f"environment {env.id} was {env.status.value.lower()}: {env.reason}" + (
+            "" if env.started_here else "; start its agent again to join as a fresh start of it")
     if env.link is not None and env.link not in closing and env.instance_id != reg.instance_id:
         return ev.Refusal.ALREADY_CONNECTED, f"environment {env.id} already has a connected agent"
     return None

@@ -111,6 +111,9 @@ class EnvironmentAdded:
     platform: str
     status: EnvStatus
     created_at: float
+    # A fresh start of an ended environment of this id (its operator started its agent
+    # again): its row is replaced.
+    again: bool = False
 
 
 @dataclass(frozen=True)

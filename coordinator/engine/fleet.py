@@ -157,10 +157,11 @@ class Fleet:
                                        closing=self._closing)
         if refused is not None:
             return self._out.append(ev.RefuseAgent(reg.env_id, *refused))
-        if env is None:
-            # An operator started this agent by hand: it joins as an extra environment.
+        if env is None or env.status.terminal:
+            # Started by hand: an extra environment, or a fresh start of an ended one (refusal() let it).
             self._ids.saw(reg.env_id)
-            env = self._new_env(reg.env_id, platform=reg.platform or "manual", status=EnvStatus.STARTING)
+            env = self._new_env(reg.env_id, platform=reg.platform or "manual", status=EnvStatus.STARTING,
+                                again=env is not None)
             env.started_here = False
         if env.link is not None:
             self._keep_hold(env, env.link)
@@ -197,9 +198,8 @@ class Fleet:
                 self._to(env, EnvStatus.BUSY, f"it runs {len(env.holders)} trial(s)")
         return Joined(env.id, env.platform, reg.link, new_instance, lost, tuple(env.holders))
 
-    def welcome(
-        self, joined: Joined, unwanted: tuple[str, ...], refusals: tuple[ck.CheckpointRefused, ...] = ()
-    ) -> None:
+    def welcome(self, joined: Joined, unwanted: tuple[str, ...],
+                refusals: tuple[ck.CheckpointRefused, ...] = ()) -> None:
         """The agent's first message: what it must stop, how often to beat."""
         env = self.envs[joined.env_id]
         policy = self.policy
@@ -329,9 +329,9 @@ class Fleet:
 
     # ---- environments ------------------------------------------------------------------------
 
-    def _new_env(self, env_id: str, *, platform: str, status: EnvStatus) -> EnvState:
+    def _new_env(self, env_id: str, *, platform: str, status: EnvStatus, again: bool = False) -> EnvState:
         self.envs[env_id] = env = environments.new_env(env_id, platform, status, self.policy, self.now)
-        self._out.append(ev.EnvironmentAdded(env_id, platform, status, self.wall))
+        self._out.append(ev.EnvironmentAdded(env_id, platform, status, self.wall, again))
         return env
 
     def request(self, platform: str, size: int = 1, for_trial: str = "") -> None:

@@ -19,6 +19,7 @@ from ..engine import events as ev
 class Insert:
     table: str
     row: Mapping[str, Any]
+    replace: bool = False  # the row of the same id, if any, goes
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     ev.WaitingReasonsChanged: lambda f: (WaitingReasons(f.reasons),),
     ev.EnvironmentAdded: lambda f: (Insert("environments", {
         "id": f.env_id, "platform": f.platform, "status": f.status.value, "created_at": f.created_at,
-    }),),
+    }, replace=f.again),),
     ev.EnvironmentStatusChanged: _env_status,
     ev.EnvironmentGrouped: lambda f: (Update("environments", f.env_id, {
         "group_id": f.group, "group_for": f.trial_id,

@@ -302,17 +302,18 @@ class Store(StoreReader):
     def insert_trial(self, row: dict[str, Any]) -> None:
         self._insert("trials", row)
 
-    def _insert(self, table: str, row: Mapping[str, Any]) -> None:
+    def _insert(self, table: str, row: Mapping[str, Any], *, replace: bool = False) -> None:
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._write(f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()), trials=table == "trials")
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        self._write(f"{verb} INTO {table} ({cols}) VALUES ({marks})", tuple(row.values()), trials=table == "trials")
 
     def keep(self, fact: Fact) -> None:
         """Write what a fact of the decision core becomes (``facts.py`` says which rows)."""
         for w in writes_of(fact):
             match w:
                 case Insert():
-                    self._insert(w.table, w.row)
+                    self._insert(w.table, w.row, replace=w.replace)
                 case Update(table="trials"):
                     self.update_trial(w.row_id, **w.fields)
                 case Update():

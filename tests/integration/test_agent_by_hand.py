@@ -125,3 +125,34 @@ def test_a_hand_agent_drained_by_its_operator_finishes_its_trial_and_its_environ
                     await agent.wait()
 
     run_async(body)
+
+
+def test_a_hand_agent_started_again_after_a_stop_and_a_resume_joins_under_its_own_id(tmp_path: Path) -> None:
+    config = build_config(tmp_path, trialConcurrency=1, trainingService={"environmentCount": 1}, coordinator=FAST)
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            agent = await _hand_agent(c, tmp_path / "box", "box-a")
+            try:
+                await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.READY, START_S)
+                await c.stop(pause_trials=True)  # trialkeeper stop: its agent is shut down
+                await asyncio.wait_for(agent.wait(), START_S)
+            finally:
+                if agent.returncode is None:
+                    agent.kill()
+                    await agent.wait()
+            exp = c.experiment_dir
+        async with Coordinator.resume(exp) as r:
+            assert _status(r, "box-a") is EnvStatus.STOPPED
+            again = await _hand_agent(r, tmp_path / "box", "box-a")
+            try:
+                await async_wait_until(lambda: _status(r, "box-a") is EnvStatus.READY or again.returncode is not None,
+                                       START_S)
+                assert again.returncode is None, (await again.communicate())[1].decode()
+                box = environment(r, "box-a")
+                assert (box.connected, box.ended_at) == (True, None), box
+            finally:
+                again.kill()
+                await again.wait()
+
+    run_async(body)

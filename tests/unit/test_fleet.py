@@ -579,3 +579,32 @@ def test_an_agent_that_leaves_holding_a_trial_loses_it_and_one_the_coordinator_s
     env_id = up(f)
     assert f.left(env_id, drained=True) == [] and f.take() == []
     assert f.envs[env_id].status is READY  # its platform says when its process is gone
+
+
+def test_an_ended_environment_of_a_hand_agent_takes_its_agent_started_again_as_a_fresh_start() -> None:
+    f = fleet()
+    assert f.register(agent("box-a", link=3, instance="first")) is not None
+    f.left("box-a", drained=True)
+    f.disconnected(ev.AgentDisconnected("box-a", 3))
+    f.take()
+    # The agent that left, were it to dial in again, is refused; a new one is welcome.
+    assert refused(f, agent("box-a", link=4, instance="first")).message == (
+        "environment box-a was stopped: its agent drained and left (its operator stopped it); "
+        "start its agent again to join as a fresh start of it")
+    joined = f.register(agent("box-a", link=5, instance="second"))
+    assert joined == Joined("box-a", "manual", 5, True, (), ())
+    out = f.take()
+    assert out[0] == ev.EnvironmentAdded("box-a", "manual", EnvStatus.STARTING, WALL + 1000, again=True)
+    assert statuses(out) == [("box-a", "STARTING", READY)]
+    env = f.envs["box-a"]
+    assert (env.status, env.instance_id, env.link, env.started_here, env.shutdown_sent) == (
+        READY, "second", 5, False, False)
+
+
+def test_an_ended_environment_the_coordinator_started_refuses_every_agent() -> None:
+    f = fleet()
+    env_id = up(f)
+    f.stop_completed()
+    f.take()
+    assert refused(f, agent(env_id, link=9, instance="new")) == ev.RefuseAgent(
+        env_id, ev.Refusal.NOT_NOW, f"environment {env_id} was stopped: the experiment stopped")

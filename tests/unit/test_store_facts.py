@@ -144,6 +144,17 @@ def test_an_environment_status_change_is_kept_with_its_history(store: Store) -> 
         ("environment", "REQUESTED", "FAILED", "no quota")]
 
 
+def test_an_ended_environment_started_again_is_a_fresh_row_and_keeps_its_history(store: Store) -> None:
+    store.keep(ev.EnvironmentAdded("box-a", "manual", EnvStatus.STARTING, WALL))
+    store.keep(ev.AgentJoined("box-a", "host-a", "i-1", {"version": "1"}))
+    store.keep(ev.EnvironmentStatusChanged("box-a", "STARTING", EnvStatus.STOPPED, "left", WALL + 3))
+    store.keep(ev.EnvironmentAdded("box-a", "manual", EnvStatus.STARTING, WALL + 9, again=True))
+    (row,) = store.envs()
+    assert (row["status"], row["reason"], row["ended_at"], row["created_at"], row["agent_instance_id"]) == (
+        "STARTING", "", None, WALL + 9, "")
+    assert [e["new"] for e in store.events("box-a")] == ["STOPPED"]
+
+
 def test_a_retried_trial_stored_and_restored_waits_placed_nowhere(store: Store) -> None:
     policy = Policy("exp", 2, (PlatformPolicy("local", True, 1, 1),), max_trial_retries=1,
                     retry_failed_trials=True)
