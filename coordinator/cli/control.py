@@ -199,7 +199,8 @@ class ControlServer:
         if op not in OPS:
             return {"ok": False, "error": f"op: {op!r} is not one of {', '.join(OPS)}"}
         if op == "ping":
-            return {"ok": True, "experiment": self.coordinator.experiment_id}
+            # The address too: where agents started by hand dial (`run --detach` prints it).
+            return {"ok": True, "experiment": self.coordinator.experiment_id, "address": self.coordinator.address}
         if op == "stop":
             return self._stop_asked()
         if op == "update":

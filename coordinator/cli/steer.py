@@ -365,7 +365,7 @@ def _detached(args: argparse.Namespace, command: list[str], exp_dir: Path, exper
     deadline = time.monotonic() + args.detach_timeout
     while True:
         try:
-            request(exp_dir, "ping", timeout=5.0, shown=experiment_id)
+            address = str(request(exp_dir, "ping", timeout=5.0, shown=experiment_id).get("address") or "")
             break
         except ControlError:
             pass
@@ -383,6 +383,9 @@ def _detached(args: argparse.Namespace, command: list[str], exp_dir: Path, exper
     record_or_warn(experiment_id, exp_dir)  # the commands that follow find it by id at once
     print(f"experiment {experiment_id} runs in the background (pid {child.pid})")
     print(f"experiment directory: {exp_dir}")
+    if address:
+        print(f"coordinator: {address} (agents started by hand dial it: "
+              f"trialkeeper agent --coordinator {address} --environment-id ID)")
     if args.ui is not None:
         dashboard = [line for line in said() if line.startswith("dashboard: ")]
         print(dashboard[-1] if dashboard else f"dashboard: http://{args.ui}/")

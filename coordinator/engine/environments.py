@@ -226,7 +226,7 @@ def wanted_new(
     # Agents an operator started by hand count as the first platform's.
     mine = [e for e in live if e.platform == p.name or (p.name == first and e.platform not in names)]
     if p.reuse:
-        return max(1, p.environment_count) - len(mine)
+        return p.environment_count - len(mine)  # 0: only agents started by hand
     # One environment per trial: as many as waiting trials need, within trialConcurrency, on
     # the most preferred platform that takes more (another once it is given up).
     single = [q for q in policy.platforms if not q.reuse and q.name not in platform_errors]

@@ -98,7 +98,7 @@ class Supply:
         """Groups for the waiting trials ``p`` may run that have none (``grouped``), in queue
         order while ``p``'s pool has room; a trial that does not fit stops the walk (a large
         gang is not passed by smaller trials). Returns the environments wanted."""
-        room = max(1, p.environment_count) - sum(1 for e in live if e.platform == p.name)
+        room = p.environment_count - sum(1 for e in live if e.platform == p.name)
         wanted = 0
         if queue is None or room <= 0:
             return 0

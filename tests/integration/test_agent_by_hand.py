@@ -1,6 +1,8 @@
 """Agents started by hand: a second agent of an environment already served from the same
 work dir is refused at once, and leaves the first one's socket and trials alone; an agent
-its operator drains finishes its trial and its environment ends STOPPED."""
+its operator drains finishes its trial and its environment ends STOPPED; one started again
+after a stop and a resume joins under its own id; an experiment of such agents only
+(environmentCount: 0) runs its trials on them, and `run --detach` says where they dial."""
 
 from __future__ import annotations
 
@@ -11,7 +13,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import async_wait_until, build_config, environment, pid_gone, run_async, wait_until, write_script
+import yaml
+from conftest import (
+    async_wait_until,
+    build_config,
+    environment,
+    pid_gone,
+    run_async,
+    stored_rows,
+    wait_until,
+    write_script,
+)
+from test_cli import tk
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
@@ -156,3 +169,47 @@ def test_a_hand_agent_started_again_after_a_stop_and_a_resume_joins_under_its_ow
                 await again.wait()
 
     run_async(body)
+
+
+def test_an_experiment_of_hand_agents_only_launches_none_and_run_detach_says_where_they_dial(
+    tmp_path: Path,
+) -> None:
+    write_script(tmp_path, "trial.py", "from trialkeeper.agent import trial\n"
+                                       "trial.report_final_result(float(trial.get_next_parameter()['x']))\n")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({
+        "trialCommand": f"{sys.executable} trial.py", "trialCodeDirectory": str(tmp_path),
+        "trialConcurrency": 1, "maxTrialNumber": 2,
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2, 3]}}, "tuner": {"name": "random"},
+        "trainingService": {"platform": "local", "environmentCount": 0},
+        "coordinator": {"address": "127.0.0.1:0"},
+    }))
+    exp = tmp_path / "exp"
+    started = tk("run", config, "--detach", "--experiment-dir", exp, timeout=START_S * 4)
+    assert started.returncode == 0, started.stdout + started.stderr
+    lines = started.stdout.splitlines()
+    pid = int(lines[0].rsplit("(pid ", 1)[1].rstrip(")"))
+    (said,) = [line for line in lines if line.startswith("coordinator: ")]
+    address = said.split()[1]
+    assert said == (f"coordinator: {address} (agents started by hand dial it: "
+                    f"trialkeeper agent --coordinator {address} --environment-id ID)"), lines
+    env = {**os.environ, "TRIALKEEPER_TOKEN": (exp / ".token").read_text()}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "trialkeeper.agent", "--coordinator", address, "--environment-id", "box-a",
+         "--workdir", str(tmp_path / "box"), "--no-gpu"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        # The run ends by itself once its two trials ran, on the hand agent: the only environment.
+        wait_until(lambda: pid_gone(pid), START_S * 4, message="the detached run did not end")
+        trials = stored_rows(exp, "trials")
+        assert [(t["status"], t["environment_id"]) for t in trials] == [("SUCCEEDED", "box-a")] * 2, trials
+        assert [e["id"] for e in stored_rows(exp, "environments")] == ["box-a"]
+        _, stderr = agent.communicate(timeout=START_S)  # told to shut down with the experiment
+        assert agent.returncode == 0, stderr
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(START_S)
+        if not pid_gone(pid):
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: pid_gone(pid), START_S * 4, message="the detached run ended after SIGTERM")

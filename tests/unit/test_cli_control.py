@@ -35,6 +35,7 @@ class Trials:
     """What the control server asks of a coordinator: trial states, and the four actions."""
 
     experiment_id = "exp1"
+    address = "127.0.0.1:50051"
 
     def __init__(self, **states: str) -> None:
         self.states = dict(states)
@@ -134,7 +135,7 @@ def test_requests_act_on_trials_in_a_state_they_apply_to(tmp_path: Path) -> None
     assert answers[:3] == [
         {"ok": True, "done": ["a", "b"]}, {"ok": True, "done": ["p"]}, {"ok": True, "done": ["p", "b"]}
     ]
-    assert answers[3] == {"ok": True, "experiment": "exp1"}
+    assert answers[3] == {"ok": True, "experiment": "exp1", "address": "127.0.0.1:50051"}
     assert trials.calls == [("pause", "a"), ("pause", "b"), ("continue", "p"), ("cancel", "p"), ("cancel", "b")]
     assert not (tmp_path / "control.sock").exists(), "closing removes the socket"
 

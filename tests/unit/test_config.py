@@ -192,7 +192,7 @@ def test_every_error_is_reported_at_once_with_its_path(tmp_path: Path) -> None:
         "maxTrialNumber": 0,
         "maxTrialDuration": "forever",
         "trialGpuNumber": -1,
-        "trainingService": {"platform": "local", "environmentCount": 0, "gpuIndices": [0, "a"]},
+        "trainingService": {"platform": "local", "environmentCount": -1, "gpuIndices": [0, "a"]},
         "coordinator": {"address": "localhost", "heartbeatInterval": 0},
         "tuner": {"name": "tpe", "className": "pkg:Tuner"},
     }
@@ -206,7 +206,7 @@ def test_every_error_is_reported_at_once_with_its_path(tmp_path: Path) -> None:
             "'90s', '30m', '1.5h', '2d'), got 'forever'"
         ),
         "trialGpuNumber": "expected a non-negative integer, got -1",
-        "trainingService.environmentCount": "expected a positive integer, got 0",
+        "trainingService.environmentCount": "expected a non-negative integer, got -1",
         "trainingService.gpuIndices[1]": "expected an integer, got 'a'",
         "coordinator.address": "expected host:port with a port 0-65535, got 'localhost'",
         "coordinator.heartbeatInterval": (
@@ -215,6 +215,16 @@ def test_every_error_is_reported_at_once_with_its_path(tmp_path: Path) -> None:
         ),
         "tuner.className": "give either name or className, not both",
     }
+
+
+def test_local_environment_count_0_is_an_experiment_of_agents_started_by_hand_in_reuse_mode(tmp_path: Path) -> None:
+    base = {"trialCommand": "python trial.py", "trialConcurrency": 2}
+    config = parse_config({**base, "trainingService": {"platform": "local", "environmentCount": 0}}, tmp_path)
+    assert config.training_service.effective_environment_count(2) == 0
+    assert errors({**base, "trainingService": {"platform": "local", "environmentCount": 0, "reuseMode": False}},
+                  tmp_path) == {"trainingService.environmentCount": (
+        "0 (agents started by hand only) needs reuseMode: true, as agents started by hand join only in "
+        "reuse mode; give 1 or more, or set reuseMode: true")}
 
 
 def test_config_error_lists_issues_one_per_line() -> None:

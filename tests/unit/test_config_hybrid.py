@@ -64,8 +64,8 @@ def test_the_stored_form_parses_back_to_the_same_config(tmp_path: Path) -> None:
     ("training_service", "expected"),
     [
         (
-            [{"platform": "local", "environmentCount": 0}],
-            "trainingService[0].environmentCount: expected a positive integer",
+            [{"platform": "local", "environmentCount": -1}],
+            "trainingService[0].environmentCount: expected a non-negative integer",
         ),
         ([{"platform": "local"}, {"platform": "nope"}], "trainingService[1].platform: unknown platform 'nope'"),
         ([{"platform": "local"}, {"platform": "slurm", "bogus": 1}], "trainingService[1].bogus"),

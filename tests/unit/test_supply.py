@@ -53,6 +53,12 @@ def test_reuse_tops_up_to_environment_count() -> None:
     assert s.plan(live, waiting=9).starts == []
 
 
+def test_an_environment_count_of_0_starts_none_and_leaves_the_trials_to_agents_started_by_hand() -> None:
+    s = supply(PlatformPolicy("local", True, 0, 1))
+    assert s.plan([], waiting=5).starts == []
+    assert s.plan([env("box", "manual")], waiting=5).starts == []
+
+
 def test_reuse_counts_agents_started_by_hand_as_the_first_platforms() -> None:
     s = supply(PlatformPolicy("a", True, 2, 1), PlatformPolicy("b", True, 1, 1))
     assert s.plan([], waiting=0).starts == ["a", "a", "b"]
