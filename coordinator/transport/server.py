@@ -170,14 +170,20 @@ class Servicer(pb_grpc.CoordinatorServicer):
 
     async def Session(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         peer = context.peer()
-        if not self._authorized(context):
+        authorized = self._authorized(context)
+        try:
+            # Read before refusing a wrong token: the agent has written its Register by now, and
+            # grpcio's asyncio client reports a write that fails on an ended call as INTERNAL
+            # instead of the status it was given (grpc/grpc#36066), which the agent retries.
+            first = await asyncio.wait_for(context.read(), REGISTER_TIMEOUT_S)
+        except (asyncio.TimeoutError, DecodeError) as e:
+            first = e
+        if not authorized:
             log.warning("refused an agent from %s: missing or wrong token", peer)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong experiment token")
-        try:
-            first = await asyncio.wait_for(context.read(), REGISTER_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        if isinstance(first, asyncio.TimeoutError):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Register within 10 s")
-        except DecodeError:
+        if isinstance(first, DecodeError):
             log.warning("refused a stream from %s: its first message is not an AgentMessage", peer)
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message could not be parsed as a Register"
