@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="trialkeeper agent",
         description="Run trials for a trialkeeper coordinator. The first SIGTERM/SIGINT drains "
-        "(running trials finish), a second one cancels them.",
+        "(running trials finish), a second one stops them: lost with the environment, they run again elsewhere.",
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

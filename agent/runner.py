@@ -422,12 +422,14 @@ class TrialRunner:
 
     # ---- cancelling ------------------------------------------------------------------
 
-    def cancel(self, trial_id: str, grace_s: float, reason: str) -> bool:
+    def cancel(self, trial_id: str, grace_s: float, reason: str, outcome: str = "") -> bool:
+        """Stop a trial; it ends ``outcome`` (default: canceled, or paused when a pause ran out)."""
         t = self._trials.get(trial_id)
         if t is None:
             return False
         if t.cancel_reason is None:
             t.cancel_reason = reason or "canceled"
+            t.outcome_if_canceled = outcome or t.outcome_if_canceled
             if t.proc is not None:
                 asyncio.create_task(self._kill_tree(t, grace_s))
             else:
@@ -454,9 +456,9 @@ class TrialRunner:
         assert t.proc is not None
         await processes.terminate_tree(t.proc.pid, t.proc.pid, grace_s, t.exited)
 
-    async def cancel_all(self, reason: str, grace_s: float) -> None:
+    async def cancel_all(self, reason: str, grace_s: float, outcome: str = "") -> None:
         for trial_id in list(self._trials):
-            self.cancel(trial_id, grace_s, reason)
+            self.cancel(trial_id, grace_s, reason, outcome)
         await self.wait_idle(grace_s + 15.0)
 
     async def wait_idle(self, timeout: float | None) -> bool:

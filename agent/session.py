@@ -252,7 +252,9 @@ class AgentSession(RunnerEvents):
     # ---- the session -----------------------------------------------------------------
 
     def request_stop(self, drain: bool) -> None:
-        """First signal drains (running trials finish), a second one cancels them."""
+        """First signal drains (running trials finish), a second one stops them: they end
+        lost with their environment, as on any platform that takes one away, and the
+        coordinator continues them elsewhere (from their checkpoints) rather than failing them."""
         self.runner.host_stopping.set()
         if drain and not self._draining:
             log.info("draining: running trials finish, no new ones are taken")
@@ -260,9 +262,10 @@ class AgentSession(RunnerEvents):
             self._wakeup.set()
             asyncio.get_running_loop().create_task(self._exit_when_idle())
         else:
-            log.info("stopping: canceling running trials")
+            log.info("stopping: ending running trials")
             self._stop_requested = True
-            asyncio.get_running_loop().create_task(self._cancel_and_exit(5.0, "agent was stopped"))
+            task = self._cancel_and_exit(5.0, "its agent was stopped by a second signal", "lost")
+            asyncio.get_running_loop().create_task(task)
 
     async def run(self) -> int:
         """Serve until told to shut down. Returns the process exit status."""
@@ -521,8 +524,8 @@ class AgentSession(RunnerEvents):
                 break
         await self._finish_and_exit(drained=True)
 
-    async def _cancel_and_exit(self, grace_s: float, reason: str) -> None:
-        await self.runner.cancel_all(reason, grace_s)
+    async def _cancel_and_exit(self, grace_s: float, reason: str, outcome: str = "") -> None:
+        await self.runner.cancel_all(reason, grace_s, outcome)
         await self._finish_and_exit(drained=False)
 
     async def _finish_and_exit(self, *, drained: bool) -> None:

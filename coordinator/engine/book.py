@@ -275,7 +275,7 @@ class TrialBook:
         t.exit_code, t.signal, t.stderr_tail = m.exit_code, m.signal, m.stderr_tail
         t.ended_at = m.ended_at or self.wall
         self._out.append(ev.TrialExited(t.id, t.exit_code, t.signal, t.stderr_tail, t.ended_at))
-        if m.outcome is ev.Outcome.LOST and t.cancel_status is None:
+        if m.outcome is ev.Outcome.LOST:
             # Gone with its environment, like a trial on a lost agent: retried within
             # maxTrialRetries whether or not failed trials are retried.
             self.lose([t.id], m.reason or "its environment was stopped", platform=platform)

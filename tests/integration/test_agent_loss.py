@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
@@ -79,26 +80,52 @@ def test_killed_agent_fails_its_trial_with_environment_lost_and_is_replaced(tmp_
     run_async(body)
 
 
-def test_killed_agent_with_retries_runs_the_trial_again_elsewhere(tmp_path: Path) -> None:
+def _runs_again_elsewhere(tmp_path: Path, stop: Callable[[Coordinator, str, int], Awaitable[None]]) -> str:
+    """Run a holding trial, ``stop`` its agent (given its environment and pid): the trial runs
+    again on another environment and succeeds. The reasons of its history."""
     write_script(tmp_path, "trial.py", HOLD)
     go = tmp_path / "go"
     config = build_config(tmp_path, trialConcurrency=1, maxTrialRetries=1, coordinator=FAST)
 
-    async def body() -> None:
+    async def body() -> str:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             h, first_env, pid = await _one_running(c, go)
-            os.kill(pid, signal.SIGKILL)
+            await stop(c, first_env, pid)
             await async_wait_until(
-                lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S
+                lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S,
+                message=f"the trial did not run again elsewhere: {h.info}",
             )
             go.write_text("")
             info = await h.wait(WAIT_S)
-            assert info.status is TrialStatus.SUCCEEDED and info.attempts == 2
+            assert info.status is TrialStatus.SUCCEEDED and info.attempts == 2, info
             assert c.store is not None
             history = [(e["old"], e["new"]) for e in c.store.events(h.id)]
             assert ("RUNNING", "WAITING") in history, history
+            return " | ".join(str(e.get("reason", "")) for e in c.store.events(h.id))
 
-    run_async(body)
+    return run_async(body)
+
+
+def test_killed_agent_with_retries_runs_the_trial_again_elsewhere(tmp_path: Path) -> None:
+    async def kill(c: Coordinator, env_id: str, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+
+    _runs_again_elsewhere(tmp_path, kill)
+
+
+def test_an_agent_stopped_by_a_second_signal_loses_its_trial_which_is_run_again_not_failed(tmp_path: Path) -> None:
+    """The first SIGTERM drains the agent, a second one stops its trial: that trial is lost
+    with its environment through no fault of its own, and runs again elsewhere."""
+
+    async def twice(c: Coordinator, env_id: str, pid: int) -> None:
+        os.kill(pid, signal.SIGTERM)
+        # Two signals sent at once may arrive as one: the second once the first drains it.
+        await async_wait_until(lambda: _statuses(c)[env_id] is EnvStatus.DRAINING, WAIT_S,
+                               message="the agent did not drain on the first signal")
+        os.kill(pid, signal.SIGTERM)
+
+    reasons = _runs_again_elsewhere(tmp_path, twice)
+    assert "environment lost (its agent was stopped by a second signal)" in reasons, reasons
 
 
 def test_frozen_agent_is_unreachable_first_then_lost(tmp_path: Path) -> None:
@@ -205,3 +232,4 @@ def test_trial_signalled_with_its_agent_is_lost_with_the_environment_not_failed(
             assert info.environment_id != env_id
 
     run_async(body)
+

@@ -165,6 +165,22 @@ def test_a_trial_that_never_checkpoints_is_canceled_when_asked_to_pause() -> Non
     assert t.status is TrialStatus.USER_CANCELED and "no checkpoint to continue from" in t.reason
 
 
+def test_a_trial_lost_while_pausing_is_paused_at_its_checkpoint_and_one_canceled_ends_canceled() -> None:
+    """An agent stopped by a second signal ends its trials lost, those being paused or
+    canceled too: each ends as the coordinator asked, never as a failure of the trial."""
+    sim = ready_sim(pause_grace_s=30.0, environment_count=2, trial_concurrency=2)
+    env = running(sim)
+    sim.report(env, saved("t1", 2))
+    other = running(sim, "t2")
+    sim.feed(ck.PauseRequested("t1", "paused by the user"))
+    sim.feed(ev.CancelRequested("t2", "canceled by the user", TrialStatus.USER_CANCELED))
+    sim.report(env, ev.TrialEndReported("t1", ev.Outcome.LOST, None, 15, "its agent was stopped", "", 0.0))
+    sim.report(other, ev.TrialEndReported("t2", ev.Outcome.LOST, None, 15, "its agent was stopped", "", 0.0))
+    t1 = sim.engine.trials["t1"]
+    assert t1.status is TrialStatus.PAUSED and "continues from step 2" in t1.reason, t1.reason
+    assert sim.status("t2") is TrialStatus.USER_CANCELED
+
+
 def test_a_waiting_trial_is_paused_at_once_and_continues_ahead_of_the_others() -> None:
     sim = ready_sim(environment_count=1, trial_concurrency=1)
     running(sim, "t1")
