@@ -377,8 +377,19 @@ def cmd_trial(args: argparse.Namespace) -> int:
             print(f"  step {c.step}: {size_text(c.size_bytes)}, saved {_when(c.saved_at)}, in {where}")
     else:
         print("checkpoints: none")
-    print(f"logs: {detail.stdout}, {detail.stderr}")
+    ended = t.status is None or t.status.terminal
+    print("logs: " + _logs(detail.stdout, detail.stderr, ran=t.started_at is not None, ended=ended))
     return 0
+
+
+def _logs(*paths: str, ran: bool, ended: bool) -> str:
+    """The trial's log files that exist; with none, why."""
+    found = [p for p in paths if Path(p).is_file()]
+    if found:
+        return ", ".join(found)
+    if ran:
+        return "none: it wrote no output" if ended else "none yet: it has written no output"
+    return "none: it never ran" if ended else "none yet: it has not started"
 
 
 def _flat(detail: Any) -> dict[str, Any]:

@@ -74,3 +74,14 @@ def test_the_table_says_how_many_more_there_are(exp: Path, capsys: pytest.Captur
 def test_a_bad_argument_is_named(exp: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:
     assert cli.main(["trials", str(exp), *argv]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_trials_view_lists_only_the_log_files_it_has(exp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["trial", str(exp), "t00"]) == 0
+    out = capsys.readouterr().out
+    assert "logs: none: it never ran" in out and ".log" not in out
+    trial_dir = exp / "trials" / "t01"
+    trial_dir.mkdir(parents=True)
+    (trial_dir / "stdout.log").write_text("epoch 1\n")
+    assert cli.main(["trial", str(exp), "t01"]) == 0
+    assert f"logs: {trial_dir / 'stdout.log'}\n" in capsys.readouterr().out
