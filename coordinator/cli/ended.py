@@ -54,6 +54,55 @@ def extended_config(config: ExperimentConfig, args: argparse.Namespace) -> tuple
     return (dataclasses.replace(config, **changes), True) if changes else (config, False)
 
 
+def _read_end(experiment_dir: Path) -> tuple[dict[str, Any] | None, dict[str, int], dict[str, Any]]:
+    """The experiment's row, its trials per status and its stored config."""
+    store = StoreReader.in_dir(experiment_dir)
+    try:
+        return store.experiment(), store.trial_counts(), ReadModel(store).stored_config() or {}
+    finally:
+        store.close()
+
+
+def _exhausted(exp: dict[str, Any], submitted: int, stored: dict[str, Any]) -> bool:
+    """Ended with no reason said and below its trial limit: its search ran out, not a limit."""
+    old_limit = stored.get("maxTrialNumber")
+    return not exp.get("reason") and not (isinstance(old_limit, int) and submitted >= old_limit)
+
+
+def _head(exp: dict[str, Any], counts: dict[str, int]) -> str:
+    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
+    reason = str(exp.get("reason") or "")
+    ended = f"{exp.get('status')}{f' ({reason})' if reason else ''}"
+    return f"experiment {exp.get('id')} has ended: {ended}, {sum(counts.values())} trials ({tally})"
+
+
+def _change_the_search(shown: Path | str) -> str:
+    return (
+        "To go on, change its search (searchSpace, tuner) in its config and run "
+        f"`trialkeeper resume {shown} --config FILE`"
+    )
+
+
+def _raise_a_limit(shown: Path | str, submitted: int) -> str:
+    return (
+        "To go on, raise maxTrialNumber (which counts the trials already run) or "
+        f"maxExperimentDuration: `trialkeeper resume {shown} --max-trials N` (N above {submitted}) "
+        f"or `--max-duration D`, or in its config and run `trialkeeper resume {shown} --config FILE`"
+    )
+
+
+def ended_note(experiment_dir: Path, shown: str, nothing: str) -> str:
+    """What a command that needs the experiment's coordinator says when none runs it because
+    the experiment has ended (``nothing``: what there is then nothing to do), and how to
+    extend it; "" when it has not ended (stopped, failed or crashed: ``resume`` carries it on)."""
+    exp, counts, stored = _read_end(experiment_dir)
+    if exp is None or exp.get("status") != _ENDED:
+        return ""
+    submitted = sum(counts.values())
+    how = _change_the_search(shown) if _exhausted(exp, submitted, stored) else _raise_a_limit(shown, submitted)
+    return f"{_head(exp, counts)}; no coordinator runs it: {nothing}. {how}"
+
+
 def resume_refusal(
     experiment_dir: Path, config: ExperimentConfig, *, file_given: bool, limits_given: bool = False,
     duration_given: bool = False,
@@ -66,35 +115,24 @@ def resume_refusal(
     to do. A duration given on the command line counts from the resume: it always raises.
     One whose search had nothing more to propose is carried on only with a config (which
     may change the search): more trials or time alone would find nothing to run either."""
-    store = StoreReader.in_dir(experiment_dir)
-    try:
-        exp = store.experiment()
-        counts = store.trial_counts()
-        stored = ReadModel(store).stored_config() or {}
-    finally:
-        store.close()
+    exp, counts, stored = _read_end(experiment_dir)
     if exp is None or exp.get("status") != _ENDED:
         return ""
     submitted = sum(counts.values())
     limit = config.max_trial_number
     room = limit is None or submitted < limit
-    reason = str(exp.get("reason") or "")
     old_limit = stored.get("maxTrialNumber")
-    # Ended with no reason said and below its trial limit: its search ran out, not a limit.
-    exhausted = not reason and not (isinstance(old_limit, int) and submitted >= old_limit)
+    exhausted = _exhausted(exp, submitted, stored)
     if file_given and room and (exhausted or duration_given or _raises_a_limit(config, stored)):
         return ""
     if limits_given and room and not exhausted and (duration_given or _raises_a_limit(config, stored)):
         return ""
-    tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no trials"
-    ended = f"{exp.get('status')}{f' ({reason})' if reason else ''}"
-    head = f"experiment {exp.get('id')} has ended: {ended}, {submitted} trials ({tally})"
+    head = _head(exp, counts)
     if exhausted and not file_given:
         below = f"below its maxTrialNumber ({old_limit})" if isinstance(old_limit, int) else "with no maxTrialNumber"
         return (
             f"{head}; nothing to resume: its search had nothing more to propose (it ended {below}), so more "
-            "trials or time would start agents with nothing to run. To go on, change its search (searchSpace, "
-            f"tuner) in its config and run `trialkeeper resume {experiment_dir} --config FILE`"
+            f"trials or time would start agents with nothing to run. {_change_the_search(experiment_dir)}"
         )
     if file_given or limits_given:
         how = (
@@ -105,12 +143,7 @@ def resume_refusal(
         advice = f"nothing to resume: {how}"
     else:
         advice = "nothing to resume"
-    return (
-        f"{head}; {advice}. "
-        "To go on, raise maxTrialNumber (which counts the trials already run) or "
-        f"maxExperimentDuration: `trialkeeper resume {experiment_dir} --max-trials N` (N above {submitted}) "
-        f"or `--max-duration D`, or in its config and run `trialkeeper resume {experiment_dir} --config FILE`"
-    )
+    return f"{head}; {advice}. {_raise_a_limit(experiment_dir, submitted)}"
 
 
 def _raises_a_limit(config: ExperimentConfig, stored: dict[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from ..read.model import ReadModel
 from ..store.index import no_experiment, resolve_experiment
 from ..store.reads import holds_experiment
 from .control import LIMITS, ControlError, NoCoordinator, alive, request, valid_limit
+from .ended import ENDED_EXIT, ended_note
 
 # How long `stop` waits past the experiment's pauseGracePeriod for the run to end: its
 # environments stop, its store closes.
@@ -34,6 +35,26 @@ def _err(message: str, code: int = 1) -> int:
 USAGE = 2  # the exit status of a wrong argument
 
 
+# What there is nothing to do of, by request, once the experiment has ended.
+_NOTHING = {
+    "pause": "nothing to pause",
+    "continue": "nothing to continue",
+    "cancel": "nothing to cancel",
+    "stop": "nothing to stop",
+    "update": "its limits change as it is resumed",
+    "rerun": "no trial can join it until it is resumed",
+    "submit": "no trial can join it until it is resumed",
+}
+
+
+def _unreached(e: ControlError, exp_dir: Path, shown: str, op: str) -> int:
+    """Why a request did not reach the coordinator. When none runs because the experiment has
+    ended, that is said with how to extend it, and the status is the one ``resume`` exits with
+    for an experiment that has ended: nothing was done."""
+    ended = ended_note(exp_dir, shown, _NOTHING[op]) if isinstance(e, NoCoordinator) else ""
+    return _err(ended, ENDED_EXIT) if ended else _err(str(e))
+
+
 def _experiment(args: argparse.Namespace) -> Path | None:
     found = resolve_experiment(args.experiment)
     if found is None:
@@ -48,7 +69,7 @@ def _ask(args: argparse.Namespace, op: str) -> int:
     try:
         answer = request(exp_dir, op, args.trial_ids, shown=args.experiment)
     except ControlError as e:
-        return _err(str(e))
+        return _unreached(e, exp_dir, args.experiment, op)
     done = answer.get("done") or []
     if done:
         print(f"{_DONE[op]}: {' '.join(done)}")
@@ -99,7 +120,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         answer = request(exp_dir, "stop", shown=name)
     except ControlError as e:
-        return _err(str(e))
+        return _unreached(e, exp_dir, name, "stop")
     if not answer.get("ok"):
         return _err(f"the coordinator of {name} refused to stop: {answer.get('error')}")
     with ReadModel.open(exp_dir) as model:
@@ -157,7 +178,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     try:
         answer = request(exp_dir, "update", shown=args.experiment, fields={"limits": limits})
     except ControlError as e:
-        return _err(str(e))
+        return _unreached(e, exp_dir, args.experiment, "update")
     if not answer.get("ok"):
         return _err(str(answer.get("error") or "refused"))
     print(f"updated {args.experiment}: {_show_limits(answer.get('limits') or {}, answer.get('submitted'))}")
@@ -174,7 +195,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     try:
         answer = request(exp_dir, "rerun", args.trial_ids, shown=args.experiment, fields=fields)
     except ControlError as e:
-        return _err(str(e))
+        return _unreached(e, exp_dir, args.experiment, "rerun")
     for old, new in answer.get("rerun") or []:
         print(f"trial {old} runs again as trial {new}")
     if not answer.get("ok"):
@@ -195,7 +216,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         answer = request(exp_dir, "submit", shown=args.experiment, fields={"parameters": parameters})
     except ControlError as e:
-        return _err(str(e))
+        return _unreached(e, exp_dir, args.experiment, "submit")
     if not answer.get("ok"):
         return _err(str(answer.get("error") or "refused"))
     print(f"submitted trial {' '.join(answer.get('done') or [])}")

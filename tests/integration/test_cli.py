@@ -562,6 +562,25 @@ def test_logs_of_an_unknown_trial(quickstart: Run) -> None:
     assert quickstart.trials()[0]["id"] in line  # it names some trials that do exist
 
 
+def test_steering_an_experiment_that_has_ended_says_so_and_how_to_extend_it(failing: Run) -> None:
+    """No coordinator runs an experiment that is DONE: a steering command says it has ended,
+    that there is nothing to do, and how to extend it, with the status `resume` exits with."""
+    trial_id = failing.trials()[0]["id"]
+    for args, nothing in (
+        (("pause", failing.exp, trial_id), "nothing to pause"),
+        (("cancel", failing.exp, trial_id), "nothing to cancel"),
+        (("stop", failing.exp), "nothing to stop"),
+        (("update", failing.exp, "--concurrency", "3"), "its limits change as it is resumed"),
+    ):
+        proc = tk(*args)
+        line = assert_one_line_error(proc, "has ended: DONE", f"no coordinator runs it: {nothing}")
+        assert proc.returncode == 3, (args, proc.returncode, line)
+        assert f"`trialkeeper resume {failing.exp} --max-trials N` (N above 3)" in line, line
+        assert "it ended or crashed" not in line, line
+    resumed = tk("resume", failing.exp)
+    assert resumed.returncode == 3 and "--max-trials N` (N above 3)" in resumed.stderr, resumed.stderr
+
+
 # ---- the live view -------------------------------------------------------------------------
 
 NOISY_TUNER = """
