@@ -88,6 +88,11 @@ def _status(t: TrialSnapshot) -> str:
     return text + (" (stopping)" if t.stopping else "")
 
 
+def _not_placed(t: TrialSnapshot) -> str:
+    """Where a trial placed nowhere now last was (a paused one's, a retried one's)."""
+    return f"none now, last on {t.last_environment_id}" if t.last_environment_id else "not placed"
+
+
 def _params(parameters: dict[str, Any] | None) -> str:
     return json.dumps(parameters) if parameters is not None else "(unreadable)"
 
@@ -221,7 +226,7 @@ def cmd_trials(args: argparse.Namespace) -> int:
             t.id,
             str(t.sequence_id) if t.sequence_id is not None else "",
             _status(t),
-            t.environment_id or "",
+            t.environment_id or (f"({t.last_environment_id})" if t.last_environment_id else ""),
             _metric(t.final_metric),
             *shown_objectives,
             dur,
@@ -343,7 +348,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     t = detail.trial
     print(f"trial {t.id} (#{t.sequence_id}): {_status(t)}{' - ' + _why(t) if _why(t) else ''}")
     print(f"parameters: {_params(t.parameters)}")
-    where = t.environment_id or "not placed"
+    where = t.environment_id or _not_placed(t)
     if t.gpu_indices:
         where += f", GPUs {','.join(str(i) for i in t.gpu_indices)}"
     print(f"environment: {where}; attempts: {t.attempts}")

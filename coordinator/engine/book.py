@@ -314,7 +314,7 @@ class TrialBook:
 
     def placed(self, trial_id: str, env_id: str, gpu_uuids: tuple[str, ...], gpu_indices: tuple[int, ...]) -> None:
         t = self.trials[trial_id]
-        t.env_id, t.gpu_uuids, t.gpu_indices = env_id, gpu_uuids, gpu_indices
+        t.env_id, t.gpu_uuids, t.gpu_indices, t.ran_on = env_id, gpu_uuids, gpu_indices, env_id
         t.lost_on, t.refusals = "", {}
         t.attempts += 1
         self._out.append(ev.TrialPlaced(t.id, env_id, gpu_indices, gpu_uuids, t.attempts))
@@ -419,15 +419,10 @@ class TrialBook:
 
     def restore(self, rows: Iterable[Mapping[str, Any]], checkpoint_rows: Iterable[Mapping[str, Any]] = ()) -> None:
         """The trials (and their checkpoints) as the store kept them."""
-        rows = list(rows)
-        for r in rows:
-            t, failed = trialrows.trial_of(r, self.policy.trial_gpu_memory, self.wall)
-            if failed is not None:
-                self._out.append(failed)
-            self.trials[t.id] = t
-            self._next_seq = max(self._next_seq, t.seq + 1)
+        restored = trialrows.restore(rows, checkpoint_rows, self.policy.trial_gpu_memory, self.wall, self._out)
+        self.trials.update(restored)
+        self._next_seq = max([self._next_seq, *(t.seq + 1 for t in restored.values())])
         self.live.update((tid, t) for tid, t in self.trials.items() if not t.status.terminal)
-        trialrows.attach_checkpoints(self.trials, rows, checkpoint_rows)
 
     def restore_placement(self, trial_id: str, gpu_uuids: tuple[str, ...] | None) -> None:
         """After a crash: the environment ``trial_id`` was placed on holds it again, on these

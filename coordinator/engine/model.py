@@ -65,6 +65,9 @@ class TrialInfo:
     # Seconds it ran in its attempts ended so far: every attempt of a retried, paused and
     # continued trial, where ``started_at`` is its latest attempt's start.
     ran_s: float = 0.0
+    # The environment it was last placed on: ``environment_id`` while it is placed; kept once
+    # it leaves it (a paused trial's, a retried one's), None if it never was.
+    last_environment_id: str | None = None
 
     def duration(self, now: float) -> float | None:
         """Seconds it has run, in all its attempts (the one running until ``now``); None if
@@ -139,6 +142,7 @@ class TrialState:
     ranks: tuple[RankInfo, ...] = ()  # as last told (multinode.py)
     max_duration: float = 0.0  # its own time limit in seconds (0: the experiment's maxTrialDuration)
     env_id: str | None = None
+    ran_on: str | None = None  # the environment it was last placed on, kept once it leaves it
     gpu_uuids: tuple[str, ...] = ()
     gpu_indices: tuple[int, ...] = ()
     exit_code: int | None = None
@@ -205,7 +209,7 @@ class TrialState:
             stopping=self.cancel_status is not None and not self.status.terminal,
             waiting_reason=self.waiting_reason if self.status is TrialStatus.WAITING else "",
             checkpoint_step=self.checkpoints[-1].step if self.checkpoints else None,
-            nodes=self.nodes, ranks=self.ranks, ran_s=self.ran_s,
+            nodes=self.nodes, ranks=self.ranks, ran_s=self.ran_s, last_environment_id=self.env_id or self.ran_on,
         )
 
 

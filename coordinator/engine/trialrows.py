@@ -1,7 +1,7 @@
 """Trials as the store kept them, read back into the book's state after a crash.
 
 A row an older or broken version wrote badly is taken as far as it can be read; it never
-stops a resume. Plain functions: the book (``book.py``) calls them from ``restore``.
+stops a resume. Plain functions: the book (``book.py``) calls ``restore``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,23 @@ from . import checkpoints as ck
 from . import events as ev
 from .model import TrialState, enum_or, loads_or
 from .states import TrialStatus
+
+
+def restore(
+    rows: Iterable[Mapping[str, Any]], checkpoint_rows: Iterable[Mapping[str, Any]], gpu_memory: int, wall: float,
+    out: list[ev.Instruction],
+) -> dict[str, TrialState]:
+    """The trials of the stored rows, by id, with their checkpoints; the facts of those that
+    cannot run again go to ``out``."""
+    rows = list(rows)
+    trials = {}
+    for r in rows:
+        t, failed = trial_of(r, gpu_memory, wall)
+        if failed is not None:
+            out.append(failed)
+        trials[t.id] = t
+    attach_checkpoints(trials, rows, checkpoint_rows)
+    return trials
 
 
 def trial_of(r: Mapping[str, Any], gpu_memory: int, wall: float) -> tuple[TrialState, ev.TrialStatusChanged | None]:
@@ -35,6 +52,7 @@ def trial_of(r: Mapping[str, Any], gpu_memory: int, wall: float) -> tuple[TrialS
         parameters=parameters if isinstance(parameters, dict) else {}, command=r["command"],
         gpu_number=gpu_number, submitted_at=r["submitted_at"],
         gpu_memory=gpu_memory if gpu_number else 0, env_id=r["environment_id"],
+        ran_on=r.get("last_environment_id") or r["environment_id"],
         gpu_indices=tuple(loads_or(r["gpu_indices_json"], [])),
         gpu_uuids=tuple(loads_or(r["gpu_uuids_json"], [])),
         exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],

@@ -142,6 +142,8 @@ def trial_snapshot(row: Mapping[str, Any]) -> TrialSnapshot:
         ranks=_ranks(f.json("ranks_json", lambda v: isinstance(v, list), "a list of ranks", []) if "ranks_json" in row
                      else []),
         ran_s=_ran_s(f, row),
+        # A store from before the column: the environment it is placed on, if any.
+        last_environment_id=f.optional_text("last_environment_id") or f.optional_text("environment_id"),
     )
 
 

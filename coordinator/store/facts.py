@@ -113,8 +113,8 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     ev.TrialAdded: _trial_added,
     ev.TrialStatusChanged: _trial_status,
     ev.TrialPlaced: lambda f: (Update("trials", f.trial_id, {
-        "environment_id": f.env_id, "gpu_indices_json": json.dumps(list(f.gpu_indices)),
-        "gpu_uuids_json": json.dumps(list(f.gpu_uuids)), "attempts": f.attempts,
+        "environment_id": f.env_id, "last_environment_id": f.env_id, "attempts": f.attempts,
+        "gpu_indices_json": json.dumps(list(f.gpu_indices)), "gpu_uuids_json": json.dumps(list(f.gpu_uuids)),
     }),),
     ev.TrialUnplaced: lambda f: (Update("trials", f.trial_id, {
         "environment_id": None, "gpu_indices_json": "[]", "gpu_uuids_json": "[]",

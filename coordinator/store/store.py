@@ -127,7 +127,7 @@ TRIAL_COLUMNS = (
     "gpu_indices_json", "exit_code", "signal", "reason", "stderr_tail", "final_metric",
     "final_metric_json", "attempts", "submitted_at", "started_at", "ended_at", "gpu_uuids_json",
     "waiting_reason", "stopping", "platforms_json", "nodes", "ranks_json", "max_duration", "ran_s",
-    *checkpointrows.TRIAL_COLUMNS,
+    "last_environment_id", *checkpointrows.TRIAL_COLUMNS,
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
@@ -189,6 +189,8 @@ _ADDED_COLUMNS = {
         "max_duration": "REAL NOT NULL DEFAULT 0",
         # Seconds it ran in its attempts ended so far (started_at: its latest attempt's start).
         "ran_s": "REAL NOT NULL DEFAULT 0",
+        # The environment it was last placed on, kept once it leaves it (paused, retried).
+        "last_environment_id": "TEXT",
         **checkpointrows.TRIAL_COLUMNS,
     },
     # 1 while the environment's agent has its stream open.

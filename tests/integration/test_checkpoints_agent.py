@@ -7,6 +7,8 @@ that saves nothing within the pause grace is stopped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import signal
@@ -277,6 +279,16 @@ def test_uploads_and_downloads_go_on_across_cut_connections(tmp_path: Path) -> N
     run_async(body)
 
 
+def _cli(*argv: str) -> str:
+    """What ``trialkeeper ARGV`` prints, run here: it reads the store the coordinator writes."""
+    from trialkeeper.coordinator import cli
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(list(argv)) == 0
+    return printed.getvalue()
+
+
 def test_a_paused_trial_ends_at_its_next_save_and_continues_there(tmp_path: Path) -> None:
     write_script(tmp_path, "trial.py", TRAIN)
     out, gate = tmp_path / "out", tmp_path / "gate"
@@ -287,11 +299,18 @@ def test_a_paused_trial_ends_at_its_next_save_and_continues_there(tmp_path: Path
         async with Coordinator(config, experiment_dir=tmp_path / "exp", service=service) as c:
             h = await c.submit({"epochs": 5, "gate_at": 1, "gate": str(gate), "out": str(out)})
             await _held(c, h, out, extra=False)
+            ran_on = c.trial(h.id).environment_id
             await c.pause(h.id)
             gate.write_text("")  # epoch 2 is saved, and the save answers "pause"
             await async_wait_until(lambda: c.trial(h.id).status in (TrialStatus.PAUSED, *_ENDED), WAIT_S)
             paused = c.trial(h.id)
             assert paused.checkpoint_step == 2, paused
+            # Placed nowhere now, it says where it last ran, live and in the CLI's views.
+            assert (paused.environment_id, paused.last_environment_id) == (None, ran_on), paused
+            shown = _cli("trial", str(c.experiment_dir), h.id)
+            assert f"environment: none now, last on {ran_on}; attempts: 1" in shown, shown
+            assert f"in {c.experiment_dir / 'checkpoints' / h.id / '2'}" in shown, shown
+            assert f"({ran_on})" in _cli("trials", str(c.experiment_dir))
             assert c.store is not None
             ended = [e for e in c.store.events(h.id) if e["new"] == "PAUSED"]
             assert ended and "paused after its checkpoint of step 2" in ended[-1]["reason"], ended
