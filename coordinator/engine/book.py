@@ -304,7 +304,6 @@ class TrialBook:
             and t.retries < policy.max_trial_retries
             and not self.stopping
         ):
-            t.ended_at = None
             self._retry(t, f"it failed ({reason})")
         else:
             self._to(t, new, reason)
@@ -336,12 +335,15 @@ class TrialBook:
         if changed:
             self._out.append(ev.WaitingReasonsChanged(changed))
 
-    def lose(self, trial_ids: Iterable[str], reason: str, *, platform: str) -> None:
-        """These trials are gone with their environment (of ``platform``): retry or fail each."""
+    def lose(self, trial_ids: Iterable[str], reason: str, *, platform: str, heard_at: float | None = None) -> None:
+        """These trials are gone with their environment (of ``platform``): retry or fail each.
+        A running one's attempt ends when the coordinator last heard of it (``heard_at``, wall)."""
         for tid in sorted(trial_ids, key=lambda i: self.trials[i].seq):
             t = self.trials[tid]
             if t.status.terminal:
                 continue
+            if heard_at is not None and t.status is TrialStatus.RUNNING and t.ended_at is None:
+                t.ended_at = min(self.wall, max(heard_at, t.started_at or heard_at))
             t.lost_on = platform
             free = t.progressed and self.policy.progress_resets_retries
             if t.pausing and t.checkpoint is not None and t.status is TrialStatus.RUNNING:
@@ -408,9 +410,9 @@ class TrialBook:
             t.reason = reason
         if new.terminal:
             t.ended_at = t.ended_at or self.wall
-        if old is TrialStatus.RUNNING and t.started_at is not None:  # an attempt ended: its time counts
-            t.ran_s += max(0.0, (t.ended_at if new.terminal else self.wall) - t.started_at)
-        ended_at = t.ended_at if new.terminal else None
+        if old is TrialStatus.RUNNING and t.started_at is not None:  # an attempt ended (when known): its time counts
+            t.ran_s += max(0.0, (t.ended_at or self.wall) - t.started_at)
+        ended_at = t.ended_at = t.ended_at if new.terminal else None
         self._out.append(ev.TrialStatusChanged(t.id, old.value, new, t.reason, reason, ended_at, t.ran_s))
         log.info("trial %s: %s -> %s%s", t.id, old.value, new.value, f" ({reason})" if reason else "")
         self._out.append(ev.Publish(StatusEvent(t.info(), old)))

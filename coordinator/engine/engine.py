@@ -336,7 +336,7 @@ class Engine:
             trial_ids = self.gangs.lost(self.book, self.fleet, gone)
             if trial_ids:
                 self.book.slot_freed()
-                self.book.lose(trial_ids, gone.reason, platform=gone.platform)
+                self.book.lose(trial_ids, gone.reason, platform=gone.platform, heard_at=self.wall - gone.silent_s)
                 self._dirty = True
         self._take()
 

@@ -55,6 +55,9 @@ class Lost:
     trial_ids: tuple[str, ...]
     reason: str
     platform: str
+    # Seconds since the coordinator last heard of it: its trials' attempts ended by then, as
+    # far as anyone knows (a loss is noticed a timeout later).
+    silent_s: float = 0.0
 
 
 class EnvIds:

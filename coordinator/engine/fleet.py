@@ -409,7 +409,7 @@ class Fleet:
             if v.start_failed:
                 self._start_failures.append(env.platform)
             if v.lose is not None:
-                gone.append(Lost(env.id, self._drop_holders(env), v.lose, env.platform))
+                gone.append(Lost(env.id, self._drop_holders(env), v.lose, env.platform, self.now - env.last_seen))
             if v.status is not None:
                 self._to(env, v.status, v.reason)
             if v.close and env.link is not None:

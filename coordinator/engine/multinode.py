@@ -192,7 +192,7 @@ class GangRoom:
             if self.ranks.rank_of(trial_id, gone.env_id) is None:
                 rest.append(trial_id)
                 continue
-            end = ev.TrialEndReported(trial_id, ev.Outcome.LOST, None, None, gone.reason, "", 0.0)
+            end = ev.TrialEndReported(trial_id, ev.Outcome.LOST, None, None, gone.reason, "", book.wall - gone.silent_s)
             self._ended(book, fleet, gone.env_id, end, gone=True, released=True)
         return tuple(rest)
 

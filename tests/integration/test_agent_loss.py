@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
 from conftest import async_wait_until, build_config, run_async, write_script
 from trialkeeper.coordinator.core import Coordinator, TrialHandle
+from trialkeeper.coordinator.engine.model import TrialInfo
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
 
 WAIT_S = 30.0
@@ -80,14 +83,17 @@ def test_killed_agent_fails_its_trial_with_environment_lost_and_is_replaced(tmp_
     run_async(body)
 
 
-def _runs_again_elsewhere(tmp_path: Path, stop: Callable[[Coordinator, str, int], Awaitable[None]]) -> str:
+def _runs_again_elsewhere(
+    tmp_path: Path, stop: Callable[[Coordinator, str, int], Awaitable[None]], **timers: float
+) -> tuple[str, TrialInfo]:
     """Run a holding trial, ``stop`` its agent (given its environment and pid): the trial runs
-    again on another environment and succeeds. The reasons of its history."""
+    again on another environment and succeeds. The reasons of its history, and the trial as
+    its second attempt started."""
     write_script(tmp_path, "trial.py", HOLD)
     go = tmp_path / "go"
-    config = build_config(tmp_path, trialConcurrency=1, maxTrialRetries=1, coordinator=FAST)
+    config = build_config(tmp_path, trialConcurrency=1, maxTrialRetries=1, coordinator={**FAST, **timers})
 
-    async def body() -> str:
+    async def body() -> tuple[str, TrialInfo]:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
             h, first_env, pid = await _one_running(c, go)
             await stop(c, first_env, pid)
@@ -95,13 +101,14 @@ def _runs_again_elsewhere(tmp_path: Path, stop: Callable[[Coordinator, str, int]
                 lambda: h.info.attempts == 2 and h.info.environment_id not in (None, first_env), WAIT_S,
                 message=f"the trial did not run again elsewhere: {h.info}",
             )
+            again = h.info
             go.write_text("")
             info = await h.wait(WAIT_S)
             assert info.status is TrialStatus.SUCCEEDED and info.attempts == 2, info
             assert c.store is not None
             history = [(e["old"], e["new"]) for e in c.store.events(h.id)]
             assert ("RUNNING", "WAITING") in history, history
-            return " | ".join(str(e.get("reason", "")) for e in c.store.events(h.id))
+            return " | ".join(str(e.get("reason", "")) for e in c.store.events(h.id)), again
 
     return run_async(body)
 
@@ -111,6 +118,30 @@ def test_killed_agent_with_retries_runs_the_trial_again_elsewhere(tmp_path: Path
         os.kill(pid, signal.SIGKILL)
 
     _runs_again_elsewhere(tmp_path, kill)
+
+
+def test_a_lost_attempts_time_ends_when_its_agent_was_last_heard_from(tmp_path: Path) -> None:
+    """An agent that stops answering (frozen here; killed where its platform cannot tell) is
+    lost once trialLostTimeout has passed: the attempt's time ends at its last heartbeat, not
+    when the loss was noticed."""
+    ran: list[float] = []
+    frozen: list[int] = []
+
+    async def freeze(c: Coordinator, env_id: str, pid: int) -> None:
+        await async_wait_until(lambda: time.time() - (c.trials()[0].started_at or time.time()) > 1.0, WAIT_S)
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        ran.append(time.time() - (c.trials()[0].started_at or 0.0))
+
+    try:
+        _, again = _runs_again_elsewhere(tmp_path, freeze, trialLostTimeout=5.0)
+    finally:
+        for pid in frozen:  # the coordinator stopped it; should it not have, it is not left frozen
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    # Its last heartbeat came at most an interval (and a busy machine's delay) before it froze;
+    # noticed, the loss came agentLostTimeout and trialLostTimeout (6 s) later.
+    assert ran[0] - 2.0 <= again.ran_s <= ran[0] + 0.5, (again.ran_s, ran)
 
 
 def test_an_agent_stopped_by_a_second_signal_loses_its_trial_which_is_run_again_not_failed(tmp_path: Path) -> None:
@@ -124,7 +155,7 @@ def test_an_agent_stopped_by_a_second_signal_loses_its_trial_which_is_run_again_
                                message="the agent did not drain on the first signal")
         os.kill(pid, signal.SIGTERM)
 
-    reasons = _runs_again_elsewhere(tmp_path, twice)
+    reasons, _ = _runs_again_elsewhere(tmp_path, twice)
     assert "environment lost (its agent was stopped by a second signal)" in reasons, reasons
 
 

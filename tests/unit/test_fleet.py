@@ -341,7 +341,7 @@ def test_a_silent_agent_is_lost_then_failed_with_its_trials() -> None:
     assert not f.capacity.views()[env_id].accepting
     at(f, 1031.0)
     gone = f.polled({})
-    assert gone == [Lost(env_id, ("t1",), "no heartbeat for 31.0 s", "local")]
+    assert gone == [Lost(env_id, ("t1",), "no heartbeat for 31.0 s", "local", silent_s=31.0)]  # heard of 31 s ago
     out = f.take()
     assert statuses(out) == [(env_id, "LOST", FAILED)]
     assert of(out, ev.CloseLink) == [ev.CloseLink(1)]
