@@ -342,7 +342,7 @@ def left(env: EnvState, drained: bool) -> str | None:
     if env.started_here or env.status.terminal:
         return None
     return ("its agent drained and left (its operator stopped it)" if drained
-            else "its agent left, its trials canceled (its operator stopped it)")
+            else "its agent left, its trials stopped (its operator stopped it twice)")
 
 
 def hold_restored(envs: Mapping[str, EnvState], env_id: str | None, trial_id: str, gpu_uuids: tuple[str, ...],

@@ -573,7 +573,7 @@ def test_an_agent_that_leaves_holding_a_trial_loses_it_and_one_the_coordinator_s
     assert f.register(agent("box-a", link=3)) is not None
     hold(f, "box-a", "t1")
     f.take()
-    why = "its agent left, its trials canceled (its operator stopped it)"
+    why = "its agent left, its trials stopped (its operator stopped it twice)"
     assert f.left("box-a", drained=False) == [Lost("box-a", ("t1",), why, "manual")]
     assert f.envs["box-a"].status is EnvStatus.STOPPED and not f.envs["box-a"].holders
     env_id = up(f)
