@@ -5,8 +5,10 @@ of the unit cube (a float or a wide int: one column, in log where its distributi
 choice of numbers or a narrow int: one column in steps, in the numbers' order; a choice of
 anything else: one column per option), a Gaussian process (``gp.py``) is fitted to the
 finished trials' values, and the next configuration is the one of most expected
-improvement. Trials still running count as having reached what the process predicts for
-them (the "kriging believer"), so that trials proposed side by side spread out. The first
+improvement (augmented: a near-copy of a trial is worth little), under a process whose mean
+is the 0.9 quantile of the values seen. Trials still running count as having reached what
+the process predicts for them (the "kriging believer"), so that trials proposed side by side
+spread out. The first
 ``n_startup_trials`` are drawn at random. Trials told PRUNED (stopped early, or paused and
 told with ``tell_paused``) teach it nothing: their values are of fewer epochs.
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _STEPS_AT_MOST = 32  # an int of more values than this is read as continuous
 _INCUMBENTS = 5  # the best points seen, around which candidates are also drawn
+_MEAN_QUANTILE = 0.9  # the process's mean, among the values seen: what a point far from all is deemed
 
 
 def _ordered(choices: Sequence[Any]) -> bool:
@@ -139,9 +142,10 @@ class GaussianProcessSampler(BaseSampler):
         raw = sign * np.array([t.value for t in finished], dtype=float)
         spread = raw.std()
         y = (raw - raw.mean()) / (spread if spread > 0 else 1.0)
+        mean = float(np.quantile(y, _MEAN_QUANTILE))
         try:
-            self._theta = gp.fit(x, y, self._theta)
-            fitted = gp.model(self._theta, x, y)
+            self._theta = gp.fit(x, y - mean, self._theta)
+            fitted = gp.model(self._theta, x, y, mean)
         except (np.linalg.LinAlgError, ValueError) as e:  # numerics: this proposal is drawn at random
             log.warning("the bo sampler drew trial %d at random: the model could not be fitted (%s)", trial.number, e)
             self._theta = None
@@ -153,7 +157,7 @@ class GaussianProcessSampler(BaseSampler):
                    if t.number != trial.number and all(n in t.params for n in names)]
         if pending:  # what they are expected to reach, as if already seen
             xp = np.array([point(t.params) for t in pending])
-            fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]])
+            fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]], mean)
         chosen = gp.propose(fitted, dims, best, incumbents, self._rng, candidates=self._candidates)
         out: dict[str, Any] = {}
         col = 0

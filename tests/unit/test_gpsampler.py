@@ -55,6 +55,32 @@ def test_a_fitted_process_follows_the_data_and_is_unsure_away_from_it() -> None:
     assert fitted.predict(far)[1][0] > 5 * sd.mean()
 
 
+def test_far_from_every_trial_the_process_predicts_its_mean() -> None:
+    x, y = _data(30)
+    theta = gp.fit(x, y - 0.8)
+    far = np.array([[9.0, 9.0, 9.0]])
+    assert abs(gp.model(theta, x, y, mean=0.8).predict(far)[0][0] - 0.8) < 1e-6
+    assert abs(gp.model(theta, x, y).predict(far)[0][0]) < 1e-6
+
+
+def test_a_near_copy_of_a_noisy_trial_is_worth_less_than_expected_improvement_says() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.random((30, 1))
+    y = np.sin(4 * x[:, 0]) + 0.3 * rng.normal(size=30)  # noisy
+    y = (y - y.mean()) / y.std()
+    fitted = gp.model(gp.fit(x, y), x, y)
+    assert fitted.noise > 0.05
+    seen, _ = fitted.predict(x)
+    best = float(seen.max())
+    copy, far = x[[int(np.argmax(seen))]], np.array([[3.0]])
+    mean, sd = fitted.predict(np.vstack([copy, far]))
+    plain = gp.log_expected_improvement(mean, sd, best)
+    augmented = gp.acquisition(fitted, np.vstack([copy, far]), best)
+    # Where only the noise is uncertain, much less; far away, where the process is unsure, less so.
+    penalty = plain - augmented
+    assert np.all(penalty > 0) and penalty[0] > penalty[1] + 1.0, penalty
+
+
 def test_log_expected_improvement_is_the_closed_form_and_stays_finite_far_below() -> None:
     mean, sd = np.array([0.0, 0.5, -1.0, -40.0, -80.0]), np.array([1.0, 0.2, 0.5, 1.0, 1.0])
     got = gp.log_expected_improvement(mean, sd, 0.3)
