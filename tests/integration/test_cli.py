@@ -504,7 +504,7 @@ def test_run_with_a_config_error_names_the_field(tmp_path: Path) -> None:
         """,
     )
     line = assert_one_line_error(tk("run", config, "--experiment-dir", tmp_path / "exp"), "invalid config")
-    assert "trainingService.environmentCount: expected a positive integer, got 'zero'" in line
+    assert "trainingService.environmentCount: expected a non-negative integer, got 'zero'" in line
     assert not (tmp_path / "exp").exists()
 
 
