@@ -43,7 +43,7 @@ from .store.reads import StoreReader
 from .store.store import Store
 from .transport import tls as tls_identity
 from .transport.bulk import BulkReceiver
-from .transport.server import Servicer, create_server
+from .transport.server import Servicer, listen
 
 log = logging.getLogger(__name__)
 
@@ -301,9 +301,8 @@ class Coordinator(Listening):
         # With TLS, agents are launched with the certificate's fingerprint and pin it.
         identity = tls_identity.load_or_create(self.experiment_dir) if settings.tls else None
         self.tls_fingerprint = identity.fingerprint if identity else None
-        self._server, port = await create_server(
-            bind, Servicer(shell, self._token), tls_key_cert=identity.key_cert if identity else None
-        )
+        self._server, port, bind = await listen(bind, settings.address, Servicer(shell, self._token),
+                                                identity.key_cert if identity else None)  # resumed: the old port
         store.set_meta("bound_address", f"{bind.rsplit(':', 1)[0]}:{port}")
         host = settings.address.rsplit(":", 1)[0]
         if settings.advertise_address:

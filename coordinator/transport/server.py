@@ -441,12 +441,29 @@ async def create_server(
         ]
     )
     pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
-    if tls_key_cert is not None:
-        creds = grpc.ssl_server_credentials([tls_key_cert])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if tls_key_cert is not None:
+            port = server.add_secure_port(address, grpc.ssl_server_credentials([tls_key_cert]))
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio's "Failed to bind to address"
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"cannot listen on {address}: the port is in use, or the host is not this machine's")
     await server.start()
     return server, port
+
+
+async def listen(
+    address: str, configured: str, servicer: Servicer, tls_key_cert: tuple[bytes, bytes] | None
+) -> tuple[grpc.aio.Server, int, str]:
+    """``create_server`` on ``address`` (a resumed experiment's port from before), or, where
+    another process has taken it since and the config (``configured``) asks for no port in
+    particular, on a new one; returns the address it listens on too."""
+    try:
+        return (*await create_server(address, servicer, tls_key_cert=tls_key_cert), address)
+    except OSError as e:
+        if address == configured or not configured.endswith(":0"):
+            raise
+        log.warning("%s; listening on a new port: agents from before cannot dial back and are replaced", e)
+    return (*await create_server(configured, servicer, tls_key_cert=tls_key_cert), configured)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -128,11 +129,21 @@ def test_resume_of_an_ended_experiment_starts_nothing_and_says_how_to_extend_it(
     assert stored_rows(exp, "envs") == envs_before, "no agent was started"
     assert not list((exp / "envs").glob("env-3"))
 
-    # A raised limit carries it on.
+    # A raised limit carries it on, on a new port where another process holds the one it had
+    # (resumed, it listens where it did before, for agents still running to dial back).
+    from trialkeeper.coordinator.store.store import Store
+
+    old = Store.in_dir(exp, readonly=True).meta("bound_address") or ""
+    host, _, port = old.rpartition(":")
     raised = _config(tmp_path, "raised.yml", maxTrialNumber=3)
-    code, lines = _finish(_cli("resume", str(exp), "--quiet", "--config", str(raised)))
+    with socket.socket() as taker:
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the old port's TIME_WAIT
+        taker.bind((host, int(port)))
+        taker.listen()
+        code, lines = _finish(_cli("resume", str(exp), "--quiet", "--config", str(raised)))
     assert code == 0, lines
     assert [t["status"] for t in stored_rows(exp, "trials")] == ["SUCCEEDED"] * 3
+    assert Store.in_dir(exp, readonly=True).meta("bound_address") != old
 
 
 # ---- a full disk ------------------------------------------------------------------------
