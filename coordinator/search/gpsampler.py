@@ -8,7 +8,8 @@ finished trials' values, and the next configuration is the one of most expected
 improvement (augmented: a near-copy of a trial is worth little), under a process whose mean
 is the 0.9 quantile of the values seen. Trials still running count as having reached what
 the process predicts for them (the "kriging believer"), so that trials proposed side by side
-spread out. The first
+spread out. Once ``local`` trials have finished, every other proposal refines around the
+best with a process fitted to its ``local`` nearest trials alone (``gp.refine``). The first
 ``n_startup_trials`` are drawn at random. Trials told PRUNED (stopped early, or paused and
 told with ``tell_paused``) teach it nothing: their values are of fewer epochs.
 
@@ -97,14 +98,17 @@ class GaussianProcessSampler(BaseSampler):
     finished trials (see the module's docstring)."""
 
     def __init__(self, *, seed: int | None = None, n_startup_trials: int = 10, candidates: int = 1024,
-                 max_points: int = 400) -> None:
+                 max_points: int = 400, local: int = 40) -> None:
         if n_startup_trials < 1 or candidates < 1 or max_points < 2:
             raise ValueError("n_startup_trials and candidates must be at least 1, max_points at least 2")
+        if local and local < 5:
+            raise ValueError(f"local must be 0 (never refine) or at least 5 trials, got {local}")
         self._rng = np.random.default_rng(seed)
         self._random = RandomSampler(seed=seed)
         self._space = IntersectionSearchSpace(include_pruned=True)
         self._startup, self._candidates, self._max_points = n_startup_trials, candidates, max_points
         self._theta: np.ndarray | None = None
+        self._local = local
 
     def reseed_rng(self) -> None:
         self._rng = np.random.default_rng()
@@ -158,7 +162,16 @@ class GaussianProcessSampler(BaseSampler):
         if pending:  # what they are expected to reach, as if already seen
             xp = np.array([point(t.params) for t in pending])
             fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]], mean)
-        chosen = gp.propose(fitted, dims, best, incumbents, self._rng, candidates=self._candidates)
+        chosen = None
+        refines = self._local and len(x) >= self._local and any(d.levels == 0 for d in dims)
+        if refines and trial.number % 2:  # every other proposal refines
+            near = gp.nearest(x, incumbents[0], fitted.scales, dims, self._local)
+            try:
+                chosen = gp.refine(x[near], y[near], dims, self._rng)
+            except (np.linalg.LinAlgError, ValueError) as e:
+                log.debug("the bo sampler could not refine around its best (%s); it proposes from the whole", e)
+        if chosen is None:
+            chosen = gp.propose(fitted, dims, best, incumbents, self._rng, candidates=self._candidates)
         out: dict[str, Any] = {}
         col = 0
         for c, n in zip(columns, names):

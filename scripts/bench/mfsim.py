@@ -25,8 +25,9 @@ Printed per family, seed and method, two figures:
 
 Then per method the mean of each over the seeds, and the seeds within 0.5 % and 1 %.
 ``--runs N`` runs each method N times per seed, the sampler seeded anew each time (the
-objective stays the seed's), and counts every run: one run per seed shows one draw of the
-search's luck, which on these budgets moves a seed's regret by several points.
+objective stays the seed's; ``--first-draw K`` starts at the K-th seeding), and counts every
+run: one run per seed shows one draw of the search's luck, which on these budgets moves a
+seed's regret by several points.
 ``--families faithful`` adds a control that does not start slow (the crossing family's
 final scores, ranked alike at every epoch). The last line of stdout is JSON.
 """
@@ -70,6 +71,7 @@ METHODS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {
     "slow-adaptive+told": (TOLD, {**SLOW_STARTERS, "brackets": "adaptive"}),
     "hyperband4": (TPE, {**ASHA, "brackets": 4}),
     "bo": (BO, None),
+    "bo-global": ({**BO, "sampler_args": {"local": 0}}, None),  # never refining around its best
     "bo+slow-adaptive": (BO, {**SLOW_STARTERS, "brackets": "adaptive"}),
 }
 
@@ -129,6 +131,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1, help="runs of each method per seed, the sampler seeded anew each")
     ap.add_argument("--methods", default="slow,adaptive,slow-adaptive+told")
+    ap.add_argument("--first-draw", type=int, default=0,
+                    help="the first run's sampler draw: runs K.. K+N-1 (fresh draws beside an earlier batch)")
     ap.add_argument("--budget", type=int, default=540, help="epochs trained in all (540: 20 full trials)")
     ap.add_argument("--ray-wall-from", nargs="+", metavar="JSON",
                     help="budget per seed: what the slots train in Ray Tune's OptunaSearch + ASHA wall time there")
@@ -153,8 +157,8 @@ def main() -> None:
         for seed, budget in budgets(args, family).items():
             best = optimum(seed, base, samples=3000)
             clean = optimum(seed, base, samples=3000, noise=False)
-            found = {(m, k): run(m, family, seed, budget, args.concurrency, k) for m in methods
-                     for k in range(args.runs)}
+            draws = range(args.first_draw, args.first_draw + args.runs)
+            found = {(m, k): run(m, family, seed, budget, args.concurrency, k) for m in methods for k in draws}
             best = max(best, *(f[0] for f in found.values()))
             for (m, k), (score, params, epoch) in found.items():
                 worth = scores(params, seed, family, noise=False)[epoch]

@@ -217,3 +217,60 @@ def test_a_model_that_cannot_be_fitted_draws_that_trial_at_random(
     study.optimize(_objective, n_trials=2)
     assert len(study.trials) == 5 and all(t.state is TrialState.COMPLETE for t in study.trials)
     assert "the bo sampler drew trial 3 at random: the model could not be fitted" in caplog.text
+
+
+def test_the_points_near_the_best_share_its_options_and_are_nearest_by_the_length_scales() -> None:
+    dims = [gp.Dimension(), gp.Dimension(levels=2, onehot=True)]
+    rng = np.random.default_rng(3)
+    x = np.c_[rng.random(30), np.eye(2)[rng.integers(0, 2, 30)]]
+    centre = np.array([0.5, 0.0, 1.0])
+    near = gp.nearest(x, centre, np.array([0.1, 1.0, 1.0]), dims, 6)
+    same = np.flatnonzero(x[:, 2] == 1.0)
+    assert set(near) == set(same[np.argsort(np.abs(x[same, 0] - 0.5))[:6]])
+    # Fewer than 5 trials with the best's options: the nearest of all.
+    few = np.r_[x[x[:, 1] == 1.0], [centre]]
+    assert len(gp.nearest(few, centre, np.ones(3), dims, 40)) == len(few)
+
+
+def test_refining_proposes_close_to_a_narrow_peak_the_neighbours_surround_and_keeps_the_choices() -> None:
+    dims = [gp.Dimension(), gp.Dimension(), gp.Dimension(levels=4)]
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        x = np.c_[0.3 + 0.2 * rng.random((30, 2)), np.full(30, 2 / 3)]
+        y = -((x[:, 0] - 0.41) ** 2 + (x[:, 1] - 0.38) ** 2) / 0.01 + 0.01 * rng.normal(size=30)
+        chosen = gp.refine(x, y, dims, rng)
+        assert chosen[2] == 2 / 3
+        assert math.dist(chosen[:2], (0.41, 0.38)) < 0.04, (seed, chosen)
+
+
+def _two_kinds(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", 0.0, 1.0)
+    return -((x - 0.3) ** 2) - (0.0 if trial.suggest_categorical("kind", ["a", "b", "c"]) == "b" else 1.0)
+
+
+def test_every_other_proposal_refines_around_the_best_once_local_trials_have_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    real = gp.refine
+
+    def counted(x: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
+        calls.append(len(x))
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(gp, "refine", counted)
+    for seed in range(3):
+        study = optuna.create_study(direction="maximize", sampler=GaussianProcessSampler(seed=seed, local=20))
+        study.optimize(_two_kinds, n_trials=20)
+        assert not calls
+        refined = [study.ask(), study.ask()][1]
+        _two_kinds(refined)  # (Optuna samples at the first suggestion)
+        assert refined.number % 2 == 1 and len(calls) == 1 and 5 <= calls.pop() <= 20
+        # Small steps around the best trials, all near 0.3, with their option kept.
+        assert refined.params["kind"] == "b" and abs(refined.params["x"] - 0.3) < 0.25, (seed, refined.params)
+
+
+def test_local_is_named_when_too_small() -> None:
+    with pytest.raises(TunerError, match=r"sampler_args for GaussianProcessSampler: local must be 0 .* got 3"):
+        create_tuner("optuna", None, {"sampler": "bo", "sampler_args": {"local": 3}},
+                     {"x": {"_type": "uniform", "_value": [0, 1]}})
