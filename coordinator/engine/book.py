@@ -313,7 +313,7 @@ class TrialBook:
 
     def placed(self, trial_id: str, env_id: str, gpu_uuids: tuple[str, ...], gpu_indices: tuple[int, ...]) -> None:
         t = self.trials[trial_id]
-        t.env_id, t.gpu_uuids, t.gpu_indices, t.ran_on = env_id, gpu_uuids, gpu_indices, env_id
+        t.env_id, t.gpu_uuids, t.gpu_indices, t.last_env_id = env_id, gpu_uuids, gpu_indices, env_id
         t.lost_on, t.refusals = "", {}
         t.attempts += 1
         self._out.append(ev.TrialPlaced(t.id, env_id, gpu_indices, gpu_uuids, t.attempts))

@@ -142,7 +142,7 @@ class TrialState:
     ranks: tuple[RankInfo, ...] = ()  # as last told (multinode.py)
     max_duration: float = 0.0  # its own time limit in seconds (0: the experiment's maxTrialDuration)
     env_id: str | None = None
-    ran_on: str | None = None  # the environment it was last placed on, kept once it leaves it
+    last_env_id: str | None = None  # the environment it was last placed on, kept once it leaves it
     gpu_uuids: tuple[str, ...] = ()
     gpu_indices: tuple[int, ...] = ()
     exit_code: int | None = None
@@ -209,7 +209,7 @@ class TrialState:
             stopping=self.cancel_status is not None and not self.status.terminal,
             waiting_reason=self.waiting_reason if self.status is TrialStatus.WAITING else "",
             checkpoint_step=self.checkpoints[-1].step if self.checkpoints else None,
-            nodes=self.nodes, ranks=self.ranks, ran_s=self.ran_s, last_environment_id=self.env_id or self.ran_on,
+            nodes=self.nodes, ranks=self.ranks, ran_s=self.ran_s, last_environment_id=self.env_id or self.last_env_id,
         )
 
 

@@ -52,7 +52,7 @@ def trial_of(r: Mapping[str, Any], gpu_memory: int, wall: float) -> tuple[TrialS
         parameters=parameters if isinstance(parameters, dict) else {}, command=r["command"],
         gpu_number=gpu_number, submitted_at=r["submitted_at"],
         gpu_memory=gpu_memory if gpu_number else 0, env_id=r["environment_id"],
-        ran_on=r.get("last_environment_id") or r["environment_id"],
+        last_env_id=r.get("last_environment_id") or r["environment_id"],
         gpu_indices=tuple(loads_or(r["gpu_indices_json"], [])),
         gpu_uuids=tuple(loads_or(r["gpu_uuids_json"], [])),
         exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
