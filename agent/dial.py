@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 import grpc
 from trialkeeper.protos import limits
+from trialkeeper.protos.wire import REFUSAL_METADATA_KEY, REFUSED_AS_LEFT
 
 from .tls import SERVER_NAME, TlsPinError, pinned_certificate, speaks_tls
 
@@ -15,7 +17,20 @@ log = logging.getLogger(__name__)
 
 
 class AgentRefused(Exception):
-    """The coordinator refused this agent for good (bad token, protocol mismatch)."""
+    """The coordinator refused this agent for good (bad token, protocol mismatch). ``left``:
+    because this agent had left its environment (its Leaving is stored), which ended stopped."""
+
+    def __init__(self, message: str, *, left: bool = False) -> None:
+        super().__init__(message)
+        self.left = left
+
+
+def refused(
+    code: grpc.StatusCode, details: str | None, trailing_metadata: Iterable[tuple[str, str | bytes]] | None
+) -> AgentRefused:
+    """The refusal a stream ended with, and whether its trailing metadata says the agent had left."""
+    left = any(key == REFUSAL_METADATA_KEY and value == REFUSED_AS_LEFT for key, value in trailing_metadata or ())
+    return AgentRefused(f"{code.name}: {details}", left=left)
 
 
 def open_channel(coordinator: str, root_cert: bytes | None, server_name: str | None) -> grpc.aio.Channel:

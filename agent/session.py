@@ -32,7 +32,7 @@ from .beats import GpuReport
 from .checkpoint_files import FileEntry
 from .checkpoint_link import CheckpointWire, with_file_data
 from .checkpoints import SavedCheckpoint
-from .dial import AgentRefused, open_channel, pin_certificate, refuse_if_tls
+from .dial import AgentRefused, open_channel, pin_certificate, refuse_if_tls, refused
 from .gpu import GpuProbe
 from .metric_socket import socket_name
 from .runner import RunnerEvents, TrialResult, TrialRunner
@@ -113,6 +113,7 @@ class AgentSession(RunnerEvents):
         self._gpu_report = GpuReport()
         self._stop_requested = False
         self._draining = False
+        self._left = False  # Leaving is on its way: the last numbered message
         self._acked_all = asyncio.Event()
         self._acked_all.set()
         self._ended_trials: set[tuple[str, int]] = set()  # (trial id, attempt)
@@ -287,6 +288,10 @@ class AgentSession(RunnerEvents):
                 # A stream that ran normally and ended means: shut down.
                 return 0
             except AgentRefused as e:
+                if e.left and self._left:  # Leaving's ack was lost with the connection; the rest is done
+                    log.info("environment %s ended as this agent left it (its ack was lost): exiting",
+                             self.o.environment_id)
+                    return 0
                 log.error("coordinator refused this agent: %s", e)
                 return 2
             except _Connected:
@@ -338,7 +343,7 @@ class AgentSession(RunnerEvents):
                 # A stream the coordinator ended with an error status raises on read/write
                 # rather than reading EOF: a refusal is final, anything else is retried.
                 if e.code() in _REFUSALS:
-                    raise AgentRefused(f"{e.code().name}: {e.details()}") from e
+                    raise refused(e.code(), e.details(), e.trailing_metadata()) from e
                 if e.code() is grpc.StatusCode.UNAVAILABLE:
                     await refuse_if_tls(self.o.coordinator, self.o.tls_root_cert, self.o.connect_timeout_s)
                 raise
@@ -385,7 +390,7 @@ class AgentSession(RunnerEvents):
         code = await call.code()
         details = await call.details()
         if code in _REFUSALS:
-            raise AgentRefused(f"{code.name}: {details}")
+            raise refused(code, details, await call.trailing_metadata())
         if code is grpc.StatusCode.UNAVAILABLE:
             await refuse_if_tls(self.o.coordinator, self.o.tls_root_cert, self.o.connect_timeout_s)
         raise ConnectionError(f"stream closed before welcome: {code.name}: {details}")
@@ -531,6 +536,7 @@ class AgentSession(RunnerEvents):
     async def _finish_and_exit(self, *, drained: bool) -> None:
         # The last numbered message, after the trials' ends: the coordinator stops an
         # environment it did not start on it, rather than wait for it to go silent.
+        self._left = True
         self._enqueue(pb.AgentMessage(leaving=pb.Leaving(drained=drained)))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._acked_all.wait(), 5.0)

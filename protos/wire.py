@@ -13,6 +13,11 @@ PROTOCOL_VERSION = 2
 TOKEN_ENV = "TRIALKEEPER_TOKEN"
 #: The gRPC metadata key under which an agent presents the experiment token.
 TOKEN_METADATA_KEY = "x-trialkeeper-token"
+#: The trailing metadata key of a refusal that says why more than its status can, and its
+#: value for an agent that had left its environment (it sent Leaving, the ack was lost) and
+#: dials again: that agent exits as cleanly as it meant to.
+REFUSAL_METADATA_KEY = "x-trialkeeper-refusal"
+REFUSED_AS_LEFT = "left"
 #: Set in an agent's environment by services that start it, so that ``clean`` and the
 #: cloud platforms can tell whose agent a process or job is.
 EXPERIMENT_ENV = "TRIALKEEPER_EXPERIMENT_ID"

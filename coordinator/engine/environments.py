@@ -94,6 +94,9 @@ def refusal(
 ) -> tuple[ev.Refusal, str] | None:
     """Why an agent's registration for ``env`` (None: not one the coordinator knows) is
     refused, or None when it joins."""
+    if env is not None and env.left and env.instance_id == reg.instance_id:
+        # Its Leaving was stored, the ack lost on the way: it exits as cleanly as it meant to.
+        return ev.Refusal.LEFT, f"environment {env.id} was stopped: {env.reason}; this agent had left it"
     if stopping:
         return ev.Refusal.NOT_NOW, "the experiment is stopping"
     if env is None:

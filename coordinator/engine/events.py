@@ -343,6 +343,7 @@ class Refusal(enum.Enum):
     NOT_NOW = "not-now"  # the experiment is stopping, or the environment ended
     UNKNOWN_ENVIRONMENT = "unknown-environment"
     ALREADY_CONNECTED = "already-connected"
+    LEFT = "left"  # the agent that left its environment (Leaving), which ended stopped, dials again
 
 
 @dataclass(frozen=True)

@@ -387,7 +387,7 @@ class Fleet:
         reason = environments.left(env, drained)
         if reason is None:
             return []
-        held = self._drop_holders(env)
+        held, env.left = self._drop_holders(env), True
         self._to(env, EnvStatus.STOPPED, reason)
         return [Lost(env.id, held, reason, env.platform)] if held else []
 

@@ -229,6 +229,7 @@ class EnvState:
     held_over: tuple[int, float] | None = None
     link: int | None = None  # the shell's id of the agent's open stream
     started_here: bool = True  # the coordinator started it (not an agent an operator started)
+    left: bool = False  # stopped as its agent said it leaves (Leaving): that agent is told so if it dials again
     holders: set[str] = field(default_factory=set)
     gpus: list[GpuSlot] = field(default_factory=list)
     gpu_names: dict[str, str] = field(default_factory=dict)

@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError, Message
 from trialkeeper.protos import limits
 from trialkeeper.protos.v1 import coordinator_pb2 as pb
 from trialkeeper.protos.v1 import coordinator_pb2_grpc as pb_grpc
-from trialkeeper.protos.wire import PROTOCOL_VERSION, TOKEN_METADATA_KEY
+from trialkeeper.protos.wire import PROTOCOL_VERSION, REFUSAL_METADATA_KEY, REFUSED_AS_LEFT, TOKEN_METADATA_KEY
 
 from ..engine import checkpoints as ck
 from ..engine import events as ev
@@ -40,12 +40,15 @@ MAX_ENVIRONMENT_ID_CHARS = limits.MAX_ID_CHARS
 MAX_NOTES_PER_TRIAL = 10
 
 
-# Why the core refuses an agent, as the gRPC status the agent sees.
+# Why the core refuses an agent, as the gRPC status the agent sees (and the trailing metadata
+# that tells an agent which had left its environment so).
 REFUSAL_CODES = {
     ev.Refusal.NOT_NOW: grpc.StatusCode.FAILED_PRECONDITION,
     ev.Refusal.UNKNOWN_ENVIRONMENT: grpc.StatusCode.FAILED_PRECONDITION,
     ev.Refusal.ALREADY_CONNECTED: grpc.StatusCode.FAILED_PRECONDITION,
+    ev.Refusal.LEFT: grpc.StatusCode.FAILED_PRECONDITION,
 }
+REFUSAL_TRAILERS = {ev.Refusal.LEFT: ((REFUSAL_METADATA_KEY, REFUSED_AS_LEFT),)}
 
 _link_ids = itertools.count(1)
 
@@ -216,7 +219,7 @@ class Servicer(pb_grpc.CoordinatorServicer):
         refusal = self.core.agent_connected(wire.registered(reg, link.id), link)
         if refusal is not None:
             log.warning("refused agent for %s from %s: %s", reg.environment_id, peer, refusal.message)
-            await context.abort(REFUSAL_CODES[refusal.why], refusal.message)
+            await context.abort(REFUSAL_CODES[refusal.why], refusal.message, REFUSAL_TRAILERS.get(refusal.why, ()))
         pump = asyncio.create_task(link.pump(context))
         env_id = reg.environment_id
         # Reads are awaited directly in this task (a task per read would cost two more loop

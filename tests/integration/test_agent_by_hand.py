@@ -24,6 +24,7 @@ from conftest import (
     wait_until,
     write_script,
 )
+from holding_proxy import HoldingProxy
 from test_cli import tk
 from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import EnvStatus, TrialStatus
@@ -90,14 +91,28 @@ def test_a_second_agent_of_one_environment_in_one_work_dir_is_refused_before_it_
         again.wait(START_S)
 
 
-async def _hand_agent(c: Coordinator, workdir: Path, env_id: str) -> asyncio.subprocess.Process:
-    """An agent an operator starts on a worker, as docs/operations.md shows."""
+async def _hand_agent(c: Coordinator, workdir: Path, env_id: str, address: str = "") -> asyncio.subprocess.Process:
+    """An agent an operator starts on a worker, as docs/operations.md shows (dialling ``address``,
+    a proxy, where given)."""
     token = (c.experiment_dir / ".token").read_text()
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trialkeeper.agent", "--coordinator", c.address, "--environment-id", env_id,
+        sys.executable, "-m", "trialkeeper.agent", "--coordinator", address or c.address, "--environment-id", env_id,
         "--workdir", str(workdir), "--no-gpu", env={**os.environ, "TRIALKEEPER_TOKEN": token},
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def _said(agent: asyncio.subprocess.Process, text: str, timeout: float) -> str:
+    """What the agent logged up to its first line with ``text`` (within ``timeout`` seconds)."""
+    assert agent.stderr is not None
+    lines: list[str] = []
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not lines or text not in lines[-1]:
+        left = deadline - asyncio.get_running_loop().time()
+        line = await asyncio.wait_for(agent.stderr.readline(), max(left, 0.001))
+        assert line, f"the agent exited without saying {text!r}: {''.join(lines)}"
+        lines.append(line.decode())
+    return "".join(lines)
 
 
 def _status(c: Coordinator, env_id: str) -> EnvStatus | None:
@@ -136,6 +151,46 @@ def test_a_hand_agent_drained_by_its_operator_finishes_its_trial_and_its_environ
                 if agent.returncode is None:
                     agent.kill()
                     await agent.wait()
+
+    run_async(body)
+
+
+def test_a_drained_hand_agent_whose_leaving_was_not_acknowledged_exits_cleanly_when_refused(
+    tmp_path: Path,
+) -> None:
+    # Long loss timers: an agent silent for a while on a loaded machine must not be found lost
+    # (then FAILED) before its Leaving arrives.
+    patient = {"agentLostTimeout": 60.0, "trialLostTimeout": 120.0}
+    config = build_config(tmp_path, trialConcurrency=1, trainingService={"environmentCount": 0}, coordinator=patient)
+
+    async def body() -> None:
+        proxy = await HoldingProxy().start()
+        try:
+            async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+                host, port = c.address.rsplit(":", 1)
+                proxy.target = (host, int(port))
+                agent = await _hand_agent(c, tmp_path / "box", "box-a", f"127.0.0.1:{proxy.port}")
+                try:
+                    # Joined, and its Welcome through the proxy before anything is held.
+                    said = await _said(agent, "registered with coordinator", START_S)
+                    proxy.hold_down_messages()  # what the agent sends is stored; no ack reaches it
+                    agent.send_signal(signal.SIGTERM)  # the operator drains it: it has no trial, it leaves
+                    # Cut at once (the agent waits 5 s for that ack before it exits anyway).
+                    await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.STOPPED, START_S, interval=0.01,
+                                           message="the coordinator never heard the agent leave")
+                    proxy.cut()  # the ack of its Leaving is lost with the connection; it dials again
+                    _, stderr = await asyncio.wait_for(agent.communicate(), START_S)
+                    said += stderr.decode()
+                    assert agent.returncode == 0, said
+                    assert "environment box-a ended as this agent left it (its ack was lost): exiting" in said, said
+                    assert "refused this agent" not in said, said
+                    assert environment(c, "box-a").reason == "its agent drained and left (its operator stopped it)"
+                finally:
+                    if agent.returncode is None:
+                        agent.kill()
+                        await agent.wait()
+        finally:
+            await proxy.close()
 
     run_async(body)
 

@@ -587,10 +587,10 @@ def test_an_ended_environment_of_a_hand_agent_takes_its_agent_started_again_as_a
     f.left("box-a", drained=True)
     f.disconnected(ev.AgentDisconnected("box-a", 3))
     f.take()
-    # The agent that left, were it to dial in again, is refused; a new one is welcome.
-    assert refused(f, agent("box-a", link=4, instance="first")).message == (
-        "environment box-a was stopped: its agent drained and left (its operator stopped it); "
-        "start its agent again to join as a fresh start of it")
+    # The agent that left, were it to dial in again (its Leaving's ack lost), is told it had left;
+    # a new one is welcome.
+    assert refused(f, agent("box-a", link=4, instance="first")) == ev.RefuseAgent("box-a", ev.Refusal.LEFT, (
+        "environment box-a was stopped: its agent drained and left (its operator stopped it); this agent had left it"))
     joined = f.register(agent("box-a", link=5, instance="second"))
     assert joined == Joined("box-a", "manual", 5, True, (), ())
     out = f.take()
