@@ -64,7 +64,7 @@ class CoordinatorError(RuntimeError):
 
 
 class TrialRefused(CoordinatorError, ValueError):
-    """A submitted trial can never run here (it asks for more than any environment has)."""
+    """A submitted trial can never run here (it asks for more environments than are kept)."""
 
 
 class TrialHandle:
@@ -402,10 +402,10 @@ class Coordinator(Listening):
         ``command``, ``gpu_number`` and ``gpu_memory`` (bytes each GPU must have free)
         override the config for this trial; ``platforms`` names the platforms it may run
         on, most preferred first (default: the config's ``trialPlatforms``, else every
-        platform in the order of ``trainingService``). Raises :class:`TrialRefused` when no
-        environment could ever run it. ``checkpoint_from``: a trial whose newest checkpoint
-        this one starts from (a search continuing another's work). ``nodes``: environments
-        it runs on at once (default: the config's ``trialNodes``; see docs/multinode.md).
+        platform in the order of ``trainingService``); one asking more GPUs than any environment
+        has ends FAILED, saying so. ``checkpoint_from``: a trial whose newest checkpoint
+        this one starts from (a search continuing another's work). ``nodes``: environments it
+        runs on at once (default: ``trialNodes``; more than are kept raises :class:`TrialRefused`).
         ``max_duration``: its own time limit in seconds (default: ``maxTrialDuration``).
         """
         engine, shell = self._running()
@@ -424,7 +424,7 @@ class Coordinator(Listening):
         allowed = submits.checked_platforms(engine.policy, platforms)
         submits.checked_fork(engine.trials, checkpoint_from)
         n, limit = submits.checked_nodes(engine.policy, nodes), submits.checked_duration(max_duration)
-        refusal = engine.never_fits(gpus, memory) or submits.never_gangs(engine.policy, n, allowed)
+        refusal = submits.never_gangs(engine.policy, n, allowed)
         if refusal:
             raise TrialRefused(refusal)
         trial_id = _new_id(6)

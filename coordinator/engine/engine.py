@@ -114,9 +114,6 @@ class Engine:
     def live_envs(self) -> list[EnvState]:
         return self.fleet.live_envs()
 
-    def never_fits(self, gpus: int, memory: int = 0) -> str:
-        return self.fleet.never_fits(gpus, memory)
-
     def trial_info(self, trial_id: str) -> TrialInfo:
         return self.book.info(trial_id)
 
@@ -146,7 +143,7 @@ class Engine:
             case ev.TrialSubmitted():
                 self.book.submit(event)
                 self._dirty = True
-                self._fail_unplaceable()  # one that may use only platforms given up on
+                self._fail_hopeless()  # too large for every environment, or only for platforms given up on
             case ev.CancelRequested():
                 self._cancel(event.trial_id, event.reason, event.status)
             case ck.PauseRequested():
@@ -259,8 +256,8 @@ class Engine:
         self.supply.joined(joined.platform)
         if joined.lost:
             self._lost([Lost(joined.env_id, joined.lost, "its agent restarted", joined.platform)])
-        if joined.new_instance and book.queue and fleet.all_registered():  # else only agents yet to register tell
-            book.refuse(book.queue.never_fit(fleet.never_fits))
+        if joined.new_instance and book.queue:  # what it offers may tell that some can never run
+            self._fail_hopeless()
         refusals = tuple(ck.CheckpointRefused(tid, step, why)
                          for tid in joined.held for step, why in book.trials[tid].refusals.items())
         unwanted = self.gangs.ranks.keep(joined.env_id, book.unwanted(joined.env_id, reg.active_trial_ids))
@@ -414,10 +411,13 @@ class Engine:
             supply.give_up(plan.give_up, last_failure(fleet.envs.values(), plan.give_up))
             gave_up = True
         if gave_up:
-            self._fail_unplaceable()
+            self._fail_hopeless()
         self._take()
 
-    def _fail_unplaceable(self) -> None:
+    def _fail_hopeless(self) -> None:
+        """Fail the waiting trials no environment will run: too large for every one that will exist
+        (known once none is on its way, or declared), or only for platforms given up on."""
+        self.book.refuse(self.book.queue.never_fit(self.fleet.never_fits))
         self.book.fail_unplaceable(self.supply.platform_errors, self.fleet.by_hand())
 
     # ---- the scheduling pass -------------------------------------------------------------------

@@ -190,24 +190,32 @@ def registered_gpus(env: EnvState, reg: ev.AgentRegistered, section: PlatformPol
 
 
 def gpus_offered(envs: Iterable[EnvState], policy: Policy) -> int | None:
-    """The most GPUs one environment offers: of the registered ones, else of the simulated
-    GPUs every platform gives; None while only agents yet to register can tell."""
+    """The most GPUs one environment offers, once the environments that will exist are known:
+    the simulated GPUs every platform declares (and any agent's by hand), else what the
+    registered agents have once none is on its way; None while an agent yet to register may
+    have more. The same answer however registrations and submissions interleave."""
+    envs = list(envs)
     registered = [len(e.gpus) for e in envs if e.instance_id and not e.status.terminal]
-    if registered:
-        return max(registered)
     simulated = [p.gpus_offered() for p in policy.platforms]
-    return max(simulated) if all(simulated) else None
+    if all(simulated):
+        return max(simulated + registered)
+    return max(registered) if registered and not on_their_way(envs) else None
+
+
+def on_their_way(envs: Iterable[EnvState]) -> bool:
+    """Whether an environment is still starting: its agent, yet to register, may offer more."""
+    return any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in envs)
 
 
 def never_fits(envs: Iterable[EnvState], offered: int | None, gpus: int, memory: int) -> str:
     """Why a trial asking for ``gpus`` GPUs (``gpus`` > 0) with ``memory`` bytes each could
-    never run on these environments, or ''."""
+    never run on these environments, or '' (also while one still starting may have them)."""
     if offered is not None and gpus > offered:
         return (
             f"trial asks for {gpus} GPU{'' if gpus == 1 else 's'} but no environment offers more "
             f"than {offered}; lower trialGpuNumber or add GPUs (gpuIndices/simulatedGpus)"
         )
-    if memory:
+    if memory and not on_their_way(envs := list(envs)):
         registered = [e for e in envs if e.instance_id and not e.status.terminal and e.gpus]
         big = [sum(1 for g in e.gpus if not g.memory_total_bytes or g.memory_total_bytes >= memory)
                for e in registered]

@@ -95,14 +95,10 @@ class Fleet:
 
     def never_fits(self, gpus: int, memory: int = 0) -> str:
         """Why a trial asking for ``gpus`` GPUs with ``memory`` bytes each could never run
-        here, or '' when it could (or when only agents yet to register can tell)."""
+        here, or '' when it could (or while agents yet to register may have them)."""
         if gpus == 0:
             return ""
         return environments.never_fits(self.envs.values(), self.capacity.gpus_offered(), gpus, memory)
-
-    def all_registered(self) -> bool:
-        """No environment is still on its way: what fits can be told of every trial."""
-        return not any(e.status in (EnvStatus.REQUESTED, EnvStatus.STARTING) for e in self.envs.values())
 
     # ---- capacity ----------------------------------------------------------------------------
 

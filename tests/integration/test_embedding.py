@@ -15,7 +15,6 @@ from trialkeeper.coordinator import (
     MetricEvent,
     StatusEvent,
     SyncCoordinator,
-    TrialRefused,
     TrialStatus,
 )
 from trialkeeper.coordinator.engine.events import CheckpointSaved
@@ -299,15 +298,18 @@ def test_submit_overrides_and_refusals(tmp_path: Path) -> None:
         with pytest.raises(CoordinatorError, match="not running"):
             await c.submit({"x": 1})
         async with c:
-            # Refused from the config alone (the agent may not have registered yet) ...
-            with pytest.raises(TrialRefused, match="asks for 2 GPUs") as refused:
-                await c.submit({"x": 1}, gpu_number=2)
-            assert "offers more than 1" in str(refused.value)
+            # Too large, from the config alone (the agent may not have registered yet) and from what
+            # the registered agent offers alike: the trial fails, saying so.
+            early = await c.submit({"x": 1}, gpu_number=2)
             await async_wait_until(lambda: any(e.instance_id for e in c.environments()), WAIT_S)
-            # ... and from what the registered agent offers.
-            with pytest.raises(TrialRefused, match="asks for 2 GPUs"):
-                await c.submit({"x": 1}, gpu_number=2)
-            assert c.trials() == [] and c.store.trials() == []  # type: ignore[union-attr]
+            late = await c.submit({"x": 1}, gpu_number=2)
+            for h in (early, late):
+                info = await h.wait(WAIT_S)
+                assert (info.status, info.reason) == (S.FAILED, (
+                    "refused: trial asks for 2 GPUs but no environment offers more than 1; lower trialGpuNumber "
+                    "or add GPUs (gpuIndices/simulatedGpus)")), info
+                assert info.started_at is None
+            too_large = {early.id, late.id}
 
             with pytest.raises(ValueError, match="gpu_number"):
                 await c.submit({"x": 1}, gpu_number=-1)
@@ -322,7 +324,7 @@ def test_submit_overrides_and_refusals(tmp_path: Path) -> None:
                 await c.submit({"x": 1}, command=5)  # type: ignore[arg-type]
             with pytest.raises(TypeError, match="env must be a mapping of variable names to strings"):
                 await c.submit({"x": 1}, env={"A": 1})  # type: ignore[dict-item]
-            assert c.trials() == []
+            assert {t.id for t in c.trials()} == too_large
 
             default = await c.submit({"x": 3})
             gpu = await c.submit({"y": 1}, command="python show.py", gpu_number=1, env={"MY_VAR": "hello"})
@@ -348,7 +350,7 @@ def test_submit_overrides_and_refusals(tmp_path: Path) -> None:
             assert rows[default.id]["command"] == "python trial.py" and rows[default.id]["gpu_number"] == 0
         with pytest.raises(CoordinatorError, match="not running"):
             await c.submit({"x": 1})
-        assert len(c.trials()) == 3  # snapshots stay readable after stop
+        assert len(c.trials()) == 5  # snapshots stay readable after stop
 
     run_async(body)
 

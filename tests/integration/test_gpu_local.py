@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import async_wait_until, build_config, run_async, write_script
-from trialkeeper.coordinator.core import Coordinator, TrialRefused
+from trialkeeper.coordinator.core import Coordinator
 from trialkeeper.coordinator.engine.states import TrialStatus
+from trialkeeper.coordinator.experiment import run_experiment
 
 WAIT_S = 30.0
 
@@ -129,19 +130,42 @@ def test_gpu_indices_restrict_what_trials_get(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("reuse", [True, False])
-def test_a_trial_asking_for_more_gpus_than_offered_is_refused_at_submit(tmp_path: Path, reuse: bool) -> None:
+def test_a_trial_asking_for_more_gpus_than_offered_fails_at_submit_and_others_run(tmp_path: Path, reuse: bool) -> None:
     write_script(tmp_path, "trial.py", GPU_SCRIPT)
     config = build_config(
         tmp_path, trialConcurrency=1, trainingService={"simulatedGpus": 2, "reuseMode": reuse}
     )
+    go = tmp_path / "go"
+    go.write_text("")
 
     async def body() -> None:
         async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
-            with pytest.raises(TrialRefused, match="asks for 3 GPUs but no environment offers more than 2"):
-                await c.submit({"go": ""}, gpu_number=3)
-            assert c.trials() == []
+            big = await c.submit({"go": str(go)}, gpu_number=3)
+            small = await c.submit({"go": str(go)}, gpu_number=2)
+            info = await big.wait(WAIT_S)
+            assert info.status is TrialStatus.FAILED
+            assert "refused: trial asks for 3 GPUs but no environment offers more than 2" in info.reason, info.reason
+            assert _seen(c, big.id) is None  # it never ran
+            assert (await small.wait(WAIT_S)).status is TrialStatus.SUCCEEDED
 
     run_async(body)
+
+
+def test_a_search_whose_trials_need_more_gpus_than_declared_fails_them_and_goes_on(tmp_path: Path) -> None:
+    # The platform declares its GPUs (simulatedGpus): each trial is known too large at once. Each
+    # fails with the reason; the search is not ended by it, and runs up to maxTrialNumber.
+    write_script(tmp_path, "trial.py", GPU_SCRIPT)
+    config = build_config(
+        tmp_path, trialConcurrency=1, maxTrialNumber=3, trialGpuNumber=2,
+        searchSpace={"x": {"_type": "uniform", "_value": [0, 1]}},  # no trial runs: it reads no "go"
+        trainingService={"environmentCount": 1, "simulatedGpus": 1},
+    )
+    result = run_async(run_experiment(config, experiment_dir=tmp_path / "exp"), timeout=4 * WAIT_S)
+    assert (result.ok, result.reason) == (True, ""), result.reason  # ended by maxTrialNumber, as any search
+    assert [t.status for t in result.trials] == [TrialStatus.FAILED] * 3
+    for t in result.trials:
+        assert t.reason == ("refused: trial asks for 2 GPUs but no environment offers more than 1; "
+                            "lower trialGpuNumber or add GPUs (gpuIndices/simulatedGpus)"), t.reason
 
 
 def test_queued_trials_that_can_never_fit_fail_once_environments_register(tmp_path: Path) -> None:

@@ -288,7 +288,36 @@ def test_a_trial_that_can_never_fit_is_refused_once_every_agent_registered() -> 
     sim.register(env_id, gpus=2)
     assert sim.status("big") is TrialStatus.FAILED
     assert "asks for 4 GPUs" in sim.engine.trials["big"].reason
-    assert "no environment offers more than 2" in sim.engine.never_fits(3)
+    assert "no environment offers more than 2" in sim.engine.fleet.never_fits(3)
+
+
+def test_a_trial_too_large_fails_alike_however_registrations_and_submissions_interleave() -> None:
+    sim = Sim(trial_concurrency=2, environment_count=2)
+    sim.start()
+    first, second = sim.started_envs()
+    sim.register(first, gpus=1)
+    # The second agent, yet to register, may have more GPUs: nothing is refused yet.
+    assert sim.engine.fleet.never_fits(2) == ""
+    sim.submit("early", gpus=2)
+    assert sim.status("early") is TrialStatus.WAITING
+    sim.register(second, gpus=1)
+    why = ("refused: trial asks for 2 GPUs but no environment offers more than 1; lower trialGpuNumber or add GPUs "
+           "(gpuIndices/simulatedGpus)")
+    assert (sim.status("early"), sim.engine.trials["early"].reason) == (TrialStatus.FAILED, why)
+    # Submitted once every agent registered: failed at once, with the same reason; others run.
+    sim.submit("late", gpus=2)
+    assert (sim.status("late"), sim.engine.trials["late"].reason) == (TrialStatus.FAILED, why)
+    sim.submit("fits", gpus=1)
+    assert set(sim.starts()) == {"fits"}
+
+
+def test_a_trial_too_large_for_what_every_platform_declares_fails_before_any_agent_registers() -> None:
+    sim = Sim(trial_concurrency=1, environment_count=1, simulated_gpus=1)
+    sim.start()
+    assert sim.started_envs()
+    sim.submit("big", gpus=2)
+    assert sim.status("big") is TrialStatus.FAILED
+    assert "trial asks for 2 GPUs but no environment offers more than 1" in sim.engine.trials["big"].reason
 
 
 def test_gpus_are_released_on_trial_exit_once_its_processes_left_them() -> None:

@@ -246,8 +246,8 @@ def test_a_trial_goes_to_the_platform_with_the_gpus_it_needs_whatever_the_prefer
     assert platform_of(sim, sim.engine.trials["big"].env_id) == "remote" and len(starts["big"].gpu_uuids) == 2
     assert platform_of(sim, sim.engine.trials["small"].env_id) == "local"
     # Refused only when no platform has enough.
-    assert sim.engine.never_fits(4) == ""
-    assert "no environment offers more than 4" in sim.engine.never_fits(5)
+    assert sim.engine.fleet.never_fits(4) == ""
+    assert "no environment offers more than 4" in sim.engine.fleet.never_fits(5)
 
 
 def test_a_trial_submitted_only_for_a_platform_given_up_fails_at_once() -> None:
