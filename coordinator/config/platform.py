@@ -133,13 +133,16 @@ class EnvironmentPoolConfig(TrainingServiceConfig):
 
 def gang_shortfall(service: TrainingServiceConfig, nodes: int, concurrency: object, across: object) -> str:
     """Why a trial of ``nodes`` environments could never start on ``service`` ("" if it could):
-    no platform (all together, ``across``) keeps that many environments at once."""
+    no platform (all together, ``across``) keeps that many environments at once. A platform of
+    agents started by hand only (environmentCount 0 in reuse mode) sets no bound."""
     concurrency = concurrency if isinstance(concurrency, int) else 1
     allowed = set(service.preferred_platforms())
     counts = {s.platform: s.effective_environment_count(concurrency * nodes) for s in service.sections()
               if s.platform in allowed and s.reuse_mode}
     if not counts:
         return f"a trial of {nodes} nodes needs reuseMode: true (environments that wait for its other nodes)"
+    if 0 in counts.values():
+        return ""
     most = sum(counts.values()) if across else max(counts.values())
     if most >= nodes:
         return ""

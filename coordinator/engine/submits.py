@@ -64,11 +64,15 @@ def checked_duration(max_duration: Any) -> float:
 
 def never_gangs(policy: Policy, nodes: int, platforms: tuple[str, ...]) -> str:
     """Why a trial of ``nodes`` environments could never start here ("" if it could): no
-    platform it may use keeps that many environments (all together, gangAcrossPlatforms)."""
+    platform it may use keeps that many environments (all together, gangAcrossPlatforms).
+    A platform of agents started by hand only (environmentCount 0 in reuse mode) sets no
+    bound: the trial waits until enough of them have joined."""
     if nodes <= 1:
         return ""
     names = platforms or policy.preference()
     counts = [p.environment_count for p in policy.platforms if p.name in names and p.reuse]
+    if 0 in counts:
+        return ""
     most = (sum(counts) if policy.gang_across_platforms else max(counts, default=0))
     if most >= nodes:
         return ""

@@ -2,11 +2,13 @@
 work dir is refused at once, and leaves the first one's socket and trials alone; an agent
 its operator drains finishes its trial and its environment ends STOPPED; one started again
 after a stop and a resume joins under its own id; an experiment of such agents only
-(environmentCount: 0) runs its trials on them, and `run --detach` says where they dial."""
+(environmentCount: 0) runs its trials on them, a trial of two nodes across two of them once
+both joined, and `run --detach` says where they dial."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +44,18 @@ out = pathlib.Path(os.environ["TRIALKEEPER_OUTPUT_DIR"])
 deadline = time.monotonic() + 60
 while not pathlib.Path(p["go"]).exists() and time.monotonic() < deadline:
     time.sleep(0.02)
+trial.report_final_result(1.0)
+"""
+
+
+# Each rank writes the variables torchrun's would read into the directory named by "out".
+RANKS = """
+import json, os, pathlib
+from trialkeeper.agent import trial
+p = trial.get_next_parameter()
+names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+seen = json.dumps({n: os.environ.get(n, "") for n in names})
+(pathlib.Path(p["out"]) / f"rank{os.environ['RANK']}.json").write_text(seen)
 trial.report_final_result(1.0)
 """
 
@@ -222,6 +236,41 @@ def test_a_hand_agent_started_again_after_a_stop_and_a_resume_joins_under_its_ow
             finally:
                 again.kill()
                 await again.wait()
+
+    run_async(body)
+
+
+def test_a_trial_of_two_nodes_waits_for_two_hand_agents_then_runs_across_them(tmp_path: Path) -> None:
+    write_script(tmp_path, "trial.py", RANKS)
+    out = tmp_path / "out"
+    out.mkdir()
+    # Agents started by hand only: the config bounds no number of environments.
+    config = build_config(tmp_path, trialConcurrency=1, trialNodes=2, trainingService={"environmentCount": 0})
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            agents = [await _hand_agent(c, tmp_path / "box-a", "box-a")]
+            try:
+                await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.READY, START_S,
+                                       message="the first hand agent never joined")
+                h = await c.submit({"out": str(out)})  # of trialNodes: 2
+                await async_wait_until(lambda: "waiting for 2 environments" in h.info.waiting_reason, START_S,
+                                       message="the trial did not wait for a second environment")
+                assert h.info.started_at is None
+                agents.append(await _hand_agent(c, tmp_path / "box-b", "box-b"))
+                info = await h.wait(START_S * 4)
+                assert info.status is TrialStatus.SUCCEEDED, (info.reason, info.stderr_tail)
+                assert sorted(r.environment_id for r in info.ranks) == ["box-a", "box-b"], info.ranks
+                seen = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+                assert [(s["RANK"], s["WORLD_SIZE"]) for s in seen] == [("0", "2"), ("1", "2")], seen
+                assert seen[0]["MASTER_ADDR"] and seen[0]["MASTER_PORT"], seen
+                assert [(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen[1:]] == [
+                    (seen[0]["MASTER_ADDR"], seen[0]["MASTER_PORT"])], seen
+            finally:
+                for agent in agents:
+                    if agent.returncode is None:
+                        agent.kill()
+                        await agent.wait()
 
     run_async(body)
 

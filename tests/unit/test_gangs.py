@@ -258,6 +258,28 @@ def test_a_gang_that_can_never_fit_is_refused_with_the_reason() -> None:
     assert never_gangs(policy, 2, ()) == ""
 
 
+def test_a_gang_waits_for_agents_started_by_hand_where_they_alone_make_the_experiment() -> None:
+    # environmentCount 0 in reuse mode: the config bounds no number of environments.
+    sim = Sim(environment_count=0, trial_concurrency=1)
+    assert never_gangs(sim.engine.policy, 2, ()) == ""
+    assert never_gangs(sim.engine.policy, 2, ("local",)) == ""
+    assert "needs 2 environments at once" in never_gangs(Sim(environment_count=1).engine.policy, 2, ())
+    sim.start()
+    assert sim.started_envs() == []
+    sim.register("box-a")  # agents started by hand: of no configured platform
+    submit(sim, "g", 2)
+    g = sim.engine.trials["g"]
+    assert (g.env_id, g.waiting_reason) == (
+        None, "waiting for 2 environments at once of one platform: only 1 are ready")
+    sim.register("box-b")
+    sim.feed(ev.Ticked())
+    envs = start_gang(sim, "g")
+    assert sorted(envs) == ["box-a", "box-b"]
+    for e in envs:
+        sim.end(e, "g", ev.Outcome.SUCCEEDED)
+    assert sim.status("g") is TrialStatus.SUCCEEDED
+
+
 def test_each_rank_gets_its_own_environments_gpus() -> None:
     sim = Sim(environment_count=3, trial_concurrency=3)
     sim.start()
