@@ -157,11 +157,6 @@ class GaussianProcessSampler(BaseSampler):
         seen, _ = fitted.predict(x)
         best = float(seen.max())
         incumbents = x[np.argsort(-seen)[:_INCUMBENTS]]
-        pending = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.number != trial.number and all(n in t.params for n in names)]
-        if pending:  # what they are expected to reach, as if already seen
-            xp = np.array([point(t.params) for t in pending])
-            fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]], mean)
         chosen = None
         refines = self._local and len(x) >= self._local and any(d.levels == 0 for d in dims)
         if refines and trial.number % 2:  # every other proposal refines
@@ -171,6 +166,11 @@ class GaussianProcessSampler(BaseSampler):
             except (np.linalg.LinAlgError, ValueError) as e:
                 log.debug("the bo sampler could not refine around its best (%s); it proposes from the whole", e)
         if chosen is None:
+            pending = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                       if t.number != trial.number and all(n in t.params for n in names)]
+            if pending:  # what they are expected to reach, as if already seen
+                xp = np.array([point(t.params) for t in pending])
+                fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]], mean)
             chosen = gp.propose(fitted, dims, best, incumbents, self._rng, candidates=self._candidates)
         out: dict[str, Any] = {}
         col = 0
