@@ -123,11 +123,15 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch
     that many seconds allow (maxExperimentDuration, no maxTrialNumber)."""
     with tempfile.TemporaryDirectory() as work:
         trace = Path(work) / "trace.jsonl"  # each report with what it is worth (slowcurve_trial.py)
+        search = _search(method, seed)
+        # A search that never pauses a trial has no use for its checkpoints: its trials save
+        # none, as Ray Tune's OptunaSearch + ASHA trials (peer_ray_mf.py).
+        saves = "each" if "assessor" in search or method == "pbt" else "none"
         data: dict[str, Any] = {
-            "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s} {family} {trace}",
+            "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s} {family} {trace} {saves}",
             "trialCodeDirectory": str(HERE), "trialConcurrency": concurrency, "maxTrialNumber": trials,
             "searchSpace": SPACE, "trainingService": {"platform": "local"}, "experimentWorkingDirectory": work,
-            **_search(method, seed),
+            **search,
         }
         if duration is not None:
             del data["maxTrialNumber"]

@@ -3,9 +3,10 @@
 # pause, or with new parameters from a population-based exploit), it goes on from the epoch
 # its checkpoint holds, along the curve of the parameters it now has. With TRACE, it appends
 # a line per epoch there: the clock, the score it reported and what that configuration is
-# worth at that epoch without the noise (mfbench's regret).
+# worth at that epoch without the noise (mfbench's regret). With SAVES "none" it saves no
+# checkpoints: for a search that never pauses a trial, as Ray Tune's OptunaSearch + ASHA trial.
 #
-#     python slowcurve_trial.py SEED EPOCH_S [FAMILY [TRACE]]
+#     python slowcurve_trial.py SEED EPOCH_S [FAMILY [TRACE [SAVES]]]
 import json
 import os
 import pathlib
@@ -18,6 +19,7 @@ from trialkeeper.agent import trial
 seed, epoch_s = int(sys.argv[1]), float(sys.argv[2])
 family = sys.argv[3] if len(sys.argv) > 3 else FAMILIES[0]
 trace = sys.argv[4] if len(sys.argv) > 4 else None
+saves = (sys.argv[5] if len(sys.argv) > 5 else "each") != "none"
 p = trial.get_next_parameter()
 ckpt = pathlib.Path(trial.get_checkpoint_dir())
 start = 0
@@ -34,6 +36,7 @@ for epoch in range(start, EPOCHS):
             os.write(fd, line.encode())
         finally:
             os.close(fd)
-    (ckpt / "state.json").write_text(json.dumps({"epoch": epoch + 1}))
-    trial.save_checkpoint(epoch + 1)
+    if saves:
+        (ckpt / "state.json").write_text(json.dumps({"epoch": epoch + 1}))
+        trial.save_checkpoint(epoch + 1)
 trial.report_final_result(values[-1])
