@@ -131,6 +131,8 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch
             "trialCommand": f"{sys.executable} {HERE / 'slowcurve_trial.py'} {seed} {epoch_s} {family} {trace} {saves}",
             "trialCodeDirectory": str(HERE), "trialConcurrency": concurrency, "maxTrialNumber": trials,
             "searchSpace": SPACE, "trainingService": {"platform": "local"}, "experimentWorkingDirectory": work,
+            # Each trial forked from a template that has imported what it needs (warm starts).
+            "trialPreload": ["trialkeeper.agent.trial", "random", "hashlib", "json"],
             **search,
         }
         if duration is not None:
