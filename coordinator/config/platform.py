@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, NamedTuple
 
+from ..engine.policy import gang_bound
 from .rules import POSITIVE_INT
 
 __all__ = ["EnvironmentPoolConfig", "GpuSharing", "Placement", "TrainingServiceConfig"]
@@ -133,18 +134,16 @@ class EnvironmentPoolConfig(TrainingServiceConfig):
 
 def gang_shortfall(service: TrainingServiceConfig, nodes: int, concurrency: object, across: object) -> str:
     """Why a trial of ``nodes`` environments could never start on ``service`` ("" if it could):
-    no platform (all together, ``across``) keeps that many environments at once. A platform of
-    agents started by hand only (environmentCount 0 in reuse mode) sets no bound."""
+    the rule of :func:`~trialkeeper.coordinator.engine.policy.gang_bound` (which submit checks
+    too), over the platforms trials may use, said with the fields to change."""
     concurrency = concurrency if isinstance(concurrency, int) else 1
     allowed = set(service.preferred_platforms())
     counts = {s.platform: s.effective_environment_count(concurrency * nodes) for s in service.sections()
               if s.platform in allowed and s.reuse_mode}
     if not counts:
         return f"a trial of {nodes} nodes needs reuseMode: true (environments that wait for its other nodes)"
-    if 0 in counts.values():
-        return ""
-    most = sum(counts.values()) if across else max(counts.values())
-    if most >= nodes:
+    most = gang_bound(nodes, counts.values(), bool(across))
+    if most is None:
         return ""
     kept = ", ".join(f"{p}: {n}" for p, n in counts.items())
     return (

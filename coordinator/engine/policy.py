@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 # How long an agent may take to register once its platform runs it (queue time not counted).
@@ -102,3 +102,16 @@ class Policy:
 
     def preference(self) -> tuple[str, ...]:
         return self.trial_platforms or tuple(p.name for p in self.platforms)
+
+
+def gang_bound(nodes: int, counts: Iterable[int], across: bool) -> int | None:
+    """The most environments a trial of ``nodes`` could ever have at once, when that is fewer
+    than ``nodes`` (it can never start); None when it could start. ``counts``: the
+    environmentCount of each platform it may use in reuse mode, which add up ``across``
+    platforms (gangAcrossPlatforms). One of 0 (agents started by hand only) sets no bound:
+    the trial waits until enough of them have joined. The config and submit both check it."""
+    counts = list(counts)
+    if nodes <= 1 or 0 in counts:
+        return None
+    most = sum(counts) if across else max(counts, default=0)
+    return most if most < nodes else None

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .model import TrialState
-from .policy import Policy
+from .policy import Policy, gang_bound
 
 
 def checked_platforms(policy: Policy, platforms: Any) -> tuple[str, ...]:
@@ -63,21 +63,15 @@ def checked_duration(max_duration: Any) -> float:
 
 
 def never_gangs(policy: Policy, nodes: int, platforms: tuple[str, ...]) -> str:
-    """Why a trial of ``nodes`` environments could never start here ("" if it could): no
-    platform it may use keeps that many environments (all together, gangAcrossPlatforms).
-    A platform of agents started by hand only (environmentCount 0 in reuse mode) sets no
-    bound: the trial waits until enough of them have joined."""
-    if nodes <= 1:
-        return ""
+    """Why a trial of ``nodes`` environments could never start here ("" if it could): see
+    :func:`policy.gang_bound`, over the platforms it may use."""
     names = platforms or policy.preference()
-    counts = [p.environment_count for p in policy.platforms if p.name in names and p.reuse]
-    if 0 in counts:
-        return ""
-    most = (sum(counts) if policy.gang_across_platforms else max(counts, default=0))
-    if most >= nodes:
+    across = policy.gang_across_platforms
+    most = gang_bound(nodes, [p.environment_count for p in policy.platforms if p.name in names and p.reuse], across)
+    if most is None:
         return ""
     return (
         f"a trial of {nodes} nodes needs {nodes} environments at once, but the experiment keeps at most "
-        f"{most}{'' if policy.gang_across_platforms else ' of one platform'} in reuse mode; "
+        f"{most}{'' if across else ' of one platform'} in reuse mode; "
         f"lower nodes or raise environmentCount"
     )

@@ -12,6 +12,7 @@ from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.gangs import place_gangs
+from trialkeeper.coordinator.engine.policy import gang_bound
 from trialkeeper.coordinator.engine.scheduler import EnvCapacity
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.engine.submits import never_gangs
@@ -256,6 +257,13 @@ def test_a_gang_that_can_never_fit_is_refused_with_the_reason() -> None:
     policy = Sim(environment_count=2).engine.policy
     assert "needs 3 environments at once" in never_gangs(policy, 3, ())
     assert never_gangs(policy, 2, ()) == ""
+
+
+def test_one_bound_on_a_gangs_environments_for_the_config_and_submit() -> None:
+    assert gang_bound(3, [2], across=False) == 2
+    assert (gang_bound(3, [2, 2], across=False), gang_bound(3, [2, 2], across=True)) == (2, None)
+    assert gang_bound(3, [2, 0], across=False) is None  # agents started by hand set no bound
+    assert (gang_bound(1, [], across=False), gang_bound(2, [], across=False)) == (None, 0)
 
 
 def test_a_gang_waits_for_agents_started_by_hand_where_they_alone_make_the_experiment() -> None:
