@@ -383,7 +383,7 @@ class TrialBook:
 
     def fail_unplaceable(self, platform_errors: Mapping[str, str], by_hand: bool) -> None:
         """Fail the waiting trials that may use only platforms given up on (``by_hand``:
-        agents an operator started still serve unrestricted trials)."""
+        agents an operator started still serve the trials that may use the first platform)."""
         names = [p.name for p in self.policy.platforms]
         unplaceable = self.queue.unplaceable(names, platform_errors, by_hand) if platform_errors else {}
         self._fail_queued(unplaceable, "no environment could be started: ")

@@ -58,7 +58,8 @@ class Capacity:
         if len(views) != len(self._envs):
             for env in self._envs.values():
                 if env.id not in views:
-                    views[env.id] = scheduler.EnvCapacity(env.id, env.trial_slots, env.holders, platform=env.platform)
+                    views[env.id] = scheduler.EnvCapacity(env.id, env.trial_slots, env.holders,
+                                                          platform=self._policy.counted_as(env.platform))
                     self.changed(env.id)
         for env_id in self._stale:
             _refresh(views[env_id], self._envs[env_id], self._unprepared)

@@ -57,7 +57,8 @@ class Policy:
     # One per platform, in the config's order (one for most experiments).
     platforms: tuple[PlatformPolicy, ...]
     # The platforms trials may use, most preferred first; () for every platform in the
-    # order above, and agents of other platforms (started by hand) after them.
+    # order above. An agent started by hand that reports a platform not in ``platforms``
+    # counts as one of the first of them (counted_as).
     trial_platforms: tuple[str, ...] = ()
     max_trial_retries: int = 0
     retry_failed_trials: bool = False
@@ -95,6 +96,12 @@ class Policy:
         """The policy of ``platform``; the first platform's for any other (an agent an
         operator started by hand joins as one of it)."""
         return next((p for p in self.platforms if p.name == platform), self.platforms[0])
+
+    def counted_as(self, platform: str) -> str:
+        """The platform an environment of ``platform`` counts as when trials are placed (as
+        the supply counts it, environments.wanted_new): its own, or the first for an agent
+        started by hand that reports one this experiment does not have."""
+        return self.section(platform).name
 
     @property
     def reuse(self) -> bool:

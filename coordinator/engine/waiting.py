@@ -149,12 +149,13 @@ class WaitingTrials:
 
     def unplaceable(self, names: Sequence[str], platform_errors: Mapping[str, str], by_hand: bool) -> dict[str, str]:
         """The waiting trials that may use only platforms given up on, and their errors
-        (``by_hand``: agents an operator started still serve unrestricted trials)."""
+        (``by_hand``: agents an operator started, which count as the first of ``names``,
+        still serve the trials that may use it)."""
         found = {}
         for tid in self:
             d = self.demand(tid)
             allowed = [n for n in names if d.rank(n) is not None]
-            if any(n not in platform_errors for n in allowed) or (not d.only_these and by_hand):
+            if any(n not in platform_errors for n in allowed) or (by_hand and names[0] in allowed):
                 continue
             found[tid] = "; ".join(f"{n}: {platform_errors[n]}" for n in allowed)
         return found

@@ -3,7 +3,8 @@ work dir is refused at once, and leaves the first one's socket and trials alone;
 its operator drains finishes its trial and its environment ends STOPPED; one started again
 after a stop and a resume joins under its own id; an experiment of such agents only
 (environmentCount: 0) runs its trials on them, a trial of two nodes across two of them once
-both joined, and `run --detach` says where they dial."""
+both joined (one that may use only local too, on agents that report another platform), and
+`run --detach` says where they dial."""
 
 from __future__ import annotations
 
@@ -105,13 +106,15 @@ def test_a_second_agent_of_one_environment_in_one_work_dir_is_refused_before_it_
         again.wait(START_S)
 
 
-async def _hand_agent(c: Coordinator, workdir: Path, env_id: str, address: str = "") -> asyncio.subprocess.Process:
+async def _hand_agent(c: Coordinator, workdir: Path, env_id: str, address: str = "",
+                      platform: str = "") -> asyncio.subprocess.Process:
     """An agent an operator starts on a worker, as docs/operations.md shows (dialling ``address``,
-    a proxy, where given)."""
+    a proxy, where given; reporting ``platform``, where given)."""
     token = (c.experiment_dir / ".token").read_text()
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "trialkeeper.agent", "--coordinator", address or c.address, "--environment-id", env_id,
-        "--workdir", str(workdir), "--no-gpu", env={**os.environ, "TRIALKEEPER_TOKEN": token},
+        "--workdir", str(workdir), "--no-gpu", *(["--platform", platform] if platform else []),
+        env={**os.environ, "TRIALKEEPER_TOKEN": token},
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
 
@@ -267,12 +270,49 @@ def test_a_trial_of_two_nodes_waits_for_two_hand_agents_then_runs_across_them(tm
                 assert [(s["MASTER_ADDR"], s["MASTER_PORT"]) for s in seen[1:]] == [
                     (seen[0]["MASTER_ADDR"], seen[0]["MASTER_PORT"])], seen
             finally:
-                for agent in agents:
-                    if agent.returncode is None:
-                        agent.kill()
-                        await agent.wait()
+                await _killed(agents)
 
     run_async(body)
+
+
+def test_a_trial_that_may_use_only_local_runs_across_hand_agents_that_report_another_platform(
+    tmp_path: Path,
+) -> None:
+    # Agents of --platform gpu-farm in an experiment of local only count as local's: a trial
+    # submitted with platforms=["local"] runs on them (it waited for ever).
+    write_script(tmp_path, "trial.py", RANKS)
+    out = tmp_path / "out"
+    out.mkdir()
+    config = build_config(tmp_path, trialConcurrency=1, trainingService={"environmentCount": 0})
+
+    async def body() -> None:
+        async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
+            agents = []
+            try:
+                for env_id in ("box-a", "box-b"):
+                    agents.append(await _hand_agent(c, tmp_path / env_id, env_id, platform="gpu-farm"))
+                await async_wait_until(
+                    lambda: all(_status(c, e) is EnvStatus.READY for e in ("box-a", "box-b")), START_S,
+                    message="the hand agents never joined")
+                assert {e.platform for e in c.environments()} == {"gpu-farm"}
+                h = await c.submit({"out": str(out)}, platforms=["local"], nodes=2)
+                await async_wait_until(lambda: h.info.started_at, START_S * 2,
+                                       message="the trial that may use only local never started on them")
+                info = await h.wait(START_S * 4)
+                assert info.status is TrialStatus.SUCCEEDED, (info.reason, info.stderr_tail)
+                assert sorted(r.environment_id for r in info.ranks) == ["box-a", "box-b"], info.ranks
+                assert sorted(p.name for p in out.iterdir()) == ["rank0.json", "rank1.json"]
+            finally:
+                await _killed(agents)
+
+    run_async(body)
+
+
+async def _killed(agents: list[asyncio.subprocess.Process]) -> None:
+    for agent in agents:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
 
 
 def test_an_experiment_of_hand_agents_only_launches_none_and_run_detach_says_where_they_dial(

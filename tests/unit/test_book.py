@@ -378,6 +378,17 @@ def test_fail_unplaceable_fails_trials_whose_every_platform_was_given_up() -> No
     assert b.trials["any"].reason == "no environment could be started: a: no quota; b: bad image"
 
 
+def test_agents_started_by_hand_keep_the_trials_that_may_use_the_first_platform_waiting() -> None:
+    # They count as the first platform's ("a"): a trial that may use it waits for them.
+    b = book(platforms=(PlatformPolicy("a", True, 1, 1), PlatformPolicy("b", True, 1, 1)))
+    submit(b, "only-a", platforms=("a",))
+    submit(b, "only-b", platforms=("b",))
+    b.take()
+    b.fail_unplaceable({"a": "no quota", "b": "bad image"}, by_hand=True)
+    assert changes(b.take()) == [("only-b", "WAITING", FAILED)]
+    assert list(b.queue) == ["only-a"]
+
+
 # ---- after a crash ----------------------------------------------------------------------------
 
 

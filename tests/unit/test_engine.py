@@ -64,7 +64,8 @@ class Sim:
             self.feed(ev.EnvironmentStarted(env_id, f"pid-{env_id}"))
         return ids
 
-    def register(self, env_id: str, *, gpus: int = 0, instance: str = "", active: tuple[str, ...] = ()) -> int:
+    def register(self, env_id: str, *, gpus: int = 0, instance: str = "", active: tuple[str, ...] = (),
+                 platform: str = "") -> int:
         link = self._next_link
         self._next_link += 1
         self.links[env_id] = link
@@ -72,7 +73,7 @@ class Sim:
         infos = tuple(ev.GpuInfo(f"GPU-{env_id}-{i}", i, "Test GPU", 16 << 30) for i in range(gpus))
         self.feed(ev.AgentRegistered(
             env_id=env_id, link=link, instance_id=instance or f"i-{env_id}-{link}", hostname="host", pid=1,
-            platform="", gpus=infos, gpu_unavailable_reason="", active_trial_ids=frozenset(active), info={},
+            platform=platform, gpus=infos, gpu_unavailable_reason="", active_trial_ids=frozenset(active), info={},
         ))
         return link
 

@@ -12,7 +12,7 @@ from test_engine import Sim, _env_row, _trial_row
 from trialkeeper.coordinator.engine import checkpoints as ck
 from trialkeeper.coordinator.engine import events as ev
 from trialkeeper.coordinator.engine.gangs import place_gangs
-from trialkeeper.coordinator.engine.policy import gang_bound
+from trialkeeper.coordinator.engine.policy import PlatformPolicy, gang_bound
 from trialkeeper.coordinator.engine.scheduler import EnvCapacity
 from trialkeeper.coordinator.engine.states import TrialStatus
 from trialkeeper.coordinator.engine.submits import never_gangs
@@ -286,6 +286,36 @@ def test_a_gang_waits_for_agents_started_by_hand_where_they_alone_make_the_exper
     for e in envs:
         sim.end(e, "g", ev.Outcome.SUCCEEDED)
     assert sim.status("g") is TrialStatus.SUCCEEDED
+
+
+def test_agents_started_by_hand_that_report_another_platform_count_as_the_first_platforms() -> None:
+    # Agents of --platform gpu-farm in an experiment of local only: a trial that may use only
+    # local runs on them (it waited for ever), as the supply counts them as local's too.
+    sim = Sim(environment_count=0, trial_concurrency=1)
+    sim.start()
+    for env_id in ("box-a", "box-b"):
+        sim.register(env_id, platform="gpu-farm")
+    sim.feed(ev.TrialSubmitted("g", {}, "python trial.py", 0, 0, platforms=("local",), nodes=2))
+    sim.feed(ev.Ticked())
+    envs = start_gang(sim, "g")
+    assert sorted(envs) == ["box-a", "box-b"]
+    assert {sim.engine.envs[e].platform for e in envs} == {"gpu-farm"}  # still shown as they report
+    for e in envs:
+        sim.end(e, "g", ev.Outcome.SUCCEEDED)
+    assert sim.status("g") is TrialStatus.SUCCEEDED
+
+
+def test_agents_started_by_hand_are_not_the_other_platforms_of_a_hybrid_experiment() -> None:
+    # They count as local's (the first platform), never as remote's.
+    platforms = (PlatformPolicy("local", True, 0, 1), PlatformPolicy("remote", True, 1, 1))
+    sim = Sim(trial_concurrency=1, platforms=platforms)
+    sim.start()
+    sim.register("box-a", platform="gpu-farm")
+    sim.feed(ev.TrialSubmitted("r", {}, "python trial.py", 0, 0, platforms=("remote",)))
+    sim.feed(ev.TrialSubmitted("l", {}, "python trial.py", 0, 0, platforms=("remote", "local")))
+    sim.feed(ev.Ticked())
+    assert (sim.engine.trials["r"].env_id, sim.engine.trials["l"].env_id) == (None, "box-a")
+    assert sim.engine.trials["r"].waiting_reason == "waiting: no environment of remote is ready yet"
 
 
 def test_each_rank_gets_its_own_environments_gpus() -> None:
