@@ -14,6 +14,10 @@ kill something:
 :meth:`release` sends what was held and stops holding; :meth:`cut` aborts every connection,
 dropping what was held, as a network failure would. Connections opened after a cut are not
 held until asked again.
+
+:meth:`HoldingProxy.hold_new_connections` keeps the connections opened from then on waiting,
+unanswered, until :meth:`connect_held` names where they go: an agent dials while its
+coordinator restarts and reaches the new one, whatever the restart takes.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class HoldingProxy:
         self._up_limit: int | None = None  # hold what goes up past this many forwarded bytes
         self._down_held = False
         self.holding_up = asyncio.Event()  # set once something went unforwarded upstream
+        self._connecting = asyncio.Event()  # cleared: new connections wait for it
+        self._connecting.set()
         self._server: asyncio.base_events.Server | None = None
         self._links: list[_Link] = []
 
@@ -57,6 +63,7 @@ class HoldingProxy:
         return self
 
     async def close(self) -> None:
+        self._connecting.set()  # connections still waiting go (or are aborted, without a target)
         self.cut()
         if self._server is not None:
             self._server.close()
@@ -73,6 +80,15 @@ class HoldingProxy:
 
     def hold_down_messages(self) -> None:
         self._down_held = True
+
+    def hold_new_connections(self) -> None:
+        """Connections opened from now on wait, unanswered, until :meth:`connect_held`."""
+        self._connecting.clear()
+
+    def connect_held(self, target: tuple[str, int]) -> None:
+        """Forward the waiting connections, and those to come, to ``target``."""
+        self.target = target
+        self._connecting.set()
 
     @property
     def held_up_bytes(self) -> int:
@@ -105,6 +121,7 @@ class HoldingProxy:
     # ---- forwarding ---------------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._connecting.wait()
         if self.target is None:
             writer.transport.abort()
             return

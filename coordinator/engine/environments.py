@@ -335,6 +335,8 @@ def restored_env(
         started_here=bool(row["platform_id"]), gpu_sharing=sharing,
         # A member of a group started for a trial stays one: held for it while it waits.
         group=str(row.get("group_id") or ""), group_for=str(row.get("group_for") or ""),
+        # Its agent left it (Leaving) and may dial again, its ack lost: it is told so.
+        left=bool(row.get("agent_left") or 0),
     )
     per_gpu, env.use_active_gpu = sharing or section.gpu_sharing
     gpus = [g for g in info.get("gpus", []) if isinstance(g, dict)] if isinstance(info, dict) else []

@@ -25,6 +25,7 @@ from .facts import (  # noqa: F401
     EnvironmentAdded,
     EnvironmentGrouped,
     EnvironmentLaunched,
+    EnvironmentLeft,
     EnvironmentStatusChanged,
     EnvironmentWaits,
     Fact,

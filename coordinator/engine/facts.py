@@ -152,6 +152,14 @@ class EnvironmentWaits:
 
 
 @dataclass(frozen=True)
+class EnvironmentLeft:
+    """The environment's agent said it leaves (Leaving), and the environment ended stopped:
+    that agent, should it dial again (its ack lost), is told it had left, after a restart too."""
+
+    env_id: str
+
+
+@dataclass(frozen=True)
 class AgentJoined:
     """A new agent (instance) registered for the environment."""
 
@@ -178,7 +186,7 @@ class AgentMessagesStored:
 Fact = (
     TrialAdded | TrialStatusChanged | TrialPlaced | TrialUnplaced | TrialRan | TrialStopping | TrialExited
     | FinalResultSet | WaitingReasonsChanged | EnvironmentAdded | EnvironmentStatusChanged
-    | EnvironmentLaunched | EnvironmentWaits | AgentJoined | AgentConnected | AgentMessagesStored
+    | EnvironmentLaunched | EnvironmentWaits | EnvironmentLeft | AgentJoined | AgentConnected | AgentMessagesStored
     | ck.CheckpointRecorded | ck.CheckpointRemoved | ck.MetricsSuperseded | ck.TrialRetried
     | ck.TrialParametersChanged | ck.CheckpointDigestKnown | ck.TrialForked | TrialRanks | EnvironmentGrouped
 )
@@ -187,5 +195,5 @@ FACTS = (
     TrialAdded, TrialStatusChanged, TrialPlaced, TrialUnplaced, TrialRan, TrialStopping, TrialExited,
     FinalResultSet, WaitingReasonsChanged, EnvironmentAdded, EnvironmentStatusChanged,
     EnvironmentLaunched, EnvironmentWaits, AgentJoined, AgentConnected, AgentMessagesStored, *ck.CHECKPOINT_FACTS,
-    TrialRanks, EnvironmentGrouped,
+    TrialRanks, EnvironmentGrouped, EnvironmentLeft,
 )

@@ -385,6 +385,7 @@ class Fleet:
             return []
         held, env.left = self._drop_holders(env), True
         self._to(env, EnvStatus.STOPPED, reason)
+        self._out.append(ev.EnvironmentLeft(env.id))
         return [Lost(env.id, held, reason, env.platform)] if held else []
 
     def polled(self, observations: Mapping[str, ev.Observation]) -> list[Lost]:

@@ -146,6 +146,7 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     }),),
     ev.AgentConnected: lambda f: (Update("environments", f.env_id, {"connected": int(f.connected)}),),
     ev.AgentMessagesStored: lambda f: (Update("environments", f.env_id, {"last_seq": f.last_seq}),),
+    ev.EnvironmentLeft: lambda f: (Update("environments", f.env_id, {"agent_left": 1}),),
     ck.CheckpointRecorded: lambda f: (CheckpointKept(f.checkpoint),),
     ck.CheckpointRemoved: lambda f: (CheckpointGone(f.trial_id, f.step, f.removed_at),),
     ck.MetricsSuperseded: lambda f: (Superseded(f.trial_id, f.from_index, f.at),),

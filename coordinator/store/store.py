@@ -131,7 +131,7 @@ TRIAL_COLUMNS = (
 )
 ENV_COLUMNS = (
     "id", "platform", "status", "reason", "platform_id", "hostname", "info_json",
-    "agent_instance_id", "last_seq", "created_at", "ended_at", "connected", "group_id", "group_for",
+    "agent_instance_id", "last_seq", "created_at", "ended_at", "connected", "group_id", "group_for", "agent_left",
 )
 
 
@@ -200,6 +200,8 @@ _ADDED_COLUMNS = {
         # id (its first member's) and the trial's; '' for an environment of its own.
         "group_id": "TEXT NOT NULL DEFAULT ''",
         "group_for": "TEXT NOT NULL DEFAULT ''",
+        # 1 once it ended stopped as its agent left it (Leaving): that agent is told so if it dials again.
+        "agent_left": "INTEGER NOT NULL DEFAULT 0",
     },
 }
 

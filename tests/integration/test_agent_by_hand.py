@@ -1,6 +1,7 @@
 """Agents started by hand: a second agent of an environment already served from the same
 work dir is refused at once, and leaves the first one's socket and trials alone; an agent
-its operator drains finishes its trial and its environment ends STOPPED; one started again
+its operator drains finishes its trial and its environment ends STOPPED (one whose Leaving's
+ack was lost is told it had left when it dials again, after a coordinator restart too); one started again
 after a stop and a resume joins under its own id; an experiment of such agents only
 (environmentCount: 0) runs its trials on them, a trial of two nodes across two of them once
 both joined (one that may use only local too, on agents that report another platform), and
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import (
     async_wait_until,
@@ -172,8 +174,20 @@ def test_a_hand_agent_drained_by_its_operator_finishes_its_trial_and_its_environ
     run_async(body)
 
 
+async def _told_it_left(agent: asyncio.subprocess.Process, c: Coordinator, said: str) -> None:
+    """The agent, refused as the one that had left, exits 0 and says so; its environment stays stopped."""
+    _, stderr = await asyncio.wait_for(agent.communicate(), START_S)
+    said += stderr.decode()
+    assert agent.returncode == 0, said
+    assert "environment box-a ended as this agent left it (its ack was lost): exiting" in said, said
+    assert "refused this agent" not in said, said
+    box = environment(c, "box-a")
+    assert (box.status, box.reason) == (EnvStatus.STOPPED, "its agent drained and left (its operator stopped it)"), box
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["same-coordinator", "coordinator-restarted"])
 def test_a_drained_hand_agent_whose_leaving_was_not_acknowledged_exits_cleanly_when_refused(
-    tmp_path: Path,
+    tmp_path: Path, restart: bool
 ) -> None:
     # Long loss timers: an agent silent for a while on a loaded machine must not be found lost
     # (then FAILED) before its Leaving arrives.
@@ -182,31 +196,34 @@ def test_a_drained_hand_agent_whose_leaving_was_not_acknowledged_exits_cleanly_w
 
     async def body() -> None:
         proxy = await HoldingProxy().start()
+        agent: asyncio.subprocess.Process | None = None
         try:
             async with Coordinator(config, experiment_dir=tmp_path / "exp") as c:
                 host, port = c.address.rsplit(":", 1)
                 proxy.target = (host, int(port))
                 agent = await _hand_agent(c, tmp_path / "box", "box-a", f"127.0.0.1:{proxy.port}")
-                try:
-                    # Joined, and its Welcome through the proxy before anything is held.
-                    said = await _said(agent, "registered with coordinator", START_S)
-                    proxy.hold_down_messages()  # what the agent sends is stored; no ack reaches it
-                    agent.send_signal(signal.SIGTERM)  # the operator drains it: it has no trial, it leaves
-                    # Cut at once (the agent waits 5 s for that ack before it exits anyway).
-                    await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.STOPPED, START_S, interval=0.01,
-                                           message="the coordinator never heard the agent leave")
-                    proxy.cut()  # the ack of its Leaving is lost with the connection; it dials again
-                    _, stderr = await asyncio.wait_for(agent.communicate(), START_S)
-                    said += stderr.decode()
-                    assert agent.returncode == 0, said
-                    assert "environment box-a ended as this agent left it (its ack was lost): exiting" in said, said
-                    assert "refused this agent" not in said, said
-                    assert environment(c, "box-a").reason == "its agent drained and left (its operator stopped it)"
-                finally:
-                    if agent.returncode is None:
-                        agent.kill()
-                        await agent.wait()
+                # Joined, and its Welcome through the proxy before anything is held.
+                said = await _said(agent, "registered with coordinator", START_S)
+                proxy.hold_down_messages()  # what the agent sends is stored; no ack reaches it
+                agent.send_signal(signal.SIGTERM)  # the operator drains it: it has no trial, it leaves
+                # Cut at once (the agent waits 5 s for that ack before it exits anyway).
+                await async_wait_until(lambda: _status(c, "box-a") is EnvStatus.STOPPED, START_S, interval=0.01,
+                                       message="the coordinator never heard the agent leave")
+                if restart:  # it dials again while the coordinator restarts, and reaches the new one
+                    proxy.hold_new_connections()
+                proxy.cut()  # the ack of its Leaving is lost with the connection; it dials again
+                if not restart:
+                    await _told_it_left(agent, c, said)
+                    return
+            # Resumed, the coordinator knows of the agent only what the store kept.
+            async with Coordinator.resume(c.experiment_dir) as r:
+                host, port = r.address.rsplit(":", 1)
+                proxy.connect_held((host, int(port)))
+                await _told_it_left(agent, r, said)
         finally:
+            if agent is not None and agent.returncode is None:
+                agent.kill()
+                await agent.wait()
             await proxy.close()
 
     run_async(body)

@@ -601,6 +601,24 @@ def test_an_ended_environment_of_a_hand_agent_takes_its_agent_started_again_as_a
         READY, "second", 5, False, False)
 
 
+def test_an_agent_that_left_is_told_so_by_a_restarted_coordinator_too() -> None:
+    f = fleet()
+    assert f.register(agent("box-a", link=3, instance="first")) is not None
+    f.left("box-a", drained=True)
+    assert of(f.take(), ev.EnvironmentLeft) == [ev.EnvironmentLeft("box-a")]  # kept by the store
+    why = "its agent drained and left (its operator stopped it)"
+    stored = env_row("box-a", "STOPPED", platform="manual", platform_id="", reason=why, agent_instance_id="first")
+    # The coordinator restarts: the fleet as the store kept it. Its agent dials again, its ack lost.
+    again = fleet()
+    again.restore([{**stored, "agent_left": 1}], {})
+    assert refused(again, agent("box-a", link=4, instance="first")) == ev.RefuseAgent("box-a", ev.Refusal.LEFT, (
+        f"environment box-a was stopped: {why}; this agent had left it"))
+    # A store from before the column: the agent is refused as any of an ended environment.
+    older = fleet()
+    older.restore([stored], {})
+    assert refused(older, agent("box-a", link=4, instance="first")).why is ev.Refusal.NOT_NOW
+
+
 def test_an_ended_environment_the_coordinator_started_refuses_every_agent() -> None:
     f = fleet()
     env_id = up(f)

@@ -31,6 +31,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ev.AgentJoined("env-1", "host-a", "i-1", {"gpus": []}),
     ev.AgentConnected("env-1", True),
     ev.AgentMessagesStored("env-1", 3),
+    ev.EnvironmentLeft("env-1"),
     ev.WaitingReasonsChanged({"t1": "waiting: no free GPU"}),
     ev.TrialPlaced("t1", "env-1", (0,), ("GPU-a",), 1),
     ev.TrialUnplaced("t1"),
@@ -77,8 +78,8 @@ def test_every_fact_is_kept_by_a_real_store(store: Store) -> None:
     assert json.loads(trial["forked_from_json"]) == ["t0", 4]
     assert json.loads(trial["ranks_json"]) == [[0, "env-1", [0], "running"], [1, "env-2", [], "ended (failed)"]]
     (env,) = store.envs()
-    assert (env["status"], env["platform_id"], env["reason"], env["group_id"], env["group_for"]) == (
-        "STARTING", "pid-1", "started (pid-1)", "env-1", "t1")
+    assert (env["status"], env["platform_id"], env["reason"], env["group_id"], env["group_for"], env["agent_left"]) == (
+        "STARTING", "pid-1", "started (pid-1)", "env-1", "t1", 1)
 
 
 def test_a_trial_added_placed_and_succeeded(store: Store) -> None:
