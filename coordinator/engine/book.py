@@ -273,8 +273,8 @@ class TrialBook:
         if t is None or t.status.terminal:
             return None
         t.exit_code, t.signal, t.stderr_tail = m.exit_code, m.signal, m.stderr_tail
-        t.ended_at = m.ended_at or self.wall
-        self._out.append(ev.TrialExited(t.id, t.exit_code, t.signal, t.stderr_tail, t.ended_at))
+        t.attempt_ended_at = m.ended_at or self.wall  # the trial's own end only if it ends for good
+        self._out.append(ev.TrialExited(t.id, t.exit_code, t.signal, t.stderr_tail))
         if m.outcome is ev.Outcome.LOST:
             # Gone with its environment, like a trial on a lost agent: retried within
             # maxTrialRetries whether or not failed trials are retried.
@@ -342,8 +342,8 @@ class TrialBook:
             t = self.trials[tid]
             if t.status.terminal:
                 continue
-            if heard_at is not None and t.status is TrialStatus.RUNNING and t.ended_at is None:
-                t.ended_at = min(self.wall, max(heard_at, t.started_at or heard_at))
+            if heard_at is not None and t.status is TrialStatus.RUNNING and t.attempt_ended_at is None:
+                t.attempt_ended_at = min(self.wall, max(heard_at, t.started_at or heard_at))
             t.lost_on = platform
             free = t.progressed and self.policy.progress_resets_retries
             if t.pausing and t.checkpoint is not None and t.status is TrialStatus.RUNNING:
@@ -375,6 +375,7 @@ class TrialBook:
         self._out.append(ev.WaitingReasonsChanged({t.id: t.waiting_reason}))
         if t.status is TrialStatus.RUNNING:
             self._to(t, TrialStatus.WAITING, f"{why}; {what} in {delay:g} s")
+        t.attempt_ended_at = None  # counted by _to if it ran; one placed but not started waits as it did
         self.queue.push_front(self.demand(t), t.not_before)
 
     def refuse(self, why_by_shape: Mapping[tuple[int, int], str]) -> None:
@@ -408,12 +409,12 @@ class TrialBook:
             self.live.pop(t.id, None)
         if new.terminal or reason:
             t.reason = reason
-        if new.terminal:
-            t.ended_at = t.ended_at or self.wall
-        if old is TrialStatus.RUNNING and t.started_at is not None:  # an attempt ended (when known): its time counts
-            t.ran_s += max(0.0, (t.ended_at or self.wall) - t.started_at)
-        ended_at = t.ended_at = t.ended_at if new.terminal else None
-        self._out.append(ev.TrialStatusChanged(t.id, old.value, new, t.reason, reason, ended_at, t.ran_s))
+        # Its attempt's end (when known, else now): its time counts; the trial's own end if it ends for good.
+        attempt_end, t.attempt_ended_at = t.attempt_ended_at or self.wall, None
+        if old is TrialStatus.RUNNING and t.started_at is not None:
+            t.ran_s += max(0.0, attempt_end - t.started_at)
+        t.ended_at = attempt_end if new.terminal else None
+        self._out.append(ev.TrialStatusChanged(t.id, old.value, new, t.reason, reason, t.ended_at, t.ran_s))
         log.info("trial %s: %s -> %s%s", t.id, old.value, new.value, f" ({reason})" if reason else "")
         self._out.append(ev.Publish(StatusEvent(t.info(), old)))
 

@@ -84,11 +84,12 @@ class TrialStopping:
 
 @dataclass(frozen=True)
 class TrialExited:
+    """Its process ended (how); when, is the trial's end only with a terminal status."""
+
     trial_id: str
     exit_code: int | None
     signal: int | None
     stderr_tail: str
-    ended_at: float
 
 
 @dataclass(frozen=True)

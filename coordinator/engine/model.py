@@ -50,7 +50,7 @@ class TrialInfo:
     stderr_tail: str
     submitted_at: float | None
     started_at: float | None
-    ended_at: float | None
+    ended_at: float | None  # once it ended for good: a retried or paused trial has none
     attempts: int
     # Canceled, and its processes are being stopped (the status changes once they are gone).
     stopping: bool = False
@@ -153,7 +153,10 @@ class TrialState:
     final_metric_json: str | None = None
     attempts: int = 0
     started_at: float | None = None  # of its latest attempt
-    ended_at: float | None = None
+    ended_at: float | None = None  # its own end: set once it ended for good (a terminal status)
+    # When its latest attempt's process ended (its agent's word, or when it was last heard of),
+    # until its status says what follows: an end, a retry, a pause.
+    attempt_ended_at: float | None = None
     ran_s: float = 0.0  # seconds it ran in its attempts ended so far (a retry, a pause, the end)
     # The status a cancel asked for, applied when the agent confirms the end.
     cancel_status: TrialStatus | None = None

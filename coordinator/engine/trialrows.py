@@ -57,7 +57,9 @@ def trial_of(r: Mapping[str, Any], gpu_memory: int, wall: float) -> tuple[TrialS
         gpu_uuids=tuple(loads_or(r["gpu_uuids_json"], [])),
         exit_code=r["exit_code"], signal=r["signal"], reason=r["reason"], stderr_tail=r["stderr_tail"],
         final_metric=r["final_metric"], final_metric_json=r["final_metric_json"],
-        attempts=attempts, started_at=r["started_at"], ended_at=r["ended_at"],
+        attempts=attempts, started_at=r["started_at"],
+        # An older version kept the end of an attempt a trial was retried or paused after as its own.
+        ended_at=None if status and not status.terminal else r["ended_at"],
         platforms=_platforms(r.get("platforms_json")), nodes=max(1, int(r.get("nodes") or 1)),
         max_duration=float(r.get("max_duration") or 0.0),
         # A store from before retries were counted apart: every run after the first was one.

@@ -95,9 +95,8 @@ def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
 
 
 def _trial_status(f: ev.TrialStatusChanged) -> tuple[Write, ...]:
-    fields: dict[str, Any] = {"status": f.new.value, "reason": f.reason}
-    if f.ended_at is not None:
-        fields["ended_at"] = f.ended_at
+    # None but with a terminal status: a trial retried or paused has not ended.
+    fields: dict[str, Any] = {"status": f.new.value, "reason": f.reason, "ended_at": f.ended_at}
     if f.ran_s:
         fields["ran_s"] = f.ran_s
     return Update("trials", f.trial_id, fields), Transition("trial", f.trial_id, f.old, f.new.value, f.because)
@@ -125,7 +124,7 @@ WRITES: dict[type, Callable[[Any], tuple[Write, ...]]] = {
     ev.TrialRan: lambda f: (Update("trials", f.trial_id, {"started_at": f.started_at}),),
     ev.TrialStopping: lambda f: (Update("trials", f.trial_id, {"reason": f.reason, "stopping": 1}),),
     ev.TrialExited: lambda f: (Update("trials", f.trial_id, {
-        "exit_code": f.exit_code, "signal": f.signal, "stderr_tail": f.stderr_tail, "ended_at": f.ended_at,
+        "exit_code": f.exit_code, "signal": f.signal, "stderr_tail": f.stderr_tail,
     }),),
     ev.FinalResultSet: lambda f: (Update("trials", f.trial_id, {
         "final_metric": f.value, "final_metric_json": f.value_json,

@@ -223,6 +223,10 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     # Opened for writing by a coordinator that starts (or resumes): no agent is connected to
     # it yet, whatever a crashed predecessor last stored.
     db.execute("UPDATE environments SET connected = 0 WHERE connected != 0")
+    # An older version kept the end of an attempt a trial was retried or paused after as the
+    # trial's own: a trial that has not ended has no end.
+    db.execute("UPDATE trials SET ended_at = NULL WHERE status IN ('WAITING', 'RUNNING', 'PAUSED')"
+               " AND ended_at IS NOT NULL")
 
 
 class Store(StoreReader):

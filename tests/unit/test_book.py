@@ -195,8 +195,9 @@ def test_ended_from_the_owning_environment() -> None:
     report = ev.TrialEndReported("t1", ev.Outcome.SUCCEEDED, 0, None, "", "", 0.0, ("GPU-a",))
     assert b.ended("env-1", report, platform="local") == Ended("t1", "env-1", ("GPU-a",))
     out = b.take()
-    assert of(out, ev.TrialExited) == [ev.TrialExited("t1", 0, None, "", WALL + 100)]
+    assert of(out, ev.TrialExited) == [ev.TrialExited("t1", 0, None, "")]
     assert changes(out) == [("t1", "RUNNING", TrialStatus.SUCCEEDED)]
+    assert of(out, ev.TrialStatusChanged)[0].ended_at == b.trials["t1"].ended_at == WALL + 100
     assert list(b.live) == ["t2"]  # an ended trial leaves the live ones
     assert end(b, "t2", ev.Outcome.FAILED, reason="exit code 1") == Ended("t2", "env-1")
     assert changes(b.take()) == [("t2", "RUNNING", FAILED)]
@@ -411,7 +412,8 @@ def test_restore_takes_rows_as_far_as_they_can_be_read() -> None:
         row("done", 0, "SUCCEEDED", final_metric=0.5, final_metric_json="0.5", ended_at=WALL + 1),
         row("running", 1, "RUNNING", environment_id="env-1", gpu_indices_json="[0]",
             gpu_uuids_json='["GPU-a"]', attempts=1, platforms_json='["local", 7]'),
-        row("waiting", 2, "WAITING"),
+        # Retried: an older version kept the end of its attempt as its own.
+        row("waiting", 2, "WAITING", started_at=WALL - 9, ended_at=WALL - 5),
         row("future", 3, "HIBERNATING", environment_id="env-1"),
         row("garbled", 4, "WAITING", parameters_json="{not json"),
         row("old-garbled", 5, "FAILED", parameters_json="[1]", ended_at=WALL + 2),
@@ -419,6 +421,7 @@ def test_restore_takes_rows_as_far_as_they_can_be_read() -> None:
     out = b.take()
     t = b.trials
     assert (t["done"].status, t["done"].final_metric) == (TrialStatus.SUCCEEDED, 0.5)
+    assert (t["done"].ended_at, t["waiting"].ended_at) == (WALL + 1, None)  # it has not ended
     assert (t["running"].status, t["running"].env_id, t["running"].gpu_uuids) == (
         RUNNING, "env-1", ("GPU-a",))
     assert t["running"].platforms == ("local",)

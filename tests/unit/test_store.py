@@ -283,6 +283,21 @@ def test_a_store_made_before_attempts_were_timed_counts_its_ended_trials_last_at
     store.close()
 
 
+def test_an_end_an_older_version_kept_for_a_trial_that_has_not_ended_goes_when_opened_for_writing(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    # That version kept the end of the attempt a trial was retried or paused after as its own.
+    _trial(store, "t1", 0, status="WAITING", started_at=2000.0, ended_at=2010.0, ran_s=10.0)
+    _trial(store, "t2", 1, status="PAUSED", started_at=2000.0, ended_at=2005.0, ran_s=5.0)
+    _trial(store, "t3", 2, status="SUCCEEDED", started_at=2000.0, ended_at=2012.5, ran_s=12.5)
+    store.close()
+    store = Store.in_dir(tmp_path / "exp")
+    assert [(r["id"], r["ended_at"], r["ran_s"]) for r in store.trials()] == [
+        ("t1", None, 10.0), ("t2", None, 5.0), ("t3", 2012.5, 12.5)]
+    store.close()
+
+
 def test_the_metric_count_is_kept_as_metrics_are_stored_and_replays_count_once(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.add_metrics([_metric("t1", 0, 0.1), _metric("t1", 1, 0.2)])

@@ -38,7 +38,7 @@ SAMPLES: dict[type, ev.Fact] = {f.__class__: f for f in (
     ev.TrialRan("t1", WALL + 1),
     ev.TrialRanks("t1", (RankInfo(0, "env-1", (0,), "running"), RankInfo(1, "env-2", (), "ended (failed)"))),
     ev.TrialStopping("t1", "by the user"),
-    ev.TrialExited("t1", None, 15, "Terminated", WALL + 2),
+    ev.TrialExited("t1", None, 15, "Terminated"),
     ev.FinalResultSet("t1", 0.5, '{"default": 0.5}'),
     ev.TrialStatusChanged("t1", "RUNNING", TrialStatus.USER_CANCELED, "by the user",
                           "by the user", WALL + 2),
