@@ -529,7 +529,7 @@ class AgentSession(RunnerEvents):
                 break
         await self._finish_and_exit(drained=True)
 
-    async def _cancel_and_exit(self, grace_s: float, reason: str, outcome: str = "") -> None:
+    async def _cancel_and_exit(self, grace_s: float, reason: str, outcome: str) -> None:
         await self.runner.cancel_all(reason, grace_s, outcome)
         await self._finish_and_exit(drained=False)
 
