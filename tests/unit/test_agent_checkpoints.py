@@ -383,6 +383,30 @@ def test_on_shared_storage_the_live_directory_lies_there_and_a_save_is_a_rename(
     run_async(body)
 
 
+def test_on_shared_storage_a_save_is_digested_and_each_step_refuses_with_its_own_reason(tmp_path: Path) -> None:
+    shared = _shared(tmp_path)
+    link = Link()
+
+    async def body() -> None:
+        keeper = _keeper(tmp_path, link, checkpoint_dir=str(shared), max_bytes=200_000)
+        live = Path((await keeper.open_trial("t1", 1, None))[trial.ENV_CHECKPOINT_DIR])
+        _tree(live, {"big": b"x" * 200_001})
+        answer = await _save(keeper, "t1", 1)
+        assert "200001 bytes, more than the experiment's maxCheckpointSize" in answer["error"]
+        assert "back in the checkpoint directory" in answer["error"] and (live / "big").exists()
+        (live / "big").unlink()
+        _tree(live, FILES)
+        assert (await _save(keeper, "t1", 1))["ok"]
+        assert link.saved[0].manifest.digest == _expected_digest(FILES)
+        live.rmdir()  # nothing to take: the save is refused before any file moved
+        answer = await _save(keeper, "t1", 2)
+        assert answer == {"ok": False, "error": f"cannot take the files of {live}: No such file or directory"}
+        assert len(link.saved) == 1 and not (shared / "t1" / "2").exists()
+        await keeper.close()
+
+    run_async(body)
+
+
 def test_a_marker_of_another_experiment_means_no_shared_storage(tmp_path: Path) -> None:
     shared = _shared(tmp_path, "another")
 
