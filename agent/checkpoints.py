@@ -118,6 +118,7 @@ class _Live:
     shared: bool
     last_step: int | None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tidying: asyncio.Lock = field(default_factory=asyncio.Lock)  # its saves' housekeeping, one at a time
     busy: int = 0  # saves asked and not answered
     preparing: int = 0  # saves whose CheckpointSaved is not sent yet
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -491,12 +492,18 @@ class CheckpointKeeper:
         if not lt.shared and not manifest.digest:
             # This copy's index, its digest taken once the save is answered: off the way of the bytes
             # (a continue here meanwhile reads the files and compares them).
-            self._background(asyncio.to_thread(_index_digested, final, files))
+            self._background(self._tidy(lt, _index_digested, final, files))
         if not lt.shared:
-            self._background(asyncio.to_thread(cf.drop_older, lt.root, step))
+            self._background(self._tidy(lt, cf.drop_older, lt.root, step))
         if lt.pause_reason:
             lt.paused_at = step
         return bool(lt.pause_reason)
+
+    async def _tidy(self, lt: _Live, work: Callable[..., object], *args: Any) -> None:
+        """A save's housekeeping, after the saves before it (in order: an earlier save's index,
+        written after a later save cleared the older copies, would stay behind)."""
+        async with lt.tidying:
+            await asyncio.to_thread(work, *args)
 
     async def _give_back(self, lt: _Live, copy: Path) -> str:
         """Put a refused checkpoint's files back into the live directory (when it is still
