@@ -95,7 +95,7 @@ def _trial_added(f: ev.TrialAdded) -> tuple[Write, ...]:
 
 
 def _trial_status(f: ev.TrialStatusChanged) -> tuple[Write, ...]:
-    # None but with a terminal status: a trial retried or paused has not ended.
+    # Cleared unless the status is terminal: a trial retried or paused has not ended.
     fields: dict[str, Any] = {"status": f.new.value, "reason": f.reason, "ended_at": f.ended_at}
     if f.ran_s:
         fields["ran_s"] = f.ran_s

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..engine.events import Fact
 from ..engine.rows import GpuSampleRow, MetricRow, MetricRun
+from ..engine.states import TrialStatus
 from . import changes, checkpointrows
 from . import metrics as metricstore
 from .facts import (
@@ -225,8 +226,9 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     db.execute("UPDATE environments SET connected = 0 WHERE connected != 0")
     # An older version kept the end of an attempt a trial was retried or paused after as the
     # trial's own: a trial that has not ended has no end.
-    db.execute("UPDATE trials SET ended_at = NULL WHERE status IN ('WAITING', 'RUNNING', 'PAUSED')"
-               " AND ended_at IS NOT NULL")
+    not_ended = [s.value for s in TrialStatus if not s.terminal]
+    db.execute(f"UPDATE trials SET ended_at = NULL WHERE status IN ({', '.join('?' * len(not_ended))})"
+               " AND ended_at IS NOT NULL", not_ended)
 
 
 class Store(StoreReader):
