@@ -22,7 +22,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -605,11 +604,12 @@ def test_a_workload_created_while_a_poll_lists_is_not_taken_for_deleted(
         assert (await service.poll(["env-1"]))["env-1"].state == "starting"
         assert (await first).error is None
         assert judged and judged[0] == ["env-0"], judged
-        deadline = time.monotonic() + 30.0
-        while not any("env-1" in ids for ids in judged):  # judged by a later poll only
-            assert time.monotonic() < deadline, f"no poll judged env-1 within 30 s: {judged}"
+
+        async def judged_by_a_later_poll() -> bool:
             await service.poll(["env-1"])
-            await asyncio.sleep(0.05)
+            return any("env-1" in ids for ids in judged)
+
+        await async_wait_until(judged_by_a_later_poll, 30.0, message="no later poll judged env-1")
         seen = (await service.poll(["env-1"]))["env-1"]
         assert seen.state in ("starting", "running") and "deleted" not in seen.detail, seen
         service.observe = real_observe  # type: ignore[method-assign]
