@@ -5,7 +5,10 @@ its constant mean given (the sampler puts it high among the scores, at their 0.9
 that what is far from every trial is not deemed worse than most), with a Matérn 5/2 kernel,
 a length scale per dimension, and a noise variance, all fitted by maximum marginal likelihood
 with analytic gradients (a weak log-normal prior keeps the length scales away from the
-degenerate ends when points are few). ``propose`` maximizes
+degenerate ends when points are few). A continuous parameter's best can move with an ordered
+one (a learning rate's with the width): the kernel reads each continuous column ``i`` as
+``x_i + s_ij x_j`` for each ordered column ``j`` (``shifts``), the ``s_ij`` fitted with the
+rest (a normal prior of sd 0.5 keeps them near 0 unless the points ask). ``propose`` maximizes
 augmented expected improvement (expected improvement times the share of the uncertainty that
 is not the noise's, so that near-copies of a trial are not worth trying again) over random
 points and small steps around the best points seen: cheap, and good enough in the few
@@ -26,7 +29,8 @@ from scipy.optimize import minimize
 from scipy.spatial.distance import cdist
 from scipy.special import log_ndtr
 
-__all__ = ["Dimension", "Model", "acquisition", "fit", "model", "nearest", "propose", "random_points", "refine"]
+__all__ = ["Dimension", "Model", "acquisition", "fit", "model", "nearest", "propose", "random_points", "refine",
+           "shifts"]
 
 _SQRT5 = math.sqrt(5.0)
 _PRIOR_LS, _PRIOR_SD = math.log(0.3), 1.0  # the length scales' log-normal prior
@@ -34,6 +38,7 @@ _LS_BOUNDS = (math.log(0.01), math.log(10.0))
 _VAR_BOUNDS = (math.log(0.05), math.log(20.0))
 _NOISE_BOUNDS = (math.log(1e-6), math.log(1.0))
 _JITTER = 1e-6
+_SHIFT_SD, _SHIFT_BOUNDS = 0.5, (-2.0, 2.0)  # a shift's normal prior, and its bounds
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,11 @@ class Model:
     variance: float
     noise: float
     mean: float = 0.0  # the process's constant mean
+    warp: np.ndarray | None = None  # the shifts: points are read as ``points @ warp.T`` (``x`` already is)
 
     def predict(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.warp is not None:
+            points = points @ self.warp.T
         k = self.variance * _kernel(points, self.x, self.scales)
         mean = self.mean + k @ self.alpha
         v = _solve_lower(self.chol, k.T)
@@ -92,11 +100,36 @@ def _solve_lower(chol: np.ndarray, b: np.ndarray) -> np.ndarray:
     return solve_triangular(chol, b, lower=True, check_finite=False)
 
 
-def _nll(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """The negative log marginal likelihood (with the length scales' prior) and its gradient
-    in (log scales, log variance, log noise)."""
+def shifts(dims: Sequence[Dimension]) -> list[tuple[int, int]]:
+    """The pairs of columns ``(i, j)``, ``i`` continuous and ``j`` ordered, whose shift the
+    process fits: column ``i`` read as ``x_i + s x_j``."""
+    col, continuous, ordered = 0, [], []
+    for dim in dims:
+        if dim.levels == 0:
+            continuous.append(col)
+        elif not dim.onehot:
+            ordered.append(col)
+        col += dim.width
+    return [(i, j) for i in continuous for j in ordered]
+
+
+def _warp(d: int, pairs: Sequence[tuple[int, int]], shift: np.ndarray) -> np.ndarray:
+    """The matrix that reads a point's columns shifted: the identity, ``shift`` at the pairs."""
+    warp = np.eye(d)
+    for (i, j), s in zip(pairs, shift):
+        warp[i, j] = s
+    return warp
+
+
+def _nll(theta: np.ndarray, x: np.ndarray, y: np.ndarray, pairs: Sequence[tuple[int, int]] = ()
+         ) -> tuple[float, np.ndarray]:
+    """The negative log marginal likelihood (with the length scales' and shifts' priors) and
+    its gradient in (log scales, log variance, log noise, shifts of ``pairs``)."""
     n, d = x.shape
     scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
+    raw = x
+    if pairs:
+        x = x @ _warp(d, pairs, theta[d + 2 :]).T
     k, sq, dk = _matern(x, x, scales)
     big_k = variance * k + (noise + _JITTER) * np.eye(n)
     try:
@@ -112,14 +145,25 @@ def _nll(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.nda
     grad[:d] = 0.5 * variance * np.einsum("ij,ijd->d", inner * dk, sq) + prior / _PRIOR_SD**2
     grad[d] = 0.5 * np.sum(inner * (variance * k))
     grad[d + 1] = 0.5 * np.trace(inner) * noise
+    if pairs:  # d K / d s_ij = -variance * dk * (shifted difference in i) / scale_i² * (difference in j)
+        w = 0.5 * variance * inner * dk
+        for m, (i, j) in enumerate(pairs):
+            di = (x[:, None, i] - x[None, :, i]) / scales[i] ** 2
+            dj = raw[:, None, j] - raw[None, :, j]
+            grad[d + 2 + m] = -np.sum(w * di * dj) + theta[d + 2 + m] / _SHIFT_SD**2
+        value += 0.5 * float((theta[d + 2 :] ** 2).sum()) / _SHIFT_SD**2
     return float(value), grad
 
 
-def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray, mean: float = 0.0) -> Model:
-    """The process with hyperparameters ``theta`` (log scales, log variance, log noise) and
-    constant ``mean``, conditioned on ``y`` (standardized) at ``x``."""
+def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray, mean: float = 0.0,
+          pairs: Sequence[tuple[int, int]] = ()) -> Model:
+    """The process with hyperparameters ``theta`` (log scales, log variance, log noise, the
+    shifts of ``pairs``) and constant ``mean``, conditioned on ``y`` (standardized) at ``x``."""
     d = x.shape[1]
     scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
+    warp = _warp(d, pairs, theta[d + 2 :]) if pairs else None
+    if warp is not None:
+        x = x @ warp.T
     k = variance * _kernel(x, x, scales)
     for jitter in (_JITTER, 1e-4, 1e-2):  # many equal points (a small discrete space) can need more
         try:
@@ -129,18 +173,20 @@ def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray, mean: float = 0.0) ->
             continue
     else:
         raise np.linalg.LinAlgError("the kernel matrix is not positive definite, even with jitter 1e-2")
-    return Model(x, chol, cho_solve((chol, True), y - mean, check_finite=False), scales, variance, noise, mean)
+    return Model(x, chol, cho_solve((chol, True), y - mean, check_finite=False), scales, variance, noise, mean,
+                 warp)
 
 
-def fit(x: np.ndarray, y: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
-    """The hyperparameters (log scales, log variance, log noise) that best explain ``y``
+def fit(x: np.ndarray, y: np.ndarray, start: np.ndarray | None = None,
+        pairs: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+    """The hyperparameters (log scales, log variance, log noise, the shifts of ``pairs``) that best explain ``y``
     (standardized, less the process's mean) at ``x``, searched from ``start`` (the last fit's, which is usually
     close) or else from the prior's centre."""
     d = x.shape[1]
-    centre = np.r_[np.full(d, _PRIOR_LS), 0.0, math.log(1e-2)]
+    centre = np.r_[np.full(d, _PRIOR_LS), 0.0, math.log(1e-2), np.zeros(len(pairs))]
     starts = [start] if start is not None and start.shape == centre.shape else [centre]
-    bounds = [_LS_BOUNDS] * d + [_VAR_BOUNDS, _NOISE_BOUNDS]
-    found = [minimize(_nll, s, args=(x, y), jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 200})
+    bounds = [_LS_BOUNDS] * d + [_VAR_BOUNDS, _NOISE_BOUNDS] + [_SHIFT_BOUNDS] * len(pairs)
+    found = [minimize(_nll, s, args=(x, y, pairs), jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": 200})
              for s in starts]
     return min(found, key=lambda f: f.fun).x
 

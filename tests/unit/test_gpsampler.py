@@ -35,6 +35,40 @@ def test_the_likelihoods_gradient_is_its_derivative() -> None:
     assert np.allclose(analytic, numeric, rtol=1e-4, atol=1e-4)
 
 
+def test_the_likelihoods_gradient_in_the_shifts_is_their_derivative() -> None:
+    x, y = _data(25)
+    x[:, 2] = np.round(x[:, 2] * 3) / 3  # an ordered column of 4 levels
+    pairs = gp.shifts([gp.Dimension(), gp.Dimension(), gp.Dimension(levels=4)])
+    assert pairs == [(0, 2), (1, 2)]
+    theta = np.r_[np.log([0.3, 0.5, 2.0]), 0.2, math.log(0.03), 0.4, -0.3]
+    analytic = gp._nll(theta, x, y, pairs)[1]
+    numeric = approx_fprime(theta, lambda t: gp._nll(t, x, y, pairs)[0], 1e-6)
+    assert np.allclose(analytic, numeric, rtol=1e-4, atol=1e-4)
+
+
+def _moving_ridge(n: int, levels: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A narrow ridge in the first column whose place moves with the second, ordered one (4
+    levels): at 0.3 for level 0, 0.6 for level 3."""
+    rng = np.random.default_rng(3)
+    x = np.c_[rng.random(n), rng.choice(levels, n) / 3]
+    y = np.exp(-(((x[:, 0] - 0.3 - 0.3 * x[:, 1]) / 0.1) ** 2))
+    return x, (y - y.mean()) / y.std()
+
+
+def test_the_process_learns_that_a_continuous_best_moves_with_an_ordered_choice() -> None:
+    dims = [gp.Dimension(), gp.Dimension(levels=4)]
+    pairs = gp.shifts(dims)
+    assert pairs == [(0, 1)]
+    x, y = _moving_ridge(60, [0, 1, 2])  # level 3 never tried
+    shifted = gp.fit(x, y, pairs=pairs)
+    assert shifted[-1] < -0.1  # the ridge, x0 - 0.3 x1 constant, read as one place
+    grid = np.c_[np.linspace(0, 1, 201), np.ones(201)]
+    with_shift = grid[np.argmax(gp.model(shifted, x, y, pairs=pairs).predict(grid)[0]), 0]
+    without = grid[np.argmax(gp.model(gp.fit(x, y), x, y).predict(grid)[0]), 0]
+    assert abs(with_shift - 0.6) < 0.06
+    assert abs(with_shift - 0.6) < abs(without - 0.6)
+
+
 def test_predictions_use_the_same_kernel_the_likelihood_is_fitted_with() -> None:
     x, _ = _data(30)
     points = np.random.default_rng(1).random((50, 3))
