@@ -4,6 +4,7 @@ OptunaSearch + ASHA, TuneBOHB + HyperBandForBOHB and PBT, on the same workload.
 
     python scripts/bench/mfbench.py [--family crossing|plateau|power] [--seeds 5] [--trials 40]
         [--concurrency 2] [--epoch-s 0.04] [--methods asha,hyperband,...] [--ray-python PATH] [--json OUT]
+        [--ray-wall-from RAY.json] [--draw K]
 
 The objective is slowcurves.py (families of curves, ``--family``, one objective per seed; the
 best configurations learn slowest), EPOCHS epochs of ``--epoch-s`` seconds of sleep each (about 1 s a trial, so
@@ -118,12 +119,13 @@ def _search(method: str, seed: int) -> dict[str, Any]:
 
 
 def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch_s: float,
-                    duration: float | None = None, family: str = FAMILIES[0]) -> dict[str, Any]:
+                    duration: float | None = None, family: str = FAMILIES[0], draw: int = 0) -> dict[str, Any]:
     """One method on one seed: ``trials`` configurations, or, with ``duration``, as many as
-    that many seconds allow (maxExperimentDuration, no maxTrialNumber)."""
+    that many seconds allow (maxExperimentDuration, no maxTrialNumber); ``draw`` seeds the
+    search anew (0: the seed itself), as mfsim.py's runs do."""
     with tempfile.TemporaryDirectory() as work:
         trace = Path(work) / "trace.jsonl"  # each report with what it is worth (slowcurve_trial.py)
-        search = _search(method, seed)
+        search = _search(method, seed + 1000 * draw)
         # A search that never pauses a trial has no use for its checkpoints: its trials save
         # none, as Ray Tune's OptunaSearch + ASHA trials (peer_ray_mf.py).
         saves = "each" if "assessor" in search or method == "pbt" else "none"
@@ -143,7 +145,7 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch
         ran = run_config(data, Path(work))
         reports = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
         ran["picks"] = picks(sorted((r["t"] - t0, r["score"], r["worth"]) for r in reports))
-        return {"method": name, "seed": seed, "family": family, **ran}
+        return {"method": name, "seed": seed, "family": family, "draw": draw, **ran}
 
 
 def best_at(curve_: list[list[float]], t: float) -> float | None:
@@ -229,6 +231,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--epoch-s", type=float, default=0.04)
+    ap.add_argument("--draw", type=int, default=0,
+                    help="seed trialkeeper's searches anew: the K-th draw (0: the seed; as mfsim.py's --first-draw)")
     ap.add_argument("--methods", default=",".join((*TK_METHODS, *RAY_METHODS)))
     ap.add_argument("--ray-python", default=str(venv_python(DEFAULT_CACHE, "ray")))
     ap.add_argument("--json", type=Path, default=Path("mf-bench.json"))
@@ -258,8 +262,8 @@ def main() -> int:
         print(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "summary": table}))
         return 0
     if a.one:
-        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s, a.duration, a.family)),
-              flush=True)
+        print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s, a.duration, a.family,
+                                         a.draw)), flush=True)
         return 0
     runs: list[dict[str, Any]] = []
     optima = {seed: optimum(seed, a.family) for seed in range(a.seeds)}
@@ -277,7 +281,8 @@ def main() -> int:
                         "--population", str(POPULATION), "--family", a.family]
             else:
                 argv = [sys.executable, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials),
-                        "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s), "--family", a.family]
+                        "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s), "--family", a.family,
+                        "--draw", str(a.draw)]
                 if a.ray_wall_from:
                     if seed not in ray_wall:
                         continue
