@@ -118,6 +118,12 @@ def _search(method: str, seed: int) -> dict[str, Any]:
     }[method]
 
 
+def search_seed(seed: int, draw: int) -> int:
+    """The search's seed on a workload seed's ``draw``-th run (0: the seed itself); mfsim.py's
+    runs seed their samplers alike, so that a draw here is the same draw there."""
+    return seed + 1000 * draw
+
+
 def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch_s: float,
                     duration: float | None = None, family: str = FAMILIES[0], draw: int = 0) -> dict[str, Any]:
     """One method on one seed: ``trials`` configurations, or, with ``duration``, as many as
@@ -125,7 +131,7 @@ def run_trialkeeper(method: str, seed: int, trials: int, concurrency: int, epoch
     search anew (0: the seed itself), as mfsim.py's runs do."""
     with tempfile.TemporaryDirectory() as work:
         trace = Path(work) / "trace.jsonl"  # each report with what it is worth (slowcurve_trial.py)
-        search = _search(method, seed + 1000 * draw)
+        search = _search(method, search_seed(seed, draw))
         # A search that never pauses a trial has no use for its checkpoints: its trials save
         # none, as Ray Tune's OptunaSearch + ASHA trials (peer_ray_mf.py).
         saves = "each" if "assessor" in search or method == "pbt" else "none"
@@ -244,6 +250,8 @@ def main() -> int:
                     help="only summarize the runs of these earlier outputs (of --family) together")
     ap.add_argument("--markdown", action="store_true", help="with --summarize: the table in Markdown on stderr")
     a = ap.parse_args()
+    if a.draw < 0:
+        ap.error(f"--draw must be 0 or more, got {a.draw}")
     if a.summarize:
         runs, optima, clean = [], {}, {}
         for f in a.summarize:

@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 import optuna
-from mfbench import ASHA, SLOW_STARTERS, optimum
+from mfbench import ASHA, SLOW_STARTERS, optimum, search_seed
 from search_sim import Sim
 from slowcurves import EPOCHS, FAMILIES, SPACE, curve
 from trialkeeper.coordinator.search.algorithms import create_tuner
@@ -88,7 +88,7 @@ def run(method: str, family: str, seed: int, budget: int, concurrency: int,
     """The best score reported once ``budget`` epochs were trained, the configuration that
     reported it and at which epoch (0-based); ``draw`` seeds the sampler anew (0: the seed)."""
     tuner_args, assessor = METHODS[method]
-    sampler_seed = seed + 1000 * draw
+    sampler_seed = search_seed(seed, draw)
     if tuner_args is None:
         tuner = create_tuner("random", None, {"seed": sampler_seed}, SPACE)
     else:
@@ -146,6 +146,8 @@ def main() -> None:
         ap.error(f"--families: unknown {', '.join(unknown)}; valid: {', '.join((*FAMILIES, CONTROL))}")
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
+    if args.first_draw < 0:
+        ap.error(f"--first-draw must be 0 or more, got {args.first_draw}")
     if set(methods) - set(METHODS):
         ap.error(f"--methods: unknown {', '.join(sorted(set(methods) - set(METHODS)))}; valid: {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -70,3 +70,23 @@ def test_slowcurves_families_start_slow() -> None:
         assert s["best_outside_top_tenth_until_epoch"] >= 6, (family, s)
         assert s["spearman_e3"] < 0.7, (family, s)
     assert "linear" in error and "plateau" in error
+
+
+@pytest.mark.parametrize(("script", "flag"), [("mfbench.py", "--draw"), ("mfsim.py", "--first-draw")])
+def test_a_negative_draw_is_refused_by_name(script: str, flag: str) -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / script), flag, "-1"], check=False, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and f"{flag} must be 0 or more, got -1" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_both_benchmarks_seed_a_draw_alike() -> None:
+    """mfsim.py's virtual runs and mfbench.py's timed ones seed the search of a draw alike,
+    so that a draw counted in one is the same draw in the other."""
+    code = (
+        "import mfbench, mfsim\n"
+        "print(mfbench.search_seed(3, 0), mfbench.search_seed(3, 2), mfsim.search_seed is mfbench.search_seed)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=BENCH, check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["3", "2003", "True"]
