@@ -4,7 +4,7 @@ OptunaSearch + ASHA, TuneBOHB + HyperBandForBOHB and PBT, on the same workload.
 
     python scripts/bench/mfbench.py [--family crossing|plateau|power] [--seeds 5] [--trials 40]
         [--concurrency 2] [--epoch-s 0.04] [--methods asha,hyperband,...] [--ray-python PATH] [--json OUT]
-        [--ray-wall-from RAY.json] [--draw K]
+        [--ray-wall-from RAY.json] [--draw K] [--draws N]
 
 The objective is slowcurves.py (families of curves, ``--family``, one objective per seed; the
 best configurations learn slowest), EPOCHS epochs of ``--epoch-s`` seconds of sleep each (about 1 s a trial, so
@@ -15,7 +15,9 @@ process of its own; Ray Tune runs in its own virtualenv (peers.py; ``peer_ray_mf
 Figures per method and seed: wall time (from before the coordinator or ``ray.init`` starts
 to the end), and two measures of how close it came, each as the time it first came within
 2 %, 1 % and 0.5 % and where it stood at Ray Tune's OptunaSearch + ASHA wall time of the
-same seed:
+same seed. With ``--ray-wall-from``, each trialkeeper method runs for that wall time instead of
+``--trials``, and the summary counts the target's two parts over its runs (every seed, and
+every draw of ``--draws``): within 0.5 % at Ray Tune's wall time, and within 1 % by half of it.
 
 - **regret**, the measure the targets are judged by: what the search's pick is worth (the
   configuration that reported the best score so far, at the epoch it reported it, without
@@ -170,10 +172,14 @@ def worth_reach(picks_: list[list[float]], target: float) -> float | None:
     return next((p[0] for p in picks_ if p[2] >= target - 1e-12), None)
 
 
-def summarize(runs: list[dict[str, Any]], optima: dict[int, float], clean: dict[int, float]) -> dict[str, Any]:
-    """Per method, each seed's figures by gap (against ``optima``) and by regret (against
-    ``clean``, the noiseless optima; runs recorded before picks were kept have none)."""
-    ray = {r["seed"]: r for r in runs if r["method"] == "ray-optuna+asha" and r.get("curve")}
+def summarize(runs: list[dict[str, Any]], optima: dict[int, float], clean: dict[int, float],
+              ray_wall: dict[int, float] | None = None) -> dict[str, Any]:
+    """Per method, each run's figures by gap (against ``optima``) and by regret (against
+    ``clean``, the noiseless optima; runs recorded before picks were kept have none), at Ray
+    Tune's OptunaSearch + ASHA wall time of the seed: its run's among ``runs``, or else
+    ``ray_wall``'s (the seed's wall time in an earlier output)."""
+    walls = dict(ray_wall or {})
+    walls.update({r["seed"]: r["wall_s"] for r in runs if r["method"] == "ray-optuna+asha" and r.get("curve")})
     table: dict[str, Any] = {}
     for r in runs:  # the best known: what any method found too
         if r.get("curve"):
@@ -183,17 +189,18 @@ def summarize(runs: list[dict[str, Any]], optima: dict[int, float], clean: dict[
     for method in (*TK_METHODS, *(m + TIMED for m in TK_METHODS), *RAY_METHODS):
         rows = []
         for r in sorted((r for r in runs if r["method"] == method and r.get("curve")), key=lambda r: r["seed"]):
-            opt, peer, picked = optima[r["seed"]], ray.get(r["seed"]), r.get("picks") or []
-            at_ray = best_at(r["curve"], peer["wall_s"]) if peer else None
+            opt, wall, picked = optima[r["seed"]], walls.get(r["seed"]), r.get("picks") or []
+            at_ray = best_at(r["curve"], wall) if wall else None
             row = {
-                "seed": r["seed"], "wall_s": r["wall_s"], "final_gap": 1 - r["curve"][-1][1] / opt,
+                "seed": r["seed"], "draw": r.get("draw", 0), "ray_wall_s": wall, "wall_s": r["wall_s"],
+                "final_gap": 1 - r["curve"][-1][1] / opt,
                 "reach_s": {f"{w:g}": reach(r["curve"], opt * (1 - w)) for w in WITHIN},
                 "gap_at_ray_wall": None if at_ray is None else 1 - at_ray / opt,
                 "early_stopped": r.get("early_stopped"), "trials": r.get("trials"),
             }
             if picked and r["seed"] in clean:
                 best = clean[r["seed"]]
-                worth = worth_at(picked, peer["wall_s"]) if peer else None
+                worth = worth_at(picked, wall) if wall else None
                 row.update({"final_regret": 1 - picked[-1][2] / best,
                             "regret_reach_s": {f"{w:g}": worth_reach(picked, best * (1 - w)) for w in WITHIN},
                             "regret_at_ray_wall": None if worth is None else 1 - worth / best})
@@ -201,6 +208,39 @@ def summarize(runs: list[dict[str, Any]], optima: dict[int, float], clean: dict[
         if rows:
             table[method] = rows
     return table
+
+
+def target(rows: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The target's two parts counted over a method's runs, by regret: within 0.5 % at Ray
+    Tune's wall time, and within 1 % by half of it (None: no run has both a pick and Ray
+    Tune's wall time)."""
+    rows = [r for r in rows if r.get("ray_wall_s") and "regret_reach_s" in r]
+    if not rows:
+        return None
+    return {"runs": len(rows),
+            "within_05_at_ray_wall": sum(r["regret_at_ray_wall"] is not None
+                                                   and r["regret_at_ray_wall"] <= 0.005 for r in rows),
+            "within_1_by_half_ray_wall": sum(r["regret_reach_s"]["0.01"] is not None
+                                                      and r["regret_reach_s"]["0.01"] <= r["ray_wall_s"] / 2
+                                                      for r in rows)}
+
+
+def report(table: dict[str, Any]) -> None:
+    """Per method on stderr: the median wall time, each run's regret and gap at Ray Tune's wall
+    time, and the target's two parts counted."""
+    for method, rows in table.items():
+        walls = statistics.median(r["wall_s"] for r in rows)
+
+        def pcts(key: str, rows: list[dict[str, Any]] = rows) -> str:
+            return ", ".join("—" if r.get(key) is None else f"{r[key] * 100:.2f} %" for r in rows)
+
+        print(f"{method:16} wall median {walls:5.1f} s; at Ray ASHA's wall: regret {pcts('regret_at_ray_wall')}; "
+              f"gap {pcts('gap_at_ray_wall')}", file=sys.stderr)
+        counted = target(rows)
+        if counted:
+            print(f"{method:16} target, by regret, of {counted['runs']} runs: within 0.5 % at Ray's wall time in "
+                  f"{counted['within_05_at_ray_wall']}, within 1 % by half of it in "
+                  f"{counted['within_1_by_half_ray_wall']}", file=sys.stderr)
 
 
 def markdown(table: dict[str, Any]) -> str:
@@ -216,6 +256,9 @@ def markdown(table: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{x * 100:.2f}"
 
+    def label(r: dict[str, Any]) -> str:  # the seed, and its draw after the first
+        return f"{r['seed']} (draw {r['draw']})" if r.get("draw") else str(r["seed"])
+
     lines = [("| method | seeds | regret: time to 2 % (s) | to 1 % (s) | to 0.5 % (s) | at Ray's wall time (%) "
               "| gap: time to 2 % (s) | to 1 % (s) | to 0.5 % (s) | at Ray's wall time (%) |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -224,7 +267,7 @@ def markdown(table: dict[str, Any]) -> str:
                      for w in WITHIN] + [cells(rows, lambda r: pct(r.get("regret_at_ray_wall")))]
         by_gap = [cells(rows, lambda r, w=w: secs(r["reach_s"][f"{w:g}"])) for w in WITHIN] + [
             cells(rows, lambda r: pct(r["gap_at_ray_wall"]))]
-        lines.append(f"| {method} | {cells(rows, lambda r: str(r['seed']))} | " + " | ".join(by_regret + by_gap) + " |")
+        lines.append(f"| {method} | {cells(rows, label)} | " + " | ".join(by_regret + by_gap) + " |")
     return "\n".join(lines)
 
 
@@ -239,6 +282,8 @@ def main() -> int:
     ap.add_argument("--epoch-s", type=float, default=0.04)
     ap.add_argument("--draw", type=int, default=0,
                     help="seed trialkeeper's searches anew: the K-th draw (0: the seed; as mfsim.py's --first-draw)")
+    ap.add_argument("--draws", type=int, default=1,
+                    help="run each trialkeeper method on N draws per seed, from --draw on")
     ap.add_argument("--methods", default=",".join((*TK_METHODS, *RAY_METHODS)))
     ap.add_argument("--ray-python", default=str(venv_python(DEFAULT_CACHE, "ray")))
     ap.add_argument("--json", type=Path, default=Path("mf-bench.json"))
@@ -252,6 +297,13 @@ def main() -> int:
     a = ap.parse_args()
     if a.draw < 0:
         ap.error(f"--draw must be 0 or more, got {a.draw}")
+    if a.draws < 1:
+        ap.error(f"--draws must be 1 or more, got {a.draws}")
+    ray_wall: dict[int, float] = {}
+    if a.ray_wall_from:
+        ray_wall = {r["seed"]: r["wall_s"] for r in json.loads(a.ray_wall_from.read_text())["runs"]
+                    if r["method"] == "ray-optuna+asha" and r.get("wall_s")
+                    and r.get("family", FAMILIES[0]) == a.family}  # (outputs before families were "crossing")
     if a.summarize:
         runs, optima, clean = [], {}, {}
         for f in a.summarize:
@@ -264,10 +316,12 @@ def main() -> int:
             clean.update({int(k): v for k, v in d.get("clean_optima", {}).items()})
         # (outputs from before the regret was kept have no noiseless optima: work them out)
         clean.update({seed: optimum(seed, a.family, noise=False) for seed in optima if seed not in clean})
-        table = summarize(runs, optima, clean)
+        table = summarize(runs, optima, clean, ray_wall)
+        report(table)
         if a.markdown:
             print(markdown(table), file=sys.stderr)
-        print(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "summary": table}))
+        print(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "summary": table,
+                          "target": {m: target(rows) for m, rows in table.items()}}))
         return 0
     if a.one:
         print(json.dumps(run_trialkeeper(a.one, a.seed, a.trials, a.concurrency, a.epoch_s, a.duration, a.family,
@@ -276,46 +330,38 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     optima = {seed: optimum(seed, a.family) for seed in range(a.seeds)}
     clean = {seed: optimum(seed, a.family, noise=False) for seed in range(a.seeds)}
-    ray_wall: dict[int, float] = {}
-    if a.ray_wall_from:
-        ray_wall = {r["seed"]: r["wall_s"] for r in json.loads(a.ray_wall_from.read_text())["runs"]
-                    if r["method"] == "ray-optuna+asha" and r.get("wall_s")
-                    and r.get("family", FAMILIES[0]) == a.family}  # (outputs before families were "crossing")
-    for seed in range(a.seeds):
-        for method in a.methods.split(","):
-            if method in RAY_METHODS:
-                argv = [a.ray_python, str(HERE / "peer_ray_mf.py"), "--method", method, "--seed", str(seed),
-                        "--trials", str(a.trials), "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s),
-                        "--population", str(POPULATION), "--family", a.family]
-            else:
-                argv = [sys.executable, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials),
-                        "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s), "--family", a.family,
-                        "--draw", str(a.draw)]
-                if a.ray_wall_from:
-                    if seed not in ray_wall:
-                        continue
-                    argv += ["--duration", str(ray_wall[seed])]
-            r = run_json_child(argv, timeout_s=900)
-            runs.append({"method": method, "seed": seed, "family": a.family, **r})  # (a timed run names itself)
-            best = r["curve"][-1][1] if r.get("curve") else math.nan
-            worth = r["picks"][-1][2] if r.get("picks") else math.nan
-            print(f"{a.family} seed {seed} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best:.4f} "
-                  f"of {optima[seed]:.4f}, its pick worth {worth:.4f} of {clean[seed]:.4f} stopped "
-                  f"{r.get('early_stopped')} {str(r.get('error', ''))[-300:]}", file=sys.stderr, flush=True)
-            a.json.write_text(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "runs": runs},
-                                         indent=1))
-    table = summarize(runs, optima, clean)
+    # Ray Tune's runs do not draw anew: they run once per seed, trialkeeper's once per draw.
+    plan = [(seed, draw, method) for seed in range(a.seeds) for draw in range(a.draw, a.draw + a.draws)
+            for method in a.methods.split(",") if method not in RAY_METHODS or draw == a.draw]
+    for seed, draw, method in plan:
+        if method in RAY_METHODS:
+            argv = [a.ray_python, str(HERE / "peer_ray_mf.py"), "--method", method, "--seed", str(seed),
+                    "--trials", str(a.trials), "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s),
+                    "--population", str(POPULATION), "--family", a.family]
+        else:
+            argv = [sys.executable, __file__, "--one", method, "--seed", str(seed), "--trials", str(a.trials),
+                    "--concurrency", str(a.concurrency), "--epoch-s", str(a.epoch_s), "--family", a.family,
+                    "--draw", str(draw)]
+            if a.ray_wall_from:
+                if seed not in ray_wall:
+                    continue
+                argv += ["--duration", str(ray_wall[seed])]
+        r = run_json_child(argv, timeout_s=900)
+        runs.append({"method": method, "seed": seed, "family": a.family, **r})  # (a timed run names itself)
+        best = r["curve"][-1][1] if r.get("curve") else math.nan
+        worth = r["picks"][-1][2] if r.get("picks") else math.nan
+        drawn = f" draw {draw}" if draw and method not in RAY_METHODS else ""
+        print(f"{a.family} seed {seed}{drawn} {method:16} wall {r.get('wall_s', 0):6.1f} s best {best:.4f} "
+              f"of {optima[seed]:.4f}, its pick worth {worth:.4f} of {clean[seed]:.4f} stopped "
+              f"{r.get('early_stopped')} {str(r.get('error', ''))[-300:]}", file=sys.stderr, flush=True)
+        a.json.write_text(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "runs": runs},
+                                     indent=1))
+    table = summarize(runs, optima, clean, ray_wall)
     a.json.write_text(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "runs": runs,
                                   "summary": table}, indent=1))
-    for method, rows in table.items():
-        walls = statistics.median(r["wall_s"] for r in rows)
-
-        def pcts(key: str, rows: list[dict[str, Any]] = rows) -> str:
-            return ", ".join("—" if r.get(key) is None else f"{r[key] * 100:.2f} %" for r in rows)
-
-        print(f"{method:16} wall median {walls:5.1f} s; at Ray ASHA's wall: regret {pcts('regret_at_ray_wall')}; "
-              f"gap {pcts('gap_at_ray_wall')}", file=sys.stderr)
-    print(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "summary": table}))
+    report(table)
+    print(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "summary": table,
+                      "target": {m: target(rows) for m, rows in table.items()}}))
     return 0
 
 

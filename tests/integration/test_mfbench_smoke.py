@@ -79,6 +79,45 @@ def test_a_negative_draw_is_refused_by_name(script: str, flag: str) -> None:
     assert proc.returncode == 2 and f"{flag} must be 0 or more, got -1" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_no_draws_is_refused_by_name() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "mfbench.py"), "--draws", "0"], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--draws must be 1 or more, got 0" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_mfbench_counts_the_target_over_every_draw_at_ray_tunes_wall_time(tmp_path: Path) -> None:
+    """--draws runs a method on several draws per seed, each for Ray Tune's wall time of its
+    seed (--ray-wall-from), and the summary counts the target's two parts over all of them."""
+    ray = tmp_path / "ray.json"
+    ray.write_text(json.dumps({"family": "power", "runs": [
+        {"method": "ray-optuna+asha", "seed": 0, "family": "power", "wall_s": 4.0},
+        {"method": "ray-optuna+asha", "seed": 0, "family": "plateau", "wall_s": 99.0}]}))
+    out = tmp_path / "mf.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "mfbench.py"), "--seeds", "1", "--epoch-s", "0.01", "--methods", "bo",
+         "--family", "power", "--draw", "1", "--draws", "2", "--ray-wall-from", str(ray), "--json", str(out)],
+        check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = last["summary"]["bo (Ray's wall time)"]
+    assert [(r["seed"], r["draw"], r["ray_wall_s"]) for r in rows] == [(0, 1, 4.0), (0, 2, 4.0)]
+    assert all(r["regret_at_ray_wall"] is not None for r in rows)
+    within = sum(r["regret_at_ray_wall"] <= 0.005 for r in rows)
+    by_half = sum(r["regret_reach_s"]["0.01"] is not None and r["regret_reach_s"]["0.01"] <= 2.0 for r in rows)
+    assert last["target"]["bo (Ray's wall time)"] == {"runs": 2, "within_05_at_ray_wall": within,
+                                                     "within_1_by_half_ray_wall": by_half}
+    assert "target, by regret, of 2 runs" in proc.stderr
+    # The saved output summarizes to the same count, the Ray Tune wall time given again.
+    again = subprocess.run(
+        [sys.executable, str(BENCH / "mfbench.py"), "--family", "power", "--summarize", str(out),
+         "--ray-wall-from", str(ray)], check=False, capture_output=True, text=True, timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["target"] == last["target"]
+
+
 def test_both_benchmarks_seed_a_draw_alike() -> None:
     """mfsim.py's virtual runs and mfbench.py's timed ones seed the search of a draw alike,
     so that a draw counted in one is the same draw in the other."""
