@@ -217,12 +217,11 @@ def target(rows: list[dict[str, Any]]) -> dict[str, int] | None:
     rows = [r for r in rows if r.get("ray_wall_s") and "regret_reach_s" in r]
     if not rows:
         return None
+    at_wall = [r["regret_at_ray_wall"] for r in rows]
+    by_half = [(r["regret_reach_s"]["0.01"], r["ray_wall_s"] / 2) for r in rows]
     return {"runs": len(rows),
-            "within_05_at_ray_wall": sum(r["regret_at_ray_wall"] is not None
-                                                   and r["regret_at_ray_wall"] <= 0.005 for r in rows),
-            "within_1_by_half_ray_wall": sum(r["regret_reach_s"]["0.01"] is not None
-                                                      and r["regret_reach_s"]["0.01"] <= r["ray_wall_s"] / 2
-                                                      for r in rows)}
+            "within_05_at_ray_wall": sum(x is not None and x <= 0.005 for x in at_wall),
+            "within_1_by_half_ray_wall": sum(t is not None and t <= half for t, half in by_half)}
 
 
 def report(table: dict[str, Any]) -> None:
