@@ -356,11 +356,12 @@ def main() -> int:
         a.json.write_text(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "runs": runs},
                                      indent=1))
     table = summarize(runs, optima, clean, ray_wall)
+    counted = {m: target(rows) for m, rows in table.items()}
     a.json.write_text(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "runs": runs,
-                                  "summary": table}, indent=1))
+                                  "summary": table, "target": counted}, indent=1))
     report(table)
     print(json.dumps({"family": a.family, "optima": optima, "clean_optima": clean, "summary": table,
-                      "target": {m: target(rows) for m, rows in table.items()}}))
+                      "target": counted}))
     return 0
 
 

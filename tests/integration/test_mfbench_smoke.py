@@ -109,6 +109,7 @@ def test_mfbench_counts_the_target_over_every_draw_at_ray_tunes_wall_time(tmp_pa
     assert last["target"]["bo (Ray's wall time)"] == {"runs": 2, "within_05_at_ray_wall": within,
                                                      "within_1_by_half_ray_wall": by_half}
     assert "target, by regret, of 2 runs" in proc.stderr
+    assert json.loads(out.read_text())["target"] == last["target"]
     # The saved output summarizes to the same count, the Ray Tune wall time given again.
     again = subprocess.run(
         [sys.executable, str(BENCH / "mfbench.py"), "--family", "power", "--summarize", str(out),
