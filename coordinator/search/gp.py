@@ -8,7 +8,10 @@ with analytic gradients (a weak log-normal prior keeps the length scales away fr
 degenerate ends when points are few). A continuous parameter's best can move with an ordered
 one (a learning rate's with the width): the kernel reads each continuous column ``i`` as
 ``x_i + s_ij x_j`` for each ordered column ``j`` (``shifts``), the ``s_ij`` fitted with the
-rest (a normal prior of sd 0.5 keeps them near 0 unless the points ask). ``propose`` maximizes
+rest (a normal prior of sd 0.5 keeps them near 0 unless the points ask). A value far from what
+the other points predict of it gets more noise (``outlier_noise``, the weight a Student-t
+likelihood would give it), so that one lucky or slow run is smoothed over, not chased or
+fenced off. ``propose`` maximizes
 augmented expected improvement (expected improvement times the share of the uncertainty that
 is not the noise's, so that near-copies of a trial are not worth trying again) over random
 points and small steps around the best points seen: cheap, and good enough in the few
@@ -29,8 +32,8 @@ from scipy.optimize import minimize
 from scipy.spatial.distance import cdist
 from scipy.special import log_ndtr
 
-__all__ = ["Dimension", "Model", "acquisition", "fit", "model", "nearest", "propose", "random_points", "refine",
-           "shifts"]
+__all__ = ["Dimension", "Model", "acquisition", "fit", "model", "nearest", "outlier_noise", "propose",
+           "random_points", "refine", "shifts"]
 
 _SQRT5 = math.sqrt(5.0)
 _PRIOR_LS, _PRIOR_SD = math.log(0.3), 1.0  # the length scales' log-normal prior
@@ -39,6 +42,7 @@ _VAR_BOUNDS = (math.log(0.05), math.log(20.0))
 _NOISE_BOUNDS = (math.log(1e-6), math.log(1.0))
 _JITTER = 1e-6
 _SHIFT_SD, _SHIFT_BOUNDS = 0.5, (-2.0, 2.0)  # a shift's normal prior, and its bounds
+_NU = 4.0  # the degrees of freedom of outlier_noise's Student-t
 
 
 @dataclass(frozen=True)
@@ -156,18 +160,20 @@ def _nll(theta: np.ndarray, x: np.ndarray, y: np.ndarray, pairs: Sequence[tuple[
 
 
 def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray, mean: float = 0.0,
-          pairs: Sequence[tuple[int, int]] = ()) -> Model:
+          pairs: Sequence[tuple[int, int]] = (), extra: np.ndarray | None = None) -> Model:
     """The process with hyperparameters ``theta`` (log scales, log variance, log noise, the
-    shifts of ``pairs``) and constant ``mean``, conditioned on ``y`` (standardized) at ``x``."""
+    shifts of ``pairs``) and constant ``mean``, conditioned on ``y`` (standardized) at ``x``;
+    ``extra`` adds noise variance point by point (``outlier_noise``'s)."""
     d = x.shape[1]
     scales, variance, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
     warp = _warp(d, pairs, theta[d + 2 :]) if pairs else None
     if warp is not None:
         x = x @ warp.T
     k = variance * _kernel(x, x, scales)
+    diagonal = np.full(len(x), noise) if extra is None else noise + extra
     for jitter in (_JITTER, 1e-4, 1e-2):  # many equal points (a small discrete space) can need more
         try:
-            chol = np.linalg.cholesky(k + (noise + jitter) * np.eye(len(x)))
+            chol = np.linalg.cholesky(k + np.diag(diagonal + jitter))
             break
         except np.linalg.LinAlgError:
             continue
@@ -175,6 +181,21 @@ def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray, mean: float = 0.0,
         raise np.linalg.LinAlgError("the kernel matrix is not positive definite, even with jitter 1e-2")
     return Model(x, chol, cho_solve((chol, True), y - mean, check_finite=False), scales, variance, noise, mean,
                  warp)
+
+
+def outlier_noise(fitted: Model, y: np.ndarray, nu: float = _NU) -> np.ndarray:
+    """The noise variance to add at each point of ``fitted`` so that a value its neighbours do
+    not predict (a run that started slow or ended lucky, beside better or worse ones) is
+    smoothed over rather than interpolated: one reweighting step of a Student-t likelihood of
+    ``nu`` degrees of freedom. A point ``z`` standard deviations from what the others predict
+    (leave-one-out, ``var`` its variance) gets weight ``w = (nu + 1) / (nu + z²)``, read as
+    noise ``var (1/w - 1)``: none for ``z² <= 1``, about ``var z² / (nu + 1)`` far out."""
+    n = len(y)
+    inverse = cho_solve((fitted.chol, True), np.eye(n), check_finite=False)
+    var = 1.0 / np.diag(inverse)
+    z2 = (inverse @ (y - fitted.mean)) ** 2 * var  # (residual / var)² var = residual² / var
+    weight = (nu + 1.0) / (nu + z2)
+    return np.maximum(var * (1.0 / weight - 1.0), 0.0)
 
 
 def fit(x: np.ndarray, y: np.ndarray, start: np.ndarray | None = None,

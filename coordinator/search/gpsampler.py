@@ -5,7 +5,8 @@ of the unit cube (a float or a wide int: one column, in log where its distributi
 choice of numbers or a narrow int: one column in steps, in the numbers' order; a choice of
 anything else: one column per option), a Gaussian process (``gp.py``) is fitted to the
 finished trials' values (a continuous parameter's best free to move with a choice of numbers,
-as a learning rate's does with the width), and the next configuration is the one of most expected
+as a learning rate's does with the width; a value unlike what its neighbours predict of it
+read as noisier, ``gp.outlier_noise``), and the next configuration is the one of most expected
 improvement (augmented: a near-copy of a trial is worth little), under a process whose mean
 is the 0.9 quantile of the values seen. Trials still running count as having reached what
 the process predicts for them (the "kriging believer"), so that trials proposed side by side
@@ -151,7 +152,8 @@ class GaussianProcessSampler(BaseSampler):
         try:
             pairs = gp.shifts(dims)
             self._theta = gp.fit(x, y - mean, self._theta, pairs)
-            fitted = gp.model(self._theta, x, y, mean, pairs)
+            extra = gp.outlier_noise(gp.model(self._theta, x, y, mean, pairs), y)
+            fitted = gp.model(self._theta, x, y, mean, pairs, extra)
         except (np.linalg.LinAlgError, ValueError) as e:  # numerics: this proposal is drawn at random
             log.warning("the bo sampler drew trial %d at random: the model could not be fitted (%s)", trial.number, e)
             self._theta = None
@@ -172,7 +174,8 @@ class GaussianProcessSampler(BaseSampler):
                        if t.number != trial.number and all(n in t.params for n in names)]
             if pending:  # what they are expected to reach, as if already seen
                 xp = np.array([point(t.params) for t in pending])
-                fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]], mean, pairs)
+                fitted = gp.model(self._theta, np.vstack([x, xp]), np.r_[y, fitted.predict(xp)[0]], mean, pairs,
+                                  np.r_[extra, np.zeros(len(xp))])
             chosen = gp.propose(fitted, dims, best, incumbents, self._rng, candidates=self._candidates)
         out: dict[str, Any] = {}
         col = 0

@@ -115,6 +115,44 @@ def test_a_near_copy_of_a_noisy_trial_is_worth_less_than_expected_improvement_sa
     assert np.all(penalty > 0) and penalty[0] > penalty[1] + 1.0, penalty
 
 
+def test_outlier_noise_is_the_student_t_weight_of_each_points_leave_one_out_residual() -> None:
+    x, y = _data(25)
+    y[7] += 2.5  # one value its neighbours do not predict
+    theta, nu = gp.fit(x, y), 4.0
+    extra = gp.outlier_noise(gp.model(theta, x, y), y, nu)
+    for i in range(len(y)):  # the slow way: a process on the others, asked about point i
+        others = np.arange(len(y)) != i
+        loo = gp.model(theta, x[others], y[others])
+        mean, sd = loo.predict(x[[i]])
+        var = sd[0] ** 2 + loo.noise + gp._JITTER
+        z2 = (y[i] - mean[0]) ** 2 / var
+        assert extra[i] == pytest.approx(max(var * ((nu + z2) / (nu + 1) - 1), 0.0), rel=1e-4, abs=1e-9)
+    assert int(np.argmax(extra)) == 7 and (extra == 0).sum() > len(y) // 2, extra
+
+
+def test_a_lone_value_unlike_its_neighbours_is_smoothed_over_not_interpolated() -> None:
+    # A smooth curve with a lucky spike on a slope and a pit on the crest (a slow starter): the
+    # plain process passes through both, so the spike could pass for the best; with the outlier
+    # noise it is read nearer its neighbours and the crest stays the best.
+    x = np.linspace(0.0, 1.0, 31)[:, None]
+    clean = np.sin(np.pi * x[:, 0])
+    spike, pit = 6, 15
+    y = clean.copy()
+    y[spike] += 1.2
+    y[pit] -= 1.2
+    clean, y = (clean - y.mean()) / y.std(), (y - y.mean()) / y.std()
+    theta = gp.fit(x, y)
+    plain = gp.model(theta, x, y).predict(x)[0]
+    robust = gp.model(theta, x, y, extra=gp.outlier_noise(gp.model(theta, x, y), y)).predict(x)[0]
+    neighbours = {i: (y[i - 1] + y[i + 1]) / 2 for i in (spike, pit)}
+    for i in (spike, pit):
+        assert abs(robust[i] - neighbours[i]) < 0.5 * abs(plain[i] - neighbours[i]), (i, plain[i], robust[i])
+    assert abs(int(np.argmax(robust)) - pit) <= 1, robust
+    others = np.ones(len(y), dtype=bool)
+    others[[spike, pit]] = False  # elsewhere it is also nearer the curve the two were drawn from
+    assert np.abs(robust - clean)[others].mean() < 0.7 * np.abs(plain - clean)[others].mean()
+
+
 def test_log_expected_improvement_is_the_closed_form_and_stays_finite_far_below() -> None:
     mean, sd = np.array([0.0, 0.5, -1.0, -40.0, -80.0]), np.array([1.0, 0.2, 0.5, 1.0, 1.0])
     got = gp.log_expected_improvement(mean, sd, 0.3)
