@@ -183,17 +183,19 @@ def model(theta: np.ndarray, x: np.ndarray, y: np.ndarray, mean: float = 0.0,
                  warp)
 
 
-def outlier_noise(fitted: Model, y: np.ndarray, nu: float = _NU) -> np.ndarray:
+def outlier_noise(fitted: Model, nu: float = _NU) -> np.ndarray:
     """The noise variance to add at each point of ``fitted`` so that a value its neighbours do
     not predict (a run that started slow or ended lucky, beside better or worse ones) is
     smoothed over rather than interpolated: one reweighting step of a Student-t likelihood of
     ``nu`` degrees of freedom. A point ``z`` standard deviations from what the others predict
     (leave-one-out, ``var`` its variance) gets weight ``w = (nu + 1) / (nu + z²)``, read as
-    noise ``var (1/w - 1)``: none for ``z² <= 1``, about ``var z² / (nu + 1)`` far out."""
-    n = len(y)
-    inverse = cho_solve((fitted.chol, True), np.eye(n), check_finite=False)
-    var = 1.0 / np.diag(inverse)
-    z2 = (inverse @ (y - fitted.mean)) ** 2 * var  # (residual / var)² var = residual² / var
+    noise ``var (1/w - 1)``: none for ``z² <= 1``, about ``var z² / (nu + 1)`` far out.
+
+    In closed form from the fit: with ``K = L Lᵀ``, ``diag(K⁻¹)`` is the column sums of
+    squares of ``L⁻¹``, ``var = 1 / diag(K⁻¹)``, and the residual is ``alpha · var``."""
+    half = _solve_lower(fitted.chol, np.eye(len(fitted.alpha)))  # L⁻¹
+    var = 1.0 / np.einsum("ij,ij->j", half, half)
+    z2 = fitted.alpha**2 * var  # (residual / var)² var = residual² / var
     weight = (nu + 1.0) / (nu + z2)
     return np.maximum(var * (1.0 / weight - 1.0), 0.0)
 

@@ -10,8 +10,8 @@ read as noisier, ``gp.outlier_noise``), and the next configuration is the one of
 improvement (augmented: a near-copy of a trial is worth little), under a process whose mean
 is the 0.9 quantile of the values seen. Trials still running count as having reached what
 the process predicts for them (the "kriging believer"), so that trials proposed side by side
-spread out. Once ``local`` trials have finished, every other proposal refines around the
-best with a process fitted to its ``local`` nearest trials alone (``gp.refine``). The first
+spread out. Once ``refine_from`` trials have finished, every other proposal refines around
+the best with a process fitted to its ``local`` nearest trials alone (``gp.refine``). The first
 ``n_startup_trials`` are drawn at random. Trials told PRUNED (stopped early, or paused and
 told with ``tell_paused``) teach it nothing: their values are of fewer epochs.
 
@@ -100,17 +100,19 @@ class GaussianProcessSampler(BaseSampler):
     finished trials (see the module's docstring)."""
 
     def __init__(self, *, seed: int | None = None, n_startup_trials: int = 10, candidates: int = 1024,
-                 max_points: int = 400, local: int = 40) -> None:
+                 max_points: int = 400, local: int = 40, refine_from: int = 30) -> None:
         if n_startup_trials < 1 or candidates < 1 or max_points < 2:
             raise ValueError("n_startup_trials and candidates must be at least 1, max_points at least 2")
         if local and local < 5:
             raise ValueError(f"local must be 0 (never refine) or at least 5 trials, got {local}")
+        if refine_from < 5:
+            raise ValueError(f"refine_from must be at least 5 finished trials, got {refine_from}")
         self._rng = np.random.default_rng(seed)
         self._random = RandomSampler(seed=seed)
         self._space = IntersectionSearchSpace(include_pruned=True)
         self._startup, self._candidates, self._max_points = n_startup_trials, candidates, max_points
         self._theta: np.ndarray | None = None
-        self._local = local
+        self._local, self._refine_from = local, refine_from
 
     def reseed_rng(self) -> None:
         self._rng = np.random.default_rng()
@@ -152,7 +154,7 @@ class GaussianProcessSampler(BaseSampler):
         try:
             pairs = gp.shifts(dims)
             self._theta = gp.fit(x, y - mean, self._theta, pairs)
-            extra = gp.outlier_noise(gp.model(self._theta, x, y, mean, pairs), y)
+            extra = gp.outlier_noise(gp.model(self._theta, x, y, mean, pairs))
             fitted = gp.model(self._theta, x, y, mean, pairs, extra)
         except (np.linalg.LinAlgError, ValueError) as e:  # numerics: this proposal is drawn at random
             log.warning("the bo sampler drew trial %d at random: the model could not be fitted (%s)", trial.number, e)
@@ -162,7 +164,7 @@ class GaussianProcessSampler(BaseSampler):
         best = float(seen.max())
         incumbents = x[np.argsort(-seen)[:_INCUMBENTS]]
         chosen = None
-        refines = self._local and len(x) >= self._local and any(d.levels == 0 for d in dims)
+        refines = self._local and len(x) >= self._refine_from and any(d.levels == 0 for d in dims)
         if refines and trial.number % 2:  # every other proposal refines
             near = gp.nearest(x, incumbents[0], fitted.scales, dims, self._local)
             try:

@@ -119,7 +119,7 @@ def test_outlier_noise_is_the_student_t_weight_of_each_points_leave_one_out_resi
     x, y = _data(25)
     y[7] += 2.5  # one value its neighbours do not predict
     theta, nu = gp.fit(x, y), 4.0
-    extra = gp.outlier_noise(gp.model(theta, x, y), y, nu)
+    extra = gp.outlier_noise(gp.model(theta, x, y), nu)
     for i in range(len(y)):  # the slow way: a process on the others, asked about point i
         others = np.arange(len(y)) != i
         loo = gp.model(theta, x[others], y[others])
@@ -132,8 +132,8 @@ def test_outlier_noise_is_the_student_t_weight_of_each_points_leave_one_out_resi
 
 def test_a_lone_value_unlike_its_neighbours_is_smoothed_over_not_interpolated() -> None:
     # A smooth curve with a lucky spike on a slope and a pit on the crest (a slow starter): the
-    # plain process passes through both, so the spike could pass for the best; with the outlier
-    # noise it is read nearer its neighbours and the crest stays the best.
+    # plain process spreads them as noise over every point and still bends towards both; with
+    # the outlier noise each is read nearer its neighbours and the crest stays the best.
     x = np.linspace(0.0, 1.0, 31)[:, None]
     clean = np.sin(np.pi * x[:, 0])
     spike, pit = 6, 15
@@ -143,7 +143,7 @@ def test_a_lone_value_unlike_its_neighbours_is_smoothed_over_not_interpolated() 
     clean, y = (clean - y.mean()) / y.std(), (y - y.mean()) / y.std()
     theta = gp.fit(x, y)
     plain = gp.model(theta, x, y).predict(x)[0]
-    robust = gp.model(theta, x, y, extra=gp.outlier_noise(gp.model(theta, x, y), y)).predict(x)[0]
+    robust = gp.model(theta, x, y, extra=gp.outlier_noise(gp.model(theta, x, y))).predict(x)[0]
     neighbours = {i: (y[i - 1] + y[i + 1]) / 2 for i in (spike, pit)}
     for i in (spike, pit):
         assert abs(robust[i] - neighbours[i]) < 0.5 * abs(plain[i] - neighbours[i]), (i, plain[i], robust[i])
@@ -320,7 +320,7 @@ def _two_kinds(trial: optuna.Trial) -> float:
     return -((x - 0.3) ** 2) - (0.0 if trial.suggest_categorical("kind", ["a", "b", "c"]) == "b" else 1.0)
 
 
-def test_every_other_proposal_refines_around_the_best_once_local_trials_have_finished(
+def test_every_other_proposal_refines_around_the_best_once_refine_from_trials_have_finished(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[int] = []
@@ -332,17 +332,21 @@ def test_every_other_proposal_refines_around_the_best_once_local_trials_have_fin
 
     monkeypatch.setattr(gp, "refine", counted)
     for seed in range(3):
-        study = optuna.create_study(direction="maximize", sampler=GaussianProcessSampler(seed=seed, local=20))
+        sampler = GaussianProcessSampler(seed=seed, local=15, refine_from=20)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
         study.optimize(_two_kinds, n_trials=20)
         assert not calls
         refined = [study.ask(), study.ask()][1]
         _two_kinds(refined)  # (Optuna samples at the first suggestion)
-        assert refined.number % 2 == 1 and len(calls) == 1 and 5 <= calls.pop() <= 20
+        assert refined.number % 2 == 1 and len(calls) == 1 and 5 <= calls.pop() <= 15
         # Small steps around the best trials, all near 0.3, with their option kept.
         assert refined.params["kind"] == "b" and abs(refined.params["x"] - 0.3) < 0.25, (seed, refined.params)
 
 
-def test_local_is_named_when_too_small() -> None:
+def test_local_and_refine_from_are_named_when_too_small() -> None:
     with pytest.raises(TunerError, match=r"sampler_args for GaussianProcessSampler: local must be 0 .* got 3"):
         create_tuner("optuna", None, {"sampler": "bo", "sampler_args": {"local": 3}},
+                     {"x": {"_type": "uniform", "_value": [0, 1]}})
+    with pytest.raises(TunerError, match=r"GaussianProcessSampler: refine_from must be at least 5 .* got 4"):
+        create_tuner("optuna", None, {"sampler": "bo", "sampler_args": {"refine_from": 4}},
                      {"x": {"_type": "uniform", "_value": [0, 1]}})
