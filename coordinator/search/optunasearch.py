@@ -11,6 +11,7 @@ reason. With ``storage`` the study lives there, named after the experiment (or
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import math
 from collections.abc import Sequence
@@ -178,6 +179,10 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
     kwargs = dict(args)
     if seed is not None and "seed" not in kwargs and module == "samplers":
         kwargs["seed"] = seed
+    taken = _arguments(cls)
+    if taken is not None and (unknown := sorted(set(args) - set(taken))):
+        raise error(f"classArgs.{kind}_args for {cls.__name__}: unknown {', '.join(map(repr, unknown))}; "
+                    f"valid: {', '.join(taken)}")
     try:
         return cls(**kwargs)
     except ImportError as e:
@@ -185,6 +190,17 @@ def _make(optuna: Any, module: str, table: dict[str, str], name: object, args: o
                     missing=e.name or "?") from e
     except (TypeError, ValueError) as e:
         raise error(f"classArgs.{kind}_args for {cls.__name__}: {' '.join(str(e).split())}") from e
+
+
+def _arguments(cls: type) -> list[str] | None:
+    """The keyword arguments ``cls`` takes, in its order; None when it takes any."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 _CONSTRAINTS_ATTR = "constraints"  # where a trial's constraint values are kept for the sampler

@@ -116,8 +116,12 @@ def test_bad_optuna_class_args_are_named() -> None:
         create_tuner("optuna", None, {"sampler": "sobol"}, SPACE)
     with pytest.raises(TunerError, match="unexpected classArgs 'pruner' for tuner 'optuna'"):
         create_tuner("optuna", None, {"pruner": "median"}, SPACE)
-    with pytest.raises(TunerError, match="classArgs.sampler_args for TPESampler"):
+    with pytest.raises(TunerError, match=r"classArgs.sampler_args for TPESampler: unknown 'n_startup'; valid: .*"
+                                         r"\bn_startup_trials\b"):
         create_tuner("optuna", None, {"sampler_args": {"n_startup": 3}}, SPACE)
+    with pytest.raises(TunerError, match=r"sampler_args for GaussianProcessSampler: unknown 'refine', 'start'; valid: "
+                                         r"seed, n_startup_trials, candidates, max_points, local, refine_from$"):
+        create_tuner("optuna", None, {"sampler": "bo", "sampler_args": {"start": 3, "refine": 30}}, SPACE)
 
 
 def feed(search: Search, tid: str, pid: int, curve: list[float]) -> TrialStatus:
