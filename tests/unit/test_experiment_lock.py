@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -44,6 +45,9 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None
+        # A read with a deadline: a holder that hangs before it answers fails the test, not the run.
+        ready, _, _ = select.select([holder.stdout], [], [], 30)
+        assert ready, "the holder said nothing within 30 s"
         assert holder.stdout.readline().strip() == "held"  # the child exits on EOF of stdin
         with pytest.raises(DirectoryInUse, match=rf"process {holder.pid} \(trialkeeper resume here\)"):
             ExperimentLock.acquire(tmp_path)
