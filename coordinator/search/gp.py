@@ -32,8 +32,8 @@ from scipy.optimize import minimize
 from scipy.spatial.distance import cdist
 from scipy.special import log_ndtr
 
-__all__ = ["Dimension", "Model", "acquisition", "fit", "model", "nearest", "outlier_noise", "propose",
-           "random_points", "refine", "shifts"]
+__all__ = ["Dimension", "Model", "acquisition", "fit", "model", "nearest", "outlier_noise", "pool",
+           "propose", "random_points", "refine", "shifts"]
 
 _SQRT5 = math.sqrt(5.0)
 _PRIOR_LS, _PRIOR_SD = math.log(0.3), 1.0  # the length scales' log-normal prior
@@ -276,12 +276,19 @@ def propose(
     steps: int = 256,
 ) -> np.ndarray:
     """The point of the most augmented expected improvement over ``best`` (standardized)
-    among random points and steps of two sizes around ``incumbents``."""
-    pool = [random_points(rng, dims, candidates)]
-    if len(incumbents):
-        pool += [_steps(rng, dims, incumbents, steps, 0.05), _steps(rng, dims, incumbents, steps, 0.01)]
-    points = np.concatenate(pool)
+    among ``pool``'s points."""
+    points = pool(rng, dims, incumbents, candidates, steps)
     return points[int(np.argmax(acquisition(model, points, best)))]
+
+
+def pool(rng: np.random.Generator, dims: Sequence[Dimension], incumbents: np.ndarray, n: int = 1024,
+         steps: int = 256) -> np.ndarray:
+    """Where to look: ``n`` random points, and ``steps`` small steps of two sizes around each
+    of ``incumbents``."""
+    points = [random_points(rng, dims, n)]
+    if len(incumbents):
+        points += [_steps(rng, dims, incumbents, steps, 0.05), _steps(rng, dims, incumbents, steps, 0.01)]
+    return np.concatenate(points)
 
 
 def nearest(x: np.ndarray, centre: np.ndarray, scales: np.ndarray, dims: Sequence[Dimension], k: int) -> np.ndarray:

@@ -11,7 +11,9 @@ improvement (augmented: a near-copy of a trial is worth little), under a process
 is the 0.9 quantile of the values seen. Trials still running count as having reached what
 the process predicts for them (the "kriging believer"), so that trials proposed side by side
 spread out. Once ``refine_from`` trials have finished, every other proposal refines around
-the best with a process fitted to its ``local`` nearest trials alone (``gp.refine``). The first
+the best with a process fitted to its ``local`` nearest trials alone (``gp.refine``); every
+``curve_every``-th proposal that does not refine comes from a model of the finished trials'
+learning curves (``curves.py``) where the curves show their ceilings. The first
 ``n_startup_trials`` are drawn at random. Trials told PRUNED (stopped early, or paused and
 told with ``tell_paused``) teach it nothing: their values are of fewer epochs.
 
@@ -33,7 +35,7 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from . import gp
+from . import curves, gp
 
 __all__ = ["GaussianProcessSampler"]
 
@@ -100,19 +102,24 @@ class GaussianProcessSampler(BaseSampler):
     finished trials (see the module's docstring)."""
 
     def __init__(self, *, seed: int | None = None, n_startup_trials: int = 10, candidates: int = 1024,
-                 max_points: int = 400, local: int = 40, refine_from: int = 30) -> None:
+                 max_points: int = 400, local: int = 40, refine_from: int = 30, curve_every: int = 4) -> None:
         if n_startup_trials < 1 or candidates < 1 or max_points < 2:
             raise ValueError("n_startup_trials and candidates must be at least 1, max_points at least 2")
         if local and local < 5:
             raise ValueError(f"local must be 0 (never refine) or at least 5 trials, got {local}")
         if refine_from < 5:
             raise ValueError(f"refine_from must be at least 5 finished trials, got {refine_from}")
+        if curve_every < 0:
+            raise ValueError(f"curve_every must be 0 (never propose from the curves) or more, got {curve_every}")
         self._rng = np.random.default_rng(seed)
         self._random = RandomSampler(seed=seed)
         self._space = IntersectionSearchSpace(include_pruned=True)
         self._startup, self._candidates, self._max_points = n_startup_trials, candidates, max_points
         self._theta: np.ndarray | None = None
         self._local, self._refine_from = local, refine_from
+        self._curve_every = curve_every
+        self._curve_fits: dict[int, curves.Fit] = {}  # by trial number: a finished curve is fitted once
+        self._curve_thetas: dict[str, np.ndarray] = {}
 
     def reseed_rng(self) -> None:
         self._rng = np.random.default_rng()
@@ -171,6 +178,8 @@ class GaussianProcessSampler(BaseSampler):
                 chosen = gp.refine(x[near], y[near], dims, self._rng)
             except (np.linalg.LinAlgError, ValueError) as e:
                 log.debug("the bo sampler could not refine around its best (%s); it proposes from the whole", e)
+        if chosen is None and self._curve_every and sign > 0 and trial.number % self._curve_every == 0:
+            chosen = self._from_curves(finished, x, raw, dims, incumbents)
         if chosen is None:
             pending = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                        if t.number != trial.number and all(n in t.params for n in names)]
@@ -185,6 +194,28 @@ class GaussianProcessSampler(BaseSampler):
             out[n] = c.decode(chosen[col : col + c.dim.width])
             col += c.dim.width
         return out
+
+    def _from_curves(self, finished: list[FrozenTrial], x: np.ndarray, finals: np.ndarray,
+                     dims: list[gp.Dimension], incumbents: np.ndarray) -> np.ndarray | None:
+        """A proposal from the model of the finished trials' learning curves (``curves.py``), or
+        None where it does not apply: curves of unequal lengths, of fewer than 5 epochs, or
+        below 0 (not scores rising to a ceiling), or ceilings not seen within the run."""
+        values = [[t.intermediate_values[s] for s in sorted(t.intermediate_values)] for t in finished]
+        epochs = len(values[0])
+        if epochs < 5 or any(len(v) != epochs for v in values) or min(min(v) for v in values) < 0:
+            return None
+        try:
+            for t, v in zip(finished, values):
+                if t.number not in self._curve_fits:
+                    self._curve_fits[t.number] = curves.fit(v)
+            fits = [self._curve_fits[t.number] for t in finished]
+            if not curves.ceilings_seen(fits, finals, epochs):
+                return None
+            model = curves.CurveModel(x, fits, epochs, self._curve_thetas)
+            return model.propose(dims, float(finals.max()), incumbents, self._rng, candidates=self._candidates)
+        except (np.linalg.LinAlgError, ValueError) as e:
+            log.debug("the bo sampler could not model the learning curves (%s); it proposes from the scores", e)
+            return None
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:

@@ -60,7 +60,7 @@ ASHA = {"min_resource": 1, "max_resource": EPOCHS, "reduction_factor": 3}
 # training, halving (eta 2), and every bracket, the last one training its share to the end.
 SLOW_STARTERS = {"min_resource": EPOCHS / 3, "max_resource": EPOCHS, "reduction_factor": 2, "brackets": 3}
 TK_METHODS = ("asha", "hyperband", "tpe+asha", "tpe+hyperband", "tpe+adaptive", "tpe+slow-adaptive", "tpe", "pbt",
-              "bo", "bo+slow-adaptive")
+              "bo", "bo-scores", "bo+slow-adaptive")
 RAY_METHODS = ("ray-optuna+asha", "ray-bohb", "ray-pbt")
 WITHIN = (0.02, 0.01, 0.005)
 TIMED = " (Ray's wall time)"  # a method given Ray Tune's OptunaSearch + ASHA wall time of the seed
@@ -111,8 +111,10 @@ def _search(method: str, seed: int) -> dict[str, Any]:
         "tpe+slow-adaptive": {"tuner": told,
                               "assessor": {"name": "asha", "classArgs": {**SLOW_STARTERS, "brackets": "adaptive"}}},
         "tpe": {"tuner": tpe},  # no early stopping: every configuration trains to the end
-        # The Gaussian-process sampler (sampler: bo), alone and with the slow-starter brackets.
+        # The Gaussian-process sampler (sampler: bo), alone (and from the final scores only: no
+        # proposal from the learning curves), and with the slow-starter brackets.
         "bo": {"tuner": bo},
+        "bo-scores": {"tuner": {**bo, "classArgs": {**bo["classArgs"], "sampler_args": {"curve_every": 0}}}},
         "bo+slow-adaptive": {"tuner": bo, "assessor": {"name": "asha",
                                                        "classArgs": {**SLOW_STARTERS, "brackets": "adaptive"}}},
         "pbt": {"tuner": {"name": "pbt", "classArgs": {"population_size": POPULATION, "perturbation_interval": 3,

@@ -72,6 +72,7 @@ METHODS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {
     "hyperband4": (TPE, {**ASHA, "brackets": 4}),
     "bo": (BO, None),
     "bo-global": ({**BO, "sampler_args": {"local": 0}}, None),  # never refining around its best
+    "bo-scores": ({**BO, "sampler_args": {"curve_every": 0}}, None),  # never proposing from the curves
     "bo+slow-adaptive": (BO, {**SLOW_STARTERS, "brackets": "adaptive"}),
 }
 

@@ -120,7 +120,8 @@ def test_bad_optuna_class_args_are_named() -> None:
                                          r"\bn_startup_trials\b"):
         create_tuner("optuna", None, {"sampler_args": {"n_startup": 3}}, SPACE)
     with pytest.raises(TunerError, match=r"sampler_args for GaussianProcessSampler: unknown 'refine', 'start'; valid: "
-                                         r"seed, n_startup_trials, candidates, max_points, local, refine_from$"):
+                                         r"seed, n_startup_trials, candidates, max_points, local, refine_from, "
+                                         r"curve_every$"):
         create_tuner("optuna", None, {"sampler": "bo", "sampler_args": {"start": 3, "refine": 30}}, SPACE)
 
 
