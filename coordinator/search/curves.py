@@ -49,27 +49,32 @@ def hill(epoch: np.ndarray | float, c: np.ndarray, h: np.ndarray, k: np.ndarray)
 
 
 def fit(values: Sequence[float]) -> Fit:
-    """The least-squares fit of a curve's scores (one per epoch, from the first), from six
-    starts: the half-way epoch early, mid-run or past the end, the turn soft or sharp."""
+    """The least-squares fit of a curve's scores (one per epoch, from the first), from the two
+    best of six starts (the half-way epoch early, mid-run or past the end, the turn soft or
+    sharp), with the residuals' derivatives in closed form."""
     v = np.asarray(values, dtype=float)
     if len(v) < 2 or not np.all(np.isfinite(v)):
         raise ValueError("a curve needs two or more finite scores")
-    e = np.arange(1, len(v) + 1, dtype=float)
+    log_e = np.log(np.arange(1, len(v) + 1, dtype=float))
     top = max(float(v.max()), 1e-3)
     low = [np.log(top * 0.5), np.log(0.05), np.log(0.2)]
     high = [np.log(max(top * 20, 2.0)), np.log(1e4), np.log(12.0)]
 
-    def residuals(p: np.ndarray) -> np.ndarray:
-        return hill(e, np.exp(p[0]), np.exp(p[1]), np.exp(p[2])) - v
+    def residuals(p: np.ndarray) -> np.ndarray:  # p: log c, log h, log k; (h / e)^k = exp(k (log h - log e))
+        return np.exp(p[0]) / (1.0 + np.exp(np.exp(p[2]) * (p[1] - log_e))) - v
 
-    best = None
-    for h0 in (2.0, len(v) / 2, len(v) * 2.0):
-        for k0 in (1.0, 3.0):
-            p0 = np.clip(np.log([top * 1.1, h0, k0]), np.add(low, 1e-6), np.subtract(high, 1e-6))
-            found = least_squares(residuals, p0, bounds=(low, high))
-            if best is None or found.cost < best.cost:
-                best = found
-    assert best is not None
+    def jacobian(p: np.ndarray) -> np.ndarray:
+        c, k = np.exp(p[0]), np.exp(p[2])
+        u = np.exp(k * (p[1] - log_e))
+        score = c / (1.0 + u)
+        down = -score * u / (1.0 + u)  # d score / d log u
+        return np.stack([score, down * k, down * k * (p[1] - log_e)], axis=1)
+
+    starts = [np.clip(np.log([top * 1.1, h0, k0]), np.add(low, 1e-6), np.subtract(high, 1e-6))
+              for h0 in (2.0, len(v) / 2, len(v) * 2.0) for k0 in (1.0, 3.0)]
+    starts.sort(key=lambda p: float(np.sum(residuals(p) ** 2)))
+    best = min((least_squares(residuals, p0, jac=jacobian, bounds=(low, high)) for p0 in starts[:2]),
+               key=lambda found: found.cost)
     return Fit(float(best.x[0]), float(best.x[1]), float(best.x[2]), float(np.sqrt(2 * best.cost / len(v))))
 
 
