@@ -28,7 +28,7 @@ from scipy.optimize import least_squares
 
 from . import gp
 
-__all__ = ["CurveModel", "Fit", "ceilings_seen", "fit"]
+__all__ = ["CurveModel", "Fit", "best_quarter", "ceilings_seen", "fit"]
 
 _DRAWS = 64  # draws of (c, h, k) per candidate for its expected improvement
 
@@ -78,12 +78,17 @@ def fit(values: Sequence[float]) -> Fit:
     return Fit(float(best.x[0]), float(best.x[1]), float(best.x[2]), float(np.sqrt(2 * best.cost / len(v))))
 
 
-def ceilings_seen(fits: Sequence[Fit], finals: np.ndarray, epochs: int, share: float = 0.75) -> bool:
-    """Whether at least ``share`` of the best quarter of the trials (by their final scores
-    ``finals``, higher better; at least five of them) got past half of their ceilings within
-    the ``epochs`` of the run: what the model needs to tell a ceiling from a slope."""
-    best = np.argsort(-finals)[: max(5, len(finals) // 4)]
-    return float(np.mean([fits[i].log_h <= np.log(epochs) for i in best])) >= share
+def best_quarter(finals: np.ndarray) -> np.ndarray:
+    """The indices of the best quarter of the final scores ``finals`` (higher better), at least
+    five of them."""
+    return np.argsort(-finals)[: max(5, len(finals) // 4)]
+
+
+def ceilings_seen(best: Sequence[Fit], epochs: int, share: float = 0.75) -> bool:
+    """Whether at least ``share`` of the curves of the best trials (``best_quarter``'s) got past
+    half of their ceilings within the ``epochs`` of the run: what the model needs to tell a
+    ceiling from a slope."""
+    return float(np.mean([f.log_h <= np.log(epochs) for f in best])) >= share
 
 
 class CurveModel:

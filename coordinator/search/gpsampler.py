@@ -204,14 +204,15 @@ class GaussianProcessSampler(BaseSampler):
         epochs = len(values[0])
         if epochs < 5 or any(len(v) != epochs for v in values) or min(min(v) for v in values) < 0:
             return None
-        try:
-            for t, v in zip(finished, values):
-                if t.number not in self._curve_fits:
-                    self._curve_fits[t.number] = curves.fit(v)
-            fits = [self._curve_fits[t.number] for t in finished]
-            if not curves.ceilings_seen(fits, finals, epochs):
+        def fitted(i: int) -> curves.Fit:
+            if finished[i].number not in self._curve_fits:
+                self._curve_fits[finished[i].number] = curves.fit(values[i])
+            return self._curve_fits[finished[i].number]
+
+        try:  # the best quarter's curves first: where they show no ceilings, the rest need no fit
+            if not curves.ceilings_seen([fitted(i) for i in curves.best_quarter(finals)], epochs):
                 return None
-            model = curves.CurveModel(x, fits, epochs, self._curve_thetas)
+            model = curves.CurveModel(x, [fitted(i) for i in range(len(finished))], epochs, self._curve_thetas)
             return model.propose(dims, float(finals.max()), incumbents, self._rng, candidates=self._candidates)
         except (np.linalg.LinAlgError, ValueError) as e:
             log.debug("the bo sampler could not model the learning curves (%s); it proposes from the scores", e)
